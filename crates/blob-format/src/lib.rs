@@ -1,0 +1,4 @@
+//! The delegate blob wire format.
+#![deny(missing_docs)]
+#![forbid(unsafe_code)]
+pub mod model;

@@ -1,0 +1,317 @@
+//! The safe trait a plugin author implements, and the safe views of what crosses the boundary.
+//!
+//! Everything here is plain Rust: the FFI glue that turns an implementation into an exported plugin is
+//! written by [`crate::export_delegate!`], and the host drives plugins through [`crate::host`].
+
+use std::fmt;
+
+pub use et_error::ErrorCode;
+
+use crate::tensor::{MemoryKind, TensorArg};
+
+/// An error a delegate returns: an ExecuTorch code and a message that names what was wrong.
+///
+/// Crosses the ABI as `(code, message)`; the message is allocated and freed by the same side.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DelegateError {
+    /// ExecuTorch's code for the failure.
+    pub code: ErrorCode,
+    /// What was wrong and where, for a person.
+    pub message: String,
+}
+
+impl DelegateError {
+    /// An error with the given code and message.
+    pub fn new(code: ErrorCode, message: impl Into<String>) -> DelegateError {
+        DelegateError { code, message: message.into() }
+    }
+
+    /// `InvalidArgument`: a call argument is wrong (count, dtype, shape, memory kind).
+    pub fn invalid_argument(message: impl Into<String>) -> DelegateError {
+        DelegateError::new(ErrorCode::InvalidArgument, message)
+    }
+
+    /// `InvalidProgram`: the blob or its alias table is wrong.
+    pub fn invalid_program(message: impl Into<String>) -> DelegateError {
+        DelegateError::new(ErrorCode::InvalidProgram, message)
+    }
+
+    /// `NotSupported`: this build, device or library cannot do it.
+    pub fn not_supported(message: impl Into<String>) -> DelegateError {
+        DelegateError::new(ErrorCode::NotSupported, message)
+    }
+
+    /// `Internal`: a bug.
+    pub fn internal(message: impl Into<String>) -> DelegateError {
+        DelegateError::new(ErrorCode::Internal, message)
+    }
+}
+
+impl fmt::Display for DelegateError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {}", self.code.name(), self.message)
+    }
+}
+
+impl std::error::Error for DelegateError {}
+
+impl<E: et_error::HasErrorCode + std::error::Error> From<&E> for DelegateError {
+    fn from(err: &E) -> DelegateError {
+        DelegateError::new(err.error_code(), err.to_string())
+    }
+}
+
+/// A header-only answer to "can you run this blob?", given before any `init`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Compatibility {
+    /// The delegate can run it as is.
+    Supported,
+    /// The delegate can run it, but rebuilding the blob would serve better (e.g. an older engine version).
+    RebuildRecommended {
+        /// Why a rebuild is recommended.
+        reason: String,
+    },
+    /// The delegate cannot run it.
+    Unsupported {
+        /// Why not, naming the format, version or backend that does not fit.
+        reason: String,
+    },
+}
+
+/// One compile or runtime spec: a key and opaque bytes, as ExecuTorch's `CompileSpec`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Spec<'a> {
+    /// The key.
+    pub key: &'a str,
+    /// The value's bytes.
+    pub value: &'a [u8],
+}
+
+/// What `init` receives. The blob is borrowed from the host without a copy and is valid only for the call:
+/// a delegate that needs its bytes later keeps what it derived from them (e.g. a deserialized engine).
+#[derive(Debug, Clone, Copy)]
+pub struct InitContext<'a> {
+    /// The delegate blob, whole (prefix, header and payload).
+    pub blob: &'a [u8],
+    /// Ahead-of-time options recorded with the program.
+    pub compile_specs: &'a [Spec<'a>],
+    /// Options given by the application at load time.
+    pub runtime_specs: &'a [Spec<'a>],
+}
+
+/// A value of `set_option` / `get_option`, as ExecuTorch's `OptionValue`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum OptionValue {
+    /// A boolean.
+    Bool(bool),
+    /// An integer.
+    Int(i64),
+    /// A string.
+    Str(String),
+}
+
+/// Bytes a delegate copied during one `execute`, by kind of copy. The host adds these to its own counts.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[repr(C)]
+#[derive(abi_stable::StableAbi)]
+pub struct ExecStats {
+    /// Bytes copied from an aliased input's storage into a separate output slot after the engine ran.
+    pub reflect_bytes: u64,
+    /// Bytes staged from host memory into delegate-owned device buffers before the engine ran.
+    pub staged_bytes: u64,
+}
+
+/// The arguments of one `execute`: tensor views in delegate-argument order, the caller's stream, and the
+/// copy counters.
+///
+/// Memory is reached through [`ExecuteArgs::borrow`], which hands out slices only for host-visible memory and
+/// only when no written slice overlaps any other requested slice, so an input and its in-place aliased
+/// output can never be borrowed at once.
+pub struct ExecuteArgs<'a> {
+    args: &'a [TensorArg],
+    stream: Option<CudaStream>,
+    stats: &'a mut ExecStats,
+}
+
+/// A caller's CUDA stream (`cudaStream_t`), opaque to the ABI.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CudaStream(pub *mut std::ffi::c_void);
+
+// SAFETY: a `cudaStream_t` is a handle that CUDA allows any host thread to use.
+unsafe impl Send for CudaStream {}
+
+impl<'a> ExecuteArgs<'a> {
+    /// Wraps the raw argument list of one call.
+    ///
+    /// # Safety
+    /// Every [`TensorArg`] in `args` whose memory is host-visible ([`MemoryKind::is_host_visible`]) must point
+    /// to `nbytes` bytes valid for reads for `'a`, and for writes when [`TensorArg::is_writable`]; two args may
+    /// share storage only when they start at the same address with the same size (an input and its aliased
+    /// output). Device pointers must be valid device allocations of `nbytes` on `device_id`.
+    pub unsafe fn new(args: &'a [TensorArg], stream: Option<CudaStream>, stats: &'a mut ExecStats) -> Self {
+        ExecuteArgs { args, stream, stats }
+    }
+
+    /// Number of arguments.
+    pub fn len(&self) -> usize {
+        self.args.len()
+    }
+
+    /// Whether there are no arguments.
+    pub fn is_empty(&self) -> bool {
+        self.args.is_empty()
+    }
+
+    /// The metadata (and raw data pointer) of argument `index`.
+    pub fn arg(&self, index: usize) -> Result<&TensorArg, DelegateError> {
+        self.args.get(index).ok_or_else(|| {
+            DelegateError::invalid_argument(format!(
+                "argument {index} requested but the call has {} arguments",
+                self.args.len()
+            ))
+        })
+    }
+
+    /// All arguments' metadata.
+    pub fn args(&self) -> &[TensorArg] {
+        self.args
+    }
+
+    /// The caller's CUDA stream, if one was given.
+    pub fn stream(&self) -> Option<CudaStream> {
+        self.stream
+    }
+
+    /// Adds bytes copied from an aliased input into its output slot.
+    pub fn record_reflect(&mut self, bytes: u64) {
+        self.stats.reflect_bytes += bytes;
+    }
+
+    /// Adds bytes staged from host into delegate-owned device memory.
+    pub fn record_staging(&mut self, bytes: u64) {
+        self.stats.staged_bytes += bytes;
+    }
+
+    /// Borrows host-visible memory: `reads` shared, `writes` exclusive.
+    ///
+    /// Fails with `InvalidArgument` when an index is out of range, an arg is not host-visible, a written arg is
+    /// not writable, or a written arg overlaps any other requested arg (an input and its in-place output
+    /// included). Zero-byte args give empty slices.
+    pub fn borrow<const R: usize, const W: usize>(
+        &mut self,
+        reads: [usize; R],
+        writes: [usize; W],
+    ) -> Result<([&[u8]; R], [&mut [u8]; W]), DelegateError> {
+        for &index in reads.iter().chain(writes.iter()) {
+            let arg = self.arg(index)?;
+            if arg.nbytes > 0 && !arg.memory().is_host_visible() {
+                return Err(DelegateError::invalid_argument(format!(
+                    "argument {index} is {} memory, which this delegate cannot read on the host",
+                    arg.memory()
+                )));
+            }
+        }
+        for (n, &w) in writes.iter().enumerate() {
+            let arg = self.arg(w)?;
+            if !arg.is_writable() {
+                return Err(DelegateError::invalid_argument(format!("argument {w} is read-only")));
+            }
+            let others = reads.iter().chain(writes.iter().enumerate().filter(|(m, _)| *m != n).map(|(_, i)| i));
+            for &other in others {
+                if self.args[other].overlaps(arg) {
+                    return Err(DelegateError::invalid_argument(format!(
+                        "argument {w} is written while argument {other} shares its storage"
+                    )));
+                }
+            }
+        }
+        // SAFETY: `new`'s contract makes every host-visible arg valid for reads (and writes when writable) for
+        // 'a; we checked above that each arg is host-visible, that written args are writable, and that no
+        // written range overlaps any other requested range, so the exclusive slices alias nothing else handed
+        // out here, and `&mut self` keeps further borrows out until these end.
+        let read_slices = reads.map(|i| unsafe { self.args[i].host_bytes() });
+        // SAFETY: as above.
+        let write_slices = writes.map(|i| unsafe { self.args[i].host_bytes_mut() });
+        Ok((read_slices, write_slices))
+    }
+}
+
+impl fmt::Debug for ExecuteArgs<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ExecuteArgs").field("args", &self.args).field("stream", &self.stream).finish()
+    }
+}
+
+/// What a plugin says about itself before any `init`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PluginInfo {
+    /// Plugin name, e.g. `"reference-delegate"`.
+    pub name: String,
+    /// Plugin version (semver).
+    pub version: String,
+    /// ExecuTorch backend ids it serves, e.g. `["ReferenceBackend"]`.
+    pub backends: Vec<String>,
+    /// Blob wire formats it reads, each as a format name and a semver range of its versions.
+    pub wire_formats: Vec<WireFormatSupport>,
+    /// Memory kinds its args may live in.
+    pub memory_kinds: Vec<MemoryKind>,
+    /// Whether it binds aliased outputs in place (zero-copy aliasing): an output arg that shares its aliased
+    /// input's storage costs no copy.
+    pub binds_aliases_in_place: bool,
+}
+
+/// One blob wire format a plugin reads.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WireFormatSupport {
+    /// `"native"`, `"tr01"` or `"tr02"`.
+    pub format: String,
+    /// A semver requirement over the format's versions, e.g. `">=1.0, <2"`.
+    pub versions: String,
+}
+
+/// The delegate interface, shaped like ExecuTorch's `BackendInterface`.
+///
+/// Implement it for a type, then export it with [`crate::export_delegate!`]. Every method may be called from
+/// any thread; panics are caught at the boundary and poison the plugin.
+pub trait Delegate: Send + Sync + 'static {
+    /// What one `init` returns and every `execute` on it receives.
+    type Handle: Send + 'static;
+
+    /// Builds the delegate once, when the plugin is first used.
+    fn new() -> Self
+    where
+        Self: Sized;
+
+    /// Metadata, readable before `new` is called.
+    fn info() -> PluginInfo
+    where
+        Self: Sized;
+
+    /// Whether the delegate can run on this machine at all (libraries, devices).
+    fn is_available(&self) -> bool;
+
+    /// A header-only answer about `blob`, cheap and without side effects.
+    fn compatibility(&self, blob: &[u8]) -> Compatibility;
+
+    /// Prepares a blob for execution.
+    fn init(&self, ctx: InitContext<'_>) -> Result<Self::Handle, DelegateError>;
+
+    /// Runs one call. Everything the caller reads after this returns must be complete.
+    fn execute(&self, handle: &mut Self::Handle, args: &mut ExecuteArgs<'_>) -> Result<(), DelegateError>;
+
+    /// Releases a handle. The default drops it.
+    fn destroy(&self, handle: Self::Handle) {
+        drop(handle);
+    }
+
+    /// Sets a backend option; the default refuses every key.
+    fn set_option(&self, key: &str, value: OptionValue) -> Result<(), DelegateError> {
+        let _ = value;
+        Err(DelegateError::new(ErrorCode::NotFound, format!("unknown option '{key}'")))
+    }
+
+    /// Reads a backend option; the default knows no key.
+    fn get_option(&self, key: &str) -> Result<OptionValue, DelegateError> {
+        Err(DelegateError::new(ErrorCode::NotFound, format!("unknown option '{key}'")))
+    }
+}
