@@ -1,1 +1,68 @@
-fn main() {}
+//! `cargo xtask`: the project's maintainer tasks, one module per task.
+//!
+//! Run `cargo xtask --help`. Every task works from a fresh clone: it installs or builds what it needs.
+
+mod acceptance;
+mod codegen;
+mod demo;
+mod test;
+mod util;
+
+use std::path::PathBuf;
+
+use clap::{Parser, Subcommand, ValueEnum};
+
+#[derive(Parser)]
+#[command(name = "cargo xtask", about = "Maintainer tasks for the delegate workspace")]
+struct Cli {
+    #[command(subcommand)]
+    task: Task,
+}
+
+#[derive(Subcommand)]
+enum Task {
+    /// Build the host and the reference plugin, export the example decoder, run prefill + 15 decode steps and
+    /// check them against an independent f64 model; ends with `kv-decode: PASS`.
+    Demo,
+    /// Everything CI checks: fmt, codegen --check, clippy, tests.
+    Test,
+    /// Regenerate committed generated code (flatbuffers), or check it is current.
+    Codegen {
+        /// Fail if the committed code differs from what would be generated.
+        #[arg(long)]
+        check: bool,
+    },
+    /// Write the example decoder's blobs and program manifest into DIR.
+    ExportExample {
+        /// Which delegate the blobs are for.
+        #[arg(long, value_enum, default_value_t = Backend::Reference)]
+        backend: Backend,
+        /// Output directory.
+        dir: PathBuf,
+        /// The bigger configuration (8 layers, 8 heads x 64, max length 1024).
+        #[arg(long)]
+        big: bool,
+    },
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum Backend {
+    /// The reference delegate (CPU op graph).
+    Reference,
+}
+
+fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    let root = util::project_root();
+    match cli.task {
+        Task::Demo => demo::run(&root),
+        Task::Test => test::run(&root),
+        Task::Codegen { check } => codegen::run(&root, check),
+        Task::ExportExample { backend: Backend::Reference, dir, big } => {
+            let cfg = if big { kv_example::Config::big() } else { kv_example::Config::tiny() };
+            kv_example::export::reference(&cfg, &dir)?;
+            println!("wrote the example program to {}", dir.display());
+            Ok(())
+        }
+    }
+}

@@ -209,10 +209,11 @@ impl Binding {
 }
 
 /// Why an output is aliased onto an input.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Default)]
 pub enum AliasKind {
     /// `kv_cache_update`: the engine itself writes the input in place (TensorRT's `IKVCacheUpdateLayer`). The
     /// default when a blob leaves the kind out.
+    #[default]
     KvCacheUpdate,
     /// `user`: the exporter declared the alias; the engine cannot see it.
     User,
@@ -242,12 +243,6 @@ impl AliasKind {
             AliasKind::User => Self::USER,
             AliasKind::Unknown(kind) => kind,
         }
-    }
-}
-
-impl Default for AliasKind {
-    fn default() -> Self {
-        AliasKind::KvCacheUpdate
     }
 }
 

@@ -133,6 +133,9 @@ pub struct ExecuteArgs<'a> {
     stats: &'a mut ExecStats,
 }
 
+/// What [`ExecuteArgs::borrow`] hands out: `R` shared slices and `W` exclusive ones.
+pub type Borrowed<'b, const R: usize, const W: usize> = ([&'b [u8]; R], [&'b mut [u8]; W]);
+
 /// A caller's CUDA stream (`cudaStream_t`), opaque to the ABI.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct CudaStream(pub *mut std::ffi::c_void);
@@ -145,9 +148,10 @@ impl<'a> ExecuteArgs<'a> {
     ///
     /// # Safety
     /// Every [`TensorArg`] in `args` whose memory is host-visible ([`MemoryKind::is_host_visible`]) must point
-    /// to `nbytes` bytes valid for reads for `'a`, and for writes when [`TensorArg::is_writable`]; two args may
-    /// share storage only when they start at the same address with the same size (an input and its aliased
-    /// output). Device pointers must be valid device allocations of `nbytes` on `device_id`.
+    /// to `nbytes` bytes valid for reads for `'a`, and for writes when [`TensorArg::is_writable`], with nothing
+    /// outside these args accessing writable bytes during `'a`; a writable arg may share storage with another
+    /// arg only when both start at the same address with the same size (an inout and its in-place output).
+    /// Device pointers must be valid device allocations of `nbytes` on `device_id`.
     pub unsafe fn new(args: &'a [TensorArg], stream: Option<CudaStream>, stats: &'a mut ExecStats) -> Self {
         ExecuteArgs { args, stream, stats }
     }
@@ -201,7 +205,7 @@ impl<'a> ExecuteArgs<'a> {
         &mut self,
         reads: [usize; R],
         writes: [usize; W],
-    ) -> Result<([&[u8]; R], [&mut [u8]; W]), DelegateError> {
+    ) -> Result<Borrowed<'_, R, W>, DelegateError> {
         for &index in reads.iter().chain(writes.iter()) {
             let arg = self.arg(index)?;
             if arg.nbytes > 0 && !arg.memory().is_host_visible() {
@@ -216,7 +220,8 @@ impl<'a> ExecuteArgs<'a> {
             if !arg.is_writable() {
                 return Err(DelegateError::invalid_argument(format!("argument {w} is read-only")));
             }
-            let others = reads.iter().chain(writes.iter().enumerate().filter(|(m, _)| *m != n).map(|(_, i)| i));
+            let others =
+                reads.iter().chain(writes.iter().enumerate().filter(|(m, _)| *m != n).map(|(_, i)| i));
             for &other in others {
                 if self.args[other].overlaps(arg) {
                     return Err(DelegateError::invalid_argument(format!(

@@ -24,7 +24,8 @@ pub enum MemoryKind {
 
 impl MemoryKind {
     /// Every kind.
-    pub const ALL: [MemoryKind; 4] = [MemoryKind::Host, MemoryKind::Device, MemoryKind::Managed, MemoryKind::Pinned];
+    pub const ALL: [MemoryKind; 4] =
+        [MemoryKind::Host, MemoryKind::Device, MemoryKind::Managed, MemoryKind::Pinned];
 
     /// Whether the host may dereference it.
     pub const fn is_host_visible(self) -> bool {
@@ -131,6 +132,10 @@ impl fmt::Display for DTypeCode {
 /// [`TensorArg::flags`] bit: the delegate may write the bytes (outputs, and inputs that an output aliases).
 pub const ARG_WRITABLE: u32 = 1 << 0;
 
+/// [`TensorArg::flags`] bit: a writable input, i.e. caller-owned state (a KV cache) the delegate reads and
+/// updates in place. Always set together with [`ARG_WRITABLE`]; an in-place output shares its storage.
+pub const ARG_INOUT: u32 = 1 << 1;
+
 /// One delegate argument: a view of caller memory plus its metadata. Plain data, `Copy`, no destructor.
 #[repr(C)]
 #[derive(Clone, Copy, StableAbi)]
@@ -141,7 +146,7 @@ pub struct TensorArg {
     pub nbytes: u64,
     /// Number of valid entries in `shape`.
     pub rank: u32,
-    /// Flags, see [`ARG_WRITABLE`].
+    /// Flags, see [`ARG_WRITABLE`] and [`ARG_INOUT`].
     pub flags: u32,
     /// Extents, the first `rank` valid.
     pub shape: [i64; MAX_RANK],
@@ -208,6 +213,11 @@ impl TensorArg {
         }
         let (a, b) = (self.data as usize as u128, other.data as usize as u128);
         a < b + u128::from(other.nbytes) && b < a + u128::from(self.nbytes)
+    }
+
+    /// Whether it is a writable input (caller-owned state updated in place).
+    pub fn is_inout(&self) -> bool {
+        self.flags & ARG_INOUT != 0
     }
 
     /// Whether both args are the same storage: same address and size (an input and its in-place output).

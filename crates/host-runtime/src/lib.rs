@@ -1,1 +1,29 @@
-//! host
+//! The host runtime: loads delegate plugins, owns caller buffers and runs a program's methods through them,
+//! threading caller-owned KV caches as delegate arguments so that every step sees the cache the previous step
+//! wrote. The `delegate-host` binary is its command line.
+//!
+//! ## Examples
+//!
+//! ```no_run
+//! use host_runtime::{manifest::Manifest, plugins::Registry, program::{Mode, Program}};
+//!
+//! let registry = Registry::discover(&[], true, true);
+//! let manifest = Manifest::load("example/program.toml".as_ref())?;
+//! let mut program = Program::load(manifest, &registry, Mode::ZeroCopy)?;
+//! let generation = host_runtime::generate::generate(&mut program, 15, |_, _| Ok(()))?;
+//! println!("{:?}", generation.tokens);
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+//!
+//! ## Feature Flags
+//!
+//! None.
+#![deny(missing_docs)]
+#![deny(unsafe_code)]
+
+pub mod blob_file;
+pub mod buffer;
+pub mod generate;
+pub mod manifest;
+pub mod plugins;
+pub mod program;

@@ -1,1 +1,82 @@
-//! reference
+//! The reference delegate: runs a small typed op graph on the CPU, updating caller-owned KV caches in place.
+//!
+//! It is the embedded default backend (`ReferenceBackend`) and the worked example of a delegate for third
+//! parties. Its parts are deliberately small and separate:
+//! - [`graph`]: the typed op graph, its builder ([`graph::GraphBuilder`]) and its payload encoding, with
+//!   validation that turns every defect into a typed error;
+//! - [`exec`]: the executor, which allocates all scratch at init and writes cache updates into the caller's
+//!   own cache arguments;
+//! - [`delegate`]: the [`delegate_abi::Delegate`] implementation: blob checks, alias validation through
+//!   `alias-validate`, a name-based binding plan computed once at init, per-call argument checks, and the
+//!   in-place / copy-back contract for aliased outputs.
+//!
+//! A blob for this delegate is a native blob (`blob-format`) with backend id [`BACKEND_ID`] and payload kind
+//! `reference-graph`, whose payload is [`graph::Graph::encode`]'s output.
+//!
+//! ## Examples
+//!
+//! Build a one-op graph, wrap it in a blob, and ask the delegate about it:
+//!
+//! ```
+//! use blob_format::model::{Binding, Dim, DType, Header, PayloadKind, Role};
+//! use delegate_abi::{Compatibility, Delegate, InitContext};
+//! use reference_delegate::graph::{ElemType, GraphBuilder};
+//! use reference_delegate::{ReferenceDelegate, BACKEND_ID};
+//!
+//! let mut b = GraphBuilder::new();
+//! let x = b.input("x", ElemType::F32, &[1, 2])?;
+//! let y = b.add("y", x, x)?;
+//! b.output(y)?;
+//! let graph = b.finish()?;
+//!
+//! let binding = |name: &str, role| Binding {
+//!     name: name.to_owned(),
+//!     role,
+//!     dtype: Some(DType::F32),
+//!     shape: Some(vec![Dim::Static(1), Dim::Static(2)]),
+//!     threaded: true,
+//! };
+//! let header = Header {
+//!     producer: None,
+//!     backend_id: BACKEND_ID.to_owned(),
+//!     payload_kind: PayloadKind::ReferenceGraph,
+//!     bindings: vec![binding("x", Role::Input), binding("y", Role::Output)],
+//!     aliases: vec![],
+//!     device_id: 0,
+//!     hardware_compatible: false,
+//!     hardware_target: None,
+//!     engine_library_version: None,
+//!     engine_metadata: None,
+//! };
+//! let blob = blob_format::native::to_vec(&header, &graph.encode());
+//!
+//! let delegate = ReferenceDelegate::new();
+//! assert_eq!(delegate.compatibility(&blob), Compatibility::Supported);
+//! let handle = delegate.init(InitContext { blob: &blob, compile_specs: &[], runtime_specs: &[] })?;
+//! assert_eq!(handle.plan().args().len(), 2);
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+//!
+//! ## Writing your own delegate
+//!
+//! Follow this crate's layout: a crate with `crate-type = ["cdylib", "rlib"]`, a type implementing
+//! [`delegate_abi::Delegate`] (see [`delegate::ReferenceDelegate`]), `delegate_abi::export_delegate!` on it
+//! in the crate root, and validation of the blob's aliases with `alias_validate::validate_with_engine`
+//! against your engine's [`alias_validate::EngineIntrospect`] (see [`graph::Graph`]'s implementation).
+//!
+//! ## Feature Flags
+//!
+//! None.
+#![deny(missing_docs)]
+#![forbid(unsafe_code)]
+
+pub mod delegate;
+pub mod exec;
+pub mod graph;
+
+pub use delegate::{ReferenceDelegate, ReferenceHandle};
+
+/// The ExecuTorch backend id this delegate serves.
+pub const BACKEND_ID: &str = "ReferenceBackend";
+
+delegate_abi::export_delegate!(ReferenceDelegate);

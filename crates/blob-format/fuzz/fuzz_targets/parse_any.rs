@@ -1,0 +1,7 @@
+//! Fuzzes `blob_format::detect` and `blob_format::Blob::parse`; see `oracle.rs` for the invariants.
+#![no_main]
+
+#[path = "../oracle.rs"]
+mod oracle;
+
+libfuzzer_sys::fuzz_target!(|data: &[u8]| oracle::check_parse_any(data));

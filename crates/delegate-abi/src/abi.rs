@@ -1,0 +1,447 @@
+//! The wire level of the ABI: `#[repr(C)]` tables and values that cross the plugin boundary.
+//!
+//! Plugin authors and hosts never touch these directly: [`crate::export_delegate!`] writes the plugin side
+//! and [`crate::host`] drives them. They are public so the layout is documented and checkable.
+//!
+//! # Shape
+//!
+//! ```text
+//! LibHeader (abi_stable's permanent symbol, layout-checked)
+//!  └─ DelegateRoot            prefix type, PERMANENT: only `negotiate`
+//!      └─ negotiate(HostOffer) -> Negotiated { version, plugin_range, module }
+//!                                  └─ PluginModule   prefix type, append-only
+//!                                      ├─ info() -> PluginInfoRecord (prefix type, append-only)
+//!                                      ├─ is_available, compatibility, init, execute, destroy
+//!                                      ├─ set_option, get_option
+//!                                      └─ poison_message (guarded: added after the last prefix field)
+//! ```
+//!
+//! # Evolution rules
+//!
+//! - `DelegateRoot` never changes. [`ROOT_INTERFACE_VERSION`] stays `1.0.0` forever; the ABI version that
+//!   matters is the one agreed by [`negotiate`].
+//! - Every prefix type only grows at the end. A field after `#[sabi(last_prefix_field)]` is read through an
+//!   accessor returning `Option`, and the host additionally guards it by the negotiated version.
+//! - A change that cannot be expressed by appending bumps [`ABI_VERSION_MAX`]; a plugin or host that still
+//!   speaks the older version keeps negotiating it.
+//! - abi_stable checks the layout of every type reachable from the root (tables, [`TensorArg`],
+//!   [`ExecStats`], ...) before the handshake. Never change such a type in place: add a new type and a new,
+//!   appended table entry that uses it (e.g. `execute_v2`), guarded by the negotiated version. ABI version
+//!   0 is never used (it means "not negotiated").
+
+use std::ffi::c_void;
+use std::fmt;
+
+use abi_stable::library::RootModule;
+use abi_stable::sabi_types::VersionStrings;
+use abi_stable::std_types::{ROption, RResult, RSlice, RStr, RString};
+use abi_stable::StableAbi;
+
+use crate::delegate::{
+    Compatibility, DelegateError, ErrorCode, ExecStats, OptionValue, PluginInfo, WireFormatSupport,
+};
+use crate::tensor::{MemoryKind, TensorArg};
+
+/// Oldest ABI interface version this build of `delegate-abi` speaks.
+pub const ABI_VERSION_MIN: u32 = 1;
+/// Newest ABI interface version this build of `delegate-abi` speaks.
+pub const ABI_VERSION_MAX: u32 = 1;
+
+/// The version string abi_stable checks on the root module. It is permanent: versioning happens in
+/// [`negotiate`], never by changing this.
+pub const ROOT_INTERFACE_VERSION: &str = "1.0.0";
+
+/// An inclusive range of ABI interface versions one side speaks.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, StableAbi)]
+pub struct AbiRange {
+    /// Oldest version spoken.
+    pub min: u32,
+    /// Newest version spoken.
+    pub max: u32,
+}
+
+impl AbiRange {
+    /// What this build speaks: [`ABI_VERSION_MIN`]`..=`[`ABI_VERSION_MAX`].
+    pub const CURRENT: AbiRange = AbiRange { min: ABI_VERSION_MIN, max: ABI_VERSION_MAX };
+
+    /// A range `min..=max`.
+    pub const fn new(min: u32, max: u32) -> AbiRange {
+        AbiRange { min, max }
+    }
+
+    /// Whether `version` lies in the range.
+    pub const fn contains(self, version: u32) -> bool {
+        self.min <= version && version <= self.max
+    }
+
+    /// Whether `min <= max`.
+    pub const fn is_valid(self) -> bool {
+        self.min <= self.max
+    }
+}
+
+impl fmt::Display for AbiRange {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}..={}", self.min, self.max)
+    }
+}
+
+/// Why two ABI ranges have no version in common.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("plugin speaks ABI {plugin}, host {host}")]
+pub struct VersionMismatch {
+    /// What the plugin speaks.
+    pub plugin: AbiRange,
+    /// What the host offered.
+    pub host: AbiRange,
+}
+
+/// The handshake rule, shared by both sides: the newest version both speak.
+///
+/// The plugin runs it on the host's offer and answers the result; the host checks the answer lies in its own
+/// offer. An empty (inverted) range on either side has no version in common with anything.
+///
+/// ```
+/// use delegate_abi::abi::{negotiate, AbiRange};
+///
+/// // A new plugin that still speaks 1 talks to an old host that speaks only 1.
+/// assert_eq!(negotiate(AbiRange::new(1, 1), AbiRange::new(1, 2)), Ok(1));
+/// // A plugin that dropped 1 cannot talk to it.
+/// let err = negotiate(AbiRange::new(1, 1), AbiRange::new(2, 3)).unwrap_err();
+/// assert_eq!(err.to_string(), "plugin speaks ABI 2..=3, host 1..=1");
+/// ```
+pub fn negotiate(host: AbiRange, plugin: AbiRange) -> Result<u32, VersionMismatch> {
+    let low = host.min.max(plugin.min);
+    let high = host.max.min(plugin.max);
+    if host.is_valid() && plugin.is_valid() && low <= high {
+        Ok(high)
+    } else {
+        Err(VersionMismatch { plugin, host })
+    }
+}
+
+/// Log callback the host offers: `(level, target, message)`, level as [`LogLevel`] numbers.
+pub type LogFn = extern "C" fn(level: u8, target: RStr<'_>, message: RStr<'_>);
+/// Filter callback the host offers: whether `(level, target)` would be recorded.
+pub type LogEnabledFn = extern "C" fn(level: u8, target: RStr<'_>) -> bool;
+
+/// Log levels on the wire.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub enum LogLevel {
+    /// `tracing::Level::ERROR`.
+    Error = 1,
+    /// `tracing::Level::WARN`.
+    Warn = 2,
+    /// `tracing::Level::INFO`.
+    Info = 3,
+    /// `tracing::Level::DEBUG`.
+    Debug = 4,
+    /// `tracing::Level::TRACE`.
+    Trace = 5,
+}
+
+impl LogLevel {
+    /// From a `tracing` level.
+    pub fn from_tracing(level: &tracing::Level) -> LogLevel {
+        match *level {
+            tracing::Level::ERROR => LogLevel::Error,
+            tracing::Level::WARN => LogLevel::Warn,
+            tracing::Level::INFO => LogLevel::Info,
+            tracing::Level::DEBUG => LogLevel::Debug,
+            tracing::Level::TRACE => LogLevel::Trace,
+        }
+    }
+
+    /// To a `tracing` level; unknown numbers become `TRACE`.
+    pub fn to_tracing(code: u8) -> tracing::Level {
+        match code {
+            1 => tracing::Level::ERROR,
+            2 => tracing::Level::WARN,
+            3 => tracing::Level::INFO,
+            4 => tracing::Level::DEBUG,
+            _ => tracing::Level::TRACE,
+        }
+    }
+}
+
+/// What the host offers in the handshake. Prefix type: fields may be appended.
+#[repr(C)]
+#[derive(StableAbi)]
+#[sabi(kind(Prefix(prefix_ref = HostOfferRef)))]
+pub struct HostOffer {
+    /// ABI versions the host speaks.
+    pub abi: AbiRange,
+    /// Whether the plugin should forward its `tracing` records through `log`; `false` for a plugin linked
+    /// into the host (it shares the host's `tracing`).
+    pub forward_logs: bool,
+    /// Where plugin logs go: `(level, target, message)`, level as [`LogLevel`] numbers.
+    pub log: extern "C" fn(level: u8, target: RStr<'_>, message: RStr<'_>),
+    /// Asked before formatting a plugin log record: whether `(level, target)` would be recorded.
+    #[sabi(last_prefix_field)]
+    pub log_enabled: extern "C" fn(level: u8, target: RStr<'_>) -> bool,
+}
+
+/// The plugin's answer when it accepts the handshake.
+#[repr(C)]
+#[derive(StableAbi)]
+pub struct Negotiated {
+    /// The version the plugin will use; in both ranges.
+    pub version: u32,
+    /// What the plugin speaks.
+    pub plugin_range: AbiRange,
+    /// The plugin's tables for that version.
+    pub module: PluginModuleRef,
+}
+
+/// The plugin's answer when it refuses the handshake.
+#[repr(C)]
+#[derive(StableAbi)]
+pub struct Refusal {
+    /// What the plugin speaks.
+    pub plugin_range: AbiRange,
+    /// Why, for a person.
+    pub message: RString,
+}
+
+/// The permanent root module: the only thing reached through the exported symbol.
+///
+/// Never add, remove or change fields: everything versioned hangs off [`Negotiated::module`].
+#[repr(C)]
+#[derive(StableAbi)]
+#[sabi(kind(Prefix(prefix_ref = DelegateRootRef)))]
+#[sabi(missing_field(panic))]
+pub struct DelegateRoot {
+    /// The handshake (see [`negotiate`]).
+    #[sabi(last_prefix_field)]
+    pub negotiate: extern "C" fn(offer: HostOfferRef) -> RResult<Negotiated, Refusal>,
+}
+
+impl RootModule for DelegateRootRef {
+    abi_stable::declare_root_module_statics! {DelegateRootRef}
+    const BASE_NAME: &'static str = "delegate_plugin";
+    const NAME: &'static str = "delegate_plugin";
+    const VERSION_STRINGS: VersionStrings = VersionStrings::new(ROOT_INTERFACE_VERSION);
+}
+
+/// An error as it crosses: ExecuTorch code and a message freed by the side that allocated it.
+#[repr(C)]
+#[derive(Debug, StableAbi)]
+pub struct RError {
+    /// ExecuTorch code ([`ErrorCode::as_u32`]).
+    pub code: u32,
+    /// What was wrong.
+    pub message: RString,
+}
+
+impl RError {
+    /// Crosses a [`DelegateError`].
+    pub fn from_delegate(err: DelegateError) -> RError {
+        RError { code: err.code.as_u32(), message: RString::from(err.message) }
+    }
+
+    /// Back to a [`DelegateError`]. A plugin that reports an error with code `Ok` is reported as `Internal`.
+    pub fn into_delegate(self) -> DelegateError {
+        let code = match ErrorCode::from_u32(self.code) {
+            ErrorCode::Ok => ErrorCode::Internal,
+            code => code,
+        };
+        DelegateError::new(code, self.message.into_string())
+    }
+}
+
+/// [`Compatibility`] as it crosses.
+#[repr(u8)]
+#[derive(Debug, StableAbi)]
+pub enum RCompatibility {
+    /// [`Compatibility::Supported`].
+    Supported,
+    /// [`Compatibility::RebuildRecommended`], with the reason.
+    RebuildRecommended(RString),
+    /// [`Compatibility::Unsupported`], with the reason.
+    Unsupported(RString),
+}
+
+impl From<Compatibility> for RCompatibility {
+    fn from(value: Compatibility) -> RCompatibility {
+        match value {
+            Compatibility::Supported => RCompatibility::Supported,
+            Compatibility::RebuildRecommended { reason } => RCompatibility::RebuildRecommended(reason.into()),
+            Compatibility::Unsupported { reason } => RCompatibility::Unsupported(reason.into()),
+        }
+    }
+}
+
+impl From<RCompatibility> for Compatibility {
+    fn from(value: RCompatibility) -> Compatibility {
+        match value {
+            RCompatibility::Supported => Compatibility::Supported,
+            RCompatibility::RebuildRecommended(reason) => {
+                Compatibility::RebuildRecommended { reason: reason.into_string() }
+            }
+            RCompatibility::Unsupported(reason) => {
+                Compatibility::Unsupported { reason: reason.into_string() }
+            }
+        }
+    }
+}
+
+/// [`OptionValue`] as it crosses.
+#[repr(u8)]
+#[derive(Debug, StableAbi)]
+pub enum ROptionValue {
+    /// A boolean.
+    Bool(bool),
+    /// An integer.
+    Int(i64),
+    /// A string.
+    Str(RString),
+}
+
+impl From<OptionValue> for ROptionValue {
+    fn from(value: OptionValue) -> ROptionValue {
+        match value {
+            OptionValue::Bool(b) => ROptionValue::Bool(b),
+            OptionValue::Int(i) => ROptionValue::Int(i),
+            OptionValue::Str(s) => ROptionValue::Str(s.into()),
+        }
+    }
+}
+
+impl From<ROptionValue> for OptionValue {
+    fn from(value: ROptionValue) -> OptionValue {
+        match value {
+            ROptionValue::Bool(b) => OptionValue::Bool(b),
+            ROptionValue::Int(i) => OptionValue::Int(i),
+            ROptionValue::Str(s) => OptionValue::Str(s.into_string()),
+        }
+    }
+}
+
+/// A compile or runtime spec as it crosses, borrowed for the call.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, StableAbi)]
+pub struct RSpec<'a> {
+    /// The key.
+    pub key: RStr<'a>,
+    /// The value's bytes.
+    pub value: RSlice<'a, u8>,
+}
+
+/// An opaque delegate handle: the plugin's boxed `Delegate::Handle`.
+#[repr(transparent)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, StableAbi)]
+pub struct RawHandle(pub *mut c_void);
+
+/// One blob wire format as it crosses.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, StableAbi)]
+pub struct RWireFormat {
+    /// Format name.
+    pub format: RStr<'static>,
+    /// Semver requirement over its versions.
+    pub versions: RStr<'static>,
+}
+
+fn leak_str(s: String) -> RStr<'static> {
+    RStr::from_str(Box::leak(s.into_boxed_str()))
+}
+
+fn leak_slice<T>(v: Vec<T>) -> RSlice<'static, T> {
+    RSlice::from_slice(Box::leak(v.into_boxed_slice()))
+}
+
+/// [`PluginInfo`] as it crosses: built once by the plugin and never freed (so every field is a `'static`
+/// borrow of plugin memory). Prefix type: append-only.
+#[repr(C)]
+#[derive(StableAbi)]
+#[sabi(kind(Prefix(prefix_ref = PluginInfoRecordRef)))]
+pub struct PluginInfoRecord {
+    /// Plugin name.
+    pub name: RStr<'static>,
+    /// Plugin version.
+    pub version: RStr<'static>,
+    /// Backend ids.
+    pub backends: RSlice<'static, RStr<'static>>,
+    /// Wire formats.
+    pub wire_formats: RSlice<'static, RWireFormat>,
+    /// Memory kinds.
+    pub memory_kinds: RSlice<'static, MemoryKind>,
+    /// Zero-copy aliasing.
+    #[sabi(last_prefix_field)]
+    pub binds_aliases_in_place: bool,
+}
+
+impl PluginInfoRecord {
+    /// From the safe form, leaking its strings (called once per plugin).
+    pub fn from_info(info: PluginInfo) -> PluginInfoRecord {
+        PluginInfoRecord {
+            name: leak_str(info.name),
+            version: leak_str(info.version),
+            backends: leak_slice(info.backends.into_iter().map(leak_str).collect()),
+            wire_formats: leak_slice(
+                info.wire_formats
+                    .into_iter()
+                    .map(|w| RWireFormat { format: leak_str(w.format), versions: leak_str(w.versions) })
+                    .collect(),
+            ),
+            memory_kinds: leak_slice(info.memory_kinds),
+            binds_aliases_in_place: info.binds_aliases_in_place,
+        }
+    }
+}
+
+impl PluginInfoRecordRef {
+    /// To the safe form (copies the strings into host allocations).
+    pub fn to_info(self) -> PluginInfo {
+        PluginInfo {
+            name: self.name().to_string(),
+            version: self.version().to_string(),
+            backends: self.backends().iter().map(|b| b.to_string()).collect(),
+            wire_formats: self
+                .wire_formats()
+                .iter()
+                .map(|w| WireFormatSupport { format: w.format.to_string(), versions: w.versions.to_string() })
+                .collect(),
+            memory_kinds: self.memory_kinds().to_vec(),
+            binds_aliases_in_place: self.binds_aliases_in_place(),
+        }
+    }
+}
+
+/// The delegate function table for the negotiated version. Prefix type: append-only; entries after the
+/// last prefix field are read as `Option` and guarded by the negotiated version.
+#[repr(C)]
+#[derive(StableAbi)]
+#[sabi(kind(Prefix(prefix_ref = PluginModuleRef)))]
+pub struct PluginModule {
+    /// Metadata; never runs `Delegate::new`.
+    pub info: extern "C" fn() -> PluginInfoRecordRef,
+    /// `Delegate::is_available`.
+    pub is_available: extern "C" fn() -> RResult<bool, RError>,
+    /// `Delegate::compatibility`.
+    pub compatibility: extern "C" fn(blob: RSlice<'_, u8>) -> RResult<RCompatibility, RError>,
+    /// `Delegate::init`; the blob is borrowed for the call only.
+    pub init: extern "C" fn(
+        blob: RSlice<'_, u8>,
+        compile_specs: RSlice<'_, RSpec<'_>>,
+        runtime_specs: RSlice<'_, RSpec<'_>>,
+    ) -> RResult<RawHandle, RError>,
+    /// `Delegate::execute`. `stream` is a `cudaStream_t` or null.
+    pub execute: extern "C" fn(
+        handle: RawHandle,
+        args: RSlice<'_, TensorArg>,
+        stream: *mut c_void,
+        stats: &mut ExecStats,
+    ) -> RResult<(), RError>,
+    /// `Delegate::destroy`; the handle is gone afterwards, even on error.
+    pub destroy: extern "C" fn(handle: RawHandle) -> RResult<(), RError>,
+    /// `Delegate::set_option`.
+    pub set_option: extern "C" fn(key: RStr<'_>, value: ROptionValue) -> RResult<(), RError>,
+    /// `Delegate::get_option`.
+    #[sabi(last_prefix_field)]
+    pub get_option: extern "C" fn(key: RStr<'_>) -> RResult<ROptionValue, RError>,
+    /// Since ABI 1 (guarded): the message of the panic that poisoned the plugin, if one did.
+    pub poison_message: extern "C" fn() -> ROption<RString>,
+}

@@ -1,0 +1,104 @@
+//! The execute path allocates nothing: host `ArgList` reuse, the ABI call, the plugin glue and back.
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::cell::Cell;
+
+use delegate_abi::host::{ArgList, Plugin};
+use delegate_abi::{
+    Compatibility, DTypeCode, Delegate, DelegateError, ExecuteArgs, InitContext, MemoryKind, PluginInfo,
+};
+
+thread_local! {
+    static ALLOCATIONS: Cell<u64> = const { Cell::new(0) };
+}
+
+struct Counting;
+
+// SAFETY: forwards to `System`, only counting calls in a const-initialised thread-local (no allocation).
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        let _ = ALLOCATIONS.try_with(|c| c.set(c.get() + 1));
+        // SAFETY: same contract as ours.
+        unsafe { System.alloc(layout) }
+    }
+
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        // SAFETY: same contract as ours.
+        unsafe { System.dealloc(ptr, layout) }
+    }
+
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        let _ = ALLOCATIONS.try_with(|c| c.set(c.get() + 1));
+        // SAFETY: same contract as ours.
+        unsafe { System.realloc(ptr, layout, new_size) }
+    }
+}
+
+#[global_allocator]
+static GLOBAL: Counting = Counting;
+
+/// Reads its first arg and writes its in-place output, like a KV update.
+pub struct Touch;
+
+impl Delegate for Touch {
+    type Handle = ();
+    fn new() -> Self {
+        Touch
+    }
+    fn info() -> PluginInfo {
+        PluginInfo {
+            name: "touch".into(),
+            version: "0.1.0".into(),
+            backends: vec!["TouchBackend".into()],
+            wire_formats: vec![],
+            memory_kinds: vec![MemoryKind::Host],
+            binds_aliases_in_place: true,
+        }
+    }
+    fn is_available(&self) -> bool {
+        true
+    }
+    fn compatibility(&self, _blob: &[u8]) -> Compatibility {
+        Compatibility::Supported
+    }
+    fn init(&self, _ctx: InitContext<'_>) -> Result<(), DelegateError> {
+        Ok(())
+    }
+    fn execute(&self, _h: &mut (), args: &mut ExecuteArgs<'_>) -> Result<(), DelegateError> {
+        let ([input], [cache_out]) = args.borrow([0], [7])?;
+        cache_out[0] = cache_out[0].wrapping_add(input[0]);
+        Ok(())
+    }
+}
+
+delegate_abi::export_delegate!(@embedded Touch);
+
+#[test]
+fn executing_eight_args_through_the_abi_allocates_nothing() {
+    let plugin = Plugin::embedded(delegate_root()).expect("embedded");
+    let mut instance =
+        plugin.init(&InitContext { blob: b"", compile_specs: &[], runtime_specs: &[] }).expect("init");
+    let inputs = vec![vec![1u8; 64]; 5];
+    let mut caches = vec![vec![0u8; 256]; 2];
+    let mut spare: ArgList<'static> = ArgList::with_capacity(8);
+    for step in 0..100u32 {
+        let before = ALLOCATIONS.with(Cell::get);
+        let mut args = spare.recycle();
+        for input in &inputs {
+            args.push_input(input, DTypeCode::F32, &[16], MemoryKind::Host).expect("input");
+        }
+        let (first, second) = caches.split_at_mut(1);
+        let a = args.push_inout(&mut first[0], DTypeCode::F32, &[64], MemoryKind::Host).expect("cache");
+        args.push_inout(&mut second[0], DTypeCode::F32, &[64], MemoryKind::Host).expect("cache");
+        args.push_output_in_place(a, DTypeCode::F32, &[64]).expect("alias");
+        instance.execute(&mut args, None).expect("execute");
+        spare = args.recycle();
+        let allocated = ALLOCATIONS.with(Cell::get) - before;
+        // Step 0 may build the delegate (`Delegate::new`, once per plugin).
+        if step > 0 {
+            assert_eq!(allocated, 0, "step {step} allocated {allocated} times");
+        }
+    }
+    drop(spare);
+    assert_eq!(caches[0][0], 100);
+}

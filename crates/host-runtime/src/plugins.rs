@@ -1,0 +1,617 @@
+//! Plugin discovery: every candidate library in the search path, which ones loaded, which backend each
+//! serves, and why the others did not.
+//!
+//! # Search order
+//!
+//! 1. the directories given explicitly (`--plugin-dir`), in order;
+//! 2. the directories in `DELEGATE_PLUGIN_PATH` (separated like `PATH`: `:` on Unix, `;` on Windows), in order;
+//! 3. the embedded reference plugin (linked into `delegate-host`), last.
+//!
+//! In each directory, files with the platform's library extension (`.so`, `.dylib`, `.dll`) are candidates,
+//! in file-name order. A file reached twice (a directory listed twice, a symlink) is considered once. A
+//! missing or unreadable explicit directory is listed as rejected; a missing `DELEGATE_PLUGIN_PATH` entry is
+//! skipped.
+//!
+//! # Which plugin serves a backend
+//!
+//! Plugins are keyed by (backend id, plugin version). For each backend id, the loaded plugin with the
+//! **highest version** (semver order) serves it; among equal versions, the **first found** in search order
+//! wins. A plugin that serves none of its backends is listed as `shadowed by <path>` (the plugin serving its
+//! first backend). So a newer reference plugin dropped in `--plugin-dir` replaces the embedded one, and a
+//! copy of the same version in `--plugin-dir` is preferred to the embedded one.
+//!
+//! A file that is not a plugin, or a plugin whose ABI the host cannot speak, is listed as
+//! `rejected: <reason>`; the others still load.
+//!
+//! # Libraries are never unloaded
+//!
+//! Every library opened here, including rejected plugins whose handshake failed, stays loaded until the
+//! process exits: unloading Rust code that may have registered thread-local destructors is unsound, and the
+//! plugin's tables and strings are `'static` borrows (see [`delegate_abi::host`]). Only the dynamic loader's
+//! failure to open a file leaves nothing behind.
+
+use std::collections::{BTreeMap, HashSet};
+use std::ffi::OsString;
+use std::fmt::{self, Write as _};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use delegate_abi::host::{HostConfig, Plugin};
+use delegate_abi::PluginInfo;
+use serde::Serialize;
+
+/// Environment variable with extra plugin directories.
+pub const PLUGIN_PATH_ENV: &str = "DELEGATE_PLUGIN_PATH";
+
+/// What became of a candidate.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Status {
+    /// Loaded and serving at least one backend.
+    Loaded,
+    /// Not usable; the reason, one line.
+    Rejected(String),
+    /// Loaded, but every backend it offers is served by another plugin.
+    Shadowed {
+        /// The winner's path; `None` when the winner is the embedded plugin.
+        by: Option<PathBuf>,
+    },
+}
+
+impl fmt::Display for Status {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Status::Loaded => f.write_str("loaded"),
+            Status::Rejected(reason) => write!(f, "rejected: {reason}"),
+            Status::Shadowed { by: Some(path) } => write!(f, "shadowed by {}", path.display()),
+            Status::Shadowed { by: None } => f.write_str("shadowed by (embedded)"),
+        }
+    }
+}
+
+/// One library considered by discovery, or the embedded plugin.
+#[derive(Debug, Clone)]
+pub struct Candidate {
+    /// The file; `None` for the embedded plugin.
+    pub path: Option<PathBuf>,
+    /// What became of it.
+    pub status: Status,
+    /// Its metadata, when the handshake succeeded.
+    pub info: Option<PluginInfo>,
+    /// The negotiated ABI version, when the handshake succeeded.
+    pub abi_version: Option<u32>,
+    /// Backend ids it serves (a subset of `info.backends`; empty unless loaded).
+    pub serves: Vec<String>,
+    plugin: Option<Arc<Plugin>>,
+}
+
+impl Candidate {
+    /// The loaded plugin (also for shadowed candidates).
+    pub fn plugin(&self) -> Option<&Arc<Plugin>> {
+        self.plugin.as_ref()
+    }
+
+    /// `path` for display: the file, or `(embedded)`.
+    pub fn location(&self) -> String {
+        self.path.as_ref().map_or_else(|| "(embedded)".to_string(), |p| p.display().to_string())
+    }
+
+    fn rejected(path: Option<PathBuf>, reason: String) -> Candidate {
+        Candidate {
+            path,
+            status: Status::Rejected(reason),
+            info: None,
+            abi_version: None,
+            serves: vec![],
+            plugin: None,
+        }
+    }
+
+    fn loaded(path: Option<PathBuf>, plugin: Plugin) -> Candidate {
+        Candidate {
+            path,
+            status: Status::Loaded,
+            info: Some(plugin.info().clone()),
+            abi_version: Some(plugin.abi_version()),
+            serves: vec![],
+            plugin: Some(Arc::new(plugin)),
+        }
+    }
+}
+
+#[derive(Serialize)]
+struct WireJson<'a> {
+    format: &'a str,
+    versions: &'a str,
+}
+
+#[derive(Serialize)]
+struct CandidateJson<'a> {
+    path: Option<&'a Path>,
+    embedded: bool,
+    status: &'static str,
+    reason: Option<&'a str>,
+    shadowed_by: Option<String>,
+    name: Option<&'a str>,
+    version: Option<&'a str>,
+    abi_version: Option<u32>,
+    backends: Vec<&'a str>,
+    serves: &'a [String],
+    wire_formats: Vec<WireJson<'a>>,
+    memory_kinds: Vec<&'static str>,
+    binds_aliases_in_place: Option<bool>,
+}
+
+impl Serialize for Candidate {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        let info = self.info.as_ref();
+        let (status, reason, shadowed_by) = match &self.status {
+            Status::Loaded => ("loaded", None, None),
+            Status::Rejected(reason) => ("rejected", Some(reason.as_str()), None),
+            Status::Shadowed { by } => (
+                "shadowed",
+                None,
+                Some(by.as_ref().map_or_else(|| "(embedded)".to_string(), |p| p.display().to_string())),
+            ),
+        };
+        CandidateJson {
+            path: self.path.as_deref(),
+            embedded: self.path.is_none(),
+            status,
+            reason,
+            shadowed_by,
+            name: info.map(|i| i.name.as_str()),
+            version: info.map(|i| i.version.as_str()),
+            abi_version: self.abi_version,
+            backends: info.map(|i| i.backends.iter().map(String::as_str).collect()).unwrap_or_default(),
+            serves: &self.serves,
+            wire_formats: info
+                .map(|i| {
+                    i.wire_formats
+                        .iter()
+                        .map(|w| WireJson { format: &w.format, versions: &w.versions })
+                        .collect()
+                })
+                .unwrap_or_default(),
+            memory_kinds: info.map(|i| i.memory_kinds.iter().map(|m| m.name()).collect()).unwrap_or_default(),
+            binds_aliases_in_place: info.map(|i| i.binds_aliases_in_place),
+        }
+        .serialize(serializer)
+    }
+}
+
+/// Every candidate found, and which loaded plugin serves each backend id.
+#[derive(Debug, Clone, Default)]
+pub struct Registry {
+    candidates: Vec<Candidate>,
+    serving: BTreeMap<String, usize>,
+}
+
+/// The directories searched, in order: `dirs`, then `env_value` split like `PATH` (empty entries dropped).
+pub fn search_path(dirs: &[PathBuf], env_value: Option<&OsString>) -> Vec<(PathBuf, bool)> {
+    let mut out: Vec<(PathBuf, bool)> = dirs.iter().map(|d| (d.clone(), true)).collect();
+    if let Some(value) = env_value {
+        out.extend(std::env::split_paths(value).filter(|p| !p.as_os_str().is_empty()).map(|p| (p, false)));
+    }
+    out
+}
+
+fn is_library(path: &Path) -> bool {
+    path.extension().is_some_and(|ext| ext == std::env::consts::DLL_EXTENSION)
+}
+
+impl Registry {
+    /// Discovers plugins in `dirs`, then (if `use_env`) in `DELEGATE_PLUGIN_PATH`, then (if
+    /// `include_embedded`) the embedded reference plugin. Never fails: problems are listed per candidate.
+    pub fn discover(dirs: &[PathBuf], use_env: bool, include_embedded: bool) -> Registry {
+        let env_value = if use_env { std::env::var_os(PLUGIN_PATH_ENV) } else { None };
+        Registry::discover_with(dirs, env_value.as_ref(), include_embedded, &HostConfig::default())
+    }
+
+    /// [`Registry::discover`] with the environment value and host configuration given explicitly.
+    pub fn discover_with(
+        dirs: &[PathBuf],
+        env_value: Option<&OsString>,
+        include_embedded: bool,
+        config: &HostConfig,
+    ) -> Registry {
+        let mut candidates = Vec::new();
+        let mut seen = HashSet::new();
+        for (dir, explicit) in search_path(dirs, env_value) {
+            let entries = match std::fs::read_dir(&dir) {
+                Ok(entries) => entries,
+                Err(err) => {
+                    if explicit {
+                        candidates.push(Candidate::rejected(
+                            Some(dir),
+                            format!("cannot read plugin directory: {err}"),
+                        ));
+                    } else {
+                        tracing::debug!(dir = %dir.display(), "skipping {PLUGIN_PATH_ENV} entry: {err}");
+                    }
+                    continue;
+                }
+            };
+            let mut files: Vec<PathBuf> = entries
+                .filter_map(Result::ok)
+                .map(|e| e.path())
+                .filter(|p| is_library(p) && p.is_file())
+                .collect();
+            files.sort();
+            for path in files {
+                let key = std::fs::canonicalize(&path).unwrap_or_else(|_| path.clone());
+                if !seen.insert(key) {
+                    continue;
+                }
+                candidates.push(match Plugin::load(&path, config) {
+                    Ok(plugin) => Candidate::loaded(Some(path), plugin),
+                    Err(err) => {
+                        tracing::debug!(path = %path.display(), "plugin rejected: {err}");
+                        Candidate::rejected(Some(path), err.to_string())
+                    }
+                });
+            }
+        }
+        if include_embedded {
+            candidates.push(match Plugin::embedded_with(reference_delegate::delegate_root(), config) {
+                Ok(plugin) => Candidate::loaded(None, plugin),
+                Err(err) => Candidate::rejected(None, err.to_string()),
+            });
+        }
+        Registry::from_candidates(candidates)
+    }
+
+    /// Applies the duplicate rule (highest version, then first found) to candidates in search order.
+    fn from_candidates(mut candidates: Vec<Candidate>) -> Registry {
+        let mut serving: BTreeMap<String, usize> = BTreeMap::new();
+        for (index, candidate) in candidates.iter().enumerate() {
+            let Some(plugin) = &candidate.plugin else { continue };
+            for backend in &plugin.info().backends {
+                match serving.get(backend) {
+                    Some(&current) => {
+                        let current_version = candidates[current].plugin.as_ref().map(|p| p.version());
+                        if Some(plugin.version()) > current_version {
+                            serving.insert(backend.clone(), index);
+                        }
+                    }
+                    None => {
+                        serving.insert(backend.clone(), index);
+                    }
+                }
+            }
+        }
+        for (backend, &index) in &serving {
+            candidates[index].serves.push(backend.clone());
+        }
+        for index in 0..candidates.len() {
+            let candidate = &candidates[index];
+            let Some(plugin) = &candidate.plugin else { continue };
+            if candidate.serves.is_empty() {
+                let winner = plugin.info().backends.first().and_then(|b| serving.get(b)).copied();
+                let by = winner.and_then(|w| candidates[w].path.clone());
+                candidates[index].status = Status::Shadowed { by };
+            }
+        }
+        for candidate in &mut candidates {
+            // Keep `serves` in the plugin's own order.
+            if let Some(info) = &candidate.info {
+                let serves = std::mem::take(&mut candidate.serves);
+                candidate.serves = info.backends.iter().filter(|b| serves.contains(b)).cloned().collect();
+            }
+        }
+        Registry { candidates, serving }
+    }
+
+    /// Every candidate, in search order (embedded last).
+    pub fn candidates(&self) -> &[Candidate] {
+        &self.candidates
+    }
+
+    /// The plugin serving `backend`, if any (a shared handle; the library stays loaded regardless).
+    pub fn for_backend(&self, backend: &str) -> Option<Arc<Plugin>> {
+        self.serving.get(backend).and_then(|&i| self.candidates[i].plugin.clone())
+    }
+
+    /// The candidate serving `backend`, if any.
+    pub fn candidate_for_backend(&self, backend: &str) -> Option<&Candidate> {
+        self.serving.get(backend).map(|&i| &self.candidates[i])
+    }
+
+    /// Every backend id served, sorted.
+    pub fn backends(&self) -> Vec<String> {
+        self.serving.keys().cloned().collect()
+    }
+
+    /// A human table: one row per candidate, `STATUS` last (it carries the reason).
+    pub fn table(&self) -> String {
+        const HEADERS: [&str; 7] = ["PATH", "NAME", "VERSION", "ABI", "BACKENDS", "WIRE FORMATS", "STATUS"];
+        let rows: Vec<[String; 7]> = self
+            .candidates
+            .iter()
+            .map(|c| {
+                let info = c.info.as_ref();
+                let or_dash = |s: Option<String>| s.unwrap_or_else(|| "-".to_string());
+                [
+                    c.location(),
+                    or_dash(info.map(|i| i.name.clone())),
+                    or_dash(info.map(|i| i.version.clone())),
+                    or_dash(c.abi_version.map(|v| v.to_string())),
+                    or_dash(info.map(|i| {
+                        i.backends
+                            .iter()
+                            .map(|b| if c.serves.contains(b) { b.clone() } else { format!("({b})") })
+                            .collect::<Vec<_>>()
+                            .join(",")
+                    })),
+                    or_dash(info.map(|i| {
+                        i.wire_formats
+                            .iter()
+                            .map(|w| format!("{} {}", w.format, w.versions))
+                            .collect::<Vec<_>>()
+                            .join("; ")
+                    })),
+                    c.status.to_string(),
+                ]
+            })
+            .collect();
+        let mut widths = HEADERS.map(str::len);
+        for row in &rows {
+            for (w, cell) in widths.iter_mut().zip(row) {
+                *w = (*w).max(cell.chars().count());
+            }
+        }
+        let mut out = String::new();
+        let mut line = |cells: &[&str]| {
+            let mut text = String::new();
+            for (i, cell) in cells.iter().enumerate() {
+                if i + 1 == cells.len() {
+                    text.push_str(cell);
+                } else {
+                    let _ = write!(text, "{cell:<width$}  ", width = widths[i]);
+                }
+            }
+            out.push_str(text.trim_end());
+            out.push('\n');
+        };
+        line(&HEADERS);
+        for row in &rows {
+            line(&row.each_ref().map(String::as_str));
+        }
+        if self.candidates.is_empty() {
+            out.push_str("(no plugin candidates found)\n");
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::process::Command;
+    use std::sync::OnceLock;
+
+    fn dylib_name(stem: &str) -> String {
+        format!("{}{stem}{}", std::env::consts::DLL_PREFIX, std::env::consts::DLL_SUFFIX)
+    }
+
+    /// The built `abi-test` plugin: `$DELEGATE_TEST_PLUGIN_DIR`, else built once into `target/plugin-tests`.
+    fn abi_test_plugin() -> &'static Path {
+        static PATH: OnceLock<PathBuf> = OnceLock::new();
+        PATH.get_or_init(|| {
+            let dir = match std::env::var_os("DELEGATE_TEST_PLUGIN_DIR") {
+                // Relative to the workspace root (tests run in the crate directory).
+                Some(dir) => Path::new(env!("CARGO_MANIFEST_DIR")).join("../..").join(dir),
+                None => {
+                    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+                    let target = root.join("target/plugin-tests");
+                    let status = Command::new(env!("CARGO"))
+                        .current_dir(&root)
+                        .args(["build", "--quiet", "-p", "abi-test", "--target-dir"])
+                        .arg(&target)
+                        .status()
+                        .expect("cargo runs");
+                    assert!(status.success(), "building abi-test failed");
+                    target.join("debug")
+                }
+            };
+            dir.join(dylib_name("abi_test"))
+        })
+    }
+
+    fn dir_with(files: &[(&str, Option<&[u8]>)]) -> tempfile::TempDir {
+        let dir = tempfile::tempdir().expect("temp dir");
+        for (name, contents) in files {
+            let path = dir.path().join(name);
+            match contents {
+                Some(bytes) => std::fs::write(&path, bytes).expect("write"),
+                None => {
+                    std::fs::copy(abi_test_plugin(), &path).expect("copy plugin");
+                }
+            }
+        }
+        dir
+    }
+
+    fn statuses(registry: &Registry) -> Vec<(String, String)> {
+        registry
+            .candidates()
+            .iter()
+            .map(|c| {
+                let name = c
+                    .path
+                    .as_ref()
+                    .and_then(|p| p.file_name())
+                    .map_or("(embedded)".into(), |n| n.to_string_lossy().into_owned());
+                (name, c.status.to_string())
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_text_file_is_rejected_while_the_real_plugin_and_the_embedded_one_load() {
+        let fake = dylib_name("fake");
+        let real = dylib_name("abi_test");
+        let dir =
+            dir_with(&[(&fake, Some(b"not a library\n")), (&real, None), ("README.txt", Some(b"ignored"))]);
+        let registry =
+            Registry::discover_with(&[dir.path().to_path_buf()], None, true, &HostConfig::default());
+        let statuses = statuses(&registry);
+        assert_eq!(statuses.len(), 3, "{statuses:?}");
+        assert_eq!(statuses[0].0, real);
+        assert_eq!(statuses[0].1, "loaded");
+        assert_eq!(statuses[1].0, fake);
+        assert!(statuses[1].1.starts_with("rejected: not a loadable library: "), "{}", statuses[1].1);
+        assert_eq!(statuses[2], ("(embedded)".to_string(), "loaded".to_string()));
+
+        let plugin = registry.for_backend("AbiTestBackend").expect("served");
+        assert_eq!(plugin.info().name, "abi-test");
+        assert!(registry.for_backend("ReferenceBackend").is_some(), "{:?}", registry.backends());
+        assert!(registry.for_backend("Nope").is_none());
+        assert!(registry.backends().contains(&"AbiTestBackend".to_string()));
+
+        let table = registry.table();
+        assert!(table.starts_with("PATH"), "{table}");
+        assert!(table.contains("AbiTestBackend"), "{table}");
+        assert!(table.contains("rejected: not a loadable library"), "{table}");
+        assert!(table.contains("(embedded)"), "{table}");
+
+        let json: serde_json::Value = serde_json::to_value(registry.candidates()).expect("json");
+        assert_eq!(json[0]["status"], "loaded");
+        assert_eq!(json[0]["name"], "abi-test");
+        assert_eq!(json[0]["abi_version"], 1);
+        assert_eq!(json[0]["backends"], serde_json::json!(["AbiTestBackend"]));
+        assert_eq!(
+            json[0]["wire_formats"],
+            serde_json::json!([{"format": "native", "versions": ">=1.0, <2"}])
+        );
+        assert_eq!(json[0]["memory_kinds"], serde_json::json!(["host", "pinned"]));
+        assert_eq!(json[1]["status"], "rejected");
+        assert!(json[1]["reason"].as_str().expect("reason").starts_with("not a loadable library"));
+        assert_eq!(json[2]["embedded"], true);
+        assert_eq!(json[2]["path"], serde_json::Value::Null);
+    }
+
+    #[test]
+    fn equal_versions_first_found_wins_and_later_ones_are_shadowed() {
+        let first = dir_with(&[(&dylib_name("abi_test_a"), None)]);
+        let second = dir_with(&[(&dylib_name("abi_test_b"), None)]);
+        let env = std::env::join_paths([second.path()]).expect("joins");
+        let registry =
+            Registry::discover_with(&[first.path().to_path_buf()], Some(&env), false, &HostConfig::default());
+        let winner = first.path().join(dylib_name("abi_test_a"));
+        assert_eq!(registry.candidates()[0].status, Status::Loaded);
+        assert_eq!(registry.candidates()[0].serves, ["AbiTestBackend"]);
+        assert_eq!(registry.candidates()[1].status, Status::Shadowed { by: Some(winner.clone()) });
+        assert_eq!(registry.candidates()[1].status.to_string(), format!("shadowed by {}", winner.display()));
+        assert_eq!(
+            registry.for_backend("AbiTestBackend").and_then(|p| p.path().map(Path::to_path_buf)),
+            Some(winner)
+        );
+    }
+
+    #[test]
+    fn the_same_file_reached_twice_is_one_candidate_and_missing_dirs_are_reported() {
+        let dir = dir_with(&[(&dylib_name("abi_test"), None)]);
+        let missing = dir.path().join("does-not-exist");
+        let env = std::env::join_paths([dir.path(), missing.as_path()]).expect("joins");
+        let registry = Registry::discover_with(
+            &[dir.path().to_path_buf(), missing.clone()],
+            Some(&env),
+            false,
+            &HostConfig::default(),
+        );
+        let statuses = statuses(&registry);
+        assert_eq!(statuses.len(), 2, "{statuses:?}");
+        assert_eq!(statuses[0].1, "loaded");
+        assert_eq!(registry.candidates()[1].path.as_deref(), Some(missing.as_path()));
+        assert!(statuses[1].1.starts_with("rejected: cannot read plugin directory: "), "{}", statuses[1].1);
+    }
+
+    #[test]
+    fn an_incompatible_abi_is_rejected_with_both_ranges() {
+        let dir = dir_with(&[(&dylib_name("abi_test"), None)]);
+        let config = HostConfig::default().with_abi_range(delegate_abi::abi::AbiRange::new(2, 3));
+        let registry = Registry::discover_with(&[dir.path().to_path_buf()], None, false, &config);
+        assert_eq!(
+            registry.candidates()[0].status,
+            Status::Rejected("plugin speaks ABI 1..=1, host 2..=3".into())
+        );
+        assert!(registry.backends().is_empty());
+    }
+
+    macro_rules! versioned {
+        ($module:ident, $ty:ident, $version:literal, [$($backend:literal),*]) => {
+            struct $ty;
+            impl delegate_abi::Delegate for $ty {
+                type Handle = ();
+                fn new() -> Self {
+                    $ty
+                }
+                fn info() -> PluginInfo {
+                    PluginInfo {
+                        name: stringify!($ty).into(),
+                        version: $version.into(),
+                        backends: vec![$($backend.into()),*],
+                        wire_formats: vec![],
+                        memory_kinds: vec![delegate_abi::MemoryKind::Host],
+                        binds_aliases_in_place: false,
+                    }
+                }
+                fn is_available(&self) -> bool {
+                    true
+                }
+                fn compatibility(&self, _blob: &[u8]) -> delegate_abi::Compatibility {
+                    delegate_abi::Compatibility::Supported
+                }
+                fn init(&self, _ctx: delegate_abi::InitContext<'_>) -> Result<(), delegate_abi::DelegateError> {
+                    Ok(())
+                }
+                fn execute(
+                    &self,
+                    _handle: &mut (),
+                    _args: &mut delegate_abi::ExecuteArgs<'_>,
+                ) -> Result<(), delegate_abi::DelegateError> {
+                    Ok(())
+                }
+            }
+            mod $module {
+                delegate_abi::export_delegate!(@embedded super::$ty);
+            }
+        };
+    }
+
+    versioned!(v1_0, V1_0, "1.0.0", ["X", "Y"]);
+    versioned!(v1_10, V1_10, "1.10.0", ["X"]);
+    versioned!(v1_2, V1_2, "1.2.0", ["X"]);
+
+    #[test]
+    fn the_highest_semver_version_serves_a_backend_per_backend() {
+        let load = |root| Plugin::embedded(root).expect("embedded");
+        let candidates = vec![
+            Candidate::loaded(Some("a.so".into()), load(v1_0::delegate_root())),
+            Candidate::loaded(Some("b.so".into()), load(v1_10::delegate_root())),
+            Candidate::loaded(Some("c.so".into()), load(v1_2::delegate_root())),
+        ];
+        let registry = Registry::from_candidates(candidates);
+        // 1.10.0 > 1.2.0 in semver order (not in string order).
+        assert_eq!(registry.for_backend("X").map(|p| p.info().name.clone()).as_deref(), Some("V1_10"));
+        // The oldest still serves the backend nobody else offers.
+        assert_eq!(registry.for_backend("Y").map(|p| p.info().name.clone()).as_deref(), Some("V1_0"));
+        let c = registry.candidates();
+        assert_eq!((c[0].status.clone(), c[0].serves.clone()), (Status::Loaded, vec!["Y".to_string()]));
+        assert_eq!((c[1].status.clone(), c[1].serves.clone()), (Status::Loaded, vec!["X".to_string()]));
+        assert_eq!(c[2].status, Status::Shadowed { by: Some("b.so".into()) });
+        let table = registry.table();
+        assert!(table.contains("(X),Y"), "unserved backends are parenthesised:\n{table}");
+    }
+
+    #[test]
+    fn search_path_puts_explicit_dirs_before_the_environment() {
+        let env = std::env::join_paths(["/b", "", "/c"]).expect("joins");
+        let path = search_path(&[PathBuf::from("/a")], Some(&env));
+        assert_eq!(
+            path,
+            [(PathBuf::from("/a"), true), (PathBuf::from("/b"), false), (PathBuf::from("/c"), false)]
+        );
+    }
+}

@@ -1,0 +1,105 @@
+//! The decoder as a reference-delegate op graph.
+//!
+//! ```text
+//! x = tok_emb[tokens] + pos_emb[input_pos + t]
+//! per layer l:  h = rms_norm(x); q, k, v = h Wq, h Wk, h Wv
+//!               k_cache_out_l = k_cache_l updated at input_pos with k (in place); same for v
+//!               x = x + causal_attention(q, k_cache_out_l, v_cache_out_l) Wo
+//! logits = rms_norm(x) Wout
+//! ```
+
+use reference_delegate::graph::{self, ElemType, Graph, GraphBuilder, TensorId};
+
+use crate::{Config, Weights};
+
+/// Epsilon of every RMS norm.
+pub const RMS_EPS: f32 = 1e-5;
+/// Name of the token-id input, `i64 [rows]`.
+pub const TOKENS: &str = "tokens";
+/// Name of the position input, `i64 [1]`: the position of the first row.
+pub const INPUT_POS: &str = "input_pos";
+/// Name of the logits output, `f32 [rows, vocab]`.
+pub const LOGITS: &str = "logits";
+
+/// Name of layer `layer`'s key cache (`"k_cache_{layer}"`): a graph input and a caller-owned buffer.
+pub fn k_cache(layer: usize) -> String {
+    format!("k_cache_{layer}")
+}
+
+/// Name of layer `layer`'s value cache (`"v_cache_{layer}"`).
+pub fn v_cache(layer: usize) -> String {
+    format!("v_cache_{layer}")
+}
+
+/// Name of the output that aliases [`k_cache`] (`"k_cache_out_{layer}"`).
+pub fn k_cache_out(layer: usize) -> String {
+    format!("k_cache_out_{layer}")
+}
+
+/// Name of the output that aliases [`v_cache`] (`"v_cache_out_{layer}"`).
+pub fn v_cache_out(layer: usize) -> String {
+    format!("v_cache_out_{layer}")
+}
+
+fn u(n: usize) -> u64 {
+    n as u64
+}
+
+/// Builds the decoder over `rows` tokens per call (the prompt length for prefill, 1 for decode).
+///
+/// Graph inputs are `tokens, input_pos, k_cache_0, v_cache_0, ...`; graph outputs are
+/// `logits, k_cache_out_0, v_cache_out_0, ...` (the blob's argument order differs on purpose, see
+/// [`crate::export`]).
+pub fn build_graph(cfg: &Config, weights: &Weights, rows: usize) -> Result<Graph, graph::Error> {
+    let (dim, vocab) = (u(cfg.dim()), u(cfg.vocab));
+    let cache = [u(cfg.heads), u(cfg.max_len), u(cfg.head_dim)];
+    let mut b = GraphBuilder::new();
+    let tokens = b.input(TOKENS, ElemType::I64, &[u(rows)])?;
+    let pos = b.input(INPUT_POS, ElemType::I64, &[1])?;
+    let caches = (0..cfg.layers)
+        .map(|l| {
+            Ok((b.input(&k_cache(l), ElemType::F32, &cache)?, b.input(&v_cache(l), ElemType::F32, &cache)?))
+        })
+        .collect::<Result<Vec<(TensorId, TensorId)>, graph::Error>>()?;
+
+    let tok_emb = b.constant_f32("tok_emb", &[vocab, dim], weights.tok_emb.clone())?;
+    let pos_emb = b.constant_f32("pos_emb", &[u(cfg.max_len), dim], weights.pos_emb.clone())?;
+    let x_tok = b.gather("x_tok", tok_emb, tokens)?;
+    let positions = b.positions("positions", pos, u(rows))?;
+    let x_pos = b.gather("x_pos", pos_emb, positions)?;
+    let mut x = b.add("x_0", x_tok, x_pos)?;
+
+    let mut cache_outs = Vec::with_capacity(cfg.layers);
+    for (l, (lw, &(k_in, v_in))) in weights.layers.iter().zip(&caches).enumerate() {
+        let w = |b: &mut GraphBuilder, name: &str, values: &[f32]| {
+            b.constant_f32(&format!("layer{l}.{name}"), &[dim, dim], values.to_vec())
+        };
+        let norm = b.constant_f32(&format!("layer{l}.norm"), &[dim], lw.norm.clone())?;
+        let (wq, wk, wv, wo) = (
+            w(&mut b, "wq", &lw.wq)?,
+            w(&mut b, "wk", &lw.wk)?,
+            w(&mut b, "wv", &lw.wv)?,
+            w(&mut b, "wo", &lw.wo)?,
+        );
+        let h = b.rms_norm(&format!("layer{l}.h"), x, norm, RMS_EPS)?;
+        let q = b.mat_mul(&format!("layer{l}.q"), h, wq)?;
+        let k = b.mat_mul(&format!("layer{l}.k"), h, wk)?;
+        let v = b.mat_mul(&format!("layer{l}.v"), h, wv)?;
+        let k_out = b.kv_cache_update(&k_cache_out(l), k_in, k, pos)?;
+        let v_out = b.kv_cache_update(&v_cache_out(l), v_in, v, pos)?;
+        let attn = b.causal_attention(&format!("layer{l}.attn"), q, k_out, v_out, pos)?;
+        let o = b.mat_mul(&format!("layer{l}.o"), attn, wo)?;
+        x = b.add(&format!("x_{}", l + 1), x, o)?;
+        cache_outs.push((k_out, v_out));
+    }
+    let final_norm = b.constant_f32("final_norm", &[dim], weights.final_norm.clone())?;
+    let w_out = b.constant_f32("w_out", &[dim, vocab], weights.w_out.clone())?;
+    let hf = b.rms_norm("h_final", x, final_norm, RMS_EPS)?;
+    let logits = b.mat_mul(LOGITS, hf, w_out)?;
+    b.output(logits)?;
+    for (k_out, v_out) in cache_outs {
+        b.output(k_out)?;
+        b.output(v_out)?;
+    }
+    b.finish()
+}

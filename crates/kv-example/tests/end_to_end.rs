@@ -1,0 +1,236 @@
+//! The acceptance check in-process: prefill and decode as separate reference-delegate instances sharing
+//! caller-owned caches, driven through the `Delegate` trait with argmax feedback, matched against the f64
+//! oracle at every step (logits and full caches), in both output-slot layouts.
+
+use delegate_abi::host::ArgList;
+use delegate_abi::{DTypeCode, Delegate, ExecStats, ExecuteArgs, InitContext, MemoryKind};
+use kv_example::check::{max_abs_diff, TOLERANCE};
+use kv_example::{argmax, export, Config, Report, Verifier, Weights};
+use reference_delegate::{ReferenceDelegate, ReferenceHandle};
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Mode {
+    /// Each aliased output slot is the cache's own storage: nothing is copied.
+    ZeroCopy,
+    /// Separate output slots (upstream's layout): the delegate reflects, the host writes back.
+    CopyBack,
+}
+
+/// What the host owns: per layer a k and a v cache (`caches[2 l]`, `caches[2 l + 1]`), separate output slots
+/// for copy-back mode, and bytes copied so far.
+struct Host {
+    cfg: Config,
+    caches: Vec<Vec<f32>>,
+    slots: Vec<Vec<f32>>,
+    reflect_bytes: u64,
+    write_back_bytes: u64,
+}
+
+impl Host {
+    fn new(cfg: &Config) -> Host {
+        Host {
+            cfg: cfg.clone(),
+            caches: vec![vec![0.0; cfg.cache_len()]; 2 * cfg.layers],
+            slots: vec![vec![0.0; cfg.cache_len()]; 2 * cfg.layers],
+            reflect_bytes: 0,
+            write_back_bytes: 0,
+        }
+    }
+
+    fn layer_caches(&self) -> Vec<(&[f32], &[f32])> {
+        self.caches.chunks_exact(2).map(|kv| (kv[0].as_slice(), kv[1].as_slice())).collect()
+    }
+
+    /// One delegate call with the argument order of the exported manifest.
+    fn call(
+        &mut self,
+        delegate: &ReferenceDelegate,
+        handle: &mut ReferenceHandle,
+        tokens: &[i64],
+        position: i64,
+        mode: Mode,
+    ) -> Vec<f32> {
+        let cfg = self.cfg.clone();
+        let rows = tokens.len() as i64;
+        let position = [position];
+        let mut logits = vec![0.0f32; tokens.len() * cfg.vocab];
+        let cache_shape: Vec<i64> = cfg.cache_shape().iter().map(|&d| d as i64).collect();
+        let (f32, host) = (DTypeCode::F32, MemoryKind::Host);
+        let mut stats = ExecStats::default();
+        {
+            let mut list = ArgList::new();
+            list.push_input(bytemuck::cast_slice(tokens), DTypeCode::I64, &[rows], host).expect("sized");
+            list.push_input(bytemuck::cast_slice(&position), DTypeCode::I64, &[1], host).expect("sized");
+            let mut inouts = Vec::new();
+            for cache in &mut self.caches {
+                inouts.push(
+                    list.push_inout(bytemuck::cast_slice_mut(cache), f32, &cache_shape, host).expect("sized"),
+                );
+            }
+            match mode {
+                Mode::ZeroCopy => {
+                    for slot in inouts {
+                        list.push_output_in_place(slot, f32, &cache_shape).expect("same storage");
+                    }
+                }
+                Mode::CopyBack => {
+                    for slot in &mut self.slots {
+                        list.push_output(bytemuck::cast_slice_mut(slot), f32, &cache_shape, host)
+                            .expect("sized");
+                    }
+                }
+            }
+            let logits_shape = [rows, cfg.vocab as i64];
+            list.push_output(bytemuck::cast_slice_mut(&mut logits), f32, &logits_shape, host).expect("sized");
+            // SAFETY: `ArgList` built every argument from live borrows (shared for inputs, exclusive for
+            // caches, slots and logits) that outlive this block, and shares storage only between a cache and
+            // its in-place output at the same address and size: `ExecuteArgs::new`'s contract.
+            let mut args = unsafe { ExecuteArgs::new(list.as_slice(), None, &mut stats) };
+            delegate.execute(handle, &mut args).expect("execute");
+        }
+        self.reflect_bytes += stats.reflect_bytes;
+        if mode == Mode::CopyBack {
+            // ExecuTorch's buffer-mutation write-back: copy_(buffer, aliased output).
+            for (cache, slot) in self.caches.iter_mut().zip(&self.slots) {
+                cache.copy_from_slice(slot);
+                self.write_back_bytes += 4 * slot.len() as u64;
+            }
+        }
+        logits
+    }
+}
+
+fn init(delegate: &ReferenceDelegate, blob: &[u8]) -> ReferenceHandle {
+    delegate.init(InitContext { blob, compile_specs: &[], runtime_specs: &[] }).expect("init")
+}
+
+struct Run {
+    report: Report,
+    tokens: Vec<i64>,
+    logits: Vec<Vec<f32>>,
+    host: Host,
+}
+
+/// Prefill once, then `steps` decode steps feeding back the argmax, checking every step.
+fn generate(cfg: &Config, steps: usize, mode: Mode) -> Run {
+    let weights = Weights::generate(cfg);
+    let delegate = ReferenceDelegate::new();
+    let mut prefill =
+        init(&delegate, &export::reference_blob(cfg, &weights, cfg.prompt_len()).expect("blob"));
+    let mut decode = init(&delegate, &export::reference_blob(cfg, &weights, 1).expect("blob"));
+
+    let mut verifier = Verifier::new(cfg);
+    let mut host = Host::new(cfg);
+    verifier.caches_zeroed(&host.layer_caches());
+
+    let prompt_logits = host.call(&delegate, &mut prefill, &cfg.prompt, 0, mode);
+    verifier.prefill(&cfg.prompt, &prompt_logits, &host.layer_caches()).expect("oracle prefill");
+    let mut token = argmax(&prompt_logits[(cfg.prompt_len() - 1) * cfg.vocab..]);
+    let mut tokens = Vec::new();
+    let mut logits = vec![prompt_logits];
+    for step in 0..steps {
+        let position = cfg.prompt_len() + step;
+        let step_logits = host.call(&delegate, &mut decode, &[token], position as i64, mode);
+        verifier.decode(token, position, &step_logits, &host.layer_caches()).expect("oracle decode");
+        tokens.push(token);
+        token = argmax(&step_logits);
+        logits.push(step_logits);
+    }
+
+    // Upstream's A/B check, through the decode blob on fresh caches: A decodes at 1 on a zeroed cache, B at
+    // 0 then 1.
+    let mut ab_handle = init(&delegate, &export::reference_blob(cfg, &weights, 1).expect("blob"));
+    let mut a = Host::new(cfg);
+    let logits_a = a.call(&delegate, &mut ab_handle, &[5], 1, mode);
+    let mut b = Host::new(cfg);
+    b.call(&delegate, &mut ab_handle, &[9], 0, mode);
+    let logits_b = b.call(&delegate, &mut ab_handle, &[5], 1, mode);
+    verifier.ab(&logits_a, &logits_b);
+
+    Run { report: verifier.finish(), tokens, logits, host }
+}
+
+#[test]
+fn tiny_model_matches_the_oracle_every_step_in_both_modes() {
+    let cfg = Config::tiny();
+    // Prefill fills positions 0..4; decode fills the rest of the 16-row cache.
+    let steps = cfg.max_decode_steps();
+    assert_eq!(steps, 12);
+    let zero_copy = generate(&cfg, steps, Mode::ZeroCopy);
+    println!("{}", zero_copy.report);
+    assert!(zero_copy.report.passed(), "{}", zero_copy.report);
+    assert_eq!(zero_copy.report.checks.len(), 4, "caches-zeroed, ab-differs, no-nan, matches-oracle");
+    assert_eq!(zero_copy.tokens.len(), steps);
+    assert_eq!(zero_copy.host.reflect_bytes, 0, "zero-copy copies nothing");
+    assert_eq!(zero_copy.host.write_back_bytes, 0);
+
+    let copy_back = generate(&cfg, steps, Mode::CopyBack);
+    assert!(copy_back.report.passed(), "{}", copy_back.report);
+    assert_eq!(copy_back.logits, zero_copy.logits, "copy-back gives identical logits");
+    assert_eq!(copy_back.tokens, zero_copy.tokens);
+    assert_eq!(copy_back.host.caches, zero_copy.host.caches);
+    let cache_bytes = 4 * cfg.cache_len() as u64 * 2 * cfg.layers as u64;
+    // One prefill plus `steps` decodes (the A/B scenario has hosts of its own), each reflecting every cache.
+    assert_eq!(copy_back.host.reflect_bytes, cache_bytes * (1 + steps as u64));
+    assert_eq!(copy_back.host.write_back_bytes, cache_bytes * (1 + steps as u64));
+}
+
+#[test]
+fn a_wrong_cache_row_is_caught_by_the_checks() {
+    let cfg = Config::tiny();
+    let weights = Weights::generate(&cfg);
+    let delegate = ReferenceDelegate::new();
+    let mut decode = init(&delegate, &export::reference_blob(&cfg, &weights, 1).expect("blob"));
+    let mut verifier = Verifier::new(&cfg);
+    let mut host = Host::new(&cfg);
+    let logits = host.call(&delegate, &mut decode, &[3], 0, Mode::ZeroCopy);
+    // Corrupt one cache value after the step: the cache comparison must notice it.
+    host.caches[1][0] += 1e-3;
+    verifier.decode(3, 0, &logits, &host.layer_caches()).expect("oracle");
+    let report = verifier.finish();
+    assert!(!report.passed());
+    assert_eq!(report.failures().map(|c| c.name.as_str()).collect::<Vec<_>>(), ["matches-oracle"]);
+    assert!(report.to_string().ends_with("kv-decode: FAIL"));
+}
+
+#[test]
+fn multi_layer_model_matches_the_oracle() {
+    // Two layers exercise per-layer cache bindings by name; small sizes keep the test fast.
+    let cfg = Config { layers: 2, max_len: 12, ..Config::tiny() };
+    let run = generate(&cfg, 8, Mode::ZeroCopy);
+    assert!(run.report.passed(), "{}", run.report);
+    let diff = max_abs_diff(&run.logits[1], &run.logits[2]).expect("finite");
+    assert!(diff > TOLERANCE, "successive steps differ");
+}
+
+#[test]
+fn big_model_matches_the_oracle_for_prefill_and_two_decode_steps() {
+    let cfg = Config::big();
+    let run = generate(&cfg, 2, Mode::ZeroCopy);
+    assert!(run.report.passed(), "{}", run.report);
+    println!("{}", run.report);
+}
+
+#[test]
+fn acceptance_through_the_plugin_abi_passes_in_both_modes() {
+    use kv_example::drive::{acceptance, SlotMode};
+    let cfg = Config::tiny();
+    let weights = Weights::generate(&cfg);
+    let prefill = export::reference_blob(&cfg, &weights, cfg.prompt_len()).expect("blob");
+    let decode = export::reference_blob(&cfg, &weights, 1).expect("blob");
+    let plugin = delegate_abi::host::Plugin::embedded(reference_delegate::delegate_root()).expect("plugin");
+    let steps = cfg.max_decode_steps();
+    let zero = acceptance(&plugin, &cfg, &prefill, &decode, steps, SlotMode::ZeroCopy).expect("run");
+    let copy = acceptance(&plugin, &cfg, &prefill, &decode, steps, SlotMode::CopyBack).expect("run");
+    assert!(zero.report.passed() && copy.report.passed(), "{}\n{}", zero.report, copy.report);
+    assert_eq!(zero.logits, copy.logits);
+    assert_eq!(zero.tokens, copy.tokens);
+    assert_eq!(zero.counters.reflect_bytes + zero.counters.write_back_bytes, 0);
+    let per_call = 2 * 4 * cfg.cache_len() as u64;
+    assert_eq!(copy.counters.calls, 1 + steps as u64);
+    assert_eq!(copy.counters.reflect_bytes, per_call * copy.counters.calls);
+    assert_eq!(copy.counters.write_back_bytes, per_call * copy.counters.calls);
+    // The trait-level run above and the ABI run agree exactly.
+    let direct = generate(&cfg, steps, Mode::ZeroCopy);
+    assert_eq!(direct.logits, zero.logits);
+}

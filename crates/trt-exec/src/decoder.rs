@@ -1,0 +1,350 @@
+//! The example decoder of `kv-example` as a TensorRT network with real `IKVCacheUpdateLayer`s, matmuls and
+//! softmax, node for node the model of `kv_example::model::build_graph` (the reference delegate's graph):
+//!
+//! ```text
+//! x = tok_emb[tokens] + pos_emb[input_pos + t]                                   [rows, D]
+//! per layer l:  h = rms_norm(x) * norm_l;  q, k, v = h Wq, h Wk, h Wv  -> [1, H, rows, hd]
+//!               k_cache_out_l = k_cache_l with k written at input_pos, in place (IKVCacheUpdateLayer)
+//!               v_cache_out_l = v_cache_l with v written at input_pos, in place (IKVCacheUpdateLayer)
+//!               s = q k_cache_out_l^T / sqrt(hd) - 1e9 * [j > input_pos + t]      (causal)
+//!               x = x + (softmax(s) v_cache_out_l -> [rows, D]) Wo
+//! logits = (rms_norm(x) * final_norm) Wout                                          [rows, vocab]
+//! ```
+//!
+//! Engine I/O: inputs `tokens` (i64 `[rows]`), `input_pos` (i64 `[1]`), `k_cache_{l}`, `v_cache_{l}` (f32
+//! `[1, heads, max_len, head_dim]`: TensorRT's KV-cache layer wants a batch axis; the bytes are those of
+//! kv-example's `[heads, max_len, head_dim]` buffers); outputs `logits`, `k_cache_out_{l}`, `v_cache_out_{l}`.
+//!
+//! [`DecoderConfig`] and [`DecoderWeights`] mirror `kv_example::Config` and `kv_example::Weights` field for
+//! field (this crate does not depend on the example); `cargo xtask export-example --backend tensorrt`
+//! converts one into the other.
+
+use blob_format::model::DType;
+
+use crate::error::{Error, Result};
+use crate::network::{BinaryOp, NetworkDesc, Node, Op, UnaryOp};
+
+/// Epsilon of every RMS norm (kv-example's `RMS_EPS`).
+pub const RMS_EPS: f32 = 1e-5;
+
+/// Decoder hyper-parameters (kv-example's `Config` without prompt and seed).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DecoderConfig {
+    /// Vocabulary size.
+    pub vocab: usize,
+    /// Attention heads.
+    pub heads: usize,
+    /// Size of one head.
+    pub head_dim: usize,
+    /// Cache rows.
+    pub max_len: usize,
+    /// Decoder layers.
+    pub layers: usize,
+}
+
+impl DecoderConfig {
+    /// Upstream's acceptance model (`kv_example::Config::tiny()`): vocab 64, 2 heads x 16, max length 16, one
+    /// layer.
+    pub const TINY: DecoderConfig =
+        DecoderConfig { vocab: 64, heads: 2, head_dim: 16, max_len: 16, layers: 1 };
+
+    /// `heads * head_dim`.
+    pub fn dim(&self) -> usize {
+        self.heads * self.head_dim
+    }
+}
+
+/// One layer's weights, row-major `[in, out]` (`y = x W`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct LayerWeights {
+    /// RMS-norm gain, `[dim]`.
+    pub norm: Vec<f32>,
+    /// `[dim, dim]`.
+    pub wq: Vec<f32>,
+    /// `[dim, dim]`.
+    pub wk: Vec<f32>,
+    /// `[dim, dim]`.
+    pub wv: Vec<f32>,
+    /// `[dim, dim]`.
+    pub wo: Vec<f32>,
+}
+
+/// Every weight (kv-example's `Weights`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct DecoderWeights {
+    /// `[vocab, dim]`.
+    pub tok_emb: Vec<f32>,
+    /// `[max_len, dim]`.
+    pub pos_emb: Vec<f32>,
+    /// Per layer.
+    pub layers: Vec<LayerWeights>,
+    /// `[dim]`.
+    pub final_norm: Vec<f32>,
+    /// `[dim, vocab]`.
+    pub w_out: Vec<f32>,
+}
+
+impl DecoderWeights {
+    /// Deterministic filler weights (a 64-bit LCG, uniform in `±1/sqrt(dim)`, gains 1), for tests that need
+    /// an engine but not kv-example's exact values.
+    pub fn filler(cfg: DecoderConfig, seed: u64) -> DecoderWeights {
+        let mut state = seed ^ 0x9E37_79B9_7F4A_7C15;
+        let scale = 1.0 / (cfg.dim() as f32).sqrt();
+        let mut take = |n: usize| -> Vec<f32> {
+            (0..n)
+                .map(|_| {
+                    state =
+                        state.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1_442_695_040_888_963_407);
+                    ((state >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0) * scale
+                })
+                .collect()
+        };
+        let (v, d, l) = (cfg.vocab, cfg.dim(), cfg.max_len);
+        let tok_emb = take(v * d);
+        let pos_emb = take(l * d);
+        let layers = (0..cfg.layers)
+            .map(|_| LayerWeights {
+                norm: vec![1.0; d],
+                wq: take(d * d),
+                wk: take(d * d),
+                wv: take(d * d),
+                wo: take(d * d),
+            })
+            .collect();
+        DecoderWeights { tok_emb, pos_emb, layers, final_norm: vec![1.0; d], w_out: take(d * v) }
+    }
+}
+
+/// `k_cache_{layer}`.
+pub fn k_cache(layer: usize) -> String {
+    format!("k_cache_{layer}")
+}
+
+/// `v_cache_{layer}`.
+pub fn v_cache(layer: usize) -> String {
+    format!("v_cache_{layer}")
+}
+
+/// `k_cache_out_{layer}`.
+pub fn k_cache_out(layer: usize) -> String {
+    format!("k_cache_out_{layer}")
+}
+
+/// `v_cache_out_{layer}`.
+pub fn v_cache_out(layer: usize) -> String {
+    format!("v_cache_out_{layer}")
+}
+
+/// The blob's delegate-argument order (kv-example's): `tokens`, `input_pos`, every layer's k and v cache,
+/// every layer's k and v cache output, then `logits` (buffer mutations before user outputs, as ExecuTorch
+/// may order them; TensorRT lists `logits` first, and binding is by name).
+pub fn arg_order(cfg: &DecoderConfig) -> Vec<String> {
+    let mut order = vec!["tokens".to_owned(), "input_pos".to_owned()];
+    for l in 0..cfg.layers {
+        order.extend([k_cache(l), v_cache(l)]);
+    }
+    for l in 0..cfg.layers {
+        order.extend([k_cache_out(l), v_cache_out(l)]);
+    }
+    order.push("logits".to_owned());
+    order
+}
+
+fn f32_bytes(values: &[f32]) -> Vec<u8> {
+    values.iter().flat_map(|v| v.to_le_bytes()).collect()
+}
+
+fn dim(n: usize) -> i64 {
+    i64::try_from(n).unwrap_or(i64::MAX)
+}
+
+struct Graph {
+    nodes: Vec<Node>,
+}
+
+impl Graph {
+    fn add(&mut self, name: impl Into<String>, op: Op) -> String {
+        let name = name.into();
+        self.nodes.push(Node { name: name.clone(), op });
+        name
+    }
+
+    fn f32_const(&mut self, name: impl Into<String>, values: &[f32], shape: Vec<i64>) -> String {
+        self.add(name, Op::Constant { dtype: DType::F32, shape, data: f32_bytes(values) })
+    }
+
+    fn ew(&mut self, name: impl Into<String>, a: &str, b: &str, op: BinaryOp) -> String {
+        self.add(name, Op::ElementWise { a: a.into(), b: b.into(), op })
+    }
+
+    fn mm(&mut self, name: impl Into<String>, a: &str, b: &str, transpose_b: bool) -> String {
+        self.add(name, Op::MatMul { a: a.into(), transpose_a: false, b: b.into(), transpose_b })
+    }
+
+    /// `x * gain / sqrt(mean(x^2) + eps)` over the last axis of `[rows, D]`.
+    fn rms_norm(&mut self, prefix: &str, x: &str, gain: &[f32], d: i64) -> String {
+        let sq = self.ew(format!("{prefix}.sq"), x, x, BinaryOp::Mul);
+        let ms = self.add(format!("{prefix}.ms"), Op::ReduceMean { input: sq, axis: 1 });
+        let eps = self.f32_const(format!("{prefix}.eps"), &[RMS_EPS], vec![1, 1]);
+        let ms_eps = self.ew(format!("{prefix}.ms_eps"), &ms, &eps, BinaryOp::Add);
+        let rms = self.add(format!("{prefix}.rms"), Op::Unary { input: ms_eps, op: UnaryOp::Sqrt });
+        let xn = self.ew(format!("{prefix}.xn"), x, &rms, BinaryOp::Div);
+        let g = self.f32_const(format!("{prefix}.gain"), gain, vec![1, d]);
+        self.ew(prefix, &xn, &g, BinaryOp::Mul)
+    }
+}
+
+/// The decoder network over `rows` tokens per call (the prompt length for prefill, 1 for decode).
+///
+/// # Errors
+/// [`Error::Network`] when the config is degenerate, `rows` is outside `1..=max_len`, or a weight has the
+/// wrong length.
+pub fn decoder_network(cfg: &DecoderConfig, weights: &DecoderWeights, rows: usize) -> Result<NetworkDesc> {
+    let bad = |node: &str, message: String| Error::Network { node: node.to_owned(), message };
+    if cfg.vocab == 0 || cfg.heads == 0 || cfg.head_dim == 0 || cfg.max_len == 0 || cfg.layers == 0 {
+        return Err(bad("config", format!("every size must be at least 1: {cfg:?}")));
+    }
+    if rows == 0 || rows > cfg.max_len {
+        return Err(bad("tokens", format!("rows {rows} outside 1..={}", cfg.max_len)));
+    }
+    let (dm, vocab, max_len) = (cfg.dim(), cfg.vocab, cfg.max_len);
+    let mut expect = vec![
+        ("tok_emb", weights.tok_emb.len(), vocab * dm),
+        ("pos_emb", weights.pos_emb.len(), max_len * dm),
+        ("final_norm", weights.final_norm.len(), dm),
+        ("w_out", weights.w_out.len(), dm * vocab),
+        ("layers", weights.layers.len(), cfg.layers),
+    ];
+    for lw in &weights.layers {
+        expect.extend([
+            ("layer.norm", lw.norm.len(), dm),
+            ("layer.wq", lw.wq.len(), dm * dm),
+            ("layer.wk", lw.wk.len(), dm * dm),
+            ("layer.wv", lw.wv.len(), dm * dm),
+            ("layer.wo", lw.wo.len(), dm * dm),
+        ]);
+    }
+    if let Some((name, got, want)) = expect.into_iter().find(|(_, got, want)| got != want) {
+        return Err(bad(name, format!("has {got} values, the config needs {want}")));
+    }
+    let (v, d, h, hd, l, r) =
+        (dim(vocab), dim(dm), dim(cfg.heads), dim(cfg.head_dim), dim(max_len), dim(rows));
+    let mut g = Graph { nodes: Vec::new() };
+    let tokens = g.add("tokens", Op::Input { dtype: DType::I64, shape: vec![r] });
+    let pos = g.add("input_pos", Op::Input { dtype: DType::I64, shape: vec![1] });
+    let caches: Vec<(String, String)> = (0..cfg.layers)
+        .map(|layer| {
+            (
+                g.add(k_cache(layer), Op::Input { dtype: DType::F32, shape: vec![1, h, l, hd] }),
+                g.add(v_cache(layer), Op::Input { dtype: DType::F32, shape: vec![1, h, l, hd] }),
+            )
+        })
+        .collect();
+
+    // Embeddings: token rows plus position rows input_pos + t.
+    let tok_emb = g.f32_const("tok_emb", &weights.tok_emb, vec![v, d]);
+    let pos_emb = g.f32_const("pos_emb", &weights.pos_emb, vec![l, d]);
+    let x_tok = g.add("x_tok", Op::Gather { data: tok_emb, indices: tokens, axis: 0 });
+    let iota: Vec<u8> = (0..rows as i64).flat_map(|t| t.to_le_bytes()).collect();
+    let iota = g.add("row_index", Op::Constant { dtype: DType::I64, shape: vec![r], data: iota });
+    let positions = g.ew("positions", &pos, &iota, BinaryOp::Add);
+    let x_pos = g.add("x_pos", Op::Gather { data: pos_emb, indices: positions, axis: 0 });
+    let mut x = g.ew("x_0", &x_tok, &x_pos, BinaryOp::Add);
+
+    // The causal mask, shared by every layer: -1e9 where column j > input_pos + t.
+    let cols: Vec<f32> = (0..max_len).map(|j| j as f32).collect();
+    let row_f: Vec<f32> = (0..rows).map(|t| t as f32).collect();
+    let col_index = g.f32_const("mask.col", &cols, vec![1, 1, 1, l]);
+    let row_offset = g.f32_const("mask.row", &row_f, vec![1, 1, r, 1]);
+    let pos_f = g.add("mask.pos_f", Op::Cast { input: pos.clone(), to: DType::F32 });
+    let pos_4d = g.add(
+        "mask.pos",
+        Op::Shuffle {
+            input: pos_f,
+            first_transpose: None,
+            reshape: Some(vec![1, 1, 1, 1]),
+            second_transpose: None,
+        },
+    );
+    let row_pos = g.ew("mask.row_pos", &row_offset, &pos_4d, BinaryOp::Add);
+    let future = g.ew("mask.future", &col_index, &row_pos, BinaryOp::Greater);
+    let future_f = g.add("mask.future_f", Op::Cast { input: future, to: DType::F32 });
+    let neg_big = g.f32_const("mask.neg", &[-1.0e9], vec![1, 1, 1, 1]);
+    let mask = g.ew("mask", &future_f, &neg_big, BinaryOp::Mul);
+    // TensorRT-RTX 1.7's KV-cache layer takes int32 write indices only ("Write indices must be of type int32").
+    let write_idx = g.add("write_indices", Op::Cast { input: pos.clone(), to: DType::I32 });
+    let inv_sqrt_hd = g.f32_const("inv_sqrt_hd", &[1.0 / (cfg.head_dim as f32).sqrt()], vec![1, 1, 1, 1]);
+
+    for (layer, (lw, (k_in, v_in))) in weights.layers.iter().zip(&caches).enumerate() {
+        let p = format!("layer{layer}");
+        let hn = g.rms_norm(&format!("{p}.h"), &x, &lw.norm, d);
+        let heads = |g: &mut Graph, name: &str, w: &[f32]| -> String {
+            let wn = g.f32_const(format!("{p}.{name}.w"), w, vec![d, d]);
+            let flat = g.mm(format!("{p}.{name}.flat"), &hn, &wn, false);
+            g.add(
+                format!("{p}.{name}"),
+                Op::Shuffle {
+                    input: flat,
+                    first_transpose: None,
+                    reshape: Some(vec![1, r, h, hd]),
+                    second_transpose: Some(vec![0, 2, 1, 3]),
+                },
+            )
+        };
+        let q = heads(&mut g, "q", &lw.wq);
+        let k = heads(&mut g, "k", &lw.wk);
+        let vv = heads(&mut g, "v", &lw.wv);
+        let k_out = g.add(
+            k_cache_out(layer),
+            Op::KvCacheUpdate { cache: k_in.clone(), update: k, write_indices: write_idx.clone() },
+        );
+        let v_out = g.add(
+            v_cache_out(layer),
+            Op::KvCacheUpdate { cache: v_in.clone(), update: vv, write_indices: write_idx.clone() },
+        );
+        let raw = g.mm(format!("{p}.scores_raw"), &q, &k_out, true);
+        let scaled = g.ew(format!("{p}.scores"), &raw, &inv_sqrt_hd, BinaryOp::Mul);
+        let masked = g.ew(format!("{p}.scores_masked"), &scaled, &mask, BinaryOp::Add);
+        let probs = g.add(format!("{p}.probs"), Op::Softmax { input: masked, axis: 3 });
+        let attn_h = g.mm(format!("{p}.attn_heads"), &probs, &v_out, false);
+        let attn = g.add(
+            format!("{p}.attn"),
+            Op::Shuffle {
+                input: attn_h,
+                first_transpose: Some(vec![0, 2, 1, 3]),
+                reshape: Some(vec![r, d]),
+                second_transpose: None,
+            },
+        );
+        let wo = g.f32_const(format!("{p}.wo"), &lw.wo, vec![d, d]);
+        let o = g.mm(format!("{p}.o"), &attn, &wo, false);
+        x = g.ew(format!("x_{}", layer + 1), &x, &o, BinaryOp::Add);
+    }
+    let hf = g.rms_norm("h_final", &x, &weights.final_norm, d);
+    let w_out = g.f32_const("w_out", &weights.w_out, vec![d, v]);
+    g.mm("logits", &hf, &w_out, false);
+    let mut outputs = vec!["logits".to_owned()];
+    for layer in 0..cfg.layers {
+        outputs.extend([k_cache_out(layer), v_cache_out(layer)]);
+    }
+    Ok(NetworkDesc { nodes: g.nodes, outputs })
+}
+
+/// Builds the decoder for `rows` tokens per call with TensorRT-RTX and wraps the plan in a native blob
+/// (backend `TensorRTBackend`, payload `tensorrt-plan`, arguments in [`arg_order`], the alias table as
+/// TensorRT reported it, the library version recorded). Returns the header, the blob and the built engine.
+///
+/// # Errors
+/// As [`decoder_network`] and [`crate::build_engine`].
+pub fn decoder_blob(
+    cfg: &DecoderConfig,
+    weights: &DecoderWeights,
+    rows: usize,
+    options: &crate::BuildOptions,
+) -> Result<(blob_format::model::Header, Vec<u8>, crate::BuiltEngine)> {
+    let built = crate::build_engine(&decoder_network(cfg, weights, rows)?, options)?;
+    let order = arg_order(cfg);
+    let order: Vec<&str> = order.iter().map(String::as_str).collect();
+    let (header, blob) = crate::export::native_blob(&built, &order)?;
+    Ok((header, blob, built))
+}

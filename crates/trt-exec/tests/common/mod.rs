@@ -1,0 +1,84 @@
+//! Shared by the TensorRT tests: the networks whose introspection is captured as fixtures, and the gate that
+//! makes a missing TensorRT library a failure, not a silent pass.
+#![allow(dead_code)]
+
+use blob_format::model::DType;
+use trt_exec::decoder::{decoder_network, DecoderConfig, DecoderWeights};
+use trt_exec::{BinaryOp, NetworkDesc, Node, Op};
+
+/// Panics (fails the test) unless the TensorRT-RTX library is configured; returns `false` only when the
+/// caller explicitly opted out with `KV_SKIP_TENSORRT_TESTS=1`.
+pub fn require_tensorrt() -> bool {
+    if std::env::var_os(trt_exec::library::LIB_ENV).is_some() {
+        return true;
+    }
+    if std::env::var("KV_SKIP_TENSORRT_TESTS").as_deref() == Ok("1") {
+        eprintln!("KV_SKIP_TENSORRT_TESTS=1: skipping a test that needs TensorRT-RTX");
+        return false;
+    }
+    panic!(
+        "{} is not set: these tests need the TensorRT-RTX library; run `cargo xtask test` (it installs the \
+         wheel into .cache/tensorrt and sets {}), or set KV_SKIP_TENSORRT_TESTS=1 to skip them explicitly",
+        trt_exec::library::LIB_ENV,
+        trt_exec::library::LIB_ENV
+    );
+}
+
+fn node(name: &str, op: Op) -> Node {
+    Node { name: name.to_owned(), op }
+}
+
+fn f32_const(values: &[f32], shape: Vec<i64>) -> Op {
+    Op::Constant { dtype: DType::F32, shape, data: values.iter().flat_map(|v| v.to_le_bytes()).collect() }
+}
+
+/// The example decoder, decode method (one token): two KV caches, aliased outputs after `logits`.
+pub fn decoder_decode() -> NetworkDesc {
+    let cfg = DecoderConfig::TINY;
+    decoder_network(&cfg, &DecoderWeights::filler(cfg, 7), 1).expect("the tiny decoder is well-formed")
+}
+
+/// One KV cache, as upstream's `tr02_kv_cache.blob`: `k_cache_out` aliases `k_cache`, plus `logits`.
+pub fn kv_single() -> NetworkDesc {
+    NetworkDesc {
+        nodes: vec![
+            node("k_cache", Op::Input { dtype: DType::F32, shape: vec![1, 2, 16, 8] }),
+            node("update", Op::Input { dtype: DType::F32, shape: vec![1, 2, 1, 8] }),
+            node("write_idx", Op::Input { dtype: DType::I32, shape: vec![1] }),
+            node(
+                "k_cache_out",
+                Op::KvCacheUpdate {
+                    cache: "k_cache".into(),
+                    update: "update".into(),
+                    write_indices: "write_idx".into(),
+                },
+            ),
+            node("two", f32_const(&[2.0], vec![1, 1, 1, 1])),
+            node("logits", Op::ElementWise { a: "update".into(), b: "two".into(), op: BinaryOp::Mul }),
+        ],
+        outputs: vec!["k_cache_out".into(), "logits".into()],
+    }
+}
+
+/// A recurrent state the engine cannot see as an alias: `state_out = state + x`; the blob declares a `user`
+/// alias `state_out -> state`.
+pub fn user_state() -> NetworkDesc {
+    NetworkDesc {
+        nodes: vec![
+            node("state", Op::Input { dtype: DType::F32, shape: vec![4] }),
+            node("x", Op::Input { dtype: DType::F32, shape: vec![4] }),
+            node("state_out", Op::ElementWise { a: "state".into(), b: "x".into(), op: BinaryOp::Add }),
+        ],
+        outputs: vec!["state_out".into()],
+    }
+}
+
+/// Every fixture network with its file name.
+pub fn fixture_networks() -> Vec<(&'static str, NetworkDesc)> {
+    vec![("decoder_decode", decoder_decode()), ("kv_single", kv_single()), ("user_state", user_state())]
+}
+
+/// Path of a fixture.
+pub fn fixture_path(name: &str) -> std::path::PathBuf {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures").join(format!("{name}.json"))
+}

@@ -1,0 +1,449 @@
+//! [`ReferenceDelegate`]: the [`Delegate`] implementation, i.e. blob checks, the binding plan, per-call
+//! argument checks, and the aliased-output contract.
+//!
+//! ## The aliased-output contract
+//!
+//! A `KvCacheUpdate` output aliases its cache input. Per call:
+//! 1. every aliased input passes the residency gate ([`alias_validate::residency::check_aliased_input`]);
+//! 2. the graph runs; the update lands in the **caller's** cache argument (it is the cache's only storage);
+//! 3. for each threaded aliased output whose slot is the input's own storage (the host bound it in place),
+//!    nothing more happens: zero bytes copied;
+//! 4. for each whose slot is other storage (upstream's layout: ExecuTorch planned a separate buffer), the
+//!    updated cache is copied into the slot (a "reflect", counted with [`ExecuteArgs::record_reflect`]), so
+//!    the caller's buffer-mutation write-back `copy_(buffer, slot)` writes back what the delegate wrote.
+//!
+//! The work is done on the calling thread; a caller CUDA stream, if given, is ignored: everything is complete
+//! when `execute` returns.
+
+use alias_validate::residency::{check_aliased_input, Residency};
+use alias_validate::{validate_with_engine, ValidKind};
+use blob_format::model::{Format, PayloadKind, Role};
+use blob_format::Blob;
+use delegate_abi::{
+    Compatibility, DTypeCode, Delegate, DelegateError, ExecuteArgs, InitContext, MemoryKind, PluginInfo,
+    TensorArg, WireFormatSupport,
+};
+use et_error::{ErrorCode, HasErrorCode};
+
+use crate::exec::{self, ArgMap, Executor};
+use crate::graph::{self, ElemType, Graph, TensorId, PAYLOAD_MAGIC, PAYLOAD_VERSION_MAJOR};
+use crate::BACKEND_ID;
+
+/// The native wire-format versions this delegate reads.
+pub const WIRE_FORMAT_VERSIONS: &str = ">=1.0, <2";
+
+/// Memory kinds the delegate accepts: all host-visible ones, since it computes on the CPU.
+pub const MEMORY_KINDS: [MemoryKind; 3] = [MemoryKind::Host, MemoryKind::Pinned, MemoryKind::Managed];
+
+/// The reference delegate. Stateless: everything a blob needs lives in its [`ReferenceHandle`].
+#[derive(Debug, Default, Clone, Copy)]
+pub struct ReferenceDelegate;
+
+/// Why `init` or `execute` failed. Converts to [`DelegateError`] with the code of [`HasErrorCode`].
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// The blob does not parse (its code says whether it is malformed or from an unknown format).
+    #[error("{0}")]
+    Blob(#[from] blob_format::Error),
+    /// The blob is not a native reference-graph blob for `ReferenceBackend`. `DelegateInvalidCompatibility`.
+    #[error("{0}")]
+    Incompatible(String),
+    /// The payload is not a valid graph. `InvalidProgram`.
+    #[error("reference graph: {0}")]
+    Graph(#[from] graph::Error),
+    /// The blob's bindings or aliases disagree with the graph. `InvalidProgram` (or as alias-validate says).
+    #[error("{0}")]
+    Alias(#[from] alias_validate::Error),
+    /// A `user` alias: the graph cannot write into an input it does not update itself. `NotSupported`.
+    #[error(
+        "user alias '{output}' -> '{input}' is not supported: the reference delegate only runs aliases its graph \
+         performs (kv_cache_update); export the alias as a kv_cache_update op"
+    )]
+    UserAlias {
+        /// The alias's output.
+        output: String,
+        /// The alias's input.
+        input: String,
+    },
+    /// A graph tensor the blob binds but whose shape or type the ABI cannot carry. `InvalidProgram`.
+    #[error("binding '{name}': {problem}")]
+    Binding {
+        /// The binding.
+        name: String,
+        /// What is wrong.
+        problem: String,
+    },
+    /// The call has the wrong number of arguments. `InvalidArgument`.
+    #[error("the call has {found} arguments, but this blob binds {expected}: {names}")]
+    ArgCount {
+        /// Arguments the blob binds.
+        expected: usize,
+        /// Arguments given.
+        found: usize,
+        /// The bound tensor names, in argument order.
+        names: String,
+    },
+    /// One argument does not fit its binding. `InvalidArgument`.
+    #[error("argument {position} ('{tensor}'): {problem}")]
+    Arg {
+        /// The argument position.
+        position: usize,
+        /// The graph tensor it binds.
+        tensor: String,
+        /// What is wrong and what was expected.
+        problem: String,
+    },
+    /// An aliased input failed the residency gate. `InvalidArgument`.
+    #[error("argument {position}: {source}")]
+    Residency {
+        /// The argument position.
+        position: usize,
+        /// The gate's error.
+        #[source]
+        source: alias_validate::Error,
+    },
+    /// The graph failed while running.
+    #[error("{0}")]
+    Exec(#[from] exec::Error),
+}
+
+impl HasErrorCode for Error {
+    fn error_code(&self) -> ErrorCode {
+        match self {
+            Error::Blob(err) => err.error_code(),
+            Error::Incompatible(_) => ErrorCode::DelegateInvalidCompatibility,
+            Error::Graph(err) => err.error_code(),
+            Error::Alias(err) => err.error_code(),
+            Error::UserAlias { .. } => ErrorCode::NotSupported,
+            Error::Binding { .. } => ErrorCode::InvalidProgram,
+            Error::ArgCount { .. } | Error::Arg { .. } => ErrorCode::InvalidArgument,
+            Error::Residency { source, .. } => source.error_code(),
+            Error::Exec(err) => err.error_code(),
+        }
+    }
+}
+
+impl From<Error> for DelegateError {
+    fn from(err: Error) -> DelegateError {
+        DelegateError::from(&err)
+    }
+}
+
+/// What one argument position must carry.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ArgSpec {
+    /// The graph tensor it binds (by name, from the blob's binding).
+    pub tensor: TensorId,
+    /// The tensor's name.
+    pub name: String,
+    /// Input or output of the graph.
+    pub role: Role,
+    /// Element type.
+    pub dtype: DTypeCode,
+    /// Extents.
+    pub shape: Vec<i64>,
+    /// Size in bytes.
+    pub nbytes: u64,
+    /// Whether an output aliases it: the graph updates it in place.
+    pub aliased_input: bool,
+    /// For an aliased output slot, the argument position of the input it aliases.
+    pub aliases_arg: Option<usize>,
+}
+
+/// The binding plan computed once at `init`: every argument position resolved to a graph tensor by name.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BindingPlan {
+    args: Vec<ArgSpec>,
+}
+
+impl BindingPlan {
+    /// Every argument position, in delegate-argument order.
+    pub fn args(&self) -> &[ArgSpec] {
+        &self.args
+    }
+
+    fn build(blob: &Blob<'_>, graph: &Graph) -> Result<(BindingPlan, ArgMap), Error> {
+        let aliases = validate_with_engine(&blob.header, graph)?;
+        for warning in aliases.warnings() {
+            tracing::warn!(target: "reference_delegate", "{warning}");
+        }
+        if let Some(user) = aliases.aliases().iter().find(|a| a.kind == ValidKind::User) {
+            return Err(Error::UserAlias { output: user.output.clone(), input: user.input.clone() });
+        }
+        let mut args = Vec::new();
+        for binding in blob.header.bindings.iter().filter(|b| b.threaded) {
+            let tensor = graph.find(&binding.name).ok_or_else(|| Error::Binding {
+                name: binding.name.clone(),
+                problem: "no graph tensor has this name".to_owned(),
+            })?;
+            let decl = graph.tensor(tensor);
+            let shape = decl
+                .shape
+                .iter()
+                .map(|&d| i64::try_from(d))
+                .collect::<Result<Vec<_>, _>>()
+                .ok()
+                .filter(|s| s.len() <= delegate_abi::MAX_RANK)
+                .ok_or_else(|| Error::Binding {
+                    name: binding.name.clone(),
+                    problem: format!("shape {:?} cannot be passed as a tensor argument", decl.shape),
+                })?;
+            args.push(ArgSpec {
+                tensor,
+                name: binding.name.clone(),
+                role: binding.role,
+                dtype: match decl.dtype {
+                    ElemType::F32 => DTypeCode::F32,
+                    ElemType::I64 => DTypeCode::I64,
+                },
+                shape,
+                nbytes: decl.nbytes() as u64,
+                aliased_input: binding.role == Role::Input && aliases.is_aliased_input(&binding.name),
+                aliases_arg: None,
+            });
+        }
+        // Resolve each aliased output slot to its input's position, by name.
+        for position in 0..args.len() {
+            if args[position].role != Role::Output {
+                continue;
+            }
+            if let Some(alias) = aliases.alias_for_output(&args[position].name) {
+                let input = args.iter().position(|a| a.role == Role::Input && a.name == alias.input);
+                args[position].aliases_arg = Some(input.ok_or_else(|| Error::Binding {
+                    name: alias.input.clone(),
+                    problem: format!("aliased by '{}' but not threaded as an argument", alias.output),
+                })?);
+            }
+        }
+        let map = ArgMap {
+            inputs: args
+                .iter()
+                .enumerate()
+                .filter(|(_, a)| a.role == Role::Input)
+                .map(|(i, a)| (a.tensor, i))
+                .collect(),
+            outputs: args
+                .iter()
+                .enumerate()
+                .filter(|(_, a)| a.role == Role::Output && a.aliases_arg.is_none())
+                .map(|(i, a)| (a.tensor, i))
+                .collect(),
+        };
+        Ok((BindingPlan { args }, map))
+    }
+
+    /// Checks every argument of a call against the plan, before anything runs.
+    fn check(&self, args: &[TensorArg]) -> Result<(), Error> {
+        if args.len() != self.args.len() {
+            let names = self.args.iter().map(|a| a.name.as_str()).collect::<Vec<_>>().join(", ");
+            return Err(Error::ArgCount { expected: self.args.len(), found: args.len(), names });
+        }
+        for (position, (spec, arg)) in self.args.iter().zip(args).enumerate() {
+            let bad = |problem: String| Error::Arg { position, tensor: spec.name.clone(), problem };
+            if spec.aliased_input {
+                // This delegate computes on the CPU, so host memory *is* the storage the "engine" writes:
+                // like an integrated GPU, where host and device share one memory. The gate still refuses a
+                // zero-byte cache, which would make the in-place update land nowhere.
+                check_aliased_input(&spec.name, residency(arg.memory()), arg.nbytes, true)
+                    .map_err(|source| Error::Residency { position, source })?;
+            }
+            if arg.dtype() != spec.dtype || arg.dims() != spec.shape.as_slice() {
+                return Err(bad(format!(
+                    "is {} {:?}, expected {} {:?}",
+                    arg.dtype(),
+                    arg.dims(),
+                    spec.dtype,
+                    spec.shape
+                )));
+            }
+            if arg.nbytes != spec.nbytes {
+                return Err(bad(format!("has {} bytes, expected {}", arg.nbytes, spec.nbytes)));
+            }
+            if !arg.memory().is_host_visible() {
+                return Err(bad(format!(
+                    "is {} memory; the reference delegate computes on the CPU and reads host, pinned or \
+                     managed memory",
+                    arg.memory()
+                )));
+            }
+            if (spec.role == Role::Output || spec.aliased_input) && !arg.is_writable() {
+                return Err(bad("is read-only, but the delegate writes it".to_owned()));
+            }
+            if spec.aliased_input && (arg.data as usize) % std::mem::align_of::<f32>() != 0 {
+                return Err(bad(
+                    "is not 4-byte aligned, which an f32 cache updated in place needs".to_owned()
+                ));
+            }
+            // A written argument may share storage only with the input its slot aliases, and only exactly.
+            if spec.role == Role::Output || spec.aliased_input {
+                for (other, other_arg) in args.iter().enumerate().filter(|&(o, _)| o != position) {
+                    let in_place_pair =
+                        spec.aliases_arg == Some(other) || self.args[other].aliases_arg == Some(position);
+                    if in_place_pair && arg.same_storage(other_arg) {
+                        continue;
+                    }
+                    if arg.overlaps(other_arg) {
+                        return Err(bad(format!(
+                            "shares storage with argument {other} ('{}'); only an aliased output slot may, and \
+                             only as exactly its input's storage",
+                            self.args[other].name
+                        )));
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+fn residency(memory: MemoryKind) -> Residency {
+    match memory {
+        MemoryKind::Host => Residency::Host,
+        MemoryKind::Pinned => Residency::PinnedHost,
+        MemoryKind::Device => Residency::Device,
+        MemoryKind::Managed => Residency::Managed,
+    }
+}
+
+/// One initialised blob: its graph, binding plan and executor (with all scratch memory).
+#[derive(Debug)]
+pub struct ReferenceHandle {
+    graph: Graph,
+    plan: BindingPlan,
+    executor: Executor,
+}
+
+impl ReferenceHandle {
+    /// The decoded graph.
+    pub fn graph(&self) -> &Graph {
+        &self.graph
+    }
+
+    /// The binding plan.
+    pub fn plan(&self) -> &BindingPlan {
+        &self.plan
+    }
+}
+
+/// Why a blob's header does not fit this delegate, or `None` when it does.
+fn header_mismatch(blob: &Blob<'_>) -> Option<String> {
+    if !matches!(blob.format, Format::Native { major: 1, .. }) {
+        return Some(format!(
+            "the reference delegate reads native {WIRE_FORMAT_VERSIONS} blobs, this one is {}",
+            blob.format
+        ));
+    }
+    if blob.header.backend_id != BACKEND_ID {
+        return Some(format!("the blob is for backend '{}', not '{BACKEND_ID}'", blob.header.backend_id));
+    }
+    if blob.header.payload_kind != PayloadKind::ReferenceGraph {
+        return Some(format!(
+            "the blob's payload is '{}', not '{}'",
+            blob.header.payload_kind,
+            PayloadKind::ReferenceGraph
+        ));
+    }
+    None
+}
+
+impl ReferenceDelegate {
+    fn init_blob(&self, bytes: &[u8]) -> Result<ReferenceHandle, Error> {
+        let blob = Blob::parse(bytes)?;
+        if let Some(reason) = header_mismatch(&blob) {
+            return Err(Error::Incompatible(reason));
+        }
+        blob.verify_payload()?;
+        let graph = Graph::decode(blob.engine)?;
+        let (plan, map) = BindingPlan::build(&blob, &graph)?;
+        let executor = Executor::new(&graph, &map)?;
+        tracing::debug!(
+            target: "reference_delegate",
+            ops = graph.ops().len(),
+            args = plan.args.len(),
+            "initialised a reference graph"
+        );
+        Ok(ReferenceHandle { graph, plan, executor })
+    }
+
+    fn execute_checked(&self, handle: &mut ReferenceHandle, args: &mut ExecuteArgs<'_>) -> Result<(), Error> {
+        handle.plan.check(args.args())?;
+        handle.executor.run(&handle.graph, args)?;
+        for (position, spec) in handle.plan.args.iter().enumerate() {
+            let Some(input) = spec.aliases_arg else { continue };
+            let same = args
+                .arg(input)
+                .and_then(|i| Ok(i.same_storage(args.arg(position)?)))
+                .map_err(exec::Error::from)?;
+            if same {
+                continue; // bound in place: the slot already holds the update
+            }
+            let ([src], [dst]) = args.borrow([input], [position]).map_err(exec::Error::from)?;
+            dst.copy_from_slice(src);
+            args.record_reflect(spec.nbytes);
+        }
+        Ok(())
+    }
+}
+
+impl Delegate for ReferenceDelegate {
+    type Handle = ReferenceHandle;
+
+    fn new() -> Self {
+        ReferenceDelegate
+    }
+
+    fn info() -> PluginInfo {
+        PluginInfo {
+            name: "reference-delegate".to_owned(),
+            version: env!("CARGO_PKG_VERSION").to_owned(),
+            backends: vec![BACKEND_ID.to_owned()],
+            wire_formats: vec![WireFormatSupport {
+                format: "native".to_owned(),
+                versions: WIRE_FORMAT_VERSIONS.to_owned(),
+            }],
+            memory_kinds: MEMORY_KINDS.to_vec(),
+            binds_aliases_in_place: true,
+        }
+    }
+
+    fn is_available(&self) -> bool {
+        true
+    }
+
+    fn compatibility(&self, blob: &[u8]) -> Compatibility {
+        let parsed = match Blob::parse(blob) {
+            Ok(parsed) => parsed,
+            Err(err) => return Compatibility::Unsupported { reason: err.to_string() },
+        };
+        if let Some(reason) = header_mismatch(&parsed) {
+            return Compatibility::Unsupported { reason };
+        }
+        match parsed.engine.get(..6) {
+            Some([a, b, c, d, lo, hi]) if [*a, *b, *c, *d] == PAYLOAD_MAGIC => {
+                let major = u16::from_le_bytes([*lo, *hi]);
+                if major == PAYLOAD_VERSION_MAJOR {
+                    Compatibility::Supported
+                } else {
+                    Compatibility::Unsupported {
+                        reason: format!(
+                            "reference-graph payload version {major}.x; this build reads {PAYLOAD_VERSION_MAJOR}.x"
+                        ),
+                    }
+                }
+            }
+            _ => Compatibility::Unsupported { reason: "the payload is not a reference graph".to_owned() },
+        }
+    }
+
+    fn init(&self, ctx: InitContext<'_>) -> Result<ReferenceHandle, DelegateError> {
+        for spec in ctx.compile_specs.iter().chain(ctx.runtime_specs) {
+            tracing::debug!(target: "reference_delegate", key = spec.key, "ignoring a spec this delegate has no use for");
+        }
+        Ok(self.init_blob(ctx.blob)?)
+    }
+
+    fn execute(&self, handle: &mut ReferenceHandle, args: &mut ExecuteArgs<'_>) -> Result<(), DelegateError> {
+        Ok(self.execute_checked(handle, args)?)
+    }
+}

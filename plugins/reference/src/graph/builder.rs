@@ -1,0 +1,171 @@
+//! [`GraphBuilder`]: builds a [`Graph`] op by op, inferring every output's type and shape.
+
+use std::collections::BTreeMap;
+
+use super::{Data, ElemType, Error, Graph, Op, TensorDecl, TensorId};
+
+/// Builds a [`Graph`]: declare inputs and constants, add ops (each returns its output tensor, with type and
+/// shape inferred and checked), mark outputs, then [`GraphBuilder::finish`] validates the whole graph.
+///
+/// ```
+/// use reference_delegate::graph::{ElemType, GraphBuilder};
+///
+/// let mut b = GraphBuilder::new();
+/// let x = b.input("x", ElemType::F32, &[1, 2])?;
+/// let w = b.constant_f32("w", &[2, 3], vec![1.0, 0.0, 0.0, 0.0, 1.0, 0.0])?;
+/// let y = b.mat_mul("y", x, w)?;
+/// b.output(y)?;
+/// let graph = b.finish()?;
+/// assert_eq!(graph.tensor(y).shape, [1, 3]);
+/// # Ok::<(), reference_delegate::graph::Error>(())
+/// ```
+#[derive(Debug, Default)]
+pub struct GraphBuilder {
+    tensors: Vec<TensorDecl>,
+    inputs: Vec<TensorId>,
+    outputs: Vec<TensorId>,
+    constants: BTreeMap<TensorId, Data>,
+    ops: Vec<Op<TensorId>>,
+}
+
+impl GraphBuilder {
+    /// An empty graph.
+    pub fn new() -> GraphBuilder {
+        GraphBuilder::default()
+    }
+
+    fn declare(&mut self, name: &str, dtype: ElemType, shape: &[u64]) -> Result<TensorId, Error> {
+        if name.is_empty() {
+            return Err(Error::BadTensorName { name: String::new(), problem: "empty" });
+        }
+        if self.tensors.iter().any(|t| t.name == name) {
+            return Err(Error::BadTensorName { name: name.to_owned(), problem: "declared twice" });
+        }
+        let decl = TensorDecl { name: name.to_owned(), dtype, shape: shape.to_vec() };
+        super::check_shape(&decl)?;
+        self.tensors.push(decl);
+        Ok(TensorId(self.tensors.len() - 1))
+    }
+
+    /// Declares a graph input. Callers bind it by `name`.
+    pub fn input(&mut self, name: &str, dtype: ElemType, shape: &[u64]) -> Result<TensorId, Error> {
+        let id = self.declare(name, dtype, shape)?;
+        self.inputs.push(id);
+        Ok(id)
+    }
+
+    /// Declares an `f32` constant (a weight) with its values in row-major order.
+    pub fn constant_f32(&mut self, name: &str, shape: &[u64], values: Vec<f32>) -> Result<TensorId, Error> {
+        self.constant(name, shape, Data::F32(values))
+    }
+
+    /// Declares an `i64` constant with its values in row-major order.
+    pub fn constant_i64(&mut self, name: &str, shape: &[u64], values: Vec<i64>) -> Result<TensorId, Error> {
+        self.constant(name, shape, Data::I64(values))
+    }
+
+    fn constant(&mut self, name: &str, shape: &[u64], data: Data) -> Result<TensorId, Error> {
+        let id = self.declare(name, data.dtype(), shape)?;
+        let decl = &self.tensors[id.0];
+        if decl.numel() != data.len() {
+            let nbytes = (data.len() * data.dtype().size_bytes()) as u64;
+            let problem = format!("has {} values but shape {shape:?} needs {}", data.len(), decl.numel());
+            self.tensors.pop();
+            return Err(Error::BadConstant { name: name.to_owned(), offset: 0, nbytes, problem });
+        }
+        self.constants.insert(id, data);
+        Ok(id)
+    }
+
+    /// Marks `id` as a graph output. Callers bind it by its name.
+    pub fn output(&mut self, id: TensorId) -> Result<(), Error> {
+        if id.0 >= self.tensors.len() {
+            return Err(Error::DanglingTensor {
+                context: "graph outputs".to_owned(),
+                name: format!("#{}", id.0),
+            });
+        }
+        self.outputs.push(id);
+        Ok(())
+    }
+
+    /// Adds an op whose output is a new tensor `name`; `make` receives the output's id.
+    fn op(&mut self, name: &str, make: impl FnOnce(TensorId) -> Op<TensorId>) -> Result<TensorId, Error> {
+        let out = TensorId(self.tensors.len());
+        let op = make(out);
+        let index = self.ops.len();
+        for operand in op.operands() {
+            if operand.0 >= self.tensors.len() {
+                return Err(Error::DanglingTensor {
+                    context: format!("op {index} ({})", op.name()),
+                    name: format!("#{}", operand.0),
+                });
+            }
+        }
+        let (dtype, shape) =
+            op.infer(&self.tensors).map_err(|detail| Error::OpMismatch { index, op: op.name(), detail })?;
+        let id = self.declare(name, dtype, &shape)?;
+        debug_assert_eq!(id, out);
+        self.ops.push(op);
+        Ok(id)
+    }
+
+    /// `out[t, :] = table[indices[t], :]`, see [`Op::Gather`].
+    pub fn gather(&mut self, name: &str, table: TensorId, indices: TensorId) -> Result<TensorId, Error> {
+        self.op(name, |out| Op::Gather { table, indices, out })
+    }
+
+    /// `out[t] = position + t` for `t` in `0..count`, see [`Op::Positions`].
+    pub fn positions(&mut self, name: &str, position: TensorId, count: u64) -> Result<TensorId, Error> {
+        self.op(name, |out| Op::Positions { position, count, out })
+    }
+
+    /// `a b`, see [`Op::MatMul`].
+    pub fn mat_mul(&mut self, name: &str, a: TensorId, b: TensorId) -> Result<TensorId, Error> {
+        self.op(name, |out| Op::MatMul { a, b, out })
+    }
+
+    /// `a + b`, see [`Op::Add`].
+    pub fn add(&mut self, name: &str, a: TensorId, b: TensorId) -> Result<TensorId, Error> {
+        self.op(name, |out| Op::Add { a, b, out })
+    }
+
+    /// RMS norm of each row, see [`Op::RmsNorm`].
+    pub fn rms_norm(
+        &mut self,
+        name: &str,
+        input: TensorId,
+        weight: TensorId,
+        eps: f32,
+    ) -> Result<TensorId, Error> {
+        self.op(name, |out| Op::RmsNorm { input, weight, eps, out })
+    }
+
+    /// In-place cache update; the returned tensor aliases `cache`. See [`Op::KvCacheUpdate`].
+    pub fn kv_cache_update(
+        &mut self,
+        name: &str,
+        cache: TensorId,
+        update: TensorId,
+        position: TensorId,
+    ) -> Result<TensorId, Error> {
+        self.op(name, |out| Op::KvCacheUpdate { cache, update, position, out })
+    }
+
+    /// Causal attention over caches, see [`Op::CausalAttention`].
+    pub fn causal_attention(
+        &mut self,
+        name: &str,
+        q: TensorId,
+        k: TensorId,
+        v: TensorId,
+        position: TensorId,
+    ) -> Result<TensorId, Error> {
+        self.op(name, |out| Op::CausalAttention { q, k, v, position, out })
+    }
+
+    /// Validates and returns the graph.
+    pub fn finish(self) -> Result<Graph, Error> {
+        Graph::from_parts(self.tensors, self.inputs, self.outputs, self.constants, self.ops)
+    }
+}

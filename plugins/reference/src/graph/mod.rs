@@ -1,0 +1,585 @@
+//! The typed op graph the reference delegate runs: tensors, ops, validation, and its payload encoding.
+//!
+//! A [`Graph`] is in static single-assignment form: every tensor is a graph input, a constant, or the output
+//! of exactly one op, and ops are listed in an order where every operand is defined before it is used. All
+//! shapes are static. A graph is only ever observed valid: [`GraphBuilder::finish`] and [`Graph::decode`]
+//! both run the same checks ([`Graph::validate`]), so the executor never meets a malformed graph.
+//!
+//! ## Aliasing
+//!
+//! [`Op::KvCacheUpdate`] writes rows of its `cache` operand *in place* and its output is that same storage,
+//! exactly like TensorRT's `IKVCacheUpdateLayer`. The graph therefore reports the alias through
+//! [`alias_validate::EngineIntrospect`], and the validation rules below keep in-place tensors out of every op
+//! that could observe the difference between "updated in place" and "a fresh value":
+//! - the `cache` operand of a `KvCacheUpdate` is a graph input and no other op reads it;
+//! - the output of a `KvCacheUpdate` is read only as the `k`/`v` operand of [`Op::CausalAttention`] (or is a
+//!   graph output);
+//! - the `k`/`v` operands of `CausalAttention` are `KvCacheUpdate` outputs.
+
+mod builder;
+mod ops;
+mod payload;
+
+use std::collections::{BTreeMap, HashMap};
+use std::fmt;
+
+use alias_validate::{EngineIntrospect, EngineTensor};
+use blob_format::model::{DType, Dim, Role};
+use serde::{Deserialize, Serialize};
+
+pub use builder::GraphBuilder;
+pub use ops::Op;
+pub use payload::{PAYLOAD_MAGIC, PAYLOAD_VERSION_MAJOR, PAYLOAD_VERSION_MINOR};
+
+/// Largest number of elements one tensor may have (2^31), so that a hostile payload cannot make `init`
+/// allocate without bound.
+pub const MAX_ELEMENTS: u64 = 1 << 31;
+
+/// Element type of a graph tensor. The reference delegate computes in `f32`; `i64` carries token ids and
+/// positions.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ElemType {
+    /// 32-bit float.
+    F32,
+    /// Signed 64-bit integer.
+    I64,
+}
+
+impl ElemType {
+    /// Size of one element in bytes.
+    pub const fn size_bytes(self) -> usize {
+        match self {
+            ElemType::F32 => 4,
+            ElemType::I64 => 8,
+        }
+    }
+
+    /// The blob-format dtype with the same meaning.
+    pub const fn dtype(self) -> DType {
+        match self {
+            ElemType::F32 => DType::F32,
+            ElemType::I64 => DType::I64,
+        }
+    }
+
+    /// `"f32"` or `"i64"`.
+    pub const fn name(self) -> &'static str {
+        self.dtype().name()
+    }
+}
+
+impl fmt::Display for ElemType {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// Index of a tensor in [`Graph::tensors`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct TensorId(pub usize);
+
+/// A declared tensor: name, element type and static shape.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TensorDecl {
+    /// Unique name; graph inputs and outputs bind to blob bindings by this name.
+    pub name: String,
+    /// Element type.
+    pub dtype: ElemType,
+    /// Static extents, each at least 1.
+    pub shape: Vec<u64>,
+}
+
+impl TensorDecl {
+    /// Number of elements. Validation guarantees it is at most [`MAX_ELEMENTS`], so it fits in `usize`.
+    pub fn numel(&self) -> usize {
+        let n: u64 = self.shape.iter().product();
+        usize::try_from(n).expect("validation bounds every tensor by MAX_ELEMENTS, which fits in usize")
+    }
+
+    /// Size of the tensor's data in bytes.
+    pub fn nbytes(&self) -> usize {
+        self.numel() * self.dtype.size_bytes()
+    }
+}
+
+/// A constant's values.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Data {
+    /// `f32` values.
+    F32(Vec<f32>),
+    /// `i64` values.
+    I64(Vec<i64>),
+}
+
+impl Data {
+    /// The element type.
+    pub fn dtype(&self) -> ElemType {
+        match self {
+            Data::F32(_) => ElemType::F32,
+            Data::I64(_) => ElemType::I64,
+        }
+    }
+
+    /// Number of elements.
+    pub fn len(&self) -> usize {
+        match self {
+            Data::F32(v) => v.len(),
+            Data::I64(v) => v.len(),
+        }
+    }
+
+    /// Whether there are no elements.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// A validated op graph. Build one with [`GraphBuilder`] or read one with [`Graph::decode`].
+#[derive(Debug, Clone, PartialEq)]
+pub struct Graph {
+    tensors: Vec<TensorDecl>,
+    inputs: Vec<TensorId>,
+    outputs: Vec<TensorId>,
+    constants: BTreeMap<TensorId, Data>,
+    ops: Vec<Op<TensorId>>,
+}
+
+/// Why a graph is invalid, or why a payload does not decode to one. Every variant is
+/// [`et_error::ErrorCode::InvalidProgram`]: the blob is wrong, not the call.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// The payload is shorter than its fixed prefix.
+    #[error("reference-graph payload is {len} bytes, shorter than its {needed}-byte prefix")]
+    TooShort {
+        /// Payload length.
+        len: usize,
+        /// Bytes the prefix needs.
+        needed: usize,
+    },
+    /// The payload does not start with [`PAYLOAD_MAGIC`].
+    #[error("reference-graph payload starts with {found:02x?}, expected the magic {PAYLOAD_MAGIC:?}")]
+    BadMagic {
+        /// The first four bytes.
+        found: [u8; 4],
+    },
+    /// The payload's major version is not one this build reads.
+    #[error(
+        "reference-graph payload version {major}.{minor} is not supported (this build reads {PAYLOAD_VERSION_MAJOR}.x)"
+    )]
+    UnsupportedVersion {
+        /// Major version found.
+        major: u16,
+        /// Minor version found.
+        minor: u16,
+    },
+    /// The JSON section or the constant section does not fit in the payload.
+    #[error("reference-graph {section} section at offset {offset} with {len} bytes overruns the {total}-byte payload")]
+    SectionOutOfBounds {
+        /// `"json"` or `"constant"`.
+        section: &'static str,
+        /// Start offset of the section.
+        offset: u64,
+        /// Declared length.
+        len: u64,
+        /// Payload length.
+        total: usize,
+    },
+    /// The graph description is not valid JSON of the expected structure.
+    #[error("reference-graph description is malformed: {source}")]
+    Json {
+        /// The JSON error, with line and column.
+        #[source]
+        source: serde_json::Error,
+    },
+    /// An op entry has no `"op"` string.
+    #[error("op {index} has no \"op\" name")]
+    MissingOpName {
+        /// Position of the op in the graph.
+        index: usize,
+    },
+    /// An op name this build does not know (e.g. from a newer exporter).
+    #[error("op {index} is '{op}', which this reference delegate does not know (known ops: {known})")]
+    UnknownOp {
+        /// Position of the op in the graph.
+        index: usize,
+        /// The unknown name.
+        op: String,
+        /// Known op names, comma separated.
+        known: String,
+    },
+    /// A known op with missing or mistyped fields.
+    #[error("op {index} ('{op}') is malformed: {source}")]
+    MalformedOp {
+        /// Position of the op in the graph.
+        index: usize,
+        /// The op's name.
+        op: String,
+        /// The JSON error.
+        #[source]
+        source: serde_json::Error,
+    },
+    /// A tensor name is empty or used twice.
+    #[error("tensor name '{name}' is {problem}")]
+    BadTensorName {
+        /// The name.
+        name: String,
+        /// `"empty"` or `"declared twice"`.
+        problem: &'static str,
+    },
+    /// A tensor has a zero extent or too many elements.
+    #[error("tensor '{name}' has shape {shape:?}: {problem}")]
+    BadShape {
+        /// The tensor.
+        name: String,
+        /// Its declared shape.
+        shape: Vec<u64>,
+        /// What is wrong.
+        problem: String,
+    },
+    /// A name that refers to no declared tensor.
+    #[error("{context} refers to tensor '{name}', which is not declared")]
+    DanglingTensor {
+        /// Where the reference is, e.g. `"op 3 (mat_mul)"` or `"graph outputs"`.
+        context: String,
+        /// The undeclared name.
+        name: String,
+    },
+    /// A tensor listed twice where it may appear once (graph inputs, outputs, constants).
+    #[error("tensor '{name}' appears twice in {context}")]
+    Duplicate {
+        /// The tensor.
+        name: String,
+        /// Where.
+        context: &'static str,
+    },
+    /// A tensor with more than one definition (input, constant, op output).
+    #[error("tensor '{name}' is defined twice: as {first} and as {second}")]
+    DefinedTwice {
+        /// The tensor.
+        name: String,
+        /// Its first definition.
+        first: String,
+        /// Its second definition.
+        second: String,
+    },
+    /// An op reads a tensor that no earlier op, input or constant defines.
+    #[error("op {index} ({op}) reads tensor '{name}' before anything defines it")]
+    UseBeforeDefinition {
+        /// Position of the op.
+        index: usize,
+        /// The op's name.
+        op: &'static str,
+        /// The tensor.
+        name: String,
+    },
+    /// A declared tensor that nothing defines.
+    #[error("tensor '{name}' is declared but is neither an input, a constant nor an op output")]
+    Undefined {
+        /// The tensor.
+        name: String,
+    },
+    /// An op's operand has the wrong element type or shape, or its declared output does not match what the
+    /// op computes.
+    #[error("op {index} ({op}): {detail}")]
+    OpMismatch {
+        /// Position of the op.
+        index: usize,
+        /// The op's name.
+        op: &'static str,
+        /// What does not fit, naming the tensors and shapes.
+        detail: String,
+    },
+    /// A constant's bytes are misplaced or of the wrong size.
+    #[error("constant '{name}' at offset {offset} with {nbytes} bytes: {problem}")]
+    BadConstant {
+        /// The tensor.
+        name: String,
+        /// Declared offset in the constant section.
+        offset: u64,
+        /// Declared length.
+        nbytes: u64,
+        /// What is wrong.
+        problem: String,
+    },
+    /// A graph input used as a constant, a graph output that nothing produces, and the like.
+    #[error("tensor '{name}' {problem}")]
+    BadInterface {
+        /// The tensor.
+        name: String,
+        /// What is wrong.
+        problem: String,
+    },
+    /// An in-place cache tensor used in a way the aliasing rules forbid (see the module docs).
+    #[error("cache tensor '{name}' {problem}")]
+    CacheMisuse {
+        /// The tensor.
+        name: String,
+        /// What is wrong.
+        problem: String,
+    },
+}
+
+impl et_error::HasErrorCode for Error {
+    fn error_code(&self) -> et_error::ErrorCode {
+        et_error::ErrorCode::InvalidProgram
+    }
+}
+
+impl Graph {
+    /// Every declared tensor; [`TensorId`] indexes this list.
+    pub fn tensors(&self) -> &[TensorDecl] {
+        &self.tensors
+    }
+
+    /// The declaration of `id`.
+    ///
+    /// `id` must come from this graph (ids from another graph may be out of range and panic).
+    pub fn tensor(&self, id: TensorId) -> &TensorDecl {
+        &self.tensors[id.0]
+    }
+
+    /// The tensor named `name`.
+    pub fn find(&self, name: &str) -> Option<TensorId> {
+        self.tensors.iter().position(|t| t.name == name).map(TensorId)
+    }
+
+    /// Graph inputs, in the graph's order (the caller binds them by name, not by this order).
+    pub fn inputs(&self) -> &[TensorId] {
+        &self.inputs
+    }
+
+    /// Graph outputs, in the graph's order (the caller binds them by name, not by this order).
+    pub fn outputs(&self) -> &[TensorId] {
+        &self.outputs
+    }
+
+    /// The ops, in execution order.
+    pub fn ops(&self) -> &[Op<TensorId>] {
+        &self.ops
+    }
+
+    /// The values of constant `id`, if it is one.
+    pub fn constant(&self, id: TensorId) -> Option<&Data> {
+        self.constants.get(&id)
+    }
+
+    /// Every constant with its values.
+    pub fn constants(&self) -> impl Iterator<Item = (TensorId, &Data)> + '_ {
+        self.constants.iter().map(|(id, data)| (*id, data))
+    }
+
+    /// The cache input that the `KvCacheUpdate` producing `output` writes in place, if one does.
+    pub fn cache_update_of(&self, output: TensorId) -> Option<TensorId> {
+        self.ops.iter().find_map(|op| match *op {
+            Op::KvCacheUpdate { cache, out, .. } if out == output => Some(cache),
+            _ => None,
+        })
+    }
+
+    /// Every in-place pair `(output, cache input)` of the graph's `KvCacheUpdate` ops.
+    pub fn in_place_pairs(&self) -> impl Iterator<Item = (TensorId, TensorId)> + '_ {
+        self.ops.iter().filter_map(|op| match *op {
+            Op::KvCacheUpdate { cache, out, .. } => Some((out, cache)),
+            _ => None,
+        })
+    }
+
+    /// Assembles and validates a graph from its parts (names already resolved to ids).
+    pub(crate) fn from_parts(
+        tensors: Vec<TensorDecl>,
+        inputs: Vec<TensorId>,
+        outputs: Vec<TensorId>,
+        constants: BTreeMap<TensorId, Data>,
+        ops: Vec<Op<TensorId>>,
+    ) -> Result<Graph, Error> {
+        let graph = Graph { tensors, inputs, outputs, constants, ops };
+        graph.validate()?;
+        Ok(graph)
+    }
+
+    /// Checks every rule in the module docs: names, shapes, definitions, op typing, constants, and the
+    /// in-place cache rules. Run by [`GraphBuilder::finish`] and [`Graph::decode`].
+    pub fn validate(&self) -> Result<(), Error> {
+        let mut names = HashMap::with_capacity(self.tensors.len());
+        for tensor in &self.tensors {
+            if tensor.name.is_empty() {
+                return Err(Error::BadTensorName { name: String::new(), problem: "empty" });
+            }
+            if names.insert(tensor.name.as_str(), ()).is_some() {
+                return Err(Error::BadTensorName { name: tensor.name.clone(), problem: "declared twice" });
+            }
+            check_shape(tensor)?;
+        }
+        let name = |id: TensorId| self.tensors[id.0].name.clone();
+
+        // Definitions: each tensor is defined exactly once, by an input, a constant or an op.
+        let mut defined_by: Vec<Option<String>> = vec![None; self.tensors.len()];
+        let mut define = |id: TensorId, by: String| match &defined_by[id.0] {
+            Some(first) => Err(Error::DefinedTwice { name: name(id), first: first.clone(), second: by }),
+            None => {
+                defined_by[id.0] = Some(by);
+                Ok(())
+            }
+        };
+        for &id in &self.inputs {
+            define(id, "a graph input".to_owned())?;
+        }
+        for (&id, data) in &self.constants {
+            define(id, "a constant".to_owned())?;
+            let decl = &self.tensors[id.0];
+            if data.dtype() != decl.dtype || data.len() != decl.numel() {
+                return Err(Error::BadConstant {
+                    name: decl.name.clone(),
+                    offset: 0,
+                    nbytes: (data.len() * data.dtype().size_bytes()) as u64,
+                    problem: format!(
+                        "holds {} {} values but the tensor is {} {:?}",
+                        data.len(),
+                        data.dtype(),
+                        decl.dtype,
+                        decl.shape
+                    ),
+                });
+            }
+        }
+        let mut available = vec![false; self.tensors.len()];
+        for &id in self.inputs.iter().chain(self.constants.keys()) {
+            available[id.0] = true;
+        }
+        for (index, op) in self.ops.iter().enumerate() {
+            for operand in op.operands() {
+                if !available[operand.0] {
+                    return Err(Error::UseBeforeDefinition { index, op: op.name(), name: name(operand) });
+                }
+            }
+            op.check_types(index, &self.tensors)?;
+            let out = op.output();
+            define(out, format!("the output of op {index} ({})", op.name()))?;
+            available[out.0] = true;
+        }
+        if let Some(id) = (0..self.tensors.len()).find(|&i| defined_by[i].is_none()) {
+            return Err(Error::Undefined { name: self.tensors[id].name.clone() });
+        }
+
+        check_unique(&self.inputs, "graph inputs", &name)?;
+        check_unique(&self.outputs, "graph outputs", &name)?;
+        for &id in &self.outputs {
+            if self.inputs.contains(&id) || self.constants.contains_key(&id) {
+                return Err(Error::BadInterface {
+                    name: name(id),
+                    problem: "is a graph output but no op produces it".to_owned(),
+                });
+            }
+        }
+        self.check_cache_rules()
+    }
+
+    fn check_cache_rules(&self) -> Result<(), Error> {
+        let name = |id: TensorId| self.tensors[id.0].name.clone();
+        let mut cache_inputs = Vec::new();
+        let mut cache_outputs = Vec::new();
+        for op in &self.ops {
+            if let Op::KvCacheUpdate { cache, out, .. } = *op {
+                if !self.inputs.contains(&cache) {
+                    return Err(Error::CacheMisuse {
+                        name: name(cache),
+                        problem: "is updated in place by a kv_cache_update but is not a graph input (only \
+                                  caller-owned storage can be updated in place)"
+                            .to_owned(),
+                    });
+                }
+                if cache_inputs.contains(&cache) {
+                    return Err(Error::CacheMisuse {
+                        name: name(cache),
+                        problem: "is updated by two kv_cache_update ops".to_owned(),
+                    });
+                }
+                cache_inputs.push(cache);
+                cache_outputs.push(out);
+            }
+        }
+        for (index, op) in self.ops.iter().enumerate() {
+            for (role, operand) in op.named_operands() {
+                let as_cache_input = matches!(op, Op::KvCacheUpdate { .. }) && role == "cache";
+                let as_cache_view = matches!(op, Op::CausalAttention { .. }) && (role == "k" || role == "v");
+                let problem = if cache_inputs.contains(&operand) && !as_cache_input {
+                    "is a cache input; only its kv_cache_update may read it"
+                } else if cache_outputs.contains(&operand) && !as_cache_view {
+                    "is a kv_cache_update output; only causal_attention's 'k'/'v' may read it"
+                } else if as_cache_view && !cache_outputs.contains(&operand) {
+                    "must be a kv_cache_update output: causal_attention reads caches in place"
+                } else {
+                    continue;
+                };
+                return Err(Error::CacheMisuse {
+                    name: name(operand),
+                    problem: format!("{problem} (it is operand '{role}' of op {index}, {})", op.name()),
+                });
+            }
+        }
+        Ok(())
+    }
+}
+
+fn check_shape(tensor: &TensorDecl) -> Result<(), Error> {
+    let bad =
+        |problem: String| Error::BadShape { name: tensor.name.clone(), shape: tensor.shape.clone(), problem };
+    if tensor.shape.contains(&0) {
+        return Err(bad("every extent must be at least 1".to_owned()));
+    }
+    let numel = tensor.shape.iter().try_fold(1u64, |acc, &d| acc.checked_mul(d));
+    match numel {
+        Some(n) if n <= MAX_ELEMENTS => Ok(()),
+        _ => Err(bad(format!("more than {MAX_ELEMENTS} elements"))),
+    }
+}
+
+fn check_unique(
+    ids: &[TensorId],
+    context: &'static str,
+    name: &dyn Fn(TensorId) -> String,
+) -> Result<(), Error> {
+    for (i, id) in ids.iter().enumerate() {
+        if ids[..i].contains(id) {
+            return Err(Error::Duplicate { name: name(*id), context });
+        }
+    }
+    Ok(())
+}
+
+/// The graph as an engine: its I/O tensors are the graph inputs and outputs, and it reports the in-place
+/// cache updates exactly as TensorRT's `getAliasedInputTensor` would.
+impl EngineIntrospect for Graph {
+    fn tensors(&self) -> Vec<EngineTensor> {
+        let io = |ids: &[TensorId], role: Role| -> Vec<EngineTensor> {
+            ids.iter()
+                .map(|&id| {
+                    let decl = self.tensor(id);
+                    EngineTensor {
+                        name: decl.name.clone(),
+                        role,
+                        dtype: Some(decl.dtype.dtype()),
+                        shape: decl.shape.iter().map(|&d| Dim::Static(d)).collect(),
+                    }
+                })
+                .collect()
+        };
+        let mut all = io(&self.inputs, Role::Input);
+        all.extend(io(&self.outputs, Role::Output));
+        all
+    }
+
+    fn reports_aliases(&self) -> bool {
+        true
+    }
+
+    fn aliased_input(&self, output: &str) -> Option<String> {
+        let id = self.find(output)?;
+        self.cache_update_of(id).map(|cache| self.tensor(cache).name.clone())
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,250 @@
+//! The payload encoding of a [`Graph`]: what a native blob of kind `reference-graph` carries as its engine.
+//!
+//! | offset | size | field |
+//! |---|---|---|
+//! | 0 | 4 | magic [`PAYLOAD_MAGIC`] |
+//! | 4 | 2 | u16 LE major version ([`PAYLOAD_VERSION_MAJOR`]; a newer major is refused) |
+//! | 6 | 2 | u16 LE minor version (a newer minor reads; unknown JSON fields are ignored) |
+//! | 8 | 4 | u32 LE length of the JSON description |
+//! | 12 | 4 | reserved, zero |
+//! | 16 | n | JSON description: tensors, inputs, outputs, constants (offset + length), ops |
+//! | 16 + n | | zero padding to a multiple of [`CONSTANT_ALIGN`]: the constant section starts here |
+//!
+//! Constants are little-endian, each at an offset (relative to the constant section) that is a multiple of
+//! [`CONSTANT_ALIGN`]. Decoding checks every extent with checked arithmetic and never panics.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use super::ops::OP_NAMES;
+use super::{Data, ElemType, Error, Graph, Op, TensorDecl, TensorId};
+
+/// First four bytes of a reference-graph payload.
+pub const PAYLOAD_MAGIC: [u8; 4] = *b"RGRF";
+/// Major version this build writes and reads.
+pub const PAYLOAD_VERSION_MAJOR: u16 = 1;
+/// Minor version this build writes.
+pub const PAYLOAD_VERSION_MINOR: u16 = 0;
+/// Alignment of the constant section and of every constant in it.
+pub const CONSTANT_ALIGN: u64 = 16;
+const PREFIX_LEN: usize = 16;
+
+#[derive(Serialize, Deserialize)]
+struct Description {
+    tensors: Vec<TensorDecl>,
+    inputs: Vec<String>,
+    outputs: Vec<String>,
+    constants: Vec<ConstantRef>,
+    ops: Vec<serde_json::Value>,
+}
+
+#[derive(Serialize, Deserialize)]
+struct ConstantRef {
+    tensor: String,
+    offset: u64,
+    nbytes: u64,
+}
+
+fn align_up(n: usize) -> usize {
+    let a = CONSTANT_ALIGN as usize;
+    n.div_ceil(a) * a
+}
+
+impl Graph {
+    /// Encodes the graph as a payload (see the module docs for the layout).
+    pub fn encode(&self) -> Vec<u8> {
+        let name = |id: TensorId| self.tensor(id).name.clone();
+        let mut data = Vec::new();
+        let mut constants = Vec::with_capacity(self.constants.len());
+        for (&id, values) in &self.constants {
+            data.resize(align_up(data.len()), 0);
+            let offset = data.len() as u64;
+            match values {
+                Data::F32(v) => v.iter().for_each(|x| data.extend_from_slice(&x.to_le_bytes())),
+                Data::I64(v) => v.iter().for_each(|x| data.extend_from_slice(&x.to_le_bytes())),
+            }
+            constants.push(ConstantRef { tensor: name(id), offset, nbytes: data.len() as u64 - offset });
+        }
+        let ops = self
+            .ops
+            .iter()
+            .map(|op| {
+                let named = op.try_map(|_, id| Ok::<_, std::convert::Infallible>(name(id)));
+                let named = match named {
+                    Ok(named) => named,
+                    Err(never) => match never {},
+                };
+                serde_json::to_value(named).expect("an op of strings and numbers always serializes")
+            })
+            .collect();
+        let description = Description {
+            tensors: self.tensors.clone(),
+            inputs: self.inputs.iter().map(|&id| name(id)).collect(),
+            outputs: self.outputs.iter().map(|&id| name(id)).collect(),
+            constants,
+            ops,
+        };
+        let json =
+            serde_json::to_vec(&description).expect("the description is plain data and always serializes");
+        let json_len = u32::try_from(json.len()).expect("a graph description over 4 GiB cannot be built");
+        let mut out = Vec::with_capacity(align_up(PREFIX_LEN + json.len()) + data.len());
+        out.extend_from_slice(&PAYLOAD_MAGIC);
+        out.extend_from_slice(&PAYLOAD_VERSION_MAJOR.to_le_bytes());
+        out.extend_from_slice(&PAYLOAD_VERSION_MINOR.to_le_bytes());
+        out.extend_from_slice(&json_len.to_le_bytes());
+        out.extend_from_slice(&[0; 4]);
+        out.extend_from_slice(&json);
+        out.resize(align_up(out.len()), 0);
+        out.extend_from_slice(&data);
+        out
+    }
+
+    /// Decodes and validates a payload. Every defect is a typed [`Error`]; nothing panics.
+    pub fn decode(payload: &[u8]) -> Result<Graph, Error> {
+        let prefix: &[u8; PREFIX_LEN] = payload
+            .get(..PREFIX_LEN)
+            .and_then(|p| p.try_into().ok())
+            .ok_or(Error::TooShort { len: payload.len(), needed: PREFIX_LEN })?;
+        let magic = [prefix[0], prefix[1], prefix[2], prefix[3]];
+        if magic != PAYLOAD_MAGIC {
+            return Err(Error::BadMagic { found: magic });
+        }
+        let major = u16::from_le_bytes([prefix[4], prefix[5]]);
+        let minor = u16::from_le_bytes([prefix[6], prefix[7]]);
+        if major != PAYLOAD_VERSION_MAJOR {
+            return Err(Error::UnsupportedVersion { major, minor });
+        }
+        let json_len = u32::from_le_bytes([prefix[8], prefix[9], prefix[10], prefix[11]]);
+        let json_end = PREFIX_LEN.checked_add(json_len as usize).filter(|&end| end <= payload.len()).ok_or(
+            Error::SectionOutOfBounds {
+                section: "json",
+                offset: PREFIX_LEN as u64,
+                len: u64::from(json_len),
+                total: payload.len(),
+            },
+        )?;
+        let data_start = align_up(json_end).min(payload.len());
+        let data = &payload[data_start..];
+        let description: Description = serde_json::from_slice(&payload[PREFIX_LEN..json_end])
+            .map_err(|source| Error::Json { source })?;
+        description.into_graph(data)
+    }
+}
+
+impl Description {
+    fn into_graph(self, data: &[u8]) -> Result<Graph, Error> {
+        let mut ids = BTreeMap::new();
+        for (i, tensor) in self.tensors.iter().enumerate() {
+            if ids.insert(tensor.name.clone(), TensorId(i)).is_some() {
+                return Err(Error::BadTensorName { name: tensor.name.clone(), problem: "declared twice" });
+            }
+            super::check_shape(tensor)?;
+        }
+        let resolve = |context: &dyn Fn() -> String, name: &str| {
+            ids.get(name)
+                .copied()
+                .ok_or_else(|| Error::DanglingTensor { context: context(), name: name.to_owned() })
+        };
+        let inputs = self
+            .inputs
+            .iter()
+            .map(|n| resolve(&|| "graph inputs".to_owned(), n))
+            .collect::<Result<Vec<_>, _>>()?;
+        let outputs = self
+            .outputs
+            .iter()
+            .map(|n| resolve(&|| "graph outputs".to_owned(), n))
+            .collect::<Result<Vec<_>, _>>()?;
+
+        let mut constants = BTreeMap::new();
+        for constant in &self.constants {
+            let id = resolve(&|| "the constant table".to_owned(), &constant.tensor)?;
+            let decl = &self.tensors[id.0];
+            let values = read_constant(constant, decl, data)?;
+            if constants.insert(id, values).is_some() {
+                return Err(Error::Duplicate { name: decl.name.clone(), context: "the constant table" });
+            }
+        }
+
+        let mut ops = Vec::with_capacity(self.ops.len());
+        for (index, value) in self.ops.into_iter().enumerate() {
+            let op_name = value.get("op").and_then(|v| v.as_str()).ok_or(Error::MissingOpName { index })?;
+            if !OP_NAMES.contains(&op_name) {
+                return Err(Error::UnknownOp { index, op: op_name.to_owned(), known: OP_NAMES.join(", ") });
+            }
+            let op_name = op_name.to_owned();
+            let named: Op<String> = serde_json::from_value(value).map_err(|source| Error::MalformedOp {
+                index,
+                op: op_name.clone(),
+                source,
+            })?;
+            let context = || format!("op {index} ({op_name})");
+            let op = named.try_map_ref(|name| resolve(&context, name))?;
+            ops.push(op);
+        }
+        Graph::from_parts(self.tensors, inputs, outputs, constants, ops)
+    }
+}
+
+impl Op<String> {
+    fn try_map_ref<E>(&self, mut f: impl FnMut(&str) -> Result<TensorId, E>) -> Result<Op<TensorId>, E> {
+        Ok(match self {
+            Op::Gather { table, indices, out } => {
+                Op::Gather { table: f(table)?, indices: f(indices)?, out: f(out)? }
+            }
+            Op::Positions { position, count, out } => {
+                Op::Positions { position: f(position)?, count: *count, out: f(out)? }
+            }
+            Op::MatMul { a, b, out } => Op::MatMul { a: f(a)?, b: f(b)?, out: f(out)? },
+            Op::Add { a, b, out } => Op::Add { a: f(a)?, b: f(b)?, out: f(out)? },
+            Op::RmsNorm { input, weight, eps, out } => {
+                Op::RmsNorm { input: f(input)?, weight: f(weight)?, eps: *eps, out: f(out)? }
+            }
+            Op::KvCacheUpdate { cache, update, position, out } => Op::KvCacheUpdate {
+                cache: f(cache)?,
+                update: f(update)?,
+                position: f(position)?,
+                out: f(out)?,
+            },
+            Op::CausalAttention { q, k, v, position, out } => {
+                Op::CausalAttention { q: f(q)?, k: f(k)?, v: f(v)?, position: f(position)?, out: f(out)? }
+            }
+        })
+    }
+}
+
+fn read_constant(constant: &ConstantRef, decl: &TensorDecl, data: &[u8]) -> Result<Data, Error> {
+    let bad = |problem: String| Error::BadConstant {
+        name: decl.name.clone(),
+        offset: constant.offset,
+        nbytes: constant.nbytes,
+        problem,
+    };
+    if constant.offset % CONSTANT_ALIGN != 0 {
+        return Err(bad(format!("the offset is not a multiple of {CONSTANT_ALIGN}")));
+    }
+    let expected = decl.nbytes() as u64;
+    if constant.nbytes != expected {
+        return Err(bad(format!("tensor {} {:?} needs {expected} bytes", decl.dtype, decl.shape)));
+    }
+    let bytes = usize::try_from(constant.offset)
+        .ok()
+        .zip(usize::try_from(constant.nbytes).ok())
+        .and_then(|(start, len)| data.get(start..start.checked_add(len)?))
+        .ok_or_else(|| bad(format!("the constant section holds only {} bytes", data.len())))?;
+    Ok(match decl.dtype {
+        ElemType::F32 => Data::F32(
+            bytes
+                .chunks_exact(4)
+                .map(|c| f32::from_le_bytes(c.try_into().expect("chunks_exact yields 4 bytes")))
+                .collect(),
+        ),
+        ElemType::I64 => Data::I64(
+            bytes
+                .chunks_exact(8)
+                .map(|c| i64::from_le_bytes(c.try_into().expect("chunks_exact yields 8 bytes")))
+                .collect(),
+        ),
+    })
+}

@@ -1,0 +1,280 @@
+use serde_json::{json, Value};
+
+use super::payload::CONSTANT_ALIGN;
+use super::*;
+
+/// A small decoder layer: embedding, projections, in-place cache update, attention, output projection.
+fn sample() -> Graph {
+    let mut b = GraphBuilder::new();
+    let tokens = b.input("tokens", ElemType::I64, &[2]).expect("fresh name");
+    let pos = b.input("input_pos", ElemType::I64, &[1]).expect("fresh name");
+    let cache = b.input("k_cache", ElemType::F32, &[1, 4, 2]).expect("fresh name");
+    let emb = b.constant_f32("emb", &[3, 2], vec![0.5; 6]).expect("6 values");
+    let w = b.constant_f32("w", &[2, 2], vec![1.0, 0.0, 0.0, 1.0]).expect("4 values");
+    let x = b.gather("x", emb, tokens).expect("typed");
+    let k = b.mat_mul("k", x, w).expect("typed");
+    let k_out = b.kv_cache_update("k_cache_out", cache, k, pos).expect("typed");
+    let attn = b.causal_attention("attn", x, k_out, k_out, pos).expect("typed");
+    b.output(attn).expect("declared");
+    b.output(k_out).expect("declared");
+    b.finish().expect("valid")
+}
+
+/// Re-packs a payload after editing its JSON description, keeping the constant section.
+fn rewrite(payload: &[u8], edit: impl FnOnce(&mut Value)) -> Vec<u8> {
+    let json_len = u32::from_le_bytes(payload[8..12].try_into().expect("4 bytes")) as usize;
+    let data_start = (16 + json_len).div_ceil(CONSTANT_ALIGN as usize) * CONSTANT_ALIGN as usize;
+    let mut description: Value = serde_json::from_slice(&payload[16..16 + json_len]).expect("valid json");
+    edit(&mut description);
+    let json = serde_json::to_vec(&description).expect("serializes");
+    let mut out = payload[..8].to_vec();
+    out.extend_from_slice(&(json.len() as u32).to_le_bytes());
+    out.extend_from_slice(&[0; 4]);
+    out.extend_from_slice(&json);
+    out.resize((16 + json.len()).div_ceil(16) * 16, 0);
+    out.extend_from_slice(&payload[data_start..]);
+    out
+}
+
+fn decode_err(payload: &[u8]) -> Error {
+    Graph::decode(payload).expect_err("the payload is corrupt")
+}
+
+#[test]
+fn encode_then_decode_round_trips() {
+    let graph = sample();
+    let payload = graph.encode();
+    assert_eq!(&payload[..4], b"RGRF");
+    assert_eq!(Graph::decode(&payload).expect("valid payload"), graph);
+}
+
+#[test]
+fn constants_are_aligned_little_endian() {
+    let payload = sample().encode();
+    let json_len = u32::from_le_bytes(payload[8..12].try_into().expect("4 bytes")) as usize;
+    let description: Value = serde_json::from_slice(&payload[16..16 + json_len]).expect("json");
+    let data_start = (16 + json_len).div_ceil(16) * 16;
+    for constant in description["constants"].as_array().expect("array") {
+        let offset = constant["offset"].as_u64().expect("offset") as usize;
+        assert_eq!(offset % 16, 0);
+        if constant["tensor"] == "w" {
+            let bytes = &payload[data_start + offset..data_start + offset + 4];
+            assert_eq!(f32::from_le_bytes(bytes.try_into().expect("4 bytes")), 1.0);
+        }
+    }
+}
+
+#[test]
+fn the_graph_reports_its_in_place_alias_like_tensorrt() {
+    let graph = sample();
+    assert!(graph.reports_aliases());
+    assert_eq!(graph.aliased_input("k_cache_out").as_deref(), Some("k_cache"));
+    assert_eq!(graph.aliased_input("attn"), None);
+    assert_eq!(graph.aliased_input("no such tensor"), None);
+    let names: Vec<_> = EngineIntrospect::tensors(&graph).into_iter().map(|t| (t.name, t.role)).collect();
+    assert_eq!(
+        names,
+        [
+            ("tokens".to_owned(), Role::Input),
+            ("input_pos".to_owned(), Role::Input),
+            ("k_cache".to_owned(), Role::Input),
+            ("attn".to_owned(), Role::Output),
+            ("k_cache_out".to_owned(), Role::Output),
+        ]
+    );
+}
+
+#[test]
+fn prefix_defects_are_typed() {
+    let payload = sample().encode();
+    assert!(matches!(decode_err(&payload[..10]), Error::TooShort { len: 10, needed: 16 }));
+    let mut bad = payload.clone();
+    bad[0] = b'X';
+    assert!(matches!(decode_err(&bad), Error::BadMagic { .. }));
+    let mut newer = payload.clone();
+    newer[4] = 2;
+    assert!(matches!(decode_err(&newer), Error::UnsupportedVersion { major: 2, minor: 0 }));
+    let mut overrun = payload.clone();
+    overrun[8..12].copy_from_slice(&u32::MAX.to_le_bytes());
+    assert!(matches!(decode_err(&overrun), Error::SectionOutOfBounds { section: "json", .. }));
+    let mut garbage = payload[..16].to_vec();
+    garbage[8..12].copy_from_slice(&3u32.to_le_bytes());
+    garbage.extend_from_slice(b"{x}");
+    assert!(matches!(decode_err(&garbage), Error::Json { .. }));
+}
+
+#[test]
+fn a_newer_minor_with_unknown_fields_still_reads() {
+    let mut payload = rewrite(&sample().encode(), |d| d["future_field"] = json!(42));
+    payload[6] = 9;
+    assert_eq!(Graph::decode(&payload).expect("minor versions are compatible"), sample());
+}
+
+#[test]
+fn unknown_op_is_refused_by_name() {
+    let payload = rewrite(&sample().encode(), |d| d["ops"][1]["op"] = json!("flash_attention"));
+    let err = decode_err(&payload);
+    assert!(matches!(&err, Error::UnknownOp { index: 1, op, .. } if op == "flash_attention"), "{err}");
+    assert!(err.to_string().contains("known ops: gather, positions"), "{err}");
+    let payload = rewrite(&sample().encode(), |d| d["ops"][0] = json!({ "table": "emb" }));
+    assert!(matches!(decode_err(&payload), Error::MissingOpName { index: 0 }));
+    let payload = rewrite(&sample().encode(), |d| d["ops"][0] = json!({ "op": "gather", "table": "emb" }));
+    assert!(matches!(decode_err(&payload), Error::MalformedOp { index: 0, .. }));
+}
+
+#[test]
+fn dangling_tensor_names_are_refused() {
+    let payload = rewrite(&sample().encode(), |d| d["ops"][1]["b"] = json!("w_missing"));
+    let err = decode_err(&payload);
+    assert_eq!(err.to_string(), "op 1 (mat_mul) refers to tensor 'w_missing', which is not declared");
+    let payload = rewrite(&sample().encode(), |d| d["outputs"][0] = json!("nope"));
+    assert!(matches!(decode_err(&payload), Error::DanglingTensor { .. }));
+}
+
+#[test]
+fn shape_mismatches_are_refused() {
+    // The weight becomes [3, 2]: the mat_mul's inner extents no longer agree (and its bytes no longer fit).
+    let payload = rewrite(&sample().encode(), |d| {
+        let tensors = d["tensors"].as_array_mut().expect("array");
+        let w = tensors.iter_mut().find(|t| t["name"] == "w").expect("w");
+        w["shape"] = json!([1, 2]);
+        let constants = d["constants"].as_array_mut().expect("array");
+        let c = constants.iter_mut().find(|c| c["tensor"] == "w").expect("w");
+        c["nbytes"] = json!(8);
+    });
+    let err = decode_err(&payload);
+    assert!(matches!(err, Error::OpMismatch { index: 1, op: "mat_mul", .. }), "{err}");
+    // A declared output that disagrees with what the op computes.
+    let payload = rewrite(&sample().encode(), |d| {
+        let tensors = d["tensors"].as_array_mut().expect("array");
+        let attn = tensors.iter_mut().find(|t| t["name"] == "attn").expect("attn");
+        attn["shape"] = json!([2, 3]);
+    });
+    let err = decode_err(&payload);
+    assert!(
+        err.to_string().contains("output 'attn' is declared f32 [2, 3], but the op computes f32 [2, 2]"),
+        "{err}"
+    );
+    let payload = rewrite(&sample().encode(), |d| d["tensors"][0]["shape"] = json!([0]));
+    assert!(matches!(decode_err(&payload), Error::BadShape { .. }));
+    let payload = rewrite(&sample().encode(), |d| d["tensors"][0]["shape"] = json!([u64::MAX, 4]));
+    assert!(matches!(decode_err(&payload), Error::BadShape { .. }));
+}
+
+#[test]
+fn out_of_bounds_or_misaligned_constants_are_refused() {
+    let edit_w = |field: &'static str, value: Value| {
+        rewrite(&sample().encode(), move |d| {
+            let constants = d["constants"].as_array_mut().expect("array");
+            let c = constants.iter_mut().find(|c| c["tensor"] == "w").expect("w");
+            c[field] = value;
+        })
+    };
+    let err = decode_err(&edit_w("offset", json!(1 << 20)));
+    assert!(matches!(&err, Error::BadConstant { name, .. } if name == "w"), "{err}");
+    assert!(err.to_string().contains("the constant section holds only"), "{err}");
+    assert!(matches!(decode_err(&edit_w("offset", json!(u64::MAX - 7))), Error::BadConstant { .. }));
+    assert!(matches!(decode_err(&edit_w("offset", json!(4))), Error::BadConstant { .. }));
+    assert!(matches!(decode_err(&edit_w("nbytes", json!(12))), Error::BadConstant { .. }));
+    let payload = rewrite(&sample().encode(), |d| {
+        let constants = d["constants"].as_array_mut().expect("array");
+        constants.retain(|c| c["tensor"] != "w");
+    });
+    assert!(matches!(decode_err(&payload), Error::UseBeforeDefinition { .. }));
+}
+
+#[test]
+fn definition_rules_are_enforced() {
+    // An op reading a tensor defined only later.
+    let payload = rewrite(&sample().encode(), |d| {
+        let ops = d["ops"].as_array_mut().expect("array");
+        ops.swap(0, 1);
+    });
+    assert!(matches!(decode_err(&payload), Error::UseBeforeDefinition { index: 0, op: "mat_mul", .. }));
+    // A tensor both an input and an op output.
+    let payload =
+        rewrite(&sample().encode(), |d| d["inputs"].as_array_mut().expect("array").push(json!("x")));
+    assert!(matches!(decode_err(&payload), Error::DefinedTwice { .. }));
+    // A tensor nothing defines.
+    let payload = rewrite(&sample().encode(), |d| {
+        d["tensors"]
+            .as_array_mut()
+            .expect("array")
+            .push(json!({"name": "orphan", "dtype": "f32", "shape": [1]}))
+    });
+    assert!(matches!(decode_err(&payload), Error::Undefined { .. }));
+    let payload = rewrite(&sample().encode(), |d| d["tensors"][1]["name"] = json!("tokens"));
+    assert!(matches!(decode_err(&payload), Error::BadTensorName { problem: "declared twice", .. }));
+}
+
+#[test]
+fn in_place_caches_are_kept_out_of_other_ops() {
+    let mut b = GraphBuilder::new();
+    let pos = b.input("pos", ElemType::I64, &[1]).expect("fresh");
+    let cache = b.input("cache", ElemType::F32, &[1, 2, 2]).expect("fresh");
+    let update = b.input("update", ElemType::F32, &[1, 2]).expect("fresh");
+    let out = b.kv_cache_update("cache_out", cache, update, pos).expect("typed");
+    // Reading the cache input besides its update would observe in-place semantics.
+    let _ = b.add("sum", cache, cache).expect("typed");
+    b.output(out).expect("declared");
+    let err = b.finish().expect_err("cache read by add");
+    assert!(matches!(&err, Error::CacheMisuse { name, .. } if name == "cache"), "{err}");
+
+    // Attention must read caches in place, i.e. kv_cache_update outputs.
+    let mut b = GraphBuilder::new();
+    let pos = b.input("pos", ElemType::I64, &[1]).expect("fresh");
+    let q = b.input("q", ElemType::F32, &[1, 2]).expect("fresh");
+    let k = b.input("k", ElemType::F32, &[1, 2, 2]).expect("fresh");
+    let attn = b.causal_attention("attn", q, k, k, pos).expect("typed");
+    b.output(attn).expect("declared");
+    assert!(matches!(b.finish(), Err(Error::CacheMisuse { .. })));
+}
+
+#[test]
+fn builder_infers_and_checks_shapes() {
+    let mut b = GraphBuilder::new();
+    let a = b.input("a", ElemType::F32, &[2, 3]).expect("fresh");
+    let w = b.constant_f32("w", &[4, 5], vec![0.0; 20]).expect("20 values");
+    let err = b.mat_mul("y", a, w).expect_err("3 != 4");
+    assert_eq!(err.to_string(), "op 0 (mat_mul): inner extents differ: 'a' is [2, 3] and 'w' is [4, 5]");
+    assert!(matches!(b.constant_f32("c", &[2], vec![1.0]), Err(Error::BadConstant { .. })));
+    assert!(matches!(b.input("a", ElemType::F32, &[1]), Err(Error::BadTensorName { .. })));
+    let pos = b.input("p", ElemType::I64, &[1]).expect("fresh");
+    let positions = b.positions("ps", pos, 7).expect("typed");
+    let g = b.gather("g", w, positions).expect("typed");
+    b.output(g).expect("declared");
+    let graph = b.finish().expect("valid");
+    assert_eq!(graph.tensor(positions).shape, [7]);
+    assert_eq!(graph.tensor(g).shape, [7, 5]);
+}
+
+mod fuzz {
+    use proptest::prelude::*;
+
+    use super::*;
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
+
+        /// Corrupting any bytes of a valid payload gives a graph or a typed error, never a panic.
+        #[test]
+        fn corrupt_payloads_never_panic(edits in proptest::collection::vec((any::<usize>(), any::<u8>()), 1..8)) {
+            let mut payload = sample().encode();
+            let len = payload.len();
+            for (at, byte) in edits {
+                payload[at % len] = byte;
+            }
+            if let Ok(graph) = Graph::decode(&payload) {
+                prop_assert!(graph.validate().is_ok());
+            }
+        }
+
+        /// Truncating a valid payload anywhere is a typed error.
+        #[test]
+        fn truncated_payloads_are_errors(cut in 0usize..1000) {
+            let payload = sample().encode();
+            let cut = cut % payload.len();
+            prop_assert!(Graph::decode(&payload[..cut]).is_err());
+        }
+    }
+}

@@ -1,0 +1,34 @@
+//! Builds the example decoder engine with TensorRT-RTX on this machine, wraps it in a native blob, and calls
+//! the plugin's `init` on it, printing what happens: the check run on each machine kind (CPU-only, H200).
+//!
+//! `KV_TENSORRT_LIB=/path/libtensorrt_rtx.so.1 cargo run -p tensorrt-delegate --example init_probe [BLOB...]`
+//! (extra blob paths are also tried, e.g. `shared/fixtures/upstream/tr02_kv_cache.blob`).
+
+use delegate_abi::{Delegate, InitContext};
+use tensorrt_delegate::TensorRtDelegate;
+use trt_exec::decoder::{arg_order, decoder_network, DecoderConfig, DecoderWeights};
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let version = trt_exec::library::load()?.version;
+    println!("library: {}", version.describe());
+    let cfg = DecoderConfig::TINY;
+    let net = decoder_network(&cfg, &DecoderWeights::filler(cfg, 7), 1)?;
+    let built = trt_exec::build_engine(&net, &trt_exec::BuildOptions::default())?;
+    println!("built decoder engine: {} bytes in {:?}", built.plan.len(), built.build_time);
+    let order = arg_order(&cfg);
+    let order: Vec<&str> = order.iter().map(String::as_str).collect();
+    let (_, blob) = trt_exec::export::native_blob(&built, &order)?;
+    let mut blobs = vec![("native decoder blob".to_owned(), blob)];
+    for path in std::env::args().skip(1) {
+        blobs.push((path.clone(), std::fs::read(&path)?));
+    }
+    let delegate = TensorRtDelegate::new();
+    for (name, bytes) in blobs {
+        let ctx = InitContext { blob: &bytes, compile_specs: &[], runtime_specs: &[] };
+        match delegate.init(ctx) {
+            Ok(handle) => println!("init({name}): OK; engine io: {:?}", handle.engine_io()),
+            Err(err) => println!("init({name}): {} (0x{:02x}): {}", err.code.name(), err.code.as_u32(), err.message),
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,149 @@
+//! The plugin's `init` on this machine (CPU only): blobs from upstream and from our exporter are read and
+//! validated, then TensorRT-RTX refuses to deserialize without a CUDA driver, and the plugin reports that
+//! cleanly with TensorRT's own message, in-process and through the ABI from the built dylib.
+
+use std::path::PathBuf;
+
+use blob_format::model::{Binding, Header, PayloadKind, Role, TENSORRT_BACKEND};
+use delegate_abi::{Compatibility, Delegate, ErrorCode, InitContext};
+use tensorrt_delegate::TensorRtDelegate;
+
+fn require_tensorrt() -> bool {
+    if std::env::var_os("KV_TENSORRT_LIB").is_some() {
+        return true;
+    }
+    if std::env::var("KV_SKIP_TENSORRT_TESTS").as_deref() == Ok("1") {
+        eprintln!("KV_SKIP_TENSORRT_TESTS=1: skipping a test that needs TensorRT-RTX");
+        return false;
+    }
+    panic!(
+        "KV_TENSORRT_LIB is not set: this test needs the TensorRT-RTX library; run `cargo xtask test` (it installs \
+         the wheel into .cache/tensorrt and sets KV_TENSORRT_LIB), or set KV_SKIP_TENSORRT_TESTS=1 to skip it"
+    );
+}
+
+fn upstream_fixture(name: &str) -> Option<Vec<u8>> {
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared/fixtures/upstream").join(name);
+    std::fs::read(&path).ok()
+}
+
+fn ctx(blob: &[u8]) -> InitContext<'_> {
+    InitContext { blob, compile_specs: &[], runtime_specs: &[] }
+}
+
+/// On a machine without a supported GPU, init must fail with NotSupported and TensorRT's message; on a
+/// supported GPU it must succeed. Returns the message for the report.
+fn expect_clean_init_failure(
+    result: Result<impl std::fmt::Debug, delegate_abi::DelegateError>,
+) -> Option<String> {
+    match result {
+        Ok(_) => None,
+        Err(err) => {
+            assert_eq!(err.code, ErrorCode::NotSupported, "{err}");
+            assert!(err.message.starts_with("TensorRT cannot load this engine here:"), "{err}");
+            assert!(err.message.contains("(TensorRT: "), "TensorRT's own message is attached: {err}");
+            Some(err.message)
+        }
+    }
+}
+
+#[test]
+fn init_on_an_upstream_tr02_blob_fails_cleanly_without_a_gpu() {
+    if !require_tensorrt() {
+        return;
+    }
+    let blob = upstream_fixture("tr02_kv_cache.blob").expect("shared/fixtures/upstream/tr02_kv_cache.blob");
+    let delegate = TensorRtDelegate::new();
+    assert_eq!(delegate.compatibility(&blob), Compatibility::Supported);
+    if let Some(message) = expect_clean_init_failure(delegate.init(ctx(&blob))) {
+        eprintln!("init(tr02_kv_cache.blob): NotSupported: {message}");
+        assert!(message.contains("CUDA driver") || message.contains("compute capability"), "{message}");
+    }
+}
+
+#[test]
+fn init_on_our_exported_decoder_blob_fails_cleanly_through_the_abi() {
+    if !require_tensorrt() {
+        return;
+    }
+    let cfg = trt_exec::decoder::DecoderConfig::TINY;
+    let weights = trt_exec::decoder::DecoderWeights::filler(cfg, 7);
+    let net = trt_exec::decoder::decoder_network(&cfg, &weights, 1).expect("well-formed");
+    let built = trt_exec::build_engine(&net, &trt_exec::BuildOptions::default()).expect("builds on CPU");
+    let order = trt_exec::decoder::arg_order(&cfg);
+    let order: Vec<&str> = order.iter().map(String::as_str).collect();
+    let (_, blob) = trt_exec::export::native_blob(&built, &order).expect("exports");
+
+    // In process, through the safe trait.
+    let in_process = expect_clean_init_failure(TensorRtDelegate::new().init(ctx(&blob)));
+
+    // Through the ABI, from the built dylib, as delegate-host loads it.
+    let deps = std::env::current_exe().expect("test path").parent().expect("deps dir").to_path_buf();
+    let dylib = [deps.join("../libtensorrt_delegate.so"), deps.join("libtensorrt_delegate.so")]
+        .into_iter()
+        .find(|p| p.is_file())
+        .expect("cargo builds the cdylib next to the tests");
+    let plugin =
+        delegate_abi::host::Plugin::load(&dylib, &delegate_abi::host::HostConfig::new()).expect("loads");
+    assert_eq!(plugin.info().backends, [TENSORRT_BACKEND]);
+    assert!(plugin.is_available(), "the dylib finds the library through KV_TENSORRT_LIB");
+    let through_abi = expect_clean_init_failure(plugin.init(&ctx(&blob)));
+    assert_eq!(in_process, through_abi, "the ABI carries code and message unchanged");
+    assert!(plugin.poisoned().is_none(), "a clean error does not poison the plugin");
+    if let Some(message) = through_abi {
+        eprintln!("init(native decoder blob) through the ABI: NotSupported: {message}");
+    }
+}
+
+fn tr01_with_payload(payload: &[u8]) -> Vec<u8> {
+    let header = Header {
+        producer: None,
+        backend_id: TENSORRT_BACKEND.into(),
+        payload_kind: PayloadKind::TensorRtPlan,
+        bindings: vec![Binding::untyped("input", Role::Input), Binding::untyped("output", Role::Output)],
+        aliases: vec![],
+        device_id: 0,
+        hardware_compatible: false,
+        hardware_target: None,
+        engine_library_version: None,
+        engine_metadata: None,
+    };
+    blob_format::upstream::write_tr02(&header, payload).expect("representable")
+}
+
+#[test]
+fn a_tensorrt_plan_is_refused_by_the_tensorrt_rtx_build_before_loading_anything() {
+    let blob = tr01_with_payload(b"ftrt\0\0\0\0 a TensorRT 10 plan");
+    let delegate = TensorRtDelegate::new();
+    let Compatibility::Unsupported { reason } = delegate.compatibility(&blob) else {
+        panic!("must be refused")
+    };
+    assert!(reason.contains("TensorRT plan (magic 'ftrt')"), "{reason}");
+    let err = delegate.init(ctx(&blob)).expect_err("refused");
+    assert_eq!(err.code, ErrorCode::NotSupported);
+    assert!(err.message.contains("this delegate is built for TensorRT-RTX, which cannot read it"), "{err}");
+}
+
+#[test]
+fn a_payload_that_is_no_plan_is_an_invalid_program() {
+    let blob = tr01_with_payload(b"not an engine");
+    let err = TensorRtDelegate::new().init(ctx(&blob)).expect_err("refused");
+    assert_eq!(err.code, ErrorCode::InvalidProgram);
+    assert!(err.message.contains("is not a TensorRT-RTX plan (magic 'vtrt') nor a TensorRT plan"), "{err}");
+}
+
+#[test]
+fn a_blob_for_another_backend_is_incompatible() {
+    let mut bytes = tr01_with_payload(b"vtrt");
+    // Same blob, native format, other backend.
+    let blob = blob_format::Blob::parse(&bytes).expect("parses");
+    let mut header = blob.header.clone();
+    header.backend_id = "ReferenceBackend".into();
+    bytes = blob_format::native::to_vec(&header, b"vtrt");
+    let err = TensorRtDelegate::new().init(ctx(&bytes)).expect_err("refused");
+    assert_eq!(err.code, ErrorCode::DelegateInvalidCompatibility);
+    assert_eq!(
+        err.message,
+        "the blob is for backend 'ReferenceBackend', this delegate serves 'TensorRTBackend'"
+    );
+}
