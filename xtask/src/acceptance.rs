@@ -45,7 +45,12 @@ struct Trace {
 }
 
 /// Runs prefill + `steps` decode steps; with a verifier, checks every step against the oracle.
-fn traced(program: &mut Program, cfg: &Config, steps: usize, mut verifier: Option<&mut Verifier>) -> anyhow::Result<Trace> {
+fn traced(
+    program: &mut Program,
+    cfg: &Config,
+    steps: usize,
+    mut verifier: Option<&mut Verifier>,
+) -> anyhow::Result<Trace> {
     let g = program.manifest().generate.clone().context("the example program has a [generate] section")?;
     let mut trace = Trace { tokens: Vec::new(), logits: Vec::new(), copied: Vec::new(), first_decode: None };
     let mut oracle_error = None;
@@ -89,7 +94,12 @@ fn decode_at(program: &mut Program, token: i64, positions: &[i64]) -> anyhow::Re
 
 /// Runs the acceptance check on the program at `program`, loading plugins only from `plugin_dirs` (the
 /// embedded default is left out, so the dylib on disk is what is tested).
-pub fn run(program: &Path, plugin_dirs: &[PathBuf], cfg: &Config, steps: usize) -> anyhow::Result<(Report, Vec<i64>)> {
+pub fn run(
+    program: &Path,
+    plugin_dirs: &[PathBuf],
+    cfg: &Config,
+    steps: usize,
+) -> anyhow::Result<(Report, Vec<i64>)> {
     let mut verifier = Verifier::new(cfg);
     let mut zero_copy = load(program, plugin_dirs, Mode::ZeroCopy)?;
     verifier.caches_zeroed(&borrowed(&caches(&zero_copy, cfg)));
@@ -126,7 +136,10 @@ pub fn run(program: &Path, plugin_dirs: &[PathBuf], cfg: &Config, steps: usize) 
     verifier.push(
         "copy-back-identical",
         cb.logits == trace.logits && cb.tokens == trace.tokens && per_step > 0,
-        format!("{} steps bit-identical to zero-copy; copy-back copies {per_step} bytes per decode step", cb.logits.len()),
+        format!(
+            "{} steps bit-identical to zero-copy; copy-back copies {per_step} bytes per decode step",
+            cb.logits.len()
+        ),
     );
     Ok((verifier.finish(), trace.tokens))
 }
@@ -159,10 +172,19 @@ mod tests {
         let cfg = Config::tiny();
         kv_example::export::reference(&cfg, dir.path()).expect("export");
         let steps = cfg.max_decode_steps();
-        let (report, tokens) = run(&dir.path().join("program.toml"), &[plugin_dir()], &cfg, steps).expect("acceptance run");
+        let (report, tokens) =
+            run(&dir.path().join("program.toml"), &[plugin_dir()], &cfg, steps).expect("acceptance run");
         assert!(report.passed(), "{report}");
         let names: Vec<String> = report.checks.iter().map(|c| c.name.clone()).collect();
-        for name in ["caches-zeroed", "zero-copy-bytes", "decode-sees-prefill", "ab-differs", "copy-back-identical", "no-nan", "matches-oracle"] {
+        for name in [
+            "caches-zeroed",
+            "zero-copy-bytes",
+            "decode-sees-prefill",
+            "ab-differs",
+            "copy-back-identical",
+            "no-nan",
+            "matches-oracle",
+        ] {
             assert!(names.iter().any(|n| n == name), "missing check {name} in {names:?}");
         }
         assert_eq!(tokens.len(), steps + 1);
@@ -175,8 +197,7 @@ mod tests {
         kv_example::export::reference(&cfg, dir.path()).expect("export");
         let empty = tempfile::tempdir().expect("temp dir");
         let err = run(&dir.path().join("program.toml"), &[empty.path().to_owned()], &cfg, 1)
-            .err()
-            .expect("no plugin serves ReferenceBackend");
+            .expect_err("no plugin serves ReferenceBackend");
         assert!(err.to_string().contains("no loaded plugin serves backend 'ReferenceBackend'"), "{err}");
     }
 }

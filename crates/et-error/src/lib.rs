@@ -105,10 +105,7 @@ impl ErrorCode {
 
     /// The code for a numeric value; values this build does not know become [`ErrorCode::Unknown`].
     pub fn from_u32(value: u32) -> ErrorCode {
-        Self::KNOWN
-            .into_iter()
-            .find(|code| code.as_u32() == value)
-            .unwrap_or(ErrorCode::Unknown(value))
+        Self::KNOWN.into_iter().find(|code| code.as_u32() == value).unwrap_or(ErrorCode::Unknown(value))
     }
 
     /// ExecuTorch's name for the code (`"InvalidProgram"`), or `"Unknown"`.

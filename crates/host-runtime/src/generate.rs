@@ -74,7 +74,11 @@ pub fn argmax(values: &[f32]) -> usize {
 
 fn write_i64s(bytes: &mut [u8], values: &[i64]) -> Result<(), Error> {
     if bytes.len() != values.len() * 8 {
-        return Err(Error::Usage(format!("expected {} bytes of i64, the input holds {}", values.len() * 8, bytes.len())));
+        return Err(Error::Usage(format!(
+            "expected {} bytes of i64, the input holds {}",
+            values.len() * 8,
+            bytes.len()
+        )));
     }
     for (chunk, v) in bytes.chunks_exact_mut(8).zip(values) {
         chunk.copy_from_slice(&v.to_le_bytes());
@@ -96,11 +100,9 @@ pub fn generate(
     steps: usize,
     mut observe: impl FnMut(&Step, &Program) -> Result<(), Error>,
 ) -> Result<Generation, Error> {
-    let g: Generate = program
-        .manifest()
-        .generate
-        .clone()
-        .ok_or_else(|| Error::Usage("the program has no [generate] section, so `run` cannot drive it".into()))?;
+    let g: Generate = program.manifest().generate.clone().ok_or_else(|| {
+        Error::Usage("the program has no [generate] section, so `run` cannot drive it".into())
+    })?;
     let vocab = {
         let decode = &program.manifest().methods[&g.decode];
         let logits = decode.outputs.iter().find(|d| d.name == g.logits_output).expect("manifest checked");

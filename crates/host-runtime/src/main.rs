@@ -146,8 +146,12 @@ fn run(command: Command) -> Result<(), Failure> {
         Command::Validate { blob } => validate(&blob),
         Command::Convert { input, output, to } => convert(&input, &output, to),
         Command::Plugins { plugin_dirs, json } => plugins(&plugin_dirs, json),
-        Command::Run { program, steps, mode, plugin_dirs, json } => run_program(&program, steps, mode, &plugin_dirs, json),
-        Command::Bench { program, steps, runs, plugin_dirs, json } => bench(&program, steps, runs, &plugin_dirs, json),
+        Command::Run { program, steps, mode, plugin_dirs, json } => {
+            run_program(&program, steps, mode, &plugin_dirs, json)
+        }
+        Command::Bench { program, steps, runs, plugin_dirs, json } => {
+            bench(&program, steps, runs, &plugin_dirs, json)
+        }
     }
 }
 
@@ -190,8 +194,11 @@ fn inspect(path: &Path, json: bool) -> Result<(), Failure> {
                 })
             })
             .collect();
-        let aliases: Vec<_> =
-            h.aliases.iter().map(|a| json!({"output": a.output, "input": a.input, "kind": a.kind.as_str()})).collect();
+        let aliases: Vec<_> = h
+            .aliases
+            .iter()
+            .map(|a| json!({"output": a.output, "input": a.input, "kind": a.kind.as_str()}))
+            .collect();
         let value = json!({
             "format": blob.format.name(),
             "version": blob.format.version(),
@@ -216,7 +223,13 @@ fn inspect(path: &Path, json: bool) -> Result<(), Failure> {
     use std::fmt::Write as _;
     let _ = writeln!(out, "format:   {}", blob.format);
     let _ = writeln!(out, "backend:  {}", h.backend_id);
-    let _ = writeln!(out, "payload:  {} ({} bytes at offset {})", h.payload_kind, blob.engine.len(), blob.engine_offset());
+    let _ = writeln!(
+        out,
+        "payload:  {} ({} bytes at offset {})",
+        h.payload_kind,
+        blob.engine.len(),
+        blob.engine_offset()
+    );
     if let Some(p) = &h.producer {
         let _ = writeln!(out, "producer: {} {}", p.name, p.version);
     }
@@ -237,7 +250,8 @@ fn inspect(path: &Path, json: bool) -> Result<(), Failure> {
             "  (not threaded)".to_owned()
         };
         let dtype = b.dtype.map_or("?".to_owned(), |d| d.to_string());
-        let shape = b.shape.as_ref().map_or("?".to_owned(), |s| blob_format::model::DisplayShape(s).to_string());
+        let shape =
+            b.shape.as_ref().map_or("?".to_owned(), |s| blob_format::model::DisplayShape(s).to_string());
         let _ = writeln!(out, "  {arg}  {:<6} {:<24} {dtype:<5} {shape}", b.role.as_str(), b.name);
     }
     if h.aliases.is_empty() {
@@ -255,9 +269,14 @@ fn inspect(path: &Path, json: bool) -> Result<(), Failure> {
 fn validate(path: &Path) -> Result<(), Failure> {
     let file = open(path)?;
     let blob = parse(path, &file)?;
-    blob.verify_payload().map_err(|err| Failure { code: Some(err.error_code()), message: format!("{}: {err}", path.display()) })?;
-    let plan = alias_validate::validate_format(&blob.header)
-        .map_err(|err| Failure { code: Some(err.error_code()), message: format!("{}: {err}", path.display()) })?;
+    blob.verify_payload().map_err(|err| Failure {
+        code: Some(err.error_code()),
+        message: format!("{}: {err}", path.display()),
+    })?;
+    let plan = alias_validate::validate_format(&blob.header).map_err(|err| Failure {
+        code: Some(err.error_code()),
+        message: format!("{}: {err}", path.display()),
+    })?;
     for warning in plan.warnings() {
         eprintln!("warning: {warning}");
     }
@@ -275,15 +294,22 @@ fn validate(path: &Path) -> Result<(), Failure> {
 fn convert(input: &Path, output: &Path, to: Target) -> Result<(), Failure> {
     let file = open(input)?;
     let blob = parse(input, &file)?;
-    let write_err =
-        |err: std::io::Error| Failure { code: Some(ErrorCode::AccessFailed), message: format!("cannot write {}: {err}", output.display()) };
+    let write_err = |err: std::io::Error| Failure {
+        code: Some(ErrorCode::AccessFailed),
+        message: format!("cannot write {}: {err}", output.display()),
+    };
     let mut out = std::io::BufWriter::new(std::fs::File::create(output).map_err(write_err)?);
     match to {
-        Target::Native => blob_format::native::write(&blob.header, blob.engine, &mut out).map_err(write_err)?,
+        Target::Native => {
+            blob_format::native::write(&blob.header, blob.engine, &mut out).map_err(write_err)?
+        }
         Target::Tr02 => {
             let bytes = blob_format::upstream::write_tr02(&blob.header, blob.engine).map_err(|err| {
                 let _ = std::fs::remove_file(output);
-                Failure { code: Some(err.error_code()), message: format!("{}: cannot convert to tr02: {err}", input.display()) }
+                Failure {
+                    code: Some(err.error_code()),
+                    message: format!("{}: cannot convert to tr02: {err}", input.display()),
+                }
             })?;
             out.write_all(&bytes).map_err(write_err)?;
         }
@@ -406,7 +432,10 @@ fn bench(path: &Path, steps: usize, runs: usize, dirs: &[PathBuf], json: bool) -
         return Ok(());
     }
     println!("{}: {} decode steps x {} runs per mode (after 1 warm-up run)", path.display(), steps, runs - 1);
-    println!("{:<10} {:>12} {:>12} {:>12} {:>16} {:>14} {:>14}", "mode", "median us", "p10 us", "p90 us", "bytes/step", "reflect", "write-back");
+    println!(
+        "{:<10} {:>12} {:>12} {:>12} {:>16} {:>14} {:>14}",
+        "mode", "median us", "p10 us", "p90 us", "bytes/step", "reflect", "write-back"
+    );
     for r in &rows {
         println!(
             "{:<10} {:>12.1} {:>12.1} {:>12.1} {:>16} {:>14} {:>14}",
@@ -414,9 +443,9 @@ fn bench(path: &Path, steps: usize, runs: usize, dirs: &[PathBuf], json: bool) -
             r["median_us"].as_f64().unwrap_or(0.0),
             r["p10_us"].as_f64().unwrap_or(0.0),
             r["p90_us"].as_f64().unwrap_or(0.0),
-            r["bytes_copied_per_step"],
-            r["reflect_bytes_per_step"],
-            r["writeback_bytes_per_step"],
+            r["bytes_copied_per_step"].as_u64().unwrap_or(0),
+            r["reflect_bytes_per_step"].as_u64().unwrap_or(0),
+            r["writeback_bytes_per_step"].as_u64().unwrap_or(0),
         );
     }
     Ok(())

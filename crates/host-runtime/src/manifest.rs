@@ -262,7 +262,11 @@ impl Source<'_> {
     }
 
     fn error<T>(&self, span: std::ops::Range<usize>, message: impl Into<String>) -> Result<T, Error> {
-        Err(Error::Invalid { path: self.path.to_owned(), location: self.location(span.start), message: message.into() })
+        Err(Error::Invalid {
+            path: self.path.to_owned(),
+            location: self.location(span.start),
+            message: message.into(),
+        })
     }
 }
 
@@ -285,7 +289,10 @@ impl Manifest {
         if *raw.format.get_ref() != FORMAT {
             return src.error(
                 raw.format.span(),
-                format!("manifest format {} is not supported; this build reads format {FORMAT}", raw.format.get_ref()),
+                format!(
+                    "manifest format {} is not supported; this build reads format {FORMAT}",
+                    raw.format.get_ref()
+                ),
             );
         }
         let base = path.parent().unwrap_or(Path::new("."));
@@ -354,7 +361,10 @@ fn tensor_decl(
             Err(_) => {
                 return src.error(
                     shape.span(),
-                    format!("shape of '{}' has negative extent {dim}; buffers need static shapes", name.get_ref()),
+                    format!(
+                        "shape of '{}' has negative extent {dim}; buffers need static shapes",
+                        name.get_ref()
+                    ),
                 )
             }
         }
@@ -452,7 +462,12 @@ fn check_generate(
     let g = raw.get_ref();
     let method = |m: &Spanned<String>| -> Result<&Method, Error> {
         methods.get(m.get_ref()).map_or_else(
-            || src.error(m.span(), format!("[generate] names method '{}', which the program lacks", m.get_ref())),
+            || {
+                src.error(
+                    m.span(),
+                    format!("[generate] names method '{}', which the program lacks", m.get_ref()),
+                )
+            },
             Ok,
         )
     };
@@ -557,11 +572,11 @@ logits_output = "logits"
     fn errors_name_line_and_column() {
         let cases = [
             (GOOD.replace("format = 1", "format = 2"), "dir/program.toml:1:10: manifest format 2 is not supported; this build reads format 1"),
-            (GOOD.replace("\"buffer:k\", \"output", "\"buffer:q\", \"output"), "dir/program.toml:12:57: the program declares no buffer named 'q'"),
+            (GOOD.replace("\"buffer:k\", \"output", "\"buffer:q\", \"output"), "dir/program.toml:12:50: the program declares no buffer named 'q'"),
             (GOOD.replace("\"input:pos\"", "\"pos\""), "dir/program.toml:12:25: argument 'pos' must be 'input:NAME', 'output:NAME' or 'buffer:NAME'"),
             (GOOD.replace("dtype = \"f32\"\nshape", "dtype = \"f33\"\nshape"), "dir/program.toml:3:9: unknown dtype 'f33' for 'k' (expected one of: f32, f16, bf16, f64, i8, u8, i32, i64, bool)"),
-            (GOOD.replace("prompt = [3]", "prompt = [3, 4]"), "dir/program.toml:18:10: prompt has 2 tokens but 'tokens' of method 'decode' takes 1"),
-            (GOOD.replace("logits_output = \"logits\"", "logits_output = \"tokens\""), "dir/program.toml:21:17: method 'decode' has no output named 'tokens'"),
+            (GOOD.replace("prompt = [3]", "prompt = [3, 4]"), "dir/program.toml:17:10: prompt has 2 tokens but 'tokens' of method 'decode' takes 1"),
+            (GOOD.replace("logits_output = \"logits\"", "logits_output = \"tokens\""), "dir/program.toml:20:17: method 'decode' has no output named 'tokens'"),
             (GOOD.replace("shape = [2, 4]", "shape = [2, -4]"), "dir/program.toml:4:9: shape of 'k' has negative extent -4; buffers need static shapes"),
             (GOOD.replace("blob = ", "blub = "), "dir/program.toml:10:1: unknown field `blub`, expected one of `blob`, `backend`, `args`"),
         ];

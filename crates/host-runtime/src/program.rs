@@ -267,24 +267,35 @@ impl Program {
     }
 
     fn method_mut(&mut self, method: &str) -> Result<&mut LoadedMethod, Error> {
-        self.methods.get_mut(method).ok_or_else(|| Error::Usage(format!("the program has no method '{method}'")))
+        self.methods
+            .get_mut(method)
+            .ok_or_else(|| Error::Usage(format!("the program has no method '{method}'")))
     }
 
     /// A user input's bytes, to fill before [`Program::execute`].
     pub fn input_mut(&mut self, method: &str, input: &str) -> Result<&mut [u8], Error> {
         let m = self.method_mut(method)?;
-        let index = m.decl.inputs.iter().position(|d| d.name == input).ok_or_else(|| {
-            Error::Usage(format!("method '{method}' has no input '{input}'"))
-        })?;
+        let index = m
+            .decl
+            .inputs
+            .iter()
+            .position(|d| d.name == input)
+            .ok_or_else(|| Error::Usage(format!("method '{method}' has no input '{input}'")))?;
         Ok(m.inputs[index].bytes_mut())
     }
 
     /// A user output's bytes, as the last [`Program::execute`] of `method` left them.
     pub fn output(&self, method: &str, output: &str) -> Result<&[u8], Error> {
-        let m = self.methods.get(method).ok_or_else(|| Error::Usage(format!("the program has no method '{method}'")))?;
-        let index = m.decl.outputs.iter().position(|d| d.name == output).ok_or_else(|| {
-            Error::Usage(format!("method '{method}' has no output '{output}'"))
-        })?;
+        let m = self
+            .methods
+            .get(method)
+            .ok_or_else(|| Error::Usage(format!("the program has no method '{method}'")))?;
+        let index = m
+            .decl
+            .outputs
+            .iter()
+            .position(|d| d.name == output)
+            .ok_or_else(|| Error::Usage(format!("method '{method}' has no output '{output}'")))?;
         Ok(m.outputs[index].bytes())
     }
 
@@ -298,13 +309,14 @@ impl Program {
             .ok_or_else(|| Error::Usage(format!("the program has no method '{method}'")))?;
         let mut copies = CopyStats::default();
         for (index, call) in m.calls.iter_mut().enumerate() {
-            let stats = run_call(call, buffers, &m.inputs, &mut m.outputs).map_err(|source| Error::Delegate {
-                method: method.to_owned(),
-                call: index,
-                backend: call.backend.clone(),
-                stage: "execute",
-                source,
-            })?;
+            let stats =
+                run_call(call, buffers, &m.inputs, &mut m.outputs).map_err(|source| Error::Delegate {
+                    method: method.to_owned(),
+                    call: index,
+                    backend: call.backend.clone(),
+                    stage: "execute",
+                    source,
+                })?;
             copies.add(CopyStats {
                 reflect_bytes: stats.reflect_bytes,
                 staged_bytes: stats.staged_bytes,
@@ -328,24 +340,31 @@ fn run_call(
 ) -> Result<delegate_abi::ExecStats, DelegateError> {
     // Split every storage into per-argument borrows; load-time checks guarantee each is taken at most once
     // mutably (a buffer's in-place output slot refers to its in/out slot instead of borrowing again).
-    let mut buffer_bytes: Vec<Option<&mut [u8]>> = buffers.iter_mut().map(|b| Some(b.storage.bytes_mut())).collect();
+    let mut buffer_bytes: Vec<Option<&mut [u8]>> =
+        buffers.iter_mut().map(|b| Some(b.storage.bytes_mut())).collect();
     let mut output_bytes: Vec<Option<&mut [u8]>> = outputs.iter_mut().map(|o| Some(o.bytes_mut())).collect();
-    let mut scratch_bytes: Vec<Option<&mut [u8]>> = call.scratch.iter_mut().map(|s| Some(s.bytes_mut())).collect();
+    let mut scratch_bytes: Vec<Option<&mut [u8]>> =
+        call.scratch.iter_mut().map(|s| Some(s.bytes_mut())).collect();
     let mut slots: Vec<Option<Slot>> = vec![None; buffer_bytes.len()];
     let mut args = std::mem::take(&mut call.arg_list).recycle();
-    let taken = || DelegateError::internal("argument storage taken twice; the load-time plan is inconsistent");
+    let taken =
+        || DelegateError::internal("argument storage taken twice; the load-time plan is inconsistent");
     for plan in &call.args {
         let (dtype, shape, memory) = (plan.dtype, plan.shape.as_slice(), plan.memory);
         let pushed = match plan.source {
             ArgSource::Input(i) => args.push_input(inputs[i].bytes(), dtype, shape, memory),
-            ArgSource::Output(i) => args.push_output(output_bytes[i].take().ok_or_else(taken)?, dtype, shape, memory),
+            ArgSource::Output(i) => {
+                args.push_output(output_bytes[i].take().ok_or_else(taken)?, dtype, shape, memory)
+            }
             ArgSource::BufferRead(b) => {
                 args.push_input(buffer_bytes[b].take().ok_or_else(taken)?, dtype, shape, memory)
             }
             ArgSource::BufferInOut(b) => args
                 .push_inout(buffer_bytes[b].take().ok_or_else(taken)?, dtype, shape, memory)
                 .map(|slot| slots[b] = Some(slot)),
-            ArgSource::BufferInPlace(b) => args.push_output_in_place(slots[b].ok_or_else(taken)?, dtype, shape),
+            ArgSource::BufferInPlace(b) => {
+                args.push_output_in_place(slots[b].ok_or_else(taken)?, dtype, shape)
+            }
             ArgSource::BufferScratch(scratch) => {
                 args.push_output(scratch_bytes[scratch].take().ok_or_else(taken)?, dtype, shape, memory)
             }
@@ -373,13 +392,19 @@ fn load_call(
         call: index,
         message,
     };
-    let file = BlobFile::open(&call.blob).map_err(|source| Error::BlobIo { path: call.blob.clone(), source })?;
+    let file =
+        BlobFile::open(&call.blob).map_err(|source| Error::BlobIo { path: call.blob.clone(), source })?;
     let blob = Blob::parse(file.bytes()).map_err(|source| Error::Blob { path: call.blob.clone(), source })?;
     let header = &blob.header;
     if header.backend_id != call.backend {
         return Err(wrong(
             call.location,
-            format!("blob {} is for backend '{}', but the call names '{}'", call.blob.display(), header.backend_id, call.backend),
+            format!(
+                "blob {} is for backend '{}', but the call names '{}'",
+                call.blob.display(),
+                header.backend_id,
+                call.backend
+            ),
         ));
     }
     let plan = alias_validate::validate_format(header)
@@ -388,7 +413,10 @@ fn load_call(
         manifest: manifest.path.clone(),
         location: call.location,
         backend: call.backend.clone(),
-        available: registry.backends().join(", "),
+        available: match registry.backends() {
+            backends if backends.is_empty() => "none".to_owned(),
+            backends => backends.join(", "),
+        },
     })?;
 
     let bindings: Vec<&Binding> = header.bindings.iter().filter(|b| b.threaded).collect();
@@ -404,7 +432,8 @@ fn load_call(
             ),
         ));
     }
-    let buffer_index = |name: &str| buffers.iter().position(|b| b.decl.name == name).expect("manifest checked buffer names");
+    let buffer_index =
+        |name: &str| buffers.iter().position(|b| b.decl.name == name).expect("manifest checked buffer names");
     let mut args = Vec::with_capacity(bindings.len());
     let mut scratch = Vec::new();
     let mut writebacks = Vec::new();
@@ -413,7 +442,8 @@ fn load_call(
         let at = call.arg_locations[pos];
         let (decl, source) = match (binding.role, arg) {
             (Role::Input, ArgRef::Input(name)) => {
-                let i = method.inputs.iter().position(|d| d.name == *name).expect("manifest checked input names");
+                let i =
+                    method.inputs.iter().position(|d| d.name == *name).expect("manifest checked input names");
                 if plan.alias_for_input(&binding.name).is_some() {
                     return Err(wrong(at, format!(
                         "argument {pos} ('{}') is an aliased input: the delegate updates it in place, so it must be bound to a buffer, not to input '{name}'",
@@ -423,7 +453,11 @@ fn load_call(
                 (&method.inputs[i], ArgSource::Input(i))
             }
             (Role::Output, ArgRef::Output(name)) => {
-                let i = method.outputs.iter().position(|d| d.name == *name).expect("manifest checked output names");
+                let i = method
+                    .outputs
+                    .iter()
+                    .position(|d| d.name == *name)
+                    .expect("manifest checked output names");
                 if args.iter().any(|a: &ArgPlan| matches!(a.source, ArgSource::Output(o) if o == i)) {
                     return Err(wrong(at, format!("output '{name}' is bound to more than one argument")));
                 }
@@ -432,7 +466,10 @@ fn load_call(
             (Role::Input, ArgRef::Buffer(name)) => {
                 let b = buffer_index(name);
                 if let Some(&(_, other)) = used_buffers.iter().find(|(u, _)| *u == b) {
-                    return Err(wrong(at, format!("buffer '{name}' is bound to input arguments {other} and {pos}")));
+                    return Err(wrong(
+                        at,
+                        format!("buffer '{name}' is bound to input arguments {other} and {pos}"),
+                    ));
                 }
                 used_buffers.push((b, pos));
                 let source = if plan.alias_for_input(&binding.name).is_some() {
@@ -471,38 +508,50 @@ fn load_call(
                 (&buffers[b].decl, source)
             }
             (role, arg) => {
-                return Err(wrong(at, format!(
-                    "argument {pos} binds engine {role} '{}', which cannot take '{arg}'",
-                    binding.name
-                )))
+                return Err(wrong(
+                    at,
+                    format!(
+                        "argument {pos} binds engine {role} '{}', which cannot take '{arg}'",
+                        binding.name
+                    ),
+                ))
             }
         };
         if let Some(dtype) = binding.dtype {
             if dtype != decl.dtype {
-                return Err(wrong(at, format!(
-                    "argument {pos} ('{}') is {dtype} in the blob but '{}' is {}",
-                    binding.name, decl.name, decl.dtype
-                )));
+                return Err(wrong(
+                    at,
+                    format!(
+                        "argument {pos} ('{}') is {dtype} in the blob but '{}' is {}",
+                        binding.name, decl.name, decl.dtype
+                    ),
+                ));
             }
         }
         if let Some(shape) = &binding.shape {
             if !shape_fits(shape, &decl.shape) {
-                return Err(wrong(at, format!(
-                    "argument {pos} ('{}') has shape {} in the blob but '{}' has shape {:?}",
-                    binding.name,
-                    DisplayShape(shape),
-                    decl.name,
-                    decl.shape
-                )));
+                return Err(wrong(
+                    at,
+                    format!(
+                        "argument {pos} ('{}') has shape {} in the blob but '{}' has shape {:?}",
+                        binding.name,
+                        DisplayShape(shape),
+                        decl.name,
+                        decl.shape
+                    ),
+                ));
             }
         }
         if !plugin.info().memory_kinds.contains(&decl.memory) {
-            return Err(wrong(at, format!(
-                "argument {pos} ('{}') is {} memory, which plugin '{}' does not accept",
-                binding.name,
-                decl.memory,
-                plugin.info().name
-            )));
+            return Err(wrong(
+                at,
+                format!(
+                    "argument {pos} ('{}') is {} memory, which plugin '{}' does not accept",
+                    binding.name,
+                    decl.memory,
+                    plugin.info().name
+                ),
+            ));
         }
         let Some(dtype) = DTypeCode::from_name(decl.dtype.name()) else {
             return Err(wrong(at, format!("dtype {} cannot cross the plugin ABI", decl.dtype)));
@@ -524,5 +573,13 @@ fn load_call(
         source,
     })?;
     let arg_list = ArgList::with_capacity(args.len());
-    Ok(LoadedCall { backend: call.backend.clone(), instance, args, arg_list, scratch, writebacks, _plugin: plugin })
+    Ok(LoadedCall {
+        backend: call.backend.clone(),
+        instance,
+        args,
+        arg_list,
+        scratch,
+        writebacks,
+        _plugin: plugin,
+    })
 }

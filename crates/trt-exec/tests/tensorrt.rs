@@ -161,7 +161,13 @@ fn kv_examples_tiny_model_builds_as_prefill_and_decode_blobs() {
     }
     let c = kv_example::Config::tiny();
     let w = kv_example::Weights::generate(&c);
-    let cfg = DecoderConfig { vocab: c.vocab, heads: c.heads, head_dim: c.head_dim, max_len: c.max_len, layers: c.layers };
+    let cfg = DecoderConfig {
+        vocab: c.vocab,
+        heads: c.heads,
+        head_dim: c.head_dim,
+        max_len: c.max_len,
+        layers: c.layers,
+    };
     let weights = DecoderWeights {
         tok_emb: w.tok_emb,
         pos_emb: w.pos_emb,
@@ -177,7 +183,12 @@ fn kv_examples_tiny_model_builds_as_prefill_and_decode_blobs() {
         let started = std::time::Instant::now();
         let (header, blob, built) =
             trt_exec::decoder::decoder_blob(&cfg, &weights, rows, &BuildOptions::default()).expect("builds");
-        eprintln!("kv-example tiny, rows {rows}: engine built in {:?} ({:?} total), blob {} bytes", built.build_time, started.elapsed(), blob.len());
+        eprintln!(
+            "kv-example tiny, rows {rows}: engine built in {:?} ({:?} total), blob {} bytes",
+            built.build_time,
+            started.elapsed(),
+            blob.len()
+        );
         let reference = kv_example::export::header(&c, rows);
         let ours: Vec<&str> = header.bindings.iter().map(|b| b.name.as_str()).collect();
         let theirs: Vec<&str> = reference.bindings.iter().map(|b| b.name.as_str()).collect();

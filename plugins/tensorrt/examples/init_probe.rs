@@ -27,7 +27,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         let ctx = InitContext { blob: &bytes, compile_specs: &[], runtime_specs: &[] };
         match delegate.init(ctx) {
             Ok(handle) => println!("init({name}): OK; engine io: {:?}", handle.engine_io()),
-            Err(err) => println!("init({name}): {} (0x{:02x}): {}", err.code.name(), err.code.as_u32(), err.message),
+            Err(err) => {
+                println!("init({name}): {} (0x{:02x}): {}", err.code.name(), err.code.as_u32(), err.message)
+            }
         }
     }
     Ok(())

@@ -1,0 +1,210 @@
+//! The `delegate-host` binary as users run it: exit codes, one-line errors, JSON shapes, end-to-end runs.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use serde_json::Value;
+
+fn host() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_delegate-host"))
+}
+
+fn fixture(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../blob-format/tests/fixtures/upstream").join(name)
+}
+
+fn run(cmd: &mut Command) -> Output {
+    cmd.output().expect("delegate-host starts")
+}
+
+fn stdout_json(out: &Output) -> Value {
+    assert!(out.status.success(), "exit {:?}, stderr: {}", out.status, String::from_utf8_lossy(&out.stderr));
+    serde_json::from_slice(&out.stdout).expect("stdout is one JSON value")
+}
+
+/// Asserts exit code 2 and exactly one `error: ...` line on stderr; returns it.
+fn one_line_error(out: &Output) -> String {
+    assert_eq!(out.status.code(), Some(2), "stdout: {}", String::from_utf8_lossy(&out.stdout));
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    let lines: Vec<&str> = stderr.lines().filter(|l| !l.trim().is_empty()).collect();
+    assert_eq!(lines.len(), 1, "stderr: {stderr}");
+    assert!(lines[0].starts_with("error: "), "{stderr}");
+    assert!(!stderr.contains("panicked") && !stderr.contains("RUST_BACKTRACE"), "{stderr}");
+    lines[0].to_owned()
+}
+
+#[test]
+fn inspect_json_reads_upstream_blobs_as_their_readme_says() {
+    let tr02 = stdout_json(&run(host().args(["inspect", "--json"]).arg(fixture("tr02_kv_cache.blob"))));
+    assert_eq!(tr02["format"], "tr02");
+    assert_eq!(tr02["backend"], "TensorRTBackend");
+    assert_eq!(tr02["inputs"], serde_json::json!(["k_cache", "update", "write_idx"]));
+    assert_eq!(tr02["outputs"], serde_json::json!(["k_cache_out", "logits"]));
+    assert_eq!(
+        tr02["aliases"],
+        serde_json::json!([{"output": "k_cache_out", "input": "k_cache", "kind": "kv_cache_update"}])
+    );
+    assert_eq!(tr02["device_id"], 0);
+    assert_eq!(tr02["engine_offset"], 512);
+    assert_eq!(tr02["engine_size"], 273876);
+
+    let tr01 = stdout_json(&run(host().args(["inspect", "--json"]).arg(fixture("tr01_relu.blob"))));
+    assert_eq!(tr01["format"], "tr01");
+    assert_eq!(tr01["inputs"], serde_json::json!(["input"]));
+    assert_eq!(tr01["outputs"], serde_json::json!(["output"]));
+    assert_eq!(tr01["aliases"], serde_json::json!([]));
+    assert_eq!(tr01["engine_size"], 134028);
+}
+
+#[test]
+fn unreadable_blobs_exit_2_with_one_named_error() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let text = dir.path().join("notes.txt");
+    std::fs::write(&text, "hello, not a blob").expect("write");
+    let line = one_line_error(&run(host().arg("inspect").arg(&text)));
+    assert!(
+        line.contains("unknown blob magic") && line.ends_with("[DelegateInvalidCompatibility]"),
+        "{line}"
+    );
+
+    let line = one_line_error(&run(host().arg("validate").arg(dir.path().join("missing.blob"))));
+    assert!(line.contains("missing.blob") && line.ends_with("[AccessFailed]"), "{line}");
+
+    // A truncated upstream blob: the engine extent runs past the end.
+    let bytes = std::fs::read(fixture("tr02_kv_cache.blob")).expect("fixture");
+    let cut = dir.path().join("cut.blob");
+    std::fs::write(&cut, &bytes[..1000]).expect("write");
+    let line = one_line_error(&run(host().arg("inspect").arg(&cut)));
+    assert!(line.ends_with("[InvalidProgram]"), "{line}");
+}
+
+#[test]
+fn validate_catches_a_corrupted_engine_that_inspect_does_not_read() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let native = dir.path().join("kv.blob");
+    assert!(run(host()
+        .arg("convert")
+        .arg(fixture("tr02_kv_cache.blob"))
+        .arg(&native)
+        .args(["--to", "native"]))
+    .status
+    .success());
+    let ok = run(host().arg("validate").arg(&native));
+    assert!(ok.status.success(), "{}", String::from_utf8_lossy(&ok.stderr));
+    assert!(String::from_utf8_lossy(&ok.stdout).starts_with("ok: native 1.0 blob for TensorRTBackend"));
+
+    let mut bytes = std::fs::read(&native).expect("read");
+    let last = bytes.len() - 1;
+    bytes[last] ^= 0xff;
+    std::fs::write(&native, &bytes).expect("write");
+    assert!(run(host().arg("inspect").arg(&native)).status.success(), "inspect parses the header only");
+    let line = one_line_error(&run(host().arg("validate").arg(&native)));
+    assert!(line.contains("checksum") && line.ends_with("[InvalidProgram]"), "{line}");
+}
+
+#[test]
+fn convert_round_trips_upstream_blobs_byte_for_byte_and_refuses_lossy_targets() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    for name in ["tr01_relu.blob", "tr02_kv_cache.blob"] {
+        let native = dir.path().join(format!("{name}.native"));
+        let back = dir.path().join(format!("{name}.back"));
+        assert!(run(host().arg("convert").arg(fixture(name)).arg(&native).args(["--to", "native"]))
+            .status
+            .success());
+        assert!(run(host().arg("convert").arg(&native).arg(&back).args(["--to", "tr02"])).status.success());
+        assert_eq!(
+            std::fs::read(&back).expect("back"),
+            std::fs::read(fixture(name)).expect("fixture"),
+            "{name}"
+        );
+    }
+
+    kv_example::export::reference(&kv_example::Config::tiny(), dir.path()).expect("export");
+    let out = dir.path().join("decode.tr02");
+    let line = one_line_error(&run(host()
+        .arg("convert")
+        .arg(dir.path().join("decode.blob"))
+        .arg(&out)
+        .args(["--to", "tr02"])));
+    assert!(line.contains("TR02 cannot express") && line.contains("ReferenceBackend"), "{line}");
+    assert!(!out.exists(), "a refused conversion leaves no file behind");
+}
+
+#[test]
+fn plugins_lists_a_non_plugin_as_rejected_while_the_reference_plugin_loads() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    std::fs::write(dir.path().join("libnot_a_plugin.so"), "this is text").expect("write");
+    let list = stdout_json(&run(host()
+        .args(["plugins", "--json", "--plugin-dir"])
+        .arg(dir.path())
+        .env_remove("DELEGATE_PLUGIN_PATH")));
+    let candidates = list.as_array().expect("an array of candidates");
+    let bogus = candidates
+        .iter()
+        .find(|c| c["path"].as_str().is_some_and(|p| p.ends_with("libnot_a_plugin.so")))
+        .expect("listed");
+    assert!(bogus["status"].to_string().contains("rejected"), "{bogus}");
+    let loaded: Vec<&Value> =
+        candidates.iter().filter(|c| c["status"].to_string().contains("loaded")).collect();
+    assert!(loaded.iter().any(|c| c.to_string().contains("ReferenceBackend")), "{list}");
+}
+
+fn run_json(program: &Path, mode: &str, steps: usize) -> Value {
+    stdout_json(&run(host()
+        .arg("run")
+        .arg(program)
+        .args(["--json", "--mode", mode, "--steps", &steps.to_string()])
+        .env_remove("DELEGATE_PLUGIN_PATH")))
+}
+
+#[test]
+fn run_decodes_with_zero_copies_and_copy_back_agrees() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let cfg = kv_example::Config::tiny();
+    kv_example::export::reference(&cfg, dir.path()).expect("export");
+    let program = dir.path().join("program.toml");
+    let steps = cfg.max_decode_steps();
+    let zero = run_json(&program, "zero-copy", steps);
+    let back = run_json(&program, "copy-back", steps);
+    assert_eq!(zero["tokens"].as_array().map(Vec::len), Some(steps + 1));
+    assert_eq!(zero["tokens"], back["tokens"]);
+    assert_eq!(zero["stats"]["mean_decode_bytes_copied_total"], 0);
+    let cache_bytes = (cfg.cache_len() * 4 * 2 * cfg.layers) as u64;
+    assert_eq!(back["stats"]["mean_decode_bytes_copied"]["reflect_bytes"], cache_bytes);
+    assert_eq!(back["stats"]["mean_decode_bytes_copied"]["writeback_bytes"], cache_bytes);
+    let steps_json = zero["steps"].as_array().expect("steps");
+    assert_eq!(steps_json[0]["method"], "prefill");
+    assert_eq!(steps_json[1]["method"], "decode");
+    assert_eq!(steps_json[1]["position"], cfg.prompt_len() as u64);
+}
+
+#[test]
+fn run_refuses_bad_programs_before_anything_runs() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    kv_example::export::reference(&kv_example::Config::tiny(), dir.path()).expect("export");
+    let program = dir.path().join("program.toml");
+    let text = std::fs::read_to_string(&program).expect("manifest");
+
+    // A typo in a buffer name is reported at its line and column.
+    std::fs::write(&program, text.replacen("buffer:k_cache_0", "buffer:k_cahce_0", 1)).expect("write");
+    let line = one_line_error(&run(host().arg("run").arg(&program)));
+    assert!(line.contains("program.toml:") && line.contains("no buffer named 'k_cahce_0'"), "{line}");
+
+    // Two of prefill's arguments swapped: the blob says which engine tensor each position binds.
+    let prefill = text.find("[methods.prefill").expect("a prefill method");
+    let (head, tail) = text.split_at(prefill);
+    let swapped = format!(
+        "{head}{}",
+        tail.replacen("\"input:tokens\", \"input:input_pos\"", "\"input:input_pos\", \"input:tokens\"", 1)
+    );
+    assert_ne!(swapped, text, "the exported manifest lists tokens before input_pos");
+    std::fs::write(&program, &swapped).expect("write");
+    let line = one_line_error(&run(host().arg("run").arg(&program)));
+    assert!(line.contains("argument 0 ('tokens')") && line.ends_with("[InvalidArgument]"), "{line}");
+
+    // A missing blob.
+    std::fs::write(&program, &text).expect("write");
+    std::fs::remove_file(dir.path().join("decode.blob")).expect("remove");
+    let line = one_line_error(&run(host().arg("run").arg(&program)));
+    assert!(line.contains("decode.blob") && line.ends_with("[AccessFailed]"), "{line}");
+}
