@@ -6,6 +6,7 @@ mod acceptance;
 mod codegen;
 mod demo;
 mod test;
+mod trt_setup;
 mod util;
 
 use std::path::PathBuf;
@@ -49,6 +50,8 @@ enum Task {
 enum Backend {
     /// The reference delegate (CPU op graph).
     Reference,
+    /// The TensorRT delegate: engines built on this machine with TensorRT-RTX (installed when missing).
+    Tensorrt,
 }
 
 fn main() -> anyhow::Result<()> {
@@ -63,6 +66,19 @@ fn main() -> anyhow::Result<()> {
             kv_example::export::reference(&cfg, &dir)?;
             println!("wrote the example program to {}", dir.display());
             Ok(())
+        }
+        Task::ExportExample { backend: Backend::Tensorrt, dir, big } => {
+            // Building engines needs `trt-exec`, whose bindings need libclang at build time, so it runs as its
+            // own program after the set-up rather than inside xtask.
+            let trt = trt_setup::ensure(&root)?;
+            let dir = std::path::absolute(&dir)?;
+            let mut cmd = util::cargo();
+            trt.apply(&mut cmd);
+            cmd.args(["run", "--release", "-p", "trt-exec", "--example", "export_example", "--"]).arg(&dir);
+            if big {
+                cmd.arg("--big");
+            }
+            util::run_cmd(&root, &mut cmd)
         }
     }
 }

@@ -3,13 +3,13 @@
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use blob_format::model::{Binding, Dim, DisplayShape, Role};
 use blob_format::Blob;
-use delegate_abi::host::{ArgList, Instance, Plugin, Slot};
+use delegate_abi::host::{ArgList, Instance, Slot};
 use delegate_abi::{DTypeCode, DelegateError, InitContext, MemoryKind};
+use smallvec::SmallVec;
 
 use crate::blob_file::BlobFile;
 use crate::buffer::HostStorage;
@@ -186,7 +186,6 @@ struct LoadedCall {
     scratch: Vec<HostStorage>,
     /// (scratch index, buffer index) pairs copied after the call.
     writebacks: Vec<(usize, usize)>,
-    _plugin: Arc<Plugin>,
 }
 
 struct LoadedMethod {
@@ -332,6 +331,9 @@ impl Program {
     }
 }
 
+/// Per-argument mutable borrows of a call's storages, taken at most once each.
+type Borrows<'a> = SmallVec<[Option<&'a mut [u8]>; 32]>;
+
 fn run_call(
     call: &mut LoadedCall,
     buffers: &mut [Buffer],
@@ -340,12 +342,11 @@ fn run_call(
 ) -> Result<delegate_abi::ExecStats, DelegateError> {
     // Split every storage into per-argument borrows; load-time checks guarantee each is taken at most once
     // mutably (a buffer's in-place output slot refers to its in/out slot instead of borrowing again).
-    let mut buffer_bytes: Vec<Option<&mut [u8]>> =
-        buffers.iter_mut().map(|b| Some(b.storage.bytes_mut())).collect();
-    let mut output_bytes: Vec<Option<&mut [u8]>> = outputs.iter_mut().map(|o| Some(o.bytes_mut())).collect();
-    let mut scratch_bytes: Vec<Option<&mut [u8]>> =
-        call.scratch.iter_mut().map(|s| Some(s.bytes_mut())).collect();
-    let mut slots: Vec<Option<Slot>> = vec![None; buffer_bytes.len()];
+    // Up to 32 of each live on the stack, so a step allocates nothing.
+    let mut buffer_bytes: Borrows<'_> = buffers.iter_mut().map(|b| Some(b.storage.bytes_mut())).collect();
+    let mut output_bytes: Borrows<'_> = outputs.iter_mut().map(|o| Some(o.bytes_mut())).collect();
+    let mut scratch_bytes: Borrows<'_> = call.scratch.iter_mut().map(|s| Some(s.bytes_mut())).collect();
+    let mut slots: SmallVec<[Option<Slot>; 32]> = smallvec::smallvec![None; buffer_bytes.len()];
     let mut args = std::mem::take(&mut call.arg_list).recycle();
     let taken =
         || DelegateError::internal("argument storage taken twice; the load-time plan is inconsistent");
@@ -573,13 +574,5 @@ fn load_call(
         source,
     })?;
     let arg_list = ArgList::with_capacity(args.len());
-    Ok(LoadedCall {
-        backend: call.backend.clone(),
-        instance,
-        args,
-        arg_list,
-        scratch,
-        writebacks,
-        _plugin: plugin,
-    })
+    Ok(LoadedCall { backend: call.backend.clone(), instance, args, arg_list, scratch, writebacks })
 }

@@ -55,9 +55,23 @@ pub enum Error {
     /// The engine and the blob disagree, or an argument does not fit the binding plan.
     #[error(transparent)]
     Binding(#[from] BindingError),
-    /// A feature this build does not provide (e.g. the CUDA execute path).
+    /// A feature this build does not provide (e.g. host-resident shape tensors).
     #[error("not supported: {0}")]
     NotSupported(String),
+    /// No usable CUDA driver or device: `libcuda` missing or unusable, or the device cannot be opened.
+    #[error("CUDA is not available here: {message}")]
+    CudaUnavailable {
+        /// What failed, with the driver's message.
+        message: String,
+    },
+    /// A CUDA driver call failed (allocation, copy, stream synchronisation).
+    #[error("CUDA call {call} failed: {message}")]
+    Cuda {
+        /// The driver call, e.g. `cuMemcpyHtoDAsync`.
+        call: &'static str,
+        /// The driver's error.
+        message: String,
+    },
     /// A TensorRT call failed in a way TensorRT did not explain.
     #[error("TensorRT call {call} failed: {message}")]
     Trt {
@@ -68,7 +82,7 @@ pub enum Error {
     },
 }
 
-fn log_suffix(log: &[String]) -> String {
+pub(crate) fn log_suffix(log: &[String]) -> String {
     if log.is_empty() {
         String::new()
     } else {
@@ -82,7 +96,10 @@ impl HasErrorCode for Error {
             Error::LibraryNotFound { .. }
             | Error::EngineUnavailable { .. }
             | Error::NotSupported(_)
+            | Error::CudaUnavailable { .. }
             | Error::ForeignPlan(_) => ErrorCode::NotSupported,
+            Error::Cuda { call: "cuMemAlloc", .. } => ErrorCode::DelegateMemoryAllocationFailed,
+            Error::Cuda { .. } => ErrorCode::Internal,
             Error::Network { .. } => ErrorCode::InvalidArgument,
             Error::Build { .. } | Error::Trt { .. } => ErrorCode::Internal,
             Error::BadPayload(_) => ErrorCode::InvalidProgram,

@@ -48,8 +48,10 @@
 //! None. (trtx is used with `dlopen_tensorrt_rtx` + `v_1_7`: TensorRT-RTX 1.7, loaded at run time.)
 #![deny(missing_docs)]
 
+pub mod cuda;
 pub mod decoder;
 mod error;
+mod executor;
 pub mod export;
 mod introspect;
 pub mod library;
@@ -58,10 +60,11 @@ mod plan;
 mod runtime;
 
 pub use error::{Error, Result};
+pub use executor::{arg_view, check_profile, residency, tensor_bytes, CallStats, ReflectCopy, Runner};
 pub use introspect::{AliasPair, EngineIo, IoMode, IoTensor};
 pub use network::{build_engine, BinaryOp, BuildOptions, BuiltEngine, NetworkDesc, Node, Op, UnaryOp};
 pub use plan::{
     Address, ArgBinding, ArgRole, ArgView, BindingError, BindingPlan, CallPlan, Copy, TensorAddress,
-    UnthreadedOutput,
+    UnthreadedOutput, TENSOR_ALIGNMENT,
 };
 pub use runtime::{check_plan_kind, sniff_plan, Engine, PlanKind};

@@ -10,6 +10,7 @@
 //!   zero-byte decision, so an in-place update can never land in a delegate buffer and be lost.
 //! - Ordinary inputs: zero bytes bind a 1-byte scratch; device/managed memory binds directly; host memory is
 //!   staged into a reusable device buffer (one per binding). Ordinary host outputs are read back from one.
+//! - Every address TensorRT binds directly must be non-null and 256-byte aligned (`setTensorAddress`).
 //! - The stream is synchronised before `execute` returns when anything was staged, read back or reflected,
 //!   or when the caller gave no stream; with a caller stream and all I/O device-resident, nothing blocks.
 
@@ -19,6 +20,9 @@ use blob_format::model::{DType, Dim, DisplayShape, Header, Role};
 use et_error::{ErrorCode, HasErrorCode};
 
 use crate::introspect::EngineIo;
+
+/// The alignment TensorRT requires of every address given to `setTensorAddress`.
+pub const TENSOR_ALIGNMENT: u64 = 256;
 
 /// Why a binding plan could not be made (init) or a call does not fit it (execute).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -127,7 +131,55 @@ pub enum BindingError {
         /// The output slot's bytes.
         got: u64,
     },
-    /// The residency gate refused an aliased input (upstream: "aliased input '<name>' must be on GPU or
+    /// An argument's element type is not one this delegate knows.
+    #[error("argument {index} has element type {dtype}, which this delegate cannot bind")]
+    UnknownArgDType {
+        /// Argument position.
+        index: usize,
+        /// The type's name.
+        dtype: String,
+    },
+    /// An argument of a dynamic-shape input is outside the engine's optimisation profile.
+    #[error("argument {index} ('{name}') has shape {got:?}, outside the engine's profile {min:?}..={max:?}")]
+    OutsideProfile {
+        /// Argument position.
+        index: usize,
+        /// Engine tensor.
+        name: String,
+        /// Given shape.
+        got: Vec<i64>,
+        /// The profile's minimum.
+        min: Vec<i64>,
+        /// The profile's maximum.
+        max: Vec<i64>,
+    },
+    /// An argument with bytes has a null address.
+    #[error("argument {index} ('{name}') has {nbytes} bytes at a null address")]
+    NullAddress {
+        /// Argument position.
+        index: usize,
+        /// Engine tensor.
+        name: String,
+        /// Its size.
+        nbytes: u64,
+    },
+    /// An argument bound to the engine directly is not aligned as TensorRT requires (`setTensorAddress`: at
+    /// least 256 bytes; `cudaMalloc` always is, an offset into a larger allocation may not be).
+    #[error(
+        "argument {index} ('{name}') at {address:#x} is not {align}-byte aligned, as TensorRT requires of bound \
+         tensors"
+    )]
+    Misaligned {
+        /// Argument position.
+        index: usize,
+        /// Engine tensor.
+        name: String,
+        /// Its address.
+        address: u64,
+        /// The alignment TensorRT requires.
+        align: u64,
+    },
+    /// The residency gate refused an aliased input (upstream: "aliased input '`<name>`' must be on GPU or
     /// unified memory").
     #[error(transparent)]
     Residency(#[from] alias_validate::Error),
@@ -145,7 +197,11 @@ impl HasErrorCode for BindingError {
             | BindingError::ArgDType { .. }
             | BindingError::ArgShape { .. }
             | BindingError::ArgSize { .. }
-            | BindingError::ReflectSize { .. } => ErrorCode::InvalidArgument,
+            | BindingError::ReflectSize { .. }
+            | BindingError::NullAddress { .. }
+            | BindingError::UnknownArgDType { .. }
+            | BindingError::OutsideProfile { .. }
+            | BindingError::Misaligned { .. } => ErrorCode::InvalidArgument,
             BindingError::Residency(err) => err.error_code(),
         }
     }
@@ -312,7 +368,8 @@ impl BindingPlan {
         &self.unthreaded
     }
 
-    /// Number of reusable staging buffers the executor keeps (allocated on first use).
+    /// Number of reusable staging buffers the executor keeps (allocated at init, one per ordinary input or
+    /// output; used when the caller's storage is host memory).
     pub fn staging_slots(&self) -> usize {
         self.staging_slots
     }
@@ -321,17 +378,63 @@ impl BindingPlan {
     /// tensor is bound and which copies run before and after the engine.
     ///
     /// `integrated_gpu`: host memory is device-visible (one physical memory). `caller_stream`: whether the
-    /// caller gave a CUDA stream.
+    /// caller gave a CUDA stream. Allocates a new [`CallPlan`]; the execute path uses
+    /// [`BindingPlan::prepare_into`] with one made by [`BindingPlan::new_call`] at init instead.
     ///
     /// # Errors
-    /// [`BindingError`] (`InvalidArgument`): wrong count, dtype, shape or size, or an aliased input refused by
-    /// the residency gate. Nothing has been staged or launched when this fails.
+    /// [`BindingError`] (`InvalidArgument`): wrong count, dtype, shape or size, a null or misaligned address,
+    /// or an aliased input refused by the residency gate. Nothing has been staged or launched when this fails.
     pub fn prepare(
         &self,
         args: &[ArgView<'_>],
         integrated_gpu: bool,
         caller_stream: bool,
     ) -> Result<CallPlan, BindingError> {
+        let mut call = self.new_call();
+        self.prepare_into(args, integrated_gpu, caller_stream, &mut call)?;
+        Ok(call)
+    }
+
+    /// A [`CallPlan`] with every binding's tensor name filled in (threaded arguments in order, then the
+    /// unthreaded aliased outputs) and room for every copy, so that [`BindingPlan::prepare_into`] never
+    /// allocates.
+    pub fn new_call(&self) -> CallPlan {
+        let mut bindings: Vec<TensorAddress> = self
+            .args
+            .iter()
+            .map(|a| TensorAddress { tensor: a.tensor.clone(), address: Address::Scratch })
+            .collect();
+        bindings.extend(
+            self.unthreaded
+                .iter()
+                .map(|u| TensorAddress { tensor: u.tensor.clone(), address: Address::Arg(u.input_arg) }),
+        );
+        CallPlan {
+            bindings,
+            before: Vec::with_capacity(self.args.len()),
+            after: Vec::with_capacity(self.args.len()),
+            ..CallPlan::default()
+        }
+    }
+
+    /// [`BindingPlan::prepare`] into `call`, reusing its storage: with a `call` from
+    /// [`BindingPlan::new_call`] of this plan, nothing is allocated. On error `call` is left cleared of
+    /// copies (its bindings are meaningless until the next success).
+    ///
+    /// # Errors
+    /// As [`BindingPlan::prepare`].
+    pub fn prepare_into(
+        &self,
+        args: &[ArgView<'_>],
+        integrated_gpu: bool,
+        caller_stream: bool,
+        call: &mut CallPlan,
+    ) -> Result<(), BindingError> {
+        call.before.clear();
+        call.after.clear();
+        call.staged_bytes = 0;
+        call.reflect_bytes = 0;
+        call.synchronize = true;
         if args.len() != self.args.len() {
             return Err(BindingError::ArgCount {
                 expected: self.args.len(),
@@ -348,8 +451,13 @@ impl BindingPlan {
         for (index, (binding, arg)) in self.args.iter().zip(args).enumerate() {
             check_arg(index, binding, arg)?;
         }
+        let expected_len = self.args.len() + self.unthreaded.len();
+        if call.bindings.len() != expected_len
+            || call.bindings.iter().zip(&self.args).any(|(b, a)| b.tensor != a.tensor)
+        {
+            *call = CallPlan { synchronize: true, ..self.new_call() };
+        }
         let device_visible = |r: Residency| r.is_engine_writable(integrated_gpu);
-        let mut call = CallPlan::default();
         for (index, (binding, arg)) in self.args.iter().zip(args).enumerate() {
             let address = match &binding.role {
                 ArgRole::AliasedInput { .. } => Address::Arg(index),
@@ -382,6 +490,8 @@ impl BindingPlan {
                     let source = &args[*input_arg];
                     if !arg.same_storage(source) {
                         if arg.nbytes != source.nbytes {
+                            call.after.clear();
+                            call.before.clear();
                             return Err(BindingError::ReflectSize {
                                 output: binding.tensor.clone(),
                                 input: input.clone(),
@@ -399,18 +509,33 @@ impl BindingPlan {
                     Address::Arg(*input_arg)
                 }
             };
-            call.bindings.push(TensorAddress { tensor: binding.tensor.clone(), address });
+            if let Address::Arg(bound) = address {
+                let target = &args[bound];
+                if target.address % TENSOR_ALIGNMENT != 0 {
+                    call.after.clear();
+                    call.before.clear();
+                    return Err(BindingError::Misaligned {
+                        index: bound,
+                        name: self.args[bound].tensor.clone(),
+                        address: target.address,
+                        align: TENSOR_ALIGNMENT,
+                    });
+                }
+            }
+            call.bindings[index].address = address;
         }
-        for out in &self.unthreaded {
-            call.bindings
-                .push(TensorAddress { tensor: out.tensor.clone(), address: Address::Arg(out.input_arg) });
+        for (slot, out) in call.bindings[self.args.len()..].iter_mut().zip(&self.unthreaded) {
+            slot.address = Address::Arg(out.input_arg);
         }
         call.synchronize = !caller_stream || !call.before.is_empty() || !call.after.is_empty();
-        Ok(call)
+        Ok(())
     }
 }
 
 fn check_arg(index: usize, binding: &ArgBinding, arg: &ArgView<'_>) -> Result<(), BindingError> {
+    if arg.address == 0 && arg.nbytes > 0 {
+        return Err(BindingError::NullAddress { index, name: binding.tensor.clone(), nbytes: arg.nbytes });
+    }
     if arg.dtype != binding.dtype {
         return Err(BindingError::ArgDType {
             index,

@@ -5,7 +5,7 @@ use std::ffi::{c_char, c_void, CStr, CString};
 
 use alias_validate::engine::{EngineIntrospect, EngineTensor};
 use cxx::UniquePtr;
-use trtx_sys::nvinfer1::{ICudaEngine, IRuntime};
+use trtx_sys::nvinfer1::{ICudaEngine, IExecutionContext, IRuntime};
 
 use crate::error::{Error, Result};
 use crate::introspect::{dtype_name, AliasPair, EngineIo, IoMode, IoTensor};
@@ -111,9 +111,10 @@ impl Drop for LoggerBridge {
 ///
 /// Field order is drop order: the engine goes before its runtime, the runtime before the logger.
 pub struct Engine {
-    _engine: UniquePtr<ICudaEngine>,
+    engine: UniquePtr<ICudaEngine>,
     _runtime: UniquePtr<IRuntime>,
     _logger: LoggerBridge,
+    sink: LogSink,
     io: EngineIo,
 }
 
@@ -169,12 +170,57 @@ impl Engine {
         // SAFETY: non-null `ICudaEngine*` we own, created by `runtime`, which outlives it (field order).
         let engine = unsafe { UniquePtr::from_raw(engine) };
         let io = read_io(&engine, &lib.version)?;
-        Ok(Engine { _engine: engine, _runtime: runtime, _logger: logger, io })
+        Ok(Engine { engine, _runtime: runtime, _logger: logger, sink, io })
     }
 
     /// The engine's I/O and aliases as plain data.
     pub fn io(&self) -> &EngineIo {
         &self.io
+    }
+
+    /// TensorRT's error messages logged since the last call (attached to our errors).
+    pub(crate) fn take_log_errors(&self) -> Vec<String> {
+        self.sink.take_errors()
+    }
+
+    /// `createExecutionContext(kSTATIC)`: a context owning its activation memory for the engine's lifetime.
+    /// The caller must drop the context before this engine.
+    pub(crate) fn create_execution_context(&mut self) -> Result<UniquePtr<IExecutionContext>> {
+        let engine = self
+            .engine
+            .as_mut()
+            .ok_or(Error::Trt { call: "createExecutionContext", message: "null engine".to_owned() })?;
+        let raw = engine.createExecutionContext(trtx_sys::ExecutionContextAllocationStrategy::kSTATIC.into());
+        if raw.is_null() {
+            return Err(Error::Trt {
+                call: "createExecutionContext",
+                message: format!("returned null{}", crate::error::log_suffix(&self.take_log_errors())),
+            });
+        }
+        // SAFETY: a non-null `IExecutionContext*` we own, created by this engine; TensorRT objects are deleted
+        // with `delete`; the caller drops it before the engine (documented above).
+        Ok(unsafe { UniquePtr::from_raw(raw) })
+    }
+
+    /// Whether TensorRT expects the tensor's address in host memory (`TensorLocation::kHOST`, shape tensors).
+    pub(crate) fn tensor_on_host(&self, name: &CStr) -> bool {
+        self.engine.as_ref().is_some_and(|engine| {
+            // SAFETY: `name` is a NUL-terminated engine tensor name (< 4096 bytes).
+            let location = unsafe { engine.getTensorLocation(name.as_ptr()) };
+            trtx_sys::TensorLocation::from(location) == trtx_sys::TensorLocation::kHOST
+        })
+    }
+
+    /// The optimisation profile 0's minimum and maximum shape of input `name`.
+    pub(crate) fn profile_bounds(&self, name: &CStr) -> Option<(Vec<i64>, Vec<i64>)> {
+        let engine = self.engine.as_ref()?;
+        let dims = |select: trtx_sys::OptProfileSelector| {
+            // SAFETY: `name` is a NUL-terminated engine input name (< 4096 bytes); profile 0 always exists.
+            let d = unsafe { engine.getProfileShape(name.as_ptr(), 0, select.into()) };
+            let rank = usize::try_from(d.nbDims).ok().filter(|&r| r <= 8)?;
+            Some(d.d[..rank].to_vec())
+        };
+        Some((dims(trtx_sys::OptProfileSelector::kMIN)?, dims(trtx_sys::OptProfileSelector::kMAX)?))
     }
 }
 

@@ -2,7 +2,8 @@
 //! the plugin's `init` on it, printing what happens: the check run on each machine kind (CPU-only, H200).
 //!
 //! `KV_TENSORRT_LIB=/path/libtensorrt_rtx.so.1 cargo run -p tensorrt-delegate --example init_probe [BLOB...]`
-//! (extra blob paths are also tried, e.g. `shared/fixtures/upstream/tr02_kv_cache.blob`).
+//! (extra blob paths are also tried, e.g. `shared/fixtures/upstream/tr02_kv_cache.blob`; `--write-blob PATH`
+//! also saves the decoder blob).
 
 use delegate_abi::{Delegate, InitContext};
 use tensorrt_delegate::TensorRtDelegate;
@@ -18,10 +19,19 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let order = arg_order(&cfg);
     let order: Vec<&str> = order.iter().map(String::as_str).collect();
     let (_, blob) = trt_exec::export::native_blob(&built, &order)?;
-    let mut blobs = vec![("native decoder blob".to_owned(), blob)];
-    for path in std::env::args().skip(1) {
-        blobs.push((path.clone(), std::fs::read(&path)?));
+    let mut args = std::env::args().skip(1);
+    let mut extra = Vec::new();
+    while let Some(arg) = args.next() {
+        if arg == "--write-blob" {
+            let path = args.next().ok_or("--write-blob needs a path")?;
+            std::fs::write(&path, &blob)?;
+            println!("wrote {path}");
+        } else {
+            extra.push((arg.clone(), std::fs::read(&arg)?));
+        }
     }
+    let mut blobs = vec![("native decoder blob".to_owned(), blob)];
+    blobs.extend(extra);
     let delegate = TensorRtDelegate::new();
     for (name, bytes) in blobs {
         let ctx = InitContext { blob: &bytes, compile_specs: &[], runtime_specs: &[] };

@@ -1,0 +1,512 @@
+//! The execute path: a deserialized [`Engine`], its [`BindingPlan`], an `IExecutionContext` and every CUDA
+//! resource, all made once by [`Runner::new`]; [`Runner::execute`] then runs one call over caller memory.
+//!
+//! One call, in stream order (the caller's stream when given, else the runner's own):
+//! 1. [`BindingPlan::prepare_into`]: count, dtype, shape, size, null and alignment checks, and the residency
+//!    gate for aliased inputs, before anything is queued.
+//! 2. `setInputShape` for dynamic-shape inputs (checked against optimisation profile 0 first).
+//! 3. Host-resident ordinary inputs: `cuMemcpyHtoDAsync` into their staging buffers.
+//! 4. `setTensorAddress` for every engine tensor: the caller's pointer, a staging buffer, or the 1-byte
+//!    scratch for zero-byte tensors; an aliased output gets its aliased input's caller pointer (TensorRT:
+//!    "the output performs in-place updates on the cache tensor, so they must share the same device memory
+//!    address").
+//! 5. `enqueueV3`.
+//! 6. Read-backs of host-resident ordinary outputs, and reflects (the aliased input's storage copied into a
+//!    separate output slot) — device-to-device, or device-to-host when the slot is host memory.
+//! 7. `cuStreamSynchronize` when anything was staged, read back or reflected, or no caller stream was given;
+//!    with a caller stream and all I/O device-resident, `execute` returns with the work queued.
+//!
+//! If anything fails after work was queued, the stream is synchronised before the error is returned, so no
+//! copy touches caller memory after `execute` returns.
+
+use std::ffi::{c_void, CString};
+
+use alias_validate::residency::Residency;
+use blob_format::model::{DType, Dim};
+use cudarc::driver::sys;
+use cxx::UniquePtr;
+use delegate_abi::{ExecuteArgs, MemoryKind, TensorArg};
+use smallvec::SmallVec;
+use trtx_sys::nvinfer1::IExecutionContext;
+
+use crate::cuda::{Device, DeviceBuffer, OwnedStream};
+use crate::error::{log_suffix, Error, Result};
+use crate::plan::{Address, ArgRole, ArgView, BindingError, BindingPlan, CallPlan, Copy};
+use crate::runtime::Engine;
+
+/// Arguments held inline per call before spilling to the heap (the tiny decoder has 7, `big` 35).
+const INLINE_ARGS: usize = 40;
+
+/// Where a reflect copy writes: the output slot's residency decides the copy's direction.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReflectCopy {
+    /// `cuMemcpyDtoDAsync`: the slot is device or managed memory.
+    DeviceToDevice,
+    /// `cuMemcpyDtoHAsync`: the slot is host memory (pageable or pinned).
+    DeviceToHost,
+}
+
+impl ReflectCopy {
+    /// The copy into a slot of residency `slot` (the source, an aliased input, is always device-visible).
+    pub fn into_slot(slot: Residency) -> ReflectCopy {
+        match slot {
+            Residency::Device | Residency::Managed => ReflectCopy::DeviceToDevice,
+            Residency::Host | Residency::PinnedHost => ReflectCopy::DeviceToHost,
+        }
+    }
+}
+
+/// Checks a dynamic-shape input's extents against the optimisation profile's bounds.
+///
+/// # Errors
+/// [`BindingError::OutsideProfile`] when the rank differs or an extent is outside `min..=max`.
+pub fn check_profile(
+    index: usize,
+    name: &str,
+    shape: &[i64],
+    min: &[i64],
+    max: &[i64],
+) -> Result<(), BindingError> {
+    let fits = shape.len() == min.len()
+        && shape.len() == max.len()
+        && shape.iter().zip(min.iter().zip(max)).all(|(s, (lo, hi))| lo <= s && s <= hi);
+    if fits {
+        Ok(())
+    } else {
+        Err(BindingError::OutsideProfile {
+            index,
+            name: name.to_owned(),
+            got: shape.to_vec(),
+            min: min.to_vec(),
+            max: max.to_vec(),
+        })
+    }
+}
+
+/// Bytes of a tensor of `shape` and `dtype`, `None` for negative extents or overflow.
+pub fn tensor_bytes(dtype: DType, shape: &[i64]) -> Option<u64> {
+    shape.iter().try_fold(dtype.size_bytes() as u64, |acc, &d| u64::try_from(d).ok()?.checked_mul(acc))
+}
+
+/// The residency of a delegate argument.
+pub fn residency(kind: MemoryKind) -> Residency {
+    match kind {
+        MemoryKind::Host => Residency::Host,
+        MemoryKind::Pinned => Residency::PinnedHost,
+        MemoryKind::Device => Residency::Device,
+        MemoryKind::Managed => Residency::Managed,
+    }
+}
+
+/// One delegate argument as the binding plan sees it.
+///
+/// # Errors
+/// [`BindingError::UnknownArgDType`] for an element type this build has no [`DType`] for.
+pub fn arg_view(index: usize, arg: &TensorArg) -> Result<ArgView<'_>, BindingError> {
+    let dtype = DType::from_name(arg.dtype().name())
+        .ok_or_else(|| BindingError::UnknownArgDType { index, dtype: arg.dtype().name().to_owned() })?;
+    Ok(ArgView {
+        address: arg.data as usize as u64,
+        nbytes: arg.nbytes,
+        residency: residency(arg.memory()),
+        dtype,
+        shape: arg.dims(),
+    })
+}
+
+/// A dynamic-shape input: its argument, name and profile bounds.
+#[derive(Debug)]
+struct DynamicInput {
+    arg: usize,
+    name: CString,
+    min: Vec<i64>,
+    max: Vec<i64>,
+}
+
+/// Bytes one call copied, for `ExecStats`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CallStats {
+    /// Bytes staged host -> device before the engine.
+    pub staged_bytes: u64,
+    /// Bytes reflected from aliased inputs into separate output slots after the engine.
+    pub reflect_bytes: u64,
+    /// Whether `execute` synchronised the stream before returning.
+    pub synchronized: bool,
+}
+
+/// An engine ready to run: execution context, per-handle stream, staging buffers and scratch, made once.
+///
+/// Field order is drop order: the execution context goes before the engine, buffers and stream before the
+/// device context; [`Drop`] first waits for the device so nothing queued still uses a buffer.
+pub struct Runner {
+    context: UniquePtr<IExecutionContext>,
+    staging: Vec<Option<DeviceBuffer>>,
+    scratch: DeviceBuffer,
+    stream: OwnedStream,
+    /// `setTensorAddress` names, index for index with `call.bindings`.
+    names: Vec<CString>,
+    dynamic_inputs: Vec<DynamicInput>,
+    /// Ordinary and aliased outputs with dynamic extents: (argument, name).
+    dynamic_outputs: Vec<(usize, CString)>,
+    call: CallPlan,
+    plan: BindingPlan,
+    engine: Engine,
+    device: Device,
+}
+
+// SAFETY: TensorRT allows an `IExecutionContext` to be used from any one thread at a time; `Runner` is only
+// used through `&mut self`, the CUDA handles are thread-agnostic (the context is bound per call), and the
+// engine is `Send`.
+unsafe impl Send for Runner {}
+
+impl std::fmt::Debug for Runner {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Runner")
+            .field("plan", &self.plan)
+            .field("staging", &self.staging)
+            .field("dynamic_inputs", &self.dynamic_inputs)
+            .finish_non_exhaustive()
+    }
+}
+
+fn c_name(name: &str) -> Result<CString> {
+    CString::new(name).map_err(|_| Error::Trt { call: "setTensorAddress", message: format!("{name:?} has a NUL") })
+}
+
+impl Runner {
+    /// Creates the execution context and every CUDA resource for `engine` on CUDA device `device_id`:
+    /// the primary context, a stream for calls without one, one staging buffer per ordinary input or output
+    /// (sized for the largest shape the engine accepts), and the 1-byte scratch for zero-byte tensors.
+    ///
+    /// # Errors
+    /// [`Error::CudaUnavailable`] (`NotSupported`) without a CUDA driver or device; [`Error::NotSupported`]
+    /// for engines with host-resident (shape) tensors; [`Error::Trt`] / [`Error::Cuda`] when TensorRT or the
+    /// driver refuse.
+    pub fn new(mut engine: Engine, plan: BindingPlan, device_id: u32) -> Result<Runner> {
+        let device = Device::open(device_id)?;
+        device.bind()?;
+        for tensor in &engine.io().tensors {
+            if engine.tensor_on_host(&c_name(&tensor.name)?) {
+                return Err(Error::NotSupported(format!(
+                    "engine tensor '{}' is a host-resident shape tensor; this delegate binds device tensors only",
+                    tensor.name
+                )));
+            }
+        }
+        let mut context = engine.create_execution_context()?;
+        let call = plan.new_call();
+        let names = call.bindings.iter().map(|b| c_name(&b.tensor)).collect::<Result<Vec<_>>>()?;
+
+        // Dynamic inputs: profile bounds; set every one to its maximum once, so the largest output shapes
+        // are known for sizing staging buffers.
+        let mut dynamic_inputs = Vec::new();
+        for (arg, binding) in plan.args().iter().enumerate() {
+            let is_input = matches!(binding.role, ArgRole::Input { .. } | ArgRole::AliasedInput { .. });
+            if !is_input || binding.shape.iter().all(|d| matches!(d, Dim::Static(_))) {
+                continue;
+            }
+            let name = c_name(&binding.tensor)?;
+            let (min, max) = engine.profile_bounds(&name).ok_or_else(|| Error::Trt {
+                call: "getProfileShape",
+                message: format!("no profile shape for '{}'", binding.tensor),
+            })?;
+            set_input_shape(&mut context, &engine, &name, &max)?;
+            dynamic_inputs.push(DynamicInput { arg, name, min, max });
+        }
+        let mut dynamic_outputs = Vec::new();
+        let mut staging: Vec<Option<DeviceBuffer>> = (0..plan.staging_slots()).map(|_| None).collect();
+        for (arg, binding) in plan.args().iter().enumerate() {
+            let name = c_name(&binding.tensor)?;
+            let is_output = matches!(binding.role, ArgRole::Output { .. } | ArgRole::AliasedOutput { .. });
+            let dynamic = binding.shape.iter().any(|d| matches!(d, Dim::Dynamic));
+            let largest: Vec<i64> = if !dynamic {
+                binding
+                    .shape
+                    .iter()
+                    .map(|d| match d {
+                        Dim::Static(n) => i64::try_from(*n).unwrap_or(i64::MAX),
+                        Dim::Dynamic => -1,
+                    })
+                    .collect()
+            } else if is_output {
+                dynamic_outputs.push((arg, name.clone()));
+                let dims = context_dims(&context, &name);
+                dims_slice(&dims).to_vec()
+            } else {
+                dynamic_inputs.iter().find(|d| d.arg == arg).map(|d| d.max.clone()).unwrap_or_default()
+            };
+            if let ArgRole::Input { staging_slot } | ArgRole::Output { staging_slot } = binding.role {
+                let bytes = tensor_bytes(binding.dtype, &largest).ok_or_else(|| Error::Trt {
+                    call: "getTensorShape",
+                    message: format!("'{}' has no bounded size ({largest:?})", binding.tensor),
+                })?;
+                if bytes > 0 {
+                    staging[staging_slot] = Some(DeviceBuffer::new(&device, bytes)?);
+                }
+            }
+        }
+        let scratch = DeviceBuffer::new(&device, 1)?;
+        let stream = OwnedStream::new(&device)?;
+        Ok(Runner {
+            context,
+            staging,
+            scratch,
+            stream,
+            names,
+            dynamic_inputs,
+            dynamic_outputs,
+            call,
+            plan,
+            engine,
+            device,
+        })
+    }
+
+    /// The binding plan.
+    pub fn plan(&self) -> &BindingPlan {
+        &self.plan
+    }
+
+    /// The engine.
+    pub fn engine(&self) -> &Engine {
+        &self.engine
+    }
+
+    /// Whether host memory is bound directly (integrated GPU with coherent pageable access) or staged.
+    pub fn host_memory_engine_visible(&self) -> bool {
+        self.device.host_memory_engine_visible()
+    }
+
+    /// Runs one call over the caller's arguments (delegate-argument order) on the caller's stream, or on the
+    /// runner's own stream when none is given, and records the staged and reflected bytes in `args`.
+    ///
+    /// When this returns `Ok`, everything the caller reads is complete, or (caller stream, all I/O
+    /// device-resident) ordered on the caller's stream. When it returns `Err`, nothing queued is still
+    /// running.
+    ///
+    /// # Errors
+    /// [`Error::Binding`] (`InvalidArgument`) when an argument does not fit the plan (nothing queued);
+    /// [`Error::Trt`] when TensorRT refuses a binding or the enqueue, with TensorRT's messages attached;
+    /// [`Error::Cuda`] when a copy or synchronisation fails.
+    pub fn execute(&mut self, args: &mut ExecuteArgs<'_>) -> Result<CallStats> {
+        let caller_stream = args.stream().map(|s| s.0 as sys::CUstream);
+        let stats = {
+            let mut views: SmallVec<[ArgView<'_>; INLINE_ARGS]> = SmallVec::new();
+            for (index, arg) in args.args().iter().enumerate() {
+                views.push(arg_view(index, arg)?);
+            }
+            let host_visible = self.device.host_memory_engine_visible();
+            self.plan.prepare_into(&views, host_visible, caller_stream.is_some(), &mut self.call)?;
+            self.device.bind()?;
+            let stream = caller_stream.unwrap_or_else(|| self.stream.raw());
+            let mut queued = false;
+            let ran = self.enqueue(&views, stream, &mut queued);
+            let synced = match ran {
+                Ok(()) if self.call.synchronize => stream_synchronize(stream),
+                Ok(()) => Ok(()),
+                Err(err) => {
+                    if queued {
+                        // Nothing queued may touch caller memory after we return.
+                        let _ = stream_synchronize(stream);
+                    }
+                    Err(err)
+                }
+            };
+            synced?;
+            CallStats {
+                staged_bytes: self.call.staged_bytes,
+                reflect_bytes: self.call.reflect_bytes,
+                synchronized: self.call.synchronize,
+            }
+        };
+        args.record_staging(stats.staged_bytes);
+        args.record_reflect(stats.reflect_bytes);
+        Ok(stats)
+    }
+
+    /// Steps 2 to 6 (see the module docs); `queued` turns true once anything is on the stream.
+    fn enqueue(&mut self, views: &[ArgView<'_>], stream: sys::CUstream, queued: &mut bool) -> Result<()> {
+        for input in &self.dynamic_inputs {
+            let view = &views[input.arg];
+            let name = &self.plan.args()[input.arg].tensor;
+            check_profile(input.arg, name, view.shape, &input.min, &input.max)?;
+            set_input_shape(&mut self.context, &self.engine, &input.name, view.shape)?;
+        }
+        for (arg, name) in &self.dynamic_outputs {
+            let dims = context_dims(&self.context, name);
+            let engine_shape = dims_slice(&dims);
+            if engine_shape != views[*arg].shape {
+                return Err(BindingError::ArgShape {
+                    index: *arg,
+                    name: self.plan.args()[*arg].tensor.clone(),
+                    expected: engine_shape
+                        .iter()
+                        .map(|&d| u64::try_from(d).map_or(Dim::Dynamic, Dim::Static))
+                        .collect(),
+                    got: views[*arg].shape.to_vec(),
+                }
+                .into());
+            }
+        }
+        for copy in &self.call.before {
+            if let Copy::Stage { arg, slot, bytes } = *copy {
+                let buffer = staging_buffer(&self.staging, slot, bytes)?;
+                *queued = true;
+                // SAFETY: the context is current; `buffer` holds at least `bytes` (checked); the argument is
+                // host memory valid for reads of `bytes` until the stream is synchronised, which `execute`
+                // does before returning whenever anything was staged (`ExecuteArgs::new`'s contract covers
+                // the pointer, `prepare_into` checked it is non-null and `bytes` is its size).
+                let result = unsafe {
+                    sys::cuMemcpyHtoDAsync_v2(
+                        buffer.ptr(),
+                        views[arg].address as usize as *const c_void,
+                        to_usize(bytes)?,
+                        stream,
+                    )
+                };
+                result.result().map_err(|e| Error::Cuda { call: "cuMemcpyHtoDAsync", message: e.to_string() })?;
+            }
+        }
+        for (binding, name) in self.call.bindings.iter().zip(&self.names) {
+            let pointer: *mut c_void = match binding.address {
+                Address::Arg(n) => views[n].address as usize as *mut c_void,
+                Address::Staging(slot) => staging_buffer(&self.staging, slot, 1)?.as_void(),
+                Address::Scratch => self.scratch.as_void(),
+            };
+            let context = self
+                .context
+                .as_mut()
+                .ok_or(Error::Trt { call: "setTensorAddress", message: "null context".to_owned() })?;
+            // SAFETY: `name` is a NUL-terminated engine tensor name; `pointer` is non-null, 256-byte aligned
+            // (checked by `prepare_into`, or a `cuMemAlloc` buffer) device-visible memory of the tensor's size,
+            // valid until the stream work completes (`ExecuteArgs::new`'s contract for caller memory; buffers
+            // live as long as the runner, which synchronises before freeing them).
+            let ok = unsafe { context.setTensorAddress(name.as_ptr(), pointer.cast()) };
+            if !ok {
+                return Err(Error::Trt {
+                    call: "setTensorAddress",
+                    message: format!(
+                        "refused '{}'{}",
+                        binding.tensor,
+                        log_suffix(&self.engine.take_log_errors())
+                    ),
+                });
+            }
+        }
+        let context = self
+            .context
+            .as_mut()
+            .ok_or(Error::Trt { call: "enqueueV3", message: "null context".to_owned() })?;
+        *queued = true;
+        // SAFETY: every I/O tensor has a valid address (set above: the plan binds every engine tensor); the
+        // stream is the caller's (valid per `ExecuteArgs::new`) or ours, in the bound primary context.
+        let ok = unsafe { context.enqueueV3(stream.cast()) };
+        if !ok {
+            return Err(Error::Trt {
+                call: "enqueueV3",
+                message: format!("returned false{}", log_suffix(&self.engine.take_log_errors())),
+            });
+        }
+        for copy in &self.call.after {
+            let (call, result) = match *copy {
+                Copy::ReadBack { slot, arg, bytes } => {
+                    let buffer = staging_buffer(&self.staging, slot, bytes)?;
+                    // SAFETY: `buffer` holds `bytes` written by the engine (stream-ordered before this copy);
+                    // the argument is host memory valid for writes of `bytes` (`ExecuteArgs::new`); the stream
+                    // is synchronised before `execute` returns (a read-back forces it).
+                    let r = unsafe {
+                        sys::cuMemcpyDtoHAsync_v2(
+                            views[arg].address as usize as *mut c_void,
+                            buffer.ptr(),
+                            to_usize(bytes)?,
+                            stream,
+                        )
+                    };
+                    ("cuMemcpyDtoHAsync", r)
+                }
+                Copy::Reflect { from_arg, to_arg, bytes } => {
+                    let source = views[from_arg].address as sys::CUdeviceptr;
+                    let slot = views[to_arg].address;
+                    let r = match ReflectCopy::into_slot(views[to_arg].residency) {
+                        // SAFETY: both are device-visible allocations of `bytes` (the plan checked equal sizes)
+                        // that do not share storage (`same_storage` was false); stream-ordered after the
+                        // engine wrote the source; synchronised before `execute` returns.
+                        ReflectCopy::DeviceToDevice => unsafe {
+                            sys::cuMemcpyDtoDAsync_v2(slot as sys::CUdeviceptr, source, to_usize(bytes)?, stream)
+                        },
+                        // SAFETY: as above, with the slot host memory valid for writes of `bytes`.
+                        ReflectCopy::DeviceToHost => unsafe {
+                            sys::cuMemcpyDtoHAsync_v2(slot as usize as *mut c_void, source, to_usize(bytes)?, stream)
+                        },
+                    };
+                    ("cuMemcpyAsync (reflect)", r)
+                }
+                Copy::Stage { .. } => continue,
+            };
+            result.result().map_err(|e| Error::Cuda { call, message: e.to_string() })?;
+        }
+        Ok(())
+    }
+}
+
+impl Drop for Runner {
+    fn drop(&mut self) {
+        // Work queued on a caller's stream may still use the staging buffers or the context's memory.
+        let _ = self.device.bind().and_then(|()| self.device.synchronize());
+    }
+}
+
+fn to_usize(bytes: u64) -> Result<usize> {
+    usize::try_from(bytes).map_err(|_| Error::Cuda { call: "cuMemcpyAsync", message: format!("{bytes} bytes") })
+}
+
+fn staging_buffer(staging: &[Option<DeviceBuffer>], slot: usize, bytes: u64) -> Result<&DeviceBuffer> {
+    staging
+        .get(slot)
+        .and_then(Option::as_ref)
+        .filter(|b| b.capacity() >= bytes)
+        .ok_or_else(|| Error::Trt {
+            call: "staging",
+            message: format!("staging buffer {slot} cannot hold {bytes} bytes (sized at init from the engine)"),
+        })
+}
+
+fn stream_synchronize(stream: sys::CUstream) -> Result<()> {
+    // SAFETY: `stream` is the caller's valid stream or ours, in the bound context.
+    unsafe { sys::cuStreamSynchronize(stream) }
+        .result()
+        .map_err(|e| Error::Cuda { call: "cuStreamSynchronize", message: e.to_string() })
+}
+
+fn set_input_shape(
+    context: &mut UniquePtr<IExecutionContext>,
+    engine: &Engine,
+    name: &CString,
+    shape: &[i64],
+) -> Result<()> {
+    let context =
+        context.as_mut().ok_or(Error::Trt { call: "setInputShape", message: "null context".to_owned() })?;
+    let dims = trtx_sys::Dims64::from_slice(shape);
+    // SAFETY: `name` is a NUL-terminated engine input name; `dims` lives for the call.
+    if unsafe { context.setInputShape(name.as_ptr(), &dims) } {
+        Ok(())
+    } else {
+        Err(Error::Trt {
+            call: "setInputShape",
+            message: format!("{name:?} {shape:?}{}", log_suffix(&engine.take_log_errors())),
+        })
+    }
+}
+
+/// The context's current shape of tensor `name` (rank 0 without a context).
+fn context_dims(context: &UniquePtr<IExecutionContext>, name: &CString) -> trtx_sys::Dims64 {
+    match context.as_ref() {
+        // SAFETY: `name` is a NUL-terminated engine tensor name.
+        Some(c) => unsafe { c.getTensorShape(name.as_ptr()) },
+        None => trtx_sys::Dims64::from_slice(&[]),
+    }
+}
+
+fn dims_slice(dims: &trtx_sys::Dims64) -> &[i64] {
+    &dims.d[..usize::try_from(dims.nbDims).unwrap_or(0).min(dims.d.len())]
+}
