@@ -16,12 +16,15 @@ fn f32s(bytes: &[u8]) -> Vec<f32> {
     bytes.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect()
 }
 
+/// One layer's `(k, v)` cache contents.
+type LayerCaches = (Vec<f32>, Vec<f32>);
+
 /// Every layer's `(k, v)` cache as the program holds them.
-fn caches(program: &Program, cfg: &Config) -> Vec<(Vec<f32>, Vec<f32>)> {
+fn caches(program: &Program, cfg: &Config) -> Result<Vec<LayerCaches>, host_runtime::program::Error> {
     (0..cfg.layers)
         .map(|l| {
-            let read = |name: String| f32s(program.buffer(&name).unwrap_or_default());
-            (read(kv_example::model::k_cache(l)), read(kv_example::model::v_cache(l)))
+            let read = |name: String| program.buffer(&name).map(|bytes| f32s(&bytes));
+            Ok((read(kv_example::model::k_cache(l))?, read(kv_example::model::v_cache(l))?))
         })
         .collect()
 }
@@ -57,7 +60,7 @@ fn traced(
     generate(program, steps, |step, program| {
         let logits = f32s(program.output(&step.method, &g.logits_output)?);
         if let Some(verifier) = verifier.as_deref_mut() {
-            let caches = caches(program, cfg);
+            let caches = caches(program, cfg)?;
             let result = if step.index == 0 {
                 verifier.prefill(&step.input_tokens, &logits, &borrowed(&caches))
             } else {
@@ -102,7 +105,7 @@ pub fn run(
 ) -> anyhow::Result<(Report, Vec<i64>)> {
     let mut verifier = Verifier::new(cfg);
     let mut zero_copy = load(program, plugin_dirs, Mode::ZeroCopy)?;
-    verifier.caches_zeroed(&borrowed(&caches(&zero_copy, cfg)));
+    verifier.caches_zeroed(&borrowed(&caches(&zero_copy, cfg)?));
     let trace = traced(&mut zero_copy, cfg, steps, Some(&mut verifier))?;
 
     let worst = trace.copied.iter().skip(1).max().copied().unwrap_or(0);
@@ -114,7 +117,7 @@ pub fn run(
 
     // Decode runs in its own delegate instance; it must see what prefill's instance wrote.
     if let Some((token, pos)) = trace.first_decode {
-        zero_copy.reset_buffers();
+        zero_copy.reset_buffers()?;
         let cold = decode_at(&mut zero_copy, token, &[pos])?;
         let diff = max_abs_diff(&cold, &trace.logits[1]);
         verifier.push(
@@ -124,9 +127,9 @@ pub fn run(
         );
     }
 
-    zero_copy.reset_buffers();
+    zero_copy.reset_buffers()?;
     let a = decode_at(&mut zero_copy, 1, &[1])?;
-    zero_copy.reset_buffers();
+    zero_copy.reset_buffers()?;
     let b = decode_at(&mut zero_copy, 1, &[0, 1])?;
     verifier.ab(&a, &b);
 

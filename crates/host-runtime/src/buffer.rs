@@ -1,6 +1,13 @@
-//! Caller-owned tensor storage: zero-initialised, 64-byte aligned host memory.
+//! Caller-owned tensor storage, zero-initialised: 64-byte aligned host memory, or CUDA device, managed or
+//! pinned memory (see [`crate::cuda`]) when a buffer declares it. The memory kind a delegate is told is
+//! always the kind the storage really is.
+
+use std::borrow::Cow;
 
 use bytemuck::{Pod, Zeroable};
+use delegate_abi::MemoryKind;
+
+use crate::cuda::{self, Contexts, DeviceStorage, ManagedStorage, PinnedStorage, RawMemory};
 
 /// One cache line; storage is a vector of these so every tensor starts 64-byte aligned.
 #[derive(Clone, Copy, Pod, Zeroable)]
@@ -52,6 +59,132 @@ impl std::fmt::Debug for HostStorage {
     }
 }
 
+/// A buffer's storage, of the memory kind it declares.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum Storage {
+    /// Ordinary host memory.
+    Host(HostStorage),
+    /// Page-locked host memory.
+    Pinned(PinnedStorage),
+    /// CUDA device memory.
+    Device(DeviceStorage),
+    /// CUDA managed memory.
+    Managed(ManagedStorage),
+}
+
+/// Where a storage's bytes are, borrowed mutably for one delegate call.
+#[derive(Debug)]
+pub enum View<'a> {
+    /// Host-visible bytes of host and pinned memory, passed as a slice.
+    Host(&'a mut [u8]),
+    /// Device or managed memory, passed by address.
+    Raw(RawMemory<'a>),
+}
+
+impl Storage {
+    /// `len` zero bytes of `memory` on CUDA device `device` (ignored for host memory), opening the device's
+    /// context through `contexts` only when the kind needs one.
+    pub fn zeroed(
+        memory: MemoryKind,
+        device: i32,
+        len: usize,
+        contexts: &mut Contexts,
+    ) -> Result<Storage, cuda::Error> {
+        Ok(match memory {
+            MemoryKind::Host => Storage::Host(HostStorage::zeroed(len)),
+            MemoryKind::Pinned => Storage::Pinned(PinnedStorage::zeroed(&contexts.get(device)?, len)?),
+            MemoryKind::Device => Storage::Device(DeviceStorage::zeroed(&contexts.get(device)?, len)?),
+            MemoryKind::Managed => Storage::Managed(ManagedStorage::zeroed(&contexts.get(device)?, len)?),
+        })
+    }
+
+    /// The memory kind it really is.
+    pub fn memory(&self) -> MemoryKind {
+        match self {
+            Storage::Host(_) => MemoryKind::Host,
+            Storage::Pinned(_) => MemoryKind::Pinned,
+            Storage::Device(_) => MemoryKind::Device,
+            Storage::Managed(_) => MemoryKind::Managed,
+        }
+    }
+
+    /// Size in bytes.
+    pub fn len(&self) -> usize {
+        match self {
+            Storage::Host(s) => s.len(),
+            Storage::Pinned(s) => s.len(),
+            Storage::Device(s) => s.len(),
+            Storage::Managed(s) => s.len(),
+        }
+    }
+
+    /// Whether it holds no bytes.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The bytes: borrowed for host, pinned and managed memory (managed after a context synchronisation),
+    /// copied to the host for device memory.
+    pub fn read(&self) -> Result<Cow<'_, [u8]>, cuda::Error> {
+        Ok(match self {
+            Storage::Host(s) => Cow::Borrowed(s.bytes()),
+            Storage::Pinned(s) => Cow::Borrowed(s.bytes()),
+            Storage::Device(s) => Cow::Owned(s.read()?),
+            Storage::Managed(s) => Cow::Borrowed(s.bytes()?),
+        })
+    }
+
+    /// Zeroes every byte.
+    pub fn clear(&mut self) -> Result<(), cuda::Error> {
+        match self {
+            Storage::Host(s) => s.clear(),
+            Storage::Pinned(s) => s.bytes_mut().fill(0),
+            Storage::Device(s) => s.clear()?,
+            Storage::Managed(s) => s.clear()?,
+        }
+        Ok(())
+    }
+
+    /// The storage as one delegate call sees it. Allocates nothing.
+    pub fn view(&mut self) -> View<'_> {
+        match self {
+            Storage::Host(s) => View::Host(s.bytes_mut()),
+            Storage::Pinned(s) => View::Host(s.bytes_mut()),
+            Storage::Device(s) => View::Raw(s.raw()),
+            Storage::Managed(s) => View::Raw(s.raw()),
+        }
+    }
+
+    /// Copies `src` (a storage of the same kind and size) over these bytes: a host copy for host-visible
+    /// memory, a device-to-device copy for device and managed memory. Returns the bytes copied.
+    pub fn copy_from(&mut self, src: &Storage) -> Result<u64, cuda::Error> {
+        match (self, src) {
+            (Storage::Device(dst), Storage::Device(src)) => dst.copy_from(src),
+            (Storage::Managed(dst), Storage::Managed(src)) => dst.copy_from(src),
+            (Storage::Host(dst), Storage::Host(src)) => copy_host(dst.bytes_mut(), src.bytes()),
+            (Storage::Pinned(dst), Storage::Pinned(src)) => copy_host(dst.bytes_mut(), src.bytes()),
+            (dst, src) => Err(cuda::Error::Driver {
+                call: "copy",
+                ordinal: 0,
+                reason: format!("cannot copy {} memory into {} memory", src.memory(), dst.memory()),
+            }),
+        }
+    }
+}
+
+fn copy_host(dst: &mut [u8], src: &[u8]) -> Result<u64, cuda::Error> {
+    if dst.len() != src.len() {
+        return Err(cuda::Error::Driver {
+            call: "copy",
+            ordinal: 0,
+            reason: format!("source holds {} bytes, destination {}", src.len(), dst.len()),
+        });
+    }
+    dst.copy_from_slice(src);
+    Ok(src.len() as u64)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -66,5 +199,23 @@ mod tests {
         assert_eq!(s.bytes()[99], 7);
         s.clear();
         assert_eq!(s.bytes()[99], 0);
+    }
+
+    #[test]
+    fn host_storage_needs_no_cuda_and_copies_by_size() {
+        let mut contexts = Contexts::new();
+        let mut a = Storage::zeroed(MemoryKind::Host, 0, 8, &mut contexts).expect("host memory");
+        let mut b = Storage::zeroed(MemoryKind::Host, 7, 8, &mut contexts).expect("the ordinal is ignored");
+        assert_eq!(a.memory(), MemoryKind::Host);
+        match b.view() {
+            View::Host(bytes) => bytes[3] = 9,
+            View::Raw(_) => panic!("host memory is passed as a slice"),
+        }
+        assert_eq!(a.copy_from(&b).expect("same size"), 8);
+        assert_eq!(a.read().expect("read")[3], 9);
+        a.clear().expect("clear");
+        assert!(a.read().expect("read").iter().all(|&x| x == 0));
+        let short = Storage::zeroed(MemoryKind::Host, 0, 4, &mut contexts).expect("host memory");
+        assert!(a.copy_from(&short).is_err(), "sizes must match");
     }
 }

@@ -15,6 +15,12 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 //!
+//! ## CUDA
+//!
+//! Buffers declared `device`, `managed` or `pinned` get real CUDA memory of that kind ([`cuda`], through
+//! cudarc). libcuda is loaded at run time, only when a program declares such a buffer: a machine without a
+//! driver runs host-memory programs and refuses the others with a clear `NotSupported` error.
+//!
 //! ## Feature Flags
 //!
 //! None.
@@ -23,6 +29,7 @@
 
 pub mod blob_file;
 pub mod buffer;
+pub mod cuda;
 pub mod generate;
 pub mod manifest;
 pub mod plugins;

@@ -406,7 +406,7 @@ fn bench(path: &Path, steps: usize, runs: usize, dirs: &[PathBuf], json: bool) -
         let mut times = Vec::new();
         let mut bytes = None;
         for run in 0..runs {
-            program.reset_buffers();
+            program.reset_buffers()?;
             let generation = generate(&mut program, steps, |_, _| Ok(()))?;
             if run > 0 {
                 times.extend(generation.steps.iter().skip(1).map(|s| s.micros));

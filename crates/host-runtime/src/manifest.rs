@@ -8,7 +8,7 @@
 //! [buffers.k_cache_0]              # caller-owned mutable buffer, zero-initialised at load
 //! dtype = "f32"
 //! shape = [2, 16, 16]
-//! memory = "host"
+//! memory = "host"                  # or "device" / "managed" (CUDA, with `device = N`, default 0) / "pinned"
 //!
 //! [methods.decode]
 //! inputs = [{ name = "tokens", dtype = "i64", shape = [1] }, { name = "input_pos", dtype = "i64", shape = [1] }]
@@ -63,6 +63,8 @@ pub struct TensorDecl {
     pub shape: Vec<u64>,
     /// Memory kind (buffers only; user inputs and outputs live in host memory).
     pub memory: MemoryKind,
+    /// CUDA device ordinal of a device or managed buffer (`device = N`, default 0); 0 otherwise.
+    pub device: i32,
 }
 
 impl TensorDecl {
@@ -208,6 +210,8 @@ struct RawBuffer {
     shape: Spanned<Vec<i64>>,
     #[serde(default)]
     memory: Option<Spanned<String>>,
+    #[serde(default)]
+    device: Option<Spanned<i64>>,
 }
 
 #[derive(Deserialize)]
@@ -315,7 +319,31 @@ impl Manifest {
                     Ok,
                 )?,
             };
-            let decl = tensor_decl(&src, &name, &buffer.dtype, &buffer.shape, memory)?;
+            let mut decl = tensor_decl(&src, &name, &buffer.dtype, &buffer.shape, memory)?;
+            if let Some(device) = &buffer.device {
+                if !matches!(memory, MemoryKind::Device | MemoryKind::Managed) {
+                    return src.error(
+                        device.span(),
+                        format!(
+                            "buffer '{}' is {memory} memory; `device` applies to device and managed buffers",
+                            name.get_ref()
+                        ),
+                    );
+                }
+                decl.device = match i32::try_from(*device.get_ref()) {
+                    Ok(ordinal) if ordinal >= 0 => ordinal,
+                    _ => {
+                        return src.error(
+                            device.span(),
+                            format!(
+                                "device {} of buffer '{}' is not a CUDA device ordinal",
+                                device.get_ref(),
+                                name.get_ref()
+                            ),
+                        )
+                    }
+                };
+            }
             buffers.insert(name.into_inner(), decl);
         }
 
@@ -376,7 +404,7 @@ fn tensor_decl(
     if bytes.is_none() {
         return src.error(shape.span(), format!("'{}' is too large to allocate", name.get_ref()));
     }
-    Ok(TensorDecl { name: name.get_ref().clone(), dtype: parsed, shape: dims, memory })
+    Ok(TensorDecl { name: name.get_ref().clone(), dtype: parsed, shape: dims, memory, device: 0 })
 }
 
 fn check_method(
@@ -561,6 +589,11 @@ logits_output = "logits"
         let m = parse(GOOD).expect("valid manifest");
         assert_eq!(m.buffers["k"].nbytes(), 32);
         assert_eq!(m.buffers["k"].memory, MemoryKind::Host);
+        assert_eq!(m.buffers["k"].device, 0);
+        let on_device =
+            parse(&GOOD.replace("shape = [2, 4]", "shape = [2, 4]\nmemory = \"managed\"\ndevice = 3"))
+                .expect("valid manifest");
+        assert_eq!((on_device.buffers["k"].memory, on_device.buffers["k"].device), (MemoryKind::Managed, 3));
         let call = &m.methods["decode"].calls[0];
         assert_eq!(call.blob, Path::new("dir/decode.blob"));
         assert_eq!(call.args[2], ArgRef::Buffer("k".into()));
@@ -578,6 +611,8 @@ logits_output = "logits"
             (GOOD.replace("prompt = [3]", "prompt = [3, 4]"), "dir/program.toml:17:10: prompt has 2 tokens but 'tokens' of method 'decode' takes 1"),
             (GOOD.replace("logits_output = \"logits\"", "logits_output = \"tokens\""), "dir/program.toml:20:17: method 'decode' has no output named 'tokens'"),
             (GOOD.replace("shape = [2, 4]", "shape = [2, -4]"), "dir/program.toml:4:9: shape of 'k' has negative extent -4; buffers need static shapes"),
+            (GOOD.replace("shape = [2, 4]", "shape = [2, 4]\ndevice = 1"), "dir/program.toml:5:10: buffer 'k' is host memory; `device` applies to device and managed buffers"),
+            (GOOD.replace("shape = [2, 4]", "shape = [2, 4]\nmemory = \"device\"\ndevice = -1"), "dir/program.toml:6:10: device -1 of buffer 'k' is not a CUDA device ordinal"),
             (GOOD.replace("blob = ", "blub = "), "dir/program.toml:10:1: unknown field `blub`, expected one of `blob`, `backend`, `args`"),
         ];
         for (text, expected) in cases {

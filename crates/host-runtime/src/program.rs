@@ -1,18 +1,24 @@
 //! A loaded program: caller-owned buffers, one delegate instance per call, and the argument plan of every call,
 //! all checked and prepared before anything runs.
+//!
+//! Buffers live in the memory kind their manifest declares: host memory, or CUDA device, managed or pinned
+//! memory (see [`crate::cuda`]); the kind a delegate is told is the kind the storage really is. A program
+//! with host buffers only never loads the CUDA driver.
 
+use std::borrow::Cow;
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use blob_format::model::{Binding, Dim, DisplayShape, Role};
 use blob_format::Blob;
-use delegate_abi::host::{ArgList, Instance, Slot};
+use delegate_abi::host::{ArgList, Instance, Plugin, Slot};
 use delegate_abi::{DTypeCode, DelegateError, InitContext, MemoryKind};
 use smallvec::SmallVec;
 
 use crate::blob_file::BlobFile;
-use crate::buffer::HostStorage;
+use crate::buffer::{HostStorage, Storage, View};
+use crate::cuda::{self, Access, Contexts};
 use crate::manifest::{ArgRef, Location, Manifest, Method, TensorDecl};
 use crate::plugins::Registry;
 
@@ -98,7 +104,28 @@ pub enum Error {
         /// The delegate's error, with its ExecuTorch code.
         source: DelegateError,
     },
-    /// A method, input or output named by the caller does not exist or has the wrong size.
+    /// A buffer's memory could not be had: no CUDA driver or device for a device, managed or pinned buffer
+    /// (`NotSupported`), or the allocation failed (`MemoryAllocationFailed`).
+    #[error("buffer '{buffer}' wants {memory} memory but {source}")]
+    BufferMemory {
+        /// The buffer.
+        buffer: String,
+        /// The memory kind it declares.
+        memory: MemoryKind,
+        /// What CUDA said.
+        source: cuda::Error,
+    },
+    /// Reading, zeroing or writing back a device or managed buffer failed.
+    #[error("{action} buffer '{buffer}' failed: {source}")]
+    BufferAccess {
+        /// The buffer.
+        buffer: String,
+        /// `reading`, `zeroing` or `writing back`.
+        action: &'static str,
+        /// What CUDA said.
+        source: cuda::Error,
+    },
+    /// A method, input, output or buffer named by the caller does not exist or has the wrong size.
     #[error("{0}")]
     Usage(String),
 }
@@ -114,6 +141,7 @@ impl et_error::HasErrorCode for Error {
             Error::Arguments { .. } => ErrorCode::InvalidArgument,
             Error::NoPlugin { .. } => ErrorCode::NotFound,
             Error::Delegate { source, .. } => source.code,
+            Error::BufferMemory { source, .. } | Error::BufferAccess { source, .. } => source.error_code(),
             Error::Usage(_) => ErrorCode::InvalidArgument,
         }
     }
@@ -165,7 +193,8 @@ enum ArgSource {
     BufferInOut(usize),
     /// A buffer-mutation output slot that is the buffer itself (zero-copy).
     BufferInPlace(usize),
-    /// A buffer-mutation output slot in host scratch, written back into the buffer after the call (copy-back).
+    /// A buffer-mutation output slot in scratch storage of the buffer's memory kind, written back into the
+    /// buffer after the call (copy-back).
     BufferScratch(usize),
 }
 
@@ -177,13 +206,23 @@ struct ArgPlan {
     memory: MemoryKind,
 }
 
+/// A call checked against its blob and plugin, not yet initialised.
+struct PlannedCall {
+    file: BlobFile,
+    plugin: std::sync::Arc<Plugin>,
+    args: Vec<ArgPlan>,
+    /// The buffer each copy-back scratch slot mirrors, by scratch index.
+    scratch_of: Vec<usize>,
+}
+
 struct LoadedCall {
     backend: String,
     instance: Instance,
     args: Vec<ArgPlan>,
     /// The argument list's allocation, kept between calls so `execute` allocates none.
     arg_list: ArgList<'static>,
-    scratch: Vec<HostStorage>,
+    /// Copy-back output slots, each of its buffer's memory kind, size and device.
+    scratch: Vec<Storage>,
     /// (scratch index, buffer index) pairs copied after the call.
     writebacks: Vec<(usize, usize)>,
 }
@@ -197,7 +236,12 @@ struct LoadedMethod {
 
 struct Buffer {
     decl: TensorDecl,
-    storage: HostStorage,
+    storage: Storage,
+}
+
+fn allocate(decl: &TensorDecl, contexts: &mut Contexts) -> Result<Storage, Error> {
+    Storage::zeroed(decl.memory, decl.device, decl.nbytes() as usize, contexts)
+        .map_err(|source| Error::BufferMemory { buffer: decl.name.clone(), memory: decl.memory, source })
 }
 
 /// A program ready to run: buffers allocated and zeroed, every call's delegate initialised.
@@ -217,17 +261,29 @@ impl Program {
     /// Loads `manifest`'s program: checks every call against its blob and plugin, allocates and zeroes the
     /// buffers, and initialises one delegate instance per call (methods do not share instances; they share
     /// buffers).
+    ///
+    /// Every call is checked before any memory is allocated or any delegate initialised; then the buffers
+    /// are allocated in their declared memory kinds (opening a CUDA context only for device, managed or
+    /// pinned buffers), then each call's copy-back scratch and delegate instance.
     pub fn load(manifest: Manifest, registry: &Registry, mode: Mode) -> Result<Program, Error> {
-        let buffers: Vec<Buffer> = manifest
-            .buffers
-            .values()
-            .map(|decl| Buffer { decl: decl.clone(), storage: HostStorage::zeroed(decl.nbytes() as usize) })
-            .collect();
+        let decls: Vec<&TensorDecl> = manifest.buffers.values().collect();
+        let mut planned = Vec::with_capacity(manifest.methods.len());
+        for method in manifest.methods.values() {
+            let calls = (0..method.calls.len())
+                .map(|index| plan_call(&manifest, method, index, &decls, registry, mode))
+                .collect::<Result<Vec<_>, Error>>()?;
+            planned.push(calls);
+        }
+        let mut contexts = Contexts::new();
+        let buffers = decls
+            .iter()
+            .map(|&decl| Ok(Buffer { decl: decl.clone(), storage: allocate(decl, &mut contexts)? }))
+            .collect::<Result<Vec<Buffer>, Error>>()?;
         let mut methods = BTreeMap::new();
-        for (name, method) in &manifest.methods {
-            let mut calls = Vec::with_capacity(method.calls.len());
-            for index in 0..method.calls.len() {
-                calls.push(load_call(&manifest, method, index, &buffers, registry, mode)?);
+        for ((name, method), planned) in manifest.methods.iter().zip(planned) {
+            let mut calls = Vec::with_capacity(planned.len());
+            for (index, call) in planned.into_iter().enumerate() {
+                calls.push(init_call(method, index, call, &buffers, &mut contexts)?);
             }
             let storage = |decls: &[TensorDecl]| -> Vec<HostStorage> {
                 decls.iter().map(|d| HostStorage::zeroed(d.nbytes() as usize)).collect()
@@ -255,14 +311,40 @@ impl Program {
         self.mode
     }
 
-    /// A buffer's bytes.
-    pub fn buffer(&self, name: &str) -> Option<&[u8]> {
-        self.buffers.iter().find(|b| b.decl.name == name).map(|b| b.storage.bytes())
+    /// A buffer's bytes: borrowed for host-visible memory (managed memory after a context
+    /// synchronisation), copied to the host for device memory.
+    ///
+    /// # Errors
+    /// [`Error::Usage`] when the program has no such buffer, [`Error::BufferAccess`] when reading device
+    /// memory fails.
+    pub fn buffer(&self, name: &str) -> Result<Cow<'_, [u8]>, Error> {
+        let buffer = self
+            .buffers
+            .iter()
+            .find(|b| b.decl.name == name)
+            .ok_or_else(|| Error::Usage(format!("the program has no buffer '{name}'")))?;
+        buffer.storage.read().map_err(|source| Error::BufferAccess {
+            buffer: buffer.decl.name.clone(),
+            action: "reading",
+            source,
+        })
     }
 
-    /// Zeroes every buffer (a fresh sequence).
-    pub fn reset_buffers(&mut self) {
-        self.buffers.iter_mut().for_each(|b| b.storage.clear());
+    /// The memory kind a buffer really lives in, or `None` when the program has no such buffer.
+    pub fn buffer_memory(&self, name: &str) -> Option<MemoryKind> {
+        self.buffers.iter().find(|b| b.decl.name == name).map(|b| b.storage.memory())
+    }
+
+    /// Zeroes every buffer, of every memory kind (a fresh sequence).
+    pub fn reset_buffers(&mut self) -> Result<(), Error> {
+        for buffer in &mut self.buffers {
+            buffer.storage.clear().map_err(|source| Error::BufferAccess {
+                buffer: buffer.decl.name.clone(),
+                action: "zeroing",
+                source,
+            })?;
+        }
+        Ok(())
     }
 
     fn method_mut(&mut self, method: &str) -> Result<&mut LoadedMethod, Error> {
@@ -322,17 +404,43 @@ impl Program {
                 writeback_bytes: 0,
             });
             for &(scratch, buffer) in &call.writebacks {
-                let src = call.scratch[scratch].bytes();
-                buffers[buffer].storage.bytes_mut().copy_from_slice(src);
-                copies.writeback_bytes += src.len() as u64;
+                let buffer = &mut buffers[buffer];
+                copies.writeback_bytes +=
+                    buffer.storage.copy_from(&call.scratch[scratch]).map_err(|source| {
+                        Error::BufferAccess {
+                            buffer: buffer.decl.name.clone(),
+                            action: "writing back",
+                            source,
+                        }
+                    })?;
             }
         }
         Ok(RunStats { elapsed: start.elapsed(), copies })
     }
 }
 
-/// Per-argument mutable borrows of a call's storages, taken at most once each.
+/// Per-argument mutable borrows of user outputs, taken at most once each.
 type Borrows<'a> = SmallVec<[Option<&'a mut [u8]>; 32]>;
+
+/// Per-argument mutable views of buffers and scratch storages, taken at most once each.
+type Views<'a> = SmallVec<[Option<View<'a>>; 32]>;
+
+/// Pushes a buffer or scratch view: host-visible slices through `ArgList`'s safe pushes, device and managed
+/// memory through [`cuda::push_raw`] with the same flags.
+fn push_view<'a>(
+    args: &mut ArgList<'a>,
+    view: View<'a>,
+    plan: &ArgPlan,
+    access: Access,
+) -> Result<Option<Slot>, delegate_abi::host::ArgError> {
+    let (dtype, shape, memory) = (plan.dtype, plan.shape.as_slice(), plan.memory);
+    match (view, access) {
+        (View::Host(bytes), Access::Read) => args.push_input(bytes, dtype, shape, memory).map(|()| None),
+        (View::Host(bytes), Access::InOut) => args.push_inout(bytes, dtype, shape, memory).map(Some),
+        (View::Host(bytes), Access::Write) => args.push_output(bytes, dtype, shape, memory).map(|()| None),
+        (View::Raw(raw), access) => cuda::push_raw(args, raw, dtype, shape, access).map(Some),
+    }
+}
 
 fn run_call(
     call: &mut LoadedCall,
@@ -343,10 +451,10 @@ fn run_call(
     // Split every storage into per-argument borrows; load-time checks guarantee each is taken at most once
     // mutably (a buffer's in-place output slot refers to its in/out slot instead of borrowing again).
     // Up to 32 of each live on the stack, so a step allocates nothing.
-    let mut buffer_bytes: Borrows<'_> = buffers.iter_mut().map(|b| Some(b.storage.bytes_mut())).collect();
+    let mut buffer_views: Views<'_> = buffers.iter_mut().map(|b| Some(b.storage.view())).collect();
     let mut output_bytes: Borrows<'_> = outputs.iter_mut().map(|o| Some(o.bytes_mut())).collect();
-    let mut scratch_bytes: Borrows<'_> = call.scratch.iter_mut().map(|s| Some(s.bytes_mut())).collect();
-    let mut slots: SmallVec<[Option<Slot>; 32]> = smallvec::smallvec![None; buffer_bytes.len()];
+    let mut scratch_views: Views<'_> = call.scratch.iter_mut().map(|s| Some(s.view())).collect();
+    let mut slots: SmallVec<[Option<Slot>; 32]> = smallvec::smallvec![None; buffer_views.len()];
     let mut args = std::mem::take(&mut call.arg_list).recycle();
     let taken =
         || DelegateError::internal("argument storage taken twice; the load-time plan is inconsistent");
@@ -358,16 +466,18 @@ fn run_call(
                 args.push_output(output_bytes[i].take().ok_or_else(taken)?, dtype, shape, memory)
             }
             ArgSource::BufferRead(b) => {
-                args.push_input(buffer_bytes[b].take().ok_or_else(taken)?, dtype, shape, memory)
+                push_view(&mut args, buffer_views[b].take().ok_or_else(taken)?, plan, Access::Read).map(drop)
             }
-            ArgSource::BufferInOut(b) => args
-                .push_inout(buffer_bytes[b].take().ok_or_else(taken)?, dtype, shape, memory)
-                .map(|slot| slots[b] = Some(slot)),
+            ArgSource::BufferInOut(b) => {
+                push_view(&mut args, buffer_views[b].take().ok_or_else(taken)?, plan, Access::InOut)
+                    .map(|slot| slots[b] = slot)
+            }
             ArgSource::BufferInPlace(b) => {
                 args.push_output_in_place(slots[b].ok_or_else(taken)?, dtype, shape)
             }
             ArgSource::BufferScratch(scratch) => {
-                args.push_output(scratch_bytes[scratch].take().ok_or_else(taken)?, dtype, shape, memory)
+                let view = scratch_views[scratch].take().ok_or_else(taken)?;
+                push_view(&mut args, view, plan, Access::Write).map(drop)
             }
         };
         pushed.map_err(|err| DelegateError::invalid_argument(err.to_string()))?;
@@ -377,14 +487,16 @@ fn run_call(
     result
 }
 
-fn load_call(
+/// Checks call `index` of `method` against its blob and the plugin serving it, and plans its arguments.
+/// Allocates no buffer memory and initialises no delegate.
+fn plan_call(
     manifest: &Manifest,
     method: &Method,
     index: usize,
-    buffers: &[Buffer],
+    buffers: &[&TensorDecl],
     registry: &Registry,
     mode: Mode,
-) -> Result<LoadedCall, Error> {
+) -> Result<PlannedCall, Error> {
     let call = &method.calls[index];
     let wrong = |location: Location, message: String| Error::Arguments {
         manifest: manifest.path.clone(),
@@ -434,10 +546,9 @@ fn load_call(
         ));
     }
     let buffer_index =
-        |name: &str| buffers.iter().position(|b| b.decl.name == name).expect("manifest checked buffer names");
+        |name: &str| buffers.iter().position(|b| b.name == name).expect("manifest checked buffer names");
     let mut args = Vec::with_capacity(bindings.len());
-    let mut scratch = Vec::new();
-    let mut writebacks = Vec::new();
+    let mut scratch_of = Vec::new();
     let mut used_buffers: Vec<(usize, usize)> = Vec::new(); // (buffer, arg position) of inputs
     for (pos, (binding, arg)) in bindings.iter().zip(&call.args).enumerate() {
         let at = call.arg_locations[pos];
@@ -478,7 +589,7 @@ fn load_call(
                 } else {
                     ArgSource::BufferRead(b)
                 };
-                (&buffers[b].decl, source)
+                (buffers[b], source)
             }
             (Role::Output, ArgRef::Buffer(name)) => {
                 let b = buffer_index(name);
@@ -501,12 +612,11 @@ fn load_call(
                 let source = match mode {
                     Mode::ZeroCopy => ArgSource::BufferInPlace(b),
                     Mode::CopyBack => {
-                        scratch.push(HostStorage::zeroed(buffers[b].decl.nbytes() as usize));
-                        writebacks.push((scratch.len() - 1, b));
-                        ArgSource::BufferScratch(scratch.len() - 1)
+                        scratch_of.push(b);
+                        ArgSource::BufferScratch(scratch_of.len() - 1)
                     }
                 };
-                (&buffers[b].decl, source)
+                (buffers[b], source)
             }
             (role, arg) => {
                 return Err(wrong(
@@ -543,14 +653,21 @@ fn load_call(
                 ));
             }
         }
-        if !plugin.info().memory_kinds.contains(&decl.memory) {
+        let accepted = &plugin.info().memory_kinds;
+        if !accepted.contains(&decl.memory) {
+            let what = if binding.name == decl.name {
+                format!("argument {pos} ('{}')", binding.name)
+            } else {
+                format!("argument {pos} ('{}', bound to '{}')", binding.name, decl.name)
+            };
             return Err(wrong(
                 at,
                 format!(
-                    "argument {pos} ('{}') is {} memory, which plugin '{}' does not accept",
-                    binding.name,
+                    "{what} is in {} memory, but plugin '{}' does not accept {} memory (it accepts {})",
                     decl.memory,
-                    plugin.info().name
+                    plugin.info().name,
+                    decl.memory,
+                    accepted.iter().map(|m| m.name()).collect::<Vec<_>>().join(", ")
                 ),
             ));
         }
@@ -565,14 +682,33 @@ fn load_call(
         });
     }
 
+    Ok(PlannedCall { file, plugin, args, scratch_of })
+}
+
+/// Allocates a planned call's copy-back scratch (each of its buffer's memory kind, size and device) and
+/// initialises its delegate instance.
+fn init_call(
+    method: &Method,
+    index: usize,
+    planned: PlannedCall,
+    buffers: &[Buffer],
+    contexts: &mut Contexts,
+) -> Result<LoadedCall, Error> {
+    let PlannedCall { file, plugin, args, scratch_of } = planned;
+    let backend = method.calls[index].backend.clone();
+    let scratch = scratch_of
+        .iter()
+        .map(|&b| allocate(&buffers[b].decl, contexts))
+        .collect::<Result<Vec<Storage>, Error>>()?;
+    let writebacks = scratch_of.iter().copied().enumerate().collect();
     let ctx = InitContext { blob: file.bytes(), compile_specs: &[], runtime_specs: &[] };
     let instance = plugin.init(&ctx).map_err(|source| Error::Delegate {
         method: method.name.clone(),
         call: index,
-        backend: call.backend.clone(),
+        backend: backend.clone(),
         stage: "init",
         source,
     })?;
     let arg_list = ArgList::with_capacity(args.len());
-    Ok(LoadedCall { backend: call.backend.clone(), instance, args, arg_list, scratch, writebacks })
+    Ok(LoadedCall { backend, instance, args, arg_list, scratch, writebacks })
 }

@@ -208,3 +208,61 @@ fn run_refuses_bad_programs_before_anything_runs() {
     let line = one_line_error(&run(host().arg("run").arg(&program)));
     assert!(line.contains("decode.blob") && line.ends_with("[AccessFailed]"), "{line}");
 }
+
+/// The example program with its KV caches declared in `memory` instead of host memory.
+fn example_with_caches_in(dir: &Path, memory: &str) -> PathBuf {
+    kv_example::export::reference(&kv_example::Config::tiny(), dir).expect("export");
+    let text = std::fs::read_to_string(dir.join("program.toml")).expect("manifest");
+    let moved = text.replace("memory = \"host\"", &format!("memory = \"{memory}\""));
+    assert_eq!(moved.matches(&format!("memory = \"{memory}\"")).count(), 2, "two caches moved:\n{moved}");
+    let path = dir.join(format!("{memory}.toml"));
+    std::fs::write(&path, moved).expect("write");
+    path
+}
+
+#[test]
+fn cuda_caches_load_only_with_a_driver_and_otherwise_fail_in_one_line() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let host_program = dir.path().join("program.toml");
+    for memory in ["managed", "pinned"] {
+        let program = example_with_caches_in(dir.path(), memory);
+        match host_runtime::cuda::Context::open(0) {
+            // CI: no driver. The program is refused at load with the driver's reason, not a panic.
+            Err(err) => {
+                let line =
+                    one_line_error(&run(host().arg("run").arg(&program).env_remove("DELEGATE_PLUGIN_PATH")));
+                assert_eq!(
+                    line,
+                    format!("error: buffer 'k_cache_0' wants {memory} memory but {err} [NotSupported]")
+                );
+            }
+            // A GPU machine: the caches really are CUDA memory and decode the same tokens, zero-copy.
+            Ok(_) => {
+                for mode in ["zero-copy", "copy-back"] {
+                    let on_cuda = run_json(&program, mode, 4);
+                    let on_host = run_json(&host_program, mode, 4);
+                    assert_eq!(on_cuda["tokens"], on_host["tokens"], "{memory} {mode}");
+                    assert_eq!(
+                        on_cuda["stats"]["mean_decode_bytes_copied"],
+                        on_host["stats"]["mean_decode_bytes_copied"],
+                        "{memory} {mode}"
+                    );
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn device_caches_are_refused_before_allocation_by_a_plugin_that_reads_host_memory() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let program = example_with_caches_in(dir.path(), "device");
+    // The same line with or without a CUDA driver: the argument check runs before any memory is allocated.
+    let line = one_line_error(&run(host().arg("run").arg(&program).env_remove("DELEGATE_PLUGIN_PATH")));
+    assert!(
+        line.contains("device.toml:")
+            && line.contains("argument 2 ('k_cache_0') is in device memory, but plugin 'reference-delegate' does not accept device memory (it accepts host, pinned, managed)")
+            && line.ends_with("[InvalidArgument]"),
+        "{line}"
+    );
+}

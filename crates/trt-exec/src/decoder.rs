@@ -16,8 +16,8 @@
 //! kv-example's `[heads, max_len, head_dim]` buffers); outputs `logits`, `k_cache_out_{l}`, `v_cache_out_{l}`.
 //!
 //! [`DecoderConfig`] and [`DecoderWeights`] mirror `kv_example::Config` and `kv_example::Weights` field for
-//! field (this crate does not depend on the example); `cargo xtask export-example --backend tensorrt`
-//! converts one into the other.
+//! field (this crate does not depend on the example); the `export_example` example (run by
+//! `cargo xtask export-example --backend tensorrt`) and the tests convert one into the other.
 
 use blob_format::model::DType;
 
@@ -85,33 +85,25 @@ pub struct DecoderWeights {
 }
 
 impl DecoderWeights {
-    /// Deterministic filler weights (a 64-bit LCG, uniform in `±1/sqrt(dim)`, gains 1), for tests that need
-    /// an engine but not kv-example's exact values.
-    pub fn filler(cfg: DecoderConfig, seed: u64) -> DecoderWeights {
-        let mut state = seed ^ 0x9E37_79B9_7F4A_7C15;
-        let scale = 1.0 / (cfg.dim() as f32).sqrt();
-        let mut take = |n: usize| -> Vec<f32> {
-            (0..n)
-                .map(|_| {
-                    state =
-                        state.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1_442_695_040_888_963_407);
-                    ((state >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0) * scale
-                })
-                .collect()
-        };
+    /// All-zero weights of the right shapes: for engines whose values do not matter (an `init` probe, a
+    /// plugin test that cannot link kv-example). Real weights come from kv-example (see the
+    /// `export_example` example).
+    pub fn zeros(cfg: &DecoderConfig) -> DecoderWeights {
         let (v, d, l) = (cfg.vocab, cfg.dim(), cfg.max_len);
-        let tok_emb = take(v * d);
-        let pos_emb = take(l * d);
-        let layers = (0..cfg.layers)
-            .map(|_| LayerWeights {
-                norm: vec![1.0; d],
-                wq: take(d * d),
-                wk: take(d * d),
-                wv: take(d * d),
-                wo: take(d * d),
-            })
-            .collect();
-        DecoderWeights { tok_emb, pos_emb, layers, final_norm: vec![1.0; d], w_out: take(d * v) }
+        let layer = LayerWeights {
+            norm: vec![0.0; d],
+            wq: vec![0.0; d * d],
+            wk: vec![0.0; d * d],
+            wv: vec![0.0; d * d],
+            wo: vec![0.0; d * d],
+        };
+        DecoderWeights {
+            tok_emb: vec![0.0; v * d],
+            pos_emb: vec![0.0; l * d],
+            layers: vec![layer; cfg.layers],
+            final_norm: vec![0.0; d],
+            w_out: vec![0.0; d * v],
+        }
     }
 }
 

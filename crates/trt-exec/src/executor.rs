@@ -29,13 +29,13 @@ use delegate_abi::{ExecuteArgs, MemoryKind, TensorArg};
 use smallvec::SmallVec;
 use trtx_sys::nvinfer1::IExecutionContext;
 
-use crate::cuda::{Device, DeviceBuffer, OwnedStream};
+use crate::cuda::{self, Device, DeviceBuffer, OwnedStream};
 use crate::error::{log_suffix, Error, Result};
 use crate::plan::{Address, ArgRole, ArgView, BindingError, BindingPlan, CallPlan, Copy};
 use crate::runtime::Engine;
 
 /// Arguments held inline per call before spilling to the heap (the tiny decoder has 7, `big` 35).
-const INLINE_ARGS: usize = 40;
+const INLINE_ARGS: usize = 64;
 
 /// Where a reflect copy writes: the output slot's residency decides the copy's direction.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -98,11 +98,16 @@ pub fn residency(kind: MemoryKind) -> Residency {
     }
 }
 
-/// One delegate argument as the binding plan sees it.
+/// One delegate argument as the binding plan sees it, for an engine on CUDA device `device`.
 ///
 /// # Errors
-/// [`BindingError::UnknownArgDType`] for an element type this build has no [`DType`] for.
-pub fn arg_view(index: usize, arg: &TensorArg) -> Result<ArgView<'_>, BindingError> {
+/// [`BindingError::UnknownArgDType`] for an element type this build has no [`DType`] for;
+/// [`BindingError::WrongDevice`] for device or managed memory of another device.
+pub fn arg_view(index: usize, arg: &TensorArg, device: u32) -> Result<ArgView<'_>, BindingError> {
+    let on_device = matches!(arg.memory(), MemoryKind::Device | MemoryKind::Managed);
+    if on_device && arg.nbytes > 0 && u32::try_from(arg.device_id).ok() != Some(device) {
+        return Err(BindingError::WrongDevice { index, device: arg.device_id, expected: device });
+    }
     let dtype = DType::from_name(arg.dtype().name())
         .ok_or_else(|| BindingError::UnknownArgDType { index, dtype: arg.dtype().name().to_owned() })?;
     Ok(ArgView {
@@ -170,7 +175,8 @@ impl std::fmt::Debug for Runner {
 }
 
 fn c_name(name: &str) -> Result<CString> {
-    CString::new(name).map_err(|_| Error::Trt { call: "setTensorAddress", message: format!("{name:?} has a NUL") })
+    CString::new(name)
+        .map_err(|_| Error::Trt { call: "setTensorAddress", message: format!("{name:?} has a NUL") })
 }
 
 impl Runner {
@@ -247,6 +253,7 @@ impl Runner {
         }
         let scratch = DeviceBuffer::new(&device, 1)?;
         let stream = OwnedStream::new(&device)?;
+        cuda::warm_up(&device, &stream, &scratch)?;
         Ok(Runner {
             context,
             staging,
@@ -293,7 +300,7 @@ impl Runner {
         let stats = {
             let mut views: SmallVec<[ArgView<'_>; INLINE_ARGS]> = SmallVec::new();
             for (index, arg) in args.args().iter().enumerate() {
-                views.push(arg_view(index, arg)?);
+                views.push(arg_view(index, arg, self.device.ordinal())?);
             }
             let host_visible = self.device.host_memory_engine_visible();
             self.plan.prepare_into(&views, host_visible, caller_stream.is_some(), &mut self.call)?;
@@ -352,19 +359,12 @@ impl Runner {
             if let Copy::Stage { arg, slot, bytes } = *copy {
                 let buffer = staging_buffer(&self.staging, slot, bytes)?;
                 *queued = true;
+                let source = views[arg].address as usize as *const c_void;
                 // SAFETY: the context is current; `buffer` holds at least `bytes` (checked); the argument is
                 // host memory valid for reads of `bytes` until the stream is synchronised, which `execute`
                 // does before returning whenever anything was staged (`ExecuteArgs::new`'s contract covers
                 // the pointer, `prepare_into` checked it is non-null and `bytes` is its size).
-                let result = unsafe {
-                    sys::cuMemcpyHtoDAsync_v2(
-                        buffer.ptr(),
-                        views[arg].address as usize as *const c_void,
-                        to_usize(bytes)?,
-                        stream,
-                    )
-                };
-                result.result().map_err(|e| Error::Cuda { call: "cuMemcpyHtoDAsync", message: e.to_string() })?;
+                unsafe { cuda::copy_htod_async(buffer.ptr(), source, bytes, stream) }?;
             }
         }
         for (binding, name) in self.call.bindings.iter().zip(&self.names) {
@@ -408,42 +408,41 @@ impl Runner {
             });
         }
         for copy in &self.call.after {
-            let (call, result) = match *copy {
+            match *copy {
                 Copy::ReadBack { slot, arg, bytes } => {
                     let buffer = staging_buffer(&self.staging, slot, bytes)?;
                     // SAFETY: `buffer` holds `bytes` written by the engine (stream-ordered before this copy);
                     // the argument is host memory valid for writes of `bytes` (`ExecuteArgs::new`); the stream
                     // is synchronised before `execute` returns (a read-back forces it).
-                    let r = unsafe {
-                        sys::cuMemcpyDtoHAsync_v2(
+                    unsafe {
+                        cuda::copy_dtoh_async(
                             views[arg].address as usize as *mut c_void,
                             buffer.ptr(),
-                            to_usize(bytes)?,
+                            bytes,
                             stream,
                         )
-                    };
-                    ("cuMemcpyDtoHAsync", r)
+                    }?;
                 }
                 Copy::Reflect { from_arg, to_arg, bytes } => {
                     let source = views[from_arg].address as sys::CUdeviceptr;
                     let slot = views[to_arg].address;
-                    let r = match ReflectCopy::into_slot(views[to_arg].residency) {
+                    match ReflectCopy::into_slot(views[to_arg].residency) {
                         // SAFETY: both are device-visible allocations of `bytes` (the plan checked equal sizes)
                         // that do not share storage (`same_storage` was false); stream-ordered after the
-                        // engine wrote the source; synchronised before `execute` returns.
-                        ReflectCopy::DeviceToDevice => unsafe {
-                            sys::cuMemcpyDtoDAsync_v2(slot as sys::CUdeviceptr, source, to_usize(bytes)?, stream)
-                        },
+                        // engine wrote the source; synchronised before `execute` returns (a reflect forces it).
+                        ReflectCopy::DeviceToDevice => {
+                            let slot = slot as sys::CUdeviceptr;
+                            // SAFETY: see above.
+                            unsafe { cuda::copy_dtod_async(slot, source, bytes, stream) }?
+                        }
                         // SAFETY: as above, with the slot host memory valid for writes of `bytes`.
                         ReflectCopy::DeviceToHost => unsafe {
-                            sys::cuMemcpyDtoHAsync_v2(slot as usize as *mut c_void, source, to_usize(bytes)?, stream)
-                        },
-                    };
-                    ("cuMemcpyAsync (reflect)", r)
+                            cuda::copy_dtoh_async(slot as usize as *mut c_void, source, bytes, stream)
+                        }?,
+                    }
                 }
-                Copy::Stage { .. } => continue,
-            };
-            result.result().map_err(|e| Error::Cuda { call, message: e.to_string() })?;
+                Copy::Stage { .. } => {}
+            }
         }
         Ok(())
     }
@@ -456,26 +455,16 @@ impl Drop for Runner {
     }
 }
 
-fn to_usize(bytes: u64) -> Result<usize> {
-    usize::try_from(bytes).map_err(|_| Error::Cuda { call: "cuMemcpyAsync", message: format!("{bytes} bytes") })
-}
-
 fn staging_buffer(staging: &[Option<DeviceBuffer>], slot: usize, bytes: u64) -> Result<&DeviceBuffer> {
-    staging
-        .get(slot)
-        .and_then(Option::as_ref)
-        .filter(|b| b.capacity() >= bytes)
-        .ok_or_else(|| Error::Trt {
-            call: "staging",
-            message: format!("staging buffer {slot} cannot hold {bytes} bytes (sized at init from the engine)"),
-        })
+    staging.get(slot).and_then(Option::as_ref).filter(|b| b.capacity() >= bytes).ok_or_else(|| Error::Trt {
+        call: "staging",
+        message: format!("staging buffer {slot} cannot hold {bytes} bytes (sized at init from the engine)"),
+    })
 }
 
 fn stream_synchronize(stream: sys::CUstream) -> Result<()> {
-    // SAFETY: `stream` is the caller's valid stream or ours, in the bound context.
-    unsafe { sys::cuStreamSynchronize(stream) }
-        .result()
-        .map_err(|e| Error::Cuda { call: "cuStreamSynchronize", message: e.to_string() })
+    // SAFETY: `stream` is the caller's valid stream (`ExecuteArgs::new`) or ours, in the bound context.
+    unsafe { cuda::stream_synchronize(stream) }
 }
 
 fn set_input_shape(

@@ -9,8 +9,14 @@
 //!   clean [`Error::EngineUnavailable`] carrying TensorRT's own message), [`EngineIo`] introspection
 //!   (including `getAliasedInputTensor`) implementing alias-validate's `EngineIntrospect`, and the pure
 //!   [`BindingPlan`] / [`CallPlan`] deciding every binding, staging, reflect and synchronisation.
-//! - The CUDA execute path (`enqueueV3` over a [`CallPlan`]) is not in this build: TensorRT-RTX 1.7 runs on
-//!   no GPU of this workplace (H200 is compute capability 9.0, refused), so it could not be tested.
+//! - Execute path: [`Runner::new`] makes the `IExecutionContext` and every CUDA resource once ([`cuda`]:
+//!   the device's primary context, a per-handle stream, staging buffers, the 1-byte scratch; `libcuda` is
+//!   loaded at run time and its absence is a clean [`Error::CudaUnavailable`]); [`Runner::execute`] runs one
+//!   call over the delegate ABI's `ExecuteArgs` (staging, `setTensorAddress` with aliased outputs on their
+//!   inputs' caller pointers, `enqueueV3`, reflects and read-backs, synchronising only when the caller
+//!   needs it) without allocating. TensorRT-RTX 1.7 runs on no GPU of this workplace (the H200 is compute
+//!   capability 9.0, refused at deserialize), so `enqueueV3` has never executed here; the CUDA pieces
+//!   (context, stream, buffers, copies) were run on the H200.
 //!
 //! The library is loaded at run time (dlopen): from `KV_TENSORRT_LIB` ([`library::LIB_ENV`]), then the
 //! standard loader path. Building this crate needs libclang (trtx-sys generates bindings), not TensorRT.
@@ -43,9 +49,14 @@
 //! assert!(call.after.is_empty() && !call.synchronize);
 //! ```
 //!
+//! Building kv-example's decoder as TensorRT engines plus a program manifest:
+//! `cargo run -p trt-exec --example export_example -- DIR [--big]` (see `examples/export_example.rs`).
+//!
 //! ## Feature Flags
 //!
-//! None. (trtx is used with `dlopen_tensorrt_rtx` + `v_1_7`: TensorRT-RTX 1.7, loaded at run time.)
+//! None. trtx is used with `dlopen_tensorrt_rtx` + `v_1_7` (TensorRT-RTX 1.7, loaded at run time) and cudarc
+//! with `driver` + `dynamic-loading` + `cuda-13000` (`libcuda` loaded at run time): neither is needed to
+//! build, only libclang (for trtx-sys's bindings).
 #![deny(missing_docs)]
 
 pub mod cuda;

@@ -153,6 +153,16 @@ pub enum BindingError {
         /// The profile's maximum.
         max: Vec<i64>,
     },
+    /// A device or managed argument lives on another CUDA device than the engine.
+    #[error("argument {index} is memory of CUDA device {device}, but the engine runs on device {expected}")]
+    WrongDevice {
+        /// Argument position.
+        index: usize,
+        /// The argument's device.
+        device: i32,
+        /// The engine's device.
+        expected: u32,
+    },
     /// An argument with bytes has a null address.
     #[error("argument {index} ('{name}') has {nbytes} bytes at a null address")]
     NullAddress {
@@ -200,6 +210,7 @@ impl HasErrorCode for BindingError {
             | BindingError::ReflectSize { .. }
             | BindingError::NullAddress { .. }
             | BindingError::UnknownArgDType { .. }
+            | BindingError::WrongDevice { .. }
             | BindingError::OutsideProfile { .. }
             | BindingError::Misaligned { .. } => ErrorCode::InvalidArgument,
             BindingError::Residency(err) => err.error_code(),

@@ -7,7 +7,7 @@ use blob_format::model::{AliasKind, Format, Role};
 use blob_format::Blob;
 use common::{fixture_networks, fixture_path, require_tensorrt};
 use et_error::{ErrorCode, HasErrorCode};
-use trt_exec::decoder::{arg_order, decoder_network, DecoderConfig, DecoderWeights};
+use trt_exec::decoder::{arg_order, decoder_network, DecoderConfig};
 use trt_exec::{build_engine, AliasPair, BuildOptions, Engine, EngineIo, IoMode, PlanKind};
 
 fn decode_engine() -> trt_exec::BuiltEngine {
@@ -45,8 +45,8 @@ fn prefill_engine_builds_for_a_longer_prompt() {
     if !require_tensorrt() {
         return;
     }
-    let cfg = DecoderConfig::TINY;
-    let net = decoder_network(&cfg, &DecoderWeights::filler(cfg, 7), 5).expect("well-formed");
+    let (cfg, weights) = common::kv_model::tiny();
+    let net = decoder_network(&cfg, &weights, 5).expect("well-formed");
     let built = build_engine(&net, &BuildOptions::default()).expect("prefill builds");
     let logits = built.io.tensor("logits").expect("logits");
     assert_eq!(logits.shape, [5, 64]);
@@ -160,25 +160,8 @@ fn kv_examples_tiny_model_builds_as_prefill_and_decode_blobs() {
         return;
     }
     let c = kv_example::Config::tiny();
-    let w = kv_example::Weights::generate(&c);
-    let cfg = DecoderConfig {
-        vocab: c.vocab,
-        heads: c.heads,
-        head_dim: c.head_dim,
-        max_len: c.max_len,
-        layers: c.layers,
-    };
-    let weights = DecoderWeights {
-        tok_emb: w.tok_emb,
-        pos_emb: w.pos_emb,
-        layers: w
-            .layers
-            .into_iter()
-            .map(|l| trt_exec::decoder::LayerWeights { norm: l.norm, wq: l.wq, wk: l.wk, wv: l.wv, wo: l.wo })
-            .collect(),
-        final_norm: w.final_norm,
-        w_out: w.w_out,
-    };
+    let (cfg, weights) = common::kv_model::model(&c);
+    assert_eq!(cfg, DecoderConfig::TINY, "DecoderConfig::TINY is kv-example's tiny config");
     for rows in [c.prompt_len(), 1] {
         let started = std::time::Instant::now();
         let (header, blob, built) =

@@ -7,9 +7,12 @@
 //! `init` fails cleanly, with TensorRT's own message attached, when the library is missing (`NotSupported`,
 //! naming `KV_TENSORRT_LIB`), when there is no CUDA driver (`NotSupported`: TensorRT reports "CUDA driver
 //! version is insufficient"), or when the GPU is not one TensorRT-RTX supports (`NotSupported`: e.g. compute
-//! capability 9.0). `execute` checks every argument against the binding plan (count, dtype, shape, size, and
-//! the residency gate for aliased inputs) and then returns `NotSupported`: the CUDA execute path is not in
-//! this build (no GPU of this workplace runs TensorRT-RTX 1.7).
+//! capability 9.0). After a successful deserialize, `init` creates the execution context and every CUDA
+//! resource once ([`trt_exec::Runner`]); `execute` checks every argument against the binding plan (count,
+//! dtype, shape, size, alignment, and the residency gate for aliased inputs), stages host inputs, binds
+//! aliased outputs to their caches' caller pointers, runs `enqueueV3` on the caller's stream (or the
+//! handle's own), reflects and reads back as needed, and synchronises only when the caller needs it.
+//! The run path has not executed on a GPU here: no GPU of this workplace runs TensorRT-RTX 1.7.
 //!
 //! ## Examples
 //!
@@ -30,14 +33,13 @@
 #![deny(missing_docs)]
 #![forbid(unsafe_code)]
 
-use alias_validate::residency::Residency;
-use blob_format::model::{DType, Header, PayloadKind, TENSORRT_BACKEND};
+use blob_format::model::{Header, PayloadKind, TENSORRT_BACKEND};
 use blob_format::Blob;
 use delegate_abi::{
-    Compatibility, DTypeCode, Delegate, DelegateError, ExecuteArgs, InitContext, MemoryKind, PluginInfo,
+    Compatibility, Delegate, DelegateError, ExecuteArgs, InitContext, MemoryKind, PluginInfo,
     WireFormatSupport,
 };
-use trt_exec::{ArgView, BindingPlan, Engine, PlanKind};
+use trt_exec::{BindingPlan, Engine, PlanKind, Runner};
 
 /// The TensorRT delegate.
 #[derive(Debug, Default)]
@@ -45,18 +47,17 @@ pub struct TensorRtDelegate {
     _private: (),
 }
 
-/// One initialised blob: the deserialized engine and its binding plan.
+/// One initialised blob: the engine, its binding plan, execution context and CUDA resources.
 #[derive(Debug)]
 pub struct Handle {
-    engine: Engine,
-    plan: BindingPlan,
+    runner: Runner,
     header: Header,
 }
 
 impl Handle {
     /// The binding plan computed at init.
     pub fn plan(&self) -> &BindingPlan {
-        &self.plan
+        self.runner.plan()
     }
 
     /// The blob header the handle was made from.
@@ -66,7 +67,7 @@ impl Handle {
 
     /// The engine's introspection.
     pub fn engine_io(&self) -> &trt_exec::EngineIo {
-        self.engine.io()
+        self.runner.engine().io()
     }
 }
 
@@ -97,19 +98,6 @@ fn check_blob<'a>(bytes: &'a [u8]) -> Result<Blob<'a>, DelegateError> {
     blob.verify_payload().map_err(err)?;
     alias_validate::validate_format(&blob.header).map_err(err)?;
     Ok(blob)
-}
-
-fn residency(kind: MemoryKind) -> Residency {
-    match kind {
-        MemoryKind::Host => Residency::Host,
-        MemoryKind::Pinned => Residency::PinnedHost,
-        MemoryKind::Device => Residency::Device,
-        MemoryKind::Managed => Residency::Managed,
-    }
-}
-
-fn dtype(code: DTypeCode) -> Option<DType> {
-    DType::from_name(code.name())
 }
 
 impl Delegate for TensorRtDelegate {
@@ -156,32 +144,20 @@ impl Delegate for TensorRtDelegate {
             tracing::warn!("{warning}");
         }
         let plan = BindingPlan::new(&blob.header, engine.io(), &aliases).map_err(err)?;
-        Ok(Handle { engine, plan, header: blob.header })
+        let device = u32::try_from(blob.header.device_id).map_err(|_| {
+            DelegateError::invalid_program(format!(
+                "the blob's device id {} is negative",
+                blob.header.device_id
+            ))
+        })?;
+        let runner = Runner::new(engine, plan, device).map_err(err)?;
+        Ok(Handle { runner, header: blob.header })
     }
 
     fn execute(&self, handle: &mut Handle, args: &mut ExecuteArgs<'_>) -> Result<(), DelegateError> {
-        let mut views = Vec::with_capacity(args.len());
-        for (index, arg) in args.args().iter().enumerate() {
-            let dt = dtype(arg.dtype()).ok_or_else(|| {
-                DelegateError::invalid_argument(format!(
-                    "argument {index} has dtype {}, unknown here",
-                    arg.dtype()
-                ))
-            })?;
-            views.push(ArgView {
-                address: arg.data as usize as u64,
-                nbytes: arg.nbytes,
-                residency: residency(arg.memory()),
-                dtype: dt,
-                shape: arg.dims(),
-            });
-        }
-        let call = handle.plan.prepare(&views, false, args.stream().is_some()).map_err(err)?;
-        tracing::debug!(?call, "TensorRT call plan");
-        Err(DelegateError::not_supported(
-            "the TensorRT execute path (CUDA staging, enqueueV3, reflect) is not in this build; arguments were \
-             checked against the binding plan",
-        ))
+        let stats = handle.runner.execute(args).map_err(err)?;
+        tracing::trace!(?stats, "TensorRT call");
+        Ok(())
     }
 }
 

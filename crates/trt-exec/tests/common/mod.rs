@@ -2,8 +2,10 @@
 //! makes a missing TensorRT library a failure, not a silent pass.
 #![allow(dead_code)]
 
+pub mod kv_model;
+
 use blob_format::model::DType;
-use trt_exec::decoder::{decoder_network, DecoderConfig, DecoderWeights};
+use trt_exec::decoder::decoder_network;
 use trt_exec::{BinaryOp, NetworkDesc, Node, Op};
 
 /// Panics (fails the test) unless the TensorRT-RTX library is configured; returns `false` only when the
@@ -32,10 +34,11 @@ fn f32_const(values: &[f32], shape: Vec<i64>) -> Op {
     Op::Constant { dtype: DType::F32, shape, data: values.iter().flat_map(|v| v.to_le_bytes()).collect() }
 }
 
-/// The example decoder, decode method (one token): two KV caches, aliased outputs after `logits`.
+/// The example decoder (kv-example's tiny model and weights), decode method (one token): two KV caches,
+/// aliased outputs after `logits`.
 pub fn decoder_decode() -> NetworkDesc {
-    let cfg = DecoderConfig::TINY;
-    decoder_network(&cfg, &DecoderWeights::filler(cfg, 7), 1).expect("the tiny decoder is well-formed")
+    let (cfg, weights) = kv_model::tiny();
+    decoder_network(&cfg, &weights, 1).expect("the tiny decoder is well-formed")
 }
 
 /// One KV cache, as upstream's `tr02_kv_cache.blob`: `k_cache_out` aliases `k_cache`, plus `logits`.
