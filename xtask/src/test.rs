@@ -37,8 +37,53 @@ pub fn run(root: &Path) -> anyhow::Result<()> {
     let plugin_dir = root.join("target").join("debug");
     run_cmd(
         root,
-        with_trt(cargo()).args(["test", "--workspace"]).env("DELEGATE_TEST_PLUGIN_DIR", &plugin_dir),
+        with_trt(cargo()).args(["test", "--workspace", "--no-fail-fast"]).env("DELEGATE_TEST_PLUGIN_DIR", &plugin_dir),
     )?;
+    tensorrt_smoke(root, &with_trt)?;
     eprintln!("xtask test: all checks passed");
+    Ok(())
+}
+
+/// The TensorRT example as a user exports it, read back by the CLI a user runs: the blobs validate, the plugin
+/// is listed as loaded, and running the program on a machine without a usable GPU fails cleanly (exit 2, one
+/// line, `NotSupported`) instead of crashing.
+fn tensorrt_smoke(root: &Path, with_trt: &dyn Fn(Command) -> Command) -> anyhow::Result<()> {
+    let debug = root.join("target").join("debug");
+    let dir = root.join("target").join("xtask-test").join("tensorrt-example");
+    run_cmd(
+        root,
+        with_trt(cargo())
+            .args(["run", "-q", "-p", "trt-exec", "--example", "export_example", "--"])
+            .arg(&dir),
+    )?;
+    let host = debug.join(format!("delegate-host{}", std::env::consts::EXE_SUFFIX));
+    for blob in ["prefill.blob", "decode.blob"] {
+        run_cmd(root, Command::new(&host).arg("validate").arg(dir.join(blob)))?;
+    }
+    let plugins = with_trt(Command::new(&host)).arg("plugins").arg("--plugin-dir").arg(&debug).output()?;
+    let listing = String::from_utf8_lossy(&plugins.stdout);
+    let loaded = listing.lines().any(|l| {
+        l.contains("tensorrt-delegate")
+            && l.contains("TensorRTBackend")
+            && l.split_whitespace().last() == Some("loaded")
+    });
+    anyhow::ensure!(
+        plugins.status.success() && loaded,
+        "the TensorRT plugin is not listed as loaded:\n{listing}"
+    );
+
+    let run = with_trt(Command::new(&host))
+        .arg("run")
+        .arg(dir.join("program.toml"))
+        .arg("--plugin-dir")
+        .arg(&debug)
+        .output()?;
+    let stderr = String::from_utf8_lossy(&run.stderr);
+    eprintln!("$ delegate-host run {}: {}", dir.join("program.toml").display(), stderr.trim());
+    anyhow::ensure!(
+        run.status.code() == Some(2) && stderr.trim().lines().count() == 1 && stderr.contains("[NotSupported]"),
+        "without a GPU that TensorRT-RTX supports, `delegate-host run` must fail with one NotSupported line; got {:?}: {stderr}",
+        run.status.code()
+    );
     Ok(())
 }

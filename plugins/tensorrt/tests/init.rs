@@ -22,9 +22,12 @@ fn require_tensorrt() -> bool {
     );
 }
 
-fn upstream_fixture(name: &str) -> Option<Vec<u8>> {
-    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared/fixtures/upstream").join(name);
-    std::fs::read(&path).ok()
+/// Blobs written by Torch-TensorRT 2.14's own serializer, kept with blob-format's tests.
+fn upstream_fixture(name: &str) -> Vec<u8> {
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../crates/blob-format/tests/fixtures/upstream")
+        .join(name);
+    std::fs::read(&path).unwrap_or_else(|err| panic!("cannot read {}: {err}", path.display()))
 }
 
 fn ctx(blob: &[u8]) -> InitContext<'_> {
@@ -52,7 +55,7 @@ fn init_on_an_upstream_tr02_blob_fails_cleanly_without_a_gpu() {
     if !require_tensorrt() {
         return;
     }
-    let blob = upstream_fixture("tr02_kv_cache.blob").expect("shared/fixtures/upstream/tr02_kv_cache.blob");
+    let blob = upstream_fixture("tr02_kv_cache.blob");
     let delegate = TensorRtDelegate::new();
     assert_eq!(delegate.compatibility(&blob), Compatibility::Supported);
     if let Some(message) = expect_clean_init_failure(delegate.init(ctx(&blob))) {
