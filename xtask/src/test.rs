@@ -37,7 +37,9 @@ pub fn run(root: &Path) -> anyhow::Result<()> {
     let plugin_dir = root.join("target").join("debug");
     run_cmd(
         root,
-        with_trt(cargo()).args(["test", "--workspace", "--no-fail-fast"]).env("DELEGATE_TEST_PLUGIN_DIR", &plugin_dir),
+        with_trt(cargo())
+            .args(["test", "--workspace", "--no-fail-fast"])
+            .env("DELEGATE_TEST_PLUGIN_DIR", &plugin_dir),
     )?;
     tensorrt_smoke(root, &with_trt)?;
     eprintln!("xtask test: all checks passed");

@@ -103,6 +103,15 @@ pub fn generate(
     let g: Generate = program.manifest().generate.clone().ok_or_else(|| {
         Error::Usage("the program has no [generate] section, so `run` cannot drive it".into())
     })?;
+    if let Some(max) = g.max_decode_steps() {
+        if steps > max {
+            return Err(Error::Usage(format!(
+                "{steps} decode steps do not fit: the caches hold {} positions and the prompt takes {}, so at most {max} decode steps",
+                g.max_positions.unwrap_or_default(),
+                g.prompt.len()
+            )));
+        }
+    }
     let vocab = {
         let decode = &program.manifest().methods[&g.decode];
         let logits = decode.outputs.iter().find(|d| d.name == g.logits_output).expect("manifest checked");

@@ -61,9 +61,10 @@ enum Command {
     Run {
         /// The program manifest (TOML).
         program: PathBuf,
-        /// Decode steps after prefill.
-        #[arg(long, default_value_t = 15)]
-        steps: usize,
+        /// Decode steps after prefill [default: as many as the caches hold, or 15 when the program does not
+        /// say]
+        #[arg(long)]
+        steps: Option<usize>,
         /// How buffer-mutation outputs are passed.
         #[arg(long, value_enum, default_value_t = Mode::ZeroCopy)]
         mode: Mode,
@@ -78,9 +79,9 @@ enum Command {
     Bench {
         /// The program manifest (TOML).
         program: PathBuf,
-        /// Decode steps per run (each run starts from zeroed caches).
-        #[arg(long, default_value_t = 15)]
-        steps: usize,
+        /// Decode steps per run, each from zeroed caches [default: as many as the caches hold, or 15]
+        #[arg(long)]
+        steps: Option<usize>,
         /// Runs per mode; the first is a warm-up and is not counted.
         #[arg(long, default_value_t = 5)]
         runs: usize,
@@ -329,8 +330,20 @@ fn plugins(dirs: &[PathBuf], json: bool) -> Result<(), Failure> {
     Ok(())
 }
 
-fn run_program(path: &Path, steps: usize, mode: Mode, dirs: &[PathBuf], json: bool) -> Result<(), Failure> {
+/// `--steps`, or as many decode steps as the program's caches hold, or 15.
+fn default_steps(manifest: &Manifest, steps: Option<usize>) -> usize {
+    steps.or_else(|| manifest.generate.as_ref().and_then(|g| g.max_decode_steps())).unwrap_or(15)
+}
+
+fn run_program(
+    path: &Path,
+    steps: Option<usize>,
+    mode: Mode,
+    dirs: &[PathBuf],
+    json: bool,
+) -> Result<(), Failure> {
     let manifest = Manifest::load(path)?;
+    let steps = default_steps(&manifest, steps);
     let registry = Registry::discover(dirs, true, true);
     let mut program = Program::load(manifest, &registry, mode)?;
     let bar = if std::io::stderr().is_terminal() && !json {
@@ -395,7 +408,14 @@ fn percentile(sorted: &[f64], p: f64) -> f64 {
     sorted[((sorted.len() - 1) as f64 * p).round() as usize]
 }
 
-fn bench(path: &Path, steps: usize, runs: usize, dirs: &[PathBuf], json: bool) -> Result<(), Failure> {
+fn bench(
+    path: &Path,
+    steps: Option<usize>,
+    runs: usize,
+    dirs: &[PathBuf],
+    json: bool,
+) -> Result<(), Failure> {
+    let steps = default_steps(&Manifest::load(path)?, steps);
     if steps == 0 || runs < 2 {
         return Err(failure("bench needs --steps >= 1 and --runs >= 2 (the first run is a warm-up)"));
     }

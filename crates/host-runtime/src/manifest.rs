@@ -143,6 +143,15 @@ pub struct Generate {
     pub position_input: String,
     /// The f32 output holding logits, `[T, vocab]`.
     pub logits_output: String,
+    /// How many positions the caches hold, when the program says: `run` refuses more steps than fit.
+    pub max_positions: Option<u64>,
+}
+
+impl Generate {
+    /// Decode steps that fit after the prompt, when the program says how many positions it holds.
+    pub fn max_decode_steps(&self) -> Option<usize> {
+        self.max_positions.map(|max| (max as usize).saturating_sub(self.prompt.len()))
+    }
 }
 
 /// A line and column (1-based) in the manifest.
@@ -249,6 +258,8 @@ struct RawGenerate {
     token_input: Spanned<String>,
     position_input: Spanned<String>,
     logits_output: Spanned<String>,
+    #[serde(default)]
+    max_positions: Option<Spanned<u64>>,
 }
 
 /// Turns byte offsets into line/column for error messages.
@@ -536,6 +547,18 @@ fn check_generate(
             ),
         );
     }
+    if let Some(max) = &g.max_positions {
+        if (*max.get_ref() as usize) < g.prompt.get_ref().len() {
+            return src.error(
+                max.span(),
+                format!(
+                    "max_positions is {} but the prompt alone has {} tokens",
+                    max.get_ref(),
+                    g.prompt.get_ref().len()
+                ),
+            );
+        }
+    }
     let g = raw.into_inner();
     Ok(Generate {
         prefill: g.prefill.into_inner(),
@@ -544,6 +567,7 @@ fn check_generate(
         token_input: g.token_input.into_inner(),
         position_input: g.position_input.into_inner(),
         logits_output: g.logits_output.into_inner(),
+        max_positions: g.max_positions.map(Spanned::into_inner),
     })
 }
 
@@ -610,6 +634,10 @@ logits_output = "logits"
             (GOOD.replace("dtype = \"f32\"\nshape", "dtype = \"f33\"\nshape"), "dir/program.toml:3:9: unknown dtype 'f33' for 'k' (expected one of: f32, f16, bf16, f64, i8, u8, i32, i64, bool)"),
             (GOOD.replace("prompt = [3]", "prompt = [3, 4]"), "dir/program.toml:17:10: prompt has 2 tokens but 'tokens' of method 'decode' takes 1"),
             (GOOD.replace("logits_output = \"logits\"", "logits_output = \"tokens\""), "dir/program.toml:20:17: method 'decode' has no output named 'tokens'"),
+            (
+                GOOD.replace("prompt = [3]", "prompt = [3]\nmax_positions = 0"),
+                "dir/program.toml:18:17: max_positions is 0 but the prompt alone has 1 tokens",
+            ),
             (GOOD.replace("shape = [2, 4]", "shape = [2, -4]"), "dir/program.toml:4:9: shape of 'k' has negative extent -4; buffers need static shapes"),
             (GOOD.replace("shape = [2, 4]", "shape = [2, 4]\ndevice = 1"), "dir/program.toml:5:10: buffer 'k' is host memory; `device` applies to device and managed buffers"),
             (GOOD.replace("shape = [2, 4]", "shape = [2, 4]\nmemory = \"device\"\ndevice = -1"), "dir/program.toml:6:10: device -1 of buffer 'k' is not a CUDA device ordinal"),

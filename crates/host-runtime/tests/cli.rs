@@ -266,3 +266,22 @@ fn device_caches_are_refused_before_allocation_by_a_plugin_that_reads_host_memor
         "{line}"
     );
 }
+
+#[test]
+fn run_fills_the_caches_by_default_and_refuses_steps_that_do_not_fit() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let cfg = kv_example::Config::tiny();
+    kv_example::export::reference(&cfg, dir.path()).expect("export");
+    let program = dir.path().join("program.toml");
+
+    let full =
+        stdout_json(&run(host().arg("run").arg(&program).arg("--json").env_remove("DELEGATE_PLUGIN_PATH")));
+    assert_eq!(full["tokens"].as_array().map(Vec::len), Some(cfg.max_decode_steps() + 1));
+
+    let too_many = (cfg.max_decode_steps() + 1).to_string();
+    let line = one_line_error(&run(host().arg("run").arg(&program).args(["--steps", &too_many])));
+    assert!(
+        line.contains("do not fit") && line.contains(&format!("at most {}", cfg.max_decode_steps())),
+        "{line}"
+    );
+}

@@ -187,6 +187,7 @@ pub fn manifest(cfg: &Config) -> Manifest {
             token_input: TOKENS.to_owned(),
             position_input: INPUT_POS.to_owned(),
             logits_output: LOGITS.to_owned(),
+            max_positions: Some(cfg.max_len as u64),
         }),
     }
 }

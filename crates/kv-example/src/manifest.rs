@@ -115,6 +115,10 @@ pub struct GenerateSpec {
     pub position_input: String,
     /// The output with the logits.
     pub logits_output: String,
+    /// How many positions the caches hold (prompt plus decode steps), so a host can refuse a run that would
+    /// overflow them before it starts.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_positions: Option<u64>,
 }
 
 impl Manifest {
