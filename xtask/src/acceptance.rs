@@ -123,7 +123,12 @@ pub fn run(
         verifier.push(
             "decode-sees-prefill",
             diff.is_some_and(|d| d > AB_MIN_DIFF),
-            format!("first decode step on prefill's cache vs on a zeroed cache: max diff {diff:?}"),
+            match diff {
+                Some(d) => {
+                    format!("first decode step on prefill's cache vs on a zeroed cache: max diff {d:.3e}")
+                }
+                None => "first decode step gave non-finite logits or a different length".to_owned(),
+            },
         );
     }
 

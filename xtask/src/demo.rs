@@ -35,7 +35,7 @@ pub fn run(root: &Path) -> anyhow::Result<()> {
 
     println!("\n== acceptance check (reference plugin loaded from {})", release.display());
     let (report, _) = crate::acceptance::run(&program, &[release], &cfg, steps)?;
-    print!("{report}");
+    println!("{report}");
     if !report.passed() {
         bail!("the acceptance check failed");
     }

@@ -387,10 +387,10 @@ fn report(generation: &Generation, mode: Mode, json: bool) {
     }
     println!("tokens: {:?}", generation.tokens);
     println!(
-        "steps: prefill + {} decode, {:.1} us per decode step ({:?} mode)",
+        "steps: prefill + {} decode, {:.1} us per decode step ({} mode)",
         generation.steps.len().saturating_sub(1),
         time.as_secs_f64() * 1e6,
-        mode
+        mode.name()
     );
     println!(
         "bytes copied per decode step: {} (reflect {}, write-back {}, staging {})",

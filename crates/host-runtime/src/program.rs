@@ -33,6 +33,16 @@ pub enum Mode {
     CopyBack,
 }
 
+impl Mode {
+    /// `"zero-copy"` or `"copy-back"`, as on the command line.
+    pub fn name(self) -> &'static str {
+        match self {
+            Mode::ZeroCopy => "zero-copy",
+            Mode::CopyBack => "copy-back",
+        }
+    }
+}
+
 /// Why a program could not be loaded or run.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
