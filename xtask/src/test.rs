@@ -27,6 +27,8 @@ pub fn run(root: &Path) -> anyhow::Result<()> {
             "-p",
             "abi-test",
             "-p",
+            "abi-test-future",
+            "-p",
             "tensorrt-delegate",
         ]),
     )?;

@@ -285,3 +285,52 @@ fn run_fills_the_caches_by_default_and_refuses_steps_that_do_not_fit() {
         "{line}"
     );
 }
+
+/// The directory holding the built test plugins: `cargo xtask test` builds them and says where; a plain
+/// `cargo test` builds them here into a separate target dir (the outer cargo holds the main one's lock).
+fn test_plugin_dir() -> PathBuf {
+    if let Some(dir) = std::env::var_os("DELEGATE_TEST_PLUGIN_DIR") {
+        let dir = PathBuf::from(dir);
+        return if dir.is_absolute() {
+            dir
+        } else {
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("../..").join(dir)
+        };
+    }
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let target = root.join("target").join("plugin-tests");
+    let status = Command::new(env!("CARGO"))
+        .args(["build", "-q", "-p", "abi-test", "-p", "abi-test-future", "--target-dir"])
+        .arg(&target)
+        .current_dir(&root)
+        .status()
+        .expect("cargo starts");
+    assert!(status.success(), "building the test plugins failed");
+    target.join("debug")
+}
+
+#[test]
+fn a_plugin_for_a_newer_abi_is_rejected_naming_both_ranges_while_the_others_load() {
+    // Only the two test plugins, so the listing does not depend on what else is built.
+    let built = test_plugin_dir();
+    let dir = tempfile::tempdir().expect("temp dir");
+    for name in ["abi_test", "abi_test_future"] {
+        let file = format!("{}{name}{}", std::env::consts::DLL_PREFIX, std::env::consts::DLL_SUFFIX);
+        std::fs::copy(built.join(&file), dir.path().join(&file)).expect("built test plugin");
+    }
+    let list = stdout_json(&run(host()
+        .args(["plugins", "--json", "--plugin-dir"])
+        .arg(dir.path())
+        .env_remove("DELEGATE_PLUGIN_PATH")));
+    let candidates = list.as_array().expect("an array of candidates");
+    let candidate = |stem: &str| -> &Value {
+        candidates
+            .iter()
+            .find(|c| c["path"].as_str().is_some_and(|p| p.contains(stem)))
+            .unwrap_or_else(|| panic!("{stem} listed in {list}"))
+    };
+    let future = candidate("abi_test_future");
+    assert_eq!(future["status"], "rejected", "{future}");
+    assert_eq!(future["reason"], "plugin speaks ABI 2..=3, host 1..=1", "{future}");
+    assert_eq!(candidate("libabi_test.")["status"], "loaded", "{list}");
+}
