@@ -5,40 +5,17 @@
 //! full size (the engine is all zeros, so the untouched pages stay shared zero pages).
 #![allow(missing_docs)]
 
+#[path = "../tests/common/mod.rs"]
+mod common;
+
 use std::hint::black_box;
 use std::io;
 
-use blob_format::model::{Alias, AliasKind, Binding, Header, PayloadKind, Role, TENSORRT_BACKEND};
 use blob_format::{native, upstream, Blob};
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
 
 const KIB: usize = 1 << 10;
 const GIB: usize = 1 << 30;
-
-fn header() -> Header {
-    Header {
-        producer: None,
-        backend_id: TENSORRT_BACKEND.into(),
-        payload_kind: PayloadKind::TensorRtPlan,
-        bindings: vec![
-            Binding::untyped("k_cache", Role::Input),
-            Binding::untyped("update", Role::Input),
-            Binding::untyped("write_idx", Role::Input),
-            Binding::untyped("k_cache_out", Role::Output),
-            Binding::untyped("logits", Role::Output),
-        ],
-        aliases: vec![Alias {
-            output: "k_cache_out".into(),
-            input: "k_cache".into(),
-            kind: AliasKind::KvCacheUpdate,
-        }],
-        device_id: 0,
-        hardware_compatible: false,
-        hardware_target: None,
-        engine_library_version: None,
-        engine_metadata: None,
-    }
-}
 
 /// Keeps the first bytes written (the head) and only counts the rest (the engine).
 struct HeadOnly {
@@ -63,7 +40,7 @@ impl io::Write for HeadOnly {
 fn native_blob(size: usize) -> Vec<u8> {
     let engine = vec![0u8; size];
     let mut sink = HeadOnly { head: Vec::new(), limit: 64 * KIB, total: 0 };
-    native::write(&header(), &engine, &mut sink).expect("writing to memory");
+    native::write(&common::tr02_fixture_header(), &engine, &mut sink).expect("writing to memory");
     let engine_offset = sink.total - size;
     let mut blob = vec![0u8; sink.total];
     blob[..engine_offset].copy_from_slice(&sink.head[..engine_offset]);
@@ -72,7 +49,8 @@ fn native_blob(size: usize) -> Vec<u8> {
 
 /// A TR02 blob around an all-zero engine of `size` bytes.
 fn tr02_blob(size: usize) -> Vec<u8> {
-    let mut head = upstream::write_tr02(&header(), &[]).expect("TR02 expresses this header");
+    let mut head =
+        upstream::write_tr02(&common::tr02_fixture_header(), &[]).expect("TR02 expresses this header");
     head[16..24].copy_from_slice(&(size as u64).to_le_bytes());
     let mut blob = vec![0u8; head.len() + size];
     blob[..head.len()].copy_from_slice(&head);
