@@ -205,19 +205,60 @@ impl Contexts {
     }
 }
 
-/// Device memory (`cuMemAlloc`): the host cannot dereference it.
-pub struct DeviceStorage {
+/// One driver allocation with a device address (device or managed memory): zeroed when made, freed on drop.
+/// [`DeviceStorage`] and [`ManagedStorage`] are this plus what their kind allows the host to do.
+struct Allocation {
     ptr: sys::CUdeviceptr,
     len: usize,
     ctx: Context,
+    memory: MemoryKind,
 }
 
-/// Managed (unified) memory (`cuMemAllocManaged`, attached globally): one address valid on host and device.
-pub struct ManagedStorage {
-    ptr: sys::CUdeviceptr,
-    len: usize,
-    ctx: Context,
+impl Allocation {
+    /// `len` zero bytes of `memory` (device or managed) on `ctx`'s device.
+    fn zeroed(ctx: &Context, len: usize, memory: MemoryKind) -> Result<Allocation, Error> {
+        ctx.bind()?;
+        // At least one byte is requested (the driver refuses zero); the allocation is freed once, in `Drop`.
+        let allocated = match memory {
+            // SAFETY: the context is current (bound above).
+            MemoryKind::Managed => unsafe {
+                result::malloc_managed(len.max(1), sys::CUmemAttach_flags::CU_MEM_ATTACH_GLOBAL)
+            },
+            // SAFETY: the context is current (bound above).
+            _ => unsafe { result::malloc_sync(len.max(1)) },
+        };
+        let ptr = allocated.map_err(|e| Error::Allocation {
+            ordinal: ctx.ordinal,
+            kind: memory.name(),
+            bytes: len,
+            reason: describe(e),
+        })?;
+        let allocation = Allocation { ptr, len, ctx: ctx.clone(), memory };
+        clear_device(&allocation.ctx, allocation.ptr, allocation.len)?;
+        Ok(allocation)
+    }
 }
+
+impl Drop for Allocation {
+    fn drop(&mut self) {
+        // Work queued by delegates may still use the memory: wait for it before freeing.
+        let ready = self.ctx.synchronize();
+        let freed = ready.and_then(|()| {
+            // SAFETY: `ptr` came from `cuMemAlloc`/`cuMemAllocManaged` in this context and is freed once,
+            // here, by its only owner; the synchronisation above retired any queued work that used it.
+            unsafe { result::free_sync(self.ptr) }.map_err(self.ctx.driver_error("cuMemFree"))
+        });
+        if let Err(err) = freed {
+            tracing::warn!("leaking {} memory on CUDA device {}: {err}", self.memory, self.ctx.ordinal);
+        }
+    }
+}
+
+/// Device memory (`cuMemAlloc`): the host cannot dereference it.
+pub struct DeviceStorage(Allocation);
+
+/// Managed (unified) memory (`cuMemAllocManaged`, attached globally): one address valid on host and device.
+pub struct ManagedStorage(Allocation);
 
 /// Pinned (page-locked) host memory (`cuMemHostAlloc`, portable to every context).
 pub struct PinnedStorage {
@@ -241,7 +282,64 @@ macro_rules! debug_storage {
         }
     )*};
 }
-debug_storage!(DeviceStorage, ManagedStorage, PinnedStorage);
+debug_storage!(PinnedStorage);
+
+/// What device and managed memory share: size, address, zeroing, device-to-device copies, and lending the
+/// memory to one call's argument list.
+macro_rules! allocation_methods {
+    ($($ty:ident),*) => {$(
+        impl std::fmt::Debug for $ty {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.debug_struct(stringify!($ty)).field("len", &self.0.len).field("device", &self.0.ctx.ordinal).finish()
+            }
+        }
+
+        impl $ty {
+            /// Size in bytes.
+            pub fn len(&self) -> usize {
+                self.0.len
+            }
+
+            /// Whether it holds no bytes.
+            pub fn is_empty(&self) -> bool {
+                self.0.len == 0
+            }
+
+            /// The device ordinal.
+            pub fn device(&self) -> i32 {
+                self.0.ctx.ordinal
+            }
+
+            /// The address, as a delegate argument carries it.
+            pub fn as_ptr(&self) -> *mut c_void {
+                self.0.ptr as usize as *mut c_void
+            }
+
+            /// Zeroes every byte; complete when it returns.
+            pub fn clear(&mut self) -> Result<(), Error> {
+                clear_device(&self.0.ctx, self.0.ptr, self.0.len)
+            }
+
+            /// Copies `src` over these bytes (through the device; complete when it returns). Returns the bytes
+            /// copied.
+            pub fn copy_from(&mut self, src: &$ty) -> Result<u64, Error> {
+                copy_device(&self.0.ctx, self.0.ptr, self.0.len, src.0.ptr, src.0.len)
+            }
+
+            /// The memory, borrowed for one call's argument list.
+            pub fn raw(&mut self) -> RawMemory<'_> {
+                RawMemory {
+                    ptr: self.0.ptr,
+                    len: self.0.len,
+                    memory: self.0.memory,
+                    device: self.0.ctx.ordinal,
+                    borrow: PhantomData,
+                }
+            }
+        }
+    )*};
+}
+allocation_methods!(DeviceStorage, ManagedStorage);
 
 impl DeviceStorage {
     /// `len` zero bytes of device memory on `ctx`'s device.
@@ -250,56 +348,20 @@ impl DeviceStorage {
     /// [`Error::Allocation`] (`MemoryAllocationFailed`) when the driver refuses, [`Error::Driver`] when the
     /// memset fails.
     pub fn zeroed(ctx: &Context, len: usize) -> Result<DeviceStorage, Error> {
-        ctx.bind()?;
-        // SAFETY: the context is current (bound above). A zero-byte request allocates one byte (the driver
-        // refuses zero), so the pointer is always a live allocation; it is freed once, in `Drop`.
-        let ptr = unsafe { result::malloc_sync(len.max(1)) }.map_err(|e| Error::Allocation {
-            ordinal: ctx.ordinal,
-            kind: "device",
-            bytes: len,
-            reason: describe(e),
-        })?;
-        let mut storage = DeviceStorage { ptr, len, ctx: ctx.clone() };
-        storage.clear()?;
-        Ok(storage)
-    }
-
-    /// Size in bytes.
-    pub fn len(&self) -> usize {
-        self.len
-    }
-
-    /// Whether it holds no bytes.
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
-    }
-
-    /// The device ordinal.
-    pub fn device(&self) -> i32 {
-        self.ctx.ordinal
-    }
-
-    /// The device address, as a delegate argument carries it.
-    pub fn as_ptr(&self) -> *mut c_void {
-        self.ptr as usize as *mut c_void
-    }
-
-    /// Zeroes every byte; complete when it returns.
-    pub fn clear(&mut self) -> Result<(), Error> {
-        clear_device(&self.ctx, self.ptr, self.len)
+        Allocation::zeroed(ctx, len, MemoryKind::Device).map(DeviceStorage)
     }
 
     /// Copies the bytes to the host (a synchronous device-to-host copy).
     pub fn read(&self) -> Result<Vec<u8>, Error> {
-        self.ctx.bind()?;
-        let mut out = vec![0u8; self.len];
-        if self.len > 0 {
+        self.0.ctx.bind()?;
+        let mut out = vec![0u8; self.0.len];
+        if self.0.len > 0 {
             // SAFETY: the context is current; `ptr` is a live allocation of at least `len` bytes (freed only
             // in `Drop`, which cannot run while `&self` is held) and `out` holds exactly `len` bytes. The
             // copy is synchronous: it waits for prior work on the legacy default stream and completes before
             // returning.
-            unsafe { result::memcpy_dtoh_sync(&mut out, self.ptr) }
-                .map_err(self.ctx.driver_error("cuMemcpyDtoH"))?;
+            unsafe { result::memcpy_dtoh_sync(&mut out, self.0.ptr) }
+                .map_err(self.0.ctx.driver_error("cuMemcpyDtoH"))?;
         }
         Ok(out)
     }
@@ -307,27 +369,22 @@ impl DeviceStorage {
     /// Overwrites the bytes with `data` (a synchronous host-to-device copy); `data` must hold exactly
     /// [`DeviceStorage::len`] bytes.
     pub fn write(&mut self, data: &[u8]) -> Result<(), Error> {
-        if data.len() != self.len {
+        if data.len() != self.0.len {
             return Err(Error::Driver {
                 call: "cuMemcpyHtoD",
-                ordinal: self.ctx.ordinal,
-                reason: format!("{} bytes given for a {}-byte buffer", data.len(), self.len),
+                ordinal: self.0.ctx.ordinal,
+                reason: format!("{} bytes given for a {}-byte buffer", data.len(), self.0.len),
             });
         }
-        self.ctx.bind()?;
-        if self.len > 0 {
+        self.0.ctx.bind()?;
+        if self.0.len > 0 {
             // SAFETY: the context is current; `ptr` is a live allocation of `len` bytes that `&mut self` makes
             // exclusively ours, and `data` holds exactly `len` bytes. The copy from pageable memory returns
             // once `data` has been consumed; the synchronisation below completes it on the device.
-            unsafe { result::memcpy_htod_sync(self.ptr, data) }
-                .map_err(self.ctx.driver_error("cuMemcpyHtoD"))?;
+            unsafe { result::memcpy_htod_sync(self.0.ptr, data) }
+                .map_err(self.0.ctx.driver_error("cuMemcpyHtoD"))?;
         }
-        self.ctx.synchronize()
-    }
-
-    /// Copies `src` over these bytes (device to device; complete when it returns). Returns the bytes copied.
-    pub fn copy_from(&mut self, src: &DeviceStorage) -> Result<u64, Error> {
-        copy_device(&self.ctx, self.ptr, self.len, src.ptr, src.len)
+        self.0.ctx.synchronize()
     }
 }
 
@@ -338,61 +395,18 @@ impl ManagedStorage {
     /// [`Error::Allocation`] (`MemoryAllocationFailed`) when the driver refuses, [`Error::Driver`] when the
     /// memset fails.
     pub fn zeroed(ctx: &Context, len: usize) -> Result<ManagedStorage, Error> {
-        ctx.bind()?;
-        // SAFETY: the context is current. At least one byte is requested (the driver refuses zero); the
-        // allocation is freed once, in `Drop`.
-        let ptr = unsafe { result::malloc_managed(len.max(1), sys::CUmemAttach_flags::CU_MEM_ATTACH_GLOBAL) }
-            .map_err(|e| Error::Allocation {
-                ordinal: ctx.ordinal,
-                kind: "managed",
-                bytes: len,
-                reason: describe(e),
-            })?;
-        let mut storage = ManagedStorage { ptr, len, ctx: ctx.clone() };
-        storage.clear()?;
-        Ok(storage)
-    }
-
-    /// Size in bytes.
-    pub fn len(&self) -> usize {
-        self.len
-    }
-
-    /// Whether it holds no bytes.
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
-    }
-
-    /// The device ordinal.
-    pub fn device(&self) -> i32 {
-        self.ctx.ordinal
-    }
-
-    /// The unified address, as a delegate argument carries it.
-    pub fn as_ptr(&self) -> *mut c_void {
-        self.ptr as usize as *mut c_void
+        Allocation::zeroed(ctx, len, MemoryKind::Managed).map(ManagedStorage)
     }
 
     /// The bytes, read in place on the host after synchronising the context (so no queued device work
     /// still writes them).
     pub fn bytes(&self) -> Result<&[u8], Error> {
-        self.ctx.synchronize()?;
+        self.0.ctx.synchronize()?;
         // SAFETY: `ptr` is a live managed allocation of at least `len` bytes (freed only in `Drop`, which
         // cannot run while the returned borrow of `self` lives), valid on the host because it is managed
         // memory, and nothing writes it meanwhile: the context was synchronised above, and every writer in
         // this process needs `&mut self` (delegates receive its address only inside `Program::execute`).
-        Ok(unsafe { std::slice::from_raw_parts(self.ptr as usize as *const u8, self.len) })
-    }
-
-    /// Zeroes every byte; complete when it returns.
-    pub fn clear(&mut self) -> Result<(), Error> {
-        clear_device(&self.ctx, self.ptr, self.len)
-    }
-
-    /// Copies `src` over these bytes (through the device; complete when it returns). Returns the bytes
-    /// copied.
-    pub fn copy_from(&mut self, src: &ManagedStorage) -> Result<u64, Error> {
-        copy_device(&self.ctx, self.ptr, self.len, src.ptr, src.len)
+        Ok(unsafe { std::slice::from_raw_parts(self.0.ptr as usize as *const u8, self.0.len) })
     }
 }
 
@@ -473,32 +487,6 @@ impl RawMemory<'_> {
     /// The CUDA device ordinal.
     pub fn device(&self) -> i32 {
         self.device
-    }
-}
-
-impl DeviceStorage {
-    /// The memory, borrowed for one call's argument list.
-    pub fn raw(&mut self) -> RawMemory<'_> {
-        RawMemory {
-            ptr: self.ptr,
-            len: self.len,
-            memory: MemoryKind::Device,
-            device: self.device(),
-            borrow: PhantomData,
-        }
-    }
-}
-
-impl ManagedStorage {
-    /// The memory, borrowed for one call's argument list.
-    pub fn raw(&mut self) -> RawMemory<'_> {
-        RawMemory {
-            ptr: self.ptr,
-            len: self.len,
-            memory: MemoryKind::Managed,
-            device: self.device(),
-            borrow: PhantomData,
-        }
     }
 }
 
@@ -584,29 +572,6 @@ fn copy_device(
     Ok(dst_len as u64)
 }
 
-fn free_device(ctx: &Context, ptr: sys::CUdeviceptr, what: &'static str) {
-    // Work queued by delegates may still use the memory: wait for it before freeing.
-    let ready = ctx.synchronize();
-    // SAFETY: `ptr` came from `cuMemAlloc`/`cuMemAllocManaged` in this context and is freed once, here, by
-    // its only owner; the synchronisation above retired any queued work that used it.
-    let freed = ready.and_then(|()| unsafe { result::free_sync(ptr) }.map_err(ctx.driver_error("cuMemFree")));
-    if let Err(err) = freed {
-        tracing::warn!("leaking {what} memory on CUDA device {}: {err}", ctx.ordinal);
-    }
-}
-
-impl Drop for DeviceStorage {
-    fn drop(&mut self) {
-        free_device(&self.ctx, self.ptr, "device");
-    }
-}
-
-impl Drop for ManagedStorage {
-    fn drop(&mut self) {
-        free_device(&self.ctx, self.ptr, "managed");
-    }
-}
-
 impl Drop for PinnedStorage {
     fn drop(&mut self) {
         let freed = self.ctx.synchronize().and_then(|()| {
@@ -637,8 +602,8 @@ mod tests {
             Ok(ctx) => {
                 let mut device = DeviceStorage::zeroed(&ctx, 300).expect("device memory");
                 assert_eq!(device.read().expect("read"), vec![0u8; 300]);
-                assert_eq!(memory_type(device.ptr), sys::CUmemorytype::CU_MEMORYTYPE_DEVICE as u32);
-                assert_eq!(is_managed(device.ptr), 0, "device memory is not managed");
+                assert_eq!(memory_type(device.0.ptr), sys::CUmemorytype::CU_MEMORYTYPE_DEVICE as u32);
+                assert_eq!(is_managed(device.0.ptr), 0, "device memory is not managed");
 
                 let pattern: Vec<u8> = (0..300u32).map(|i| (i % 251) as u8 + 1).collect();
                 device.write(&pattern).expect("write");
@@ -652,7 +617,7 @@ mod tests {
 
                 let managed = ManagedStorage::zeroed(&ctx, 300).expect("managed memory");
                 assert!(managed.bytes().expect("bytes").iter().all(|&b| b == 0));
-                assert_eq!(is_managed(managed.ptr), 1, "cuMemAllocManaged memory is managed");
+                assert_eq!(is_managed(managed.0.ptr), 1, "cuMemAllocManaged memory is managed");
 
                 let pinned = PinnedStorage::zeroed(&ctx, 300).expect("pinned memory");
                 assert!(pinned.bytes().iter().all(|&b| b == 0));
