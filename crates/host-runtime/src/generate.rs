@@ -88,9 +88,9 @@ fn write_i64s(bytes: &mut [u8], values: &[i64]) -> Result<(), Error> {
 
 /// Reads f32 logits; the last row of `[T, vocab]`.
 pub fn last_row(bytes: &[u8], vocab: usize) -> Vec<f32> {
-    let values: Vec<f32> =
-        bytes.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
-    values[values.len().saturating_sub(vocab)..].to_vec()
+    let values = bytes.len() / 4;
+    let row = &bytes[values.saturating_sub(vocab) * 4..values * 4];
+    row.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect()
 }
 
 /// Runs prefill over the prompt, then `steps` decode steps, calling `observe` after every step with the

@@ -415,14 +415,15 @@ fn bench(
     dirs: &[PathBuf],
     json: bool,
 ) -> Result<(), Failure> {
-    let steps = default_steps(&Manifest::load(path)?, steps);
+    let manifest = Manifest::load(path)?;
+    let steps = default_steps(&manifest, steps);
     if steps == 0 || runs < 2 {
         return Err(failure("bench needs --steps >= 1 and --runs >= 2 (the first run is a warm-up)"));
     }
     let registry = Registry::discover(dirs, true, true);
     let mut rows = Vec::new();
     for mode in [Mode::ZeroCopy, Mode::CopyBack] {
-        let mut program = Program::load(Manifest::load(path)?, &registry, mode)?;
+        let mut program = Program::load(manifest.clone(), &registry, mode)?;
         let mut times = Vec::new();
         let mut bytes = None;
         for run in 0..runs {

@@ -334,3 +334,25 @@ fn a_plugin_for_a_newer_abi_is_rejected_naming_both_ranges_while_the_others_load
     assert_eq!(future["reason"], "plugin speaks ABI 2..=3, host 1..=1", "{future}");
     assert_eq!(candidate("libabi_test.")["status"], "loaded", "{list}");
 }
+
+#[test]
+fn bench_reports_both_modes_with_their_copies() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let cfg = kv_example::Config::tiny();
+    kv_example::export::reference(&cfg, dir.path()).expect("export");
+    let report = stdout_json(&run(host()
+        .arg("bench")
+        .arg(dir.path().join("program.toml"))
+        .args(["--json", "--steps", "3", "--runs", "2"])
+        .env_remove("DELEGATE_PLUGIN_PATH")));
+    let modes = report["modes"].as_array().expect("modes");
+    assert_eq!(modes.len(), 2, "{report}");
+    assert_eq!(modes[0]["mode"], "zero-copy");
+    assert_eq!(modes[0]["bytes_copied_per_step"], 0);
+    assert_eq!(modes[0]["decode_steps_measured"], 3);
+    assert_eq!(modes[1]["mode"], "copy-back");
+    let cache_bytes = (cfg.cache_len() * 4 * 2 * cfg.layers) as u64;
+    assert_eq!(modes[1]["reflect_bytes_per_step"], cache_bytes);
+    assert_eq!(modes[1]["writeback_bytes_per_step"], cache_bytes);
+    assert!(modes.iter().all(|m| m["median_us"].as_f64().is_some_and(|t| t > 0.0)), "{report}");
+}
