@@ -4,14 +4,15 @@ use std::path::Path;
 
 use anyhow::{bail, Context};
 
-use crate::util::{cargo, run_cmd};
+use crate::util::{cargo, run_cmd, target_dir};
 
 /// Builds the host and the reference plugin, exports the example, runs it through `delegate-host` in both
 /// modes, then checks every step against the independent f64 model.
 pub fn run(root: &Path) -> anyhow::Result<()> {
-    run_cmd(root, cargo().args(["build", "--release", "-p", "host-runtime", "-p", "reference-delegate"]))?;
-    let release = root.join("target").join("release");
-    let dir = root.join("target").join("demo");
+    run_cmd(root, cargo().args(["build", "--release", "-p", "delegate-host", "-p", "reference-delegate"]))?;
+    let target = target_dir(root)?;
+    let release = target.join("release");
+    let dir = target.join("demo");
     let cfg = kv_example::Config::tiny();
     kv_example::export::reference(&cfg, &dir).context("exporting the example decoder")?;
     println!("exported the example decoder to {}", dir.display());

@@ -4,7 +4,7 @@ use std::path::Path;
 use std::process::Command;
 
 use crate::trt_setup;
-use crate::util::{cargo, run_cmd};
+use crate::util::{cargo, run_cmd, target_dir};
 
 /// Installs what the tests need (libclang for `trtx`'s bindings, the TensorRT-RTX library, `flatc`), then
 /// runs fmt, codegen --check, clippy and the whole test suite with the real plugin dylibs built first.
@@ -36,7 +36,7 @@ pub fn run(root: &Path) -> anyhow::Result<()> {
         root,
         with_trt(cargo()).args(["clippy", "--workspace", "--all-targets", "--", "-D", "warnings"]),
     )?;
-    let plugin_dir = root.join("target").join("debug");
+    let plugin_dir = target_dir(root)?.join("debug");
     run_cmd(
         root,
         with_trt(cargo())
@@ -44,6 +44,7 @@ pub fn run(root: &Path) -> anyhow::Result<()> {
             .env("DELEGATE_TEST_PLUGIN_DIR", &plugin_dir),
     )?;
     tensorrt_smoke(root, &with_trt)?;
+    demo_in_another_target_dir(root)?;
     eprintln!("xtask test: all checks passed");
     Ok(())
 }
@@ -52,8 +53,9 @@ pub fn run(root: &Path) -> anyhow::Result<()> {
 /// is listed as loaded, and running the program on a machine without a usable GPU fails cleanly (exit 2, one
 /// line, `NotSupported`) instead of crashing.
 fn tensorrt_smoke(root: &Path, with_trt: &dyn Fn(Command) -> Command) -> anyhow::Result<()> {
-    let debug = root.join("target").join("debug");
-    let dir = root.join("target").join("xtask-test").join("tensorrt-example");
+    let target = target_dir(root)?;
+    let debug = target.join("debug");
+    let dir = target.join("xtask-test").join("tensorrt-example");
     run_cmd(
         root,
         with_trt(cargo())
@@ -88,6 +90,20 @@ fn tensorrt_smoke(root: &Path, with_trt: &dyn Fn(Command) -> Command) -> anyhow:
         run.status.code() == Some(2) && stderr.trim().lines().count() == 1 && stderr.contains("[NotSupported]"),
         "without a GPU that TensorRT-RTX supports, `delegate-host run` must fail with one NotSupported line; got {:?}: {stderr}",
         run.status.code()
+    );
+    Ok(())
+}
+
+/// `cargo xtask demo` as a user with a shared target directory runs it: `CARGO_TARGET_DIR` points elsewhere,
+/// and the demo must find what cargo built there (it asks `cargo metadata`, never assumes `target/`).
+fn demo_in_another_target_dir(root: &Path) -> anyhow::Result<()> {
+    let elsewhere = target_dir(root)?.join("xtask-test").join("shared-target");
+    let xtask = std::env::current_exe()?;
+    run_cmd(root, Command::new(xtask).arg("demo").env("CARGO_TARGET_DIR", &elsewhere))?;
+    anyhow::ensure!(
+        elsewhere.join("release").join(format!("delegate-host{}", std::env::consts::EXE_SUFFIX)).is_file(),
+        "the demo did not build into CARGO_TARGET_DIR ({})",
+        elsewhere.display()
     );
     Ok(())
 }

@@ -1,6 +1,7 @@
 //! The host runtime: loads delegate plugins, owns caller buffers and runs a program's methods through them,
 //! threading caller-owned KV caches as delegate arguments so that every step sees the cache the previous step
-//! wrote. The `delegate-host` binary is its command line.
+//! wrote. It is the library an application embeds; the `delegate-host` command line is its own crate
+//! (`crates/delegate-host`) on top of it.
 //!
 //! ## Examples
 //!

@@ -32,13 +32,12 @@
 
 use std::collections::{BTreeMap, HashSet};
 use std::ffi::OsString;
-use std::fmt::{self, Write as _};
+use std::fmt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use delegate_abi::host::{HostConfig, Plugin};
 use delegate_abi::PluginInfo;
-use serde::Serialize;
 
 /// Environment variable with extra plugin directories.
 pub const PLUGIN_PATH_ENV: &str = "DELEGATE_PLUGIN_PATH";
@@ -116,67 +115,6 @@ impl Candidate {
             serves: vec![],
             plugin: Some(Arc::new(plugin)),
         }
-    }
-}
-
-#[derive(Serialize)]
-struct WireJson<'a> {
-    format: &'a str,
-    versions: &'a str,
-}
-
-#[derive(Serialize)]
-struct CandidateJson<'a> {
-    path: Option<&'a Path>,
-    embedded: bool,
-    status: &'static str,
-    reason: Option<&'a str>,
-    shadowed_by: Option<String>,
-    name: Option<&'a str>,
-    version: Option<&'a str>,
-    abi_version: Option<u32>,
-    backends: Vec<&'a str>,
-    serves: &'a [String],
-    wire_formats: Vec<WireJson<'a>>,
-    memory_kinds: Vec<&'static str>,
-    binds_aliases_in_place: Option<bool>,
-}
-
-impl Serialize for Candidate {
-    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        let info = self.info.as_ref();
-        let (status, reason, shadowed_by) = match &self.status {
-            Status::Loaded => ("loaded", None, None),
-            Status::Rejected(reason) => ("rejected", Some(reason.as_str()), None),
-            Status::Shadowed { by } => (
-                "shadowed",
-                None,
-                Some(by.as_ref().map_or_else(|| "(embedded)".to_string(), |p| p.display().to_string())),
-            ),
-        };
-        CandidateJson {
-            path: self.path.as_deref(),
-            embedded: self.path.is_none(),
-            status,
-            reason,
-            shadowed_by,
-            name: info.map(|i| i.name.as_str()),
-            version: info.map(|i| i.version.as_str()),
-            abi_version: self.abi_version,
-            backends: info.map(|i| i.backends.iter().map(String::as_str).collect()).unwrap_or_default(),
-            serves: &self.serves,
-            wire_formats: info
-                .map(|i| {
-                    i.wire_formats
-                        .iter()
-                        .map(|w| WireJson { format: &w.format, versions: &w.versions })
-                        .collect()
-                })
-                .unwrap_or_default(),
-            memory_kinds: info.map(|i| i.memory_kinds.iter().map(|m| m.name()).collect()).unwrap_or_default(),
-            binds_aliases_in_place: info.map(|i| i.binds_aliases_in_place),
-        }
-        .serialize(serializer)
     }
 }
 
@@ -321,67 +259,6 @@ impl Registry {
     pub fn backends(&self) -> Vec<String> {
         self.serving.keys().cloned().collect()
     }
-
-    /// A human table: one row per candidate, `STATUS` last (it carries the reason).
-    pub fn table(&self) -> String {
-        const HEADERS: [&str; 7] = ["PATH", "NAME", "VERSION", "ABI", "BACKENDS", "WIRE FORMATS", "STATUS"];
-        let rows: Vec<[String; 7]> = self
-            .candidates
-            .iter()
-            .map(|c| {
-                let info = c.info.as_ref();
-                let or_dash = |s: Option<String>| s.unwrap_or_else(|| "-".to_string());
-                [
-                    c.location(),
-                    or_dash(info.map(|i| i.name.clone())),
-                    or_dash(info.map(|i| i.version.clone())),
-                    or_dash(c.abi_version.map(|v| v.to_string())),
-                    or_dash(info.map(|i| {
-                        i.backends
-                            .iter()
-                            .map(|b| if c.serves.contains(b) { b.clone() } else { format!("({b})") })
-                            .collect::<Vec<_>>()
-                            .join(",")
-                    })),
-                    or_dash(info.map(|i| {
-                        i.wire_formats
-                            .iter()
-                            .map(|w| format!("{} {}", w.format, w.versions))
-                            .collect::<Vec<_>>()
-                            .join("; ")
-                    })),
-                    c.status.to_string(),
-                ]
-            })
-            .collect();
-        let mut widths = HEADERS.map(str::len);
-        for row in &rows {
-            for (w, cell) in widths.iter_mut().zip(row) {
-                *w = (*w).max(cell.chars().count());
-            }
-        }
-        let mut out = String::new();
-        let mut line = |cells: &[&str]| {
-            let mut text = String::new();
-            for (i, cell) in cells.iter().enumerate() {
-                if i + 1 == cells.len() {
-                    text.push_str(cell);
-                } else {
-                    let _ = write!(text, "{cell:<width$}  ", width = widths[i]);
-                }
-            }
-            out.push_str(text.trim_end());
-            out.push('\n');
-        };
-        line(&HEADERS);
-        for row in &rows {
-            line(&row.each_ref().map(String::as_str));
-        }
-        if self.candidates.is_empty() {
-            out.push_str("(no plugin candidates found)\n");
-        }
-        out
-    }
 }
 
 #[cfg(test)]
@@ -468,27 +345,6 @@ mod tests {
         assert!(registry.for_backend("ReferenceBackend").is_some(), "{:?}", registry.backends());
         assert!(registry.for_backend("Nope").is_none());
         assert!(registry.backends().contains(&"AbiTestBackend".to_string()));
-
-        let table = registry.table();
-        assert!(table.starts_with("PATH"), "{table}");
-        assert!(table.contains("AbiTestBackend"), "{table}");
-        assert!(table.contains("rejected: not a loadable library"), "{table}");
-        assert!(table.contains("(embedded)"), "{table}");
-
-        let json: serde_json::Value = serde_json::to_value(registry.candidates()).expect("json");
-        assert_eq!(json[0]["status"], "loaded");
-        assert_eq!(json[0]["name"], "abi-test");
-        assert_eq!(json[0]["abi_version"], 1);
-        assert_eq!(json[0]["backends"], serde_json::json!(["AbiTestBackend"]));
-        assert_eq!(
-            json[0]["wire_formats"],
-            serde_json::json!([{"format": "native", "versions": ">=1.0, <2"}])
-        );
-        assert_eq!(json[0]["memory_kinds"], serde_json::json!(["host", "pinned"]));
-        assert_eq!(json[1]["status"], "rejected");
-        assert!(json[1]["reason"].as_str().expect("reason").starts_with("not a loadable library"));
-        assert_eq!(json[2]["embedded"], true);
-        assert_eq!(json[2]["path"], serde_json::Value::Null);
     }
 
     #[test]
@@ -601,8 +457,6 @@ mod tests {
         assert_eq!((c[0].status.clone(), c[0].serves.clone()), (Status::Loaded, vec!["Y".to_string()]));
         assert_eq!((c[1].status.clone(), c[1].serves.clone()), (Status::Loaded, vec!["X".to_string()]));
         assert_eq!(c[2].status, Status::Shadowed { by: Some("b.so".into()) });
-        let table = registry.table();
-        assert!(table.contains("(X),Y"), "unserved backends are parenthesised:\n{table}");
     }
 
     #[test]

@@ -23,7 +23,7 @@ use crate::manifest::{ArgRef, Location, Manifest, Method, TensorDecl};
 use crate::plugins::Registry;
 
 /// How a buffer-mutation output slot is passed to the delegate.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum, serde::Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum Mode {
     /// The output slot is the buffer's own storage: the delegate updates it in place, nothing is copied.
@@ -34,7 +34,7 @@ pub enum Mode {
 }
 
 impl Mode {
-    /// `"zero-copy"` or `"copy-back"`, as on the command line.
+    /// `"zero-copy"` or `"copy-back"`, as `delegate-host --mode` spells it.
     pub fn name(self) -> &'static str {
         match self {
             Mode::ZeroCopy => "zero-copy",

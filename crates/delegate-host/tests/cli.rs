@@ -356,3 +356,57 @@ fn bench_reports_both_modes_with_their_copies() {
     assert_eq!(modes[1]["writeback_bytes_per_step"], cache_bytes);
     assert!(modes.iter().all(|m| m["median_us"].as_f64().is_some_and(|t| t > 0.0)), "{report}");
 }
+
+#[test]
+fn plugins_table_and_json_name_every_candidate_with_its_status() {
+    // The abi-test plugin twice (equal versions: the first found serves, the second is shadowed), a text file
+    // posing as a library, and the embedded reference plugin.
+    let file = format!("{}abi_test{}", std::env::consts::DLL_PREFIX, std::env::consts::DLL_SUFFIX);
+    let built = test_plugin_dir().join(&file);
+    let (first, second) = (tempfile::tempdir().expect("temp dir"), tempfile::tempdir().expect("temp dir"));
+    std::fs::copy(&built, first.path().join(&file)).expect("built test plugin");
+    std::fs::copy(&built, second.path().join(&file)).expect("built test plugin");
+    let fake = format!("{}fake{}", std::env::consts::DLL_PREFIX, std::env::consts::DLL_SUFFIX);
+    std::fs::write(first.path().join(&fake), "not a library\n").expect("write");
+    let listing = |json: bool| {
+        let mut cmd = host();
+        cmd.arg("plugins").arg("--plugin-dir").arg(first.path()).arg("--plugin-dir").arg(second.path());
+        if json {
+            cmd.arg("--json");
+        }
+        run(cmd.env_remove("DELEGATE_PLUGIN_PATH"))
+    };
+
+    let out = listing(false);
+    assert!(out.status.success());
+    let table = String::from_utf8_lossy(&out.stdout).into_owned();
+    let lines: Vec<&str> = table.lines().collect();
+    assert!(lines[0].starts_with("PATH") && lines[0].trim_end().ends_with("STATUS"), "{table}");
+    assert_eq!(lines.len(), 5, "a header and four candidates:\n{table}");
+    assert!(
+        lines[1].contains("abi-test")
+            && lines[1].contains(" AbiTestBackend ")
+            && lines[1].ends_with("loaded")
+    );
+    assert!(lines[2].contains(&fake) && lines[2].contains("rejected: not a loadable library"), "{table}");
+    // A backend a candidate offers but does not serve is parenthesised, and the status names the winner.
+    assert!(lines[3].contains("(AbiTestBackend)"), "{table}");
+    assert!(lines[3].ends_with(&format!("shadowed by {}", first.path().join(&file).display())), "{table}");
+    assert!(lines[4].starts_with("(embedded)") && lines[4].ends_with("loaded"), "{table}");
+
+    let json = stdout_json(&listing(true));
+    assert_eq!(json[0]["status"], "loaded");
+    assert_eq!(json[0]["name"], "abi-test");
+    assert_eq!(json[0]["abi_version"], 1);
+    assert_eq!(json[0]["backends"], serde_json::json!(["AbiTestBackend"]));
+    assert_eq!(json[0]["serves"], serde_json::json!(["AbiTestBackend"]));
+    assert_eq!(json[0]["wire_formats"], serde_json::json!([{"format": "native", "versions": ">=1.0, <2"}]));
+    assert_eq!(json[0]["memory_kinds"], serde_json::json!(["host", "pinned"]));
+    assert_eq!(json[1]["status"], "rejected");
+    assert!(json[1]["reason"].as_str().expect("reason").starts_with("not a loadable library"));
+    assert_eq!(json[2]["status"], "shadowed");
+    assert_eq!(json[2]["serves"], serde_json::json!([]));
+    assert_eq!(json[2]["shadowed_by"], first.path().join(&file).display().to_string());
+    assert_eq!(json[3]["embedded"], true);
+    assert_eq!(json[3]["path"], Value::Null);
+}

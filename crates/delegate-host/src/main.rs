@@ -1,0 +1,163 @@
+//! `delegate-host`: inspect, validate and convert delegate blobs; list plugins; run and benchmark programs.
+//!
+//! The command line over the `host-runtime` library: this crate owns everything about arguments, text and
+//! JSON output, progress bars and log set-up, so the library stays what an application embeds. Any bad input
+//! ends in one line `error: ... [ExecuTorchCode]` on stderr and exit code 2.
+#![forbid(unsafe_code)]
+
+mod blob;
+mod plugins;
+mod run;
+
+use std::io::IsTerminal;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+use et_error::{ErrorCode, HasErrorCode};
+
+use crate::blob::Target;
+use crate::run::ModeArg;
+
+/// Runs TensorRT and reference delegates over caller-owned KV caches.
+#[derive(Parser)]
+#[command(name = "delegate-host", version, about)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Print what a blob says: format, backend, bindings in delegate-argument order, aliases, engine extent.
+    Inspect {
+        /// The blob file.
+        blob: PathBuf,
+        /// Print one JSON object instead of text.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Check a blob's format-level rules (structure, integrity, alias table) without an engine.
+    Validate {
+        /// The blob file.
+        blob: PathBuf,
+    },
+    /// Rewrite a blob in another wire format, refusing when the target cannot express it losslessly.
+    Convert {
+        /// The blob to read.
+        input: PathBuf,
+        /// Where to write.
+        output: PathBuf,
+        /// The target format.
+        #[arg(long = "to", value_enum)]
+        to: Target,
+    },
+    /// List every plugin candidate: path, name, version, ABI, backends, wire formats, status.
+    Plugins {
+        /// Directories to search before `DELEGATE_PLUGIN_PATH`.
+        #[arg(long = "plugin-dir")]
+        plugin_dirs: Vec<PathBuf>,
+        /// Print JSON instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Run a program: prefill once, then decode steps feeding back the argmax token.
+    Run {
+        /// The program manifest (TOML).
+        program: PathBuf,
+        /// Decode steps after prefill [default: as many as the caches hold, or 15 when the program does not
+        /// say]
+        #[arg(long)]
+        steps: Option<usize>,
+        /// How buffer-mutation outputs are passed.
+        #[arg(long, value_enum, default_value = "zero-copy")]
+        mode: ModeArg,
+        /// Directories to search for plugins before `DELEGATE_PLUGIN_PATH`.
+        #[arg(long = "plugin-dir")]
+        plugin_dirs: Vec<PathBuf>,
+        /// Print one JSON object (per-step summaries and stats) instead of text.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Measure decode steps of a program in both modes, side by side: time per step and bytes copied per step.
+    Bench {
+        /// The program manifest (TOML).
+        program: PathBuf,
+        /// Decode steps per run, each from zeroed caches [default: as many as the caches hold, or 15]
+        #[arg(long)]
+        steps: Option<usize>,
+        /// Runs per mode; the first is a warm-up and is not counted.
+        #[arg(long, default_value_t = 5)]
+        runs: usize,
+        /// Directories to search for plugins before `DELEGATE_PLUGIN_PATH`.
+        #[arg(long = "plugin-dir")]
+        plugin_dirs: Vec<PathBuf>,
+        /// Print one JSON object instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+/// A failure the CLI reports in one line, with the ExecuTorch code where one applies.
+pub(crate) struct Failure {
+    code: Option<ErrorCode>,
+    message: String,
+}
+
+impl<E: HasErrorCode + std::fmt::Display> From<E> for Failure {
+    fn from(err: E) -> Failure {
+        Failure { code: Some(err.error_code()), message: err.to_string() }
+    }
+}
+
+impl Failure {
+    /// A failure with an ExecuTorch code.
+    pub(crate) fn coded(code: ErrorCode, message: impl Into<String>) -> Failure {
+        Failure { code: Some(code), message: message.into() }
+    }
+}
+
+/// A failure without an ExecuTorch code (a usage problem of the CLI itself).
+pub(crate) fn failure(message: impl Into<String>) -> Failure {
+    Failure { code: None, message: message.into() }
+}
+
+fn main() -> ExitCode {
+    // Logs go to stderr, coloured only on a terminal, so a redirected stderr holds plain text.
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("DELEGATE_HOST_LOG")
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+        )
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal())
+        .with_target(true)
+        .init();
+    let cli = Cli::parse();
+    match dispatch(cli.command) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(Failure { code, message }) => {
+            let message = message.replace('\n', " ");
+            match code {
+                Some(code) => eprintln!("error: {message} [{}]", code.name()),
+                None => eprintln!("error: {message}"),
+            }
+            ExitCode::from(2)
+        }
+    }
+}
+
+fn dispatch(command: Command) -> Result<(), Failure> {
+    match command {
+        Command::Inspect { blob, json } => blob::inspect(&blob, json),
+        Command::Validate { blob } => blob::validate(&blob),
+        Command::Convert { input, output, to } => blob::convert(&input, &output, to),
+        Command::Plugins { plugin_dirs, json } => plugins::plugins(&plugin_dirs, json),
+        Command::Run { program, steps, mode, plugin_dirs, json } => {
+            run::run_program(&program, steps, mode.into(), &plugin_dirs, json)
+        }
+        Command::Bench { program, steps, runs, plugin_dirs, json } => {
+            run::bench(&program, steps, runs, &plugin_dirs, json)
+        }
+    }
+}
