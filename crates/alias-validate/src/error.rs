@@ -3,7 +3,7 @@
 use blob_format::model::{DType, Dim, DisplayShape, Role};
 use et_error::{ErrorCode, HasErrorCode};
 
-use crate::residency::Residency;
+use crate::residency::{DirectAccess, Residency};
 
 /// Why a blob's aliasing (or one call's aliased input) was refused.
 ///
@@ -307,6 +307,20 @@ pub enum Error {
         input: String,
     },
 
+    // ----- argument layout -----
+    /// An alias writes into an input that takes no delegate argument, so there is no caller storage to
+    /// update in place.
+    #[error(
+        "aliased output '{output}' writes into input '{input}', which takes no delegate argument: thread \
+         '{input}' as an argument (re-export the blob)"
+    )]
+    AliasInputNotThreaded {
+        /// The aliased output.
+        output: String,
+        /// The input it writes.
+        input: String,
+    },
+
     // ----- per call -----
     /// An aliased input's storage is host memory on a discrete GPU: the engine would update a staging copy
     /// and the update would be lost.
@@ -319,6 +333,21 @@ pub enum Error {
         name: String,
         /// Where its storage is.
         residency: Residency,
+    },
+
+    /// An aliased input's storage is memory the delegate does not write directly (e.g. device memory for a
+    /// delegate that computes on the CPU): its in-place update would not reach the caller.
+    #[error(
+        "aliased input '{name}' must be in memory this delegate updates in place ({direct}); it is in \
+         {residency} memory, so the update would not reach the caller: allocate it as {direct} memory"
+    )]
+    AliasedInputNotDirect {
+        /// The input's name.
+        name: String,
+        /// Where its storage is.
+        residency: Residency,
+        /// The memory the delegate writes directly.
+        direct: DirectAccess,
     },
 
     /// An aliased input has zero bytes: there is no storage to update in place.
@@ -337,9 +366,9 @@ impl HasErrorCode for Error {
     fn error_code(&self) -> ErrorCode {
         match self {
             Error::EngineCannotReportAliases { .. } => ErrorCode::NotSupported,
-            Error::AliasedInputNotOnDevice { .. } | Error::AliasedInputEmpty { .. } => {
-                ErrorCode::InvalidArgument
-            }
+            Error::AliasedInputNotOnDevice { .. }
+            | Error::AliasedInputNotDirect { .. }
+            | Error::AliasedInputEmpty { .. } => ErrorCode::InvalidArgument,
             Error::DuplicateBinding { .. }
             | Error::UnthreadedNotAliasedOutput { .. }
             | Error::AliasNamesNotFound { .. }
@@ -358,7 +387,8 @@ impl HasErrorCode for Error {
             | Error::KvCacheInputMismatch { .. }
             | Error::KvCacheNotAliasedByEngine { .. }
             | Error::UserAliasConflictsWithEngine { .. }
-            | Error::EngineAliasUnresolved { .. } => ErrorCode::InvalidProgram,
+            | Error::EngineAliasUnresolved { .. }
+            | Error::AliasInputNotThreaded { .. } => ErrorCode::InvalidProgram,
         }
     }
 }

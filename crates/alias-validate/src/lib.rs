@@ -9,8 +9,13 @@
 //! - [`validate_with_engine`]: the blob against its engine through [`EngineIntrospect`] (every binding is
 //!   an engine tensor of the same role, dtype and shape; `kv_cache_update` aliases are the engine's own;
 //!   engine aliases the blob lacks are added with a [`Warning`]). Delegates run this at init.
-//! - [`residency::check_aliased_input`]: per call, before any staging or zero-byte path, an aliased input
-//!   must be device or managed memory (or host memory on an integrated GPU) and non-empty.
+//! - [`residency::DirectAccess::check`]: per call, before any staging or zero-byte path, an aliased input
+//!   must be memory the engine writes directly (device or managed memory for a discrete GPU, any for an
+//!   integrated one, host-visible memory for a CPU engine) and non-empty.
+//!
+//! [`ArgLayout`] then lays the validated plan over the delegate's argument positions once (which binding
+//! each position carries, which positions are aliased inputs, which slot writes which input), so the host and
+//! every delegate resolve positions the same way.
 //!
 //! Binding is by name: a [`PlannedAlias`] carries indices into `Header::bindings` resolved from names, so the
 //! order of outputs in the blob does not matter.
@@ -19,7 +24,7 @@
 //!
 //! ```
 //! use alias_validate::residency::{self, Residency};
-//! use alias_validate::{validate_format, ValidKind};
+//! use alias_validate::{validate_format, ArgLayout, ValidKind};
 //! use blob_format::model::{Alias, AliasKind, Binding, Header, PayloadKind, Role};
 //! use et_error::{ErrorCode, HasErrorCode};
 //!
@@ -59,9 +64,15 @@
 //! assert_eq!(err.error_code(), ErrorCode::InvalidProgram);
 //! assert!(err.to_string().contains("'kv_cache_updat'"));
 //!
+//! // Positions: one per threaded binding; the cache output slot writes the cache input's position.
+//! let layout = ArgLayout::new(&header, &plan)?;
+//! assert_eq!(layout.slots()[3].in_place_of(), Some(1));
+//! assert!(layout.slots()[1].is_alias_target());
+//!
 //! // On every call, for every aliased input: the caller's storage must be where the engine writes.
-//! residency::check_aliased_input("k_cache", Residency::Device, 4096, false)?;
-//! let err = residency::check_aliased_input("k_cache", Residency::Host, 4096, false).unwrap_err();
+//! let gpu = residency::DirectAccess::DISCRETE_GPU;
+//! gpu.check("k_cache", Residency::Device, 4096)?;
+//! let err = gpu.check("k_cache", Residency::Host, 4096).unwrap_err();
 //! assert_eq!(err.error_code(), ErrorCode::InvalidArgument);
 //! assert!(err.to_string().starts_with("aliased input 'k_cache' must be on GPU or unified memory"));
 //! # Ok::<(), alias_validate::Error>(())
@@ -75,11 +86,13 @@
 
 pub mod engine;
 mod error;
+pub mod layout;
 mod plan;
 pub mod residency;
 mod validate;
 
 pub use engine::{EngineIntrospect, EngineTensor};
 pub use error::Error;
+pub use layout::{ArgAlias, ArgLayout, ArgSlot, UnthreadedAlias};
 pub use plan::{AliasPlan, AliasSource, PlannedAlias, ValidKind, Warning};
 pub use validate::{validate_format, validate_with_engine};
