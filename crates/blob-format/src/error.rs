@@ -29,11 +29,11 @@ pub enum Error {
     /// The first bytes are no magic this build knows (this includes the Torch-TensorRT 2.12 layout, which has
     /// no magic at all).
     #[error(
-        "unknown blob magic \"{magic}\"; this build reads {} (the magic-less Torch-TensorRT 2.12 layout is not supported)",
+        "unknown blob magic [{magic}] (hex); this build reads {} (the magic-less Torch-TensorRT 2.12 layout is not supported)",
         formats_read()
     )]
     UnknownMagic {
-        /// The first bytes of the blob (up to 8), escaped as ASCII.
+        /// The first bytes of the blob (up to 4), in hex.
         magic: String,
     },
     /// An upstream `TRxx` magic other than `TR01`/`TR02`, e.g. `TR03` from a newer Torch-TensorRT.

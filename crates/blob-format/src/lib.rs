@@ -191,10 +191,11 @@ pub fn detect(bytes: &[u8]) -> Result<Format, Error> {
     }
 }
 
-/// [`Error::UnknownMagic`] showing the blob's first bytes.
+/// [`Error::UnknownMagic`] showing the blob's first bytes in hex, four at most: enough to recognise a format,
+/// too few to echo the contents of a file that is not a blob (a secret passed by mistake).
 pub(crate) fn unknown_magic(bytes: &[u8]) -> Error {
-    let shown = &bytes[..bytes.len().min(8)];
-    Error::UnknownMagic { magic: shown.escape_ascii().to_string() }
+    let shown = &bytes[..bytes.len().min(4)];
+    Error::UnknownMagic { magic: shown.iter().map(|b| format!("{b:02x}")).collect::<Vec<_>>().join(" ") }
 }
 
 /// `offset + size`, checked against overflow and against the blob's end.

@@ -11,7 +11,7 @@ use et_error::{ErrorCode, HasErrorCode};
 use host_runtime::blob_file::BlobFile;
 use serde_json::json;
 
-use crate::Failure;
+use crate::{emit, printable, Failure};
 
 /// A wire format `convert` writes.
 #[derive(Clone, Copy, ValueEnum)]
@@ -80,29 +80,28 @@ pub fn inspect(path: &Path, json: bool) -> Result<(), Failure> {
             "engine_offset": blob.engine_offset(),
             "engine_size": blob.engine.len(),
         });
-        println!("{value}");
-        return Ok(());
+        return emit(&format!("{value}\n"));
     }
     let mut out = String::new();
     use std::fmt::Write as _;
     let _ = writeln!(out, "format:   {}", blob.format);
-    let _ = writeln!(out, "backend:  {}", h.backend_id);
+    let _ = writeln!(out, "backend:  {}", printable(&h.backend_id));
     let _ = writeln!(
         out,
         "payload:  {} ({} bytes at offset {})",
-        h.payload_kind,
+        printable(h.payload_kind.as_str()),
         blob.engine.len(),
         blob.engine_offset()
     );
     if let Some(p) = &h.producer {
-        let _ = writeln!(out, "producer: {} {}", p.name, p.version);
+        let _ = writeln!(out, "producer: {} {}", printable(&p.name), printable(&p.version));
     }
     let _ = writeln!(out, "device:   {}", h.device_id);
     if let Some(v) = &h.engine_library_version {
-        let _ = writeln!(out, "library:  {v}");
+        let _ = writeln!(out, "library:  {}", printable(v));
     }
     if let Some(t) = &h.hardware_target {
-        let _ = writeln!(out, "target:   {t}");
+        let _ = writeln!(out, "target:   {}", printable(t));
     }
     let _ = writeln!(out, "bindings (delegate-argument order):");
     let mut position = 0;
@@ -115,18 +114,24 @@ pub fn inspect(path: &Path, json: bool) -> Result<(), Failure> {
         };
         let dtype = b.dtype.map_or("?".to_owned(), |d| d.to_string());
         let shape = b.shape.as_ref().map_or("?".to_owned(), |s| DisplayShape(s).to_string());
-        let _ = writeln!(out, "  {arg}  {:<6} {:<24} {dtype:<5} {shape}", b.role.as_str(), b.name);
+        let _ =
+            writeln!(out, "  {arg}  {:<6} {:<24} {dtype:<5} {shape}", b.role.as_str(), printable(&b.name));
     }
     if h.aliases.is_empty() {
         let _ = writeln!(out, "aliases:  none");
     } else {
         let _ = writeln!(out, "aliases:");
         for a in &h.aliases {
-            let _ = writeln!(out, "  {} <- {} ({})", a.output, a.input, a.kind);
+            let _ = writeln!(
+                out,
+                "  {} <- {} ({})",
+                printable(&a.output),
+                printable(&a.input),
+                printable(a.kind.as_str())
+            );
         }
     }
-    print!("{out}");
-    Ok(())
+    emit(&out)
 }
 
 pub fn validate(path: &Path) -> Result<(), Failure> {
@@ -137,41 +142,82 @@ pub fn validate(path: &Path) -> Result<(), Failure> {
     let plan = alias_validate::validate_format(&blob.header)
         .map_err(|err| Failure::coded(err.error_code(), format!("{}: {err}", path.display())))?;
     for warning in plan.warnings() {
-        eprintln!("warning: {warning}");
+        eprintln!("warning: {}", printable(&warning.to_string()));
     }
-    println!(
-        "ok: {} blob for {}, {} bindings, {} aliases, {} engine bytes",
+    emit(&format!(
+        "ok: {} blob for {}, {} bindings, {} aliases, {} engine bytes\n",
         blob.format,
-        blob.header.backend_id,
+        printable(&blob.header.backend_id),
         blob.header.bindings.len(),
         plan.aliases().len(),
         blob.engine.len()
-    );
-    Ok(())
+    ))
 }
 
+/// Writes `input` in the `to` format to `output`.
+///
+/// Nothing is lost whatever happens: the output is written to a temporary file beside it and renamed into
+/// place only when complete, so a refused or failed conversion leaves an existing `output` as it was; an
+/// `output` that is the input itself (the same path, a hard link or a symlink to it) is refused before
+/// anything is written, since the input is read while the output is written.
 pub fn convert(input: &Path, output: &Path, to: Target) -> Result<(), Failure> {
     let file = open(input)?;
+    if same_file(input, output) {
+        return Err(Failure::coded(
+            ErrorCode::InvalidArgument,
+            format!(
+                "cannot convert {} onto itself ({} is the same file): write to another path",
+                input.display(),
+                output.display()
+            ),
+        ));
+    }
     let blob = parse(input, &file)?;
-    let write_err = |err: std::io::Error| {
-        Failure::coded(ErrorCode::AccessFailed, format!("cannot write {}: {err}", output.display()))
-    };
-    let mut out = std::io::BufWriter::new(std::fs::File::create(output).map_err(write_err)?);
-    match to {
-        Target::Native => {
-            blob_format::native::write(&blob.header, blob.engine, &mut out).map_err(write_err)?
-        }
+    // TR02 is refused before anything is written when it cannot express the blob.
+    let tr02 = match to {
+        Target::Native => None,
         Target::Tr02 => {
-            let bytes = blob_format::upstream::write_tr02(&blob.header, blob.engine).map_err(|err| {
-                let _ = std::fs::remove_file(output);
+            Some(blob_format::upstream::write_tr02(&blob.header, blob.engine).map_err(|err| {
                 Failure::coded(
                     err.error_code(),
                     format!("{}: cannot convert to tr02: {err}", input.display()),
                 )
-            })?;
-            out.write_all(&bytes).map_err(write_err)?;
+            })?)
+        }
+    };
+    let write_err = |err: std::io::Error| {
+        Failure::coded(ErrorCode::AccessFailed, format!("cannot write {}: {err}", output.display()))
+    };
+    let dir = match output.parent() {
+        Some(dir) if !dir.as_os_str().is_empty() => dir,
+        _ => Path::new("."),
+    };
+    let temp =
+        tempfile::Builder::new().prefix(".delegate-host-convert").tempfile_in(dir).map_err(write_err)?;
+    let mut out = std::io::BufWriter::new(temp);
+    match &tr02 {
+        None => blob_format::native::write(&blob.header, blob.engine, &mut out).map_err(write_err)?,
+        Some(bytes) => out.write_all(bytes).map_err(write_err)?,
+    }
+    let temp = out.into_inner().map_err(|err| write_err(err.into_error()))?;
+    temp.as_file().sync_all().map_err(write_err)?;
+    temp.persist(output).map_err(|err| write_err(err.error))?;
+    Ok(())
+}
+
+/// Whether `a` and `b` name the same file (after links): by device and inode on Unix, by canonical path
+/// elsewhere.
+fn same_file(a: &Path, b: &Path) -> bool {
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::MetadataExt;
+        match (std::fs::metadata(a), std::fs::metadata(b)) {
+            (Ok(a), Ok(b)) => a.dev() == b.dev() && a.ino() == b.ino(),
+            _ => false, // `b` does not exist yet: it cannot be `a`
         }
     }
-    out.flush().map_err(write_err)?;
-    Ok(())
+    #[cfg(not(unix))]
+    {
+        matches!((std::fs::canonicalize(a), std::fs::canonicalize(b)), (Ok(a), Ok(b)) if a == b)
+    }
 }

@@ -9,7 +9,7 @@ mod blob;
 mod plugins;
 mod run;
 
-use std::io::IsTerminal;
+use std::io::{IsTerminal, Write};
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -102,24 +102,64 @@ enum Command {
 pub(crate) struct Failure {
     code: Option<ErrorCode>,
     message: String,
+    /// Ends the program without a word and with success: the reader of stdout went away (`| head -1`).
+    quiet: bool,
 }
 
 impl<E: HasErrorCode + std::fmt::Display> From<E> for Failure {
     fn from(err: E) -> Failure {
-        Failure { code: Some(err.error_code()), message: err.to_string() }
+        Failure { code: Some(err.error_code()), message: err.to_string(), quiet: false }
     }
 }
 
 impl Failure {
     /// A failure with an ExecuTorch code.
     pub(crate) fn coded(code: ErrorCode, message: impl Into<String>) -> Failure {
-        Failure { code: Some(code), message: message.into() }
+        Failure { code: Some(code), message: message.into(), quiet: false }
     }
 }
 
-/// A failure without an ExecuTorch code (a usage problem of the CLI itself).
+/// A usage problem of the command line itself (`InvalidArgument`).
 pub(crate) fn failure(message: impl Into<String>) -> Failure {
-    Failure { code: None, message: message.into() }
+    Failure::coded(ErrorCode::InvalidArgument, message)
+}
+
+/// Writes a command's whole output to stdout. A reader that went away (`| head -1`) ends the program quietly;
+/// any other write failure (a full disk) is one `error:` line.
+pub(crate) fn emit(text: &str) -> Result<(), Failure> {
+    let mut stdout = std::io::stdout().lock();
+    match stdout.write_all(text.as_bytes()).and_then(|()| stdout.flush()) {
+        Ok(()) => Ok(()),
+        Err(err) if err.kind() == std::io::ErrorKind::BrokenPipe => {
+            Err(Failure { code: None, message: String::new(), quiet: true })
+        }
+        Err(err) => Err(Failure::coded(ErrorCode::AccessFailed, format!("cannot write to stdout: {err}"))),
+    }
+}
+
+/// `text` with every control character escaped (`\n`, `\u{1b}`, ...), so that a name from a file cannot
+/// break the one-line error contract or drive the terminal.
+pub(crate) fn printable(text: &str) -> std::borrow::Cow<'_, str> {
+    if !text.chars().any(char::is_control) {
+        return std::borrow::Cow::Borrowed(text);
+    }
+    let mut out = String::with_capacity(text.len() + 8);
+    for c in text.chars() {
+        if c.is_control() {
+            out.extend(c.escape_default());
+        } else {
+            out.push(c);
+        }
+    }
+    std::borrow::Cow::Owned(out)
+}
+
+/// A usage error as one line: clap's first line without its `error: ` prefix, then where to read more.
+fn usage_error(err: &clap::Error) -> Failure {
+    let rendered = err.to_string();
+    let first = rendered.lines().find(|l| !l.trim().is_empty()).unwrap_or("invalid arguments");
+    let first = first.strip_prefix("error: ").unwrap_or(first).trim();
+    failure(format!("{first} (see delegate-host --help)"))
 }
 
 fn main() -> ExitCode {
@@ -133,11 +173,20 @@ fn main() -> ExitCode {
         .with_ansi(std::io::stderr().is_terminal())
         .with_target(true)
         .init();
-    let cli = Cli::parse();
-    match dispatch(cli.command) {
+    let result = match Cli::try_parse() {
+        Ok(cli) => dispatch(cli.command),
+        // `--help` and `--version` are not errors: clap prints them as it always does.
+        Err(err) if !err.use_stderr() => {
+            let _ = err.print();
+            Ok(())
+        }
+        Err(err) => Err(usage_error(&err)),
+    };
+    match result {
         Ok(()) => ExitCode::SUCCESS,
-        Err(Failure { code, message }) => {
-            let message = message.replace('\n', " ");
+        Err(Failure { quiet: true, .. }) => ExitCode::SUCCESS,
+        Err(Failure { code, message, .. }) => {
+            let message = printable(&message);
             match code {
                 Some(code) => eprintln!("error: {message} [{}]", code.name()),
                 None => eprintln!("error: {message}"),

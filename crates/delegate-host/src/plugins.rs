@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use host_runtime::plugins::{Candidate, Registry, Status};
 use serde_json::{json, Value};
 
-use crate::Failure;
+use crate::{emit, printable, Failure};
 
 /// Lists every candidate that discovery in `dirs` (then `DELEGATE_PLUGIN_PATH`, then the embedded plugin)
 /// finds.
@@ -15,11 +15,10 @@ pub fn plugins(dirs: &[PathBuf], json: bool) -> Result<(), Failure> {
     let registry = Registry::discover(dirs, true, true);
     if json {
         let list: Vec<Value> = registry.candidates().iter().map(candidate_json).collect();
-        println!("{}", Value::Array(list));
+        emit(&format!("{}\n", Value::Array(list)))
     } else {
-        print!("{}", table(registry.candidates()));
+        emit(&table(registry.candidates()))
     }
-    Ok(())
 }
 
 /// One candidate as the `--json` object; its keys are part of the CLI's promise (see STABILITY.md).
@@ -89,6 +88,7 @@ fn table(candidates: &[Candidate]) -> String {
                 })),
                 c.status.to_string(),
             ]
+            .map(|cell| printable(&cell).into_owned())
         })
         .collect();
     let mut widths = HEADERS.map(str::len);

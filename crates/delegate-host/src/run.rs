@@ -1,6 +1,7 @@
 //! `run` and `bench`: a program's generation as a person watches it (progress bar, summary) or as a program
 //! reads it (`--json`), and both slot modes side by side.
 
+use std::fmt::Write as _;
 use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
 
@@ -11,7 +12,7 @@ use host_runtime::plugins::Registry;
 use host_runtime::program::{Mode, Program};
 use serde_json::json;
 
-use crate::{failure, Failure};
+use crate::{emit, failure, Failure};
 
 /// How buffer-mutation outputs are passed (`--mode`); the library's [`Mode`] spelled for the command line.
 #[derive(Clone, Copy, ValueEnum)]
@@ -64,11 +65,10 @@ pub fn run_program(
         Ok(())
     })?;
     bar.finish_and_clear();
-    report(&generation, mode, json);
-    Ok(())
+    report(&generation, mode, json)
 }
 
-fn report(generation: &Generation, mode: Mode, json: bool) {
+fn report(generation: &Generation, mode: Mode, json: bool) -> Result<(), Failure> {
     let time = generation.mean_decode_time();
     let copies = generation.mean_decode_copies();
     if json {
@@ -83,23 +83,20 @@ fn report(generation: &Generation, mode: Mode, json: bool) {
                 "mean_decode_bytes_copied_total": copies.total(),
             },
         });
-        println!("{value}");
-        return;
+        return emit(&format!("{value}\n"));
     }
-    println!("tokens: {:?}", generation.tokens);
-    println!(
-        "steps: prefill + {} decode, {:.1} us per decode step ({} mode)",
+    emit(&format!(
+        "tokens: {:?}\nsteps: prefill + {} decode, {:.1} us per decode step ({} mode)\n\
+         bytes copied per decode step: {} (reflect {}, write-back {}, staging {})\n",
+        generation.tokens,
         generation.steps.len().saturating_sub(1),
         time.as_secs_f64() * 1e6,
-        mode.name()
-    );
-    println!(
-        "bytes copied per decode step: {} (reflect {}, write-back {}, staging {})",
+        mode.name(),
         copies.total(),
         copies.reflect_bytes,
         copies.writeback_bytes,
         copies.staged_bytes
-    );
+    ))
 }
 
 fn percentile(sorted: &[f64], p: f64) -> f64 {
@@ -150,16 +147,25 @@ pub fn bench(
         }));
     }
     if json {
-        println!("{}", json!({ "program": path, "steps": steps, "runs": runs - 1, "modes": rows }));
-        return Ok(());
+        return emit(&format!(
+            "{}\n",
+            json!({ "program": path, "steps": steps, "runs": runs - 1, "modes": rows })
+        ));
     }
-    println!("{}: {} decode steps x {} runs per mode (after 1 warm-up run)", path.display(), steps, runs - 1);
-    println!(
+    let mut out = format!(
+        "{}: {} decode steps x {} runs per mode (after 1 warm-up run)\n",
+        path.display(),
+        steps,
+        runs - 1
+    );
+    let _ = writeln!(
+        out,
         "{:<10} {:>12} {:>12} {:>12} {:>16} {:>14} {:>14}",
         "mode", "median us", "p10 us", "p90 us", "bytes/step", "reflect", "write-back"
     );
     for r in &rows {
-        println!(
+        let _ = writeln!(
+            out,
             "{:<10} {:>12.1} {:>12.1} {:>12.1} {:>16} {:>14} {:>14}",
             r["mode"].as_str().unwrap_or("?"),
             r["median_us"].as_f64().unwrap_or(0.0),
@@ -170,5 +176,5 @@ pub fn bench(
             r["writeback_bytes_per_step"].as_u64().unwrap_or(0),
         );
     }
-    Ok(())
+    emit(&out)
 }

@@ -60,12 +60,15 @@ fn inspect_json_reads_upstream_blobs_as_their_readme_says() {
 fn unreadable_blobs_exit_2_with_one_named_error() {
     let dir = tempfile::tempdir().expect("temp dir");
     let text = dir.path().join("notes.txt");
-    std::fs::write(&text, "hello, not a blob").expect("write");
+    std::fs::write(&text, "root:*:20000:0:99999:7:::").expect("write");
     let line = one_line_error(&run(host().arg("inspect").arg(&text)));
     assert!(
-        line.contains("unknown blob magic") && line.ends_with("[DelegateInvalidCompatibility]"),
+        line.contains("unknown blob magic [72 6f 6f 74] (hex)")
+            && line.ends_with("[DelegateInvalidCompatibility]"),
         "{line}"
     );
+    // A file that is not a blob is not echoed back: four bytes in hex at most.
+    assert!(!line.contains("root") && !line.contains("20000"), "{line}");
 
     let line = one_line_error(&run(host().arg("validate").arg(dir.path().join("missing.blob"))));
     assert!(line.contains("missing.blob") && line.ends_with("[AccessFailed]"), "{line}");
@@ -128,6 +131,101 @@ fn convert_round_trips_upstream_blobs_byte_for_byte_and_refuses_lossy_targets() 
         .args(["--to", "tr02"])));
     assert!(line.contains("TR02 cannot express") && line.contains("ReferenceBackend"), "{line}");
     assert!(!out.exists(), "a refused conversion leaves no file behind");
+
+    // A refused conversion onto an existing file leaves that file as it was.
+    std::fs::write(&out, b"keep me").expect("write");
+    one_line_error(&run(host()
+        .arg("convert")
+        .arg(dir.path().join("decode.blob"))
+        .arg(&out)
+        .args(["--to", "tr02"])));
+    assert_eq!(std::fs::read(&out).expect("still there"), b"keep me");
+    let leftovers: Vec<_> = std::fs::read_dir(dir.path())
+        .expect("list")
+        .filter_map(Result::ok)
+        .filter(|e| e.file_name().to_string_lossy().starts_with(".delegate-host-convert"))
+        .collect();
+    assert!(leftovers.is_empty(), "no temporary file is left behind: {leftovers:?}");
+}
+
+#[test]
+fn convert_refuses_to_write_onto_its_input_by_any_name() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let blob = dir.path().join("a.blob");
+    std::fs::copy(fixture("tr02_kv_cache.blob"), &blob).expect("copy");
+    let original = std::fs::read(&blob).expect("read");
+    let hard = dir.path().join("hard.blob");
+    std::fs::hard_link(&blob, &hard).expect("hard link");
+    let soft = dir.path().join("soft.blob");
+    #[cfg(unix)]
+    std::os::unix::fs::symlink(&blob, &soft).expect("symlink");
+    for output in [&blob, &hard, &soft] {
+        for to in ["native", "tr02"] {
+            let line = one_line_error(&run(host().arg("convert").arg(&blob).arg(output).args(["--to", to])));
+            assert!(line.contains("onto itself") && line.ends_with("[InvalidArgument]"), "{line}");
+            assert_eq!(std::fs::read(&blob).expect("input intact"), original, "{}", output.display());
+        }
+    }
+}
+
+#[test]
+fn usage_errors_are_one_line_with_a_code() {
+    for args in [
+        &["run", "program.toml", "--steps", "-1"][..],
+        &["run", "program.toml", "--mode", "bogus"],
+        &["inspect"],
+        &["no-such-command"],
+    ] {
+        let line = one_line_error(&run(host().args(args)));
+        assert!(line.ends_with("(see delegate-host --help) [InvalidArgument]"), "{args:?}: {line}");
+    }
+    let line = one_line_error(&run(host().args(["run", "program.toml", "--mode", "bogus"])));
+    assert!(line.contains("'bogus'"), "{line}");
+    // Help is not an error.
+    let help = run(host().arg("--help"));
+    assert!(help.status.success() && String::from_utf8_lossy(&help.stdout).contains("Usage"));
+}
+
+#[test]
+fn a_closed_stdout_ends_quietly_and_a_full_one_is_one_error_line() {
+    // The reader goes away before anything is written (`delegate-host ... | head -0`).
+    let mut child = host()
+        .args(["inspect"])
+        .arg(fixture("tr02_kv_cache.blob"))
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("starts");
+    drop(child.stdout.take());
+    let out = child.wait_with_output().expect("ends");
+    assert!(out.status.success(), "{:?}: {}", out.status, String::from_utf8_lossy(&out.stderr));
+    assert!(out.stderr.is_empty(), "{}", String::from_utf8_lossy(&out.stderr));
+
+    if let Ok(full) = std::fs::OpenOptions::new().write(true).open("/dev/full") {
+        let out = run(host().arg("inspect").arg(fixture("tr02_kv_cache.blob")).stdout(full));
+        let line = one_line_error(&out);
+        assert!(line.contains("cannot write to stdout") && line.ends_with("[AccessFailed]"), "{line}");
+    }
+}
+
+#[test]
+fn control_characters_in_names_are_escaped() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let bytes = std::fs::read(fixture("tr02_kv_cache.blob")).expect("fixture");
+    let header = blob_format::Blob::parse(&bytes).expect("parses").header;
+    let mut evil = header.clone();
+    evil.backend_id = "Evil\u{1b}[31mBackend\nsecond line".to_owned();
+    evil.bindings[0].name = "k\0cache".to_owned();
+    evil.aliases.clear();
+    evil.bindings.retain(|b| b.threaded);
+    let path = dir.path().join("evil.blob");
+    std::fs::write(&path, blob_format::native::to_vec(&evil, b"engine")).expect("write");
+    let out = run(host().arg("inspect").arg(&path));
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("Evil\\u{1b}[31mBackend\\nsecond line"), "{text}");
+    assert!(text.contains("k\\u{0}cache"), "{text}");
+    assert!(!text.contains('\u{1b}') && !text.contains('\0'), "{text}");
 }
 
 #[test]
