@@ -168,8 +168,8 @@ impl<'a> Source<'a> {
         Some(value)
     }
 
-    /// Where the value at `path` starts (1:1 if the document has no such value, which a manifest that
-    /// deserialized cannot lack).
+    /// Where the value at `path` starts; the unknown location (0:0) if the document has no such value, which
+    /// cannot happen for a path taken from the [`ProgramSpec`] deserialized from the same text.
     fn value(&self, path: &[Seg<'_>]) -> Location {
         self.find(path).map_or_else(Location::default, |v| self.at(v.span().start))
     }
