@@ -502,7 +502,11 @@ logits_output = "logits"
         assert_eq!(call.blob, Path::new("dir/decode.blob"));
         assert_eq!(call.args[2], ArgRef::Buffer("k".into()));
         assert_eq!(call.arg_locations[0], Location { line: 12, column: 9 });
-        assert_eq!(call.location, Location { line: 9, column: 1 }, "the call's [[methods.decode.calls]] header");
+        assert_eq!(
+            call.location,
+            Location { line: 9, column: 1 },
+            "the call's [[methods.decode.calls]] header"
+        );
         assert_eq!(m.generate.expect("generate").prompt, vec![3]);
     }
 
