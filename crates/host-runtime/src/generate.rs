@@ -2,7 +2,8 @@
 
 use std::time::Duration;
 
-use crate::manifest::Generate;
+use program_manifest::Generate;
+
 use crate::program::{CopyStats, Error, Program};
 
 /// One method run of a generation.

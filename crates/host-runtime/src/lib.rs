@@ -32,6 +32,8 @@ pub mod blob_file;
 pub mod buffer;
 pub mod cuda;
 pub mod generate;
-pub mod manifest;
 pub mod plugins;
 pub mod program;
+
+/// The program manifest ([`program_manifest`]): [`program::Program::load`] takes its checked [`manifest::Manifest`].
+pub use program_manifest as manifest;

@@ -14,12 +14,12 @@ use blob_format::model::{Binding, Dim, DisplayShape, Role};
 use blob_format::Blob;
 use delegate_abi::host::{ArgList, Instance, Plugin, Slot};
 use delegate_abi::{DTypeCode, DelegateError, InitContext, MemoryKind};
+use program_manifest::{ArgRef, Location, Manifest, Method, TensorDecl};
 use smallvec::SmallVec;
 
 use crate::blob_file::BlobFile;
 use crate::buffer::{HostStorage, Storage, View};
 use crate::cuda::{self, Access, Contexts};
-use crate::manifest::{ArgRef, Location, Manifest, Method, TensorDecl};
 use crate::plugins::Registry;
 
 /// How a buffer-mutation output slot is passed to the delegate.
@@ -49,7 +49,7 @@ impl Mode {
 pub enum Error {
     /// The manifest is unreadable or wrong.
     #[error(transparent)]
-    Manifest(#[from] crate::manifest::Error),
+    Manifest(#[from] program_manifest::Error),
     /// A blob file could not be read.
     #[error("cannot read blob {path}: {source}")]
     BlobIo {
@@ -249,9 +249,20 @@ struct Buffer {
     storage: Storage,
 }
 
+/// The ABI's memory kind for a manifest's: the one place where the manifest's vocabulary meets the ABI's.
+fn abi_memory(kind: program_manifest::MemoryKind) -> MemoryKind {
+    match kind {
+        program_manifest::MemoryKind::Host => MemoryKind::Host,
+        program_manifest::MemoryKind::Device => MemoryKind::Device,
+        program_manifest::MemoryKind::Managed => MemoryKind::Managed,
+        program_manifest::MemoryKind::Pinned => MemoryKind::Pinned,
+    }
+}
+
 fn allocate(decl: &TensorDecl, contexts: &mut Contexts) -> Result<Storage, Error> {
-    Storage::zeroed(decl.memory, decl.device, decl.nbytes() as usize, contexts)
-        .map_err(|source| Error::BufferMemory { buffer: decl.name.clone(), memory: decl.memory, source })
+    let memory = abi_memory(decl.memory);
+    Storage::zeroed(memory, decl.device, decl.nbytes() as usize, contexts)
+        .map_err(|source| Error::BufferMemory { buffer: decl.name.clone(), memory, source })
 }
 
 /// A program ready to run: buffers allocated and zeroed, every call's delegate initialised.
@@ -663,8 +674,9 @@ fn plan_call(
                 ));
             }
         }
+        let memory = abi_memory(decl.memory);
         let accepted = &plugin.info().memory_kinds;
-        if !accepted.contains(&decl.memory) {
+        if !accepted.contains(&memory) {
             let what = if binding.name == decl.name {
                 format!("argument {pos} ('{}')", binding.name)
             } else {
@@ -673,10 +685,8 @@ fn plan_call(
             return Err(wrong(
                 at,
                 format!(
-                    "{what} is in {} memory, but plugin '{}' does not accept {} memory (it accepts {})",
-                    decl.memory,
+                    "{what} is in {memory} memory, but plugin '{}' does not accept {memory} memory (it accepts {})",
                     plugin.info().name,
-                    decl.memory,
                     accepted.iter().map(|m| m.name()).collect::<Vec<_>>().join(", ")
                 ),
             ));
@@ -684,12 +694,7 @@ fn plan_call(
         let Some(dtype) = DTypeCode::from_name(decl.dtype.name()) else {
             return Err(wrong(at, format!("dtype {} cannot cross the plugin ABI", decl.dtype)));
         };
-        args.push(ArgPlan {
-            source,
-            dtype,
-            shape: decl.shape.iter().map(|&d| d as i64).collect(),
-            memory: decl.memory,
-        });
+        args.push(ArgPlan { source, dtype, shape: decl.shape.iter().map(|&d| d as i64).collect(), memory });
     }
 
     Ok(PlannedCall { file, plugin, args, scratch_of })

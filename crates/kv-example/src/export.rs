@@ -2,13 +2,11 @@
 
 use std::path::{Path, PathBuf};
 
-use blob_format::model::{Alias, AliasKind, Binding, DType, Dim, Header, PayloadKind, Producer, Role};
-use et_error::{ErrorCode, HasErrorCode};
-use reference_delegate::graph;
-
-use crate::manifest::{BufferSpec, CallSpec, GenerateSpec, Manifest, MethodSpec, TensorSpec, FORMAT};
 use crate::model::{self, INPUT_POS, LOGITS, TOKENS};
 use crate::{Config, ConfigError, Weights};
+use blob_format::model::{Alias, AliasKind, Binding, DType, Dim, Header, PayloadKind, Producer, Role};
+use et_error::{ErrorCode, HasErrorCode};
+use program_manifest::{BufferSpec, CallSpec, GenerateSpec, MethodSpec, ProgramSpec, TensorSpec, FORMAT};
 
 /// File name of the prefill blob.
 pub const PREFILL_BLOB: &str = "prefill.blob";
@@ -22,6 +20,9 @@ pub const PREFILL: &str = "prefill";
 pub const DECODE: &str = "decode";
 /// The blobs' producer name.
 pub const PRODUCER: &str = "kv-example";
+/// The backend id the exported blobs and calls name: the reference delegate's `BACKEND_ID` (this crate depends
+/// on the graph format, not on the delegate; the delegate's tests check that the two agree).
+pub const REFERENCE_BACKEND: &str = "ReferenceBackend";
 
 /// Why the export failed.
 #[derive(Debug, thiserror::Error)]
@@ -32,10 +33,10 @@ pub enum ExportError {
     Config(#[from] ConfigError),
     /// The graph could not be built (a bug in this crate). `Internal`.
     #[error("building the reference graph failed: {0}")]
-    Graph(#[from] graph::Error),
+    Graph(#[from] ref_graph::Error),
     /// The manifest could not be serialized (a bug in this crate). `Internal`.
     #[error("writing the manifest failed: {0}")]
-    Manifest(#[from] toml::ser::Error),
+    Manifest(#[from] program_manifest::Error),
     /// A file could not be written. `AccessFailed`.
     #[error("cannot write {}: {source}", path.display())]
     Io {
@@ -63,7 +64,7 @@ pub struct ExportedProgram {
     /// The `program.toml` path.
     pub manifest_path: PathBuf,
     /// The manifest it holds.
-    pub manifest: Manifest,
+    pub manifest: ProgramSpec,
     /// The prefill blob's path.
     pub prefill_blob: PathBuf,
     /// The decode blob's path.
@@ -109,7 +110,7 @@ pub fn header(cfg: &Config, rows: usize) -> Header {
         .collect();
     Header {
         producer: Some(Producer { name: PRODUCER.to_owned(), version: env!("CARGO_PKG_VERSION").to_owned() }),
-        backend_id: reference_delegate::BACKEND_ID.to_owned(),
+        backend_id: REFERENCE_BACKEND.to_owned(),
         payload_kind: PayloadKind::ReferenceGraph,
         bindings: bindings(cfg, rows),
         aliases,
@@ -142,17 +143,17 @@ fn call_args(cfg: &Config, rows: usize) -> Vec<String> {
 }
 
 fn method(cfg: &Config, rows: usize, blob: &str) -> MethodSpec {
-    let spec = |name: &str, dtype: &str, shape: Vec<u64>| TensorSpec {
+    let spec = |name: &str, dtype: DType, shape: Vec<i64>| TensorSpec {
         name: name.to_owned(),
-        dtype: dtype.to_owned(),
+        dtype: dtype.name().to_owned(),
         shape,
     };
     MethodSpec {
-        inputs: vec![spec(TOKENS, "i64", vec![rows as u64]), spec(INPUT_POS, "i64", vec![1])],
-        outputs: vec![spec(LOGITS, "f32", vec![rows as u64, cfg.vocab as u64])],
+        inputs: vec![spec(TOKENS, DType::I64, vec![rows as i64]), spec(INPUT_POS, DType::I64, vec![1])],
+        outputs: vec![spec(LOGITS, DType::F32, vec![rows as i64, cfg.vocab as i64])],
         calls: vec![CallSpec {
             blob: blob.to_owned(),
-            backend: reference_delegate::BACKEND_ID.to_owned(),
+            backend: REFERENCE_BACKEND.to_owned(),
             args: call_args(cfg, rows),
         }],
     }
@@ -160,11 +161,12 @@ fn method(cfg: &Config, rows: usize, blob: &str) -> MethodSpec {
 
 /// The program manifest: per-layer cache buffers (host memory), `prefill` and `decode` methods (separate
 /// delegate instances sharing the buffers), and the generate section.
-pub fn manifest(cfg: &Config) -> Manifest {
+pub fn manifest(cfg: &Config) -> ProgramSpec {
     let cache = BufferSpec {
-        dtype: "f32".to_owned(),
-        shape: cfg.cache_shape().iter().map(|&d| d as u64).collect(),
-        memory: "host".to_owned(),
+        dtype: DType::F32.name().to_owned(),
+        shape: cfg.cache_shape().iter().map(|&d| d as i64).collect(),
+        memory: program_manifest::MemoryKind::Host.name().to_owned(),
+        device: None,
     };
     let buffers = (0..cfg.layers)
         .flat_map(|l| [model::k_cache(l), model::v_cache(l)])
@@ -176,7 +178,7 @@ pub fn manifest(cfg: &Config) -> Manifest {
     ]
     .into_iter()
     .collect();
-    Manifest {
+    ProgramSpec {
         format: FORMAT,
         buffers,
         methods,

@@ -1,11 +1,15 @@
-//! The example KV-cache decoder: its config and deterministic weights, its export as reference-delegate
-//! blobs plus a program manifest, and an independent `f64` oracle with the acceptance checks.
+//! The example KV-cache decoder: its config and deterministic weights, its export as reference-graph blobs
+//! plus a program manifest, and an independent `f64` oracle with the acceptance checks.
 //!
 //! The model is upstream's test model (UPSTREAM.md section 6) generalised to several layers: token and
 //! position embeddings, per layer an RMS norm, Q/K/V projections, an in-place update of caller-owned K and V
 //! caches at `input_pos`, causal attention over cache rows `0..=pos`, an output projection with a residual,
 //! and a final RMS norm and projection to logits. See [`model`] for the graph and [`oracle`] for the
 //! independent computation.
+//!
+//! The crate depends on formats only: the graph is a [`ref_graph::Graph`] and the manifest a
+//! [`program_manifest::ProgramSpec`]. Running the exported blobs is a host's or a delegate's business (the
+//! reference delegate's tests run this example end to end through its `Delegate` impl and the plugin ABI).
 //!
 //! ## Examples
 //!
@@ -34,9 +38,7 @@
 
 pub mod check;
 mod config;
-pub mod drive;
 pub mod export;
-pub mod manifest;
 pub mod model;
 pub mod oracle;
 mod weights;
@@ -44,6 +46,5 @@ mod weights;
 pub use check::{argmax, Report, Verifier};
 pub use config::{Config, ConfigError};
 pub use export::{ExportError, ExportedProgram};
-pub use manifest::Manifest;
 pub use oracle::{Oracle, OracleError};
 pub use weights::{LayerWeights, Weights};

@@ -1,4 +1,4 @@
-//! The decoder as a reference-delegate op graph.
+//! The decoder as a reference graph ([`ref_graph`]).
 //!
 //! ```text
 //! x = tok_emb[tokens] + pos_emb[input_pos + t]
@@ -8,7 +8,7 @@
 //! logits = rms_norm(x) Wout
 //! ```
 
-use reference_delegate::graph::{self, ElemType, Graph, GraphBuilder, TensorId};
+use ref_graph::{ElemType, Graph, GraphBuilder, TensorId};
 
 use crate::{Config, Weights};
 
@@ -50,7 +50,7 @@ fn u(n: usize) -> u64 {
 /// Graph inputs are `tokens, input_pos, k_cache_0, v_cache_0, ...`; graph outputs are
 /// `logits, k_cache_out_0, v_cache_out_0, ...` (the blob's argument order differs on purpose, see
 /// [`crate::export`]).
-pub fn build_graph(cfg: &Config, weights: &Weights, rows: usize) -> Result<Graph, graph::Error> {
+pub fn build_graph(cfg: &Config, weights: &Weights, rows: usize) -> Result<Graph, ref_graph::Error> {
     let (dim, vocab) = (u(cfg.dim()), u(cfg.vocab));
     let cache = [u(cfg.heads), u(cfg.max_len), u(cfg.head_dim)];
     let mut b = GraphBuilder::new();
@@ -60,7 +60,7 @@ pub fn build_graph(cfg: &Config, weights: &Weights, rows: usize) -> Result<Graph
         .map(|l| {
             Ok((b.input(&k_cache(l), ElemType::F32, &cache)?, b.input(&v_cache(l), ElemType::F32, &cache)?))
         })
-        .collect::<Result<Vec<(TensorId, TensorId)>, graph::Error>>()?;
+        .collect::<Result<Vec<(TensorId, TensorId)>, ref_graph::Error>>()?;
 
     let tok_emb = b.constant_f32("tok_emb", &[vocab, dim], weights.tok_emb.clone())?;
     let pos_emb = b.constant_f32("pos_emb", &[u(cfg.max_len), dim], weights.pos_emb.clone())?;

@@ -4,9 +4,9 @@
 use blob_format::model::{AliasKind, DType, Dim, Format, PayloadKind, Role};
 use blob_format::Blob;
 use kv_example::export::{self, DECODE_BLOB, MANIFEST, PREFILL_BLOB};
-use kv_example::manifest::Manifest;
 use kv_example::{Config, ConfigError, ExportError};
-use reference_delegate::graph::Graph;
+use program_manifest::{Manifest, ProgramSpec};
+use ref_graph::Graph;
 
 #[test]
 fn blobs_parse_with_name_ordered_bindings_and_aliases() {
@@ -71,8 +71,12 @@ fn manifest_matches_the_schema_and_round_trips() {
     let program = export::reference(&cfg, dir.path()).expect("export");
     assert_eq!(program.manifest_path, dir.path().join(MANIFEST));
     let text = std::fs::read_to_string(&program.manifest_path).expect("written");
-    let parsed = Manifest::from_toml(&text).expect("parses");
+    let parsed = ProgramSpec::parse(&program.manifest_path, &text).expect("parses");
     assert_eq!(parsed, program.manifest);
+    // And a host's checked reading accepts it, blob paths resolved next to the manifest.
+    let checked = Manifest::parse(&program.manifest_path, &text).expect("checks");
+    assert_eq!(checked.methods["decode"].calls[0].blob, program.decode_blob);
+    assert_eq!(checked.generate.and_then(|g| g.max_positions), Some(cfg.max_len as u64));
 
     // Also readable as plain TOML by a host with its own structs.
     let value: toml::Value = toml::from_str(&text).expect("toml");

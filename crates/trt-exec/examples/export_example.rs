@@ -101,7 +101,7 @@ fn export(dir: &Path, big: bool) -> Result<(), Box<dyn std::error::Error>> {
     let mut manifest = kv_example::export::manifest(&cfg);
     for buffer in manifest.buffers.values_mut() {
         // TensorRT's KV-cache layer wants a batch axis; the bytes are those of kv-example's buffers.
-        buffer.shape = [1, cfg.heads, cfg.max_len, cfg.head_dim].iter().map(|&d| d as u64).collect();
+        buffer.shape = [1, cfg.heads, cfg.max_len, cfg.head_dim].iter().map(|&d| d as i64).collect();
         buffer.memory = "device".to_owned();
     }
     for call in manifest.methods.values_mut().flat_map(|m| m.calls.iter_mut()) {

@@ -26,8 +26,8 @@ use delegate_abi::{
 use et_error::{ErrorCode, HasErrorCode};
 
 use crate::exec::{self, ArgMap, Executor};
-use crate::graph::{self, ElemType, Graph, TensorId, PAYLOAD_MAGIC, PAYLOAD_VERSION_MAJOR};
 use crate::BACKEND_ID;
+use ref_graph::{ElemType, Graph, TensorId, PAYLOAD_MAGIC, PAYLOAD_VERSION_MAJOR};
 
 /// The native wire-format versions this delegate reads.
 pub const WIRE_FORMAT_VERSIONS: &str = ">=1.0, <2";
@@ -51,7 +51,7 @@ pub enum Error {
     Incompatible(String),
     /// The payload is not a valid graph. `InvalidProgram`.
     #[error("reference graph: {0}")]
-    Graph(#[from] graph::Error),
+    Graph(#[from] ref_graph::Error),
     /// The blob's bindings or aliases disagree with the graph. `InvalidProgram` (or as alias-validate says).
     #[error("{0}")]
     Alias(#[from] alias_validate::Error),

@@ -1,9 +1,10 @@
-//! The reference delegate: runs a small typed op graph on the CPU, updating caller-owned KV caches in place.
+//! The reference delegate: runs a reference graph ([`ref_graph`]) on the CPU, updating caller-owned KV caches
+//! in place.
 //!
 //! It is the embedded default backend (`ReferenceBackend`) and the worked example of a delegate for third
-//! parties. Its parts are deliberately small and separate:
-//! - [`graph`]: the typed op graph, its builder ([`graph::GraphBuilder`]) and its payload encoding, with
-//!   validation that turns every defect into a typed error;
+//! parties. The graph it runs is a payload format of its own crate, [`ref_graph`] (typed ops, builder,
+//! validation, the `RGRF` encoding, and the graph's aliases as an [`alias_validate::EngineIntrospect`]); this
+//! crate is the code that runs it, in two small parts:
 //! - [`exec`]: the executor, which allocates all scratch at init and writes cache updates into the caller's
 //!   own cache arguments;
 //! - [`delegate`]: the [`delegate_abi::Delegate`] implementation: blob checks, alias validation through
@@ -11,7 +12,7 @@
 //!   in-place / copy-back contract for aliased outputs.
 //!
 //! A blob for this delegate is a native blob (`blob-format`) with backend id [`BACKEND_ID`] and payload kind
-//! `reference-graph`, whose payload is [`graph::Graph::encode`]'s output.
+//! `reference-graph`, whose payload is [`ref_graph::Graph::encode`]'s output.
 //!
 //! ## Examples
 //!
@@ -20,7 +21,7 @@
 //! ```
 //! use blob_format::model::{Binding, Dim, DType, Header, PayloadKind, Role};
 //! use delegate_abi::{Compatibility, Delegate, InitContext};
-//! use reference_delegate::graph::{ElemType, GraphBuilder};
+//! use ref_graph::{ElemType, GraphBuilder};
 //! use reference_delegate::{ReferenceDelegate, BACKEND_ID};
 //!
 //! let mut b = GraphBuilder::new();
@@ -62,7 +63,7 @@
 //! Follow this crate's layout: a crate with `crate-type = ["cdylib", "rlib"]`, a type implementing
 //! [`delegate_abi::Delegate`] (see [`delegate::ReferenceDelegate`]), `delegate_abi::export_delegate!` on it
 //! in the crate root, and validation of the blob's aliases with `alias_validate::validate_with_engine`
-//! against your engine's [`alias_validate::EngineIntrospect`] (see [`graph::Graph`]'s implementation).
+//! against your engine's [`alias_validate::EngineIntrospect`] (see [`ref_graph::Graph`]'s implementation).
 //!
 //! ## Feature Flags
 //!
@@ -72,7 +73,6 @@
 
 pub mod delegate;
 pub mod exec;
-pub mod graph;
 
 pub use delegate::{ReferenceDelegate, ReferenceHandle};
 

@@ -7,7 +7,7 @@ use delegate_abi::{
     Compatibility, DTypeCode, Delegate, DelegateError, ErrorCode, ExecStats, ExecuteArgs, InitContext,
     MemoryKind,
 };
-use reference_delegate::graph::{ElemType, Graph, GraphBuilder};
+use ref_graph::{ElemType, Graph, GraphBuilder};
 use reference_delegate::{ReferenceDelegate, ReferenceHandle, BACKEND_ID};
 
 const VOCAB: u64 = 5;

@@ -19,8 +19,8 @@ use std::mem;
 use delegate_abi::{DelegateError, ExecuteArgs};
 use et_error::{ErrorCode, HasErrorCode};
 
-use crate::graph::{Data, ElemType, Graph, Op, TensorId};
 use kernels::CacheShape;
+use ref_graph::{Data, ElemType, Graph, Op, TensorId};
 
 /// Most scratch memory one executor allocates (4 GiB): a blob whose intermediates need more is refused at
 /// init instead of exhausting the host.
@@ -420,7 +420,7 @@ fn encode_into<T: Copy, const N: usize>(values: &[T], out: &mut [u8], write: fn(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::graph::GraphBuilder;
+    use ref_graph::GraphBuilder;
 
     #[test]
     fn a_graph_needing_too_much_scratch_is_refused_at_init() {

@@ -1,20 +1,81 @@
-//! The typed op graph the reference delegate runs: tensors, ops, validation, and its payload encoding.
+//! The reference graph: a typed op graph with static shapes and its `RGRF` payload encoding, the engine that
+//! a native blob of payload kind `reference-graph` carries.
+//!
+//! This crate is a format: it builds, validates, encodes and decodes graphs and says which outputs alias which
+//! inputs; it runs nothing. The reference delegate (`plugins/reference`) executes a graph on the CPU; the
+//! example decoder (`kv-example`) builds one; any other delegate that wants to run the same payload reads it
+//! here.
 //!
 //! A [`Graph`] is in static single-assignment form: every tensor is a graph input, a constant, or the output
 //! of exactly one op, and ops are listed in an order where every operand is defined before it is used. All
 //! shapes are static. A graph is only ever observed valid: [`GraphBuilder::finish`] and [`Graph::decode`]
-//! both run the same checks ([`Graph::validate`]), so the executor never meets a malformed graph.
+//! both run the same checks ([`Graph::validate`]), so an executor never meets a malformed graph.
 //!
 //! ## Aliasing
 //!
 //! [`Op::KvCacheUpdate`] writes rows of its `cache` operand *in place* and its output is that same storage,
 //! exactly like TensorRT's `IKVCacheUpdateLayer`. The graph therefore reports the alias through
-//! [`alias_validate::EngineIntrospect`], and the validation rules below keep in-place tensors out of every op
+//! [`alias_validate::EngineIntrospect`] (implemented here, next to the graph, because which outputs alias which
+//! inputs is a fact of the format), and the validation rules below keep in-place tensors out of every op
 //! that could observe the difference between "updated in place" and "a fresh value":
 //! - the `cache` operand of a `KvCacheUpdate` is a graph input and no other op reads it;
 //! - the output of a `KvCacheUpdate` is read only as the `k`/`v` operand of [`Op::CausalAttention`] (or is a
 //!   graph output);
 //! - the `k`/`v` operands of `CausalAttention` are `KvCacheUpdate` outputs.
+//!
+//! ## Element types
+//!
+//! [`ElemType`] is the closed set of element types a graph computes in (`f32`, and `i64` for token ids and
+//! positions), a subset of `blob_format::model::DType` with the same names; [`ElemType::dtype`] converts.
+//! Keeping the subset as its own type lets validation and executors match it exhaustively instead of
+//! refusing seven other dtypes at every use.
+//!
+//! ## Payload encoding
+//!
+//! [`Graph::encode`] writes, and [`Graph::decode`] reads:
+//!
+//! | offset | size | field |
+//! |---|---|---|
+//! | 0 | 4 | magic [`PAYLOAD_MAGIC`] |
+//! | 4 | 2 | u16 LE major version ([`PAYLOAD_VERSION_MAJOR`]; a newer major is refused) |
+//! | 6 | 2 | u16 LE minor version (a newer minor reads; unknown JSON fields are ignored) |
+//! | 8 | 4 | u32 LE length of the JSON description |
+//! | 12 | 4 | reserved, zero |
+//! | 16 | n | JSON description: tensors, inputs, outputs, constants (offset + length), ops |
+//! | 16 + n | | zero padding to a multiple of [`CONSTANT_ALIGN`]: the constant section starts here |
+//!
+//! Constants are little-endian, each at an offset (relative to the constant section) that is a multiple of
+//! [`CONSTANT_ALIGN`]. Decoding checks every extent with checked arithmetic and never panics.
+//!
+//! ## Examples
+//!
+//! Build a small graph, encode it, read it back, and ask it about its alias:
+//!
+//! ```
+//! use alias_validate::EngineIntrospect;
+//! use ref_graph::{ElemType, Graph, GraphBuilder};
+//!
+//! let mut b = GraphBuilder::new();
+//! let pos = b.input("input_pos", ElemType::I64, &[1])?;
+//! let cache = b.input("k_cache", ElemType::F32, &[1, 4, 2])?;
+//! let row = b.input("k", ElemType::F32, &[1, 2])?;
+//! let updated = b.kv_cache_update("k_cache_out", cache, row, pos)?;
+//! b.output(updated)?;
+//! let graph = b.finish()?;
+//!
+//! let payload = graph.encode();
+//! assert_eq!(&payload[..4], &ref_graph::PAYLOAD_MAGIC);
+//! let decoded = Graph::decode(&payload)?;
+//! assert_eq!(decoded, graph);
+//! assert_eq!(decoded.aliased_input("k_cache_out").as_deref(), Some("k_cache"));
+//! # Ok::<(), ref_graph::Error>(())
+//! ```
+//!
+//! ## Feature Flags
+//!
+//! None.
+#![deny(missing_docs)]
+#![forbid(unsafe_code)]
 
 mod builder;
 mod ops;
@@ -29,14 +90,13 @@ use serde::{Deserialize, Serialize};
 
 pub use builder::GraphBuilder;
 pub use ops::Op;
-pub use payload::{PAYLOAD_MAGIC, PAYLOAD_VERSION_MAJOR, PAYLOAD_VERSION_MINOR};
+pub use payload::{CONSTANT_ALIGN, PAYLOAD_MAGIC, PAYLOAD_VERSION_MAJOR, PAYLOAD_VERSION_MINOR};
 
 /// Largest number of elements one tensor may have (2^31), so that a hostile payload cannot make `init`
 /// allocate without bound.
 pub const MAX_ELEMENTS: u64 = 1 << 31;
 
-/// Element type of a graph tensor. The reference delegate computes in `f32`; `i64` carries token ids and
-/// positions.
+/// Element type of a graph tensor: graphs compute in `f32`; `i64` carries token ids and positions.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum ElemType {
@@ -200,7 +260,9 @@ pub enum Error {
         index: usize,
     },
     /// An op name this build does not know (e.g. from a newer exporter).
-    #[error("op {index} is '{op}', which this reference delegate does not know (known ops: {known})")]
+    #[error(
+        "op {index} is '{op}', which this build of the reference graph does not know (known ops: {known})"
+    )]
     UnknownOp {
         /// Position of the op in the graph.
         index: usize,
@@ -311,7 +373,7 @@ pub enum Error {
         /// What is wrong.
         problem: String,
     },
-    /// An in-place cache tensor used in a way the aliasing rules forbid (see the module docs).
+    /// An in-place cache tensor used in a way the aliasing rules forbid (see the crate docs).
     #[error("cache tensor '{name}' {problem}")]
     CacheMisuse {
         /// The tensor.
@@ -399,7 +461,7 @@ impl Graph {
         Ok(graph)
     }
 
-    /// Checks every rule in the module docs: names, shapes, definitions, op typing, constants, and the
+    /// Checks every rule in the crate docs: names, shapes, definitions, op typing, constants, and the
     /// in-place cache rules. Run by [`GraphBuilder::finish`] and [`Graph::decode`].
     pub fn validate(&self) -> Result<(), Error> {
         let mut names = HashMap::with_capacity(self.tensors.len());

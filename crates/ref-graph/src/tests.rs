@@ -1,6 +1,5 @@
 use serde_json::{json, Value};
 
-use super::payload::CONSTANT_ALIGN;
 use super::*;
 
 /// A small decoder layer: embedding, projections, in-place cache update, attention, output projection.

@@ -2,13 +2,13 @@
 
 use std::collections::BTreeMap;
 
-use super::{Data, ElemType, Error, Graph, Op, TensorDecl, TensorId};
+use crate::{Data, ElemType, Error, Graph, Op, TensorDecl, TensorId};
 
 /// Builds a [`Graph`]: declare inputs and constants, add ops (each returns its output tensor, with type and
 /// shape inferred and checked), mark outputs, then [`GraphBuilder::finish`] validates the whole graph.
 ///
 /// ```
-/// use reference_delegate::graph::{ElemType, GraphBuilder};
+/// use ref_graph::{ElemType, GraphBuilder};
 ///
 /// let mut b = GraphBuilder::new();
 /// let x = b.input("x", ElemType::F32, &[1, 2])?;
@@ -17,7 +17,7 @@ use super::{Data, ElemType, Error, Graph, Op, TensorDecl, TensorId};
 /// b.output(y)?;
 /// let graph = b.finish()?;
 /// assert_eq!(graph.tensor(y).shape, [1, 3]);
-/// # Ok::<(), reference_delegate::graph::Error>(())
+/// # Ok::<(), ref_graph::Error>(())
 /// ```
 #[derive(Debug, Default)]
 pub struct GraphBuilder {
@@ -42,7 +42,7 @@ impl GraphBuilder {
             return Err(Error::BadTensorName { name: name.to_owned(), problem: "declared twice" });
         }
         let decl = TensorDecl { name: name.to_owned(), dtype, shape: shape.to_vec() };
-        super::check_shape(&decl)?;
+        crate::check_shape(&decl)?;
         self.tensors.push(decl);
         Ok(TensorId(self.tensors.len() - 1))
     }

@@ -1,12 +1,16 @@
-//! The acceptance check in-process: prefill and decode as separate reference-delegate instances sharing
-//! caller-owned caches, driven through the `Delegate` trait with argmax feedback, matched against the f64
-//! oracle at every step (logits and full caches), in both output-slot layouts.
+//! The example decoder (`kv-example`) run by this delegate: the acceptance check in-process. Prefill and
+//! decode as separate reference-delegate instances sharing caller-owned caches, driven through the `Delegate`
+//! trait (and, in `drive`, through the plugin ABI) with argmax feedback, matched against the f64 oracle at
+//! every step (logits and full caches), in both output-slot layouts. These tests live here, not in
+//! `kv-example`, so that the example depends on the graph format alone.
 
-use delegate_abi::host::ArgList;
+mod drive;
+
+use delegate_abi::host::{ArgList, Plugin};
 use delegate_abi::{DTypeCode, Delegate, ExecStats, ExecuteArgs, InitContext, MemoryKind};
 use kv_example::check::{max_abs_diff, TOLERANCE};
 use kv_example::{argmax, export, Config, Report, Verifier, Weights};
-use reference_delegate::{ReferenceDelegate, ReferenceHandle};
+use reference_delegate::{ReferenceDelegate, ReferenceHandle, BACKEND_ID};
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 enum Mode {
@@ -213,12 +217,12 @@ fn big_model_matches_the_oracle_for_prefill_and_two_decode_steps() {
 
 #[test]
 fn acceptance_through_the_plugin_abi_passes_in_both_modes() {
-    use kv_example::drive::{acceptance, SlotMode};
+    use drive::{acceptance, SlotMode};
     let cfg = Config::tiny();
     let weights = Weights::generate(&cfg);
     let prefill = export::reference_blob(&cfg, &weights, cfg.prompt_len()).expect("blob");
     let decode = export::reference_blob(&cfg, &weights, 1).expect("blob");
-    let plugin = delegate_abi::host::Plugin::embedded(reference_delegate::delegate_root()).expect("plugin");
+    let plugin = Plugin::embedded(reference_delegate::delegate_root()).expect("plugin");
     let steps = cfg.max_decode_steps();
     let zero = acceptance(&plugin, &cfg, &prefill, &decode, steps, SlotMode::ZeroCopy).expect("run");
     let copy = acceptance(&plugin, &cfg, &prefill, &decode, steps, SlotMode::CopyBack).expect("run");
@@ -233,4 +237,30 @@ fn acceptance_through_the_plugin_abi_passes_in_both_modes() {
     // The trait-level run above and the ABI run agree exactly.
     let direct = generate(&cfg, steps, Mode::ZeroCopy);
     assert_eq!(direct.logits, zero.logits);
+}
+
+/// `drive`'s worked example (formerly its doctest): the tiny model through the embedded plugin, zero-copy.
+#[test]
+fn drive_accepts_the_tiny_model_through_the_embedded_plugin() {
+    use drive::{acceptance, SlotMode};
+    let cfg = Config::tiny();
+    let weights = Weights::generate(&cfg);
+    let prefill = export::reference_blob(&cfg, &weights, cfg.prompt_len()).expect("blob");
+    let decode = export::reference_blob(&cfg, &weights, 1).expect("blob");
+    let plugin = Plugin::embedded(reference_delegate::delegate_root()).expect("plugin");
+    let run = acceptance(&plugin, &cfg, &prefill, &decode, cfg.max_decode_steps(), SlotMode::ZeroCopy)
+        .expect("run");
+    assert!(run.report.passed(), "{}", run.report);
+    assert_eq!(run.counters.reflect_bytes + run.counters.write_back_bytes, 0);
+}
+
+/// kv-example names the reference backend without depending on this crate: the two ids must agree, or the
+/// exported programs would ask for a backend nobody serves.
+#[test]
+fn the_example_exports_for_this_backend() {
+    assert_eq!(export::REFERENCE_BACKEND, BACKEND_ID);
+    let header = export::header(&Config::tiny(), 1);
+    assert_eq!(header.backend_id, BACKEND_ID);
+    let manifest = export::manifest(&Config::tiny());
+    assert!(manifest.methods.values().flat_map(|m| &m.calls).all(|c| c.backend == BACKEND_ID));
 }

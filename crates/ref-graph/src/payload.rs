@@ -1,24 +1,12 @@
-//! The payload encoding of a [`Graph`]: what a native blob of kind `reference-graph` carries as its engine.
-//!
-//! | offset | size | field |
-//! |---|---|---|
-//! | 0 | 4 | magic [`PAYLOAD_MAGIC`] |
-//! | 4 | 2 | u16 LE major version ([`PAYLOAD_VERSION_MAJOR`]; a newer major is refused) |
-//! | 6 | 2 | u16 LE minor version (a newer minor reads; unknown JSON fields are ignored) |
-//! | 8 | 4 | u32 LE length of the JSON description |
-//! | 12 | 4 | reserved, zero |
-//! | 16 | n | JSON description: tensors, inputs, outputs, constants (offset + length), ops |
-//! | 16 + n | | zero padding to a multiple of [`CONSTANT_ALIGN`]: the constant section starts here |
-//!
-//! Constants are little-endian, each at an offset (relative to the constant section) that is a multiple of
-//! [`CONSTANT_ALIGN`]. Decoding checks every extent with checked arithmetic and never panics.
+//! The payload encoding of a [`Graph`] (layout in the crate docs): what a native blob of kind
+//! `reference-graph` carries as its engine.
 
 use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-use super::ops::OP_NAMES;
-use super::{Data, ElemType, Error, Graph, Op, TensorDecl, TensorId};
+use crate::ops::OP_NAMES;
+use crate::{Data, ElemType, Error, Graph, Op, TensorDecl, TensorId};
 
 /// First four bytes of a reference-graph payload.
 pub const PAYLOAD_MAGIC: [u8; 4] = *b"RGRF";
@@ -52,7 +40,7 @@ fn align_up(n: usize) -> usize {
 }
 
 impl Graph {
-    /// Encodes the graph as a payload (see the module docs for the layout).
+    /// Encodes the graph as a payload (see the crate docs for the layout).
     pub fn encode(&self) -> Vec<u8> {
         let name = |id: TensorId| self.tensor(id).name.clone();
         let mut data = Vec::new();
@@ -139,7 +127,7 @@ impl Description {
             if ids.insert(tensor.name.clone(), TensorId(i)).is_some() {
                 return Err(Error::BadTensorName { name: tensor.name.clone(), problem: "declared twice" });
             }
-            super::check_shape(tensor)?;
+            crate::check_shape(tensor)?;
         }
         let resolve = |context: &dyn Fn() -> String, name: &str| {
             ids.get(name)

@@ -1,29 +1,13 @@
 //! Runs the example through any loaded delegate plugin, with caller-owned caches, and checks it against the
-//! oracle: the acceptance check as a library function, safe from end to end (arguments are built with
-//! [`delegate_abi::host::ArgList`]).
-//!
-//! ```
-//! use delegate_abi::host::Plugin;
-//! use kv_example::drive::{acceptance, SlotMode};
-//! use kv_example::{export, Config, Weights};
-//!
-//! let cfg = Config::tiny();
-//! let weights = Weights::generate(&cfg);
-//! let prefill = export::reference_blob(&cfg, &weights, cfg.prompt_len())?;
-//! let decode = export::reference_blob(&cfg, &weights, 1)?;
-//! let plugin = Plugin::embedded(reference_delegate::delegate_root())?;
-//! let run = acceptance(&plugin, &cfg, &prefill, &decode, cfg.max_decode_steps(), SlotMode::ZeroCopy)?;
-//! assert!(run.report.passed(), "{}", run.report);
-//! assert_eq!(run.counters.reflect_bytes + run.counters.write_back_bytes, 0);
-//! # Ok::<(), Box<dyn std::error::Error>>(())
-//! ```
+//! oracle: the acceptance check as a small host, safe from end to end (arguments are built with
+//! [`delegate_abi::host::ArgList`]). Moved here from `kv-example` (its `drive` module) so that the example
+//! depends on the graph format only, not on the plugin ABI or on this plugin.
 
 use delegate_abi::host::{ArgError, ArgList, Instance, Plugin};
 use delegate_abi::{DTypeCode, DelegateError, InitContext, MemoryKind};
 use et_error::{ErrorCode, HasErrorCode};
-
-use crate::check::{argmax, Report, Verifier};
-use crate::{Config, OracleError};
+use kv_example::check::{argmax, Report, Verifier};
+use kv_example::{Config, OracleError};
 
 /// How aliased output slots are bound.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -98,7 +82,7 @@ impl Caches {
         self.caches.chunks_exact(2).map(|kv| (kv[0].as_slice(), kv[1].as_slice())).collect()
     }
 
-    /// One call of a prefill or decode instance exported by [`crate::export`], with its argument order:
+    /// One call of a prefill or decode instance exported by [`kv_example::export`], with its argument order:
     /// `tokens, input_pos, k_cache_0, v_cache_0, ..., k_cache_out_0, v_cache_out_0, ..., logits`. Returns the
     /// logits, `[tokens.len(), vocab]` flattened.
     pub fn call(

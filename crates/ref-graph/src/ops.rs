@@ -2,9 +2,9 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::{ElemType, Error, TensorDecl, TensorId};
+use crate::{ElemType, Error, TensorDecl, TensorId};
 
-/// One op. `T` names tensors: [`TensorId`] in a [`super::Graph`], `String` in the payload's JSON.
+/// One op. `T` names tensors: [`TensorId`] in a [`crate::Graph`], `String` in the payload's JSON.
 ///
 /// Shapes below use `T` for the number of rows processed in one call (the prompt length for prefill, 1 for
 /// decode), `H` heads, `L` cache length and `Dh` head size.

@@ -1,0 +1,535 @@
+//! [`Manifest`]: a manifest read and checked. Names resolve, dtypes and memory kinds are parsed, blob paths
+//! are resolved against the manifest's directory, and every error names the line and column of the value at
+//! fault.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::path::{Path, PathBuf};
+
+use blob_format::model::DType;
+use toml::de::{DeTable, DeValue};
+use toml::Spanned;
+
+use crate::spec::{GenerateSpec, MethodSpec, ProgramSpec};
+use crate::{Error, Location, MemoryKind, FORMAT};
+
+/// A parsed, checked manifest.
+#[derive(Debug, Clone)]
+pub struct Manifest {
+    /// Where it was read from; blob paths are relative to its directory.
+    pub path: PathBuf,
+    /// Mutable buffers by name, in name order.
+    pub buffers: BTreeMap<String, TensorDecl>,
+    /// Methods by name.
+    pub methods: BTreeMap<String, Method>,
+    /// How `run` drives the methods, if the program says.
+    pub generate: Option<Generate>,
+}
+
+/// A declared tensor: element type, static shape, where it lives.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TensorDecl {
+    /// Name (buffer, input or output).
+    pub name: String,
+    /// Element type.
+    pub dtype: DType,
+    /// Static shape.
+    pub shape: Vec<u64>,
+    /// Memory kind (buffers only; user inputs and outputs live in host memory).
+    pub memory: MemoryKind,
+    /// CUDA device ordinal of a device or managed buffer (`device = N`, default 0); 0 otherwise.
+    pub device: i32,
+}
+
+impl TensorDecl {
+    /// Number of elements.
+    pub fn numel(&self) -> u64 {
+        self.shape.iter().product()
+    }
+
+    /// Size in bytes.
+    pub fn nbytes(&self) -> u64 {
+        self.numel() * self.dtype.size_bytes() as u64
+    }
+}
+
+/// One method: its user inputs and outputs and the delegate calls it makes, in order.
+#[derive(Debug, Clone)]
+pub struct Method {
+    /// The method's name.
+    pub name: String,
+    /// User inputs.
+    pub inputs: Vec<TensorDecl>,
+    /// User outputs.
+    pub outputs: Vec<TensorDecl>,
+    /// Delegate calls, in execution order.
+    pub calls: Vec<Call>,
+}
+
+/// One delegate call.
+#[derive(Debug, Clone)]
+pub struct Call {
+    /// The blob file (resolved against the manifest's directory).
+    pub blob: PathBuf,
+    /// The backend id that must serve it.
+    pub backend: String,
+    /// What each delegate argument position binds to.
+    pub args: Vec<ArgRef>,
+    /// Where the call is declared, for messages.
+    pub location: Location,
+    /// Where each arg is declared, for messages.
+    pub arg_locations: Vec<Location>,
+}
+
+/// What a delegate argument binds to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ArgRef {
+    /// A user input of the method.
+    Input(String),
+    /// A user output of the method.
+    Output(String),
+    /// A mutable buffer of the program.
+    Buffer(String),
+}
+
+impl fmt::Display for ArgRef {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ArgRef::Input(name) => write!(f, "input:{name}"),
+            ArgRef::Output(name) => write!(f, "output:{name}"),
+            ArgRef::Buffer(name) => write!(f, "buffer:{name}"),
+        }
+    }
+}
+
+/// How `run` drives a program: prefill once over the prompt, then decode steps feeding back the argmax token.
+#[derive(Debug, Clone)]
+pub struct Generate {
+    /// The method run once over the prompt.
+    pub prefill: String,
+    /// The method run once per generated token.
+    pub decode: String,
+    /// Prompt token ids.
+    pub prompt: Vec<i64>,
+    /// The i64 input that takes token ids.
+    pub token_input: String,
+    /// The i64 `[1]` input that takes the start position.
+    pub position_input: String,
+    /// The f32 output holding logits, `[T, vocab]`.
+    pub logits_output: String,
+    /// How many positions the caches hold, when the program says: `run` refuses more steps than fit.
+    pub max_positions: Option<u64>,
+}
+
+impl Generate {
+    /// Decode steps that fit after the prompt, when the program says how many positions it holds.
+    pub fn max_decode_steps(&self) -> Option<usize> {
+        self.max_positions.map(|max| (max as usize).saturating_sub(self.prompt.len()))
+    }
+}
+
+/// One step of a path into the TOML document: a key of a table or an index into an array.
+#[derive(Clone, Copy)]
+enum Seg<'p> {
+    Key(&'p str),
+    Index(usize),
+}
+
+/// The manifest's text with the spans of its values, to say where a checked value is written.
+struct Source<'a> {
+    path: &'a Path,
+    text: &'a str,
+    root: DeTable<'a>,
+}
+
+impl<'a> Source<'a> {
+    fn new(path: &'a Path, text: &'a str) -> Result<Source<'a>, Error> {
+        let root = DeTable::parse(text).map_err(|err| Error::Invalid {
+            path: path.to_owned(),
+            location: err.span().map(|s| Location::of_offset(text, s.start)).unwrap_or_default(),
+            message: err.message().trim().to_owned(),
+        })?;
+        Ok(Source { path, text, root: root.into_inner() })
+    }
+
+    fn at(&self, offset: usize) -> Location {
+        Location::of_offset(self.text, offset)
+    }
+
+    fn find(&self, path: &[Seg<'_>]) -> Option<&Spanned<DeValue<'a>>> {
+        let (Seg::Key(first), rest) = path.split_first()? else { return None };
+        let mut value = self.root.get(*first)?;
+        for seg in rest {
+            value = match *seg {
+                Seg::Key(key) => value.get_ref().get(key)?,
+                Seg::Index(index) => value.get_ref().get(index)?,
+            };
+        }
+        Some(value)
+    }
+
+    /// Where the value at `path` starts; the unknown location (0:0) if the document has no such value, which
+    /// cannot happen for a path taken from the [`ProgramSpec`] deserialized from the same text.
+    fn value(&self, path: &[Seg<'_>]) -> Location {
+        self.find(path).map_or_else(Location::default, |v| self.at(v.span().start))
+    }
+
+    /// Where key `key` of the table at `table` is written.
+    fn key(&self, table: &[Seg<'_>], key: &str) -> Location {
+        let entries = if table.is_empty() {
+            Some(&self.root)
+        } else {
+            self.find(table).and_then(|v| v.get_ref().as_table())
+        };
+        entries
+            .and_then(|t| t.get_key_value(key))
+            .map_or_else(Location::default, |(k, _)| self.at(k.span().start))
+    }
+
+    fn error<T>(&self, location: Location, message: impl Into<String>) -> Result<T, Error> {
+        Err(Error::Invalid { path: self.path.to_owned(), location, message: message.into() })
+    }
+}
+
+impl Manifest {
+    /// Reads and checks a manifest file.
+    pub fn load(path: &Path) -> Result<Manifest, Error> {
+        let text =
+            std::fs::read_to_string(path).map_err(|source| Error::Io { path: path.to_owned(), source })?;
+        Manifest::parse(path, &text)
+    }
+
+    /// Parses and checks manifest text; `path` names it in errors and anchors relative blob paths.
+    pub fn parse(path: &Path, text: &str) -> Result<Manifest, Error> {
+        let src = Source::new(path, text)?;
+        let spec = ProgramSpec::parse(path, text)?;
+        if spec.format != FORMAT {
+            return src.error(
+                src.value(&[Seg::Key("format")]),
+                format!("manifest format {} is not supported; this build reads format {FORMAT}", spec.format),
+            );
+        }
+        let base = path.parent().unwrap_or(Path::new("."));
+
+        let mut buffers = BTreeMap::new();
+        for (name, buffer) in &spec.buffers {
+            let field =
+                |field: &'static str| src.value(&[Seg::Key("buffers"), Seg::Key(name), Seg::Key(field)]);
+            let Some(memory) = MemoryKind::from_name(&buffer.memory) else {
+                return src.error(
+                    field("memory"),
+                    format!(
+                        "unknown memory kind '{}' for buffer '{name}' (expected host, device, managed or pinned)",
+                        buffer.memory
+                    ),
+                );
+            };
+            let at = |f: &'static str| match f {
+                "name" => src.key(&[Seg::Key("buffers")], name),
+                f => field(f),
+            };
+            let mut decl = tensor_decl(&src, &at, name, &buffer.dtype, &buffer.shape, memory)?;
+            if let Some(device) = buffer.device {
+                if !matches!(memory, MemoryKind::Device | MemoryKind::Managed) {
+                    return src.error(
+                        field("device"),
+                        format!(
+                            "buffer '{name}' is {memory} memory; `device` applies to device and managed buffers"
+                        ),
+                    );
+                }
+                decl.device = match i32::try_from(device) {
+                    Ok(ordinal) if ordinal >= 0 => ordinal,
+                    _ => {
+                        return src.error(
+                            field("device"),
+                            format!("device {device} of buffer '{name}' is not a CUDA device ordinal"),
+                        )
+                    }
+                };
+            }
+            buffers.insert(name.clone(), decl);
+        }
+
+        let mut methods = BTreeMap::new();
+        for (name, method) in &spec.methods {
+            let method = check_method(&src, base, name, method, &buffers)?;
+            methods.insert(name.clone(), method);
+        }
+
+        let generate = match &spec.generate {
+            None => None,
+            Some(generate) => Some(check_generate(&src, generate, &methods)?),
+        };
+        Ok(Manifest { path: path.to_owned(), buffers, methods, generate })
+    }
+}
+
+/// Checks a tensor declaration; `at` says where its `"name"`, `"dtype"` and `"shape"` are written.
+fn tensor_decl(
+    src: &Source<'_>,
+    at: &dyn Fn(&'static str) -> Location,
+    name: &str,
+    dtype: &str,
+    shape: &[i64],
+    memory: MemoryKind,
+) -> Result<TensorDecl, Error> {
+    if name.is_empty() {
+        return src.error(at("name"), "tensor name is empty");
+    }
+    let Some(parsed) = DType::from_name(dtype) else {
+        return src.error(
+            at("dtype"),
+            format!(
+                "unknown dtype '{dtype}' for '{name}' (expected one of: {})",
+                DType::ALL.map(DType::name).join(", ")
+            ),
+        );
+    };
+    let mut dims = Vec::with_capacity(shape.len());
+    for &dim in shape {
+        match u64::try_from(dim) {
+            Ok(dim) => dims.push(dim),
+            Err(_) => {
+                return src.error(
+                    at("shape"),
+                    format!("shape of '{name}' has negative extent {dim}; buffers need static shapes"),
+                )
+            }
+        }
+    }
+    let bytes = dims
+        .iter()
+        .try_fold(parsed.size_bytes() as u64, |acc, &d| acc.checked_mul(d))
+        .filter(|&b| usize::try_from(b).is_ok());
+    if bytes.is_none() {
+        return src.error(at("shape"), format!("'{name}' is too large to allocate"));
+    }
+    Ok(TensorDecl { name: name.to_owned(), dtype: parsed, shape: dims, memory, device: 0 })
+}
+
+fn check_method(
+    src: &Source<'_>,
+    base: &Path,
+    name: &str,
+    spec: &MethodSpec,
+    buffers: &BTreeMap<String, TensorDecl>,
+) -> Result<Method, Error> {
+    let method = [Seg::Key("methods"), Seg::Key(name)];
+    let mut inputs: Vec<TensorDecl> = Vec::new();
+    let mut outputs: Vec<TensorDecl> = Vec::new();
+    for (list, key, specs) in
+        [(&mut inputs, "inputs", &spec.inputs), (&mut outputs, "outputs", &spec.outputs)]
+    {
+        for (index, t) in specs.iter().enumerate() {
+            let at = |field: &'static str| {
+                src.value(&[&method[..], &[Seg::Key(key), Seg::Index(index), Seg::Key(field)]].concat())
+            };
+            if list.iter().any(|d| d.name == t.name) {
+                return src.error(at("name"), format!("method '{name}' declares '{}' twice", t.name));
+            }
+            list.push(tensor_decl(src, &at, &t.name, &t.dtype, &t.shape, MemoryKind::Host)?);
+        }
+    }
+    let calls_at = [method[0], method[1], Seg::Key("calls")];
+    if spec.calls.is_empty() {
+        return src.error(src.value(&calls_at), format!("method '{name}' makes no delegate call"));
+    }
+    let mut calls = Vec::new();
+    for (index, call) in spec.calls.iter().enumerate() {
+        let call_at = [calls_at[0], calls_at[1], calls_at[2], Seg::Index(index)];
+        let location = src.value(&call_at);
+        if call.backend.is_empty() {
+            return src
+                .error(src.value(&[&call_at[..], &[Seg::Key("backend")]].concat()), "backend id is empty");
+        }
+        let mut args = Vec::with_capacity(call.args.len());
+        let mut arg_locations = Vec::with_capacity(call.args.len());
+        for (position, arg) in call.args.iter().enumerate() {
+            let arg_at = src.value(&[&call_at[..], &[Seg::Key("args"), Seg::Index(position)]].concat());
+            let parsed = match arg.split_once(':') {
+                Some(("input", n)) => ArgRef::Input(n.to_owned()),
+                Some(("output", n)) => ArgRef::Output(n.to_owned()),
+                Some(("buffer", n)) => ArgRef::Buffer(n.to_owned()),
+                _ => {
+                    return src.error(
+                        arg_at,
+                        format!("argument '{arg}' must be 'input:NAME', 'output:NAME' or 'buffer:NAME'"),
+                    )
+                }
+            };
+            let known = match &parsed {
+                ArgRef::Input(n) => inputs.iter().any(|d| d.name == *n),
+                ArgRef::Output(n) => outputs.iter().any(|d| d.name == *n),
+                ArgRef::Buffer(n) => buffers.contains_key(n),
+            };
+            if !known {
+                let what = match &parsed {
+                    ArgRef::Input(_) => format!("method '{name}' declares no input"),
+                    ArgRef::Output(_) => format!("method '{name}' declares no output"),
+                    ArgRef::Buffer(_) => "the program declares no buffer".to_owned(),
+                };
+                let n = arg.split_once(':').map_or("", |(_, n)| n);
+                return src.error(arg_at, format!("{what} named '{n}'"));
+            }
+            args.push(parsed);
+            arg_locations.push(arg_at);
+        }
+        calls.push(Call {
+            blob: base.join(&call.blob),
+            backend: call.backend.clone(),
+            args,
+            location,
+            arg_locations,
+        });
+    }
+    Ok(Method { name: name.to_owned(), inputs, outputs, calls })
+}
+
+fn check_generate(
+    src: &Source<'_>,
+    g: &GenerateSpec,
+    methods: &BTreeMap<String, Method>,
+) -> Result<Generate, Error> {
+    let at = |field: &'static str| src.value(&[Seg::Key("generate"), Seg::Key(field)]);
+    let method = |field: &'static str, m: &str| -> Result<&Method, Error> {
+        methods.get(m).map_or_else(
+            || src.error(at(field), format!("[generate] names method '{m}', which the program lacks")),
+            Ok,
+        )
+    };
+    for m in [method("prefill", &g.prefill)?, method("decode", &g.decode)?] {
+        for (field, value, want, dtype, list) in [
+            ("token_input", &g.token_input, "input", DType::I64, &m.inputs),
+            ("position_input", &g.position_input, "input", DType::I64, &m.inputs),
+            ("logits_output", &g.logits_output, "output", DType::F32, &m.outputs),
+        ] {
+            match list.iter().find(|d| d.name == *value) {
+                None => {
+                    return src.error(at(field), format!("method '{}' has no {want} named '{value}'", m.name))
+                }
+                Some(decl) if decl.dtype != dtype => {
+                    return src.error(
+                        at(field),
+                        format!("'{}' of method '{}' must be {dtype}, not {}", decl.name, m.name, decl.dtype),
+                    )
+                }
+                Some(_) => {}
+            }
+        }
+    }
+    let prefill = method("prefill", &g.prefill)?;
+    let tokens = prefill.inputs.iter().find(|d| d.name == g.token_input);
+    if tokens.map(TensorDecl::numel) != Some(g.prompt.len() as u64) {
+        return src.error(
+            at("prompt"),
+            format!(
+                "prompt has {} tokens but '{}' of method '{}' takes {}",
+                g.prompt.len(),
+                g.token_input,
+                prefill.name,
+                tokens.map_or(0, TensorDecl::numel)
+            ),
+        );
+    }
+    if let Some(max) = g.max_positions {
+        if (max as usize) < g.prompt.len() {
+            return src.error(
+                at("max_positions"),
+                format!("max_positions is {max} but the prompt alone has {} tokens", g.prompt.len()),
+            );
+        }
+    }
+    Ok(Generate {
+        prefill: g.prefill.clone(),
+        decode: g.decode.clone(),
+        prompt: g.prompt.clone(),
+        token_input: g.token_input.clone(),
+        position_input: g.position_input.clone(),
+        logits_output: g.logits_output.clone(),
+        max_positions: g.max_positions,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const GOOD: &str = r#"format = 1
+[buffers.k]
+dtype = "f32"
+shape = [2, 4]
+
+[methods.decode]
+inputs = [{ name = "tokens", dtype = "i64", shape = [1] }, { name = "pos", dtype = "i64", shape = [1] }]
+outputs = [{ name = "logits", dtype = "f32", shape = [1, 8] }]
+[[methods.decode.calls]]
+blob = "decode.blob"
+backend = "ReferenceBackend"
+args = ["input:tokens", "input:pos", "buffer:k", "buffer:k", "output:logits"]
+
+[generate]
+prefill = "decode"
+decode = "decode"
+prompt = [3]
+token_input = "tokens"
+position_input = "pos"
+logits_output = "logits"
+"#;
+
+    fn parse(text: &str) -> Result<Manifest, Error> {
+        Manifest::parse(Path::new("dir/program.toml"), text)
+    }
+
+    fn error(text: &str) -> String {
+        match parse(text) {
+            Ok(_) => panic!("expected an error"),
+            Err(err) => err.to_string(),
+        }
+    }
+
+    #[test]
+    fn reads_a_program() {
+        let m = parse(GOOD).expect("valid manifest");
+        assert_eq!(m.buffers["k"].nbytes(), 32);
+        assert_eq!(m.buffers["k"].memory, MemoryKind::Host);
+        assert_eq!(m.buffers["k"].device, 0);
+        let on_device =
+            parse(&GOOD.replace("shape = [2, 4]", "shape = [2, 4]\nmemory = \"managed\"\ndevice = 3"))
+                .expect("valid manifest");
+        assert_eq!((on_device.buffers["k"].memory, on_device.buffers["k"].device), (MemoryKind::Managed, 3));
+        let call = &m.methods["decode"].calls[0];
+        assert_eq!(call.blob, Path::new("dir/decode.blob"));
+        assert_eq!(call.args[2], ArgRef::Buffer("k".into()));
+        assert_eq!(call.arg_locations[0], Location { line: 12, column: 9 });
+        assert_eq!(
+            call.location,
+            Location { line: 9, column: 1 },
+            "the call's [[methods.decode.calls]] header"
+        );
+        assert_eq!(m.generate.expect("generate").prompt, vec![3]);
+    }
+
+    #[test]
+    fn errors_name_line_and_column() {
+        let cases = [
+            (GOOD.replace("format = 1", "format = 2"), "dir/program.toml:1:10: manifest format 2 is not supported; this build reads format 1"),
+            (GOOD.replace("\"buffer:k\", \"output", "\"buffer:q\", \"output"), "dir/program.toml:12:50: the program declares no buffer named 'q'"),
+            (GOOD.replace("\"input:pos\"", "\"pos\""), "dir/program.toml:12:25: argument 'pos' must be 'input:NAME', 'output:NAME' or 'buffer:NAME'"),
+            (GOOD.replace("dtype = \"f32\"\nshape", "dtype = \"f33\"\nshape"), "dir/program.toml:3:9: unknown dtype 'f33' for 'k' (expected one of: f32, f16, bf16, f64, i8, u8, i32, i64, bool)"),
+            (GOOD.replace("prompt = [3]", "prompt = [3, 4]"), "dir/program.toml:17:10: prompt has 2 tokens but 'tokens' of method 'decode' takes 1"),
+            (GOOD.replace("logits_output = \"logits\"", "logits_output = \"tokens\""), "dir/program.toml:20:17: method 'decode' has no output named 'tokens'"),
+            (
+                GOOD.replace("prompt = [3]", "prompt = [3]\nmax_positions = 0"),
+                "dir/program.toml:18:17: max_positions is 0 but the prompt alone has 1 tokens",
+            ),
+            (GOOD.replace("shape = [2, 4]", "shape = [2, -4]"), "dir/program.toml:4:9: shape of 'k' has negative extent -4; buffers need static shapes"),
+            (GOOD.replace("shape = [2, 4]", "shape = [2, 4]\ndevice = 1"), "dir/program.toml:5:10: buffer 'k' is host memory; `device` applies to device and managed buffers"),
+            (GOOD.replace("shape = [2, 4]", "shape = [2, 4]\nmemory = \"device\"\ndevice = -1"), "dir/program.toml:6:10: device -1 of buffer 'k' is not a CUDA device ordinal"),
+            (GOOD.replace("blob = ", "blub = "), "dir/program.toml:10:1: unknown field `blub`, expected one of `blob`, `backend`, `args`"),
+        ];
+        for (text, expected) in cases {
+            assert_eq!(error(&text), expected);
+        }
+    }
+}
