@@ -122,6 +122,7 @@
 #![deny(missing_docs)]
 
 pub mod abi;
+mod conv;
 pub mod delegate;
 #[doc(hidden)]
 pub mod export;
@@ -129,6 +130,7 @@ pub mod host;
 mod logging;
 pub mod tensor;
 
+pub use conv::NoDTypeCode;
 pub use delegate::*;
 pub use tensor::*;
 

@@ -10,7 +10,8 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use blob_format::model::{Binding, Dim, DisplayShape, Role};
+use alias_validate::ArgLayout;
+use blob_format::model::{Dim, DisplayShape, Role};
 use blob_format::Blob;
 use delegate_abi::host::{ArgList, Instance, Plugin, Slot};
 use delegate_abi::{DTypeCode, DelegateError, InitContext, MemoryKind};
@@ -553,31 +554,38 @@ fn plan_call(
         },
     })?;
 
-    let bindings: Vec<&Binding> = header.bindings.iter().filter(|b| b.threaded).collect();
-    if bindings.len() != call.args.len() {
+    let layout =
+        ArgLayout::new(header, &plan).map_err(|source| Error::Alias { path: call.blob.clone(), source })?;
+    if layout.len() != call.args.len() {
         return Err(wrong(
             call.location,
             format!(
                 "the call passes {} arguments but blob {} threads {} ({})",
                 call.args.len(),
                 call.blob.display(),
-                bindings.len(),
-                bindings.iter().map(|b| format!("{} {}", b.role, b.name)).collect::<Vec<_>>().join(", ")
+                layout.len(),
+                layout
+                    .slots()
+                    .iter()
+                    .map(|s| format!("{} {}", s.role, s.name))
+                    .collect::<Vec<_>>()
+                    .join(", ")
             ),
         ));
     }
     let buffer_index =
         |name: &str| buffers.iter().position(|b| b.name == name).expect("manifest checked buffer names");
-    let mut args = Vec::with_capacity(bindings.len());
+    let mut args = Vec::with_capacity(layout.len());
     let mut scratch_of = Vec::new();
     let mut used_buffers: Vec<(usize, usize)> = Vec::new(); // (buffer, arg position) of inputs
-    for (pos, (binding, arg)) in bindings.iter().zip(&call.args).enumerate() {
+    for (pos, (slot, arg)) in layout.slots().iter().zip(&call.args).enumerate() {
         let at = call.arg_locations[pos];
-        let (decl, source) = match (binding.role, arg) {
+        let binding = &header.bindings[slot.binding];
+        let (decl, source) = match (slot.role, arg) {
             (Role::Input, ArgRef::Input(name)) => {
                 let i =
                     method.inputs.iter().position(|d| d.name == *name).expect("manifest checked input names");
-                if plan.alias_for_input(&binding.name).is_some() {
+                if slot.is_alias_target() {
                     return Err(wrong(at, format!(
                         "argument {pos} ('{}') is an aliased input: the delegate updates it in place, so it must be bound to a buffer, not to input '{name}'",
                         binding.name
@@ -605,30 +613,26 @@ fn plan_call(
                     ));
                 }
                 used_buffers.push((b, pos));
-                let source = if plan.alias_for_input(&binding.name).is_some() {
-                    ArgSource::BufferInOut(b)
-                } else {
-                    ArgSource::BufferRead(b)
-                };
+                let source =
+                    if slot.is_alias_target() { ArgSource::BufferInOut(b) } else { ArgSource::BufferRead(b) };
                 (buffers[b], source)
             }
             (Role::Output, ArgRef::Buffer(name)) => {
                 let b = buffer_index(name);
-                let Some(alias) = plan.alias_for_output(&binding.name) else {
+                let Some(input_arg) = slot.in_place_of() else {
                     return Err(wrong(at, format!(
                         "argument {pos} ('{}') writes buffer '{name}', but the blob aliases no input to that output, so the buffer would not be updated in place",
                         binding.name
                     )));
                 };
-                let input_arg = used_buffers.iter().find(|(u, _)| *u == b).map(|&(_, p)| p);
-                match input_arg {
-                    Some(p) if bindings[p].name == alias.input => {}
-                    _ => {
-                        return Err(wrong(at, format!(
-                            "argument {pos} ('{}') is the mutation output of buffer '{name}', so its aliased input '{}' must be bound to buffer '{name}' at an earlier argument",
-                            binding.name, alias.input
-                        )))
-                    }
+                // The in-place slot refers to its input's argument, so the input must be pushed first.
+                let bound_there = input_arg < pos
+                    && matches!(&call.args[input_arg], ArgRef::Buffer(other) if other == name);
+                if !bound_there {
+                    return Err(wrong(at, format!(
+                        "argument {pos} ('{}') is the mutation output of buffer '{name}', so its aliased input '{}' must be bound to buffer '{name}' at an earlier argument",
+                        binding.name, layout.slots()[input_arg].name
+                    )));
                 }
                 let source = match mode {
                     Mode::ZeroCopy => ArgSource::BufferInPlace(b),
@@ -691,9 +695,7 @@ fn plan_call(
                 ),
             ));
         }
-        let Some(dtype) = DTypeCode::from_name(decl.dtype.name()) else {
-            return Err(wrong(at, format!("dtype {} cannot cross the plugin ABI", decl.dtype)));
-        };
+        let dtype = DTypeCode::try_from(decl.dtype).map_err(|err| wrong(at, err.to_string()))?;
         args.push(ArgPlan { source, dtype, shape: decl.shape.iter().map(|&d| d as i64).collect(), memory });
     }
 

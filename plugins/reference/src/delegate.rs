@@ -15,8 +15,8 @@
 //! The work is done on the calling thread; a caller CUDA stream, if given, is ignored: everything is complete
 //! when `execute` returns.
 
-use alias_validate::residency::{check_aliased_input, Residency};
-use alias_validate::{validate_with_engine, ValidKind};
+use alias_validate::residency::DirectAccess;
+use alias_validate::{validate_with_engine, ArgLayout, ValidKind};
 use blob_format::model::{Format, PayloadKind, Role};
 use blob_format::Blob;
 use delegate_abi::{
@@ -27,13 +27,16 @@ use et_error::{ErrorCode, HasErrorCode};
 
 use crate::exec::{self, ArgMap, Executor};
 use crate::BACKEND_ID;
-use ref_graph::{ElemType, Graph, TensorId, PAYLOAD_MAGIC, PAYLOAD_VERSION_MAJOR};
+use ref_graph::{Graph, TensorId, PAYLOAD_MAGIC, PAYLOAD_VERSION_MAJOR};
 
 /// The native wire-format versions this delegate reads.
 pub const WIRE_FORMAT_VERSIONS: &str = ">=1.0, <2";
 
 /// Memory kinds the delegate accepts: all host-visible ones, since it computes on the CPU.
 pub const MEMORY_KINDS: [MemoryKind; 3] = [MemoryKind::Host, MemoryKind::Pinned, MemoryKind::Managed];
+
+/// The memory the delegate updates in place: the same host-visible kinds (the residency gate's set).
+pub const DIRECT_ACCESS: DirectAccess = DirectAccess::CPU;
 
 /// The reference delegate. Stateless: everything a blob needs lives in its [`ReferenceHandle`].
 #[derive(Debug, Default, Clone, Copy)]
@@ -171,10 +174,13 @@ impl BindingPlan {
         if let Some(user) = aliases.aliases().iter().find(|a| a.kind == ValidKind::User) {
             return Err(Error::UserAlias { output: user.output.clone(), input: user.input.clone() });
         }
-        let mut args = Vec::new();
-        for binding in blob.header.bindings.iter().filter(|b| b.threaded) {
-            let tensor = graph.find(&binding.name).ok_or_else(|| Error::Binding {
-                name: binding.name.clone(),
+        // Positions, aliased inputs and in-place slots come from the shared layout; this plan adds what only
+        // the graph knows: the tensor, its type and its extents.
+        let layout = ArgLayout::new(&blob.header, &aliases)?;
+        let mut args = Vec::with_capacity(layout.len());
+        for slot in layout.slots() {
+            let tensor = graph.find(&slot.name).ok_or_else(|| Error::Binding {
+                name: slot.name.clone(),
                 problem: "no graph tensor has this name".to_owned(),
             })?;
             let decl = graph.tensor(tensor);
@@ -186,35 +192,20 @@ impl BindingPlan {
                 .ok()
                 .filter(|s| s.len() <= delegate_abi::MAX_RANK)
                 .ok_or_else(|| Error::Binding {
-                    name: binding.name.clone(),
+                    name: slot.name.clone(),
                     problem: format!("shape {:?} cannot be passed as a tensor argument", decl.shape),
                 })?;
             args.push(ArgSpec {
                 tensor,
-                name: binding.name.clone(),
-                role: binding.role,
-                dtype: match decl.dtype {
-                    ElemType::F32 => DTypeCode::F32,
-                    ElemType::I64 => DTypeCode::I64,
-                },
+                name: slot.name.clone(),
+                role: slot.role,
+                dtype: DTypeCode::try_from(decl.dtype.dtype())
+                    .map_err(|err| Error::Binding { name: slot.name.clone(), problem: err.to_string() })?,
                 shape,
                 nbytes: decl.nbytes() as u64,
-                aliased_input: binding.role == Role::Input && aliases.is_aliased_input(&binding.name),
-                aliases_arg: None,
+                aliased_input: slot.is_alias_target(),
+                aliases_arg: slot.in_place_of(),
             });
-        }
-        // Resolve each aliased output slot to its input's position, by name.
-        for position in 0..args.len() {
-            if args[position].role != Role::Output {
-                continue;
-            }
-            if let Some(alias) = aliases.alias_for_output(&args[position].name) {
-                let input = args.iter().position(|a| a.role == Role::Input && a.name == alias.input);
-                args[position].aliases_arg = Some(input.ok_or_else(|| Error::Binding {
-                    name: alias.input.clone(),
-                    problem: format!("aliased by '{}' but not threaded as an argument", alias.output),
-                })?);
-            }
         }
         let map = ArgMap {
             inputs: args
@@ -242,10 +233,10 @@ impl BindingPlan {
         for (position, (spec, arg)) in self.args.iter().zip(args).enumerate() {
             let bad = |problem: String| Error::Arg { position, tensor: spec.name.clone(), problem };
             if spec.aliased_input {
-                // This delegate computes on the CPU, so host memory *is* the storage the "engine" writes:
-                // like an integrated GPU, where host and device share one memory. The gate still refuses a
-                // zero-byte cache, which would make the in-place update land nowhere.
-                check_aliased_input(&spec.name, residency(arg.memory()), arg.nbytes, true)
+                // This delegate computes on the CPU: host-visible memory is the storage it updates in place.
+                // The gate also refuses a zero-byte cache, which would make the update land nowhere.
+                DIRECT_ACCESS
+                    .check(&spec.name, arg.memory().into(), arg.nbytes)
                     .map_err(|source| Error::Residency { position, source })?;
             }
             if arg.dtype() != spec.dtype || arg.dims() != spec.shape.as_slice() {
@@ -294,15 +285,6 @@ impl BindingPlan {
             }
         }
         Ok(())
-    }
-}
-
-fn residency(memory: MemoryKind) -> Residency {
-    match memory {
-        MemoryKind::Host => Residency::Host,
-        MemoryKind::Pinned => Residency::PinnedHost,
-        MemoryKind::Device => Residency::Device,
-        MemoryKind::Managed => Residency::Managed,
     }
 }
 
