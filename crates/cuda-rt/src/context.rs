@@ -30,9 +30,9 @@ impl std::fmt::Debug for Context {
 }
 
 impl PartialEq for Context {
-    /// The same device's primary context.
+    /// The same device's primary context (opened once or several times: it is the same driver context).
     fn eq(&self, other: &Context) -> bool {
-        self.ordinal == other.ordinal && Arc::ptr_eq(&self.ctx, &other.ctx)
+        self.ordinal == other.ordinal && *self.ctx == *other.ctx
     }
 }
 
