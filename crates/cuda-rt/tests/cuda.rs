@@ -1,6 +1,6 @@
-//! Every part of the CUDA layer, where a driver and a GPU exist (the `device` tool's H200); on a machine
-//! without a driver (every CI machine) each test asserts the typed `NotSupported` error instead, so none can
-//! pass silently.
+//! Every part of the CUDA layer, where a driver and a GPU exist (all of them passed on the `device` tool's
+//! H200, driver 580, CUDA 13.0's NVRTC and cuBLAS); on a machine without a driver (every CI machine) each test
+//! asserts the typed `NotSupported` error instead, so none can pass silently.
 
 use std::ffi::c_void;
 use std::sync::Arc;
@@ -236,7 +236,7 @@ fn a_module_is_compiled_once_per_device_and_its_kernel_runs() {
 fn cublas_multiplies_on_the_callers_stream() {
     let Some(ctx) = open() else { return };
     let mut blas = Blas::new(&ctx).expect("cuBLAS is installed where the GPU is");
-    // Row-major A (2×3) times B (3×2) = C (2×2); column-major: Cᵀ = Bᵀ Aᵀ with m = 2 (C's columns) ...
+    // Row-major C = A·B (A 2×3, B 3×2) is column-major Cᵀ = Bᵀ·Aᵀ: cuBLAS gets B as its A and A as its B.
     let a = [1.0f32, 2.0, 3.0, 4.0, 5.0, 6.0];
     let b = [7.0f32, 8.0, 9.0, 10.0, 11.0, 12.0];
     let bytes = |v: &[f32]| v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>();

@@ -501,22 +501,24 @@ fn staging_buffer(
 }
 
 /// Resolves and exercises, with 1-byte copies on `stream`, every driver entry point the execute path uses
-/// (cudarc resolves a symbol on its first call, allocating its name), so that happens here at init and never
-/// on the execute path.
+/// (cuda-rt resolves a driver symbol on its first call, allocating its name), so that happens here at init and
+/// never on the execute path.
 ///
 /// # Errors
 /// [`Error::Cuda`]: `NotSupported` when the driver lacks an entry point, `Internal` when a copy fails.
 fn warm_up(device: &Context, stream: StreamRef<'_>, scratch: &Allocation<Device>) -> Result<()> {
     let other = Allocation::<Device>::uninit(device, 1)?;
     let mut byte = [0u8; 1];
-    // SAFETY: both buffers hold one byte and are used by nothing else; `byte` outlives the synchronise that
-    // ends this block.
-    unsafe {
-        device.copy_htod_async(scratch.device_ptr(), byte.as_ptr().cast(), 1, stream)?;
-        device.copy_dtod_async(other.device_ptr(), scratch.device_ptr(), 1, stream)?;
-        device.copy_dtoh_async(byte.as_mut_ptr().cast(), other.device_ptr(), 1, stream)?;
-    }
-    device.synchronize_stream(stream)?;
+    // SAFETY: both buffers hold one byte and are used by nothing else; `byte` outlives the synchronise below,
+    // which runs whether or not a copy was refused.
+    let queued = unsafe {
+        device
+            .copy_htod_async(scratch.device_ptr(), byte.as_ptr().cast(), 1, stream)
+            .and_then(|()| device.copy_dtod_async(other.device_ptr(), scratch.device_ptr(), 1, stream))
+            .and_then(|()| device.copy_dtoh_async(byte.as_mut_ptr().cast(), other.device_ptr(), 1, stream))
+    };
+    let synchronized = device.synchronize_stream(stream);
+    queued.and(synchronized)?;
     Ok(())
 }
 
