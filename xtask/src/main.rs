@@ -68,13 +68,14 @@ fn main() -> anyhow::Result<()> {
             Ok(())
         }
         Task::ExportExample { backend: Backend::Tensorrt, dir, big } => {
-            // Building engines needs `trt-exec`, whose bindings need libclang at build time, so it runs as its
+            // Building engines needs `trt-build`, whose bindings need libclang at build time, so it runs as its
             // own program after the set-up rather than inside xtask.
             let trt = trt_setup::ensure(&root)?;
             let dir = std::path::absolute(&dir)?;
             let mut cmd = util::cargo();
             trt.apply(&mut cmd);
-            cmd.args(["run", "--release", "-p", "trt-exec", "--example", "export_example", "--"]).arg(&dir);
+            cmd.args(["run", "--release", "-p", "kv-example-trt", "--example", "export_example", "--"])
+                .arg(&dir);
             if big {
                 cmd.arg("--big");
             }

@@ -59,7 +59,7 @@ fn tensorrt_smoke(root: &Path, with_trt: &dyn Fn(Command) -> Command) -> anyhow:
     run_cmd(
         root,
         with_trt(cargo())
-            .args(["run", "-q", "-p", "trt-exec", "--example", "export_example", "--"])
+            .args(["run", "-q", "-p", "kv-example-trt", "--example", "export_example", "--"])
             .arg(&dir),
     )?;
     let host = debug.join(format!("delegate-host{}", std::env::consts::EXE_SUFFIX));

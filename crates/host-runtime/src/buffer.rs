@@ -131,7 +131,7 @@ impl Storage {
             Storage::Host(s) => Cow::Borrowed(s.bytes()),
             Storage::Pinned(s) => Cow::Borrowed(s.bytes()),
             Storage::Device(s) => Cow::Owned(s.read()?),
-            Storage::Managed(s) => Cow::Borrowed(s.bytes()?),
+            Storage::Managed(s) => Cow::Borrowed(s.host_bytes()?),
         })
     }
 
@@ -151,8 +151,8 @@ impl Storage {
         match self {
             Storage::Host(s) => View::Host(s.bytes_mut()),
             Storage::Pinned(s) => View::Host(s.bytes_mut()),
-            Storage::Device(s) => View::Raw(s.raw()),
-            Storage::Managed(s) => View::Raw(s.raw()),
+            Storage::Device(s) => View::Raw(RawMemory::device(s)),
+            Storage::Managed(s) => View::Raw(RawMemory::managed(s)),
         }
     }
 
@@ -164,10 +164,10 @@ impl Storage {
             (Storage::Managed(dst), Storage::Managed(src)) => dst.copy_from(src),
             (Storage::Host(dst), Storage::Host(src)) => copy_host(dst.bytes_mut(), src.bytes()),
             (Storage::Pinned(dst), Storage::Pinned(src)) => copy_host(dst.bytes_mut(), src.bytes()),
-            (dst, src) => Err(cuda::Error::Driver {
+            (dst, src) => Err(cuda::Error::KindMismatch {
                 call: "copy",
-                ordinal: 0,
-                reason: format!("cannot copy {} memory into {} memory", src.memory(), dst.memory()),
+                dst: dst.memory().name(),
+                src: src.memory().name(),
             }),
         }
     }
@@ -175,11 +175,7 @@ impl Storage {
 
 fn copy_host(dst: &mut [u8], src: &[u8]) -> Result<u64, cuda::Error> {
     if dst.len() != src.len() {
-        return Err(cuda::Error::Driver {
-            call: "copy",
-            ordinal: 0,
-            reason: format!("source holds {} bytes, destination {}", src.len(), dst.len()),
-        });
+        return Err(cuda::Error::SizeMismatch { call: "copy", dst: dst.len() as u64, src: src.len() as u64 });
     }
     dst.copy_from_slice(src);
     Ok(src.len() as u64)

@@ -19,8 +19,9 @@
 //! ## CUDA
 //!
 //! Buffers declared `device`, `managed` or `pinned` get real CUDA memory of that kind ([`cuda`], through
-//! cudarc). libcuda is loaded at run time, only when a program declares such a buffer: a machine without a
-//! driver runs host-memory programs and refuses the others with a clear `NotSupported` error.
+//! `cuda-rt`, the workspace's one CUDA layer). libcuda is loaded at run time, only when a program declares such
+//! a buffer: a machine without a driver runs host-memory programs and refuses the others with a clear
+//! `NotSupported` error.
 //!
 //! ## Feature Flags
 //!

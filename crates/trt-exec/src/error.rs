@@ -4,7 +4,7 @@ use et_error::{ErrorCode, HasErrorCode};
 
 use crate::plan::BindingError;
 
-/// Everything that can go wrong binding, building or loading a TensorRT engine.
+/// Everything that can go wrong loading, binding or running a TensorRT engine.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
@@ -20,25 +20,9 @@ pub enum Error {
         /// The loader's message for the last attempt.
         message: String,
     },
-    /// The network description is malformed (unknown tensor, bad shape, weights of the wrong size).
-    #[error("network description, node '{node}': {message}")]
-    Network {
-        /// The node (tensor) name at fault.
-        node: String,
-        /// What is wrong.
-        message: String,
-    },
-    /// TensorRT refused to build the network; `log` holds TensorRT's own error messages.
-    #[error("TensorRT failed to build the engine: {message}{}", log_suffix(.log))]
-    Build {
-        /// What failed.
-        message: String,
-        /// TensorRT's error-level log lines during the build.
-        log: Vec<String>,
-    },
     /// TensorRT could not deserialize the plan on this machine (no CUDA driver, unsupported GPU, other
     /// library version); `log` holds TensorRT's own messages.
-    #[error("TensorRT cannot load this engine here: {message}{}", log_suffix(.log))]
+    #[error("TensorRT cannot load this engine here: {message}{}", crate::log::log_suffix(.log))]
     EngineUnavailable {
         /// What failed.
         message: String,
@@ -58,20 +42,10 @@ pub enum Error {
     /// A feature this build does not provide (e.g. host-resident shape tensors).
     #[error("not supported: {0}")]
     NotSupported(String),
-    /// No usable CUDA driver or device: `libcuda` missing or unusable, or the device cannot be opened.
-    #[error("CUDA is not available here: {message}")]
-    CudaUnavailable {
-        /// What failed, with the driver's message.
-        message: String,
-    },
-    /// A CUDA driver call failed (allocation, copy, stream synchronisation).
-    #[error("CUDA call {call} failed: {message}")]
-    Cuda {
-        /// The driver call, e.g. `cuMemcpyHtoDAsync`.
-        call: &'static str,
-        /// The driver's error.
-        message: String,
-    },
+    /// CUDA refused: no driver or device (`NotSupported`), an allocation of the runner's own buffers
+    /// (`DelegateMemoryAllocationFailed`), a copy or a synchronisation (`Internal`).
+    #[error(transparent)]
+    Cuda(#[from] cuda_rt::Error),
     /// A TensorRT call failed in a way TensorRT did not explain.
     #[error("TensorRT call {call} failed: {message}")]
     Trt {
@@ -82,26 +56,17 @@ pub enum Error {
     },
 }
 
-pub(crate) fn log_suffix(log: &[String]) -> String {
-    if log.is_empty() {
-        String::new()
-    } else {
-        format!(" (TensorRT: {})", log.join(" | "))
-    }
-}
-
 impl HasErrorCode for Error {
     fn error_code(&self) -> ErrorCode {
         match self {
             Error::LibraryNotFound { .. }
             | Error::EngineUnavailable { .. }
             | Error::NotSupported(_)
-            | Error::CudaUnavailable { .. }
             | Error::ForeignPlan(_) => ErrorCode::NotSupported,
-            Error::Cuda { call: "cuMemAlloc", .. } => ErrorCode::DelegateMemoryAllocationFailed,
-            Error::Cuda { .. } => ErrorCode::Internal,
-            Error::Network { .. } => ErrorCode::InvalidArgument,
-            Error::Build { .. } | Error::Trt { .. } => ErrorCode::Internal,
+            // The delegate's own buffers (staging, scratch): ExecuTorch's delegate allocation code.
+            Error::Cuda(cuda_rt::Error::Allocation { .. }) => ErrorCode::DelegateMemoryAllocationFailed,
+            Error::Cuda(err) => err.error_code(),
+            Error::Trt { .. } => ErrorCode::Internal,
             Error::BadPayload(_) => ErrorCode::InvalidProgram,
             Error::Binding(err) => err.error_code(),
         }

@@ -1,9 +1,11 @@
 //! The execute path: a deserialized [`Engine`], its [`BindingPlan`], an `IExecutionContext` and every CUDA
-//! resource, all made once by [`Runner::new`]; [`Runner::execute`] then runs one call over caller memory.
+//! resource (through `cuda-rt`), all made once by [`Runner::new`]; [`Runner::execute`] then runs one call over
+//! caller memory, described by [`IoArg`]s, on the caller's stream or the runner's own. Like wgpu-hal below
+//! wgpu-core, it takes its own argument views and a stream, not a plugin ABI's types: the delegate adapts.
 //!
 //! One call, in stream order (the caller's stream when given, else the runner's own):
-//! 1. [`BindingPlan::prepare_into`]: count, dtype, shape, size, null and alignment checks, and the residency
-//!    gate for aliased inputs, before anything is queued.
+//! 1. [`IoArg::view`] (device check) and [`BindingPlan::prepare_into`]: count, dtype, shape, size, null and
+//!    alignment checks, and the residency gate for aliased inputs, before anything is queued.
 //! 2. `setInputShape` for dynamic-shape inputs (checked against optimisation profile 0 first).
 //! 3. Host-resident ordinary inputs: `cuMemcpyHtoDAsync` into their staging buffers.
 //! 4. `setTensorAddress` for every engine tensor: the caller's pointer, a staging buffer, or the 1-byte
@@ -23,14 +25,13 @@ use std::ffi::{c_void, CString};
 
 use alias_validate::residency::Residency;
 use blob_format::model::{DType, Dim};
-use cudarc::driver::sys;
+use cuda_rt::{Allocation, Context, Device, DevicePtr, Stream, StreamRef};
 use cxx::UniquePtr;
-use delegate_abi::{ExecuteArgs, MemoryKind, TensorArg};
 use smallvec::SmallVec;
 use trtx_sys::nvinfer1::IExecutionContext;
 
-use crate::cuda::{self, Device, DeviceBuffer, OwnedStream};
-use crate::error::{log_suffix, Error, Result};
+use crate::error::{Error, Result};
+use crate::log::log_suffix;
 use crate::plan::{Address, ArgRole, ArgView, BindingError, BindingPlan, CallPlan, Copy};
 use crate::runtime::Engine;
 
@@ -88,35 +89,51 @@ pub fn tensor_bytes(dtype: DType, shape: &[i64]) -> Option<u64> {
     shape.iter().try_fold(dtype.size_bytes() as u64, |acc, &d| u64::try_from(d).ok()?.checked_mul(acc))
 }
 
-/// The residency of a delegate argument.
-pub fn residency(kind: MemoryKind) -> Residency {
-    match kind {
-        MemoryKind::Host => Residency::Host,
-        MemoryKind::Pinned => Residency::PinnedHost,
-        MemoryKind::Device => Residency::Device,
-        MemoryKind::Managed => Residency::Managed,
-    }
+/// Whether the device can read and write ordinary host memory coherently: an integrated GPU (one physical
+/// memory) that can also access pageable memory without `cudaHostRegister`. Only then may a host pointer be
+/// bound to an engine tensor directly; everywhere else host memory is staged.
+pub fn host_memory_engine_visible(integrated: bool, pageable_memory_access: bool) -> bool {
+    integrated && pageable_memory_access
 }
 
-/// One delegate argument as the binding plan sees it, for an engine on CUDA device `device`.
-///
-/// # Errors
-/// [`BindingError::UnknownArgDType`] for an element type this build has no [`DType`] for;
-/// [`BindingError::WrongDevice`] for device or managed memory of another device.
-pub fn arg_view(index: usize, arg: &TensorArg, device: u32) -> Result<ArgView<'_>, BindingError> {
-    let on_device = matches!(arg.memory(), MemoryKind::Device | MemoryKind::Managed);
-    if on_device && arg.nbytes > 0 && u32::try_from(arg.device_id).ok() != Some(device) {
-        return Err(BindingError::WrongDevice { index, device: arg.device_id, expected: device });
+/// One argument of a call, in delegate-argument order: where its bytes are and what they hold. The caller
+/// (a delegate adapting its plugin ABI's arguments) vouches for the memory when it calls
+/// [`Runner::execute`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct IoArg<'a> {
+    /// Address of the first byte: host memory for [`Residency::Host`] / [`Residency::PinnedHost`], a device
+    /// address for [`Residency::Device`] / [`Residency::Managed`].
+    pub ptr: *mut c_void,
+    /// Size in bytes.
+    pub nbytes: u64,
+    /// Where the storage lives.
+    pub residency: Residency,
+    /// The CUDA device of device and managed memory (ignored for host memory).
+    pub device: i32,
+    /// Element type.
+    pub dtype: DType,
+    /// Extents.
+    pub shape: &'a [i64],
+}
+
+impl IoArg<'_> {
+    /// The argument as the binding plan sees it, for an engine on CUDA device `device`.
+    ///
+    /// # Errors
+    /// [`BindingError::WrongDevice`] for device or managed memory (with bytes) of another device.
+    pub fn view(&self, index: usize, device: i32) -> Result<ArgView<'_>, BindingError> {
+        let on_device = matches!(self.residency, Residency::Device | Residency::Managed);
+        if on_device && self.nbytes > 0 && self.device != device {
+            return Err(BindingError::WrongDevice { index, device: self.device, expected: device });
+        }
+        Ok(ArgView {
+            address: self.ptr as usize as u64,
+            nbytes: self.nbytes,
+            residency: self.residency,
+            dtype: self.dtype,
+            shape: self.shape,
+        })
     }
-    let dtype = DType::from_name(arg.dtype().name())
-        .ok_or_else(|| BindingError::UnknownArgDType { index, dtype: arg.dtype().name().to_owned() })?;
-    Ok(ArgView {
-        address: arg.data as usize as u64,
-        nbytes: arg.nbytes,
-        residency: residency(arg.memory()),
-        dtype,
-        shape: arg.dims(),
-    })
 }
 
 /// A dynamic-shape input: its argument, name and profile bounds.
@@ -128,7 +145,7 @@ struct DynamicInput {
     max: Vec<i64>,
 }
 
-/// Bytes one call copied, for `ExecStats`.
+/// What one call did: bytes copied (for the delegate's statistics) and whether it synchronised.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct CallStats {
     /// Bytes staged host -> device before the engine.
@@ -145,9 +162,9 @@ pub struct CallStats {
 /// device context; [`Drop`] first waits for the device so nothing queued still uses a buffer.
 pub struct Runner {
     context: UniquePtr<IExecutionContext>,
-    staging: Vec<Option<DeviceBuffer>>,
-    scratch: DeviceBuffer,
-    stream: OwnedStream,
+    staging: Vec<Option<Allocation<Device>>>,
+    scratch: Allocation<Device>,
+    stream: Stream,
     /// `setTensorAddress` names, index for index with `call.bindings`.
     names: Vec<CString>,
     dynamic_inputs: Vec<DynamicInput>,
@@ -156,7 +173,8 @@ pub struct Runner {
     call: CallPlan,
     plan: BindingPlan,
     engine: Engine,
-    device: Device,
+    host_visible: bool,
+    device: Context,
 }
 
 // SAFETY: TensorRT allows an `IExecutionContext` to be used from any one thread at a time; `Runner` is only
@@ -185,12 +203,14 @@ impl Runner {
     /// (sized for the largest shape the engine accepts), and the 1-byte scratch for zero-byte tensors.
     ///
     /// # Errors
-    /// [`Error::CudaUnavailable`] (`NotSupported`) without a CUDA driver or device; [`Error::NotSupported`]
-    /// for engines with host-resident (shape) tensors; [`Error::Trt`] / [`Error::Cuda`] when TensorRT or the
-    /// driver refuse.
-    pub fn new(mut engine: Engine, plan: BindingPlan, device_id: u32) -> Result<Runner> {
-        let device = Device::open(device_id)?;
+    /// [`Error::Cuda`] (`NotSupported`) without a CUDA driver or device; [`Error::NotSupported`] for engines
+    /// with host-resident (shape) tensors; [`Error::Trt`] / [`Error::Cuda`] when TensorRT or the driver
+    /// refuse.
+    pub fn new(mut engine: Engine, plan: BindingPlan, device_id: i32) -> Result<Runner> {
+        let device = Context::open(device_id)?;
         device.bind()?;
+        let host_visible =
+            host_memory_engine_visible(device.is_integrated(), device.pageable_memory_access());
         for tensor in &engine.io().tensors {
             if engine.tensor_on_host(&c_name(&tensor.name)?) {
                 return Err(Error::NotSupported(format!(
@@ -220,7 +240,7 @@ impl Runner {
             dynamic_inputs.push(DynamicInput { arg, name, min, max });
         }
         let mut dynamic_outputs = Vec::new();
-        let mut staging: Vec<Option<DeviceBuffer>> = (0..plan.staging_slots()).map(|_| None).collect();
+        let mut staging: Vec<Option<Allocation<Device>>> = (0..plan.staging_slots()).map(|_| None).collect();
         for (arg, binding) in plan.args().iter().enumerate() {
             let name = c_name(&binding.tensor)?;
             let is_output = matches!(binding.role, ArgRole::Output { .. } | ArgRole::AliasedOutput { .. });
@@ -247,13 +267,17 @@ impl Runner {
                     message: format!("'{}' has no bounded size ({largest:?})", binding.tensor),
                 })?;
                 if bytes > 0 {
-                    staging[staging_slot] = Some(DeviceBuffer::new(&device, bytes)?);
+                    let bytes = usize::try_from(bytes).map_err(|_| Error::Trt {
+                        call: "getTensorShape",
+                        message: format!("'{}' needs {bytes} bytes", binding.tensor),
+                    })?;
+                    staging[staging_slot] = Some(Allocation::uninit(&device, bytes)?);
                 }
             }
         }
-        let scratch = DeviceBuffer::new(&device, 1)?;
-        let stream = OwnedStream::new(&device)?;
-        cuda::warm_up(&device, &stream, &scratch)?;
+        let scratch = Allocation::uninit(&device, 1)?;
+        let stream = Stream::new(&device)?;
+        warm_up(&device, stream.as_ref(), &scratch)?;
         Ok(Runner {
             context,
             staging,
@@ -265,6 +289,7 @@ impl Runner {
             call,
             plan,
             engine,
+            host_visible,
             device,
         })
     }
@@ -281,58 +306,68 @@ impl Runner {
 
     /// Whether host memory is bound directly (integrated GPU with coherent pageable access) or staged.
     pub fn host_memory_engine_visible(&self) -> bool {
-        self.device.host_memory_engine_visible()
+        self.host_visible
     }
 
-    /// Runs one call over the caller's arguments (delegate-argument order) on the caller's stream, or on the
-    /// runner's own stream when none is given, and records the staged and reflected bytes in `args`.
+    /// The CUDA device the engine runs on.
+    pub fn device(&self) -> i32 {
+        self.device.ordinal()
+    }
+
+    /// Runs one call over the caller's arguments (delegate-argument order) on the caller's `stream`, or on
+    /// the runner's own stream when none is given, and reports the staged and reflected bytes.
     ///
     /// When this returns `Ok`, everything the caller reads is complete, or (caller stream, all I/O
-    /// device-resident) ordered on the caller's stream. When it returns `Err`, nothing queued is still
-    /// running.
+    /// device-resident: [`CallStats::synchronized`] false) ordered on the caller's stream. When it returns
+    /// `Err`, nothing queued is still running. Allocates nothing for up to 64 arguments.
+    ///
+    /// # Safety
+    /// For every argument with bytes, `ptr` is memory of its `residency` (host memory for host and pinned
+    /// host, a device or managed allocation of `device` otherwise) valid for reads of `nbytes` bytes, and for
+    /// writes when it is an output or an aliased input, used by nothing else until the call's work is
+    /// complete: when this returns, or, when it returns without synchronising, until `stream` has executed
+    /// what was queued. `stream`, when given, is a valid stream of the device's primary context for as long.
     ///
     /// # Errors
-    /// [`Error::Binding`] (`InvalidArgument`) when an argument does not fit the plan (nothing queued);
-    /// [`Error::Trt`] when TensorRT refuses a binding or the enqueue, with TensorRT's messages attached;
-    /// [`Error::Cuda`] when a copy or synchronisation fails.
-    pub fn execute(&mut self, args: &mut ExecuteArgs<'_>) -> Result<CallStats> {
-        let caller_stream = args.stream().map(|s| s.0 as sys::CUstream);
-        let stats = {
-            let mut views: SmallVec<[ArgView<'_>; INLINE_ARGS]> = SmallVec::new();
-            for (index, arg) in args.args().iter().enumerate() {
-                views.push(arg_view(index, arg, self.device.ordinal())?);
-            }
-            let host_visible = self.device.host_memory_engine_visible();
-            self.plan.prepare_into(&views, host_visible, caller_stream.is_some(), &mut self.call)?;
-            self.device.bind()?;
-            let stream = caller_stream.unwrap_or_else(|| self.stream.raw());
-            let mut queued = false;
-            let ran = self.enqueue(&views, stream, &mut queued);
-            let synced = match ran {
-                Ok(()) if self.call.synchronize => stream_synchronize(stream),
-                Ok(()) => Ok(()),
-                Err(err) => {
-                    if queued {
-                        // Nothing queued may touch caller memory after we return.
-                        let _ = stream_synchronize(stream);
-                    }
-                    Err(err)
+    /// [`Error::Binding`] (`InvalidArgument`) when an argument does not fit the plan or lives on another
+    /// device (nothing queued); [`Error::Trt`] when TensorRT refuses a binding or the enqueue, with
+    /// TensorRT's messages attached; [`Error::Cuda`] when a copy or synchronisation fails.
+    pub unsafe fn execute(&mut self, args: &[IoArg<'_>], stream: Option<StreamRef<'_>>) -> Result<CallStats> {
+        let mut views: SmallVec<[ArgView<'_>; INLINE_ARGS]> = SmallVec::new();
+        for (index, arg) in args.iter().enumerate() {
+            views.push(arg.view(index, self.device.ordinal())?);
+        }
+        self.plan.prepare_into(&views, self.host_visible, stream.is_some(), &mut self.call)?;
+        self.device.bind()?;
+        let mut queued = false;
+        let ran = self.enqueue(&views, stream, &mut queued);
+        let stream = stream.unwrap_or_else(|| self.stream.as_ref());
+        match ran {
+            Ok(()) if self.call.synchronize => self.device.synchronize_stream(stream)?,
+            Ok(()) => {}
+            Err(err) => {
+                if queued {
+                    // Nothing queued may touch caller memory after we return.
+                    let _ = self.device.synchronize_stream(stream);
                 }
-            };
-            synced?;
-            CallStats {
-                staged_bytes: self.call.staged_bytes,
-                reflect_bytes: self.call.reflect_bytes,
-                synchronized: self.call.synchronize,
+                return Err(err);
             }
-        };
-        args.record_staging(stats.staged_bytes);
-        args.record_reflect(stats.reflect_bytes);
-        Ok(stats)
+        }
+        Ok(CallStats {
+            staged_bytes: self.call.staged_bytes,
+            reflect_bytes: self.call.reflect_bytes,
+            synchronized: self.call.synchronize,
+        })
     }
 
     /// Steps 2 to 6 (see the module docs); `queued` turns true once anything is on the stream.
-    fn enqueue(&mut self, views: &[ArgView<'_>], stream: sys::CUstream, queued: &mut bool) -> Result<()> {
+    fn enqueue(
+        &mut self,
+        views: &[ArgView<'_>],
+        caller: Option<StreamRef<'_>>,
+        queued: &mut bool,
+    ) -> Result<()> {
+        let stream = caller.unwrap_or_else(|| self.stream.as_ref());
         for input in &self.dynamic_inputs {
             let view = &views[input.arg];
             let name = &self.plan.args()[input.arg].tensor;
@@ -360,18 +395,18 @@ impl Runner {
                 let buffer = staging_buffer(&self.staging, slot, bytes)?;
                 *queued = true;
                 let source = views[arg].address as usize as *const c_void;
-                // SAFETY: the context is current; `buffer` holds at least `bytes` (checked); the argument is
-                // host memory valid for reads of `bytes` until the stream is synchronised, which `execute`
-                // does before returning whenever anything was staged (`ExecuteArgs::new`'s contract covers
-                // the pointer, `prepare_into` checked it is non-null and `bytes` is its size).
-                unsafe { cuda::copy_htod_async(buffer.ptr(), source, bytes, stream) }?;
+                // SAFETY: `buffer` holds at least `bytes` (checked); the argument is host memory valid for reads
+                // of `bytes` until the stream is synchronised, which `execute` does before returning whenever
+                // anything was staged (`execute`'s contract covers the pointer, `prepare_into` checked it is
+                // non-null and `bytes` is its size).
+                unsafe { self.device.copy_htod_async(buffer.device_ptr(), source, bytes, stream) }?;
             }
         }
         for (binding, name) in self.call.bindings.iter().zip(&self.names) {
             let pointer: *mut c_void = match binding.address {
                 Address::Arg(n) => views[n].address as usize as *mut c_void,
-                Address::Staging(slot) => staging_buffer(&self.staging, slot, 1)?.as_void(),
-                Address::Scratch => self.scratch.as_void(),
+                Address::Staging(slot) => staging_buffer(&self.staging, slot, 1)?.as_ptr(),
+                Address::Scratch => self.scratch.as_ptr(),
             };
             let context = self
                 .context
@@ -379,8 +414,8 @@ impl Runner {
                 .ok_or(Error::Trt { call: "setTensorAddress", message: "null context".to_owned() })?;
             // SAFETY: `name` is a NUL-terminated engine tensor name; `pointer` is non-null, 256-byte aligned
             // (checked by `prepare_into`, or a `cuMemAlloc` buffer) device-visible memory of the tensor's size,
-            // valid until the stream work completes (`ExecuteArgs::new`'s contract for caller memory; buffers
-            // live as long as the runner, which synchronises before freeing them).
+            // valid until the stream work completes (`execute`'s contract for caller memory; buffers live as
+            // long as the runner, which synchronises before freeing them).
             let ok = unsafe { context.setTensorAddress(name.as_ptr(), pointer.cast()) };
             if !ok {
                 return Err(Error::Trt {
@@ -399,8 +434,8 @@ impl Runner {
             .ok_or(Error::Trt { call: "enqueueV3", message: "null context".to_owned() })?;
         *queued = true;
         // SAFETY: every I/O tensor has a valid address (set above: the plan binds every engine tensor); the
-        // stream is the caller's (valid per `ExecuteArgs::new`) or ours, in the bound primary context.
-        let ok = unsafe { context.enqueueV3(stream.cast()) };
+        // stream is the caller's (valid per `execute`'s contract) or ours, in the bound primary context.
+        let ok = unsafe { context.enqueueV3(stream.as_raw().cast()) };
         if !ok {
             return Err(Error::Trt {
                 call: "enqueueV3",
@@ -412,32 +447,31 @@ impl Runner {
                 Copy::ReadBack { slot, arg, bytes } => {
                     let buffer = staging_buffer(&self.staging, slot, bytes)?;
                     // SAFETY: `buffer` holds `bytes` written by the engine (stream-ordered before this copy);
-                    // the argument is host memory valid for writes of `bytes` (`ExecuteArgs::new`); the stream
-                    // is synchronised before `execute` returns (a read-back forces it).
+                    // the argument is host memory valid for writes of `bytes` (`execute`'s contract); the
+                    // stream is synchronised before `execute` returns (a read-back forces it).
                     unsafe {
-                        cuda::copy_dtoh_async(
+                        self.device.copy_dtoh_async(
                             views[arg].address as usize as *mut c_void,
-                            buffer.ptr(),
+                            buffer.device_ptr(),
                             bytes,
                             stream,
                         )
                     }?;
                 }
                 Copy::Reflect { from_arg, to_arg, bytes } => {
-                    let source = views[from_arg].address as sys::CUdeviceptr;
+                    let source: DevicePtr = views[from_arg].address;
                     let slot = views[to_arg].address;
                     match ReflectCopy::into_slot(views[to_arg].residency) {
                         // SAFETY: both are device-visible allocations of `bytes` (the plan checked equal sizes)
                         // that do not share storage (`same_storage` was false); stream-ordered after the
                         // engine wrote the source; synchronised before `execute` returns (a reflect forces it).
                         ReflectCopy::DeviceToDevice => {
-                            let slot = slot as sys::CUdeviceptr;
                             // SAFETY: see above.
-                            unsafe { cuda::copy_dtod_async(slot, source, bytes, stream) }?
+                            unsafe { self.device.copy_dtod_async(slot, source, bytes, stream) }?
                         }
                         // SAFETY: as above, with the slot host memory valid for writes of `bytes`.
                         ReflectCopy::DeviceToHost => unsafe {
-                            cuda::copy_dtoh_async(slot as usize as *mut c_void, source, bytes, stream)
+                            self.device.copy_dtoh_async(slot as usize as *mut c_void, source, bytes, stream)
                         }?,
                     }
                 }
@@ -455,16 +489,37 @@ impl Drop for Runner {
     }
 }
 
-fn staging_buffer(staging: &[Option<DeviceBuffer>], slot: usize, bytes: u64) -> Result<&DeviceBuffer> {
-    staging.get(slot).and_then(Option::as_ref).filter(|b| b.capacity() >= bytes).ok_or_else(|| Error::Trt {
+fn staging_buffer(
+    staging: &[Option<Allocation<Device>>],
+    slot: usize,
+    bytes: u64,
+) -> Result<&Allocation<Device>> {
+    staging.get(slot).and_then(Option::as_ref).filter(|b| b.len() as u64 >= bytes).ok_or_else(|| Error::Trt {
         call: "staging",
         message: format!("staging buffer {slot} cannot hold {bytes} bytes (sized at init from the engine)"),
     })
 }
 
-fn stream_synchronize(stream: sys::CUstream) -> Result<()> {
-    // SAFETY: `stream` is the caller's valid stream (`ExecuteArgs::new`) or ours, in the bound context.
-    unsafe { cuda::stream_synchronize(stream) }
+/// Resolves and exercises, with 1-byte copies on `stream`, every driver entry point the execute path uses
+/// (cuda-rt resolves a driver symbol on its first call, allocating its name), so that happens here at init and
+/// never on the execute path.
+///
+/// # Errors
+/// [`Error::Cuda`]: `NotSupported` when the driver lacks an entry point, `Internal` when a copy fails.
+fn warm_up(device: &Context, stream: StreamRef<'_>, scratch: &Allocation<Device>) -> Result<()> {
+    let other = Allocation::<Device>::uninit(device, 1)?;
+    let mut byte = [0u8; 1];
+    // SAFETY: both buffers hold one byte and are used by nothing else; `byte` outlives the synchronise below,
+    // which runs whether or not a copy was refused.
+    let queued = unsafe {
+        device
+            .copy_htod_async(scratch.device_ptr(), byte.as_ptr().cast(), 1, stream)
+            .and_then(|()| device.copy_dtod_async(other.device_ptr(), scratch.device_ptr(), 1, stream))
+            .and_then(|()| device.copy_dtoh_async(byte.as_mut_ptr().cast(), other.device_ptr(), 1, stream))
+    };
+    let synchronized = device.synchronize_stream(stream);
+    queued.and(synchronized)?;
+    Ok(())
 }
 
 fn set_input_shape(

@@ -112,8 +112,8 @@ impl EngineIntrospect for EngineIo {
     }
 }
 
-/// TensorRT data type -> our dtype name (`"trt:<name>"` for types we do not map).
-pub(crate) fn dtype_name(dtype: trtx::DataType) -> String {
+/// TensorRT data type -> our dtype name (`"trt:<name>"` for types we do not map); shared with the build side.
+pub fn dtype_name(dtype: trtx::DataType) -> String {
     use trtx::DataType as T;
     let ours = match dtype {
         T::kFLOAT => Some(DType::F32),
@@ -133,7 +133,7 @@ pub(crate) fn dtype_name(dtype: trtx::DataType) -> String {
 }
 
 /// Our dtype -> TensorRT's, `None` where TensorRT has no such type (f64).
-pub(crate) fn trt_dtype(dtype: DType) -> Option<trtx::DataType> {
+pub fn trt_dtype(dtype: DType) -> Option<trtx::DataType> {
     use trtx::DataType as T;
     Some(match dtype {
         DType::F32 => T::kFLOAT,

@@ -1,25 +1,24 @@
-//! Binds TensorRT-RTX engines to caller memory in place, and builds them: the one crate that touches TensorRT.
+//! Runs TensorRT-RTX engines over caller memory, in place: the run side of TensorRT (the build side is
+//! `trt-build`).
 //!
-//! - Build side ([`build_engine`]): a small [`NetworkDesc`] (inputs, constants, matmul, element-wise,
-//!   softmax, shuffle, gather, cast, `IKVCacheUpdateLayer`) built ahead of time by TensorRT-RTX, which needs
-//!   no GPU to build. The [`BuiltEngine`] carries the plan and the I/O and aliases TensorRT reported for the
-//!   network, so a blob's alias table ([`export::header_for`]) is TensorRT's own. [`decoder`] is the
-//!   example KV-cache decoder.
-//! - Run side: [`Engine::deserialize`] (TensorRT needs a CUDA driver and a supported GPU here; otherwise a
-//!   clean [`Error::EngineUnavailable`] carrying TensorRT's own message), [`EngineIo`] introspection
-//!   (including `getAliasedInputTensor`) implementing alias-validate's `EngineIntrospect`, and the pure
-//!   [`BindingPlan`] / [`CallPlan`] deciding every binding, staging, reflect and synchronisation.
-//! - Execute path: [`Runner::new`] makes the `IExecutionContext` and every CUDA resource once ([`cuda`]:
-//!   the device's primary context, a per-handle stream, staging buffers, the 1-byte scratch; `libcuda` is
-//!   loaded at run time and its absence is a clean [`Error::CudaUnavailable`]); [`Runner::execute`] runs one
-//!   call over the delegate ABI's `ExecuteArgs` (staging, `setTensorAddress` with aliased outputs on their
-//!   inputs' caller pointers, `enqueueV3`, reflects and read-backs, synchronising only when the caller
-//!   needs it) without allocating. TensorRT-RTX 1.7 runs on no GPU of this workplace (the H200 is compute
-//!   capability 9.0, refused at deserialize), so `enqueueV3` has never executed here; the CUDA pieces
-//!   (context, stream, buffers, copies) were run on the H200.
+//! - [`library`]: TensorRT-RTX is loaded at run time (dlopen) from `KV_TENSORRT_LIB` ([`library::LIB_ENV`]),
+//!   then the standard loader path.
+//! - [`Engine::deserialize`] (TensorRT needs a CUDA driver and a supported GPU here; otherwise a clean
+//!   [`Error::EngineUnavailable`] carrying TensorRT's own message) and [`EngineIo`] introspection (including
+//!   `getAliasedInputTensor`), implementing alias-validate's `EngineIntrospect`; [`sniff_plan`] /
+//!   [`check_plan_kind`] tell TensorRT-RTX plans from TensorRT ones.
+//! - The pure [`BindingPlan`] / [`CallPlan`] deciding every binding, staging, reflect and synchronisation.
+//! - [`Runner`], the executor: [`Runner::new`] makes the `IExecutionContext` and every CUDA resource once
+//!   (through `cuda-rt`: the device's primary context, a per-handle stream, staging buffers, the 1-byte
+//!   scratch; without a driver a clean `NotSupported` [`Error::Cuda`]); [`Runner::execute`] runs one call
+//!   over the caller's [`IoArg`]s on the caller's stream (a `cuda_rt::StreamRef`), without allocating. It
+//!   takes its own argument views, not a plugin ABI's, the way wgpu-hal's backends sit below wgpu-core: the
+//!   TensorRT delegate adapts its ABI's arguments. TensorRT-RTX 1.7 runs on no GPU of this workplace (the
+//!   H200 is compute capability 9.0, refused at deserialize), so `enqueueV3` has never executed here; the CUDA
+//!   pieces were run on the H200.
+//! - [`LogSink`], [`dtype_name`] and [`trt_dtype`] are shared with the build side.
 //!
-//! The library is loaded at run time (dlopen): from `KV_TENSORRT_LIB` ([`library::LIB_ENV`]), then the
-//! standard loader path. Building this crate needs libclang (trtx-sys generates bindings), not TensorRT.
+//! Building this crate needs libclang (trtx-sys generates bindings), not TensorRT or CUDA.
 //!
 //! ## Examples
 //!
@@ -49,31 +48,26 @@
 //! assert!(call.after.is_empty() && !call.synchronize);
 //! ```
 //!
-//! Building kv-example's decoder as TensorRT engines plus a program manifest:
-//! `cargo run -p trt-exec --example export_example -- DIR [--big]` (see `examples/export_example.rs`).
-//!
 //! ## Feature Flags
 //!
-//! None. trtx is used with `dlopen_tensorrt_rtx` + `v_1_7` (TensorRT-RTX 1.7, loaded at run time) and cudarc
-//! with `driver` + `dynamic-loading` + `cuda-13000` (`libcuda` loaded at run time): neither is needed to
-//! build, only libclang (for trtx-sys's bindings).
+//! None. trtx is used with `dlopen_tensorrt_rtx` + `v_1_7` (TensorRT-RTX 1.7, loaded at run time): it is not
+//! needed to build, only libclang (for trtx-sys's bindings).
 #![deny(missing_docs)]
 
-pub mod cuda;
-pub mod decoder;
 mod error;
 mod executor;
-pub mod export;
 mod introspect;
 pub mod library;
-mod network;
+mod log;
 mod plan;
 mod runtime;
 
 pub use error::{Error, Result};
-pub use executor::{arg_view, check_profile, residency, tensor_bytes, CallStats, ReflectCopy, Runner};
-pub use introspect::{AliasPair, EngineIo, IoMode, IoTensor};
-pub use network::{build_engine, BinaryOp, BuildOptions, BuiltEngine, NetworkDesc, Node, Op, UnaryOp};
+pub use executor::{
+    check_profile, host_memory_engine_visible, tensor_bytes, CallStats, IoArg, ReflectCopy, Runner,
+};
+pub use introspect::{dtype_name, trt_dtype, AliasPair, EngineIo, IoMode, IoTensor};
+pub use log::{log_suffix, LogSink};
 pub use plan::{
     Address, ArgBinding, ArgRole, ArgView, BindingError, BindingPlan, CallPlan, Copy, TensorAddress,
     UnthreadedOutput, TENSOR_ALIGNMENT,

@@ -161,7 +161,7 @@ pub enum BindingError {
         /// The argument's device.
         device: i32,
         /// The engine's device.
-        expected: u32,
+        expected: i32,
     },
     /// An argument with bytes has a null address.
     #[error("argument {index} ('{name}') has {nbytes} bytes at a null address")]

@@ -10,7 +10,7 @@ use trtx_sys::nvinfer1::{ICudaEngine, IExecutionContext, IRuntime};
 use crate::error::{Error, Result};
 use crate::introspect::{dtype_name, AliasPair, EngineIo, IoMode, IoTensor};
 use crate::library;
-use crate::network::LogSink;
+use crate::log::{log_suffix, LogSink};
 
 /// What a plan's first bytes say it is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -194,7 +194,7 @@ impl Engine {
         if raw.is_null() {
             return Err(Error::Trt {
                 call: "createExecutionContext",
-                message: format!("returned null{}", crate::error::log_suffix(&self.take_log_errors())),
+                message: format!("returned null{}", log_suffix(&self.take_log_errors())),
             });
         }
         // SAFETY: a non-null `IExecutionContext*` we own, created by this engine; TensorRT objects are deleted

@@ -1,17 +1,15 @@
 //! The execute path's decisions that need no GPU: reusable call plans (no allocation per call), address
-//! checks TensorRT's `setTensorAddress` contract demands, copy directions, profile bounds, argument views
-//! from the ABI, and a clean `NotSupported` where there is no CUDA driver. The path itself (TensorRT-RTX
-//! `enqueueV3`) cannot run on any GPU of this workplace.
+//! checks TensorRT's `setTensorAddress` contract demands, copy directions, profile bounds, and the runner's
+//! argument views with their device check. The path itself (TensorRT-RTX `enqueueV3`) cannot run on any GPU
+//! of this workplace; a missing CUDA driver's clean `NotSupported` is `cuda-rt`'s test.
 
 use alias_validate::residency::Residency;
 use alias_validate::validate_with_engine;
 use blob_format::model::{Alias, AliasKind, Binding, DType, Header, PayloadKind};
-use delegate_abi::{DTypeCode, MemoryKind, TensorArg};
 use et_error::{ErrorCode, HasErrorCode};
-use trt_exec::cuda::{host_memory_engine_visible, Device};
 use trt_exec::{
-    arg_view, check_profile, tensor_bytes, Address, ArgView, BindingError, BindingPlan, Copy, EngineIo,
-    ReflectCopy, TENSOR_ALIGNMENT,
+    check_profile, host_memory_engine_visible, tensor_bytes, Address, ArgView, BindingError, BindingPlan,
+    Copy, EngineIo, IoArg, ReflectCopy, TENSOR_ALIGNMENT,
 };
 
 fn kv_single() -> EngineIo {
@@ -179,17 +177,17 @@ fn tensor_sizes_refuse_negative_extents_and_overflow() {
 }
 
 #[test]
-fn abi_arguments_become_plan_views_with_their_residency() {
-    for (memory, residency) in [
-        (MemoryKind::Host, Residency::Host),
-        (MemoryKind::Pinned, Residency::PinnedHost),
-        (MemoryKind::Device, Residency::Device),
-        (MemoryKind::Managed, Residency::Managed),
-    ] {
-        let mut arg = TensorArg::describe(DTypeCode::F32, &[1, 2, 16, 8], memory).expect("rank 4");
-        arg.data = 0x7000_0000 as *mut std::ffi::c_void;
-        arg.nbytes = 1024;
-        let view = arg_view(3, &arg, 0).expect("known dtype");
+fn runner_arguments_become_plan_views_on_the_engines_device_only() {
+    for residency in [Residency::Host, Residency::PinnedHost, Residency::Device, Residency::Managed] {
+        let arg = IoArg {
+            ptr: 0x7000_0000 as *mut std::ffi::c_void,
+            nbytes: 1024,
+            residency,
+            device: 0,
+            dtype: DType::F32,
+            shape: &[1, 2, 16, 8],
+        };
+        let view = arg.view(3, 0).expect("same device");
         assert_eq!(
             view,
             ArgView {
@@ -201,40 +199,20 @@ fn abi_arguments_become_plan_views_with_their_residency() {
             }
         );
     }
-    let i64_arg = TensorArg::describe(DTypeCode::I64, &[1], MemoryKind::Host).expect("rank 1");
-    assert_eq!(arg_view(0, &i64_arg, 0).expect("i64").dtype, DType::I64);
     // Device memory of another GPU than the engine's is refused; host memory has no device.
-    let mut other = TensorArg::describe(DTypeCode::F32, &[4], MemoryKind::Device).expect("rank 1");
-    other.data = 0x7000_0000 as *mut std::ffi::c_void;
-    other.nbytes = 16;
-    other.device_id = 1;
-    let err = arg_view(2, &other, 0).expect_err("wrong device");
+    let other = IoArg {
+        ptr: 0x7000_0000 as *mut std::ffi::c_void,
+        nbytes: 16,
+        residency: Residency::Device,
+        device: 1,
+        dtype: DType::F32,
+        shape: &[4],
+    };
+    let err = other.view(2, 0).expect_err("wrong device");
     assert_eq!(err.to_string(), "argument 2 is memory of CUDA device 1, but the engine runs on device 0");
     assert_eq!(err.error_code(), ErrorCode::InvalidArgument);
-    assert!(arg_view(2, &other, 1).is_ok());
-}
-
-#[test]
-fn no_cuda_driver_is_a_clean_not_supported_error() {
-    let has_driver = std::path::Path::new("/dev/nvidiactl").exists();
-    match Device::open(0) {
-        Ok(device) => assert!(has_driver, "opened a CUDA device without /dev/nvidiactl: {device:?}"),
-        Err(err) => {
-            eprintln!("Device::open(0): {err}");
-            assert_eq!(err.error_code(), ErrorCode::NotSupported, "{err}");
-            assert!(matches!(err, trt_exec::Error::CudaUnavailable { .. }), "{err:?}");
-            if !has_driver {
-                let text = err.to_string();
-                assert!(
-                    text.starts_with(
-                        "CUDA is not available here: the CUDA driver library could not be loaded (tried libcuda.so"
-                    ),
-                    "{text}"
-                );
-                assert!(text.ends_with("install an NVIDIA driver"), "{text}");
-            }
-        }
-    }
-    // A second attempt gives the same clean answer (no poisoned loader state, no panic).
-    assert_eq!(Device::open(0).is_ok(), has_driver);
+    assert!(other.view(2, 1).is_ok());
+    assert!(IoArg { residency: Residency::Managed, ..other }.view(2, 0).is_err(), "managed memory too");
+    assert!(IoArg { residency: Residency::Host, ..other }.view(2, 0).is_ok(), "host memory has no device");
+    assert!(IoArg { nbytes: 0, ..other }.view(2, 0).is_ok(), "an empty tensor binds the scratch");
 }

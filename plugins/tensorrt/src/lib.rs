@@ -8,11 +8,14 @@
 //! naming `KV_TENSORRT_LIB`), when there is no CUDA driver (`NotSupported`: TensorRT reports "CUDA driver
 //! version is insufficient"), or when the GPU is not one TensorRT-RTX supports (`NotSupported`: e.g. compute
 //! capability 9.0). After a successful deserialize, `init` creates the execution context and every CUDA
-//! resource once ([`trt_exec::Runner`]); `execute` checks every argument against the binding plan (count,
-//! dtype, shape, size, alignment, and the residency gate for aliased inputs), stages host inputs, binds
-//! aliased outputs to their caches' caller pointers, runs `enqueueV3` on the caller's stream (or the
-//! handle's own), reflects and reads back as needed, and synchronises only when the caller needs it.
-//! The run path has not executed on a GPU here: no GPU of this workplace runs TensorRT-RTX 1.7.
+//! resource once ([`trt_exec::Runner`]); `execute` adapts the ABI's arguments and stream to the runner's own
+//! (`trt_exec::IoArg`, `cuda_rt::StreamRef`: the crate's one `unsafe` block, in `adapt`), which checks every
+//! argument against the binding plan (count, dtype, shape, size, device, alignment, and the residency gate
+//! for aliased inputs), stages host inputs, binds aliased outputs to their caches' caller pointers, runs
+//! `enqueueV3` on the caller's stream (or the handle's own), reflects and reads back as needed, and
+//! synchronises only when the caller needs it; the staged and reflected bytes it reports are recorded in the
+//! ABI's statistics. The run path has not executed on a GPU here: no GPU of this workplace runs
+//! TensorRT-RTX 1.7. The plugin links `trt-exec` and `cuda-rt`, not the engine builder.
 //!
 //! ## Examples
 //!
@@ -31,7 +34,10 @@
 //!
 //! None.
 #![deny(missing_docs)]
-#![forbid(unsafe_code)]
+// Only `adapt` may use `unsafe` (it vouches for the ABI's arguments to the runner).
+#![deny(unsafe_code)]
+
+mod adapt;
 
 use blob_format::model::{Header, PayloadKind, TENSORRT_BACKEND};
 use blob_format::Blob;
@@ -144,18 +150,16 @@ impl Delegate for TensorRtDelegate {
             tracing::warn!("{warning}");
         }
         let plan = BindingPlan::new(&blob.header, engine.io(), &aliases).map_err(err)?;
-        let device = u32::try_from(blob.header.device_id).map_err(|_| {
-            DelegateError::invalid_program(format!(
-                "the blob's device id {} is negative",
-                blob.header.device_id
-            ))
-        })?;
+        let device = blob.header.device_id;
+        if device < 0 {
+            return Err(DelegateError::invalid_program(format!("the blob's device id {device} is negative")));
+        }
         let runner = Runner::new(engine, plan, device).map_err(err)?;
         Ok(Handle { runner, header: blob.header })
     }
 
     fn execute(&self, handle: &mut Handle, args: &mut ExecuteArgs<'_>) -> Result<(), DelegateError> {
-        let stats = handle.runner.execute(args).map_err(err)?;
+        let stats = adapt::execute(&mut handle.runner, args).map_err(err)?;
         tracing::trace!(?stats, "TensorRT call");
         Ok(())
     }

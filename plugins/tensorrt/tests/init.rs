@@ -2,6 +2,9 @@
 //! validated, then TensorRT-RTX refuses to deserialize without a CUDA driver, and the plugin reports that
 //! cleanly with TensorRT's own message, in-process and through the ABI from the built dylib.
 
+#[path = "common/kv_blob.rs"]
+mod kv_blob;
+
 use std::path::PathBuf;
 
 use blob_format::model::{Binding, Header, PayloadKind, Role, TENSORRT_BACKEND};
@@ -65,19 +68,13 @@ fn init_on_an_upstream_tr02_blob_fails_cleanly_without_a_gpu() {
 }
 
 #[test]
-fn init_on_our_exported_decoder_blob_fails_cleanly_through_the_abi() {
+fn init_on_our_exported_kv_blob_fails_cleanly_through_the_abi() {
     if !require_tensorrt() {
         return;
     }
-    // Weight values do not matter to `init`; kv-example's real weights cannot be linked into this test
-    // (both it, through the reference delegate, and this plugin export a plugin root module).
-    let cfg = trt_exec::decoder::DecoderConfig::TINY;
-    let weights = trt_exec::decoder::DecoderWeights::zeros(&cfg);
-    let net = trt_exec::decoder::decoder_network(&cfg, &weights, 1).expect("well-formed");
-    let built = trt_exec::build_engine(&net, &trt_exec::BuildOptions::default()).expect("builds on CPU");
-    let order = trt_exec::decoder::arg_order(&cfg);
-    let order: Vec<&str> = order.iter().map(String::as_str).collect();
-    let (_, blob) = trt_exec::export::native_blob(&built, &order).expect("exports");
+    // A KV-cache engine built here with trt-build (kv-example's decoder cannot be linked into this test: see
+    // `common/kv_blob.rs`).
+    let blob = kv_blob::native_blob().expect("builds on CPU and exports");
 
     // In process, through the safe trait.
     let in_process = expect_clean_init_failure(TensorRtDelegate::new().init(ctx(&blob)));
@@ -96,7 +93,7 @@ fn init_on_our_exported_decoder_blob_fails_cleanly_through_the_abi() {
     assert_eq!(in_process, through_abi, "the ABI carries code and message unchanged");
     assert!(plugin.poisoned().is_none(), "a clean error does not poison the plugin");
     if let Some(message) = through_abi {
-        eprintln!("init(native decoder blob) through the ABI: NotSupported: {message}");
+        eprintln!("init(native KV blob) through the ABI: NotSupported: {message}");
     }
 }
 

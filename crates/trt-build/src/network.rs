@@ -1,14 +1,12 @@
 //! A small network description and `build_engine`: TensorRT-RTX builds it ahead of time, on CPU.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use blob_format::model::DType;
+use trt_exec::{dtype_name, library, trt_dtype, AliasPair, EngineIo, IoMode, IoTensor, LogSink};
 
 use crate::error::{Error, Result};
-use crate::introspect::{dtype_name, trt_dtype, AliasPair, EngineIo, IoMode, IoTensor};
-use crate::library;
 
 /// A network: nodes in topological order, each producing one tensor named after the node, and the node names
 /// marked as engine outputs, in order.
@@ -184,12 +182,17 @@ pub struct BuildOptions {
     /// Workspace memory pool limit in bytes.
     pub workspace_bytes: usize,
     /// Show an indicatif progress bar per build phase TensorRT reports (hidden when stderr is not a terminal).
+    #[cfg(feature = "progress")]
     pub progress: bool,
 }
 
 impl Default for BuildOptions {
     fn default() -> Self {
-        BuildOptions { workspace_bytes: 256 << 20, progress: false }
+        BuildOptions {
+            workspace_bytes: 256 << 20,
+            #[cfg(feature = "progress")]
+            progress: false,
+        }
     }
 }
 
@@ -204,44 +207,14 @@ pub struct BuiltEngine {
     pub build_time: Duration,
 }
 
-/// Collects TensorRT's log: errors are kept (attached to our errors), warnings go to `tracing`.
-#[derive(Clone, Default)]
-pub(crate) struct LogSink {
-    errors: Arc<Mutex<Vec<String>>>,
-}
-
-impl LogSink {
-    pub(crate) fn take_errors(&self) -> Vec<String> {
-        self.errors.lock().map(|mut e| std::mem::take(&mut *e)).unwrap_or_default()
-    }
-
-    pub(crate) fn record(&self, severity: trtx::Severity, message: &str) {
-        match severity {
-            trtx::Severity::InternalError | trtx::Severity::Error => {
-                tracing::debug!(target: "tensorrt", "{message}");
-                if let Ok(mut errors) = self.errors.lock() {
-                    errors.push(message.to_owned());
-                }
-            }
-            trtx::Severity::Warning => tracing::warn!(target: "tensorrt", "{message}"),
-            trtx::Severity::Info => tracing::debug!(target: "tensorrt", "{message}"),
-            trtx::Severity::Verbose => tracing::trace!(target: "tensorrt", "{message}"),
-        }
-    }
-}
-
-impl trtx::LogHandler for LogSink {
-    fn log(&self, severity: trtx::Severity, message: &str) {
-        self.record(severity, message);
-    }
-}
-
 /// Shows TensorRT's build phases as indicatif bars.
+#[cfg(feature = "progress")]
 struct ProgressBars {
     multi: indicatif::MultiProgress,
-    bars: Mutex<HashMap<String, indicatif::ProgressBar>>,
+    bars: std::sync::Mutex<HashMap<String, indicatif::ProgressBar>>,
 }
 
+#[cfg(feature = "progress")]
 impl trtx::interfaces::MonitorProgress for ProgressBars {
     fn phase_start(&self, phase_name: &str, _parent_phase: Option<&str>, num_steps: i32) {
         let bar = self.multi.add(indicatif::ProgressBar::new(u64::try_from(num_steps).unwrap_or(0)));
@@ -442,9 +415,12 @@ pub fn build_engine(desc: &NetworkDesc, options: &BuildOptions) -> Result<BuiltE
 
     let mut config = builder.create_config().map_err(|e| build_err("creating the builder config", e))?;
     config.set_memory_pool_limit(trtx::MemoryPoolType::kWORKSPACE, options.workspace_bytes);
+    #[cfg(feature = "progress")]
     if options.progress {
-        let monitor =
-            ProgressBars { multi: indicatif::MultiProgress::new(), bars: Mutex::new(HashMap::new()) };
+        let monitor = ProgressBars {
+            multi: indicatif::MultiProgress::new(),
+            bars: std::sync::Mutex::new(HashMap::new()),
+        };
         config
             .set_progress_monitor(Box::new(monitor))
             .map_err(|e| build_err("setting the progress monitor", e))?;

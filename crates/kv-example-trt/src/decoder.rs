@@ -14,98 +14,12 @@
 //! Engine I/O: inputs `tokens` (i64 `[rows]`), `input_pos` (i64 `[1]`), `k_cache_{l}`, `v_cache_{l}` (f32
 //! `[1, heads, max_len, head_dim]`: TensorRT's KV-cache layer wants a batch axis; the bytes are those of
 //! kv-example's `[heads, max_len, head_dim]` buffers); outputs `logits`, `k_cache_out_{l}`, `v_cache_out_{l}`.
-//!
-//! [`DecoderConfig`] and [`DecoderWeights`] mirror `kv_example::Config` and `kv_example::Weights` field for
-//! field (this crate does not depend on the example); the `export_example` example (run by
-//! `cargo xtask export-example --backend tensorrt`) and the tests convert one into the other.
+//! The network is built from kv-example's own [`Config`] and [`Weights`].
 
 use blob_format::model::DType;
-
-use crate::error::{Error, Result};
-use crate::network::{BinaryOp, NetworkDesc, Node, Op, UnaryOp};
-
-/// Epsilon of every RMS norm (kv-example's `RMS_EPS`).
-pub const RMS_EPS: f32 = 1e-5;
-
-/// Decoder hyper-parameters (kv-example's `Config` without prompt and seed).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct DecoderConfig {
-    /// Vocabulary size.
-    pub vocab: usize,
-    /// Attention heads.
-    pub heads: usize,
-    /// Size of one head.
-    pub head_dim: usize,
-    /// Cache rows.
-    pub max_len: usize,
-    /// Decoder layers.
-    pub layers: usize,
-}
-
-impl DecoderConfig {
-    /// Upstream's acceptance model (`kv_example::Config::tiny()`): vocab 64, 2 heads x 16, max length 16, one
-    /// layer.
-    pub const TINY: DecoderConfig =
-        DecoderConfig { vocab: 64, heads: 2, head_dim: 16, max_len: 16, layers: 1 };
-
-    /// `heads * head_dim`.
-    pub fn dim(&self) -> usize {
-        self.heads * self.head_dim
-    }
-}
-
-/// One layer's weights, row-major `[in, out]` (`y = x W`).
-#[derive(Debug, Clone, PartialEq)]
-pub struct LayerWeights {
-    /// RMS-norm gain, `[dim]`.
-    pub norm: Vec<f32>,
-    /// `[dim, dim]`.
-    pub wq: Vec<f32>,
-    /// `[dim, dim]`.
-    pub wk: Vec<f32>,
-    /// `[dim, dim]`.
-    pub wv: Vec<f32>,
-    /// `[dim, dim]`.
-    pub wo: Vec<f32>,
-}
-
-/// Every weight (kv-example's `Weights`).
-#[derive(Debug, Clone, PartialEq)]
-pub struct DecoderWeights {
-    /// `[vocab, dim]`.
-    pub tok_emb: Vec<f32>,
-    /// `[max_len, dim]`.
-    pub pos_emb: Vec<f32>,
-    /// Per layer.
-    pub layers: Vec<LayerWeights>,
-    /// `[dim]`.
-    pub final_norm: Vec<f32>,
-    /// `[dim, vocab]`.
-    pub w_out: Vec<f32>,
-}
-
-impl DecoderWeights {
-    /// All-zero weights of the right shapes: for engines whose values do not matter (an `init` probe, a
-    /// plugin test that cannot link kv-example). Real weights come from kv-example (see the
-    /// `export_example` example).
-    pub fn zeros(cfg: &DecoderConfig) -> DecoderWeights {
-        let (v, d, l) = (cfg.vocab, cfg.dim(), cfg.max_len);
-        let layer = LayerWeights {
-            norm: vec![0.0; d],
-            wq: vec![0.0; d * d],
-            wk: vec![0.0; d * d],
-            wv: vec![0.0; d * d],
-            wo: vec![0.0; d * d],
-        };
-        DecoderWeights {
-            tok_emb: vec![0.0; v * d],
-            pos_emb: vec![0.0; l * d],
-            layers: vec![layer; cfg.layers],
-            final_norm: vec![0.0; d],
-            w_out: vec![0.0; d * v],
-        }
-    }
-}
+use kv_example::model::RMS_EPS;
+use kv_example::{Config, Weights};
+use trt_build::{BinaryOp, BuildOptions, BuiltEngine, Error, NetworkDesc, Node, Op, Result, UnaryOp};
 
 /// `k_cache_{layer}`.
 pub fn k_cache(layer: usize) -> String {
@@ -130,7 +44,7 @@ pub fn v_cache_out(layer: usize) -> String {
 /// The blob's delegate-argument order (kv-example's): `tokens`, `input_pos`, every layer's k and v cache,
 /// every layer's k and v cache output, then `logits` (buffer mutations before user outputs, as ExecuTorch
 /// may order them; TensorRT lists `logits` first, and binding is by name).
-pub fn arg_order(cfg: &DecoderConfig) -> Vec<String> {
+pub fn arg_order(cfg: &Config) -> Vec<String> {
     let mut order = vec!["tokens".to_owned(), "input_pos".to_owned()];
     for l in 0..cfg.layers {
         order.extend([k_cache(l), v_cache(l)]);
@@ -191,10 +105,16 @@ impl Graph {
 /// # Errors
 /// [`Error::Network`] when the config is degenerate, `rows` is outside `1..=max_len`, or a weight has the
 /// wrong length.
-pub fn decoder_network(cfg: &DecoderConfig, weights: &DecoderWeights, rows: usize) -> Result<NetworkDesc> {
+pub fn decoder_network(cfg: &Config, weights: &Weights, rows: usize) -> Result<NetworkDesc> {
     let bad = |node: &str, message: String| Error::Network { node: node.to_owned(), message };
     if cfg.vocab == 0 || cfg.heads == 0 || cfg.head_dim == 0 || cfg.max_len == 0 || cfg.layers == 0 {
-        return Err(bad("config", format!("every size must be at least 1: {cfg:?}")));
+        return Err(bad(
+            "config",
+            format!(
+                "every size must be at least 1: vocab {}, heads {}, head_dim {}, max_len {}, layers {}",
+                cfg.vocab, cfg.heads, cfg.head_dim, cfg.max_len, cfg.layers
+            ),
+        ));
     }
     if rows == 0 || rows > cfg.max_len {
         return Err(bad("tokens", format!("rows {rows} outside 1..={}", cfg.max_len)));
@@ -327,16 +247,16 @@ pub fn decoder_network(cfg: &DecoderConfig, weights: &DecoderWeights, rows: usiz
 /// TensorRT reported it, the library version recorded). Returns the header, the blob and the built engine.
 ///
 /// # Errors
-/// As [`decoder_network`] and [`crate::build_engine`].
+/// As [`decoder_network`] and [`trt_build::build_engine`].
 pub fn decoder_blob(
-    cfg: &DecoderConfig,
-    weights: &DecoderWeights,
+    cfg: &Config,
+    weights: &Weights,
     rows: usize,
-    options: &crate::BuildOptions,
-) -> Result<(blob_format::model::Header, Vec<u8>, crate::BuiltEngine)> {
-    let built = crate::build_engine(&decoder_network(cfg, weights, rows)?, options)?;
+    options: &BuildOptions,
+) -> Result<(blob_format::model::Header, Vec<u8>, BuiltEngine)> {
+    let built = trt_build::build_engine(&decoder_network(cfg, weights, rows)?, options)?;
     let order = arg_order(cfg);
     let order: Vec<&str> = order.iter().map(String::as_str).collect();
-    let (header, blob) = crate::export::native_blob(&built, &order)?;
+    let (header, blob) = trt_build::export::native_blob(&built, &order)?;
     Ok((header, blob, built))
 }

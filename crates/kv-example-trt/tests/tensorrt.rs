@@ -1,4 +1,4 @@
-//! Tests against the real TensorRT-RTX library (built ahead of time on CPU). They fail, naming
+//! The example decoder against the real TensorRT-RTX library (built ahead of time on CPU). They fail, naming
 //! `cargo xtask test`, when `KV_TENSORRT_LIB` is unset.
 
 mod common;
@@ -7,10 +7,11 @@ use blob_format::model::{AliasKind, Format, Role};
 use blob_format::Blob;
 use common::{fixture_networks, fixture_path, require_tensorrt};
 use et_error::{ErrorCode, HasErrorCode};
-use trt_exec::decoder::{arg_order, decoder_network, DecoderConfig};
-use trt_exec::{build_engine, AliasPair, BuildOptions, Engine, EngineIo, IoMode, PlanKind};
+use kv_example_trt::{arg_order, decoder_network};
+use trt_build::{build_engine, BuildOptions};
+use trt_exec::{AliasPair, Engine, EngineIo, IoMode, PlanKind};
 
-fn decode_engine() -> trt_exec::BuiltEngine {
+fn decode_engine() -> trt_build::BuiltEngine {
     let net = common::decoder_decode();
     build_engine(&net, &BuildOptions::default()).expect("the decoder builds on CPU")
 }
@@ -45,8 +46,8 @@ fn prefill_engine_builds_for_a_longer_prompt() {
     if !require_tensorrt() {
         return;
     }
-    let (cfg, weights) = common::kv_model::tiny();
-    let net = decoder_network(&cfg, &weights, 5).expect("well-formed");
+    let cfg = kv_example::Config::tiny();
+    let net = decoder_network(&cfg, &kv_example::Weights::generate(&cfg), 5).expect("well-formed");
     let built = build_engine(&net, &BuildOptions::default()).expect("prefill builds");
     let logits = built.io.tensor("logits").expect("logits");
     assert_eq!(logits.shape, [5, 64]);
@@ -58,9 +59,9 @@ fn native_blob_records_the_aliases_tensorrt_reports_and_round_trips_the_plan() {
         return;
     }
     let built = decode_engine();
-    let order = arg_order(&DecoderConfig::TINY);
+    let order = arg_order(&kv_example::Config::tiny());
     let order: Vec<&str> = order.iter().map(String::as_str).collect();
-    let (header, bytes) = trt_exec::export::native_blob(&built, &order).expect("exports");
+    let (header, bytes) = trt_build::export::native_blob(&built, &order).expect("exports");
     let blob = Blob::parse(&bytes).expect("our own blob parses");
     assert!(matches!(blob.format, Format::Native { .. }));
     assert_eq!(blob.header, header);
@@ -87,9 +88,9 @@ fn tr02_blob_round_trips_the_plan() {
         return;
     }
     let built = decode_engine();
-    let order = arg_order(&DecoderConfig::TINY);
+    let order = arg_order(&kv_example::Config::tiny());
     let order: Vec<&str> = order.iter().map(String::as_str).collect();
-    let (header, bytes) = trt_exec::export::tr02_blob(&built, &order).expect("exports TR02");
+    let (header, bytes) = trt_build::export::tr02_blob(&built, &order).expect("exports TR02");
     assert_eq!(&bytes[..4], b"TR02");
     let blob = Blob::parse(&bytes).expect("parses");
     assert_eq!(blob.format, Format::Tr02);
@@ -120,18 +121,6 @@ fn deserializing_on_this_machine_fails_cleanly_with_tensorrts_message() {
     }
 }
 
-#[test]
-fn network_errors_name_the_node() {
-    if !require_tensorrt() {
-        return;
-    }
-    let mut net = common::kv_single();
-    net.nodes.retain(|n| n.name != "write_idx");
-    let err = build_engine(&net, &BuildOptions::default()).expect_err("unknown tensor");
-    assert_eq!(err.to_string(), "network description, node 'k_cache_out': uses unknown tensor 'write_idx'");
-    assert_eq!(err.error_code(), ErrorCode::InvalidArgument);
-}
-
 /// The JSON fixtures the binding-plan tests use are what real builds report; `KV_UPDATE_FIXTURES=1` rewrites
 /// them.
 #[test]
@@ -152,20 +141,19 @@ fn fixtures_match_real_builds() {
     }
 }
 
-/// kv-example's own tiny config and weights (converted field for field) build into both methods' engines,
-/// with kv-example's argument order.
+/// kv-example's own tiny config and weights build into both methods' engines, with kv-example's argument
+/// order.
 #[test]
 fn kv_examples_tiny_model_builds_as_prefill_and_decode_blobs() {
     if !require_tensorrt() {
         return;
     }
     let c = kv_example::Config::tiny();
-    let (cfg, weights) = common::kv_model::model(&c);
-    assert_eq!(cfg, DecoderConfig::TINY, "DecoderConfig::TINY is kv-example's tiny config");
+    let weights = kv_example::Weights::generate(&c);
     for rows in [c.prompt_len(), 1] {
         let started = std::time::Instant::now();
         let (header, blob, built) =
-            trt_exec::decoder::decoder_blob(&cfg, &weights, rows, &BuildOptions::default()).expect("builds");
+            kv_example_trt::decoder_blob(&c, &weights, rows, &BuildOptions::default()).expect("builds");
         eprintln!(
             "kv-example tiny, rows {rows}: engine built in {:?} ({:?} total), blob {} bytes",
             built.build_time,

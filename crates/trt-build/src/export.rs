@@ -3,6 +3,8 @@
 
 use blob_format::model::{Alias, AliasKind, Binding, Header, PayloadKind, Producer, Role, TENSORRT_BACKEND};
 
+use trt_exec::IoTensor;
+
 use crate::error::{Error, Result};
 use crate::network::BuiltEngine;
 
@@ -40,7 +42,7 @@ pub fn header_for(built: &BuiltEngine, arg_order: &[&str]) -> Result<Header> {
         .collect();
     Ok(Header {
         producer: Some(Producer {
-            name: "kv-delegate trt-exec".to_owned(),
+            name: "kv-delegate trt-build".to_owned(),
             version: env!("CARGO_PKG_VERSION").to_owned(),
         }),
         backend_id: TENSORRT_BACKEND.to_owned(),
@@ -55,7 +57,7 @@ pub fn header_for(built: &BuiltEngine, arg_order: &[&str]) -> Result<Header> {
     })
 }
 
-fn binding(tensor: &crate::introspect::IoTensor, threaded: bool) -> Binding {
+fn binding(tensor: &IoTensor, threaded: bool) -> Binding {
     Binding {
         name: tensor.name.clone(),
         role: Role::from(tensor.mode),
@@ -66,6 +68,9 @@ fn binding(tensor: &crate::introspect::IoTensor, threaded: bool) -> Binding {
 }
 
 /// A native blob (backend `TensorRTBackend`, payload `tensorrt-plan`) holding `built`'s plan.
+///
+/// # Errors
+/// As [`header_for`].
 pub fn native_blob(built: &BuiltEngine, arg_order: &[&str]) -> Result<(Header, Vec<u8>)> {
     let header = header_for(built, arg_order)?;
     let blob = blob_format::native::to_vec(&header, &built.plan);
@@ -89,11 +94,10 @@ pub fn upstream_header(header: &Header) -> Header {
 /// An upstream TR02 blob (TR01 when there are no aliases) holding `built`'s plan, as Torch-TensorRT 2.14 writes.
 ///
 /// # Errors
-/// [`Error::Network`] for a bad `arg_order`; [`Error::NotSupported`] when TR02 cannot express the header
+/// [`Error::Network`] for a bad `arg_order`; [`Error::Upstream`] when TR02 cannot express the header
 /// (e.g. an input listed after an output).
 pub fn tr02_blob(built: &BuiltEngine, arg_order: &[&str]) -> Result<(Header, Vec<u8>)> {
     let header = upstream_header(&header_for(built, arg_order)?);
-    let blob = blob_format::upstream::write_tr02(&header, &built.plan)
-        .map_err(|e| Error::NotSupported(format!("writing TR02: {e}")))?;
+    let blob = blob_format::upstream::write_tr02(&header, &built.plan)?;
     Ok((header, blob))
 }

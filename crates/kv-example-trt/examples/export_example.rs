@@ -4,7 +4,7 @@
 //! the `[generate]` section).
 //!
 //! ```text
-//! KV_TENSORRT_LIB=/path/libtensorrt_rtx.so.1 cargo run -p trt-exec --example export_example -- DIR [--big]
+//! KV_TENSORRT_LIB=/path/libtensorrt_rtx.so.1 cargo run -p kv-example-trt --example export_example -- DIR [--big]
 //! ```
 //!
 //! `cargo xtask export-example --backend tensorrt DIR [--big]` installs the library and runs exactly this.
@@ -15,11 +15,8 @@ use std::time::Instant;
 
 use blob_format::model::TENSORRT_BACKEND;
 use kv_example::export::{DECODE_BLOB, MANIFEST, PREFILL_BLOB};
-use trt_exec::decoder::decoder_blob;
-use trt_exec::BuildOptions;
-
-#[path = "../tests/common/kv_model.rs"]
-mod kv_model;
+use kv_example_trt::decoder_blob;
+use trt_build::BuildOptions;
 
 const USAGE: &str = "usage: export_example DIR [--big]";
 
@@ -71,11 +68,11 @@ fn export(dir: &Path, big: bool) -> Result<(), Box<dyn std::error::Error>> {
         cfg.max_len,
         cfg.vocab
     );
-    let (decoder, weights) = kv_model::model(&cfg);
+    let weights = kv_example::Weights::generate(&cfg);
     let options = BuildOptions { progress: true, ..BuildOptions::default() };
     std::fs::create_dir_all(dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
     for (method, rows, file) in [("prefill", cfg.prompt_len(), PREFILL_BLOB), ("decode", 1, DECODE_BLOB)] {
-        let (header, blob, built) = decoder_blob(&decoder, &weights, rows, &options)?;
+        let (header, blob, built) = decoder_blob(&cfg, &weights, rows, &options)?;
         // The blob binds what the reference program's calls thread, in the same order, so kv-example's
         // manifest `args` apply unchanged.
         let reference = kv_example::export::header(&cfg, rows);

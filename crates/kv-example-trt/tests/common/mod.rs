@@ -1,12 +1,10 @@
-//! Shared by the TensorRT tests: the networks whose introspection is captured as fixtures, and the gate that
-//! makes a missing TensorRT library a failure, not a silent pass.
+//! Shared by the TensorRT tests: the networks whose introspection is captured as `trt-exec`'s binding-plan
+//! fixtures, and the gate that makes a missing TensorRT library a failure, not a silent pass.
 #![allow(dead_code)]
 
-pub mod kv_model;
-
 use blob_format::model::DType;
-use trt_exec::decoder::decoder_network;
-use trt_exec::{BinaryOp, NetworkDesc, Node, Op};
+use kv_example_trt::decoder_network;
+use trt_build::{BinaryOp, NetworkDesc, Node, Op};
 
 /// Panics (fails the test) unless the TensorRT-RTX library is configured; returns `false` only when the
 /// caller explicitly opted out with `KV_SKIP_TENSORRT_TESTS=1`.
@@ -37,8 +35,8 @@ fn f32_const(values: &[f32], shape: Vec<i64>) -> Op {
 /// The example decoder (kv-example's tiny model and weights), decode method (one token): two KV caches,
 /// aliased outputs after `logits`.
 pub fn decoder_decode() -> NetworkDesc {
-    let (cfg, weights) = kv_model::tiny();
-    decoder_network(&cfg, &weights, 1).expect("the tiny decoder is well-formed")
+    let cfg = kv_example::Config::tiny();
+    decoder_network(&cfg, &kv_example::Weights::generate(&cfg), 1).expect("the tiny decoder is well-formed")
 }
 
 /// One KV cache, as upstream's `tr02_kv_cache.blob`: `k_cache_out` aliases `k_cache`, plus `logits`.
@@ -81,7 +79,9 @@ pub fn fixture_networks() -> Vec<(&'static str, NetworkDesc)> {
     vec![("decoder_decode", decoder_decode()), ("kv_single", kv_single()), ("user_state", user_state())]
 }
 
-/// Path of a fixture.
+/// Path of a fixture: `trt-exec`'s binding-plan tests read them (without TensorRT).
 pub fn fixture_path(name: &str) -> std::path::PathBuf {
-    std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures").join(format!("{name}.json"))
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../trt-exec/tests/fixtures")
+        .join(format!("{name}.json"))
 }

@@ -1,0 +1,380 @@
+//! One owning allocation type, [`Allocation<K>`], for the three kinds of CUDA memory: [`Device`]
+//! (`cuMemAlloc`), [`Managed`] (`cuMemAllocManaged`, attached globally) and [`Pinned`] host memory
+//! (`cuMemHostAlloc`, portable to every context). The kind is a type parameter, so what the host may do with
+//! the bytes (read them in place, or only through a copy) is checked at compile time.
+//!
+//! Every allocation requests at least one byte (the driver refuses zero), so even an empty one has a valid,
+//! 256-byte aligned address. It is freed on drop, after the context has retired any queued work that may
+//! still use it.
+
+use std::ffi::c_void;
+use std::marker::PhantomData;
+
+use cudarc::driver::{result, sys};
+
+use crate::context::Context;
+use crate::driver;
+use crate::error::{Error, Result};
+
+/// A device address (`CUdeviceptr`). Under unified addressing, pinned host memory has one too: its host
+/// address.
+pub type DevicePtr = u64;
+
+/// The kind of memory an [`Allocation`] holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum MemoryKind {
+    /// Device memory: the host cannot dereference it.
+    Device,
+    /// Managed (unified) memory: one address valid on host and device.
+    Managed,
+    /// Page-locked host memory.
+    Pinned,
+}
+
+impl MemoryKind {
+    /// `"device"`, `"managed"` or `"pinned"`.
+    pub fn name(self) -> &'static str {
+        match self {
+            MemoryKind::Device => "device",
+            MemoryKind::Managed => "managed",
+            MemoryKind::Pinned => "pinned",
+        }
+    }
+}
+
+impl std::fmt::Display for MemoryKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+mod sealed {
+    pub trait Sealed {}
+}
+
+/// A kind of memory, as an [`Allocation`]'s type parameter: [`Device`], [`Managed`] or [`Pinned`].
+pub trait Kind: sealed::Sealed {
+    /// The kind as a value.
+    const KIND: MemoryKind;
+}
+
+/// Memory with a device address the driver copies and sets by address ([`Device`] and [`Managed`]).
+pub trait DeviceAddressable: Kind {}
+
+/// Device memory (`cuMemAlloc`).
+#[derive(Debug)]
+pub enum Device {}
+/// Managed memory (`cuMemAllocManaged`, `CU_MEM_ATTACH_GLOBAL`).
+#[derive(Debug)]
+pub enum Managed {}
+/// Pinned host memory (`cuMemHostAlloc`, `CU_MEMHOSTALLOC_PORTABLE`).
+#[derive(Debug)]
+pub enum Pinned {}
+
+impl sealed::Sealed for Device {}
+impl sealed::Sealed for Managed {}
+impl sealed::Sealed for Pinned {}
+impl Kind for Device {
+    const KIND: MemoryKind = MemoryKind::Device;
+}
+impl Kind for Managed {
+    const KIND: MemoryKind = MemoryKind::Managed;
+}
+impl Kind for Pinned {
+    const KIND: MemoryKind = MemoryKind::Pinned;
+}
+impl DeviceAddressable for Device {}
+impl DeviceAddressable for Managed {}
+
+/// One driver allocation of kind `K`, owned: freed on drop.
+pub struct Allocation<K: Kind> {
+    /// The address (for pinned memory, the host address).
+    ptr: DevicePtr,
+    len: usize,
+    ctx: Context,
+    kind: PhantomData<K>,
+}
+
+// SAFETY: the allocation is owned by this value alone (no other handle to it exists); device addresses are
+// plain data usable from any host thread with the context current (every use binds it), pinned and managed
+// memory are ordinary memory to any thread, and the driver allows freeing from another thread.
+unsafe impl<K: Kind> Send for Allocation<K> {}
+// SAFETY: shared access only reads (`&self` methods read the bytes or copy them out); writing needs `&mut`.
+unsafe impl<K: Kind> Sync for Allocation<K> {}
+
+impl<K: Kind> std::fmt::Debug for Allocation<K> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Allocation")
+            .field("kind", &K::KIND)
+            .field("len", &self.len)
+            .field("device", &self.ctx.ordinal())
+            .finish()
+    }
+}
+
+impl<K: Kind> Allocation<K> {
+    /// `len` bytes of kind `K` in `ctx`, contents undefined; every kind but [`Device`] is zeroed before it
+    /// is handed out (so host views never see undefined bytes).
+    fn alloc(ctx: &Context, len: usize) -> Result<Allocation<K>> {
+        ctx.bind()?;
+        let bytes = len.max(1);
+        let failed =
+            |reason: String| Error::Allocation { ordinal: ctx.ordinal(), kind: K::KIND, bytes: len, reason };
+        let unusable = |message: String| Error::DriverUnusable { reason: format!("allocating: {message}") };
+        let ptr = driver::guard(unusable, || {
+            let allocated = match K::KIND {
+                // SAFETY: the context is current (bound above); at least one byte is requested; the
+                // allocation is freed once, in `Drop`.
+                MemoryKind::Device => unsafe { result::malloc_sync(bytes) },
+                // SAFETY: as above.
+                MemoryKind::Managed => unsafe {
+                    result::malloc_managed(bytes, sys::CUmemAttach_flags::CU_MEM_ATTACH_GLOBAL)
+                },
+                // SAFETY: as above.
+                MemoryKind::Pinned => unsafe { result::malloc_host(bytes, sys::CU_MEMHOSTALLOC_PORTABLE) }
+                    .map(|p| p as usize as DevicePtr),
+            };
+            allocated.map_err(|e| failed(driver::describe(e)))
+        })?;
+        Ok(Allocation { ptr, len, ctx: ctx.clone(), kind: PhantomData })
+    }
+
+    /// Size in bytes (the driver holds at least one).
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether it holds no bytes.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The memory kind.
+    pub fn kind(&self) -> MemoryKind {
+        K::KIND
+    }
+
+    /// The device ordinal of the context it was allocated in.
+    pub fn device(&self) -> i32 {
+        self.ctx.ordinal()
+    }
+
+    /// The context it was allocated in.
+    pub fn context(&self) -> &Context {
+        &self.ctx
+    }
+
+    /// The address, as a delegate argument or a kernel parameter carries it.
+    pub fn as_ptr(&self) -> *mut c_void {
+        self.ptr as usize as *mut c_void
+    }
+
+    /// The address as a device pointer (for pinned memory, its host address, valid under unified addressing).
+    pub fn device_ptr(&self) -> DevicePtr {
+        self.ptr
+    }
+}
+
+impl Allocation<Device> {
+    /// `len` bytes of device memory whose contents are undefined (for buffers the device writes before
+    /// anything reads them, such as staging buffers). The host never reads device memory except through a
+    /// driver copy, so undefined bytes are never observed by Rust code.
+    ///
+    /// # Errors
+    /// [`Error::Allocation`] (`MemoryAllocationFailed`) when the driver refuses.
+    pub fn uninit(ctx: &Context, len: usize) -> Result<Allocation<Device>> {
+        Allocation::alloc(ctx, len)
+    }
+
+    /// `len` zero bytes of device memory.
+    ///
+    /// # Errors
+    /// [`Error::Allocation`] (`MemoryAllocationFailed`) when the driver refuses, [`Error::Driver`] when the
+    /// memset fails.
+    pub fn zeroed(ctx: &Context, len: usize) -> Result<Allocation<Device>> {
+        let mut allocation = Allocation::alloc(ctx, len)?;
+        allocation.clear()?;
+        Ok(allocation)
+    }
+
+    /// Copies the bytes to the host (a synchronous device-to-host copy).
+    ///
+    /// # Errors
+    /// [`Error::Driver`] when the copy fails.
+    pub fn read(&self) -> Result<Vec<u8>> {
+        self.ctx.bind()?;
+        let mut out = vec![0u8; self.len];
+        if self.len > 0 {
+            driver::call("cuMemcpyDtoH", self.ctx.ordinal(), || {
+                // SAFETY: the context is current; `ptr` is a live allocation of at least `len` bytes (freed
+                // only in `Drop`, which cannot run while `&self` is held) and `out` holds exactly `len` bytes.
+                // The copy is synchronous: it waits for prior work on the legacy default stream and
+                // completes before returning.
+                unsafe { result::memcpy_dtoh_sync(&mut out, self.ptr) }
+            })?;
+        }
+        Ok(out)
+    }
+
+    /// Overwrites the bytes with `data` (a synchronous host-to-device copy, complete when it returns).
+    ///
+    /// # Errors
+    /// [`Error::SizeMismatch`] unless `data` holds exactly [`Allocation::len`] bytes; [`Error::Driver`] when
+    /// the copy fails.
+    pub fn write(&mut self, data: &[u8]) -> Result<()> {
+        if data.len() != self.len {
+            return Err(Error::SizeMismatch {
+                call: "cuMemcpyHtoD",
+                dst: self.len as u64,
+                src: data.len() as u64,
+            });
+        }
+        self.ctx.bind()?;
+        if self.len > 0 {
+            driver::call("cuMemcpyHtoD", self.ctx.ordinal(), || {
+                // SAFETY: the context is current; `ptr` is a live allocation of `len` bytes that `&mut self`
+                // makes exclusively ours, and `data` holds exactly `len` bytes. The copy from pageable memory
+                // returns once `data` has been consumed; the synchronisation below completes it.
+                unsafe { result::memcpy_htod_sync(self.ptr, data) }
+            })?;
+        }
+        self.ctx.synchronize()
+    }
+}
+
+impl Allocation<Managed> {
+    /// `len` zero bytes of managed memory, attached globally, with `ctx`'s device as its home.
+    ///
+    /// # Errors
+    /// [`Error::Allocation`] (`MemoryAllocationFailed`) when the driver refuses, [`Error::Driver`] when the
+    /// memset fails.
+    pub fn zeroed(ctx: &Context, len: usize) -> Result<Allocation<Managed>> {
+        let mut allocation = Allocation::alloc(ctx, len)?;
+        allocation.clear()?;
+        Ok(allocation)
+    }
+
+    /// The bytes, read in place on the host after synchronising the context (so no queued device work still
+    /// writes them).
+    ///
+    /// # Errors
+    /// [`Error::Driver`] when the synchronisation reports an error.
+    pub fn host_bytes(&self) -> Result<&[u8]> {
+        self.ctx.synchronize()?;
+        // SAFETY: `ptr` is a live managed allocation of at least `len` bytes (freed only in `Drop`, which
+        // cannot run while the returned borrow of `self` lives), valid on the host because it is managed
+        // memory, zeroed at allocation so never undefined, and nothing writes it meanwhile: the context was
+        // synchronised above, and writers need `&mut self` (or an `unsafe` call whose contract gives them
+        // exclusive use of the address).
+        Ok(unsafe { std::slice::from_raw_parts(self.ptr as usize as *const u8, self.len) })
+    }
+
+    /// The bytes, writable in place on the host after synchronising the context.
+    ///
+    /// # Errors
+    /// [`Error::Driver`] when the synchronisation reports an error.
+    pub fn host_bytes_mut(&mut self) -> Result<&mut [u8]> {
+        self.ctx.synchronize()?;
+        // SAFETY: as in `host_bytes`, and `&mut self` makes this the only access for the borrow's lifetime.
+        Ok(unsafe { std::slice::from_raw_parts_mut(self.ptr as usize as *mut u8, self.len) })
+    }
+}
+
+impl Allocation<Pinned> {
+    /// `len` zero bytes of page-locked host memory, portable to every context.
+    ///
+    /// # Errors
+    /// [`Error::Allocation`] (`MemoryAllocationFailed`) when the driver refuses.
+    pub fn zeroed(ctx: &Context, len: usize) -> Result<Allocation<Pinned>> {
+        let allocation = Allocation::alloc(ctx, len)?;
+        // SAFETY: `ptr` is a fresh host allocation of at least `len` bytes that nothing else knows; writing
+        // through a raw pointer (rather than a slice) initialises it before any slice is made.
+        unsafe { std::ptr::write_bytes(allocation.ptr as usize as *mut u8, 0, allocation.len) };
+        Ok(allocation)
+    }
+
+    /// The bytes. Pinned memory is only written by the device through copies or kernels someone queued on
+    /// its address with an `unsafe` call, whose contract keeps them from overlapping this borrow.
+    pub fn bytes(&self) -> &[u8] {
+        // SAFETY: `ptr` is a live host allocation of at least `len` bytes, zeroed at allocation, freed only in
+        // `Drop`; writers need `&mut self` (or an `unsafe` call's exclusive use), so nothing writes it while
+        // the returned borrow lives.
+        unsafe { std::slice::from_raw_parts(self.ptr as usize as *const u8, self.len) }
+    }
+
+    /// The bytes, writable.
+    pub fn bytes_mut(&mut self) -> &mut [u8] {
+        // SAFETY: as in `bytes`, and `&mut self` makes this the only access for the borrow's lifetime.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr as usize as *mut u8, self.len) }
+    }
+}
+
+impl<K: DeviceAddressable> Allocation<K> {
+    /// Zeroes every byte (`cuMemsetD8`, then a context synchronisation: callers, and CPU code reading
+    /// managed memory, must see zeros).
+    ///
+    /// # Errors
+    /// [`Error::Driver`] when the memset fails.
+    pub fn clear(&mut self) -> Result<()> {
+        self.ctx.bind()?;
+        if self.len > 0 {
+            driver::call("cuMemsetD8", self.ctx.ordinal(), || {
+                // SAFETY: the context is current; `ptr` is a live allocation of at least `len` bytes, and
+                // `&mut self` means nothing else in this process writes it.
+                unsafe { result::memset_d8_sync(self.ptr, 0, self.len) }
+            })?;
+        }
+        self.ctx.synchronize()
+    }
+
+    /// Copies `src` (of the same kind and size) over these bytes through the device, complete when it
+    /// returns. Returns the bytes copied.
+    ///
+    /// # Errors
+    /// [`Error::SizeMismatch`] when the sizes differ; [`Error::Driver`] when the copy fails.
+    pub fn copy_from(&mut self, src: &Allocation<K>) -> Result<u64> {
+        if self.len != src.len {
+            return Err(Error::SizeMismatch {
+                call: "cuMemcpyDtoD",
+                dst: self.len as u64,
+                src: src.len as u64,
+            });
+        }
+        self.ctx.bind()?;
+        if self.len > 0 {
+            driver::call("cuMemcpyDtoD", self.ctx.ordinal(), || {
+                // SAFETY: the context is current; both are live allocations of `len` bytes (freed only on
+                // drop), distinct because `self` is borrowed mutably and `src` shared, so they do not overlap.
+                unsafe { result::memcpy_dtod_sync(self.ptr, src.ptr, self.len) }
+            })?;
+        }
+        self.ctx.synchronize()?;
+        Ok(self.len as u64)
+    }
+}
+
+impl<K: Kind> Drop for Allocation<K> {
+    fn drop(&mut self) {
+        // Work queued on the memory may still use it: wait for it before freeing.
+        let ordinal = self.ctx.ordinal();
+        let freed = self.ctx.synchronize().and_then(|()| match K::KIND {
+            MemoryKind::Pinned => driver::call("cuMemFreeHost", ordinal, || {
+                // SAFETY: `ptr` came from `cuMemHostAlloc` and is freed once, here, by its only owner, after
+                // the context retired any queued work that used it.
+                unsafe { result::free_host(self.ptr as usize as *mut c_void) }
+            }),
+            MemoryKind::Device | MemoryKind::Managed => driver::call("cuMemFree", ordinal, || {
+                // SAFETY: `ptr` came from `cuMemAlloc`/`cuMemAllocManaged` in this context and is freed once,
+                // here, by its only owner, after the context retired any queued work that used it.
+                unsafe { result::free_sync(self.ptr) }
+            }),
+        });
+        if let Err(err) = freed {
+            tracing::warn!(
+                "leaking {} bytes of {} memory on CUDA device {ordinal}: {err}",
+                self.len,
+                K::KIND
+            );
+        }
+    }
+}

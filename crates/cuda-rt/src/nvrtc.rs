@@ -1,0 +1,259 @@
+//! Run-time compiled kernels: NVRTC compiles a CUDA C source to PTX, the driver loads it into a context, and
+//! [`Context::compile_module`] does both once per process per device, keyed by the source's hash and the
+//! options.
+
+use std::collections::HashMap;
+use std::ffi::{c_void, CString};
+use std::sync::{Arc, Mutex, OnceLock};
+
+use cudarc::driver::{result as driver_result, sys};
+use cudarc::nvrtc::result as nvrtc;
+
+use crate::context::Context;
+use crate::driver::{self, guard};
+use crate::error::{CompileFailure, Error, Result};
+use crate::stream::StreamRef;
+
+/// Whether `libnvrtc` can be loaded.
+fn nvrtc_present() -> bool {
+    // SAFETY: `is_culib_present` only `dlopen`s NVRTC's library names and drops what it opened; loading NVRTC
+    // runs its initialisers, which have no preconditions.
+    unsafe { cudarc::nvrtc::sys::is_culib_present() }
+}
+
+fn unavailable(reason: String) -> Error {
+    Error::LibraryUnavailable { library: "nvrtc", reason }
+}
+
+fn c_text(call: &'static str, what: &str, text: &str) -> Result<CString> {
+    CString::new(text).map_err(|_| Error::OutOfRange { call, what: format!("{what} with a NUL byte") })
+}
+
+/// The program name NVRTC reports in its log: the source's xxh3-128.
+fn program_name(source: &str) -> String {
+    format!("module_{:032x}.cu", xxhash_rust::xxh3::xxh3_128(source.as_bytes()))
+}
+
+/// Compiles CUDA C `source` to PTX with NVRTC's `options` (e.g. `--gpu-architecture=compute_90`). Needs
+/// `libnvrtc`, not a driver or a GPU.
+///
+/// # Errors
+/// [`Error::LibraryUnavailable`] (`NotSupported`) without NVRTC; [`Error::Compile`] with NVRTC's log when
+/// the source does not compile; [`Error::OutOfRange`] for a source or option containing a NUL byte.
+pub fn compile_ptx(source: &str, options: &[&str]) -> Result<String> {
+    let name = program_name(source);
+    let c_source = c_text("nvrtcCreateProgram", "a source", source)?;
+    let c_name = c_text("nvrtcCreateProgram", "a name", &name)?;
+    for option in options {
+        c_text("nvrtcCompileProgram", "an option", option)?;
+    }
+    if !nvrtc_present() {
+        let tried = driver::candidates(&["nvrtc"]);
+        return Err(unavailable(format!(
+            "libnvrtc could not be loaded ({} names tried, libnvrtc.so.13 among them); install the CUDA \
+             toolkit's NVRTC or add its directory to LD_LIBRARY_PATH",
+            tried.len()
+        )));
+    }
+    let failed = |reason: String, log: String| {
+        Error::Compile(Box::new(CompileFailure {
+            name: name.clone(),
+            options: options.join(" "),
+            reason,
+            log: log.trim().to_owned(),
+        }))
+    };
+    guard(
+        |message| unavailable(format!("NVRTC lacks an entry point: {message}")),
+        || {
+            let program = nvrtc::create_program(&c_source, Some(&c_name))
+                .map_err(|e| failed(format!("{:?}", e.0), String::new()))?;
+            // SAFETY: `program` was created above and is destroyed once, below; every option is free of NUL
+            // bytes (checked above), so cudarc's conversion cannot panic.
+            let compiled = unsafe { nvrtc::compile_program(program, options) };
+            let outcome = match compiled {
+                // SAFETY: `program` is live and compiled.
+                Ok(()) => unsafe { nvrtc::get_ptx(program) }
+                    .map(|ptx| {
+                        ptx.iter().take_while(|&&c| c != 0).map(|&c| c as u8 as char).collect::<String>()
+                    })
+                    .map_err(|e| failed(format!("nvrtcGetPTX: {:?}", e.0), String::new())),
+                Err(e) => {
+                    // SAFETY: `program` is live; its log is there whether or not it compiled.
+                    let log = unsafe { nvrtc::get_program_log(program) }
+                        .map(|log| log.iter().take_while(|&&c| c != 0).map(|&c| c as u8 as char).collect())
+                        .unwrap_or_default();
+                    Err(failed(format!("{:?}", e.0), log))
+                }
+            };
+            // SAFETY: `program` was created above and is destroyed once, here.
+            if let Err(err) = unsafe { nvrtc::destroy_program(program) } {
+                tracing::warn!("leaking an NVRTC program: {:?}", err.0);
+            }
+            outcome
+        },
+    )
+}
+
+/// A loaded module (`cuModuleLoadData`), unloaded when the last [`Function`] of it and the cache's reference
+/// are gone.
+pub struct Module {
+    raw: sys::CUmodule,
+    ctx: Context,
+    name: String,
+}
+
+// SAFETY: a `CUmodule` may be used from any host thread with its context current (every use binds it); the
+// handle is owned by this value alone.
+unsafe impl Send for Module {}
+// SAFETY: `&self` only looks functions up, which the driver allows from several threads at once.
+unsafe impl Sync for Module {}
+
+impl std::fmt::Debug for Module {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Module").field("name", &self.name).field("device", &self.ctx.ordinal()).finish()
+    }
+}
+
+impl Module {
+    /// The kernel `name` (an `extern "C" __global__` function of the source).
+    ///
+    /// # Errors
+    /// [`Error::Driver`] (`CUDA_ERROR_NOT_FOUND`) when the module has no such function.
+    pub fn function(self: &Arc<Module>, name: &str) -> Result<Function> {
+        let c_name = c_text("cuModuleGetFunction", "a function name", name)?;
+        self.ctx.bind()?;
+        let raw = driver::call("cuModuleGetFunction", self.ctx.ordinal(), || {
+            // SAFETY: `raw` is a live module of this context (unloaded only on drop).
+            unsafe { driver_result::module::get_function(self.raw, c_name) }
+        })?;
+        Ok(Function { raw, module: Arc::clone(self) })
+    }
+
+    /// The program name NVRTC compiled it under (`module_<xxh3-128 of the source>.cu`).
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+}
+
+impl Drop for Module {
+    fn drop(&mut self) {
+        let unloaded = self.ctx.bind().and_then(|()| {
+            driver::call("cuModuleUnload", self.ctx.ordinal(), || {
+                // SAFETY: `raw` was loaded by `cuModuleLoadData` and is unloaded once, here; no `Function` of it
+                // remains (each holds an `Arc` of this module).
+                unsafe { driver_result::module::unload(self.raw) }
+            })
+        });
+        if let Err(err) = unloaded {
+            tracing::warn!("leaking CUDA module {}: {err}", self.name);
+        }
+    }
+}
+
+/// Grid, block and dynamic shared memory of one kernel launch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LaunchConfig {
+    /// Blocks in x, y, z.
+    pub grid: (u32, u32, u32),
+    /// Threads per block in x, y, z.
+    pub block: (u32, u32, u32),
+    /// Dynamic shared memory per block, in bytes.
+    pub shared_mem_bytes: u32,
+}
+
+/// A kernel of a loaded [`Module`] (which it keeps loaded).
+#[derive(Debug)]
+pub struct Function {
+    raw: sys::CUfunction,
+    module: Arc<Module>,
+}
+
+// SAFETY: a `CUfunction` may be launched from any host thread with its context current (every use binds it).
+unsafe impl Send for Function {}
+// SAFETY: launching from several threads at once is allowed by the driver.
+unsafe impl Sync for Function {}
+
+impl Function {
+    /// Queues the kernel on `stream` (`cuLaunchKernel`); binds the module's context first.
+    ///
+    /// # Safety
+    /// `params` holds one pointer per kernel parameter, in order, each to a value of that parameter's type
+    /// (read during this call); every memory the kernel reads or writes through them is valid for that use and
+    /// not used by anything else until the stream has executed the kernel; the launch configuration keeps the
+    /// kernel within the bounds it was written for.
+    ///
+    /// # Errors
+    /// [`Error::Driver`] when the driver refuses the launch (e.g. too many threads per block).
+    pub unsafe fn launch(
+        &self,
+        config: LaunchConfig,
+        stream: StreamRef<'_>,
+        params: &mut [*mut c_void],
+    ) -> Result<()> {
+        let ctx = &self.module.ctx;
+        ctx.bind()?;
+        driver::call("cuLaunchKernel", ctx.ordinal(), || {
+            // SAFETY: `raw` belongs to a loaded module (kept by `self.module`); the context is current;
+            // `params` and the memory they reach are valid per this function's contract; `stream` is valid for
+            // its borrow.
+            unsafe {
+                driver_result::launch_kernel(
+                    self.raw,
+                    config.grid,
+                    config.block,
+                    config.shared_mem_bytes,
+                    stream.cu(),
+                    params,
+                )
+            }
+        })
+    }
+
+    /// The module it belongs to.
+    pub fn module(&self) -> &Arc<Module> {
+        &self.module
+    }
+}
+
+/// A cache key: device, source hash, options.
+type Key = (i32, u128, Vec<String>);
+
+fn cache() -> &'static Mutex<HashMap<Key, Arc<Module>>> {
+    static MODULES: OnceLock<Mutex<HashMap<Key, Arc<Module>>>> = OnceLock::new();
+    MODULES.get_or_init(Mutex::default)
+}
+
+impl Context {
+    /// The module compiled from CUDA C `source` with NVRTC `options` and loaded into this context: compiled
+    /// once per process per device, keyed by the source's xxh3-128 and the options; later calls return the
+    /// same module. Without an architecture option (`--gpu-architecture` / `-arch`), the device's own virtual
+    /// architecture (`compute_<major><minor>`) is added.
+    ///
+    /// # Errors
+    /// As [`compile_ptx`]; [`Error::Driver`] when the driver cannot load the PTX.
+    pub fn compile_module(&self, source: &str, options: &[&str]) -> Result<Arc<Module>> {
+        let mut options: Vec<String> = options.iter().map(|o| (*o).to_owned()).collect();
+        if !options.iter().any(|o| o.starts_with("--gpu-architecture") || o.starts_with("-arch")) {
+            let (major, minor) = self.compute_capability();
+            options.push(format!("--gpu-architecture=compute_{major}{minor}"));
+        }
+        let key: Key = (self.ordinal(), xxhash_rust::xxh3::xxh3_128(source.as_bytes()), options);
+        let mut modules = cache().lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some(module) = modules.get(&key) {
+            return Ok(Arc::clone(module));
+        }
+        let option_refs: Vec<&str> = key.2.iter().map(String::as_str).collect();
+        let ptx = compile_ptx(source, &option_refs)?;
+        let image = c_text("cuModuleLoadData", "PTX", &ptx)?;
+        self.bind()?;
+        let raw = driver::call("cuModuleLoadData", self.ordinal(), || {
+            // SAFETY: `image` is NUL-terminated PTX text that lives for the call; the context is current.
+            unsafe { driver_result::module::load_data(image.as_ptr().cast()) }
+        })?;
+        let module = Arc::new(Module { raw, ctx: self.clone(), name: program_name(source) });
+        tracing::debug!(module = module.name(), device = self.ordinal(), "compiled and loaded a CUDA module");
+        modules.insert(key, Arc::clone(&module));
+        Ok(module)
+    }
+}

@@ -1,0 +1,278 @@
+//! Every part of the CUDA layer, where a driver and a GPU exist (all of them passed on the `device` tool's
+//! H200, driver 580, CUDA 13.0's NVRTC and cuBLAS); on a machine without a driver (every CI machine) each test
+//! asserts the typed `NotSupported` error instead, so none can pass silently.
+
+use std::ffi::c_void;
+use std::sync::Arc;
+
+use cuda_rt::{
+    Allocation, Blas, Context, Contexts, Device, Error, Event, LaunchConfig, Managed, MemoryKind, Pinned,
+    PointerKind, Sgemm, Stream, StreamRef,
+};
+use et_error::{ErrorCode, HasErrorCode};
+
+/// Device 0's context, or `None` after checking that its absence is the clean, typed error of a machine
+/// without a driver.
+fn open() -> Option<Context> {
+    match Context::open(0) {
+        Ok(ctx) => {
+            eprintln!("opened {ctx:?}");
+            Some(ctx)
+        }
+        Err(err) => {
+            eprintln!("Context::open(0): {err}");
+            assert_eq!(err.error_code(), ErrorCode::NotSupported, "{err}");
+            assert!(
+                matches!(err, Error::NoDriver { .. } | Error::DriverUnusable { .. } | Error::NoDevice { .. }),
+                "{err:?}"
+            );
+            assert!(!err.to_string().contains('\n'), "{err}");
+            assert!(!std::path::Path::new("/dev/nvidiactl").exists(), "a driver exists but: {err}");
+            None
+        }
+    }
+}
+
+#[test]
+fn no_driver_is_a_typed_not_supported_error_every_time() {
+    let has_driver = std::path::Path::new("/dev/nvidiactl").exists();
+    match Context::open(0) {
+        Ok(ctx) => assert!(has_driver, "opened a CUDA device without /dev/nvidiactl: {ctx:?}"),
+        Err(err) => {
+            assert_eq!(err.error_code(), ErrorCode::NotSupported, "{err}");
+            if !has_driver {
+                assert!(matches!(err, Error::NoDriver { .. }), "{err:?}");
+                let text = err.to_string();
+                assert!(
+                    text.starts_with("no CUDA driver is available: the driver library could not be loaded ("),
+                    "{text}"
+                );
+                assert!(
+                    text.contains("libcuda.so.1") && text.ends_with("install an NVIDIA driver"),
+                    "{text}"
+                );
+            }
+            // `Contexts` reports the same error, and a second attempt gives the same clean answer (no
+            // poisoned loader state, no panic).
+            assert_eq!(Contexts::new().get(0).expect_err("same machine"), err);
+            assert_eq!(Context::open(0).expect_err("same machine"), err);
+        }
+    }
+}
+
+#[test]
+fn a_negative_ordinal_is_no_device_when_a_driver_exists() {
+    match Context::open(-1) {
+        Err(Error::NoDriver { .. } | Error::DriverUnusable { .. }) => assert!(open().is_none()),
+        Err(Error::NoDevice { ordinal, .. }) => assert_eq!(ordinal, -1),
+        other => panic!("unexpected: {other:?}"),
+    }
+}
+
+#[test]
+fn memory_of_every_kind_starts_zeroed_and_round_trips() {
+    let Some(ctx) = open() else { return };
+    let mut contexts = Contexts::new();
+    assert_eq!(contexts.get(0).expect("opens"), ctx, "the same primary context");
+
+    let mut device = Allocation::<Device>::zeroed(&ctx, 300).expect("device memory");
+    assert_eq!((device.len(), device.kind(), device.device()), (300, MemoryKind::Device, 0));
+    assert_eq!(device.read().expect("read"), vec![0u8; 300]);
+    let pattern: Vec<u8> = (0..300u32).map(|i| (i % 251) as u8 + 1).collect();
+    device.write(&pattern).expect("write");
+    assert!(matches!(device.write(&pattern[1..]), Err(Error::SizeMismatch { dst: 300, src: 299, .. })));
+    let mut copy = Allocation::<Device>::zeroed(&ctx, 300).expect("device memory");
+    assert_eq!(copy.copy_from(&device).expect("device-to-device copy"), 300);
+    assert_eq!(copy.read().expect("read"), pattern);
+    copy.clear().expect("clear");
+    assert_eq!(copy.read().expect("read"), vec![0u8; 300]);
+    let short = Allocation::<Device>::zeroed(&ctx, 299).expect("device memory");
+    let err = copy.copy_from(&short).expect_err("sizes must match");
+    assert_eq!(err.error_code(), ErrorCode::InvalidArgument);
+
+    // Even an empty allocation has a valid, aligned address (a zero-byte tensor's 1-byte scratch).
+    let empty = Allocation::<Device>::uninit(&ctx, 0).expect("empty");
+    for address in [device.device_ptr(), copy.device_ptr(), empty.device_ptr()] {
+        assert_ne!(address, 0);
+        assert_eq!(address % 256, 0, "cuMemAlloc is 256-byte aligned, as TensorRT requires");
+    }
+
+    let mut managed = Allocation::<Managed>::zeroed(&ctx, 300).expect("managed memory");
+    assert!(managed.host_bytes().expect("bytes").iter().all(|&b| b == 0));
+    managed.host_bytes_mut().expect("bytes")[7] = 9;
+    let mut other = Allocation::<Managed>::zeroed(&ctx, 300).expect("managed memory");
+    assert_eq!(other.copy_from(&managed).expect("copy"), 300);
+    assert_eq!(other.host_bytes().expect("bytes")[7], 9);
+    other.clear().expect("clear");
+    assert!(other.host_bytes().expect("bytes").iter().all(|&b| b == 0));
+
+    let mut pinned = Allocation::<Pinned>::zeroed(&ctx, 300).expect("pinned memory");
+    assert!(pinned.bytes().iter().all(|&b| b == 0));
+    pinned.bytes_mut()[299] = 3;
+    assert_eq!(pinned.bytes()[299], 3);
+    assert_eq!(format!("{pinned:?}"), "Allocation { kind: Pinned, len: 300, device: 0 }");
+    drop((device, copy, short, empty, managed, other, pinned));
+    ctx.synchronize().expect("context synchronise");
+}
+
+#[test]
+fn the_driver_tells_device_managed_pinned_and_unregistered_memory_apart() {
+    let Some(ctx) = open() else { return };
+    let device = Allocation::<Device>::zeroed(&ctx, 64).expect("device");
+    let managed = Allocation::<Managed>::zeroed(&ctx, 64).expect("managed");
+    let pinned = Allocation::<Pinned>::zeroed(&ctx, 64).expect("pinned");
+    let pageable = vec![0u8; 64].into_boxed_slice(); // pageable heap memory
+    let info = |ptr: *const c_void| ctx.pointer_info(ptr).expect("query");
+    assert_eq!(info(device.as_ptr()).kind, PointerKind::Device);
+    assert_eq!(info(device.as_ptr()).device, Some(0));
+    assert_eq!(info(managed.as_ptr()).kind, PointerKind::Managed);
+    assert_eq!(info(pinned.as_ptr()).kind, PointerKind::Host);
+    assert_eq!(info(pageable.as_ptr().cast()).kind, PointerKind::Unregistered);
+    assert_eq!(info(pageable.as_ptr().cast()).device, None);
+    assert_eq!(info(std::ptr::null()).kind, PointerKind::Unregistered);
+}
+
+#[test]
+fn streams_events_and_async_copies_round_trip() {
+    let Some(ctx) = open() else { return };
+    let stream = Stream::new(&ctx).expect("stream");
+    let src: Vec<u8> = (0..=255u8).cycle().take(4096).collect();
+    let a = Allocation::<Device>::uninit(&ctx, 4096).expect("alloc a");
+    let b = Allocation::<Device>::uninit(&ctx, 4096).expect("alloc b");
+    let mut back = vec![0u8; 4096];
+    let done = Event::new(&ctx).expect("event");
+    // SAFETY: the buffers hold 4096 bytes; `src` and `back` live until the synchronise below.
+    unsafe {
+        ctx.copy_htod_async(a.device_ptr(), src.as_ptr().cast(), 4096, stream.as_ref()).expect("h2d");
+        ctx.copy_dtod_async(b.device_ptr(), a.device_ptr(), 4096, stream.as_ref()).expect("d2d");
+        ctx.copy_dtoh_async(back.as_mut_ptr().cast(), b.device_ptr(), 4096, stream.as_ref()).expect("d2h");
+    }
+    done.record(stream.as_ref()).expect("record");
+    done.synchronize().expect("event synchronise");
+    assert!(done.is_complete().expect("query"));
+    assert_eq!(back, src);
+
+    // A caller's raw stream, borrowed: work on it orders after an event of ours, and it is not destroyed.
+    let other = Stream::new(&ctx).expect("stream");
+    // SAFETY: `other` outlives the borrowed handle.
+    let borrowed = unsafe { StreamRef::from_raw(other.as_ref().as_raw()) };
+    assert_eq!(borrowed, other.as_ref());
+    done.wait_on(borrowed).expect("wait");
+    ctx.synchronize_stream(borrowed).expect("synchronise the borrowed stream");
+    // The legacy default stream (a caller passing a null stream) is accepted too.
+    assert!(StreamRef::legacy_default().is_legacy_default());
+    ctx.synchronize_stream(StreamRef::legacy_default()).expect("default stream");
+
+    let (start, end) = (Event::timed(&ctx).expect("timed"), Event::timed(&ctx).expect("timed"));
+    start.record(stream.as_ref()).expect("record");
+    end.record(stream.as_ref()).expect("record");
+    stream.synchronize().expect("stream synchronise");
+    assert!(end.elapsed_ms(&start).expect("elapsed") >= 0.0);
+    assert!(end.elapsed_ms(&done).is_err(), "an untimed event has no time");
+    drop((a, b, stream, other));
+    ctx.synchronize().expect("context synchronise");
+}
+
+const SCALE: &str = r#"
+extern "C" __global__ void scale(float* x, float factor, unsigned int n) {
+    unsigned int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) { x[i] *= factor; }
+}
+"#;
+
+#[test]
+fn nvrtc_compiles_to_ptx_or_is_a_typed_not_supported_error() {
+    match cuda_rt::compile_ptx(SCALE, &[]) {
+        Ok(ptx) => {
+            assert!(ptx.contains(".entry scale"), "{ptx}");
+            let err = cuda_rt::compile_ptx("this is not CUDA", &[]).expect_err("does not compile");
+            assert!(matches!(&err, Error::Compile(failure) if !failure.log.is_empty()), "{err:?}");
+            assert_eq!(err.error_code(), ErrorCode::Internal);
+        }
+        Err(err) => {
+            eprintln!("compile_ptx: {err}");
+            assert!(matches!(err, Error::LibraryUnavailable { library: "nvrtc", .. }), "{err:?}");
+            assert_eq!(err.error_code(), ErrorCode::NotSupported);
+            assert!(Context::open(0).is_err(), "a GPU machine is expected to have NVRTC: {err}");
+        }
+    }
+    let err = cuda_rt::compile_ptx("a\0b", &[]).expect_err("NUL");
+    assert_eq!(err.error_code(), ErrorCode::InvalidArgument);
+}
+
+#[test]
+fn a_module_is_compiled_once_per_device_and_its_kernel_runs() {
+    let Some(ctx) = open() else { return };
+    let module = ctx.compile_module(SCALE, &[]).expect("compiles");
+    assert!(Arc::ptr_eq(&module, &ctx.compile_module(SCALE, &[]).expect("cached")), "compiled once");
+    let other = ctx.compile_module(SCALE, &["--use_fast_math"]).expect("compiles");
+    assert!(!Arc::ptr_eq(&module, &other), "other options, other module");
+    assert!(module.function("missing").is_err());
+
+    let scale = module.function("scale").expect("kernel");
+    let mut x = Allocation::<Managed>::zeroed(&ctx, 1000 * 4).expect("managed");
+    for (i, chunk) in x.host_bytes_mut().expect("bytes").chunks_exact_mut(4).enumerate() {
+        chunk.copy_from_slice(&(i as f32).to_le_bytes());
+    }
+    let stream = Stream::new(&ctx).expect("stream");
+    let (mut ptr, mut factor, mut n) = (x.device_ptr(), 2.5f32, 1000u32);
+    let mut params: [*mut c_void; 3] =
+        [(&mut ptr as *mut u64).cast(), (&mut factor as *mut f32).cast(), (&mut n as *mut u32).cast()];
+    let config = LaunchConfig { grid: (4, 1, 1), block: (256, 1, 1), shared_mem_bytes: 0 };
+    // SAFETY: the parameters match `scale(float*, float, unsigned int)`; `x` holds 1000 floats and is used by
+    // nothing else until the stream synchronises below.
+    unsafe { scale.launch(config, stream.as_ref(), &mut params) }.expect("launch");
+    stream.synchronize().expect("synchronise");
+    let values: Vec<f32> = x
+        .host_bytes()
+        .expect("bytes")
+        .chunks_exact(4)
+        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+        .collect();
+    assert!(values.iter().enumerate().all(|(i, &v)| v == i as f32 * 2.5), "{:?}", &values[..8]);
+}
+
+#[test]
+fn cublas_multiplies_on_the_callers_stream() {
+    let Some(ctx) = open() else { return };
+    let mut blas = Blas::new(&ctx).expect("cuBLAS is installed where the GPU is");
+    // Row-major C = A·B (A 2×3, B 3×2) is column-major Cᵀ = Bᵀ·Aᵀ: cuBLAS gets B as its A and A as its B.
+    let a = [1.0f32, 2.0, 3.0, 4.0, 5.0, 6.0];
+    let b = [7.0f32, 8.0, 9.0, 10.0, 11.0, 12.0];
+    let bytes = |v: &[f32]| v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>();
+    let mut da = Allocation::<Device>::zeroed(&ctx, 24).expect("a");
+    let mut db = Allocation::<Device>::zeroed(&ctx, 24).expect("b");
+    let dc = Allocation::<Device>::zeroed(&ctx, 16).expect("c");
+    da.write(&bytes(&a)).expect("write a");
+    db.write(&bytes(&b)).expect("write b");
+    let stream = Stream::new(&ctx).expect("stream");
+    let gemm = Sgemm {
+        transpose_a: false,
+        transpose_b: false,
+        m: 2,
+        n: 2,
+        k: 3,
+        alpha: 1.0,
+        a: db.device_ptr(),
+        lda: 2,
+        b: da.device_ptr(),
+        ldb: 3,
+        beta: 0.0,
+        c: dc.device_ptr(),
+        ldc: 2,
+    };
+    // SAFETY: the matrices hold what the dimensions describe; nothing else uses them until the synchronise.
+    unsafe { blas.sgemm(stream.as_ref(), &gemm) }.expect("sgemm");
+    stream.synchronize().expect("synchronise");
+    let c: Vec<f32> = dc
+        .read()
+        .expect("read")
+        .chunks_exact(4)
+        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+        .collect();
+    assert_eq!(c, [58.0, 64.0, 139.0, 154.0], "row-major A·B");
+    let bad = Sgemm { lda: 1, ..gemm };
+    // SAFETY: as above; cuBLAS refuses the leading dimension before touching memory.
+    let err = unsafe { blas.sgemm(stream.as_ref(), &bad) }.expect_err("lda < m");
+    assert!(matches!(err, Error::Blas { call: "cublasSgemm", .. }), "{err:?}");
+}

@@ -1,0 +1,100 @@
+//! Building against the real TensorRT-RTX library (ahead of time, on CPU). The tests fail, naming
+//! `cargo xtask test`, when `KV_TENSORRT_LIB` is unset (`KV_SKIP_TENSORRT_TESTS=1` skips them explicitly).
+
+use blob_format::model::{AliasKind, DType, Format, Role};
+use blob_format::Blob;
+use et_error::{ErrorCode, HasErrorCode};
+use trt_build::{build_engine, BinaryOp, BuildOptions, NetworkDesc, Node, Op};
+use trt_exec::{AliasPair, PlanKind};
+
+/// Panics (fails the test) unless the TensorRT-RTX library is configured; returns `false` only when the
+/// caller explicitly opted out with `KV_SKIP_TENSORRT_TESTS=1`.
+fn require_tensorrt() -> bool {
+    if std::env::var_os(trt_exec::library::LIB_ENV).is_some() {
+        return true;
+    }
+    if std::env::var("KV_SKIP_TENSORRT_TESTS").as_deref() == Ok("1") {
+        eprintln!("KV_SKIP_TENSORRT_TESTS=1: skipping a test that needs TensorRT-RTX");
+        return false;
+    }
+    panic!(
+        "{} is not set: these tests need the TensorRT-RTX library; run `cargo xtask test` (it installs the \
+         wheel into .cache/tensorrt and sets it), or set KV_SKIP_TENSORRT_TESTS=1 to skip them explicitly",
+        trt_exec::library::LIB_ENV
+    );
+}
+
+fn node(name: &str, op: Op) -> Node {
+    Node { name: name.to_owned(), op }
+}
+
+/// One KV cache, as upstream's `tr02_kv_cache.blob`: `k_cache_out` aliases `k_cache`, plus `logits`.
+fn kv_single() -> NetworkDesc {
+    let two = 2.0f32.to_le_bytes().to_vec();
+    NetworkDesc {
+        nodes: vec![
+            node("k_cache", Op::Input { dtype: DType::F32, shape: vec![1, 2, 16, 8] }),
+            node("update", Op::Input { dtype: DType::F32, shape: vec![1, 2, 1, 8] }),
+            node("write_idx", Op::Input { dtype: DType::I32, shape: vec![1] }),
+            node(
+                "k_cache_out",
+                Op::KvCacheUpdate {
+                    cache: "k_cache".into(),
+                    update: "update".into(),
+                    write_indices: "write_idx".into(),
+                },
+            ),
+            node("two", Op::Constant { dtype: DType::F32, shape: vec![1, 1, 1, 1], data: two }),
+            node("logits", Op::ElementWise { a: "update".into(), b: "two".into(), op: BinaryOp::Mul }),
+        ],
+        outputs: vec!["k_cache_out".into(), "logits".into()],
+    }
+}
+
+const ORDER: [&str; 5] = ["k_cache", "update", "write_idx", "k_cache_out", "logits"];
+
+#[test]
+fn network_errors_name_the_node() {
+    if !require_tensorrt() {
+        return;
+    }
+    let mut net = kv_single();
+    net.nodes.retain(|n| n.name != "write_idx");
+    let err = build_engine(&net, &BuildOptions::default()).expect_err("unknown tensor");
+    assert_eq!(err.to_string(), "network description, node 'k_cache_out': uses unknown tensor 'write_idx'");
+    assert_eq!(err.error_code(), ErrorCode::InvalidArgument);
+}
+
+#[test]
+fn a_kv_cache_layer_builds_on_cpu_and_its_alias_is_tensorrts() {
+    if !require_tensorrt() {
+        return;
+    }
+    let built = build_engine(&kv_single(), &BuildOptions::default()).expect("builds on CPU");
+    assert_eq!(trt_exec::sniff_plan(&built.plan), PlanKind::TensorRtRtx);
+    assert_eq!(built.io.aliases, [AliasPair { output: "k_cache_out".into(), input: "k_cache".into() }]);
+    assert!(built.io.library.as_deref().is_some_and(|v| v.starts_with("TensorRT-RTX 1.7")));
+
+    let (header, bytes) = trt_build::export::native_blob(&built, &ORDER).expect("exports");
+    let blob = Blob::parse(&bytes).expect("our own blob parses");
+    assert!(matches!(blob.format, Format::Native { .. }));
+    assert_eq!(blob.header, header);
+    assert_eq!(blob.engine, built.plan.as_slice(), "engine bytes round-trip");
+    assert_eq!(header.producer.as_ref().map(|p| p.name.as_str()), Some("kv-delegate trt-build"));
+    assert!(header.aliases.iter().all(|a| a.kind == AliasKind::KvCacheUpdate));
+    alias_validate::validate_with_engine(&header, &built.io).expect("validates against the engine's own io");
+
+    let (up, bytes) = trt_build::export::tr02_blob(&built, &ORDER).expect("exports TR02");
+    assert_eq!(&bytes[..4], b"TR02");
+    let blob = Blob::parse(&bytes).expect("parses");
+    assert_eq!((blob.format, blob.header.aliases), (Format::Tr02, up.aliases));
+    assert_eq!(blob.header.bindings.iter().filter(|b| b.role == Role::Output).count(), 2);
+
+    let err = trt_build::export::native_blob(&built, &["k_cache", "k_cache"]).expect_err("listed twice");
+    assert_eq!(err.error_code(), ErrorCode::InvalidArgument);
+    // TR02 lists inputs before outputs: an output first is refused, naming why.
+    let err =
+        trt_build::export::tr02_blob(&built, &["logits", "k_cache", "update", "write_idx", "k_cache_out"])
+            .expect_err("TR02 cannot express it");
+    assert_eq!(err.error_code(), ErrorCode::NotSupported, "{err}");
+}
