@@ -9,7 +9,10 @@ use crate::util::{cargo, run_cmd};
 /// Builds the host and the reference plugin, exports the example, runs it through `delegate-host` in both
 /// modes, then checks every step against the independent f64 model.
 pub fn run(root: &Path) -> anyhow::Result<()> {
-    run_cmd(root, cargo().args(["build", "--release", "-p", "host-runtime", "-p", "reference-delegate"]))?;
+    run_cmd(
+        root,
+        cargo().args(["build", "--release", "-p", "host-runtime", "-p", "reference-delegate-dylib"]),
+    )?;
     let release = root.join("target").join("release");
     let dir = root.join("target").join("demo");
     let cfg = kv_example::Config::tiny();

@@ -23,13 +23,13 @@ pub fn run(root: &Path) -> anyhow::Result<()> {
         with_trt(cargo()).args([
             "build",
             "-p",
-            "reference-delegate",
+            "reference-delegate-dylib",
             "-p",
             "abi-test",
             "-p",
             "abi-test-future",
             "-p",
-            "tensorrt-delegate",
+            "tensorrt-delegate-dylib",
         ]),
     )?;
     run_cmd(

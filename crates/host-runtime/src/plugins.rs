@@ -541,41 +541,20 @@ mod tests {
 
     macro_rules! versioned {
         ($module:ident, $ty:ident, $version:literal, [$($backend:literal),*]) => {
-            struct $ty;
-            impl delegate_abi::Delegate for $ty {
-                type Handle = ();
-                fn new() -> Self {
-                    $ty
-                }
+            enum $ty {}
+            impl delegate_abi::testing::Fixture for $ty {
                 fn info() -> PluginInfo {
                     PluginInfo {
                         name: stringify!($ty).into(),
                         version: $version.into(),
                         backends: vec![$($backend.into()),*],
-                        wire_formats: vec![],
-                        memory_kinds: vec![delegate_abi::MemoryKind::Host],
                         binds_aliases_in_place: false,
+                        ..delegate_abi::testing::info("", "")
                     }
-                }
-                fn is_available(&self) -> bool {
-                    true
-                }
-                fn compatibility(&self, _blob: &[u8]) -> delegate_abi::Compatibility {
-                    delegate_abi::Compatibility::Supported
-                }
-                fn init(&self, _ctx: delegate_abi::InitContext<'_>) -> Result<(), delegate_abi::DelegateError> {
-                    Ok(())
-                }
-                fn execute(
-                    &self,
-                    _handle: &mut (),
-                    _args: &mut delegate_abi::ExecuteArgs<'_>,
-                ) -> Result<(), delegate_abi::DelegateError> {
-                    Ok(())
                 }
             }
             mod $module {
-                delegate_abi::export_delegate!(@embedded super::$ty);
+                delegate_abi::export_delegate!(@embedded delegate_abi::testing::Scripted<super::$ty>);
             }
         };
     }

@@ -296,7 +296,7 @@ impl Runner {
     /// [`Error::Trt`] when TensorRT refuses a binding or the enqueue, with TensorRT's messages attached;
     /// [`Error::Cuda`] when a copy or synchronisation fails.
     pub fn execute(&mut self, args: &mut ExecuteArgs<'_>) -> Result<CallStats> {
-        let caller_stream = args.stream().map(|s| s.0 as sys::CUstream);
+        let caller_stream = args.stream().map(|s| s.as_raw() as sys::CUstream);
         let stats = {
             let mut views: SmallVec<[ArgView<'_>; INLINE_ARGS]> = SmallVec::new();
             for (index, arg) in args.args().iter().enumerate() {
