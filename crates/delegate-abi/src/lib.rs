@@ -174,7 +174,8 @@
 //!   buffer. After `execute` the host copies that slot into its buffer, as ExecuTorch's buffer-mutation
 //!   write-back `copy_(buffer, slot)` does. So the plugin must write the **output slot**: an update made
 //!   only in place, into the input, is overwritten by the slot's stale bytes when the host copies back.
-//!   Update in place, then copy the input into the slot (a "reflect"), and count it with
+//!   Engines that update the cache in place (TensorRT's KV-cache layer, the reference graph) then copy the
+//!   input into the slot (a "reflect", as upstream's delegate does after `enqueueV3`) and count it with
 //!   [`ExecuteArgs::record_reflect`].
 //!
 //! Tell them apart per call with `same_storage` (the reference delegate does exactly this), never by a
