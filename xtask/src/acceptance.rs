@@ -165,7 +165,7 @@ mod tests {
         let root = crate::util::project_root();
         let target = root.join("target").join("plugin-tests");
         let status = crate::util::cargo()
-            .args(["build", "-q", "-p", "reference-delegate", "--target-dir"])
+            .args(["build", "-q", "-p", "reference-delegate-dylib", "--target-dir"])
             .arg(&target)
             .current_dir(&root)
             .status()

@@ -9,7 +9,10 @@ use crate::util::{cargo, run_cmd, target_dir};
 /// Builds the host and the reference plugin, exports the example, runs it through `delegate-host` in both
 /// modes, then checks every step against the independent f64 model.
 pub fn run(root: &Path) -> anyhow::Result<()> {
-    run_cmd(root, cargo().args(["build", "--release", "-p", "delegate-host", "-p", "reference-delegate"]))?;
+    run_cmd(
+        root,
+        cargo().args(["build", "--release", "-p", "delegate-host", "-p", "reference-delegate-dylib"]),
+    )?;
     let target = target_dir(root)?;
     let release = target.join("release");
     let dir = target.join("demo");

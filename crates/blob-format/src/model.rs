@@ -280,7 +280,10 @@ pub enum PayloadKind {
     TensorRtPlan,
     /// The reference delegate's typed op graph.
     ReferenceGraph,
-    /// A kind this build does not know, kept verbatim.
+    /// A kind this build does not know, kept verbatim: also the route for a third-party delegate's own payload.
+    /// Such a delegate writes its own kind string (e.g. `"acme-graph"`; anything but the spellings above),
+    /// which reads back as `Other("acme-graph")`; its `compatibility` and `init` check the string and refuse
+    /// other kinds with a reason. The format never interprets the payload of any kind.
     Other(String),
 }
 

@@ -11,7 +11,8 @@
 //!      └─ negotiate(HostOffer) -> Negotiated { version, plugin_range, module }
 //!                                  └─ PluginModule   prefix type, append-only
 //!                                      ├─ info() -> PluginInfoRecord (prefix type, append-only)
-//!                                      ├─ is_available, compatibility, init, execute, destroy
+//!                                      ├─ is_available, compatibility, init
+//!                                      ├─ execute, destroy (unsafe: they take a RawHandle and raw memory)
 //!                                      ├─ set_option, get_option
 //!                                      └─ poison_message (guarded: added after the last prefix field)
 //! ```
@@ -24,6 +25,12 @@
 //!   accessor returning `Option`, and the host additionally guards it by the negotiated version.
 //! - A change that cannot be expressed by appending bumps [`ABI_VERSION_MAX`]; a plugin or host that still
 //!   speaks the older version keeps negotiating it.
+//! - Entries whose arguments carry a precondition the type system cannot (a live [`RawHandle`], caller
+//!   memory) are `unsafe extern "C" fn`s with a `# Safety` section; the host wraps them safely in
+//!   [`crate::host`]. Whether an entry is `unsafe` is not part of the C ABI, but abi_stable's layout check
+//!   compares it (`FnQualifierMismatch`): making an entry `unsafe` or safe is a layout change like any other.
+//! - Values the other side writes are never Rust enums with invalid bit patterns: codes cross as integer
+//!   newtypes ([`crate::RawDType`], [`crate::RawMemoryKind`]) and are decoded with `TryFrom`.
 //! - abi_stable checks the layout of every type reachable from the root (tables, [`TensorArg`],
 //!   [`ExecStats`], ...) before the handshake. Never change such a type in place: add a new type and a new,
 //!   appended table entry that uses it (e.g. `execute_v2`), guarded by the negotiated version. ABI version
@@ -40,7 +47,7 @@ use abi_stable::StableAbi;
 use crate::delegate::{
     Compatibility, DelegateError, ErrorCode, ExecStats, OptionValue, PluginInfo, WireFormatSupport,
 };
-use crate::tensor::{MemoryKind, TensorArg};
+use crate::tensor::{MemoryKind, RawMemoryKind, TensorArg};
 
 /// Oldest ABI interface version this build of `delegate-abi` speaks.
 pub const ABI_VERSION_MIN: u32 = 1;
@@ -330,9 +337,25 @@ pub struct RSpec<'a> {
 }
 
 /// An opaque delegate handle: the plugin's boxed `Delegate::Handle`.
+///
+/// Its pointer is private: only the plugin glue makes one (in `init`) and only the plugin glue turns one back
+/// into a handle (in the `unsafe` entries `execute` and `destroy`), so safe code cannot forge a handle that
+/// an entry would dereference.
 #[repr(transparent)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, StableAbi)]
-pub struct RawHandle(pub *mut c_void);
+pub struct RawHandle(*mut c_void);
+
+impl RawHandle {
+    /// Wraps the plugin's boxed handle.
+    pub(crate) fn new(ptr: *mut c_void) -> RawHandle {
+        RawHandle(ptr)
+    }
+
+    /// The pointer, for the plugin glue to turn back into its box.
+    pub(crate) fn as_ptr(self) -> *mut c_void {
+        self.0
+    }
+}
 
 /// One blob wire format as it crosses.
 #[repr(C)]
@@ -366,8 +389,8 @@ pub struct PluginInfoRecord {
     pub backends: RSlice<'static, RStr<'static>>,
     /// Wire formats.
     pub wire_formats: RSlice<'static, RWireFormat>,
-    /// Memory kinds.
-    pub memory_kinds: RSlice<'static, MemoryKind>,
+    /// Memory kinds, as they cross (a host skips codes it does not know).
+    pub memory_kinds: RSlice<'static, RawMemoryKind>,
     /// Zero-copy aliasing.
     #[sabi(last_prefix_field)]
     pub binds_aliases_in_place: bool,
@@ -386,14 +409,15 @@ impl PluginInfoRecord {
                     .map(|w| RWireFormat { format: leak_str(w.format), versions: leak_str(w.versions) })
                     .collect(),
             ),
-            memory_kinds: leak_slice(info.memory_kinds),
+            memory_kinds: leak_slice(info.memory_kinds.into_iter().map(RawMemoryKind::from).collect()),
             binds_aliases_in_place: info.binds_aliases_in_place,
         }
     }
 }
 
 impl PluginInfoRecordRef {
-    /// To the safe form (copies the strings into host allocations).
+    /// To the safe form (copies the strings into host allocations). A memory-kind code this build does not
+    /// know (from a newer plugin) is skipped with a warning: the host never passes memory of that kind.
     pub fn to_info(self) -> PluginInfo {
         PluginInfo {
             name: self.name().to_string(),
@@ -404,7 +428,17 @@ impl PluginInfoRecordRef {
                 .iter()
                 .map(|w| WireFormatSupport { format: w.format.to_string(), versions: w.versions.to_string() })
                 .collect(),
-            memory_kinds: self.memory_kinds().to_vec(),
+            memory_kinds: self
+                .memory_kinds()
+                .iter()
+                .filter_map(|&raw| match MemoryKind::try_from(raw) {
+                    Ok(kind) => Some(kind),
+                    Err(err) => {
+                        tracing::warn!(plugin = %self.name(), "skipping a memory kind: {err}");
+                        None
+                    }
+                })
+                .collect(),
             binds_aliases_in_place: self.binds_aliases_in_place(),
         }
     }
@@ -429,14 +463,26 @@ pub struct PluginModule {
         runtime_specs: RSlice<'_, RSpec<'_>>,
     ) -> RResult<RawHandle, RError>,
     /// `Delegate::execute`. `stream` is a `cudaStream_t` or null.
-    pub execute: extern "C" fn(
+    ///
+    /// # Safety
+    /// `handle` is one this table's `init` returned and `destroy` has not consumed, used by no other call
+    /// at the same time. `args` satisfies [`crate::ExecuteArgs::new`]'s contract for the whole call (memory
+    /// valid, writable args exclusive, sharing only between an inout and its in-place output) except that
+    /// its dtype and memory codes may be any byte: the entry checks them and answers `InvalidArgument`. A
+    /// non-null `stream` is a CUDA stream valid until the work queued on it completes, and the caller obeys
+    /// the completion rule of [`crate::Delegate::execute`]. `stats` is valid for writes.
+    pub execute: unsafe extern "C" fn(
         handle: RawHandle,
         args: RSlice<'_, TensorArg>,
         stream: *mut c_void,
         stats: &mut ExecStats,
     ) -> RResult<(), RError>,
     /// `Delegate::destroy`; the handle is gone afterwards, even on error.
-    pub destroy: extern "C" fn(handle: RawHandle) -> RResult<(), RError>,
+    ///
+    /// # Safety
+    /// `handle` is one this table's `init` returned, not destroyed before and not in use by another call;
+    /// nothing uses it afterwards.
+    pub destroy: unsafe extern "C" fn(handle: RawHandle) -> RResult<(), RError>,
     /// `Delegate::set_option`.
     pub set_option: extern "C" fn(key: RStr<'_>, value: ROptionValue) -> RResult<(), RError>,
     /// `Delegate::get_option`.

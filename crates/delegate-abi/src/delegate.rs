@@ -7,7 +7,7 @@ use std::fmt;
 
 pub use et_error::ErrorCode;
 
-use crate::tensor::{MemoryKind, TensorArg};
+use crate::tensor::{DTypeCode, MemoryKind, TensorArg};
 
 /// An error a delegate returns: an ExecuTorch code and a message that names what was wrong.
 ///
@@ -55,8 +55,13 @@ impl fmt::Display for DelegateError {
 
 impl std::error::Error for DelegateError {}
 
-impl<E: et_error::HasErrorCode + std::error::Error> From<&E> for DelegateError {
-    fn from(err: &E) -> DelegateError {
+/// Any typed error with an ExecuTorch code becomes a [`DelegateError`] with that code and its message, so
+/// `?` works on a plugin's own error type in `init` and `execute`.
+///
+/// (It replaces a `From<&E>`: both cannot coexist, since `&E` is itself an error when `E` is. For an error
+/// you keep, convert a clone or build the error with [`DelegateError::new`].)
+impl<E: et_error::HasErrorCode + std::error::Error> From<E> for DelegateError {
+    fn from(err: E) -> DelegateError {
         DelegateError::new(err.error_code(), err.to_string())
     }
 }
@@ -136,12 +141,59 @@ pub struct ExecuteArgs<'a> {
 /// What [`ExecuteArgs::borrow`] hands out: `R` shared slices and `W` exclusive ones.
 pub type Borrowed<'b, const R: usize, const W: usize> = ([&'b [u8]; R], [&'b mut [u8]; W]);
 
-/// A caller's CUDA stream (`cudaStream_t`), opaque to the ABI.
+/// What [`ExecuteArgs::borrow_typed`] hands out: `R` shared slices and `W` exclusive ones of `T`.
+pub type BorrowedTyped<'b, T, const R: usize, const W: usize> = ([&'b [T]; R], [&'b mut [T]; W]);
+
+/// A caller's CUDA stream (`cudaStream_t`), opaque to the ABI; never null (no stream is `None`).
+///
+/// Made only by the `unsafe` [`CudaStream::from_raw`], because a delegate hands it to CUDA (TensorRT's
+/// `enqueueV3`): safe code cannot pass an arbitrary pointer there.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct CudaStream(pub *mut std::ffi::c_void);
+pub struct CudaStream(std::ptr::NonNull<std::ffi::c_void>);
 
 // SAFETY: a `cudaStream_t` is a handle that CUDA allows any host thread to use.
 unsafe impl Send for CudaStream {}
+
+impl CudaStream {
+    /// Wraps a `cudaStream_t`; `None` for null (the ABI's "no stream").
+    ///
+    /// # Safety
+    /// A non-null `stream` is a CUDA stream (or a special handle such as `cudaStreamPerThread`) of the
+    /// device the call's memory lives on, valid until every call given it has returned and the work they
+    /// queued on it has completed; and whoever passes it to [`crate::host::Instance::execute`] obeys the
+    /// completion rule of [`Delegate::execute`]: it touches no argument memory, and reuses no argument
+    /// storage, before that work completes (a stream synchronisation, or later work ordered on the stream).
+    pub unsafe fn from_raw(stream: *mut std::ffi::c_void) -> Option<CudaStream> {
+        std::ptr::NonNull::new(stream).map(CudaStream)
+    }
+
+    /// The `cudaStream_t`.
+    pub fn as_raw(self) -> *mut std::ffi::c_void {
+        self.0.as_ptr()
+    }
+}
+
+/// An element type a delegate can borrow typed slices of with [`ExecuteArgs::borrow_typed`]: plain old
+/// data ([`bytemuck::Pod`]) with the [`DTypeCode`] an argument of it carries. Sealed.
+pub trait Element: bytemuck::Pod + sealed::Sealed {
+    /// The code of an argument whose elements are `Self`.
+    const DTYPE: DTypeCode;
+}
+
+mod sealed {
+    pub trait Sealed {}
+}
+
+macro_rules! elements {
+    ($($ty:ty => $code:ident),*) => {$(
+        impl sealed::Sealed for $ty {}
+        impl Element for $ty {
+            const DTYPE: DTypeCode = DTypeCode::$code;
+        }
+    )*};
+}
+
+elements!(f32 => F32, f64 => F64, i8 => I8, u8 => U8, i32 => I32, i64 => I64);
 
 impl<'a> ExecuteArgs<'a> {
     /// Wraps the raw argument list of one call.
@@ -151,7 +203,13 @@ impl<'a> ExecuteArgs<'a> {
     /// to `nbytes` bytes valid for reads for `'a`, and for writes when [`TensorArg::is_writable`], with nothing
     /// outside these args accessing writable bytes during `'a`; a writable arg may share storage with another
     /// arg only when both start at the same address with the same size (an inout and its in-place output).
-    /// Device pointers must be valid device allocations of `nbytes` on `device_id`.
+    /// Device pointers must be valid device allocations of `nbytes` on `device_id`. With a `stream`, all of
+    /// this holds until the work the delegate queues on it completes (the completion rule of
+    /// [`Delegate::execute`]), not only for `'a`.
+    ///
+    /// Every arg's codes must be known ([`TensorArg::check_codes`]): always true of args built in Rust (as
+    /// [`crate::host::ArgList`] builds them); the export glue checks args from the other side before calling
+    /// this. An unknown code is not undefined behaviour, but [`TensorArg::dtype`] would panic on it.
     pub unsafe fn new(args: &'a [TensorArg], stream: Option<CudaStream>, stats: &'a mut ExecStats) -> Self {
         ExecuteArgs { args, stream, stats }
     }
@@ -182,6 +240,12 @@ impl<'a> ExecuteArgs<'a> {
     }
 
     /// The caller's CUDA stream, if one was given.
+    ///
+    /// With a stream, the delegate may return before its work completes, as long as all of that work (every
+    /// read and write of argument memory, its staging and reflects included) is ordered on this stream:
+    /// results are complete when the stream reaches the point after this `execute`, and the caller touches
+    /// no argument memory before then (see [`Delegate::execute`]). Without one, everything is complete when
+    /// `execute` returns.
     pub fn stream(&self) -> Option<CudaStream> {
         self.stream
     }
@@ -237,6 +301,59 @@ impl<'a> ExecuteArgs<'a> {
         let read_slices = reads.map(|i| unsafe { self.args[i].host_bytes() });
         // SAFETY: as above.
         let write_slices = writes.map(|i| unsafe { self.args[i].host_bytes_mut() });
+        Ok((read_slices, write_slices))
+    }
+}
+
+impl ExecuteArgs<'_> {
+    /// [`ExecuteArgs::borrow`] as slices of `T` (`f32`, `i64`, ...): `reads` shared, `writes` exclusive.
+    ///
+    /// Fails with `InvalidArgument`, naming the argument, in every case `borrow` does, and when an
+    /// argument's dtype is not `T`'s ([`Element::DTYPE`]) or its address is not aligned for `T`. Borrow
+    /// arguments of different element types with one call each:
+    ///
+    /// ```
+    /// # use delegate_abi::{DelegateError, ExecuteArgs};
+    /// fn scale(args: &mut ExecuteArgs<'_>) -> Result<(), DelegateError> {
+    ///     let factor = args.borrow_typed::<i64, 1, 0>([0], [])?.0[0].first().copied().unwrap_or(1);
+    ///     let ([input], [output]) = args.borrow_typed::<f32, 1, 1>([1], [2])?;
+    ///     for (o, i) in output.iter_mut().zip(input) {
+    ///         *o = i * factor as f32;
+    ///     }
+    ///     Ok(())
+    /// }
+    /// ```
+    pub fn borrow_typed<T: Element, const R: usize, const W: usize>(
+        &mut self,
+        reads: [usize; R],
+        writes: [usize; W],
+    ) -> Result<BorrowedTyped<'_, T, R, W>, DelegateError> {
+        for &index in reads.iter().chain(writes.iter()) {
+            let arg = self.arg(index)?;
+            if arg.dtype() != T::DTYPE {
+                return Err(DelegateError::invalid_argument(format!(
+                    "argument {index} is {}, borrowed as {}",
+                    arg.dtype(),
+                    T::DTYPE
+                )));
+            }
+        }
+        let (reads_bytes, writes_bytes) = self.borrow(reads, writes)?;
+        let misaligned = |index: usize| {
+            DelegateError::invalid_argument(format!(
+                "argument {index} is not {}-byte aligned, which {} elements need",
+                std::mem::align_of::<T>(),
+                T::DTYPE
+            ))
+        };
+        let mut read_slices: [&[T]; R] = [&[]; R];
+        for ((slot, bytes), &index) in read_slices.iter_mut().zip(reads_bytes).zip(&reads) {
+            *slot = bytemuck::try_cast_slice(bytes).map_err(|_| misaligned(index))?;
+        }
+        let mut write_slices: [&mut [T]; W] = std::array::from_fn(|_| <&mut [T]>::default());
+        for ((slot, bytes), &index) in write_slices.iter_mut().zip(writes_bytes).zip(&writes) {
+            *slot = bytemuck::try_cast_slice_mut(bytes).map_err(|_| misaligned(index))?;
+        }
         Ok((read_slices, write_slices))
     }
 }
@@ -301,7 +418,28 @@ pub trait Delegate: Send + Sync + 'static {
     /// Prepares a blob for execution.
     fn init(&self, ctx: InitContext<'_>) -> Result<Self::Handle, DelegateError>;
 
-    /// Runs one call. Everything the caller reads after this returns must be complete.
+    /// Runs one call.
+    ///
+    /// # When results are complete
+    ///
+    /// One rule, for both sides of the ABI:
+    /// - **without a caller stream** ([`ExecuteArgs::stream`] is `None`): everything the call writes is
+    ///   complete when `execute` returns, and the delegate uses no argument memory afterwards;
+    /// - **with a caller stream**: the delegate may return first, provided every use of argument memory it
+    ///   has not finished (engine work, staging copies, reflects, read-backs) is queued on that stream.
+    ///   Results are complete when the stream reaches the point after this call. Until then the caller must
+    ///   not read or write any argument's memory nor free or reuse its storage (device buffers, host
+    ///   buffers a copy still reads or writes, the inputs included): it synchronises the stream, or orders
+    ///   its own later work on the same stream. Prefill and decode calls sharing one cache and one stream
+    ///   are ordered by the stream itself.
+    ///
+    /// A delegate that computes on the host (the reference delegate) is complete on return either way. A
+    /// delegate that cannot keep all its work on the caller's stream synchronises before returning. On an
+    /// error, nothing the call queued may still be running.
+    ///
+    /// Hosts: [`crate::host::Instance::execute`] passes the stream through; the `unsafe`
+    /// [`CudaStream::from_raw`] is where a host takes on its half of the rule. `host-runtime` passes no
+    /// stream today, so its calls are complete on return.
     fn execute(&self, handle: &mut Self::Handle, args: &mut ExecuteArgs<'_>) -> Result<(), DelegateError>;
 
     /// Releases a handle. The default drops it.

@@ -2,6 +2,11 @@
 //!
 //! Each entry catches panics, turns them into `Internal` errors and poisons the plugin; a poisoned plugin
 //! answers every later call with `InvalidState`. The execute path allocates nothing.
+//!
+//! The entries are generic over an [`Exported`] *marker*, a type the macro declares next to the state, not
+//! over the delegate type itself: so any crate may export any delegate (a thin cdylib crate exports the
+//! delegate of an rlib crate it depends on, which the orphan rule would forbid for a trait impl on the
+//! delegate type), and one binary may embed several.
 
 use std::any::Any;
 use std::ffi::c_void;
@@ -59,17 +64,21 @@ impl<T> PluginState<T> {
     }
 }
 
-/// Ties a [`Delegate`] to its [`PluginState`]; implemented by [`crate::export_delegate!`].
+/// Ties a [`Delegate`] to its [`PluginState`]: implemented by [`crate::export_delegate!`] for a marker type
+/// it declares.
 #[doc(hidden)]
-pub trait Exported: Delegate + Sized {
+pub trait Exported: 'static {
+    /// The exported delegate.
+    type Delegate: Delegate;
+
     /// The plugin's state.
-    fn state() -> &'static PluginState<Self>;
+    fn state() -> &'static PluginState<Self::Delegate>;
 }
 
-/// The root module of `T`, built once and never freed (the host may call it from any thread).
+/// The root module of `E`'s delegate, built once and never freed (the host may call it from any thread).
 #[doc(hidden)]
-pub fn root_module<T: Exported>() -> DelegateRootRef {
-    *T::state().root.get_or_init(|| DelegateRoot { negotiate: negotiate_entry::<T> }.leak_into_prefix())
+pub fn root_module<E: Exported>() -> DelegateRootRef {
+    *E::state().root.get_or_init(|| DelegateRoot { negotiate: negotiate_entry::<E> }.leak_into_prefix())
 }
 
 fn panic_text(payload: &(dyn Any + Send)) -> String {
@@ -82,157 +91,176 @@ fn panic_text(payload: &(dyn Any + Send)) -> String {
     }
 }
 
-fn plugin_name<T: Exported>() -> String {
-    match T::state().info.get() {
+fn plugin_name<E: Exported>() -> String {
+    match E::state().info.get() {
         Some(info) => info.name().to_string(),
-        None => std::any::type_name::<T>().to_string(),
+        None => std::any::type_name::<E::Delegate>().to_string(),
     }
 }
 
-fn poison<T: Exported>(entry: &str, payload: &(dyn Any + Send)) -> RError {
+fn poison<E: Exported>(entry: &str, payload: &(dyn Any + Send)) -> RError {
     let message = format!("panic in {entry}: {}", panic_text(payload));
-    let state = T::state();
+    let state = E::state();
     let _ = state.poison_message.set(message.clone());
     state.poisoned.store(true, Ordering::Release);
-    RError::from_delegate(DelegateError::internal(format!("plugin {} {message}", plugin_name::<T>())))
+    RError::from_delegate(DelegateError::internal(format!("plugin {} {message}", plugin_name::<E>())))
 }
 
 #[cold]
-fn poisoned_error<T: Exported>() -> RError {
-    let why = T::state().poison_message.get().map_or("unknown panic", String::as_str);
+fn poisoned_error<E: Exported>() -> RError {
+    let why = E::state().poison_message.get().map_or("unknown panic", String::as_str);
     RError::from_delegate(DelegateError::new(
         ErrorCode::InvalidState,
-        format!("plugin {} is poisoned by an earlier panic: {why}", plugin_name::<T>()),
+        format!("plugin {} is poisoned by an earlier panic: {why}", plugin_name::<E>()),
     ))
 }
 
 /// Runs `body` with the delegate: refuses when poisoned, builds it once, catches panics.
 #[inline]
-fn guarded<T: Exported, R>(
+fn guarded<E: Exported, R>(
     entry: &'static str,
-    body: impl FnOnce(&T) -> Result<R, DelegateError>,
+    body: impl FnOnce(&E::Delegate) -> Result<R, DelegateError>,
 ) -> RResult<R, RError> {
-    let state = T::state();
+    let state = E::state();
     if state.poisoned.load(Ordering::Acquire) {
-        return RResult::RErr(poisoned_error::<T>());
+        return RResult::RErr(poisoned_error::<E>());
     }
-    match catch_unwind(AssertUnwindSafe(|| body(state.delegate.get_or_init(T::new)))) {
+    match catch_unwind(AssertUnwindSafe(|| body(state.delegate.get_or_init(E::Delegate::new)))) {
         Ok(Ok(value)) => RResult::ROk(value),
         Ok(Err(err)) => RResult::RErr(RError::from_delegate(err)),
-        Err(payload) => RResult::RErr(poison::<T>(entry, &*payload)),
+        Err(payload) => RResult::RErr(poison::<E>(entry, &*payload)),
     }
 }
 
-fn info_record<T: Exported>() -> PluginInfoRecordRef {
-    *T::state().info.get_or_init(|| PluginInfoRecord::from_info(T::info()).leak_into_prefix())
+fn info_record<E: Exported>() -> PluginInfoRecordRef {
+    *E::state().info.get_or_init(|| PluginInfoRecord::from_info(E::Delegate::info()).leak_into_prefix())
 }
 
-fn module<T: Exported>() -> PluginModuleRef {
-    *T::state().module.get_or_init(|| {
+fn module<E: Exported>() -> PluginModuleRef {
+    *E::state().module.get_or_init(|| {
         PluginModule {
-            info: info_entry::<T>,
-            is_available: is_available_entry::<T>,
-            compatibility: compatibility_entry::<T>,
-            init: init_entry::<T>,
-            execute: execute_entry::<T>,
-            destroy: destroy_entry::<T>,
-            set_option: set_option_entry::<T>,
-            get_option: get_option_entry::<T>,
-            poison_message: poison_message_entry::<T>,
+            info: info_entry::<E>,
+            is_available: is_available_entry::<E>,
+            compatibility: compatibility_entry::<E>,
+            init: init_entry::<E>,
+            execute: execute_entry::<E>,
+            destroy: destroy_entry::<E>,
+            set_option: set_option_entry::<E>,
+            get_option: get_option_entry::<E>,
+            poison_message: poison_message_entry::<E>,
         }
         .leak_into_prefix()
     })
 }
 
-extern "C" fn negotiate_entry<T: Exported>(offer: HostOfferRef) -> RResult<Negotiated, Refusal> {
-    let plugin_range = T::state().abi;
+extern "C" fn negotiate_entry<E: Exported>(offer: HostOfferRef) -> RResult<Negotiated, Refusal> {
+    let plugin_range = E::state().abi;
     let result = catch_unwind(AssertUnwindSafe(|| {
         let version = negotiate(offer.abi(), plugin_range).map_err(|err| err.to_string())?;
         // Metadata first: a plugin whose `info` panics is refused here, before the host sees a table.
-        let _ = info_record::<T>();
+        let _ = info_record::<E>();
         if offer.forward_logs() {
             crate::logging::install_forwarder(offer.log(), offer.log_enabled());
         }
-        T::state().negotiated.store(version, Ordering::Release);
+        E::state().negotiated.store(version, Ordering::Release);
         tracing::debug!(version, host = %offer.abi(), plugin = %plugin_range, "negotiated the delegate ABI");
-        Ok::<_, String>(Negotiated { version, plugin_range, module: module::<T>() })
+        Ok::<_, String>(Negotiated { version, plugin_range, module: module::<E>() })
     }));
     match result {
         Ok(Ok(negotiated)) => RResult::ROk(negotiated),
         Ok(Err(message)) => RResult::RErr(Refusal { plugin_range, message: message.into() }),
         Err(payload) => {
-            let err = poison::<T>("negotiate", &*payload);
+            let err = poison::<E>("negotiate", &*payload);
             RResult::RErr(Refusal { plugin_range, message: err.message })
         }
     }
 }
 
-extern "C" fn info_entry<T: Exported>() -> PluginInfoRecordRef {
-    info_record::<T>()
+extern "C" fn info_entry<E: Exported>() -> PluginInfoRecordRef {
+    info_record::<E>()
 }
 
-extern "C" fn is_available_entry<T: Exported>() -> RResult<bool, RError> {
-    guarded::<T, _>("is_available", |d| Ok(d.is_available()))
+extern "C" fn is_available_entry<E: Exported>() -> RResult<bool, RError> {
+    guarded::<E, _>("is_available", |d| Ok(d.is_available()))
 }
 
-extern "C" fn compatibility_entry<T: Exported>(blob: RSlice<'_, u8>) -> RResult<RCompatibility, RError> {
-    guarded::<T, _>("compatibility", |d| Ok(d.compatibility(blob.as_slice()).into()))
+extern "C" fn compatibility_entry<E: Exported>(blob: RSlice<'_, u8>) -> RResult<RCompatibility, RError> {
+    guarded::<E, _>("compatibility", |d| Ok(d.compatibility(blob.as_slice()).into()))
 }
 
 fn specs<'a>(raw: RSlice<'a, RSpec<'a>>) -> Vec<Spec<'a>> {
     raw.as_slice().iter().map(|s| Spec { key: s.key.as_str(), value: s.value.as_slice() }).collect()
 }
 
-extern "C" fn init_entry<T: Exported>(
+extern "C" fn init_entry<E: Exported>(
     blob: RSlice<'_, u8>,
     compile_specs: RSlice<'_, RSpec<'_>>,
     runtime_specs: RSlice<'_, RSpec<'_>>,
 ) -> RResult<RawHandle, RError> {
-    guarded::<T, _>("init", |d| {
+    guarded::<E, _>("init", |d| {
         let compile = specs(compile_specs);
         let runtime = specs(runtime_specs);
         let ctx = InitContext { blob: blob.as_slice(), compile_specs: &compile, runtime_specs: &runtime };
         let handle = d.init(ctx)?;
-        Ok(RawHandle(Box::into_raw(Box::new(handle)).cast::<c_void>()))
+        Ok(RawHandle::new(Box::into_raw(Box::new(handle)).cast::<c_void>()))
     })
 }
 
-extern "C" fn execute_entry<T: Exported>(
+/// Checks the codes of every argument from the other side, once per call, so the delegate reads them
+/// infallibly (see `tensor`'s module docs). Allocates only on failure.
+#[inline]
+fn check_codes(args: &[TensorArg]) -> Result<(), DelegateError> {
+    for (position, arg) in args.iter().enumerate() {
+        if let Err(err) = arg.check_codes() {
+            return Err(DelegateError::invalid_argument(format!("argument {position}: {err}")));
+        }
+    }
+    Ok(())
+}
+
+/// # Safety
+/// [`PluginModule::execute`]'s contract.
+unsafe extern "C" fn execute_entry<E: Exported>(
     handle: RawHandle,
     args: RSlice<'_, TensorArg>,
     stream: *mut c_void,
     stats: &mut ExecStats,
 ) -> RResult<(), RError> {
-    guarded::<T, _>("execute", |d| {
-        if handle.0.is_null() {
+    guarded::<E, _>("execute", |d| {
+        if handle.as_ptr().is_null() {
             return Err(DelegateError::new(
                 ErrorCode::DelegateInvalidHandle,
                 "execute called with a null handle",
             ));
         }
-        // SAFETY: the host passes only handles returned by `init_entry::<T>` of this plugin and not yet
-        // destroyed (`host::Instance` owns the handle and takes `&mut self`), so this is a live, exclusively
-        // borrowed `Box<T::Handle>`.
-        let handle = unsafe { &mut *handle.0.cast::<T::Handle>() };
-        let stream = if stream.is_null() { None } else { Some(CudaStream(stream)) };
-        // SAFETY: the host builds `args` with `host::ArgList`, whose construction upholds `ExecuteArgs::new`'s
-        // contract (host memory borrowed for the call, writable only when exclusively borrowed, sharing only
-        // between an inout and its in-place output), or with `ArgList::push_raw`, whose caller promised it.
-        let mut args = unsafe { ExecuteArgs::new(args.as_slice(), stream, stats) };
+        let args = args.as_slice();
+        check_codes(args)?;
+        // SAFETY: the caller passes a handle returned by `init_entry::<E>` of this plugin and not yet
+        // destroyed, used by no other call now (`PluginModule::execute`'s contract; `host::Instance` owns the
+        // handle and takes `&mut self`), so this is a live, exclusively borrowed `Box<E::Delegate::Handle>`.
+        let handle = unsafe { &mut *handle.as_ptr().cast::<<E::Delegate as Delegate>::Handle>() };
+        // SAFETY: a non-null `stream` is a valid CUDA stream whose caller obeys the completion rule
+        // (`PluginModule::execute`'s contract), which is `CudaStream::from_raw`'s.
+        let stream = unsafe { CudaStream::from_raw(stream) };
+        // SAFETY: `args` satisfies `ExecuteArgs::new`'s contract (`PluginModule::execute`'s, upheld by
+        // `host::ArgList`), and its codes were checked just above.
+        let mut args = unsafe { ExecuteArgs::new(args, stream, stats) };
         d.execute(handle, &mut args)
     })
 }
 
-extern "C" fn destroy_entry<T: Exported>(handle: RawHandle) -> RResult<(), RError> {
+/// # Safety
+/// [`PluginModule::destroy`]'s contract.
+unsafe extern "C" fn destroy_entry<E: Exported>(handle: RawHandle) -> RResult<(), RError> {
     // Not refused when poisoned: freeing is always safe to attempt, and a panic here is caught again.
-    let state = T::state();
+    let state = E::state();
     let result = catch_unwind(AssertUnwindSafe(|| {
-        if handle.0.is_null() {
+        if handle.as_ptr().is_null() {
             return;
         }
-        // SAFETY: as in `execute_entry`; the host calls destroy once per handle and never uses it afterwards,
-        // so ownership of the box returns here.
-        let handle = unsafe { Box::from_raw(handle.0.cast::<T::Handle>()) };
+        // SAFETY: the caller passes a handle `init_entry::<E>` returned, destroys it once and never uses it
+        // afterwards (`PluginModule::destroy`'s contract), so ownership of the box returns here.
+        let handle = unsafe { Box::from_raw(handle.as_ptr().cast::<<E::Delegate as Delegate>::Handle>()) };
         match state.delegate.get() {
             Some(d) => d.destroy(*handle),
             None => drop(handle),
@@ -240,20 +268,20 @@ extern "C" fn destroy_entry<T: Exported>(handle: RawHandle) -> RResult<(), RErro
     }));
     match result {
         Ok(()) => RResult::ROk(()),
-        Err(payload) => RResult::RErr(poison::<T>("destroy", &*payload)),
+        Err(payload) => RResult::RErr(poison::<E>("destroy", &*payload)),
     }
 }
 
-extern "C" fn set_option_entry<T: Exported>(key: RStr<'_>, value: ROptionValue) -> RResult<(), RError> {
-    guarded::<T, _>("set_option", |d| d.set_option(key.as_str(), value.into()))
+extern "C" fn set_option_entry<E: Exported>(key: RStr<'_>, value: ROptionValue) -> RResult<(), RError> {
+    guarded::<E, _>("set_option", |d| d.set_option(key.as_str(), value.into()))
 }
 
-extern "C" fn get_option_entry<T: Exported>(key: RStr<'_>) -> RResult<ROptionValue, RError> {
-    guarded::<T, _>("get_option", |d| d.get_option(key.as_str()).map(ROptionValue::from))
+extern "C" fn get_option_entry<E: Exported>(key: RStr<'_>) -> RResult<ROptionValue, RError> {
+    guarded::<E, _>("get_option", |d| d.get_option(key.as_str()).map(ROptionValue::from))
 }
 
-extern "C" fn poison_message_entry<T: Exported>() -> ROption<RString> {
-    let state = T::state();
+extern "C" fn poison_message_entry<E: Exported>() -> ROption<RString> {
+    let state = E::state();
     if state.poisoned.load(Ordering::Acquire) {
         ROption::RSome(state.poison_message.get().map_or("unknown panic", String::as_str).into())
     } else {

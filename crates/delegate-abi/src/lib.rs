@@ -10,7 +10,7 @@
 //!
 //! ## Examples
 //!
-//! A no-op delegate, embedded (statically linked) and driven through the same tables a dylib would use:
+//! A doubling delegate, embedded (statically linked) and driven through the same tables a dylib would use:
 //!
 //! ```
 //! use delegate_abi::host::{ArgList, Plugin};
@@ -38,14 +38,15 @@
 //!     fn compatibility(&self, _blob: &[u8]) -> Compatibility { Compatibility::Supported }
 //!     fn init(&self, _ctx: InitContext<'_>) -> Result<(), DelegateError> { Ok(()) }
 //!     fn execute(&self, _h: &mut (), args: &mut ExecuteArgs<'_>) -> Result<(), DelegateError> {
-//!         let ([input], [output]) = args.borrow([0], [1])?;
-//!         for (o, i) in output.iter_mut().zip(input) { *o = i * 2; }
+//!         // Typed slices: the dtype and alignment are checked, a mismatch is `InvalidArgument`.
+//!         let ([input], [output]) = args.borrow_typed::<f32, 1, 1>([0], [1])?;
+//!         for (o, i) in output.iter_mut().zip(input) { *o = i * 2.0; }
 //!         Ok(())
 //!     }
 //! }
 //!
-//! // In a plugin crate: `delegate_abi::export_delegate!(Doubler);` (also exports the dylib entry).
-//! // `@embedded` writes only `delegate_root()`, as a host binary embedding a plugin would need.
+//! // In the plugin's library crate: no exported symbol, only `delegate_root()` (see "Writing a third-party
+//! // delegate plugin" below for the cdylib that exports it).
 //! delegate_abi::export_delegate!(@embedded Doubler);
 //!
 //! fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -54,69 +55,143 @@
 //!     let ctx = delegate_abi::InitContext { blob: b"", compile_specs: &[], runtime_specs: &[] };
 //!     let mut instance = plugin.init(&ctx)?;
 //!
-//!     let input = [1u8, 2, 3];
-//!     let mut output = [0u8; 3];
+//!     // Caller memory of the element type (so it is aligned for it), lent as bytes.
+//!     let input = [1.5f32, -2.0];
+//!     let mut output = [0f32; 2];
 //!     let mut args = ArgList::with_capacity(2);
-//!     args.push_input(&input, DTypeCode::U8, &[3], MemoryKind::Host)?;
-//!     args.push_output(&mut output, DTypeCode::U8, &[3], MemoryKind::Host)?;
+//!     args.push_input(bytemuck::cast_slice(&input), DTypeCode::F32, &[2], MemoryKind::Host)?;
+//!     args.push_output(bytemuck::cast_slice_mut(&mut output), DTypeCode::F32, &[2], MemoryKind::Host)?;
 //!     instance.execute(&mut args, None)?;
 //!     drop(args);
-//!     assert_eq!(output, [2, 4, 6]);
+//!     assert_eq!(output, [3.0, -4.0]);
 //!     Ok(())
 //! }
 //! ```
 //!
 //! ## Writing a third-party delegate plugin
 //!
-//! 1. Create a library crate and make it a `cdylib`:
-//!
-//!    ```text
-//!    cargo new --lib my-delegate
-//!    ```
+//! 1. Make two crates: a library with the delegate, and a thin `cdylib` that exports it.
 //!
 //!    ```toml
-//!    # my-delegate/Cargo.toml
+//!    # my-delegate/Cargo.toml: the delegate, an ordinary rlib that any host may link
+//!    [dependencies]
+//!    delegate-abi = { path = "../kv-delegate/crates/delegate-abi" }   # see "Depending on delegate-abi"
+//!    tracing = "0.1"                                                  # optional: logs reach the host
+//!
+//!    # my-delegate-plugin/Cargo.toml: the library the host loads from disk
 //!    [lib]
-//!    crate-type = ["cdylib"]          # add "rlib" too if a host should also link it statically
+//!    crate-type = ["cdylib"]
 //!
 //!    [dependencies]
-//!    delegate-abi = "0.1"             # (or a path / git dependency on this workspace)
-//!    tracing = "0.1"                  # optional: your logs reach the host's subscriber
+//!    delegate-abi = { path = "../kv-delegate/crates/delegate-abi" }
+//!    my-delegate = { path = "../my-delegate" }
 //!    ```
 //!
-//!    No direct `abi_stable` dependency is needed: the macro reaches it through `delegate-abi`.
+//!    Why two: the exported entry symbol has one fixed name (abi_stable's root-module loader), so one binary
+//!    can link at most one crate that exports it. A library crate without it can be linked into any host
+//!    next to other plugins and embedded with `Plugin::embedded(my_delegate::delegate_root())`; the thin
+//!    crate adds the symbol only to the `.so` (`.dylib`, `.dll`). No direct `abi_stable` dependency is
+//!    needed: the macro reaches it through `delegate-abi`.
 //!
-//! 2. Implement [`Delegate`] for a type (see the example above, and `plugins/reference` for a full one):
+//! 2. Implement [`Delegate`] in the library (see the example above, and `plugins/reference` for a full one):
 //!    - `info()` is metadata, read before anything else runs: name, version, the ExecuTorch backend ids
 //!      you serve (the host routes blobs by these), the blob wire formats you read as semver ranges, the
 //!      memory kinds you accept, and whether you bind aliased outputs in place;
 //!    - `compatibility(blob)` answers from the header only, with a reason when it is not `Supported`;
 //!    - `init` gets the blob borrowed for the call; keep what you derive from it in your `Handle`;
-//!    - `execute` reaches memory only through [`ExecuteArgs::borrow`], which refuses to hand out an inout
-//!      and its in-place output at once; record copies with `record_reflect` / `record_staging`;
-//!    - return [`DelegateError`]s with the right [`ErrorCode`]; a panic is caught, reported as `Internal`
-//!      and poisons your plugin for the rest of the process.
+//!    - `execute` reaches memory only through [`ExecuteArgs::borrow`] (bytes) or
+//!      [`ExecuteArgs::borrow_typed`] (`&[f32]`, `&mut [i64]`, ...), which refuse to hand out an inout and
+//!      its in-place output at once; record copies with `record_reflect` / `record_staging`;
+//!    - return [`DelegateError`]s with the right [`ErrorCode`]. Your own error type converts with `?` when
+//!      it implements `std::error::Error` and `et_error::HasErrorCode` (`From<E>` keeps its code and
+//!      message); a panic is caught, reported as `Internal` and poisons your plugin for the rest of the
+//!      process.
 //!
-//! 3. Export it at the crate root:
+//!    Then give the library its root module, for hosts that embed it:
 //!
 //!    ```text
-//!    delegate_abi::export_delegate!(MyDelegate);
+//!    delegate_abi::export_delegate!(@embedded MyDelegate);        // my-delegate/src/lib.rs
+//!    ```
+//!
+//! 3. The thin crate's whole `src/lib.rs` exports it:
+//!
+//!    ```text
+//!    delegate_abi::export_delegate!(my_delegate::MyDelegate);     // my-delegate-plugin/src/lib.rs
 //!    ```
 //!
 //! 4. Build and list it:
 //!
 //!    ```text
-//!    cargo build                                      # target/debug/libmy_delegate.so (.dylib, .dll)
-//!    delegate-host plugins --plugin-dir target/debug  # lists it: path, name, version, ABI, backends, status
+//!    cargo build -p my-delegate-plugin                 # target/debug/libmy_delegate_plugin.so
+//!    delegate-host plugins --plugin-dir target/debug   # lists it: path, name, version, ABI, backends, status
 //!    ```
 //!
 //!    A plugin the host cannot use is listed as `rejected: <reason>` (e.g. `plugin speaks ABI 2..=3, host
 //!    1..=1`) and the others still load. Put the directory in `DELEGATE_PLUGIN_PATH` (colon-separated) to
 //!    find it without `--plugin-dir`.
 //!
+//! ### Depending on delegate-abi
+//!
+//! The crates of this workspace are not published yet, so `delegate-abi = "0.1"` does not resolve. Depend
+//! on a checkout instead, by path or by git (pin a revision: the ABI version is negotiated at load time,
+//! but the Rust API follows semver only once published):
+//!
+//! ```toml
+//! delegate-abi = { path = "../kv-delegate/crates/delegate-abi" }
+//! delegate-abi = { git = "https://example.invalid/kv-delegate", rev = "<commit>" }
+//! ```
+//!
+//! ### Blobs and payloads
+//!
+//! A native blob names its payload kind (`blob_format::model::PayloadKind`). A third-party engine format
+//! uses its own kind string, which reads back as `PayloadKind::Other`; check it in `compatibility` and
+//! `init` and refuse other kinds with a reason.
+//!
+//! ### Which argument is which
+//!
+//! A call's arguments are the blob's bindings in the order the header lists them, counting only the
+//! bindings with `threaded` set: argument `i` is the `i`-th threaded binding, which names the engine tensor
+//! it binds, its role, and (when recorded) its dtype and shape. An unthreaded binding (e.g. an aliased
+//! output whose cache is not a registered buffer) takes no position: bind it to its aliased input's storage
+//! yourself. Resolve every position to your engine's tensor **by that name** once, in `init`, and check each
+//! call's arguments against it.
+//!
+//! Why by name: upstream's runtime bound by position, and positions do not survive lowering reliably.
+//! TensorRT appends aliased KV-cache outputs after the user outputs while ExecuTorch may move
+//! buffer-mutation outputs first, and two cases drop an aliased output argument altogether (two engines
+//! aliasing one buffer; a cache that is not a registered buffer), shifting every later position. A blob
+//! that records, per argument, the tensor it binds and whether it is threaded removes that whole class.
+//!
+//! ### Aliased outputs: zero-copy and copy-back
+//!
+//! An output that aliases an input (a KV-cache update, `AliasKind::KvCacheUpdate`) has its own argument
+//! position, but what that slot *is* depends on the host's mode:
+//!
+//! - **zero-copy** (what `delegate-host` does by default): the output argument is the input's own storage,
+//!   same pointer and size ([`TensorArg::same_storage`]; the input is flagged inout). Write the update into
+//!   the cache once; the slot already holds it, and nothing is copied.
+//! - **copy-back** (upstream ExecuTorch's layout, `--mode copy-back`): the output argument is a separate
+//!   buffer. After `execute` the host copies that slot into its buffer, as ExecuTorch's buffer-mutation
+//!   write-back `copy_(buffer, slot)` does. So the plugin must write the **output slot**: an update made
+//!   only in place, into the input, is overwritten by the slot's stale bytes when the host copies back.
+//!   Engines that update the cache in place (TensorRT's KV-cache layer, the reference graph) then copy the
+//!   input into the slot (a "reflect", as upstream's delegate does after `enqueueV3`) and count it with
+//!   [`ExecuteArgs::record_reflect`].
+//!
+//! Tell them apart per call with `same_storage` (the reference delegate does exactly this), never by a
+//! setting: the host decides, and `binds_aliases_in_place` in your metadata only says you can take the
+//! zero-copy form.
+//!
+//! ### Streams and completion
+//!
+//! The host may pass a CUDA stream. Without one, your results must be complete when `execute` returns; with
+//! one, they may complete later on that stream, and the host waits for the stream before touching the
+//! memory. The exact rule is on [`Delegate::execute`].
+//!
 //! ## Feature Flags
 //!
-//! None.
+//! - `test-support`: the `testing` module, delegates in a few lines for tests, benchmarks and test plugins
+//!   (`plugins/abi-test`, `plugins/abi-test-future`). Not for production plugins.
 //!
 //! [abi_stable]: https://docs.rs/abi_stable/0.11
 #![deny(missing_docs)]
@@ -129,6 +204,8 @@ pub mod export;
 pub mod host;
 mod logging;
 pub mod tensor;
+#[cfg(feature = "test-support")]
+pub mod testing;
 
 pub use conv::NoDTypeCode;
 pub use delegate::*;
@@ -166,33 +243,37 @@ pub mod __private {
 ///
 /// # Usage
 ///
-/// In the plugin crate (`crate-type = ["cdylib"]`, or `["cdylib", "rlib"]` to also embed it), at the crate
-/// root, once per crate:
+/// A plugin is two crates (see the crate docs, "Writing a third-party delegate plugin"):
 ///
 /// ```text
-/// pub struct ReferenceDelegate { /* ... */ }
-/// impl delegate_abi::Delegate for ReferenceDelegate { /* ... */ }
+/// // my-delegate (an rlib): the Delegate implementation, embeddable by any host.
+/// pub struct MyDelegate { /* ... */ }
+/// impl delegate_abi::Delegate for MyDelegate { /* ... */ }
+/// delegate_abi::export_delegate!(@embedded MyDelegate);      // pub fn delegate_root()
 ///
-/// delegate_abi::export_delegate!(ReferenceDelegate);
+/// // my-delegate-plugin (a cdylib): the library the host loads from disk.
+/// delegate_abi::export_delegate!(my_delegate::MyDelegate);   // the exported entry symbol
 /// ```
 ///
-/// It generates:
-/// - `pub fn delegate_root() -> delegate_abi::abi::DelegateRootRef`: the root module, for a host that links
-///   the crate as an rlib (`Plugin::embedded(my_plugin::delegate_root())`); the same tables a dylib exports;
+/// `export_delegate!(Type)` generates, in the module where it is written:
 /// - the exported root-module symbol the host finds in the dylib: exactly what abi_stable's
 ///   `#[export_root_module]` writes, spelled through `delegate-abi` so the plugin crate needs no direct
-///   abi_stable dependency (the symbol is `abi_stable::library::ROOT_MODULE_LOADER_NAME`);
-/// - a hidden `static` with the plugin's state (the delegate, built on first use by `Delegate::new`; the
-///   poisoned flag; the negotiated tables) and a hidden trait impl tying the type to it.
+///   abi_stable dependency (the symbol is `abi_stable::library::ROOT_MODULE_LOADER_NAME`). It has a fixed
+///   name, so **one binary links at most one crate that writes it**: write it only in a `cdylib` crate,
+///   never in a library another binary links;
+/// - `pub fn delegate_root() -> delegate_abi::abi::DelegateRootRef`: the root module, the same tables the
+///   dylib exports;
+/// - a private marker type (`__DelegateAbiPlugin`) tying the type to a hidden `static` with the plugin's
+///   state (the delegate, built on first use by `Delegate::new`; the poisoned flag; the negotiated tables).
 ///
-/// The type must implement [`Delegate`]; `Delegate::info` must name at least one backend id. The exported
-/// entries catch panics; the plugin announces ABI versions [`abi::AbiRange::CURRENT`].
+/// `export_delegate!(@embedded Type)` generates the last two only: no exported symbol, so any number of
+/// such crates (and modules) link into one binary, and a host embeds each with
+/// `Plugin::embedded(my_delegate::delegate_root())`. The type may come from another crate.
 ///
-/// Other forms, for tests and embedding-only crates:
-/// - `export_delegate!(Type, abi = MIN..=MAX)`: announce another ABI range (to test negotiation);
-/// - `export_delegate!(@embedded Type)` / `export_delegate!(@embedded Type, abi = MIN..=MAX)`: only
-///   `delegate_root()` and the state, no exported symbol (several may live in one binary, each in its own
-///   module).
+/// Write each form at most once per module. The type must implement [`Delegate`]; `Delegate::info` must name
+/// at least one backend id. The exported entries catch panics; the plugin announces ABI versions
+/// [`abi::AbiRange::CURRENT`], or `MIN..=MAX` with `export_delegate!(Type, abi = MIN..=MAX)` /
+/// `export_delegate!(@embedded Type, abi = MIN..=MAX)` (to test negotiation).
 #[macro_export]
 macro_rules! export_delegate {
     (@embedded $ty:ty) => {
@@ -202,19 +283,24 @@ macro_rules! export_delegate {
         $crate::export_delegate!(@with_range $ty, $crate::abi::AbiRange::new($min, $max));
     };
     (@with_range $ty:ty, $range:expr) => {
-        const _: () = {
-            static __DELEGATE_ABI_STATE: $crate::__private::PluginState<$ty> =
-                $crate::__private::PluginState::new($range);
-            impl $crate::__private::Exported for $ty {
-                fn state() -> &'static $crate::__private::PluginState<$ty> {
-                    &__DELEGATE_ABI_STATE
-                }
+        /// Ties the exported delegate to its plugin state (hidden glue of `delegate_abi::export_delegate!`;
+        /// private, so the delegate type may be private too).
+        #[doc(hidden)]
+        enum __DelegateAbiPlugin {}
+
+        impl $crate::__private::Exported for __DelegateAbiPlugin {
+            type Delegate = $ty;
+
+            fn state() -> &'static $crate::__private::PluginState<$ty> {
+                static __DELEGATE_ABI_STATE: $crate::__private::PluginState<$ty> =
+                    $crate::__private::PluginState::new($range);
+                &__DELEGATE_ABI_STATE
             }
-        };
+        }
 
         /// The plugin's root module, for embedding: `delegate_abi::host::Plugin::embedded(delegate_root())`.
         pub fn delegate_root() -> $crate::abi::DelegateRootRef {
-            $crate::__private::root_module::<$ty>()
+            $crate::__private::root_module::<__DelegateAbiPlugin>()
         }
     };
     (@export $ty:ty, $range:expr) => {

@@ -1,4 +1,17 @@
 //! Tensor views as they cross the boundary: `#[repr(C)]`, fixed size, no allocation per call.
+//!
+//! # Codes on the wire
+//!
+//! [`DTypeCode`] and [`MemoryKind`] are Rust enums: a byte outside their variants, read as one of them, is
+//! undefined behaviour. So they cross as one-byte integer newtypes, [`RawDType`] and [`RawMemoryKind`], that
+//! any byte may occupy, and are decoded with `TryFrom` (an unknown byte is an [`UnknownCode`]).
+//!
+//! A raw code can only be made from a known variant (`From<DTypeCode>`, `From<MemoryKind>`), so every
+//! [`TensorArg`] built in Rust holds known codes. One read from the other side of the ABI may not: every
+//! place where such an arg enters is checked once, before anything reads it (the plugin's `execute` entry,
+//! which answers `InvalidArgument` naming the argument position and the byte without calling the delegate;
+//! [`crate::host::ArgList::push_raw`]). That is why [`TensorArg::dtype`] and [`TensorArg::memory`] are
+//! infallible for a delegate: one byte comparison per code per call buys it.
 
 use std::ffi::c_void;
 use std::fmt;
@@ -8,9 +21,9 @@ use abi_stable::StableAbi;
 /// Largest rank a [`TensorArg`] carries inline.
 pub const MAX_RANK: usize = 8;
 
-/// Where a tensor's bytes live.
+/// Where a tensor's bytes live. Crosses the ABI as a [`RawMemoryKind`].
 #[repr(u8)]
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, StableAbi)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum MemoryKind {
     /// Ordinary host memory.
     Host = 0,
@@ -54,9 +67,10 @@ impl fmt::Display for MemoryKind {
     }
 }
 
-/// Element type codes on the wire of the ABI (stable numbers, independent of `blob-format`'s enum order).
+/// Element types, with stable numbers on the wire of the ABI (independent of `blob-format`'s enum order).
+/// Crosses the ABI as a [`RawDType`].
 #[repr(u8)]
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, StableAbi)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum DTypeCode {
     /// 32-bit float.
     F32 = 0,
@@ -129,6 +143,137 @@ impl fmt::Display for DTypeCode {
     }
 }
 
+/// Which code an [`UnknownCode`] is about.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum CodeKind {
+    /// A [`RawDType`].
+    DType,
+    /// A [`RawMemoryKind`].
+    Memory,
+}
+
+impl fmt::Display for CodeKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            CodeKind::DType => "dtype",
+            CodeKind::Memory => "memory kind",
+        })
+    }
+}
+
+/// A byte on the wire that is not a code this build knows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("{kind} code {byte} is not one this build knows (0..={max})", max = self.max_known())]
+pub struct UnknownCode {
+    /// Which code.
+    pub kind: CodeKind,
+    /// The byte as it crossed.
+    pub byte: u8,
+}
+
+impl UnknownCode {
+    fn max_known(&self) -> usize {
+        match self.kind {
+            CodeKind::DType => DTypeCode::ALL.len() - 1,
+            CodeKind::Memory => MemoryKind::ALL.len() - 1,
+        }
+    }
+}
+
+impl et_error::HasErrorCode for UnknownCode {
+    fn error_code(&self) -> et_error::ErrorCode {
+        et_error::ErrorCode::InvalidArgument
+    }
+}
+
+/// A [`DTypeCode`] as it crosses: one byte that may hold any value, so reading it from the other side is
+/// never undefined behaviour. Made only from a [`DTypeCode`]; decoded with `DTypeCode::try_from`.
+#[repr(transparent)]
+#[derive(Clone, Copy, PartialEq, Eq, Hash, StableAbi)]
+pub struct RawDType(u8);
+
+impl RawDType {
+    /// The byte.
+    pub const fn get(self) -> u8 {
+        self.0
+    }
+}
+
+impl From<DTypeCode> for RawDType {
+    fn from(code: DTypeCode) -> RawDType {
+        RawDType(code as u8)
+    }
+}
+
+impl TryFrom<u8> for DTypeCode {
+    type Error = UnknownCode;
+
+    fn try_from(byte: u8) -> Result<DTypeCode, UnknownCode> {
+        DTypeCode::ALL.get(usize::from(byte)).copied().ok_or(UnknownCode { kind: CodeKind::DType, byte })
+    }
+}
+
+impl TryFrom<RawDType> for DTypeCode {
+    type Error = UnknownCode;
+
+    fn try_from(raw: RawDType) -> Result<DTypeCode, UnknownCode> {
+        DTypeCode::try_from(raw.0)
+    }
+}
+
+impl fmt::Debug for RawDType {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match DTypeCode::try_from(*self) {
+            Ok(code) => write!(f, "{code}"),
+            Err(_) => write!(f, "unknown dtype code {}", self.0),
+        }
+    }
+}
+
+/// A [`MemoryKind`] as it crosses: one byte that may hold any value, so reading it from the other side is
+/// never undefined behaviour. Made only from a [`MemoryKind`]; decoded with `MemoryKind::try_from`.
+#[repr(transparent)]
+#[derive(Clone, Copy, PartialEq, Eq, Hash, StableAbi)]
+pub struct RawMemoryKind(u8);
+
+impl RawMemoryKind {
+    /// The byte.
+    pub const fn get(self) -> u8 {
+        self.0
+    }
+}
+
+impl From<MemoryKind> for RawMemoryKind {
+    fn from(kind: MemoryKind) -> RawMemoryKind {
+        RawMemoryKind(kind as u8)
+    }
+}
+
+impl TryFrom<u8> for MemoryKind {
+    type Error = UnknownCode;
+
+    fn try_from(byte: u8) -> Result<MemoryKind, UnknownCode> {
+        MemoryKind::ALL.get(usize::from(byte)).copied().ok_or(UnknownCode { kind: CodeKind::Memory, byte })
+    }
+}
+
+impl TryFrom<RawMemoryKind> for MemoryKind {
+    type Error = UnknownCode;
+
+    fn try_from(raw: RawMemoryKind) -> Result<MemoryKind, UnknownCode> {
+        MemoryKind::try_from(raw.0)
+    }
+}
+
+impl fmt::Debug for RawMemoryKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match MemoryKind::try_from(*self) {
+            Ok(kind) => write!(f, "{kind}"),
+            Err(_) => write!(f, "unknown memory kind code {}", self.0),
+        }
+    }
+}
+
 /// [`TensorArg::flags`] bit: the delegate may write the bytes (outputs, and inputs that an output aliases).
 pub const ARG_WRITABLE: u32 = 1 << 0;
 
@@ -152,10 +297,10 @@ pub struct TensorArg {
     pub shape: [i64; MAX_RANK],
     /// CUDA device ordinal for device and managed memory; 0 otherwise.
     pub device_id: i32,
-    /// Element type.
-    pub dtype: DTypeCode,
-    /// Where the bytes live.
-    pub memory: MemoryKind,
+    /// Element type, as it crosses (read it with [`TensorArg::dtype`]).
+    pub dtype: RawDType,
+    /// Where the bytes live, as it crosses (read it with [`TensorArg::memory`]).
+    pub memory: RawMemoryKind,
     /// Reserved, zero.
     pub reserved: [u8; 2],
 }
@@ -175,8 +320,8 @@ impl TensorArg {
             flags: 0,
             shape: dims,
             device_id: 0,
-            dtype,
-            memory,
+            dtype: dtype.into(),
+            memory: memory.into(),
             reserved: [0; 2],
         })
     }
@@ -192,13 +337,29 @@ impl TensorArg {
     }
 
     /// Element type.
+    ///
+    /// # Panics
+    /// Never for an arg built in Rust or handed to a delegate by delegate-abi (see the module docs); only for
+    /// one read from foreign memory by other code without [`TensorArg::check_codes`].
     pub fn dtype(&self) -> DTypeCode {
-        self.dtype
+        DTypeCode::try_from(self.dtype).expect("a TensorArg's codes are checked where it enters from the ABI")
     }
 
     /// Where the bytes live.
+    ///
+    /// # Panics
+    /// As [`TensorArg::dtype`].
     pub fn memory(&self) -> MemoryKind {
-        self.memory
+        MemoryKind::try_from(self.memory)
+            .expect("a TensorArg's codes are checked where it enters from the ABI")
+    }
+
+    /// Checks that both codes are ones this build knows: what delegate-abi does wherever an arg enters from
+    /// the other side of the ABI, before anything reads it.
+    pub fn check_codes(&self) -> Result<(), UnknownCode> {
+        DTypeCode::try_from(self.dtype)?;
+        MemoryKind::try_from(self.memory)?;
+        Ok(())
     }
 
     /// Whether the delegate may write it.
@@ -260,5 +421,44 @@ impl fmt::Debug for TensorArg {
             .field("device_id", &self.device_id)
             .field("writable", &self.is_writable())
             .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn wire_numbers_are_the_positions_in_all_and_round_trip() {
+        for (index, code) in DTypeCode::ALL.into_iter().enumerate() {
+            assert_eq!(usize::from(RawDType::from(code).get()), index, "{code}");
+            assert_eq!(DTypeCode::try_from(RawDType::from(code)), Ok(code));
+        }
+        for (index, kind) in MemoryKind::ALL.into_iter().enumerate() {
+            assert_eq!(usize::from(RawMemoryKind::from(kind).get()), index, "{kind}");
+            assert_eq!(MemoryKind::try_from(RawMemoryKind::from(kind)), Ok(kind));
+        }
+    }
+
+    #[test]
+    fn unknown_bytes_are_errors_naming_the_byte() {
+        let err = DTypeCode::try_from(9u8).expect_err("unknown");
+        assert_eq!(err, UnknownCode { kind: CodeKind::DType, byte: 9 });
+        assert_eq!(err.to_string(), "dtype code 9 is not one this build knows (0..=8)");
+        let err = MemoryKind::try_from(200u8).expect_err("unknown");
+        assert_eq!(err.to_string(), "memory kind code 200 is not one this build knows (0..=3)");
+        assert_eq!(et_error::HasErrorCode::error_code(&err), et_error::ErrorCode::InvalidArgument);
+    }
+
+    #[test]
+    fn an_arg_with_an_unknown_code_fails_its_check_and_debug_names_the_byte() {
+        let mut arg = TensorArg::describe(DTypeCode::F32, &[2], MemoryKind::Host).expect("rank 1");
+        assert_eq!(arg.check_codes(), Ok(()));
+        arg.dtype = RawDType(77);
+        assert_eq!(arg.check_codes(), Err(UnknownCode { kind: CodeKind::DType, byte: 77 }));
+        assert!(format!("{arg:?}").contains("unknown dtype code 77"));
+        arg.dtype = DTypeCode::I64.into();
+        arg.memory = RawMemoryKind(4);
+        assert_eq!(arg.check_codes(), Err(UnknownCode { kind: CodeKind::Memory, byte: 4 }));
     }
 }

@@ -1,11 +1,14 @@
 //! In-process plugins (the embedded path) through the same tables: negotiation with both sides' ranges,
 //! argument checks and the checked borrows a delegate sees.
 
-use delegate_abi::abi::{negotiate, AbiRange, VersionMismatch};
+use abi_stable::prefix_type::PrefixTypeTrait;
+use abi_stable::std_types::{RSlice, RStr};
+use delegate_abi::abi::{negotiate, AbiRange, HostOffer, VersionMismatch};
 use delegate_abi::host::{ArgError, ArgList, HostConfig, LoadError, Plugin};
+use delegate_abi::testing::{self, Fixture};
 use delegate_abi::{
-    Compatibility, DTypeCode, Delegate, DelegateError, ErrorCode, ExecuteArgs, InitContext, MemoryKind,
-    PluginInfo, TensorArg,
+    CodeKind, Compatibility, DTypeCode, Delegate, DelegateError, ErrorCode, ExecuteArgs, InitContext,
+    MemoryKind, PluginInfo, TensorArg, UnknownCode,
 };
 
 /// Records what `borrow` answers for a configured request.
@@ -17,6 +20,11 @@ pub struct ProbeHandle {
     write: usize,
 }
 
+/// The metadata every delegate of this file starts from.
+fn probe_info() -> PluginInfo {
+    PluginInfo { version: "1.2.3".into(), ..testing::info("probe", "ProbeBackend") }
+}
+
 impl Delegate for Probe {
     type Handle = ProbeHandle;
 
@@ -25,14 +33,7 @@ impl Delegate for Probe {
     }
 
     fn info() -> PluginInfo {
-        PluginInfo {
-            name: "probe".into(),
-            version: "1.2.3".into(),
-            backends: vec!["ProbeBackend".into()],
-            wire_formats: vec![],
-            memory_kinds: vec![MemoryKind::Host],
-            binds_aliases_in_place: true,
-        }
+        probe_info()
     }
 
     fn is_available(&self) -> bool {
@@ -75,86 +76,44 @@ mod current {
 
 /// Same delegate announcing other ABI ranges (a "newer" plugin).
 pub struct NewerProbe;
-impl Delegate for NewerProbe {
-    type Handle = ();
-    fn new() -> Self {
-        NewerProbe
-    }
+impl Fixture for NewerProbe {
     fn info() -> PluginInfo {
-        PluginInfo { name: "newer".into(), backends: vec!["B".into()], ..Probe::info() }
-    }
-    fn is_available(&self) -> bool {
-        true
-    }
-    fn compatibility(&self, _blob: &[u8]) -> Compatibility {
-        Compatibility::Supported
-    }
-    fn init(&self, _ctx: InitContext<'_>) -> Result<(), DelegateError> {
-        Ok(())
-    }
-    fn execute(&self, _h: &mut (), _a: &mut ExecuteArgs<'_>) -> Result<(), DelegateError> {
-        Ok(())
+        PluginInfo { name: "newer".into(), backends: vec!["B".into()], ..probe_info() }
     }
 }
 
 mod speaks_1_to_2 {
-    delegate_abi::export_delegate!(@embedded super::NewerProbe, abi = 1..=2);
+    delegate_abi::export_delegate!(@embedded delegate_abi::testing::Scripted<super::NewerProbe>, abi = 1..=2);
+
+    /// What the plugin side recorded in the latest handshake.
+    pub fn negotiated_version() -> Option<u32> {
+        use delegate_abi::__private::Exported;
+        __DelegateAbiPlugin::state().negotiated_version()
+    }
 }
 
 /// Speaks only ABI 2 and 3.
 pub struct FuturePlugin;
-impl Delegate for FuturePlugin {
-    type Handle = ();
-    fn new() -> Self {
-        FuturePlugin
-    }
+impl Fixture for FuturePlugin {
     fn info() -> PluginInfo {
         NewerProbe::info()
-    }
-    fn is_available(&self) -> bool {
-        true
-    }
-    fn compatibility(&self, _blob: &[u8]) -> Compatibility {
-        Compatibility::Supported
-    }
-    fn init(&self, _ctx: InitContext<'_>) -> Result<(), DelegateError> {
-        Ok(())
-    }
-    fn execute(&self, _h: &mut (), _a: &mut ExecuteArgs<'_>) -> Result<(), DelegateError> {
-        Ok(())
     }
 }
 
 mod speaks_2_to_3 {
-    delegate_abi::export_delegate!(@embedded super::FuturePlugin, abi = 2..=3);
+    delegate_abi::export_delegate!(@embedded delegate_abi::testing::Scripted<super::FuturePlugin>, abi = 2..=3);
 }
 
 /// Names no backend.
 pub struct Nameless;
-impl Delegate for Nameless {
-    type Handle = ();
-    fn new() -> Self {
-        Nameless
-    }
+impl Fixture for Nameless {
     fn info() -> PluginInfo {
-        PluginInfo { backends: vec![], ..Probe::info() }
-    }
-    fn is_available(&self) -> bool {
-        true
-    }
-    fn compatibility(&self, _blob: &[u8]) -> Compatibility {
-        Compatibility::Supported
-    }
-    fn init(&self, _ctx: InitContext<'_>) -> Result<(), DelegateError> {
-        Ok(())
-    }
-    fn execute(&self, _h: &mut (), _a: &mut ExecuteArgs<'_>) -> Result<(), DelegateError> {
-        Ok(())
+        PluginInfo { backends: vec![], ..probe_info() }
     }
 }
 
 mod nameless {
-    delegate_abi::export_delegate!(@embedded super::Nameless);
+    delegate_abi::export_delegate!(@embedded delegate_abi::testing::Scripted<super::Nameless>);
 }
 
 #[test]
@@ -189,8 +148,7 @@ fn embedded_old_host_new_plugin_and_new_host_old_plugin() {
     let p = Plugin::embedded_with(speaks_1_to_2::delegate_root(), &new_host).expect("new host, new plugin");
     assert_eq!(p.abi_version(), 2);
     // The plugin side recorded the same answer.
-    use delegate_abi::__private::Exported;
-    assert_eq!(NewerProbe::state().negotiated_version(), Some(2));
+    assert_eq!(speaks_1_to_2::negotiated_version(), Some(2));
     let p = Plugin::embedded_with(current::delegate_root(), &new_host).expect("new host, old plugin");
     assert_eq!(p.abi_version(), 1);
 
@@ -246,7 +204,13 @@ fn execute_args_borrow_refuses_writing_an_input_and_out_of_range() {
     assert_eq!(err.message, "argument 0 is read-only");
     let err = probe(&[9]).execute(&mut args, None).expect_err("out of range");
     assert_eq!(err.message, "argument 9 requested but the call has 2 arguments");
-    let stats = probe(&[1, 0]).execute(&mut args, Some(delegate_abi::CudaStream(8 as *mut _))).expect("ok");
+    // SAFETY: the probe only asks whether a stream is present and never hands it to CUDA, so this dangling
+    // handle is never used.
+    let stream = unsafe { delegate_abi::CudaStream::from_raw(8 as *mut _) };
+    assert!(stream.is_some());
+    // SAFETY: null is "no stream"; nothing is wrapped.
+    assert!(unsafe { delegate_abi::CudaStream::from_raw(std::ptr::null_mut()) }.is_none());
+    let stats = probe(&[1, 0]).execute(&mut args, stream).expect("ok");
     assert_eq!(stats.staged_bytes, 1, "the stream and the stats cross");
     drop(args);
     assert_eq!(out, [2u8; 4]);
@@ -346,30 +310,14 @@ fn delegate_error_messages_name_the_code() {
 
 /// Reports a version that is not semver.
 pub struct BadVersion;
-impl Delegate for BadVersion {
-    type Handle = ();
-    fn new() -> Self {
-        BadVersion
-    }
+impl Fixture for BadVersion {
     fn info() -> PluginInfo {
-        PluginInfo { version: "one".into(), ..Probe::info() }
-    }
-    fn is_available(&self) -> bool {
-        true
-    }
-    fn compatibility(&self, _blob: &[u8]) -> Compatibility {
-        Compatibility::Supported
-    }
-    fn init(&self, _ctx: InitContext<'_>) -> Result<(), DelegateError> {
-        Ok(())
-    }
-    fn execute(&self, _h: &mut (), _a: &mut ExecuteArgs<'_>) -> Result<(), DelegateError> {
-        Ok(())
+        PluginInfo { version: "one".into(), ..probe_info() }
     }
 }
 
 mod bad_version {
-    delegate_abi::export_delegate!(@embedded super::BadVersion);
+    delegate_abi::export_delegate!(@embedded delegate_abi::testing::Scripted<super::BadVersion>);
 }
 
 #[test]
@@ -387,4 +335,169 @@ fn a_version_that_is_not_semver_is_rejected() {
 fn versions_are_parsed_for_ordering() {
     let plugin = Plugin::embedded(current::delegate_root()).expect("embedded");
     assert_eq!(plugin.version(), &semver::Version::new(1, 2, 3));
+}
+
+extern "C" fn no_log(_level: u8, _target: RStr<'_>, _message: RStr<'_>) {}
+
+extern "C" fn no_log_enabled(_level: u8, _target: RStr<'_>) -> bool {
+    false
+}
+
+/// Overwrites the byte behind a one-byte wire code, as a host written in another language could.
+fn forge<T>(code: &mut T, byte: u8) {
+    assert_eq!(std::mem::size_of::<T>(), 1);
+    // SAFETY: `T` is `RawDType` or `RawMemoryKind`, `#[repr(transparent)]` over a `u8` that may hold any byte;
+    // `code` is a live exclusive borrow of it.
+    unsafe { std::ptr::from_mut(code).cast::<u8>().write(byte) }
+}
+
+#[test]
+fn a_foreign_host_sending_an_unknown_code_gets_invalid_argument_before_the_delegate_runs() {
+    // Drive the raw tables as a host in another language would, without `host::ArgList`'s checks.
+    let offer =
+        HostOffer { abi: AbiRange::CURRENT, forward_logs: false, log: no_log, log_enabled: no_log_enabled }
+            .leak_into_prefix();
+    let negotiated = (current::delegate_root().negotiate())(offer).into_result().ok().expect("handshake");
+    let module = negotiated.module;
+    // Probe: write argument 1, read nothing.
+    let handle = (module.init())(RSlice::from_slice(&[1]), RSlice::from_slice(&[]), RSlice::from_slice(&[]))
+        .into_result()
+        .expect("init");
+
+    let input = [0u8; 4];
+    let mut output = [0u8; 4];
+    let mut list = ArgList::new();
+    list.push_input(&input, DTypeCode::U8, &[4], MemoryKind::Host).expect("input");
+    list.push_output(&mut output, DTypeCode::U8, &[4], MemoryKind::Host).expect("output");
+    let good: Vec<TensorArg> = list.as_slice().to_vec();
+    let call = |args: &[TensorArg]| {
+        let mut stats = delegate_abi::ExecStats::default();
+        // SAFETY: `handle` is live and used by no other call; every arg points into `input` / `output`, which
+        // outlive the call, the output exclusively (its `ArgList` is not used meanwhile); no stream.
+        unsafe { (module.execute())(handle, RSlice::from_slice(args), std::ptr::null_mut(), &mut stats) }
+            .into_result()
+            .map_err(delegate_abi::abi::RError::into_delegate)
+    };
+
+    let mut bad_dtype = good.clone();
+    forge(&mut bad_dtype[1].dtype, 200);
+    let err = call(&bad_dtype).expect_err("refused");
+    assert_eq!(err.code, ErrorCode::InvalidArgument);
+    assert_eq!(err.message, "argument 1: dtype code 200 is not one this build knows (0..=8)");
+
+    let mut bad_memory = good.clone();
+    forge(&mut bad_memory[0].memory, 9);
+    let err = call(&bad_memory).expect_err("refused");
+    assert_eq!(err.code, ErrorCode::InvalidArgument);
+    assert_eq!(err.message, "argument 0: memory kind code 9 is not one this build knows (0..=3)");
+
+    // The delegate never ran on the bad calls, and runs on the good one.
+    call(&good).expect("the same args with known codes");
+    drop(list);
+    assert_eq!(output, [1u8; 4]);
+    // SAFETY: `handle` came from this module's `init`, is destroyed once and not used afterwards.
+    unsafe { (module.destroy())(handle) }.into_result().expect("destroyed");
+}
+
+#[test]
+fn push_raw_refuses_unknown_codes_naming_the_position() {
+    let data = [0u8; 4];
+    let mut args = ArgList::new();
+    args.push_input(&data, DTypeCode::U8, &[4], MemoryKind::Host).expect("input");
+    let mut raw = args.as_slice()[0];
+    forge(&mut raw.dtype, 42);
+    // SAFETY: a read-only view of `data`, which outlives the list; it is refused anyway.
+    let err = unsafe { args.push_raw(raw) }.expect_err("unknown dtype");
+    assert_eq!(
+        err,
+        ArgError::UnknownCode { index: 1, code: UnknownCode { kind: CodeKind::DType, byte: 42 } }
+    );
+    assert_eq!(err.to_string(), "argument 1: dtype code 42 is not one this build knows (0..=8)");
+    assert_eq!(args.len(), 1, "refused args are not pushed");
+}
+
+/// Reads argument 0 as `i64`s and writes their sum into argument 1 as `f32`.
+pub struct Typed;
+impl Fixture for Typed {
+    fn info() -> PluginInfo {
+        testing::info("typed", "TypedBackend")
+    }
+
+    fn execute(args: &mut ExecuteArgs<'_>) -> Result<(), DelegateError> {
+        let sum: i64 = args.borrow_typed::<i64, 1, 0>([0], [])?.0[0].iter().sum();
+        let ([], [out]) = args.borrow_typed::<f32, 0, 1>([], [1])?;
+        out.fill(sum as f32);
+        Ok(())
+    }
+}
+
+mod typed {
+    delegate_abi::export_delegate!(@embedded delegate_abi::testing::Scripted<super::Typed>);
+}
+
+#[test]
+fn borrow_typed_checks_the_dtype_and_the_alignment() {
+    let plugin = Plugin::embedded(typed::delegate_root()).expect("embedded");
+    let mut instance =
+        plugin.init(&InitContext { blob: b"", compile_specs: &[], runtime_specs: &[] }).expect("init");
+    let numbers = [2i64, 5];
+    let mut out = [0f32; 2];
+
+    let mut args = ArgList::new();
+    args.push_input(bytemuck::cast_slice::<_, u8>(&numbers), DTypeCode::I64, &[2], MemoryKind::Host)
+        .expect("input");
+    args.push_output(bytemuck::cast_slice_mut::<_, u8>(&mut out), DTypeCode::F32, &[2], MemoryKind::Host)
+        .expect("output");
+    instance.execute(&mut args, None).expect("typed");
+    drop(args);
+    assert_eq!(out, [7.0, 7.0]);
+
+    // The same bytes announced as another dtype.
+    let mut args = ArgList::new();
+    args.push_input(bytemuck::cast_slice::<_, u8>(&numbers), DTypeCode::F64, &[2], MemoryKind::Host)
+        .expect("input");
+    args.push_output(bytemuck::cast_slice_mut::<_, u8>(&mut out), DTypeCode::F32, &[2], MemoryKind::Host)
+        .expect("output");
+    let err = instance.execute(&mut args, None).expect_err("dtype mismatch");
+    assert_eq!(
+        (err.code, err.message.as_str()),
+        (ErrorCode::InvalidArgument, "argument 0 is f64, borrowed as i64")
+    );
+    drop(args);
+
+    // An i64 argument one byte off its alignment.
+    let backing = [0u64; 3];
+    let misaligned = &bytemuck::cast_slice::<_, u8>(&backing)[1..17];
+    let mut args = ArgList::new();
+    args.push_input(misaligned, DTypeCode::I64, &[2], MemoryKind::Host).expect("input");
+    args.push_output(bytemuck::cast_slice_mut::<_, u8>(&mut out), DTypeCode::F32, &[2], MemoryKind::Host)
+        .expect("output");
+    let err = instance.execute(&mut args, None).expect_err("misaligned");
+    assert_eq!(err.code, ErrorCode::InvalidArgument);
+    assert_eq!(err.message, "argument 0 is not 8-byte aligned, which i64 elements need");
+}
+
+/// A plugin's own typed error.
+#[derive(Debug, thiserror::Error)]
+#[error("the engine is out of tokens")]
+struct EngineError;
+
+impl et_error::HasErrorCode for EngineError {
+    fn error_code(&self) -> ErrorCode {
+        ErrorCode::OutOfResources
+    }
+}
+
+fn engine_step() -> Result<(), EngineError> {
+    Err(EngineError)
+}
+
+#[test]
+fn question_mark_converts_a_plugins_own_error_keeping_its_code_and_message() {
+    fn execute() -> Result<(), DelegateError> {
+        engine_step()?;
+        Ok(())
+    }
+    let err = execute().expect_err("fails");
+    assert_eq!(err, DelegateError::new(ErrorCode::OutOfResources, "the engine is out of tokens"));
 }

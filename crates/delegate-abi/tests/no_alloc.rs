@@ -4,9 +4,8 @@ use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
 
 use delegate_abi::host::{ArgList, Plugin};
-use delegate_abi::{
-    Compatibility, DTypeCode, Delegate, DelegateError, ExecuteArgs, InitContext, MemoryKind, PluginInfo,
-};
+use delegate_abi::testing::{self, Fixture, Scripted};
+use delegate_abi::{DTypeCode, DelegateError, ExecuteArgs, InitContext, MemoryKind, PluginInfo};
 
 thread_local! {
     static ALLOCATIONS: Cell<u64> = const { Cell::new(0) };
@@ -40,38 +39,19 @@ static GLOBAL: Counting = Counting;
 /// Reads its first arg and writes its in-place output, like a KV update.
 pub struct Touch;
 
-impl Delegate for Touch {
-    type Handle = ();
-    fn new() -> Self {
-        Touch
-    }
+impl Fixture for Touch {
     fn info() -> PluginInfo {
-        PluginInfo {
-            name: "touch".into(),
-            version: "0.1.0".into(),
-            backends: vec!["TouchBackend".into()],
-            wire_formats: vec![],
-            memory_kinds: vec![MemoryKind::Host],
-            binds_aliases_in_place: true,
-        }
+        testing::info("touch", "TouchBackend")
     }
-    fn is_available(&self) -> bool {
-        true
-    }
-    fn compatibility(&self, _blob: &[u8]) -> Compatibility {
-        Compatibility::Supported
-    }
-    fn init(&self, _ctx: InitContext<'_>) -> Result<(), DelegateError> {
-        Ok(())
-    }
-    fn execute(&self, _h: &mut (), args: &mut ExecuteArgs<'_>) -> Result<(), DelegateError> {
+
+    fn execute(args: &mut ExecuteArgs<'_>) -> Result<(), DelegateError> {
         let ([input], [cache_out]) = args.borrow([0], [7])?;
         cache_out[0] = cache_out[0].wrapping_add(input[0]);
         Ok(())
     }
 }
 
-delegate_abi::export_delegate!(@embedded Touch);
+delegate_abi::export_delegate!(@embedded Scripted<Touch>);
 
 #[test]
 fn executing_eight_args_through_the_abi_allocates_nothing() {

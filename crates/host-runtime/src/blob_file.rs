@@ -6,22 +6,30 @@ use std::path::Path;
 
 use memmap2::Mmap;
 
-/// A blob file's bytes, mapped read-only.
+/// A blob file's bytes, mapped read-only and shared. The file must not be modified or truncated while a
+/// `BlobFile` of it lives (see `open`).
 pub struct BlobFile {
     map: Option<Mmap>,
 }
 
 impl BlobFile {
     /// Maps `path`. An empty file maps to no bytes.
+    ///
+    /// The caller must not let anything modify or truncate the file while the returned value lives: a
+    /// truncated file raises SIGBUS on the next read of a page past its new end.
     pub fn open(path: &Path) -> std::io::Result<BlobFile> {
         let file = File::open(path)?;
         if file.metadata()?.len() == 0 {
             return Ok(BlobFile { map: None });
         }
-        // SAFETY: the mapping is read-only and private to this process; memmap2's contract is that the file
-        // must not be modified while mapped. Blob files are build artefacts that nothing writes while the host
-        // runs; a concurrent writer would at worst make the parsers see garbage, which they reject (they are
-        // fuzzed against arbitrary bytes), not memory outside the mapping.
+        // SAFETY: memmap2's `Mmap::map` maps the file *shared* (`MAP_SHARED`), read-only: the returned `&[u8]`
+        // is only sound if nothing modifies or truncates the file while it is mapped. That is the
+        // precondition, and this code does not enforce it: blob files are build artefacts that nothing is
+        // expected to write while the host runs. If something does, a write shows through the mapping
+        // (the bytes of an immutable borrow change under the parsers: undefined behaviour in Rust's model,
+        // although the parsers are fuzzed against arbitrary bytes), and a truncation makes a later read of a
+        // page past the new end raise SIGBUS, killing the process. How to remove the hazard (copying small
+        // files, a private mapping, a lease or lock, a SIGBUS guard) is the reliability issue's decision.
         let map = unsafe { Mmap::map(&file)? };
         Ok(BlobFile { map: Some(map) })
     }

@@ -5,7 +5,8 @@
 //!
 //! 1. the directories given explicitly (`--plugin-dir`), in order;
 //! 2. the directories in `DELEGATE_PLUGIN_PATH` (separated like `PATH`: `:` on Unix, `;` on Windows), in order;
-//! 3. the embedded reference plugin (linked into `delegate-host`), last.
+//! 3. the embedded reference plugin (linked into `delegate-host`), then any plugin an application embeds
+//!    with [`Registry::with_embedded`], last.
 //!
 //! In each directory, files with the platform's library extension (`.so`, `.dylib`, `.dll`) are candidates,
 //! in file-name order. A file reached twice (a directory listed twice, a symlink) is considered once. A
@@ -36,6 +37,7 @@ use std::fmt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use delegate_abi::abi::DelegateRootRef;
 use delegate_abi::host::{HostConfig, Plugin};
 use delegate_abi::PluginInfo;
 
@@ -196,6 +198,25 @@ impl Registry {
                 Err(err) => Candidate::rejected(None, err.to_string()),
             });
         }
+        Registry::from_candidates(candidates)
+    }
+
+    /// Adds a plugin linked into this binary, from the `delegate_root()` of its library crate (e.g.
+    /// `my_delegate::delegate_root()`), as the last candidate: an application ships a third party's plugin
+    /// inside its own binary, next to the embedded reference plugin, under the same duplicate rule.
+    pub fn with_embedded(self, root: DelegateRootRef, config: &HostConfig) -> Registry {
+        let mut candidates = self.candidates;
+        for candidate in &mut candidates {
+            // Decided again below, over every candidate.
+            candidate.serves.clear();
+            if candidate.plugin.is_some() {
+                candidate.status = Status::Loaded;
+            }
+        }
+        candidates.push(match Plugin::embedded_with(root, config) {
+            Ok(plugin) => Candidate::loaded(None, plugin),
+            Err(err) => Candidate::rejected(None, err.to_string()),
+        });
         Registry::from_candidates(candidates)
     }
 
@@ -397,41 +418,20 @@ mod tests {
 
     macro_rules! versioned {
         ($module:ident, $ty:ident, $version:literal, [$($backend:literal),*]) => {
-            struct $ty;
-            impl delegate_abi::Delegate for $ty {
-                type Handle = ();
-                fn new() -> Self {
-                    $ty
-                }
+            enum $ty {}
+            impl delegate_abi::testing::Fixture for $ty {
                 fn info() -> PluginInfo {
                     PluginInfo {
                         name: stringify!($ty).into(),
                         version: $version.into(),
                         backends: vec![$($backend.into()),*],
-                        wire_formats: vec![],
-                        memory_kinds: vec![delegate_abi::MemoryKind::Host],
                         binds_aliases_in_place: false,
+                        ..delegate_abi::testing::info("", "")
                     }
-                }
-                fn is_available(&self) -> bool {
-                    true
-                }
-                fn compatibility(&self, _blob: &[u8]) -> delegate_abi::Compatibility {
-                    delegate_abi::Compatibility::Supported
-                }
-                fn init(&self, _ctx: delegate_abi::InitContext<'_>) -> Result<(), delegate_abi::DelegateError> {
-                    Ok(())
-                }
-                fn execute(
-                    &self,
-                    _handle: &mut (),
-                    _args: &mut delegate_abi::ExecuteArgs<'_>,
-                ) -> Result<(), delegate_abi::DelegateError> {
-                    Ok(())
                 }
             }
             mod $module {
-                delegate_abi::export_delegate!(@embedded super::$ty);
+                delegate_abi::export_delegate!(@embedded delegate_abi::testing::Scripted<super::$ty>);
             }
         };
     }
@@ -457,6 +457,29 @@ mod tests {
         assert_eq!((c[0].status.clone(), c[0].serves.clone()), (Status::Loaded, vec!["Y".to_string()]));
         assert_eq!((c[1].status.clone(), c[1].serves.clone()), (Status::Loaded, vec!["X".to_string()]));
         assert_eq!(c[2].status, Status::Shadowed { by: Some("b.so".into()) });
+    }
+
+    #[test]
+    fn an_application_embeds_more_plugins_under_the_same_duplicate_rule() {
+        let load = |root| Plugin::embedded(root).expect("embedded");
+        let registry = Registry::from_candidates(vec![Candidate::loaded(
+            Some("a.so".into()),
+            load(v1_2::delegate_root()),
+        )]);
+        let config = HostConfig::default();
+        // An older embedded copy is shadowed by the discovered plugin ...
+        let registry = registry.with_embedded(v1_0::delegate_root(), &config);
+        let c = registry.candidates();
+        assert_eq!((c[0].status.clone(), c[0].serves.clone()), (Status::Loaded, vec!["X".to_string()]));
+        assert_eq!((c[1].path.clone(), c[1].serves.clone()), (None, vec!["Y".to_string()]), "serves Y alone");
+        // ... and a newer one takes the backend over, the decision made again over every candidate.
+        let registry = registry.with_embedded(v1_10::delegate_root(), &config);
+        let c = registry.candidates();
+        assert_eq!(c[0].status, Status::Shadowed { by: None });
+        assert_eq!(c[1].serves, ["Y"]);
+        assert_eq!((c[2].status.clone(), c[2].serves.clone()), (Status::Loaded, vec!["X".to_string()]));
+        assert_eq!(registry.for_backend("X").map(|p| p.info().name.clone()).as_deref(), Some("V1_10"));
+        assert_eq!(registry.candidates().len(), 3);
     }
 
     #[test]

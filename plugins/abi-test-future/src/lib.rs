@@ -2,6 +2,8 @@
 //! fixture for the "new plugin, old host" case of the ABI negotiation (ABI.md, lesson 4). A host must list it
 //! as rejected, naming both ranges, and keep loading every other plugin.
 //!
+//! It is `delegate_abi::testing::Scripted` over [`Future`], which refuses every blob and every `init`.
+//!
 //! ## Examples
 //!
 //! ```text
@@ -16,21 +18,14 @@
 #![forbid(unsafe_code)]
 #![deny(missing_docs)]
 
-use delegate_abi::{
-    Compatibility, Delegate, DelegateError, ExecuteArgs, InitContext, MemoryKind, PluginInfo,
-    WireFormatSupport,
-};
+use delegate_abi::testing::{Fixture, Scripted};
+use delegate_abi::{Compatibility, DelegateError, InitContext, MemoryKind, PluginInfo, WireFormatSupport};
 
 /// A delegate that would serve `FutureBackend`, if a host could speak its ABI.
-pub struct FutureDelegate;
+#[derive(Debug)]
+pub enum Future {}
 
-impl Delegate for FutureDelegate {
-    type Handle = ();
-
-    fn new() -> Self {
-        FutureDelegate
-    }
-
+impl Fixture for Future {
     fn info() -> PluginInfo {
         PluginInfo {
             name: "abi-test-future".into(),
@@ -42,21 +37,13 @@ impl Delegate for FutureDelegate {
         }
     }
 
-    fn is_available(&self) -> bool {
-        true
-    }
-
-    fn compatibility(&self, _blob: &[u8]) -> Compatibility {
+    fn compatibility(_blob: &[u8]) -> Compatibility {
         Compatibility::Unsupported { reason: "abi-test-future runs nothing".into() }
     }
 
-    fn init(&self, _ctx: InitContext<'_>) -> Result<(), DelegateError> {
-        Err(DelegateError::not_supported("abi-test-future runs nothing"))
-    }
-
-    fn execute(&self, _handle: &mut (), _args: &mut ExecuteArgs<'_>) -> Result<(), DelegateError> {
+    fn init(_ctx: &InitContext<'_>) -> Result<(), DelegateError> {
         Err(DelegateError::not_supported("abi-test-future runs nothing"))
     }
 }
 
-delegate_abi::export_delegate!(FutureDelegate, abi = 2..=3);
+delegate_abi::export_delegate!(Scripted<Future>, abi = 2..=3);

@@ -42,7 +42,8 @@ pub const DIRECT_ACCESS: DirectAccess = DirectAccess::CPU;
 #[derive(Debug, Default, Clone, Copy)]
 pub struct ReferenceDelegate;
 
-/// Why `init` or `execute` failed. Converts to [`DelegateError`] with the code of [`HasErrorCode`].
+/// Why `init` or `execute` failed. Converts to [`DelegateError`] with the code of [`HasErrorCode`] (through
+/// delegate-abi's `From<E>` for every such error, so `?` needs no `map_err`).
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
@@ -124,12 +125,6 @@ impl HasErrorCode for Error {
             Error::Residency { source, .. } => source.error_code(),
             Error::Exec(err) => err.error_code(),
         }
-    }
-}
-
-impl From<Error> for DelegateError {
-    fn from(err: Error) -> DelegateError {
-        DelegateError::from(&err)
     }
 }
 

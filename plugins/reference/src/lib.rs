@@ -1,10 +1,10 @@
 //! The reference delegate: runs a reference graph ([`ref_graph`]) on the CPU, updating caller-owned KV caches
 //! in place.
 //!
-//! It is the embedded default backend (`ReferenceBackend`) and the worked example of a delegate for third
-//! parties. The graph it runs is a payload format of its own crate, [`ref_graph`] (typed ops, builder,
-//! validation, the `RGRF` encoding, and the graph's aliases as an [`alias_validate::EngineIntrospect`]); this
-//! crate is the code that runs it, in two small parts:
+//! It is the embedded default backend (`ReferenceBackend`, through [`delegate_root`]) and the worked example
+//! of a delegate for third parties. The graph it runs is a payload format of its own crate, [`ref_graph`]
+//! (typed ops, builder, validation, the `RGRF` encoding, and the graph's aliases as an
+//! [`alias_validate::EngineIntrospect`]); this crate is the code that runs it, in two small parts:
 //! - [`exec`]: the executor, which allocates all scratch at init and writes cache updates into the caller's
 //!   own cache arguments;
 //! - [`delegate`]: the [`delegate_abi::Delegate`] implementation: blob checks, alias validation through
@@ -60,10 +60,13 @@
 //!
 //! ## Writing your own delegate
 //!
-//! Follow this crate's layout: a crate with `crate-type = ["cdylib", "rlib"]`, a type implementing
-//! [`delegate_abi::Delegate`] (see [`delegate::ReferenceDelegate`]), `delegate_abi::export_delegate!` on it
-//! in the crate root, and validation of the blob's aliases with `alias_validate::validate_with_engine`
-//! against your engine's [`alias_validate::EngineIntrospect`] (see [`ref_graph::Graph`]'s implementation).
+//! Follow this crate's layout: a library crate (an rlib, so any host can link it next to other plugins) with
+//! a type implementing [`delegate_abi::Delegate`] (see [`delegate::ReferenceDelegate`]),
+//! `delegate_abi::export_delegate!(@embedded ...)` on it in the crate root for [`delegate_root`], and
+//! validation of the blob's aliases with `alias_validate::validate_with_engine` against your engine's
+//! [`alias_validate::EngineIntrospect`] (see [`ref_graph::Graph`]'s implementation); plus a thin `cdylib` crate
+//! whose `src/lib.rs` is one `delegate_abi::export_delegate!(...)` line, as `plugins/reference-dylib` is for
+//! this one (it builds `libreference_delegate_dylib.so`, the file `delegate-host --plugin-dir` loads).
 //!
 //! ## Feature Flags
 //!
@@ -79,4 +82,6 @@ pub use delegate::{ReferenceDelegate, ReferenceHandle};
 /// The ExecuTorch backend id this delegate serves.
 pub const BACKEND_ID: &str = "ReferenceBackend";
 
-delegate_abi::export_delegate!(ReferenceDelegate);
+// The root module for embedding (the host links this crate); the dylib's entry symbol is in
+// `plugins/reference-dylib`, so any number of plugin libraries link into one binary.
+delegate_abi::export_delegate!(@embedded ReferenceDelegate);

@@ -48,7 +48,7 @@ pub(crate) fn io_arg(index: usize, arg: &TensorArg) -> Result<IoArg<'_>, Binding
 /// As [`Runner::execute`], plus [`BindingError::UnknownArgDType`].
 pub(crate) fn execute(runner: &mut Runner, args: &mut ExecuteArgs<'_>) -> Result<CallStats, trt_exec::Error> {
     // The one place this crate reads the ABI's stream representation.
-    let stream = args.stream().map(|stream| stream.0);
+    let stream = args.stream().map(|stream| stream.as_raw());
     let stats = {
         let mut io: SmallVec<[IoArg<'_>; INLINE_ARGS]> = SmallVec::new();
         for (index, arg) in args.args().iter().enumerate() {

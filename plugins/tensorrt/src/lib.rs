@@ -78,7 +78,7 @@ impl Handle {
 }
 
 fn err<E: et_error::HasErrorCode + std::error::Error>(e: E) -> DelegateError {
-    DelegateError::from(&e)
+    DelegateError::from(e)
 }
 
 /// The blob's header and engine after the checks that need no TensorRT (format, backend, payload kind, plan
@@ -165,4 +165,5 @@ impl Delegate for TensorRtDelegate {
     }
 }
 
-delegate_abi::export_delegate!(TensorRtDelegate);
+// The root module for embedding; the dylib's entry symbol is in `plugins/tensorrt-dylib`.
+delegate_abi::export_delegate!(@embedded TensorRtDelegate);

@@ -33,6 +33,27 @@ fn upstream_fixture(name: &str) -> Vec<u8> {
     std::fs::read(&path).unwrap_or_else(|err| panic!("cannot read {}: {err}", path.display()))
 }
 
+/// The plugin library `tensorrt-delegate-dylib` builds: in `$DELEGATE_TEST_PLUGIN_DIR` (`cargo xtask test`
+/// builds it there first), else built here into `target/plugin-tests` (the outer cargo holds the main
+/// target dir's lock).
+fn plugin_dylib() -> PathBuf {
+    let file =
+        format!("{}tensorrt_delegate_dylib{}", std::env::consts::DLL_PREFIX, std::env::consts::DLL_SUFFIX);
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..");
+    if let Some(dir) = std::env::var_os("DELEGATE_TEST_PLUGIN_DIR") {
+        return root.join(dir).join(file);
+    }
+    let target = root.join("target/plugin-tests");
+    let status = std::process::Command::new(env!("CARGO"))
+        .current_dir(&root)
+        .args(["build", "--quiet", "-p", "tensorrt-delegate-dylib", "--target-dir"])
+        .arg(&target)
+        .status()
+        .expect("cargo runs");
+    assert!(status.success(), "building tensorrt-delegate-dylib failed");
+    target.join("debug").join(file)
+}
+
 fn ctx(blob: &[u8]) -> InitContext<'_> {
     InitContext { blob, compile_specs: &[], runtime_specs: &[] }
 }
@@ -80,11 +101,7 @@ fn init_on_our_exported_kv_blob_fails_cleanly_through_the_abi() {
     let in_process = expect_clean_init_failure(TensorRtDelegate::new().init(ctx(&blob)));
 
     // Through the ABI, from the built dylib, as delegate-host loads it.
-    let deps = std::env::current_exe().expect("test path").parent().expect("deps dir").to_path_buf();
-    let dylib = [deps.join("../libtensorrt_delegate.so"), deps.join("libtensorrt_delegate.so")]
-        .into_iter()
-        .find(|p| p.is_file())
-        .expect("cargo builds the cdylib next to the tests");
+    let dylib = plugin_dylib();
     let plugin =
         delegate_abi::host::Plugin::load(&dylib, &delegate_abi::host::HostConfig::new()).expect("loads");
     assert_eq!(plugin.info().backends, [TENSORRT_BACKEND]);
