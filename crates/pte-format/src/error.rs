@@ -50,8 +50,8 @@ pub enum Error {
     },
     /// The extended header's `program_size` is smaller than the header itself or larger than the file.
     #[error(
-        "extended header program_size {program_size} is out of range: the program data must hold the \
-         {min}-byte prefix and header and fit in the {file_len}-byte file"
+        "extended header program_size {program_size} is out of range: it must be at least {min} (8 bytes \
+         before the header plus the header's declared length) and at most the file's {file_len} bytes"
     )]
     ProgramSize {
         /// The declared program size.

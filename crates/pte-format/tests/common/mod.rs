@@ -1,7 +1,7 @@
 //! Shared test data: the KV decoder `.pte` around a native blob, and byte-patching helpers.
 #![allow(dead_code)]
 
-use blob_format::model::{Alias, AliasKind, Binding, Header, PayloadKind, Producer, Role};
+use blob_format::model::{Alias, AliasKind, Binding, DType, Dim, Header, PayloadKind, Producer, Role};
 use pte_format::testing;
 
 /// The native blob the KV decoder's delegate carries: bindings in delegate-argument order (the
@@ -12,13 +12,13 @@ pub fn kv_blob_header() -> Header {
         backend_id: testing::kv::BACKEND.into(),
         payload_kind: PayloadKind::ReferenceGraph,
         bindings: vec![
-            Binding::untyped("input_pos", Role::Input),
-            Binding::untyped("tokens", Role::Input),
-            Binding::untyped("k_cache", Role::Input),
-            Binding::untyped("v_cache", Role::Input),
-            Binding::untyped("k_cache_out", Role::Output),
-            Binding::untyped("v_cache_out", Role::Output),
-            Binding::untyped("logits", Role::Output),
+            typed("input_pos", Role::Input, DType::I64, &[1]),
+            typed("tokens", Role::Input, DType::I64, &[1, 1]),
+            typed("k_cache", Role::Input, DType::F32, &[1, 2, 16, 8]),
+            typed("v_cache", Role::Input, DType::F32, &[1, 2, 16, 8]),
+            typed("k_cache_out", Role::Output, DType::F32, &[1, 2, 16, 8]),
+            typed("v_cache_out", Role::Output, DType::F32, &[1, 2, 16, 8]),
+            typed("logits", Role::Output, DType::F32, &[1, 1, 32]),
         ],
         aliases: vec![
             Alias { output: "k_cache_out".into(), input: "k_cache".into(), kind: AliasKind::KvCacheUpdate },
@@ -29,6 +29,16 @@ pub fn kv_blob_header() -> Header {
         hardware_target: None,
         engine_library_version: None,
         engine_metadata: None,
+    }
+}
+
+fn typed(name: &str, role: Role, dtype: DType, shape: &[u64]) -> Binding {
+    Binding {
+        name: name.into(),
+        role,
+        dtype: Some(dtype),
+        shape: Some(shape.iter().map(|&d| Dim::Static(d)).collect()),
+        threaded: true,
     }
 }
 
