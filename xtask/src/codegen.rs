@@ -23,13 +23,25 @@ struct Schema {
     fbs: &'static str,
     /// The committed Rust file, relative to the workspace root.
     out: &'static str,
+    /// Extra `flatc` arguments, e.g. `--gen-all` to inline included schemas into one file.
+    flags: &'static [&'static str],
 }
 
 /// Every schema in the workspace.
-const SCHEMAS: &[Schema] = &[Schema {
-    fbs: "crates/blob-format/schema/blob.fbs",
-    out: "crates/blob-format/src/generated/blob_generated.rs",
-}];
+const SCHEMAS: &[Schema] = &[
+    Schema {
+        fbs: "crates/blob-format/schema/blob.fbs",
+        out: "crates/blob-format/src/generated/blob_generated.rs",
+        flags: &[],
+    },
+    // ExecuTorch's `.pte` schema as the executorch 1.5.1 wheel ships it; `--gen-all` puts the included
+    // `scalar_type.fbs` into the same file, so the crate needs no `crate::scalar_type_generated` module.
+    Schema {
+        fbs: "crates/pte-format/schema/program.fbs",
+        out: "crates/pte-format/src/generated/program_generated.rs",
+        flags: &["--gen-all"],
+    },
+];
 
 /// Regenerates every schema's Rust code under `root` (the workspace root); with `check`, writes nothing and
 /// fails if any committed file differs from what the pinned `flatc` generates.
@@ -76,6 +88,7 @@ fn generate(flatc: &Path, root: &Path, schema: &Schema, scratch: &Path) -> Resul
     fs::create_dir_all(&out_dir).with_context(|| format!("creating {}", out_dir.display()))?;
     let output = Command::new(flatc)
         .arg("--rust")
+        .args(schema.flags)
         .arg("-o")
         .arg(&out_dir)
         .arg(&fbs)

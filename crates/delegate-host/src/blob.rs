@@ -39,6 +39,10 @@ fn names(header: &Header, role: Role) -> Vec<&str> {
 
 pub fn inspect(path: &Path, json: bool) -> Result<(), Failure> {
     let file = open(path)?;
+    // An ExecuTorch program (`ET??` at bytes 4..8) is read as one, with each delegate's blob inside it.
+    if pte_format::is_program(file.bytes()) {
+        return crate::pte::inspect(path, file.bytes(), json);
+    }
     let blob = parse(path, &file)?;
     let h = &blob.header;
     if json {

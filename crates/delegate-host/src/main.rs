@@ -7,6 +7,7 @@
 
 mod blob;
 mod plugins;
+mod pte;
 mod run;
 
 use std::io::{IsTerminal, Write};
@@ -29,9 +30,11 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Print what a blob says: format, backend, bindings in delegate-argument order, aliases, engine extent.
+    /// Print what a blob says: format, backend, bindings in delegate-argument order, aliases, engine extent;
+    /// or what an ExecuTorch program (.pte) holds: methods, delegate calls with their blobs, mutable buffers,
+    /// operators.
     Inspect {
-        /// The blob file.
+        /// The blob or .pte file.
         blob: PathBuf,
         /// Print one JSON object instead of text.
         #[arg(long)]

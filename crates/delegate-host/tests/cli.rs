@@ -508,3 +508,193 @@ fn plugins_table_and_json_name_every_candidate_with_its_status() {
     assert_eq!(json[3]["embedded"], true);
     assert_eq!(json[3]["path"], Value::Null);
 }
+
+// ExecuTorch programs (.pte): `inspect` reads the container and the blob in each delegate.
+
+fn pte_fixture(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../pte-format/tests/fixtures").join(name)
+}
+
+#[test]
+fn inspect_json_reads_an_executorch_program_and_the_blobs_of_its_delegates() {
+    // The same KV decoder written by pte-format's test builder and by ExecuTorch 1.5.1's own serializer.
+    for name in ["kv_decoder.pte", "et_1_5_1_kv_decoder.pte"] {
+        let pte = stdout_json(&run(host().args(["inspect", "--json"]).arg(pte_fixture(name))));
+        assert_eq!(pte["format"], "pte", "{name}");
+        assert_eq!(pte["identifier"], "ET12");
+        assert_eq!(pte["extended_header"]["length"], 32);
+        assert_eq!(pte["segments"].as_array().map(Vec::len), Some(2));
+        let forward = &pte["methods"][0];
+        assert_eq!(forward["name"], "forward");
+        let values = |key: &str| -> Vec<Value> {
+            forward[key].as_array().expect(key).iter().map(|v| v["value"].clone()).collect()
+        };
+        assert_eq!(values("inputs"), [serde_json::json!(0), serde_json::json!(1)]);
+        assert_eq!(forward["inputs"][0]["tensor"]["scalar_type"], "Long");
+        assert_eq!(forward["inputs"][0]["tensor"]["sizes"], serde_json::json!([1, 1]));
+        assert_eq!(values("outputs"), [serde_json::json!(7)]);
+        assert_eq!(forward["outputs"][0]["tensor"]["sizes"], serde_json::json!([1, 1, 32]));
+
+        let buffers = &forward["mutable_buffers"];
+        assert_eq!(buffers[0]["name"], "k_cache");
+        assert_eq!(
+            (&buffers[0]["mem_id"], &buffers[0]["offset"]),
+            (&serde_json::json!(2), &serde_json::json!(0))
+        );
+        assert_eq!(buffers[0]["tensor"]["nbytes"], 1024);
+        assert_eq!(
+            buffers[0]["write_backs"],
+            serde_json::json!([{"instruction": "chains[0].instructions[1]", "src": 4}])
+        );
+        assert_eq!(buffers[1]["name"], "v_cache");
+        assert_eq!(buffers[1]["offset"], 1024);
+
+        let call = &forward["delegate_calls"][0];
+        assert_eq!(call["instruction"], "chains[0].instructions[0]");
+        assert_eq!(call["backend"], "ReferenceBackend");
+        assert_eq!(call["args"], serde_json::json!([1, 0, 2, 3, 4, 5, 6]));
+        assert_eq!(call["payload"]["location"], "segment");
+        assert_eq!(call["payload"]["index"], 1);
+        assert_eq!(call["payload"]["offset"], pte["extended_header"]["segment_base_offset"]);
+        assert_eq!(call["compile_specs"], serde_json::json!([{"key": "max_seq_len", "size": 2}]));
+        let blob = &call["blob"];
+        assert_eq!(
+            (&blob["format"], &blob["version"]),
+            (&serde_json::json!("native"), &serde_json::json!("1.0"))
+        );
+        assert_eq!(blob["backend"], "ReferenceBackend");
+        assert_eq!(blob["payload_kind"], "reference-graph");
+        // Each threaded binding is matched with the DelegateCall argument at its position.
+        assert_eq!(blob["bindings"][0]["name"], "input_pos");
+        assert_eq!(
+            (&blob["bindings"][0]["arg"], &blob["bindings"][0]["value"]),
+            (&serde_json::json!(0), &serde_json::json!(1))
+        );
+        assert_eq!(blob["bindings"][2]["name"], "k_cache");
+        assert_eq!(blob["bindings"][2]["value"], 2);
+        assert_eq!(blob["bindings"][2]["shape"], serde_json::json!([1, 2, 16, 8]));
+        assert_eq!(
+            blob["aliases"][0],
+            serde_json::json!({"output": "k_cache_out", "input": "k_cache", "kind": "kv_cache_update"})
+        );
+
+        let ops: Vec<_> = forward["operators"]
+            .as_array()
+            .expect("operators")
+            .iter()
+            .map(|o| {
+                format!(
+                    "{}.{} {}",
+                    o["name"].as_str().unwrap_or(""),
+                    o["overload"].as_str().unwrap_or(""),
+                    o["args"]
+                )
+            })
+            .collect();
+        assert_eq!(ops, ["aten::copy_. [2,4,9,2]", "aten::copy_. [3,5,9,3]", "aten::clone.out [6,8,7]"]);
+        assert_eq!(forward["instructions"].as_array().map(Vec::len), Some(4));
+    }
+}
+
+#[test]
+fn inspect_text_shows_methods_buffers_delegate_calls_and_operators() {
+    let out = run(host().arg("inspect").arg(pte_fixture("et_1_5_1_kv_decoder.pte")));
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let text = String::from_utf8_lossy(&out.stdout);
+    let has = |line_start: &str| text.lines().any(|l| l.trim_start().starts_with(line_start));
+    assert!(text.starts_with("format:   pte ET12 (schema version 0)\n"), "{text}");
+    assert!(has("method forward"), "{text}");
+    assert!(has("[0] v0   Long [1, 1]  mem 1 @ 0"), "{text}");
+    assert!(
+        has("v2   k_cache  Float [1, 2, 16, 8]  mem 2 @ 0  1024 bytes; written back from v4 by aten::copy_ at chains[0].instructions[1]"),
+        "{text}"
+    );
+    assert!(has("chains[0].instructions[0]  delegate 0  ReferenceBackend"), "{text}");
+    assert!(has("args:     v1 v0 v2 v3 v4 v5 v6"), "{text}");
+    assert!(
+        has("blob:     native 1.0, backend ReferenceBackend, payload reference-graph (300 bytes)"),
+        "{text}"
+    );
+    assert!(
+        text.lines().any(|l| l.contains("arg  2  input  k_cache")
+            && l.ends_with("v2  k_cache  Float [1, 2, 16, 8]  mem 2 @ 0")),
+        "{text}"
+    );
+    assert!(has("k_cache_out <- k_cache (kv_cache_update)"), "{text}");
+    assert!(has("chains[0].instructions[3]  aten::clone.out  (v6 v8 v7)"), "{text}");
+}
+
+#[test]
+fn inspect_pte_reports_a_delegate_payload_it_cannot_read_and_carries_on() {
+    use pte_format::model::DataLocation;
+    let dir = tempfile::tempdir().expect("temp dir");
+    let mut spec = pte_format::testing::kv_decoder_spec(b"");
+    spec.segments = vec![Vec::new()];
+    spec.inline_data = vec![b"XNNPACK payload, not a delegate blob".to_vec()];
+    spec.methods[0].delegates[0].id = "XnnpackBackend".into();
+    spec.methods[0].delegates[0].location = DataLocation::Inline;
+    spec.methods[0].delegates[0].index = 0;
+    let path = dir.path().join("xnnpack.pte");
+    std::fs::write(&path, spec.to_bytes()).expect("write");
+
+    let json = stdout_json(&run(host().args(["inspect", "--json"]).arg(&path)));
+    assert!(json["extended_header"].is_null(), "no segment data, no extended header");
+    let call = &json["methods"][0]["delegate_calls"][0];
+    assert_eq!(call["backend"], "XnnpackBackend");
+    assert_eq!(call["payload"]["location"], "inline");
+    assert!(call.get("blob").is_none());
+    assert_eq!(call["blob_error"]["code"], "DelegateInvalidCompatibility");
+    assert!(call["blob_error"]["message"].as_str().is_some_and(|m| m.starts_with("unknown blob magic")));
+
+    let out = run(host().arg("inspect").arg(&path));
+    assert!(out.status.success());
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("blob:     not read: unknown blob magic [58 4e 4e 50] (hex)"), "{text}");
+    assert!(text.contains("[DelegateInvalidCompatibility]"), "{text}");
+}
+
+#[test]
+fn malformed_programs_exit_2_with_one_named_error_and_names_from_files_are_escaped() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let bytes = std::fs::read(pte_fixture("kv_decoder.pte")).expect("fixture");
+
+    let cut = dir.path().join("cut.pte");
+    std::fs::write(&cut, &bytes[..bytes.len() - 1]).expect("write");
+    let line = one_line_error(&run(host().arg("inspect").arg(&cut)));
+    assert!(
+        line.contains("cut.pte: the segment data (extended header)") && line.ends_with("[InvalidProgram]"),
+        "{line}"
+    );
+
+    let mut future = bytes.clone();
+    future[4..8].copy_from_slice(b"ET13");
+    let et13 = dir.path().join("future.pte");
+    std::fs::write(&et13, &future).expect("write");
+    let line = one_line_error(&run(host().args(["inspect", "--json"]).arg(&et13)));
+    assert!(
+        line.contains("\"ET13\" is not read by this build") && line.ends_with("[NotSupported]"),
+        "{line}"
+    );
+
+    let mut spec = pte_format::testing::kv_decoder_spec(b"payload");
+    spec.methods[0].name = "forward\n\u{1b}[31mred".into();
+    spec.methods[0].delegates[0].index = 9;
+    let bad = dir.path().join("bad.pte");
+    std::fs::write(&bad, spec.to_bytes()).expect("write");
+    let line = one_line_error(&run(host().arg("inspect").arg(&bad)));
+    assert!(
+        line.contains("processed.index is 9, but segments has 2 entries")
+            && line.ends_with("[InvalidProgram]"),
+        "{line}"
+    );
+    assert!(!line.contains('\u{1b}'), "{line}");
+
+    spec.methods[0].delegates[0].index = 1;
+    let named = dir.path().join("named.pte");
+    std::fs::write(&named, spec.to_bytes()).expect("write");
+    let out = run(host().arg("inspect").arg(&named));
+    assert!(out.status.success());
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("method forward\\n\\u{1b}[31mred\n"), "{text}");
+    assert!(!text.contains('\u{1b}'));
+}
