@@ -81,19 +81,34 @@ fn tensorrt_smoke(root: &Path, with_trt: &dyn Fn(Command) -> Command) -> anyhow:
         "the TensorRT plugin is not listed as loaded:\n{listing}"
     );
 
-    let run = with_trt(Command::new(&host))
-        .arg("run")
-        .arg(dir.join("program.toml"))
-        .arg("--plugin-dir")
-        .arg(&debug)
-        .output()?;
-    let stderr = String::from_utf8_lossy(&run.stderr);
-    eprintln!("$ delegate-host run {}: {}", dir.join("program.toml").display(), stderr.trim());
-    anyhow::ensure!(
-        run.status.code() == Some(2) && stderr.trim().lines().count() == 1 && stderr.contains("[NotSupported]"),
-        "without a GPU that TensorRT-RTX supports, `delegate-host run` must fail with one NotSupported line; got {:?}: {stderr}",
-        run.status.code()
-    );
+    // The program as exported keeps its caches in device memory, which a machine without a driver refuses
+    // before any plugin runs; the same program with host caches reaches the plugin's `init`, where TensorRT
+    // itself must refuse cleanly. Both are one `NotSupported` line.
+    let manifest = std::fs::read_to_string(dir.join("program.toml"))?;
+    let host_caches = dir.join("program-host-caches.toml");
+    std::fs::write(&host_caches, manifest.replace("memory = \"device\"", "memory = \"host\""))?;
+    for (program, must_contain) in [
+        (dir.join("program.toml"), "[NotSupported]"),
+        (host_caches, "(TensorRTBackend): init failed: NotSupported"),
+    ] {
+        let run = with_trt(Command::new(&host))
+            .arg("run")
+            .arg(&program)
+            .arg("--plugin-dir")
+            .arg(&debug)
+            .output()?;
+        let stderr = String::from_utf8_lossy(&run.stderr);
+        eprintln!("$ delegate-host run {}: {}", program.display(), stderr.trim());
+        anyhow::ensure!(
+            run.status.code() == Some(2)
+                && stderr.trim().lines().count() == 1
+                && stderr.contains(must_contain)
+                && stderr.trim_end().ends_with("[NotSupported]"),
+            "without a GPU that TensorRT-RTX supports, `delegate-host run` must fail with one NotSupported line \
+             containing {must_contain:?}; got {:?}: {stderr}",
+            run.status.code()
+        );
+    }
     Ok(())
 }
 

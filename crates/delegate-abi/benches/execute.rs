@@ -29,9 +29,6 @@ impl Delegate for NoOp {
     fn info() -> PluginInfo {
         testing::info("noop", "NoOpBackend")
     }
-    fn is_available(&self) -> bool {
-        true
-    }
     fn compatibility(&self, _blob: &[u8]) -> Compatibility {
         Compatibility::Supported
     }

@@ -452,7 +452,8 @@ impl PluginInfoRecordRef {
 pub struct PluginModule {
     /// Metadata; never runs `Delegate::new`.
     pub info: extern "C" fn() -> PluginInfoRecordRef,
-    /// `Delegate::is_available`.
+    /// `Delegate::availability`: `Ok(true)` when available, an error carrying the reason when not (`Ok(false)`
+    /// means "not available" without a reason).
     pub is_available: extern "C" fn() -> RResult<bool, RError>,
     /// `Delegate::compatibility`.
     pub compatibility: extern "C" fn(blob: RSlice<'_, u8>) -> RResult<RCompatibility, RError>,

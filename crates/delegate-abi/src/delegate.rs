@@ -409,8 +409,13 @@ pub trait Delegate: Send + Sync + 'static {
     where
         Self: Sized;
 
-    /// Whether the delegate can run on this machine at all (libraries, devices).
-    fn is_available(&self) -> bool;
+    /// Whether the delegate can run on this machine at all (libraries, devices), and if not, why: an error
+    /// (usually `NotSupported`) whose message a person can act on, e.g. "TensorRT-RTX library not found
+    /// (tried ...); set KV_TENSORRT_LIB". A host lists an unavailable plugin with that reason and never
+    /// initialises it. Cheap and without side effects; the default is available.
+    fn availability(&self) -> Result<(), DelegateError> {
+        Ok(())
+    }
 
     /// A header-only answer about `blob`, cheap and without side effects.
     fn compatibility(&self, blob: &[u8]) -> Compatibility;

@@ -181,7 +181,8 @@ extern "C" fn info_entry<E: Exported>() -> PluginInfoRecordRef {
 }
 
 extern "C" fn is_available_entry<E: Exported>() -> RResult<bool, RError> {
-    guarded::<E, _>("is_available", |d| Ok(d.is_available()))
+    // An unavailable delegate answers with its reason; `false` without a reason is what older plugins say.
+    guarded::<E, _>("is_available", |d| d.availability().map(|()| true))
 }
 
 extern "C" fn compatibility_entry<E: Exported>(blob: RSlice<'_, u8>) -> RResult<RCompatibility, RError> {

@@ -34,7 +34,6 @@
 //!             binds_aliases_in_place: true,
 //!         }
 //!     }
-//!     fn is_available(&self) -> bool { true }
 //!     fn compatibility(&self, _blob: &[u8]) -> Compatibility { Compatibility::Supported }
 //!     fn init(&self, _ctx: InitContext<'_>) -> Result<(), DelegateError> { Ok(()) }
 //!     fn execute(&self, _h: &mut (), args: &mut ExecuteArgs<'_>) -> Result<(), DelegateError> {

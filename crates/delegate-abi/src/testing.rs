@@ -61,6 +61,11 @@ pub trait Fixture: 'static {
     /// The metadata ([`Delegate::info`]).
     fn info() -> PluginInfo;
 
+    /// [`Delegate::availability`]; the default is available.
+    fn availability() -> Result<(), DelegateError> {
+        Ok(())
+    }
+
     /// [`Delegate::compatibility`]; the default supports every blob.
     fn compatibility(blob: &[u8]) -> Compatibility {
         let _ = blob;
@@ -144,8 +149,8 @@ impl<F: Fixture> Delegate for Scripted<F> {
         F::info()
     }
 
-    fn is_available(&self) -> bool {
-        true
+    fn availability(&self) -> Result<(), DelegateError> {
+        F::availability()
     }
 
     fn compatibility(&self, blob: &[u8]) -> Compatibility {

@@ -36,10 +36,6 @@ impl Delegate for Probe {
         probe_info()
     }
 
-    fn is_available(&self) -> bool {
-        true
-    }
-
     fn compatibility(&self, _blob: &[u8]) -> Compatibility {
         Compatibility::Supported
     }

@@ -27,6 +27,7 @@ fn candidate_json(c: &Candidate) -> Value {
     let status_text;
     let (status, reason, shadowed_by) = match &c.status {
         Status::Rejected(reason) => ("rejected", Some(reason.as_str()), None),
+        Status::Unavailable(reason) => ("unavailable", Some(reason.as_str()), None),
         Status::Shadowed { by } => (
             "shadowed",
             None,

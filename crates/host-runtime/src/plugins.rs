@@ -52,6 +52,9 @@ pub enum Status {
     Loaded,
     /// Not usable; the reason, one line.
     Rejected(String),
+    /// Loaded, but it says it cannot run on this machine (`Delegate::availability`); the reason, one line.
+    /// It serves no backend.
+    Unavailable(String),
     /// Loaded, but every backend it offers is served by another plugin.
     Shadowed {
         /// The winner's path; `None` when the winner is the embedded plugin.
@@ -64,6 +67,7 @@ impl fmt::Display for Status {
         match self {
             Status::Loaded => f.write_str("loaded"),
             Status::Rejected(reason) => write!(f, "rejected: {reason}"),
+            Status::Unavailable(reason) => write!(f, "unavailable: {reason}"),
             Status::Shadowed { by: Some(path) } => write!(f, "shadowed by {}", path.display()),
             Status::Shadowed { by: None } => f.write_str("shadowed by (embedded)"),
         }
@@ -109,13 +113,28 @@ impl Candidate {
     }
 
     fn loaded(path: Option<PathBuf>, plugin: Plugin) -> Candidate {
+        let status = match plugin.availability() {
+            Ok(()) => Status::Loaded,
+            Err(err) => {
+                tracing::debug!(plugin = %plugin.info().name, "plugin unavailable: {}", err.message);
+                Status::Unavailable(err.message)
+            }
+        };
         Candidate {
             path,
-            status: Status::Loaded,
+            status,
             info: Some(plugin.info().clone()),
             abi_version: Some(plugin.abi_version()),
             serves: vec![],
             plugin: Some(Arc::new(plugin)),
+        }
+    }
+
+    /// The plugin, when it loaded and is available (it may serve backends).
+    fn usable(&self) -> Option<&Arc<Plugin>> {
+        match self.status {
+            Status::Unavailable(_) | Status::Rejected(_) => None,
+            _ => self.plugin.as_ref(),
         }
     }
 }
@@ -209,7 +228,7 @@ impl Registry {
         for candidate in &mut candidates {
             // Decided again below, over every candidate.
             candidate.serves.clear();
-            if candidate.plugin.is_some() {
+            if matches!(candidate.status, Status::Shadowed { .. }) {
                 candidate.status = Status::Loaded;
             }
         }
@@ -224,7 +243,7 @@ impl Registry {
     fn from_candidates(mut candidates: Vec<Candidate>) -> Registry {
         let mut serving: BTreeMap<String, usize> = BTreeMap::new();
         for (index, candidate) in candidates.iter().enumerate() {
-            let Some(plugin) = &candidate.plugin else { continue };
+            let Some(plugin) = candidate.usable() else { continue };
             for backend in &plugin.info().backends {
                 match serving.get(backend) {
                     Some(&current) => {
@@ -244,7 +263,7 @@ impl Registry {
         }
         for index in 0..candidates.len() {
             let candidate = &candidates[index];
-            let Some(plugin) = &candidate.plugin else { continue };
+            let Some(plugin) = candidate.usable() else { continue };
             if candidate.serves.is_empty() {
                 let winner = plugin.info().backends.first().and_then(|b| serving.get(b)).copied();
                 let by = winner.and_then(|w| candidates[w].path.clone());
@@ -269,6 +288,16 @@ impl Registry {
     /// The plugin serving `backend`, if any (a shared handle; the library stays loaded regardless).
     pub fn for_backend(&self, backend: &str) -> Option<Arc<Plugin>> {
         self.serving.get(backend).and_then(|&i| self.candidates[i].plugin.clone())
+    }
+
+    /// Plugins that offer `backend` but said they cannot run on this machine: (name, reason).
+    pub fn unavailable_for<'r>(&'r self, backend: &'r str) -> impl Iterator<Item = (&'r str, &'r str)> + 'r {
+        self.candidates.iter().filter_map(move |c| match (&c.status, &c.info) {
+            (Status::Unavailable(reason), Some(info)) if info.backends.iter().any(|b| b == backend) => {
+                Some((info.name.as_str(), reason.as_str()))
+            }
+            _ => None,
+        })
     }
 
     /// The candidate serving `backend`, if any.

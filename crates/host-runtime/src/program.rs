@@ -14,7 +14,7 @@ use alias_validate::ArgLayout;
 use blob_format::model::{Dim, DisplayShape, Role};
 use blob_format::Blob;
 use delegate_abi::host::{ArgList, Instance, Plugin, Slot};
-use delegate_abi::{DTypeCode, DelegateError, InitContext, MemoryKind};
+use delegate_abi::{Compatibility, DTypeCode, DelegateError, InitContext, MemoryKind};
 use program_manifest::{ArgRef, Location, Manifest, Method, TensorDecl};
 use smallvec::SmallVec;
 
@@ -90,7 +90,7 @@ pub enum Error {
         message: String,
     },
     /// No loaded plugin serves a call's backend.
-    #[error("{manifest}:{location}: no loaded plugin serves backend '{backend}' (loaded: {available}); see `delegate-host plugins`")]
+    #[error("{manifest}:{location}: no loaded plugin serves backend '{backend}' (loaded: {available}){unavailable}; see `delegate-host plugins`")]
     NoPlugin {
         /// The manifest path.
         manifest: PathBuf,
@@ -100,6 +100,18 @@ pub enum Error {
         backend: String,
         /// The backends that are served.
         available: String,
+        /// Plugins that offer the backend but are unavailable, with their reasons (empty, or `; plugin ...`).
+        unavailable: String,
+    },
+    /// The plugin serving a call says it cannot run the call's blob (its header-only compatibility answer).
+    #[error("{path}: plugin {plugin} cannot run this blob: {reason}")]
+    Incompatible {
+        /// The blob path.
+        path: PathBuf,
+        /// The plugin's name.
+        plugin: String,
+        /// Its reason.
+        reason: String,
     },
     /// A delegate refused or failed a call.
     #[error("method '{method}', call {call} ({backend}): {stage} failed: {source}")]
@@ -110,7 +122,7 @@ pub enum Error {
         call: usize,
         /// The backend.
         backend: String,
-        /// `init` or `execute`.
+        /// `compatibility`, `init` or `execute`.
         stage: &'static str,
         /// The delegate's error, with its ExecuTorch code.
         source: DelegateError,
@@ -151,6 +163,7 @@ impl et_error::HasErrorCode for Error {
             Error::Alias { source, .. } => source.error_code(),
             Error::Arguments { .. } => ErrorCode::InvalidArgument,
             Error::NoPlugin { .. } => ErrorCode::NotFound,
+            Error::Incompatible { .. } => ErrorCode::DelegateInvalidCompatibility,
             Error::Delegate { source, .. } => source.code,
             Error::BufferMemory { source, .. } | Error::BufferAccess { source, .. } => source.error_code(),
             Error::Usage(_) => ErrorCode::InvalidArgument,
@@ -552,7 +565,37 @@ fn plan_call(
             backends if backends.is_empty() => "none".to_owned(),
             backends => backends.join(", "),
         },
+        unavailable: registry
+            .unavailable_for(&call.backend)
+            .map(|(name, reason)| format!("; plugin {name} offers it but is unavailable: {reason}"))
+            .collect(),
     })?;
+    // The plugin's own header-only answer, before anything is allocated or initialised.
+    match plugin.compatibility(file.bytes()) {
+        Ok(Compatibility::Supported) => {}
+        Ok(Compatibility::RebuildRecommended { reason }) => {
+            tracing::warn!(blob = %call.blob.display(), plugin = %plugin.info().name, "rebuild recommended: {reason}");
+        }
+        Ok(Compatibility::Unsupported { reason }) => {
+            return Err(Error::Incompatible {
+                path: call.blob.clone(),
+                plugin: plugin.info().name.clone(),
+                reason,
+            })
+        }
+        Err(source) => {
+            return Err(Error::Delegate {
+                method: method.name.clone(),
+                call: index,
+                backend: call.backend.clone(),
+                stage: "compatibility",
+                source,
+            })
+        }
+    }
+    // A plugin that does not bind aliased outputs in place gets a separate output slot that the host writes
+    // back (copy-back), whatever the program's mode: an in-place slot would hand it one storage twice.
+    let mode = if plugin.info().binds_aliases_in_place { mode } else { Mode::CopyBack };
 
     let layout =
         ArgLayout::new(header, &plan).map_err(|source| Error::Alias { path: call.blob.clone(), source })?;

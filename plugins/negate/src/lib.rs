@@ -61,10 +61,6 @@ impl Delegate for NegateDelegate {
         }
     }
 
-    fn is_available(&self) -> bool {
-        true
-    }
-
     fn compatibility(&self, _blob: &[u8]) -> Compatibility {
         Compatibility::Supported
     }

@@ -384,10 +384,6 @@ impl Delegate for ReferenceDelegate {
         }
     }
 
-    fn is_available(&self) -> bool {
-        true
-    }
-
     fn compatibility(&self, blob: &[u8]) -> Compatibility {
         let parsed = match Blob::parse(blob) {
             Ok(parsed) => parsed,

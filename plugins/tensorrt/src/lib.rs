@@ -128,8 +128,8 @@ impl Delegate for TensorRtDelegate {
         }
     }
 
-    fn is_available(&self) -> bool {
-        trt_exec::library::load().is_ok()
+    fn availability(&self) -> Result<(), DelegateError> {
+        trt_exec::library::load().map(drop).map_err(|err| DelegateError::not_supported(err.to_string()))
     }
 
     fn compatibility(&self, blob: &[u8]) -> Compatibility {

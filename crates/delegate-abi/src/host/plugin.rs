@@ -161,9 +161,21 @@ impl Plugin {
         self.inner.path.as_deref()
     }
 
-    /// `Delegate::is_available`. A poisoned plugin is not available.
+    /// Whether [`Plugin::availability`] is `Ok`. A poisoned plugin is not available.
     pub fn is_available(&self) -> bool {
-        matches!((self.inner.module.is_available())(), RResult::ROk(true))
+        self.availability().is_ok()
+    }
+
+    /// Whether the plugin can run on this machine, and if not, the reason it gives (`Delegate::availability`).
+    pub fn availability(&self) -> Result<(), DelegateError> {
+        match (self.inner.module.is_available())() {
+            RResult::ROk(true) => Ok(()),
+            RResult::ROk(false) => Err(DelegateError::not_supported(format!(
+                "plugin {} says it cannot run on this machine (it gives no reason)",
+                self.info().name
+            ))),
+            RResult::RErr(err) => Err(err.into_delegate()),
+        }
     }
 
     /// The message of the panic that poisoned the plugin, if one did.
