@@ -172,23 +172,6 @@ impl fmt::Display for DirectAccess {
     }
 }
 
-/// [`DirectAccess::check`] for a GPU engine: `integrated_gpu` picks [`DirectAccess::INTEGRATED_GPU`], else
-/// [`DirectAccess::DISCRETE_GPU`].
-///
-/// # Errors
-///
-/// [`Error::AliasedInputNotOnDevice`] or [`Error::AliasedInputEmpty`], both
-/// [`et_error::ErrorCode::InvalidArgument`] with upstream's message
-/// `aliased input '<name>' must be on GPU or unified memory`.
-pub fn check_aliased_input(
-    name: &str,
-    residency: Residency,
-    nbytes: u64,
-    integrated_gpu: bool,
-) -> Result<(), Error> {
-    DirectAccess::gpu(integrated_gpu).check(name, residency, nbytes)
-}
-
 #[cfg(test)]
 mod tests {
     use delegate_abi::MemoryKind;

@@ -2,7 +2,7 @@
 //! [`check`] renders what validation decides — the plan, or the error with its ExecuTorch code — for an insta
 //! snapshot. The snapshots are the expected messages users read.
 
-use alias_validate::residency::{check_aliased_input, Residency};
+use alias_validate::residency::{DirectAccess, Residency};
 use alias_validate::{
     validate_format, validate_with_engine, AliasPlan, AliasSource, EngineIntrospect, EngineTensor, Error,
     ValidKind, Warning,
@@ -593,7 +593,7 @@ fn residency_gate() {
     for integrated in [false, true] {
         for residency in Residency::ALL {
             for nbytes in [4096, 0] {
-                let verdict = match check_aliased_input("k_cache", residency, nbytes, integrated) {
+                let verdict = match DirectAccess::gpu(integrated).check("k_cache", residency, nbytes) {
                     Ok(()) => "ok".to_owned(),
                     Err(error) => format!("error {}: {error}", error.error_code()),
                 };
@@ -607,7 +607,8 @@ fn residency_gate() {
 #[test]
 fn host_resident_aliased_input_refused() {
     for residency in [Residency::Host, Residency::PinnedHost] {
-        let error = check_aliased_input("k_cache", residency, 4096, false).expect_err("host on discrete GPU");
+        let error =
+            DirectAccess::gpu(false).check("k_cache", residency, 4096).expect_err("host on discrete GPU");
         assert_eq!(error.error_code(), ErrorCode::InvalidArgument);
         assert!(error.to_string().starts_with("aliased input 'k_cache' must be on GPU or unified memory"));
     }
@@ -617,7 +618,7 @@ fn host_resident_aliased_input_refused() {
 fn zero_byte_aliased_input_refused() {
     for residency in [Residency::Device, Residency::Managed] {
         for integrated in [false, true] {
-            let error = check_aliased_input("v_cache", residency, 0, integrated).expect_err("zero bytes");
+            let error = DirectAccess::gpu(integrated).check("v_cache", residency, 0).expect_err("zero bytes");
             assert_eq!(error, Error::AliasedInputEmpty { name: "v_cache".to_owned() });
             assert_eq!(error.error_code(), ErrorCode::InvalidArgument);
             assert!(error.to_string().contains("aliased input 'v_cache' must be on GPU or unified memory"));
@@ -628,13 +629,13 @@ fn zero_byte_aliased_input_refused() {
 #[test]
 fn integrated_gpu_host_memory_accepted() {
     for residency in Residency::ALL {
-        assert_eq!(check_aliased_input("k_cache", residency, 1, true), Ok(()), "{residency}");
+        assert_eq!(DirectAccess::gpu(true).check("k_cache", residency, 1), Ok(()), "{residency}");
     }
 }
 
 #[test]
 fn device_and_managed_accepted_on_discrete_gpu() {
     for residency in [Residency::Device, Residency::Managed] {
-        assert_eq!(check_aliased_input("k_cache", residency, 1, false), Ok(()), "{residency}");
+        assert_eq!(DirectAccess::gpu(false).check("k_cache", residency, 1), Ok(()), "{residency}");
     }
 }

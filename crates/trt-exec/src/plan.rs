@@ -14,8 +14,8 @@
 //! - The stream is synchronised before `execute` returns when anything was staged, read back or reflected,
 //!   or when the caller gave no stream; with a caller stream and all I/O device-resident, nothing blocks.
 
-use alias_validate::residency::{check_aliased_input, Residency};
-use alias_validate::{AliasPlan, ValidKind};
+use alias_validate::residency::{DirectAccess, Residency};
+use alias_validate::{AliasPlan, ArgAlias, ArgLayout, ValidKind};
 use blob_format::model::{DType, Dim, DisplayShape, Header, Role};
 use et_error::{ErrorCode, HasErrorCode};
 
@@ -288,21 +288,26 @@ impl BindingPlan {
     /// build cannot bind.
     pub fn new(header: &Header, engine: &EngineIo, aliases: &AliasPlan) -> Result<BindingPlan, BindingError> {
         let engine_names = || engine.tensors.iter().map(|t| t.name.as_str()).collect::<Vec<_>>().join(", ");
-        let threaded: Vec<&blob_format::model::Binding> =
-            header.bindings.iter().filter(|b| b.threaded).collect();
-        let arg_of = |name: &str| threaded.iter().position(|b| b.name == name);
-        let mut args = Vec::with_capacity(threaded.len());
+        // Positions, aliased inputs, in-place slots and unthreaded aliased outputs come from the shared layout;
+        // this plan adds what only the engine knows (modes, dtypes, shapes) and where each tensor is bound.
+        let layout = ArgLayout::new(header, aliases).map_err(|err| match err {
+            alias_validate::Error::AliasInputNotThreaded { output, input } => {
+                BindingError::AliasInputNotThreaded { output, input }
+            }
+            other => BindingError::Residency(other),
+        })?;
+        let mut args = Vec::with_capacity(layout.len());
         let mut staging_slots = 0;
-        for binding in &threaded {
-            let tensor = engine.tensor(&binding.name).ok_or_else(|| BindingError::NotInEngine {
-                name: binding.name.clone(),
+        for slot in layout.slots() {
+            let tensor = engine.tensor(&slot.name).ok_or_else(|| BindingError::NotInEngine {
+                name: slot.name.clone(),
                 engine: engine_names(),
             })?;
             let engine_role: Role = tensor.mode.into();
-            if engine_role != binding.role {
+            if engine_role != slot.role {
                 return Err(BindingError::RoleMismatch {
-                    name: binding.name.clone(),
-                    blob: binding.role,
+                    name: slot.name.clone(),
+                    blob: slot.role,
                     engine: engine_role,
                 });
             }
@@ -310,59 +315,35 @@ impl BindingPlan {
                 name: tensor.name.clone(),
                 dtype: tensor.dtype.clone(),
             })?;
-            let role = match binding.role {
-                Role::Output => match aliases.alias_for_output(&binding.name) {
-                    Some(alias) => ArgRole::AliasedOutput {
-                        input: alias.input.clone(),
-                        input_arg: arg_of(&alias.input).ok_or_else(|| {
-                            BindingError::AliasInputNotThreaded {
-                                output: alias.output.clone(),
-                                input: alias.input.clone(),
-                            }
-                        })?,
-                        kind: alias.kind,
-                    },
-                    None => {
-                        staging_slots += 1;
-                        ArgRole::Output { staging_slot: staging_slots - 1 }
-                    }
-                },
-                Role::Input => {
-                    let outputs: Vec<String> = aliases
-                        .aliases()
-                        .iter()
-                        .filter(|a| a.input == binding.name)
-                        .map(|a| a.output.clone())
-                        .collect();
-                    if outputs.is_empty() {
-                        staging_slots += 1;
-                        ArgRole::Input { staging_slot: staging_slots - 1 }
-                    } else {
-                        ArgRole::AliasedInput { outputs }
+            let role = match slot.alias {
+                ArgAlias::InPlace { alias, input_arg, kind } => {
+                    ArgRole::AliasedOutput { input: aliases.aliases()[alias].input.clone(), input_arg, kind }
+                }
+                ArgAlias::Target { alias, .. } => {
+                    ArgRole::AliasedInput { outputs: vec![aliases.aliases()[alias].output.clone()] }
+                }
+                ArgAlias::None => {
+                    staging_slots += 1;
+                    match slot.role {
+                        Role::Input => ArgRole::Input { staging_slot: staging_slots - 1 },
+                        Role::Output => ArgRole::Output { staging_slot: staging_slots - 1 },
                     }
                 }
             };
-            args.push(ArgBinding { tensor: binding.name.clone(), dtype, shape: tensor.dims(), role });
+            args.push(ArgBinding { tensor: slot.name.clone(), dtype, shape: tensor.dims(), role });
         }
         let mut unthreaded = Vec::new();
         for tensor in &engine.tensors {
-            if threaded.iter().any(|b| b.name == tensor.name) {
+            if layout.position(&tensor.name).is_some() {
                 continue;
             }
             let role: Role = tensor.mode.into();
-            match aliases.alias_for_output(&tensor.name) {
-                Some(alias) if role == Role::Output => {
-                    let input_arg =
-                        arg_of(&alias.input).ok_or_else(|| BindingError::AliasInputNotThreaded {
-                            output: alias.output.clone(),
-                            input: alias.input.clone(),
-                        })?;
-                    unthreaded.push(UnthreadedOutput {
-                        tensor: tensor.name.clone(),
-                        input: alias.input.clone(),
-                        input_arg,
-                    });
-                }
+            match layout.unthreaded().iter().find(|u| u.output == tensor.name) {
+                Some(alias) if role == Role::Output => unthreaded.push(UnthreadedOutput {
+                    tensor: tensor.name.clone(),
+                    input: aliases.aliases()[alias.alias].input.clone(),
+                    input_arg: alias.input_arg,
+                }),
                 _ => return Err(BindingError::Unbound { name: tensor.name.clone(), role }),
             }
         }
@@ -456,7 +437,7 @@ impl BindingPlan {
         // The residency gate: before any staging or zero-byte decision.
         for (binding, arg) in self.args.iter().zip(args) {
             if let ArgRole::AliasedInput { .. } = binding.role {
-                check_aliased_input(&binding.tensor, arg.residency, arg.nbytes, integrated_gpu)?;
+                DirectAccess::gpu(integrated_gpu).check(&binding.tensor, arg.residency, arg.nbytes)?;
             }
         }
         for (index, (binding, arg)) in self.args.iter().zip(args).enumerate() {

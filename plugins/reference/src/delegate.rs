@@ -4,7 +4,7 @@
 //! ## The aliased-output contract
 //!
 //! A `KvCacheUpdate` output aliases its cache input. Per call:
-//! 1. every aliased input passes the residency gate ([`alias_validate::residency::check_aliased_input`]);
+//! 1. every aliased input passes the residency gate ([`alias_validate::residency::DirectAccess::check`], with [`DIRECT_ACCESS`]);
 //! 2. the graph runs; the update lands in the **caller's** cache argument (it is the cache's only storage);
 //! 3. for each threaded aliased output whose slot is the input's own storage (the host bound it in place),
 //!    nothing more happens: zero bytes copied;
