@@ -174,12 +174,11 @@ mod tests {
     use super::*;
 
     fn header(bindings: Vec<Binding>, aliases: &[(&str, &str)]) -> Header {
-        Header {
-            producer: None,
-            backend_id: "B".into(),
-            payload_kind: PayloadKind::TensorRtPlan,
+        Header::new(
+            "B",
+            PayloadKind::TensorRtPlan,
             bindings,
-            aliases: aliases
+            aliases
                 .iter()
                 .map(|(output, input)| Alias {
                     output: (*output).into(),
@@ -187,12 +186,7 @@ mod tests {
                     kind: AliasKind::KvCacheUpdate,
                 })
                 .collect(),
-            device_id: 0,
-            hardware_compatible: false,
-            hardware_target: None,
-            engine_library_version: None,
-            engine_metadata: None,
-        }
+        )
     }
 
     fn unthreaded(name: &str) -> Binding {

@@ -91,18 +91,7 @@ fn header() -> impl Strategy<Value = Header> {
                 .collect();
             bindings.extend(extra_binding);
             aliases.extend(extra_alias);
-            Header {
-                producer: None,
-                backend_id: "TensorRTBackend".to_owned(),
-                payload_kind: PayloadKind::TensorRtPlan,
-                bindings,
-                aliases,
-                device_id: 0,
-                hardware_compatible: false,
-                hardware_target: None,
-                engine_library_version: None,
-                engine_metadata: None,
-            }
+            Header::new("TensorRTBackend", PayloadKind::TensorRtPlan, bindings, aliases)
         })
 }
 

@@ -59,11 +59,10 @@ fn lines(text: &str) -> impl Iterator<Item = &str> {
 
 /// A header from binding lines and alias lines `OUTPUT -> INPUT [KIND]` (no kind: the default).
 fn header(bindings: &str, aliases: &str) -> Header {
-    Header {
-        producer: None,
-        backend_id: "TensorRTBackend".to_owned(),
-        payload_kind: PayloadKind::TensorRtPlan,
-        bindings: lines(bindings)
+    Header::new(
+        "TensorRTBackend",
+        PayloadKind::TensorRtPlan,
+        lines(bindings)
             .map(parse_tensor)
             .map(|t| Binding {
                 name: t.name,
@@ -73,7 +72,7 @@ fn header(bindings: &str, aliases: &str) -> Header {
                 threaded: t.threaded,
             })
             .collect(),
-        aliases: lines(aliases)
+        lines(aliases)
             .map(|line| {
                 let words: Vec<&str> = line.split_whitespace().collect();
                 let [output, "->", input, rest @ ..] = words.as_slice() else {
@@ -83,12 +82,7 @@ fn header(bindings: &str, aliases: &str) -> Header {
                 Alias { output: (*output).to_owned(), input: (*input).to_owned(), kind }
             })
             .collect(),
-        device_id: 0,
-        hardware_compatible: false,
-        hardware_target: None,
-        engine_library_version: None,
-        engine_metadata: None,
-    }
+    )
 }
 
 /// An engine described by data, as `trt-exec` or the reference delegate would report a real one.

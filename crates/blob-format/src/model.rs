@@ -343,6 +343,29 @@ pub struct Header {
 }
 
 impl Header {
+    /// A header for `backend_id` with these bindings (in delegate-argument order) and aliases, and every other
+    /// field at its default: no producer, device 0, not hardware-compatible, no target, library version or
+    /// engine metadata. Set those fields afterwards when they matter.
+    pub fn new(
+        backend_id: impl Into<String>,
+        payload_kind: PayloadKind,
+        bindings: Vec<Binding>,
+        aliases: Vec<Alias>,
+    ) -> Header {
+        Header {
+            producer: None,
+            backend_id: backend_id.into(),
+            payload_kind,
+            bindings,
+            aliases,
+            device_id: 0,
+            hardware_compatible: false,
+            hardware_target: None,
+            engine_library_version: None,
+            engine_metadata: None,
+        }
+    }
+
     /// Threaded bindings of the given role, in delegate-argument order.
     pub fn threaded(&self, role: Role) -> impl Iterator<Item = &Binding> + '_ {
         self.bindings.iter().filter(move |b| b.threaded && b.role == role)

@@ -192,87 +192,58 @@ impl et_error::HasErrorCode for UnknownCode {
 #[derive(Clone, Copy, PartialEq, Eq, Hash, StableAbi)]
 pub struct RawDType(u8);
 
-impl RawDType {
-    /// The byte.
-    pub const fn get(self) -> u8 {
-        self.0
-    }
-}
-
-impl From<DTypeCode> for RawDType {
-    fn from(code: DTypeCode) -> RawDType {
-        RawDType(code as u8)
-    }
-}
-
-impl TryFrom<u8> for DTypeCode {
-    type Error = UnknownCode;
-
-    fn try_from(byte: u8) -> Result<DTypeCode, UnknownCode> {
-        DTypeCode::ALL.get(usize::from(byte)).copied().ok_or(UnknownCode { kind: CodeKind::DType, byte })
-    }
-}
-
-impl TryFrom<RawDType> for DTypeCode {
-    type Error = UnknownCode;
-
-    fn try_from(raw: RawDType) -> Result<DTypeCode, UnknownCode> {
-        DTypeCode::try_from(raw.0)
-    }
-}
-
-impl fmt::Debug for RawDType {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match DTypeCode::try_from(*self) {
-            Ok(code) => write!(f, "{code}"),
-            Err(_) => write!(f, "unknown dtype code {}", self.0),
-        }
-    }
-}
-
 /// A [`MemoryKind`] as it crosses: one byte that may hold any value, so reading it from the other side is
 /// never undefined behaviour. Made only from a [`MemoryKind`]; decoded with `MemoryKind::try_from`.
 #[repr(transparent)]
 #[derive(Clone, Copy, PartialEq, Eq, Hash, StableAbi)]
 pub struct RawMemoryKind(u8);
 
-impl RawMemoryKind {
-    /// The byte.
-    pub const fn get(self) -> u8 {
-        self.0
-    }
-}
-
-impl From<MemoryKind> for RawMemoryKind {
-    fn from(kind: MemoryKind) -> RawMemoryKind {
-        RawMemoryKind(kind as u8)
-    }
-}
-
-impl TryFrom<u8> for MemoryKind {
-    type Error = UnknownCode;
-
-    fn try_from(byte: u8) -> Result<MemoryKind, UnknownCode> {
-        MemoryKind::ALL.get(usize::from(byte)).copied().ok_or(UnknownCode { kind: CodeKind::Memory, byte })
-    }
-}
-
-impl TryFrom<RawMemoryKind> for MemoryKind {
-    type Error = UnknownCode;
-
-    fn try_from(raw: RawMemoryKind) -> Result<MemoryKind, UnknownCode> {
-        MemoryKind::try_from(raw.0)
-    }
-}
-
-impl fmt::Debug for RawMemoryKind {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match MemoryKind::try_from(*self) {
-            Ok(kind) => write!(f, "{kind}"),
-            Err(_) => write!(f, "unknown memory kind code {}", self.0),
+/// The conversions of a one-byte wire code `$raw` for the enum `$code` (whose `ALL` lists it in code order):
+/// made only from a `$code`, decoded with `TryFrom`, printed as the value or as the unknown byte.
+macro_rules! raw_code {
+    ($raw:ident, $code:ident, $kind:expr, $what:literal) => {
+        impl $raw {
+            /// The byte.
+            pub const fn get(self) -> u8 {
+                self.0
+            }
         }
-    }
+
+        impl From<$code> for $raw {
+            fn from(code: $code) -> $raw {
+                $raw(code as u8)
+            }
+        }
+
+        impl TryFrom<u8> for $code {
+            type Error = UnknownCode;
+
+            fn try_from(byte: u8) -> Result<$code, UnknownCode> {
+                $code::ALL.get(usize::from(byte)).copied().ok_or(UnknownCode { kind: $kind, byte })
+            }
+        }
+
+        impl TryFrom<$raw> for $code {
+            type Error = UnknownCode;
+
+            fn try_from(raw: $raw) -> Result<$code, UnknownCode> {
+                $code::try_from(raw.0)
+            }
+        }
+
+        impl fmt::Debug for $raw {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                match $code::try_from(*self) {
+                    Ok(code) => write!(f, "{code}"),
+                    Err(_) => write!(f, concat!("unknown ", $what, " code {}"), self.0),
+                }
+            }
+        }
+    };
 }
+
+raw_code!(RawDType, DTypeCode, CodeKind::DType, "dtype");
+raw_code!(RawMemoryKind, MemoryKind, CodeKind::Memory, "memory kind");
 
 /// [`TensorArg::flags`] bit: the delegate may write the bytes (outputs, and inputs that an output aliases).
 pub const ARG_WRITABLE: u32 = 1 << 0;

@@ -4,7 +4,7 @@
 use std::io::Write;
 use std::path::Path;
 
-use blob_format::model::{Dim, DisplayShape, Header, Role};
+use blob_format::model::{Alias, Binding, Dim, DisplayShape, Header, Role};
 use blob_format::Blob;
 use clap::ValueEnum;
 use et_error::{ErrorCode, HasErrorCode};
@@ -116,26 +116,38 @@ pub fn inspect(path: &Path, json: bool) -> Result<(), Failure> {
         } else {
             "  (not threaded)".to_owned()
         };
-        let dtype = b.dtype.map_or("?".to_owned(), |d| d.to_string());
-        let shape = b.shape.as_ref().map_or("?".to_owned(), |s| DisplayShape(s).to_string());
+        let (dtype, shape) = dtype_and_shape(b);
         let _ =
             writeln!(out, "  {arg}  {:<6} {:<24} {dtype:<5} {shape}", b.role.as_str(), printable(&b.name));
     }
-    if h.aliases.is_empty() {
-        let _ = writeln!(out, "aliases:  none");
-    } else {
-        let _ = writeln!(out, "aliases:");
-        for a in &h.aliases {
-            let _ = writeln!(
-                out,
-                "  {} <- {} ({})",
-                printable(&a.output),
-                printable(&a.input),
-                printable(a.kind.as_str())
-            );
-        }
-    }
+    write_aliases(&mut out, "", &h.aliases);
     emit(&out)
+}
+
+/// A binding's dtype and shape as `inspect` prints them (`?` where the blob does not record them).
+pub(crate) fn dtype_and_shape(binding: &Binding) -> (String, String) {
+    let dtype = binding.dtype.map_or("?".to_owned(), |d| d.to_string());
+    let shape = binding.shape.as_ref().map_or("?".to_owned(), |s| DisplayShape(s).to_string());
+    (dtype, shape)
+}
+
+/// The alias table as `inspect` prints it, every line starting with `indent`.
+pub(crate) fn write_aliases(out: &mut String, indent: &str, aliases: &[Alias]) {
+    use std::fmt::Write as _;
+    if aliases.is_empty() {
+        let _ = writeln!(out, "{indent}aliases:  none");
+        return;
+    }
+    let _ = writeln!(out, "{indent}aliases:");
+    for a in aliases {
+        let _ = writeln!(
+            out,
+            "{indent}  {} <- {} ({})",
+            printable(&a.output),
+            printable(&a.input),
+            printable(a.kind.as_str())
+        );
+    }
 }
 
 pub fn validate(path: &Path) -> Result<(), Failure> {

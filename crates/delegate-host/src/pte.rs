@@ -4,7 +4,7 @@
 use std::fmt::Write as _;
 use std::path::Path;
 
-use blob_format::model::{Dim, DisplayShape};
+use blob_format::model::Dim;
 use blob_format::Blob;
 use et_error::HasErrorCode;
 use pte_format::model::{Delegate, DelegateCall, InstructionRef, Method, Tensor, Value};
@@ -188,8 +188,7 @@ fn delegate_call_text(out: &mut String, method: &Method<'_>, at: InstructionRef,
                 } else {
                     ("  (not threaded)".to_owned(), String::new())
                 };
-                let dtype = b.dtype.map_or("?".to_owned(), |d| d.to_string());
-                let shape = b.shape.as_ref().map_or("?".to_owned(), |s| DisplayShape(s).to_string());
+                let (dtype, shape) = crate::blob::dtype_and_shape(b);
                 let _ = writeln!(
                     out,
                     "        {arg}  {:<6} {:<16} {dtype:<5} {shape:<14} {value}",
@@ -197,20 +196,7 @@ fn delegate_call_text(out: &mut String, method: &Method<'_>, at: InstructionRef,
                     printable(&b.name)
                 );
             }
-            if h.aliases.is_empty() {
-                let _ = writeln!(out, "      aliases:  none");
-            } else {
-                let _ = writeln!(out, "      aliases:");
-                for a in &h.aliases {
-                    let _ = writeln!(
-                        out,
-                        "        {} <- {} ({})",
-                        printable(&a.output),
-                        printable(&a.input),
-                        printable(a.kind.as_str())
-                    );
-                }
-            }
+            crate::blob::write_aliases(out, "      ", &h.aliases);
         }
     }
 }

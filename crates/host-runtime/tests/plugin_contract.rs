@@ -81,22 +81,16 @@ fn program(dir: &Path) -> PathBuf {
         shape: Some(vec![Dim::Static(4)]),
         threaded: true,
     };
-    let header = Header {
-        producer: None,
-        backend_id: "SlotBackend".to_owned(),
-        payload_kind: PayloadKind::Other("test".to_owned()),
-        bindings: vec![binding("cache", Role::Input), binding("cache_out", Role::Output)],
-        aliases: vec![Alias {
+    let header = Header::new(
+        "SlotBackend",
+        PayloadKind::Other("test".to_owned()),
+        vec![binding("cache", Role::Input), binding("cache_out", Role::Output)],
+        vec![Alias {
             output: "cache_out".to_owned(),
             input: "cache".to_owned(),
             kind: AliasKind::KvCacheUpdate,
         }],
-        device_id: 0,
-        hardware_compatible: false,
-        hardware_target: None,
-        engine_library_version: None,
-        engine_metadata: None,
-    };
+    );
     std::fs::write(dir.join("slot.blob"), blob_format::native::to_vec(&header, b"payload")).expect("blob");
     let manifest = dir.join("program.toml");
     std::fs::write(

@@ -54,6 +54,7 @@
 mod error;
 pub mod export;
 mod network;
+pub mod samples;
 
 pub use error::{Error, Result};
 pub use network::{build_engine, BinaryOp, BuildOptions, BuiltEngine, NetworkDesc, Node, Op, UnaryOp};

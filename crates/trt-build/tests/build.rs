@@ -1,10 +1,11 @@
 //! Building against the real TensorRT-RTX library (ahead of time, on CPU). The tests fail, naming
 //! `cargo xtask test`, when `KV_TENSORRT_LIB` is unset (`KV_SKIP_TENSORRT_TESTS=1` skips them explicitly).
 
-use blob_format::model::{AliasKind, DType, Format, Role};
+use blob_format::model::{AliasKind, Format, Role};
 use blob_format::Blob;
 use et_error::{ErrorCode, HasErrorCode};
-use trt_build::{build_engine, BinaryOp, BuildOptions, NetworkDesc, Node, Op};
+use trt_build::samples::KV_SINGLE_ORDER as ORDER;
+use trt_build::{build_engine, BuildOptions};
 use trt_exec::{AliasPair, PlanKind};
 
 /// Panics (fails the test) unless the TensorRT-RTX library is configured; returns `false` only when the
@@ -24,41 +25,12 @@ fn require_tensorrt() -> bool {
     );
 }
 
-fn node(name: &str, op: Op) -> Node {
-    Node { name: name.to_owned(), op }
-}
-
-/// One KV cache, as upstream's `tr02_kv_cache.blob`: `k_cache_out` aliases `k_cache`, plus `logits`.
-fn kv_single() -> NetworkDesc {
-    let two = 2.0f32.to_le_bytes().to_vec();
-    NetworkDesc {
-        nodes: vec![
-            node("k_cache", Op::Input { dtype: DType::F32, shape: vec![1, 2, 16, 8] }),
-            node("update", Op::Input { dtype: DType::F32, shape: vec![1, 2, 1, 8] }),
-            node("write_idx", Op::Input { dtype: DType::I32, shape: vec![1] }),
-            node(
-                "k_cache_out",
-                Op::KvCacheUpdate {
-                    cache: "k_cache".into(),
-                    update: "update".into(),
-                    write_indices: "write_idx".into(),
-                },
-            ),
-            node("two", Op::Constant { dtype: DType::F32, shape: vec![1, 1, 1, 1], data: two }),
-            node("logits", Op::ElementWise { a: "update".into(), b: "two".into(), op: BinaryOp::Mul }),
-        ],
-        outputs: vec!["k_cache_out".into(), "logits".into()],
-    }
-}
-
-const ORDER: [&str; 5] = ["k_cache", "update", "write_idx", "k_cache_out", "logits"];
-
 #[test]
 fn network_errors_name_the_node() {
     if !require_tensorrt() {
         return;
     }
-    let mut net = kv_single();
+    let mut net = trt_build::samples::kv_single();
     net.nodes.retain(|n| n.name != "write_idx");
     let err = build_engine(&net, &BuildOptions::default()).expect_err("unknown tensor");
     assert_eq!(err.to_string(), "network description, node 'k_cache_out': uses unknown tensor 'write_idx'");
@@ -70,7 +42,8 @@ fn a_kv_cache_layer_builds_on_cpu_and_its_alias_is_tensorrts() {
     if !require_tensorrt() {
         return;
     }
-    let built = build_engine(&kv_single(), &BuildOptions::default()).expect("builds on CPU");
+    let built =
+        build_engine(&trt_build::samples::kv_single(), &BuildOptions::default()).expect("builds on CPU");
     assert_eq!(trt_exec::sniff_plan(&built.plan), PlanKind::TensorRtRtx);
     assert_eq!(built.io.aliases, [AliasPair { output: "k_cache_out".into(), input: "k_cache".into() }]);
     assert!(built.io.library.as_deref().is_some_and(|v| v.starts_with("TensorRT-RTX 1.7")));

@@ -15,27 +15,21 @@ fn fixture(name: &str) -> EngineIo {
 
 /// A header binding `order` (inputs must come first in `order` only if the test wants TR02 compatibility).
 fn header(io: &EngineIo, order: &[&str], aliases: &[(&str, &str, AliasKind)]) -> Header {
-    Header {
-        producer: None,
-        backend_id: "TensorRTBackend".into(),
-        payload_kind: PayloadKind::TensorRtPlan,
-        bindings: order
+    Header::new(
+        "TensorRTBackend",
+        PayloadKind::TensorRtPlan,
+        order
             .iter()
             .map(|name| {
                 let t = io.tensor(name).expect("fixture tensor");
                 Binding::untyped(*name, t.mode.into())
             })
             .collect(),
-        aliases: aliases
+        aliases
             .iter()
             .map(|(o, i, k)| Alias { output: (*o).into(), input: (*i).into(), kind: k.clone() })
             .collect(),
-        device_id: 0,
-        hardware_compatible: false,
-        hardware_target: None,
-        engine_library_version: None,
-        engine_metadata: None,
-    }
+    )
 }
 
 fn plan(io: &EngineIo, header: &Header) -> BindingPlan {

@@ -21,25 +21,15 @@ fn kv_single() -> EngineIo {
 fn kv_plan() -> (EngineIo, BindingPlan) {
     let io = kv_single();
     let order = ["k_cache", "update", "write_idx", "k_cache_out", "logits"];
-    let header = Header {
-        producer: None,
-        backend_id: "TensorRTBackend".into(),
-        payload_kind: PayloadKind::TensorRtPlan,
-        bindings: order
+    let header = Header::new(
+        "TensorRTBackend",
+        PayloadKind::TensorRtPlan,
+        order
             .iter()
             .map(|n| Binding::untyped(*n, io.tensor(n).expect("fixture tensor").mode.into()))
             .collect(),
-        aliases: vec![Alias {
-            output: "k_cache_out".into(),
-            input: "k_cache".into(),
-            kind: AliasKind::KvCacheUpdate,
-        }],
-        device_id: 0,
-        hardware_compatible: false,
-        hardware_target: None,
-        engine_library_version: None,
-        engine_metadata: None,
-    };
+        vec![Alias { output: "k_cache_out".into(), input: "k_cache".into(), kind: AliasKind::KvCacheUpdate }],
+    );
     let aliases = validate_with_engine(&header, &io).expect("validates");
     let plan = BindingPlan::new(&header, &io, &aliases).expect("plans");
     (io, plan)

@@ -30,18 +30,12 @@ fn doubling_blob() -> Vec<u8> {
         shape: Some(vec![Dim::Static(1), Dim::Static(2)]),
         threaded: true,
     };
-    let header = Header {
-        producer: None,
-        backend_id: reference_delegate::BACKEND_ID.to_owned(),
-        payload_kind: PayloadKind::ReferenceGraph,
-        bindings: vec![binding("x", Role::Input), binding("y", Role::Output)],
-        aliases: vec![],
-        device_id: 0,
-        hardware_compatible: false,
-        hardware_target: None,
-        engine_library_version: None,
-        engine_metadata: None,
-    };
+    let header = Header::new(
+        reference_delegate::BACKEND_ID,
+        PayloadKind::ReferenceGraph,
+        vec![binding("x", Role::Input), binding("y", Role::Output)],
+        vec![],
+    );
     blob_format::native::to_vec(&header, &graph.encode())
 }
 

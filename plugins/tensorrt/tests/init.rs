@@ -115,18 +115,12 @@ fn init_on_our_exported_kv_blob_fails_cleanly_through_the_abi() {
 }
 
 fn tr01_with_payload(payload: &[u8]) -> Vec<u8> {
-    let header = Header {
-        producer: None,
-        backend_id: TENSORRT_BACKEND.into(),
-        payload_kind: PayloadKind::TensorRtPlan,
-        bindings: vec![Binding::untyped("input", Role::Input), Binding::untyped("output", Role::Output)],
-        aliases: vec![],
-        device_id: 0,
-        hardware_compatible: false,
-        hardware_target: None,
-        engine_library_version: None,
-        engine_metadata: None,
-    };
+    let header = Header::new(
+        TENSORRT_BACKEND,
+        PayloadKind::TensorRtPlan,
+        vec![Binding::untyped("input", Role::Input), Binding::untyped("output", Role::Output)],
+        vec![],
+    );
     blob_format::upstream::write_tr02(&header, payload).expect("representable")
 }
 

@@ -85,18 +85,7 @@ pub fn full_header() -> Header {
 
 /// The least a blob can say: no producer, no bindings, nothing optional.
 pub fn minimal_header() -> Header {
-    Header {
-        producer: None,
-        backend_id: TENSORRT_BACKEND.into(),
-        payload_kind: PayloadKind::TensorRtPlan,
-        bindings: vec![],
-        aliases: vec![],
-        device_id: 0,
-        hardware_compatible: false,
-        hardware_target: None,
-        engine_library_version: None,
-        engine_metadata: None,
-    }
+    Header::new(TENSORRT_BACKEND, PayloadKind::TensorRtPlan, vec![], vec![])
 }
 
 /// The header of `tr02_kv_cache.blob`, as its README describes it.

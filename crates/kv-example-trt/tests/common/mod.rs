@@ -39,28 +39,6 @@ pub fn decoder_decode() -> NetworkDesc {
     decoder_network(&cfg, &kv_example::Weights::generate(&cfg), 1).expect("the tiny decoder is well-formed")
 }
 
-/// One KV cache, as upstream's `tr02_kv_cache.blob`: `k_cache_out` aliases `k_cache`, plus `logits`.
-pub fn kv_single() -> NetworkDesc {
-    NetworkDesc {
-        nodes: vec![
-            node("k_cache", Op::Input { dtype: DType::F32, shape: vec![1, 2, 16, 8] }),
-            node("update", Op::Input { dtype: DType::F32, shape: vec![1, 2, 1, 8] }),
-            node("write_idx", Op::Input { dtype: DType::I32, shape: vec![1] }),
-            node(
-                "k_cache_out",
-                Op::KvCacheUpdate {
-                    cache: "k_cache".into(),
-                    update: "update".into(),
-                    write_indices: "write_idx".into(),
-                },
-            ),
-            node("two", f32_const(&[2.0], vec![1, 1, 1, 1])),
-            node("logits", Op::ElementWise { a: "update".into(), b: "two".into(), op: BinaryOp::Mul }),
-        ],
-        outputs: vec!["k_cache_out".into(), "logits".into()],
-    }
-}
-
 /// A recurrent state the engine cannot see as an alias: `state_out = state + x`; the blob declares a `user`
 /// alias `state_out -> state`.
 pub fn user_state() -> NetworkDesc {
@@ -76,7 +54,11 @@ pub fn user_state() -> NetworkDesc {
 
 /// Every fixture network with its file name.
 pub fn fixture_networks() -> Vec<(&'static str, NetworkDesc)> {
-    vec![("decoder_decode", decoder_decode()), ("kv_single", kv_single()), ("user_state", user_state())]
+    vec![
+        ("decoder_decode", decoder_decode()),
+        ("kv_single", trt_build::samples::kv_single()),
+        ("user_state", user_state()),
+    ]
 }
 
 /// Path of a fixture: `trt-exec`'s binding-plan tests read them (without TensorRT).
