@@ -46,22 +46,7 @@ pub fn inspect(path: &Path, json: bool) -> Result<(), Failure> {
     let blob = parse(path, &file)?;
     let h = &blob.header;
     if json {
-        let bindings: Vec<_> = h
-            .bindings
-            .iter()
-            .map(|b| {
-                json!({
-                    "name": b.name,
-                    "role": b.role.as_str(),
-                    "dtype": b.dtype.map(|d| d.name()),
-                    "shape": b.shape.as_ref().map(|s| s.iter().map(|d| match d {
-                        Dim::Static(n) => json!(n),
-                        Dim::Dynamic => json!(null),
-                    }).collect::<Vec<_>>()),
-                    "threaded": b.threaded,
-                })
-            })
-            .collect();
+        let bindings: Vec<_> = h.bindings.iter().map(binding_json).collect();
         let aliases: Vec<_> = h
             .aliases
             .iter()
@@ -122,6 +107,20 @@ pub fn inspect(path: &Path, json: bool) -> Result<(), Failure> {
     }
     write_aliases(&mut out, "", &h.aliases);
     emit(&out)
+}
+
+/// A binding as `inspect --json` prints it (`null` where the blob does not record a dtype, shape or extent).
+pub(crate) fn binding_json(b: &Binding) -> serde_json::Value {
+    json!({
+        "name": b.name,
+        "role": b.role.as_str(),
+        "dtype": b.dtype.map(|d| d.name()),
+        "shape": b.shape.as_ref().map(|s| s.iter().map(|d| match d {
+            Dim::Static(n) => json!(n),
+            Dim::Dynamic => json!(null),
+        }).collect::<Vec<_>>()),
+        "threaded": b.threaded,
+    })
 }
 
 /// A binding's dtype and shape as `inspect` prints them (`?` where the blob does not record them).

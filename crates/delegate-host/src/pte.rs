@@ -4,7 +4,6 @@
 use std::fmt::Write as _;
 use std::path::Path;
 
-use blob_format::model::Dim;
 use blob_format::Blob;
 use et_error::HasErrorCode;
 use pte_format::model::{Delegate, DelegateCall, InstructionRef, Method, Tensor, Value};
@@ -234,18 +233,10 @@ fn blob_json(delegate: &Delegate<'_>, call: &DelegateCall) -> (&'static str, Jso
                 position += 1;
                 position - 1
             });
-            json!({
-                "name": b.name,
-                "role": b.role.as_str(),
-                "dtype": b.dtype.map(|d| d.name()),
-                "shape": b.shape.as_ref().map(|s| s.iter().map(|d| match d {
-                    Dim::Static(n) => json!(n),
-                    Dim::Dynamic => json!(null),
-                }).collect::<Vec<_>>()),
-                "threaded": b.threaded,
-                "arg": arg,
-                "value": arg.and_then(|a| call.args.get(a)),
-            })
+            let mut value = crate::blob::binding_json(b);
+            value["arg"] = json!(arg);
+            value["value"] = json!(arg.and_then(|a| call.args.get(a)));
+            value
         })
         .collect();
     let aliases: Vec<_> = h
