@@ -698,3 +698,31 @@ fn malformed_programs_exit_2_with_one_named_error_and_names_from_files_are_escap
     assert!(text.contains("method forward\\n\\u{1b}[31mred\n"), "{text}");
     assert!(!text.contains('\u{1b}'));
 }
+
+#[test]
+fn fifos_and_devices_are_refused_before_they_are_read() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let fifo = dir.path().join("pipe.blob");
+    let made = std::process::Command::new("mkfifo").arg(&fifo).status().expect("mkfifo runs");
+    assert!(made.success());
+    // Each would block (a FIFO with no writer) or read without end (/dev/zero) if opened.
+    for (args, what) in [
+        (vec!["inspect".to_owned(), fifo.display().to_string()], "a FIFO"),
+        (vec!["validate".to_owned(), "/dev/zero".to_owned()], "a character device"),
+        (vec!["run".to_owned(), fifo.display().to_string()], "not a regular file"),
+        (vec!["run".to_owned(), "/dev/zero".to_owned()], "not a regular file"),
+    ] {
+        let line = one_line_error(&run(host().args(&args)));
+        assert!(line.contains(what) && line.ends_with("[AccessFailed]"), "{args:?}: {line}");
+    }
+}
+
+#[test]
+fn a_manifest_larger_than_the_limit_is_refused_without_reading_it_all() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let big = dir.path().join("big.toml");
+    let file = std::fs::File::create(&big).expect("create");
+    file.set_len(program_manifest::MAX_MANIFEST_BYTES + 1).expect("sparse file");
+    let line = one_line_error(&run(host().arg("run").arg(&big)));
+    assert!(line.contains("the most a manifest may be") && line.ends_with("[AccessFailed]"), "{line}");
+}

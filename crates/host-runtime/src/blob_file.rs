@@ -17,7 +17,17 @@ impl BlobFile {
     ///
     /// The caller must not let anything modify or truncate the file while the returned value lives: a
     /// truncated file raises SIGBUS on the next read of a page past its new end.
+    ///
+    /// Anything but a regular file (a FIFO, a device, a socket, a directory) is refused before it is opened:
+    /// opening a FIFO for reading blocks until a writer comes, and a device can stream without end.
     pub fn open(path: &Path) -> std::io::Result<BlobFile> {
+        let metadata = std::fs::metadata(path)?;
+        if !metadata.is_file() {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::InvalidInput,
+                format!("not a regular file (it is {})", file_kind(&metadata.file_type())),
+            ));
+        }
         let file = File::open(path)?;
         if file.metadata()?.len() == 0 {
             return Ok(BlobFile { map: None });
@@ -37,5 +47,32 @@ impl BlobFile {
     /// The mapped bytes.
     pub fn bytes(&self) -> &[u8] {
         self.map.as_deref().unwrap_or(&[])
+    }
+}
+
+/// What a file that is not a regular file is, for messages: `a directory`, `a FIFO`, ...
+pub fn file_kind(kind: &std::fs::FileType) -> &'static str {
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::FileTypeExt;
+        if kind.is_fifo() {
+            return "a FIFO";
+        }
+        if kind.is_char_device() {
+            return "a character device";
+        }
+        if kind.is_block_device() {
+            return "a block device";
+        }
+        if kind.is_socket() {
+            return "a socket";
+        }
+    }
+    if kind.is_dir() {
+        "a directory"
+    } else if kind.is_file() {
+        "a regular file"
+    } else {
+        "not a regular file"
     }
 }

@@ -17,14 +17,46 @@ struct Line([u8; 64]);
 /// Host storage for one tensor, zero-initialised.
 #[derive(Clone)]
 pub struct HostStorage {
-    lines: Vec<Line>,
+    lines: Box<[Line]>,
     len: usize,
+}
+
+/// Why storage could not be had.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum AllocError {
+    /// The host allocator refused (`MemoryAllocationFailed`).
+    #[error("cannot allocate {bytes} bytes of host memory")]
+    Host {
+        /// The size asked for.
+        bytes: usize,
+    },
+    /// No CUDA driver or device, or the CUDA allocation failed.
+    #[error(transparent)]
+    Cuda(#[from] cuda::Error),
+}
+
+impl et_error::HasErrorCode for AllocError {
+    fn error_code(&self) -> et_error::ErrorCode {
+        match self {
+            AllocError::Host { .. } => et_error::ErrorCode::MemoryAllocationFailed,
+            AllocError::Cuda(err) => err.error_code(),
+        }
+    }
 }
 
 impl HostStorage {
     /// `len` zero bytes, 64-byte aligned.
-    pub fn zeroed(len: usize) -> HostStorage {
-        HostStorage { lines: vec![Line([0; 64]); len.div_ceil(64)], len }
+    ///
+    /// Fallible and lazy: the memory comes zeroed from the allocator (`alloc_zeroed`, fresh pages for large
+    /// sizes), so neither a refused allocation aborts the process nor a large one is written byte by byte.
+    ///
+    /// # Errors
+    /// [`AllocError::Host`] when the allocator refuses.
+    pub fn zeroed(len: usize) -> Result<HostStorage, AllocError> {
+        let lines = bytemuck::allocation::try_zeroed_slice_box::<Line>(len.div_ceil(64))
+            .map_err(|()| AllocError::Host { bytes: len })?;
+        Ok(HostStorage { lines, len })
     }
 
     /// Size in bytes.
@@ -90,9 +122,9 @@ impl Storage {
         device: i32,
         len: usize,
         contexts: &mut Contexts,
-    ) -> Result<Storage, cuda::Error> {
+    ) -> Result<Storage, AllocError> {
         Ok(match memory {
-            MemoryKind::Host => Storage::Host(HostStorage::zeroed(len)),
+            MemoryKind::Host => Storage::Host(HostStorage::zeroed(len)?),
             MemoryKind::Pinned => Storage::Pinned(PinnedStorage::zeroed(&contexts.get(device)?, len)?),
             MemoryKind::Device => Storage::Device(DeviceStorage::zeroed(&contexts.get(device)?, len)?),
             MemoryKind::Managed => Storage::Managed(ManagedStorage::zeroed(&contexts.get(device)?, len)?),
@@ -187,7 +219,7 @@ mod tests {
 
     #[test]
     fn storage_is_zeroed_aligned_and_exact() {
-        let mut s = HostStorage::zeroed(100);
+        let mut s = HostStorage::zeroed(100).expect("100 bytes");
         assert_eq!(s.bytes().len(), 100);
         assert!(s.bytes().iter().all(|&b| b == 0));
         assert_eq!(s.bytes().as_ptr() as usize % 64, 0);

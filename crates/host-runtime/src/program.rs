@@ -19,7 +19,7 @@ use program_manifest::{ArgRef, Location, Manifest, Method, TensorDecl};
 use smallvec::SmallVec;
 
 use crate::blob_file::BlobFile;
-use crate::buffer::{HostStorage, Storage, View};
+use crate::buffer::{AllocError, HostStorage, Storage, View};
 use crate::cuda::{self, Access, Contexts};
 use crate::plugins::Registry;
 
@@ -135,8 +135,22 @@ pub enum Error {
         buffer: String,
         /// The memory kind it declares.
         memory: MemoryKind,
-        /// What CUDA said.
-        source: cuda::Error,
+        /// What the allocator or CUDA said.
+        source: AllocError,
+    },
+    /// A method's user input or output could not be allocated (`MemoryAllocationFailed`).
+    #[error(
+        "method '{method}': {role} '{tensor}' needs {bytes} bytes of host memory, which cannot be allocated"
+    )]
+    TensorMemory {
+        /// The method.
+        method: String,
+        /// `input` or `output`.
+        role: &'static str,
+        /// The input or output.
+        tensor: String,
+        /// Its size.
+        bytes: u64,
     },
     /// Reading, zeroing or writing back a device or managed buffer failed.
     #[error("{action} buffer '{buffer}' failed: {source}")]
@@ -165,7 +179,9 @@ impl et_error::HasErrorCode for Error {
             Error::NoPlugin { .. } => ErrorCode::NotFound,
             Error::Incompatible { .. } => ErrorCode::DelegateInvalidCompatibility,
             Error::Delegate { source, .. } => source.code,
-            Error::BufferMemory { source, .. } | Error::BufferAccess { source, .. } => source.error_code(),
+            Error::BufferMemory { source, .. } => source.error_code(),
+            Error::TensorMemory { .. } => ErrorCode::MemoryAllocationFailed,
+            Error::BufferAccess { source, .. } => source.error_code(),
             Error::Usage(_) => ErrorCode::InvalidArgument,
         }
     }
@@ -275,8 +291,14 @@ fn abi_memory(kind: program_manifest::MemoryKind) -> MemoryKind {
 
 fn allocate(decl: &TensorDecl, contexts: &mut Contexts) -> Result<Storage, Error> {
     let memory = abi_memory(decl.memory);
-    Storage::zeroed(memory, decl.device, decl.nbytes() as usize, contexts)
+    Storage::zeroed(memory, decl.device, host_size(decl.nbytes()), contexts)
         .map_err(|source| Error::BufferMemory { buffer: decl.name.clone(), memory, source })
+}
+
+/// A size in bytes as this machine can address it; one it cannot (above `usize::MAX`) asks for `usize::MAX`,
+/// which every allocator refuses with a typed error.
+fn host_size(bytes: u64) -> usize {
+    usize::try_from(bytes).unwrap_or(usize::MAX)
 }
 
 /// A program ready to run: buffers allocated and zeroed, every call's delegate initialised.
@@ -320,15 +342,25 @@ impl Program {
             for (index, call) in planned.into_iter().enumerate() {
                 calls.push(init_call(method, index, call, &buffers, &mut contexts)?);
             }
-            let storage = |decls: &[TensorDecl]| -> Vec<HostStorage> {
-                decls.iter().map(|d| HostStorage::zeroed(d.nbytes() as usize)).collect()
+            let storage = |decls: &[TensorDecl], role: &'static str| -> Result<Vec<HostStorage>, Error> {
+                decls
+                    .iter()
+                    .map(|d| {
+                        HostStorage::zeroed(host_size(d.nbytes())).map_err(|_| Error::TensorMemory {
+                            method: name.clone(),
+                            role,
+                            tensor: d.name.clone(),
+                            bytes: d.nbytes(),
+                        })
+                    })
+                    .collect()
             };
             methods.insert(
                 name.clone(),
                 LoadedMethod {
                     decl: method.clone(),
-                    inputs: storage(&method.inputs),
-                    outputs: storage(&method.outputs),
+                    inputs: storage(&method.inputs, "input")?,
+                    outputs: storage(&method.outputs, "output")?,
                     calls,
                 },
             );

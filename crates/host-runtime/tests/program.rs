@@ -5,6 +5,7 @@ use std::path::{Path, PathBuf};
 
 use delegate_abi::MemoryKind;
 use et_error::{ErrorCode, HasErrorCode};
+use host_runtime::buffer::AllocError;
 use host_runtime::generate::generate;
 use host_runtime::manifest::Manifest;
 use host_runtime::plugins::Registry;
@@ -54,7 +55,7 @@ fn managed_buffers_without_a_driver_are_a_typed_not_supported_error() {
                 assert_eq!(err.error_code(), ErrorCode::NotSupported);
                 assert!(
                     matches!(&err, Error::BufferMemory { buffer, memory: MemoryKind::Managed, source }
-                        if buffer == "k_cache_0" && *source == cuda),
+                        if buffer == "k_cache_0" && *source == AllocError::Cuda(cuda)),
                     "{err}"
                 );
             }
@@ -69,4 +70,20 @@ fn managed_buffers_without_a_driver_are_a_typed_not_supported_error() {
             (cuda, program) => panic!("CUDA {:?} but load {:?}", cuda.err(), program.err()),
         }
     }
+}
+
+#[test]
+fn a_buffer_larger_than_memory_is_a_typed_allocation_error_not_an_abort() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = export(dir.path(), "host");
+    let mut text = std::fs::read_to_string(&path).expect("manifest");
+    // 4 PB: more than any address space, so every allocator refuses it, overcommit or not.
+    text.push_str("\n[buffers.huge]\ndtype = \"f32\"\nshape = [1000000000000000]\nmemory = \"host\"\n");
+    std::fs::write(&path, text).expect("write");
+    let err = load(&path, Mode::ZeroCopy).err().expect("refused");
+    assert_eq!(err.error_code(), ErrorCode::MemoryAllocationFailed);
+    assert_eq!(
+        err.to_string(),
+        "buffer 'huge' wants host memory but cannot allocate 4000000000000000 bytes of host memory"
+    );
 }

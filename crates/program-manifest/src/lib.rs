@@ -208,7 +208,7 @@ mod spec;
 use std::fmt;
 use std::path::PathBuf;
 
-pub use manifest::{ArgRef, Call, Generate, Manifest, Method, TensorDecl};
+pub use manifest::{ArgRef, Call, Generate, Manifest, Method, TensorDecl, MAX_MANIFEST_BYTES};
 pub use spec::{BufferSpec, CallSpec, GenerateSpec, MethodSpec, ProgramSpec, TensorSpec};
 
 /// The manifest format version this build reads and writes.

@@ -191,11 +191,33 @@ impl<'a> Source<'a> {
     }
 }
 
+/// The largest manifest [`Manifest::load`] reads (1 MiB: a manifest names blobs, it does not hold them).
+pub const MAX_MANIFEST_BYTES: u64 = 1 << 20;
+
 impl Manifest {
     /// Reads and checks a manifest file.
+    ///
+    /// Only a regular file of at most [`MAX_MANIFEST_BYTES`] is read: a FIFO or device is refused before it is
+    /// opened (reading one could block or never end), and a larger file is refused without reading it all.
     pub fn load(path: &Path) -> Result<Manifest, Error> {
-        let text =
-            std::fs::read_to_string(path).map_err(|source| Error::Io { path: path.to_owned(), source })?;
+        use std::io::Read as _;
+        let io = |source| Error::Io { path: path.to_owned(), source };
+        let refuse = |message: String| io(std::io::Error::new(std::io::ErrorKind::InvalidInput, message));
+        let metadata = std::fs::metadata(path).map_err(io)?;
+        if !metadata.is_file() {
+            return Err(refuse("not a regular file".to_owned()));
+        }
+        let mut text = String::new();
+        std::fs::File::open(path)
+            .map_err(io)?
+            .take(MAX_MANIFEST_BYTES + 1)
+            .read_to_string(&mut text)
+            .map_err(io)?;
+        if text.len() as u64 > MAX_MANIFEST_BYTES {
+            return Err(refuse(format!(
+                "larger than {MAX_MANIFEST_BYTES} bytes, the most a manifest may be"
+            )));
+        }
         Manifest::parse(path, &text)
     }
 
