@@ -22,8 +22,8 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Task {
-    /// Build the host and the reference plugin, export the example decoder, run prefill + 15 decode steps and
-    /// check them against an independent f64 model; ends with `kv-decode: PASS`.
+    /// Build the host and the reference plugin, export the example decoder, run prefill and decode until its
+    /// caches are full, and check every step against an independent f64 model; ends with `kv-decode: PASS`.
     Demo,
     /// Everything CI checks: fmt, codegen --check, clippy, tests.
     Test,
