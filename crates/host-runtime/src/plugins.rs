@@ -191,15 +191,26 @@ impl Registry {
                     continue;
                 }
             };
-            let mut files: Vec<PathBuf> = entries
-                .filter_map(Result::ok)
-                .map(|e| e.path())
-                .filter(|p| is_library(p) && p.is_file())
-                .collect();
+            let mut files: Vec<PathBuf> =
+                entries.filter_map(Result::ok).map(|e| e.path()).filter(|p| is_library(p)).collect();
             files.sort();
             for path in files {
                 let key = std::fs::canonicalize(&path).unwrap_or_else(|_| path.clone());
                 if !seen.insert(key) {
+                    continue;
+                }
+                // Named like a library but not one: listed with the reason, never opened (a FIFO would
+                // block the loader).
+                let not_a_file = match std::fs::metadata(&path) {
+                    Ok(metadata) if metadata.is_file() => None,
+                    Ok(metadata) => Some(format!(
+                        "not a regular file (it is {})",
+                        crate::blob_file::file_kind(&metadata.file_type())
+                    )),
+                    Err(err) => Some(format!("cannot read it: {err} (a dangling symbolic link?)")),
+                };
+                if let Some(reason) = not_a_file {
+                    candidates.push(Candidate::rejected(Some(path), reason));
                     continue;
                 }
                 candidates.push(match Plugin::load(&path, config) {
@@ -395,6 +406,26 @@ mod tests {
         assert!(registry.for_backend("ReferenceBackend").is_some(), "{:?}", registry.backends());
         assert!(registry.for_backend("Nope").is_none());
         assert!(registry.backends().contains(&"AbiTestBackend".to_string()));
+    }
+
+    #[test]
+    fn things_named_like_libraries_that_are_not_files_are_listed_with_the_reason() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        std::fs::create_dir(dir.path().join(dylib_name("a_directory"))).expect("mkdir");
+        #[cfg(unix)]
+        std::os::unix::fs::symlink(dir.path().join("nowhere"), dir.path().join(dylib_name("b_dangling")))
+            .expect("symlink");
+        let fifo = dir.path().join(dylib_name("c_fifo"));
+        let made = Command::new("mkfifo").arg(&fifo).status().expect("mkfifo runs");
+        assert!(made.success());
+        let registry =
+            Registry::discover_with(&[dir.path().to_path_buf()], None, false, &HostConfig::default());
+        let statuses = statuses(&registry);
+        assert_eq!(statuses.len(), 3, "{statuses:?}");
+        assert_eq!(statuses[0].1, "rejected: not a regular file (it is a directory)");
+        assert!(statuses[1].1.starts_with("rejected: cannot read it: "), "{}", statuses[1].1);
+        assert!(statuses[1].1.ends_with("(a dangling symbolic link?)"), "{}", statuses[1].1);
+        assert_eq!(statuses[2].1, "rejected: not a regular file (it is a FIFO)");
     }
 
     #[test]
