@@ -9,10 +9,11 @@
 //! delegate type), and one binary may embed several.
 
 use std::any::Any;
+use std::cell::Cell;
 use std::ffi::c_void;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
-use std::sync::OnceLock;
+use std::sync::{Once, OnceLock};
 
 use abi_stable::prefix_type::PrefixTypeTrait;
 use abi_stable::std_types::{ROption, RResult, RSlice, RStr, RString};
@@ -125,11 +126,39 @@ fn guarded<E: Exported, R>(
     if state.poisoned.load(Ordering::Acquire) {
         return RResult::RErr(poisoned_error::<E>());
     }
-    match catch_unwind(AssertUnwindSafe(|| body(state.delegate.get_or_init(E::Delegate::new)))) {
+    install_quiet_panic_hook();
+    let previous = IN_PLUGIN_CALL.with(|flag| flag.replace(true));
+    let result = catch_unwind(AssertUnwindSafe(|| body(state.delegate.get_or_init(E::Delegate::new))));
+    IN_PLUGIN_CALL.with(|flag| flag.set(previous));
+    match result {
         Ok(Ok(value)) => RResult::ROk(value),
         Ok(Err(err)) => RResult::RErr(RError::from_delegate(err)),
         Err(payload) => RResult::RErr(poison::<E>(entry, &*payload)),
     }
+}
+
+thread_local! {
+    /// Whether this thread is inside a guarded plugin entry, where a panic is caught and becomes an error.
+    static IN_PLUGIN_CALL: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Installs, once per copy of the standard library (a dylib plugin has its own, an embedded plugin shares the
+/// host's), a panic hook that keeps caught plugin panics off stderr: the host reports them as one `Internal`
+/// error carrying the panic message, so the default hook's text and backtrace hint would only be noise. The
+/// text goes to the log (`debug`, target `delegate_abi::panic`); every other panic goes to the hook that was
+/// there before.
+fn install_quiet_panic_hook() {
+    static INSTALLED: Once = Once::new();
+    INSTALLED.call_once(|| {
+        let previous = std::panic::take_hook();
+        std::panic::set_hook(Box::new(move |info| {
+            if IN_PLUGIN_CALL.with(Cell::get) {
+                tracing::debug!(target: "delegate_abi::panic", "caught plugin panic: {info}");
+            } else {
+                previous(info);
+            }
+        }));
+    });
 }
 
 fn info_record<E: Exported>() -> PluginInfoRecordRef {
