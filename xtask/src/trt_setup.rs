@@ -17,7 +17,7 @@
 //! - `LIBCLANG_PATH`: the directory holding `libclang.so`, when it was found outside the default search path.
 //!
 //! Tests that need TensorRT fail (never silently pass) with a message naming `cargo xtask test` when
-//! [`TRT_LIB_ENV`] is absent, unless `KV_SKIP_TENSORRT_TESTS=1` is set explicitly.
+//! [`TRT_LIB_ENV`] is absent.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;

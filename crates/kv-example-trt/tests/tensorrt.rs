@@ -18,9 +18,7 @@ fn decode_engine() -> trt_build::BuiltEngine {
 
 #[test]
 fn decoder_builds_with_kv_cache_layers_and_tensorrt_reports_their_aliases() {
-    if !require_tensorrt() {
-        return;
-    }
+    require_tensorrt();
     let built = decode_engine();
     eprintln!("decoder (decode, seq 1) built in {:?}, plan {} bytes", built.build_time, built.plan.len());
     assert_eq!(trt_exec::sniff_plan(&built.plan), PlanKind::TensorRtRtx);
@@ -43,9 +41,7 @@ fn decoder_builds_with_kv_cache_layers_and_tensorrt_reports_their_aliases() {
 
 #[test]
 fn prefill_engine_builds_for_a_longer_prompt() {
-    if !require_tensorrt() {
-        return;
-    }
+    require_tensorrt();
     let cfg = kv_example::Config::tiny();
     let net = decoder_network(&cfg, &kv_example::Weights::generate(&cfg), 5).expect("well-formed");
     let built = build_engine(&net, &BuildOptions::default()).expect("prefill builds");
@@ -55,9 +51,7 @@ fn prefill_engine_builds_for_a_longer_prompt() {
 
 #[test]
 fn native_blob_records_the_aliases_tensorrt_reports_and_round_trips_the_plan() {
-    if !require_tensorrt() {
-        return;
-    }
+    require_tensorrt();
     let built = decode_engine();
     let order = arg_order(&kv_example::Config::tiny());
     let order: Vec<&str> = order.iter().map(String::as_str).collect();
@@ -84,9 +78,7 @@ fn native_blob_records_the_aliases_tensorrt_reports_and_round_trips_the_plan() {
 
 #[test]
 fn tr02_blob_round_trips_the_plan() {
-    if !require_tensorrt() {
-        return;
-    }
+    require_tensorrt();
     let built = decode_engine();
     let order = arg_order(&kv_example::Config::tiny());
     let order: Vec<&str> = order.iter().map(String::as_str).collect();
@@ -101,9 +93,7 @@ fn tr02_blob_round_trips_the_plan() {
 
 #[test]
 fn deserializing_on_this_machine_fails_cleanly_with_tensorrts_message() {
-    if !require_tensorrt() {
-        return;
-    }
+    require_tensorrt();
     let built = decode_engine();
     match Engine::deserialize(&built.plan) {
         Ok(engine) => {
@@ -125,9 +115,7 @@ fn deserializing_on_this_machine_fails_cleanly_with_tensorrts_message() {
 /// them.
 #[test]
 fn fixtures_match_real_builds() {
-    if !require_tensorrt() {
-        return;
-    }
+    require_tensorrt();
     for (name, net) in fixture_networks() {
         let built = build_engine(&net, &BuildOptions::default()).unwrap_or_else(|e| panic!("{name}: {e}"));
         let path = fixture_path(name);
@@ -145,9 +133,7 @@ fn fixtures_match_real_builds() {
 /// order.
 #[test]
 fn kv_examples_tiny_model_builds_as_prefill_and_decode_blobs() {
-    if !require_tensorrt() {
-        return;
-    }
+    require_tensorrt();
     let c = kv_example::Config::tiny();
     let weights = kv_example::Weights::generate(&c);
     for rows in [c.prompt_len(), 1] {

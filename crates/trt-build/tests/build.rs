@@ -1,5 +1,5 @@
 //! Building against the real TensorRT-RTX library (ahead of time, on CPU). The tests fail, naming
-//! `cargo xtask test`, when `KV_TENSORRT_LIB` is unset (`KV_SKIP_TENSORRT_TESTS=1` skips them explicitly).
+//! `cargo xtask test`, when `KV_TENSORRT_LIB` is unset.
 
 use blob_format::model::{AliasKind, Format, Role};
 use blob_format::Blob;
@@ -8,28 +8,14 @@ use trt_build::samples::KV_SINGLE_ORDER as ORDER;
 use trt_build::{build_engine, BuildOptions};
 use trt_exec::{AliasPair, PlanKind};
 
-/// Panics (fails the test) unless the TensorRT-RTX library is configured; returns `false` only when the
-/// caller explicitly opted out with `KV_SKIP_TENSORRT_TESTS=1`.
-fn require_tensorrt() -> bool {
-    if std::env::var_os(trt_exec::library::LIB_ENV).is_some() {
-        return true;
-    }
-    if std::env::var("KV_SKIP_TENSORRT_TESTS").as_deref() == Ok("1") {
-        eprintln!("KV_SKIP_TENSORRT_TESTS=1: skipping a test that needs TensorRT-RTX");
-        return false;
-    }
-    panic!(
-        "{} is not set: these tests need the TensorRT-RTX library; run `cargo xtask test` (it installs the \
-         wheel into .cache/tensorrt and sets it), or set KV_SKIP_TENSORRT_TESTS=1 to skip them explicitly",
-        trt_exec::library::LIB_ENV
-    );
+/// Fails the test unless the TensorRT-RTX library is configured: a test that needs it never passes without.
+fn require_tensorrt() {
+    assert!(trt_exec::library::configured_path().is_some(), "{}", trt_exec::library::NOT_CONFIGURED);
 }
 
 #[test]
 fn network_errors_name_the_node() {
-    if !require_tensorrt() {
-        return;
-    }
+    require_tensorrt();
     let mut net = trt_build::samples::kv_single();
     net.nodes.retain(|n| n.name != "write_idx");
     let err = build_engine(&net, &BuildOptions::default()).expect_err("unknown tensor");
@@ -39,9 +25,7 @@ fn network_errors_name_the_node() {
 
 #[test]
 fn a_kv_cache_layer_builds_on_cpu_and_its_alias_is_tensorrts() {
-    if !require_tensorrt() {
-        return;
-    }
+    require_tensorrt();
     let built =
         build_engine(&trt_build::samples::kv_single(), &BuildOptions::default()).expect("builds on CPU");
     assert_eq!(trt_exec::sniff_plan(&built.plan), PlanKind::TensorRtRtx);

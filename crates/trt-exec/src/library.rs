@@ -12,6 +12,16 @@ use crate::error::{Error, Result};
 /// Environment variable holding the full path of `libtensorrt_rtx.so.1`; `cargo xtask test` sets it.
 pub const LIB_ENV: &str = "KV_TENSORRT_LIB";
 
+/// The library path [`LIB_ENV`] names, or `None` when it is unset; for callers (and tests) that need the
+/// configured library rather than whatever the loader path finds.
+pub fn configured_path() -> Option<PathBuf> {
+    std::env::var_os(LIB_ENV).map(PathBuf::from)
+}
+
+/// What to tell a person when [`configured_path`] is `None`.
+pub const NOT_CONFIGURED: &str = "KV_TENSORRT_LIB is not set: point it at libtensorrt_rtx.so.1 \
+                                  (`cargo xtask test` installs the wheel into .cache/tensorrt and sets it)";
+
 /// Names tried on the standard loader path (`LD_LIBRARY_PATH`, ld.so.cache) when [`LIB_ENV`] is unset.
 pub const LOADER_NAMES: [&str; 3] =
     ["libtensorrt_rtx.so.1", "libtensorrt_rtx.so.1.7.1", "libtensorrt_rtx.so"];

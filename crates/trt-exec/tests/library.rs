@@ -26,13 +26,8 @@ fn a_file_that_is_no_tensorrt_library_is_refused() {
 
 #[test]
 fn the_configured_library_is_tensorrt_rtx_1_7() {
-    let Some(path) = std::env::var_os(library::LIB_ENV) else {
-        if std::env::var("KV_SKIP_TENSORRT_TESTS").as_deref() == Ok("1") {
-            return;
-        }
-        panic!("KV_TENSORRT_LIB is not set: run `cargo xtask test`, or set KV_SKIP_TENSORRT_TESTS=1 to skip");
-    };
-    let version = library::probe(std::path::Path::new(&path)).expect("loads");
+    let path = library::configured_path().expect(library::NOT_CONFIGURED);
+    let version = library::probe(&path).expect("loads");
     assert_eq!((version.major, version.minor), (1, 7));
     assert!(version.reports_aliases());
     assert_eq!(library::load().expect("loads").version, version);

@@ -11,18 +11,9 @@ use blob_format::model::{Binding, Header, PayloadKind, Role, TENSORRT_BACKEND};
 use delegate_abi::{Compatibility, Delegate, ErrorCode, InitContext};
 use tensorrt_delegate::TensorRtDelegate;
 
-fn require_tensorrt() -> bool {
-    if std::env::var_os("KV_TENSORRT_LIB").is_some() {
-        return true;
-    }
-    if std::env::var("KV_SKIP_TENSORRT_TESTS").as_deref() == Ok("1") {
-        eprintln!("KV_SKIP_TENSORRT_TESTS=1: skipping a test that needs TensorRT-RTX");
-        return false;
-    }
-    panic!(
-        "KV_TENSORRT_LIB is not set: this test needs the TensorRT-RTX library; run `cargo xtask test` (it installs \
-         the wheel into .cache/tensorrt and sets KV_TENSORRT_LIB), or set KV_SKIP_TENSORRT_TESTS=1 to skip it"
-    );
+/// Fails the test unless the TensorRT-RTX library is configured: a test that needs it never passes without.
+fn require_tensorrt() {
+    assert!(trt_exec::library::configured_path().is_some(), "{}", trt_exec::library::NOT_CONFIGURED);
 }
 
 /// Blobs written by Torch-TensorRT 2.14's own serializer, kept with blob-format's tests.
@@ -76,9 +67,7 @@ fn expect_clean_init_failure(
 
 #[test]
 fn init_on_an_upstream_tr02_blob_fails_cleanly_without_a_gpu() {
-    if !require_tensorrt() {
-        return;
-    }
+    require_tensorrt();
     let blob = upstream_fixture("tr02_kv_cache.blob");
     let delegate = TensorRtDelegate::new();
     assert_eq!(delegate.compatibility(&blob), Compatibility::Supported);
@@ -90,9 +79,7 @@ fn init_on_an_upstream_tr02_blob_fails_cleanly_without_a_gpu() {
 
 #[test]
 fn init_on_our_exported_kv_blob_fails_cleanly_through_the_abi() {
-    if !require_tensorrt() {
-        return;
-    }
+    require_tensorrt();
     // A KV-cache engine built here with trt-build (kv-example's decoder cannot be linked into this test: see
     // `common/kv_blob.rs`).
     let blob = kv_blob::native_blob().expect("builds on CPU and exports");

@@ -6,22 +6,9 @@ use blob_format::model::DType;
 use kv_example_trt::decoder_network;
 use trt_build::{BinaryOp, NetworkDesc, Node, Op};
 
-/// Panics (fails the test) unless the TensorRT-RTX library is configured; returns `false` only when the
-/// caller explicitly opted out with `KV_SKIP_TENSORRT_TESTS=1`.
-pub fn require_tensorrt() -> bool {
-    if std::env::var_os(trt_exec::library::LIB_ENV).is_some() {
-        return true;
-    }
-    if std::env::var("KV_SKIP_TENSORRT_TESTS").as_deref() == Ok("1") {
-        eprintln!("KV_SKIP_TENSORRT_TESTS=1: skipping a test that needs TensorRT-RTX");
-        return false;
-    }
-    panic!(
-        "{} is not set: these tests need the TensorRT-RTX library; run `cargo xtask test` (it installs the \
-         wheel into .cache/tensorrt and sets {}), or set KV_SKIP_TENSORRT_TESTS=1 to skip them explicitly",
-        trt_exec::library::LIB_ENV,
-        trt_exec::library::LIB_ENV
-    );
+/// Fails the test unless the TensorRT-RTX library is configured: a test that needs it never passes without.
+pub fn require_tensorrt() {
+    assert!(trt_exec::library::configured_path().is_some(), "{}", trt_exec::library::NOT_CONFIGURED);
 }
 
 fn node(name: &str, op: Op) -> Node {
