@@ -103,30 +103,9 @@ impl fmt::Display for ArgRef {
 }
 
 /// How `run` drives a program: prefill once over the prompt, then decode steps feeding back the argmax token.
-#[derive(Debug, Clone)]
-pub struct Generate {
-    /// The method run once over the prompt.
-    pub prefill: String,
-    /// The method run once per generated token.
-    pub decode: String,
-    /// Prompt token ids.
-    pub prompt: Vec<i64>,
-    /// The i64 input that takes token ids.
-    pub token_input: String,
-    /// The i64 `[1]` input that takes the start position.
-    pub position_input: String,
-    /// The f32 output holding logits, `[T, vocab]`.
-    pub logits_output: String,
-    /// How many positions the caches hold, when the program says: `run` refuses more steps than fit.
-    pub max_positions: Option<u64>,
-}
-
-impl Generate {
-    /// Decode steps that fit after the prompt, when the program says how many positions it holds.
-    pub fn max_decode_steps(&self) -> Option<usize> {
-        self.max_positions.map(|max| (max as usize).saturating_sub(self.prompt.len()))
-    }
-}
+/// The `[generate]` section as written, once checked (its methods, inputs and outputs exist with the right
+/// types, and the prompt fits `max_positions`): the same data, so the same type.
+pub type Generate = GenerateSpec;
 
 /// One step of a path into the TOML document: a key of a table or an index into an array.
 #[derive(Clone, Copy)]
@@ -462,15 +441,7 @@ fn check_generate(
             );
         }
     }
-    Ok(Generate {
-        prefill: g.prefill.clone(),
-        decode: g.decode.clone(),
-        prompt: g.prompt.clone(),
-        token_input: g.token_input.clone(),
-        position_input: g.position_input.clone(),
-        logits_output: g.logits_output.clone(),
-        max_positions: g.max_positions,
-    })
+    Ok(g.clone())
 }
 
 #[cfg(test)]

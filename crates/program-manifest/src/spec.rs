@@ -106,6 +106,13 @@ pub struct GenerateSpec {
     pub max_positions: Option<u64>,
 }
 
+impl GenerateSpec {
+    /// Decode steps that fit after the prompt, when the program says how many positions it holds.
+    pub fn max_decode_steps(&self) -> Option<usize> {
+        self.max_positions.map(|max| (max as usize).saturating_sub(self.prompt.len()))
+    }
+}
+
 impl ProgramSpec {
     /// The manifest as TOML text. Fails only for values TOML cannot hold (an integer above `i64::MAX`).
     pub fn to_toml(&self) -> Result<String, Error> {
