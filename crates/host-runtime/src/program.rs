@@ -323,6 +323,15 @@ impl Program {
     /// are allocated in their declared memory kinds (opening a CUDA context only for device, managed or
     /// pinned buffers), then each call's copy-back scratch and delegate instance.
     pub fn load(manifest: Manifest, registry: &Registry, mode: Mode) -> Result<Program, Error> {
+        for method in manifest.methods.values() {
+            let io = method.inputs.iter().chain(&method.outputs);
+            if let Some(decl) = io.into_iter().find(|d| d.memory != program_manifest::MemoryKind::Host) {
+                return Err(Error::Usage(format!(
+                    "method '{}': '{}' is declared in {} memory; this host keeps method inputs and outputs in host memory",
+                    method.name, decl.name, decl.memory
+                )));
+            }
+        }
         let decls: Vec<&TensorDecl> = manifest.buffers.values().collect();
         let mut planned = Vec::with_capacity(manifest.methods.len());
         for method in manifest.methods.values() {

@@ -147,6 +147,8 @@ fn method(cfg: &Config, rows: usize, blob: &str) -> MethodSpec {
         name: name.to_owned(),
         dtype: dtype.name().to_owned(),
         shape,
+        memory: None,
+        device: None,
     };
     MethodSpec {
         inputs: vec![spec(TOKENS, DType::I64, vec![rows as i64]), spec(INPUT_POS, DType::I64, vec![1])],
@@ -189,6 +191,7 @@ pub fn manifest(cfg: &Config) -> ProgramSpec {
             token_input: TOKENS.to_owned(),
             position_input: INPUT_POS.to_owned(),
             logits_output: LOGITS.to_owned(),
+            next_token_output: None,
             max_positions: Some(cfg.max_len as u64),
         }),
     }

@@ -85,7 +85,13 @@
 //! use std::path::Path;
 //! use program_manifest::{BufferSpec, CallSpec, MethodSpec, ProgramSpec, TensorSpec, FORMAT};
 //!
-//! let tensor = |name: &str, dtype: &str, shape: Vec<i64>| TensorSpec { name: name.into(), dtype: dtype.into(), shape };
+//! let tensor = |name: &str, dtype: &str, shape: Vec<i64>| TensorSpec {
+//!     name: name.into(),
+//!     dtype: dtype.into(),
+//!     shape,
+//!     memory: None,
+//!     device: None,
+//! };
 //! let spec = ProgramSpec {
 //!     format: FORMAT,
 //!     buffers: BTreeMap::from([(
@@ -136,9 +142,10 @@
 //!   error on `host` and `pinned` buffers.
 //!
 //! **`[methods.NAME]`**
-//! - `inputs`, `outputs` (arrays of `{ name, dtype, shape }`, default empty): the method's **user** inputs and
-//!   outputs, in host memory; the caller fills the inputs before each run and reads the outputs after it.
-//!   Names are unique within each list; `dtype` and `shape` as for buffers.
+//! - `inputs`, `outputs` (arrays of `{ name, dtype, shape, memory, device }`, default empty): the method's
+//!   **user** inputs and outputs; the caller fills the inputs before each run and reads the outputs after it.
+//!   Names are unique within each list; `dtype`, `shape`, `memory` (default `"host"`) and `device` as for
+//!   buffers. Device-resident inputs and outputs let a host keep a whole generation on the GPU.
 //! - `[[methods.NAME.calls]]` (array of tables, at least one): the delegate calls the method makes, in order.
 //!   - `blob` (string): the delegate blob's path, relative to the manifest's directory.
 //!   - `backend` (string, not empty): the ExecuTorch backend id that runs it (a loaded plugin must serve it,
@@ -173,6 +180,9 @@
 //! `buffer:` names a declared buffer).
 //!
 //! **`[generate]`**: prefill once over the prompt, then decode steps that each feed back the argmax token.
+//! `next_token_output` (optional) names an `i64 [1]` output of both methods that holds that argmax, computed
+//! by the delegate; with it, a host feeds the token back without reading the logits (on the GPU:
+//! device-to-device, with no host synchronisation per step).
 //! - `prefill`, `decode` (strings): the methods to run; both must exist.
 //! - `prompt` (array of integers): the prompt token ids; as many as the prefill method's `token_input` holds.
 //! - `token_input` (string): the `i64` input of both methods that takes token ids.
@@ -194,7 +204,7 @@
 //! - `pinned`: page-locked host memory the device reads by DMA.
 //!
 //! A plugin announces the kinds it accepts; a call that passes a buffer of another kind is refused at load.
-//! User inputs and outputs are always host memory.
+//! User inputs and outputs take the same kinds, with the same checks.
 //!
 //! ## Feature Flags
 //!

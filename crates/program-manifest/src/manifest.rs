@@ -35,9 +35,9 @@ pub struct TensorDecl {
     pub dtype: DType,
     /// Static shape.
     pub shape: Vec<u64>,
-    /// Memory kind (buffers only; user inputs and outputs live in host memory).
+    /// Memory kind (`memory = "..."`, default host).
     pub memory: MemoryKind,
-    /// CUDA device ordinal of a device or managed buffer (`device = N`, default 0); 0 otherwise.
+    /// CUDA device ordinal of a device or managed tensor (`device = N`, default 0); 0 otherwise.
     pub device: i32,
 }
 
@@ -216,39 +216,13 @@ impl Manifest {
         for (name, buffer) in &spec.buffers {
             let field =
                 |field: &'static str| src.value(&[Seg::Key("buffers"), Seg::Key(name), Seg::Key(field)]);
-            let Some(memory) = MemoryKind::from_name(&buffer.memory) else {
-                return src.error(
-                    field("memory"),
-                    format!(
-                        "unknown memory kind '{}' for buffer '{name}' (expected host, device, managed or pinned)",
-                        buffer.memory
-                    ),
-                );
-            };
             let at = |f: &'static str| match f {
                 "name" => src.key(&[Seg::Key("buffers")], name),
                 f => field(f),
             };
+            let (memory, device) = placement(&src, &at, "buffer", name, Some(&buffer.memory), buffer.device)?;
             let mut decl = tensor_decl(&src, &at, name, &buffer.dtype, &buffer.shape, memory)?;
-            if let Some(device) = buffer.device {
-                if !matches!(memory, MemoryKind::Device | MemoryKind::Managed) {
-                    return src.error(
-                        field("device"),
-                        format!(
-                            "buffer '{name}' is {memory} memory; `device` applies to device and managed buffers"
-                        ),
-                    );
-                }
-                decl.device = match i32::try_from(device) {
-                    Ok(ordinal) if ordinal >= 0 => ordinal,
-                    _ => {
-                        return src.error(
-                            field("device"),
-                            format!("device {device} of buffer '{name}' is not a CUDA device ordinal"),
-                        )
-                    }
-                };
-            }
+            decl.device = device;
             buffers.insert(name.clone(), decl);
         }
 
@@ -263,6 +237,43 @@ impl Manifest {
             Some(generate) => Some(check_generate(&src, generate, &methods)?),
         };
         Ok(Manifest { path: path.to_owned(), buffers, methods, generate })
+    }
+}
+
+/// Checks where a tensor lives: its `memory` kind (absent is host) and its `device` ordinal (only for
+/// device and managed memory); `what` is `buffer`, `input` or `output`.
+fn placement(
+    src: &Source<'_>,
+    at: &dyn Fn(&'static str) -> Location,
+    what: &str,
+    name: &str,
+    memory: Option<&str>,
+    device: Option<i64>,
+) -> Result<(MemoryKind, i32), Error> {
+    let memory = match memory {
+        None => MemoryKind::Host,
+        Some(kind) => match MemoryKind::from_name(kind) {
+            Some(memory) => memory,
+            None => {
+                return src.error(
+                    at("memory"),
+                    format!(
+                        "unknown memory kind '{kind}' for {what} '{name}' (expected host, device, managed or pinned)"
+                    ),
+                )
+            }
+        },
+    };
+    let Some(device) = device else { return Ok((memory, 0)) };
+    if !matches!(memory, MemoryKind::Device | MemoryKind::Managed) {
+        return src.error(
+            at("device"),
+            format!("{what} '{name}' is {memory} memory; `device` applies to device and managed memory"),
+        );
+    }
+    match i32::try_from(device) {
+        Ok(ordinal) if ordinal >= 0 => Ok((memory, ordinal)),
+        _ => src.error(at("device"), format!("device {device} of {what} '{name}' is not a CUDA device ordinal")),
     }
 }
 
@@ -329,7 +340,11 @@ fn check_method(
             if list.iter().any(|d| d.name == t.name) {
                 return src.error(at("name"), format!("method '{name}' declares '{}' twice", t.name));
             }
-            list.push(tensor_decl(src, &at, &t.name, &t.dtype, &t.shape, MemoryKind::Host)?);
+            let what = if key == "inputs" { "input" } else { "output" };
+            let (memory, device) = placement(src, &at, what, &t.name, t.memory.as_deref(), t.device)?;
+            let mut decl = tensor_decl(src, &at, &t.name, &t.dtype, &t.shape, memory)?;
+            decl.device = device;
+            list.push(decl);
         }
     }
     let calls_at = [method[0], method[1], Seg::Key("calls")];
@@ -401,18 +416,39 @@ fn check_generate(
     };
     for m in [method("prefill", &g.prefill)?, method("decode", &g.decode)?] {
         for (field, value, want, dtype, list) in [
-            ("token_input", &g.token_input, "input", DType::I64, &m.inputs),
-            ("position_input", &g.position_input, "input", DType::I64, &m.inputs),
-            ("logits_output", &g.logits_output, "output", DType::F32, &m.outputs),
+            ("token_input", &g.token_input, "input", &[DType::I64][..], &m.inputs),
+            ("position_input", &g.position_input, "input", &[DType::I64][..], &m.inputs),
+            ("logits_output", &g.logits_output, "output", &[DType::F32, DType::F16][..], &m.outputs),
         ] {
             match list.iter().find(|d| d.name == *value) {
                 None => {
                     return src.error(at(field), format!("method '{}' has no {want} named '{value}'", m.name))
                 }
-                Some(decl) if decl.dtype != dtype => {
+                Some(decl) if !dtype.contains(&decl.dtype) => {
+                    let want = dtype.iter().map(|d| d.name()).collect::<Vec<_>>().join(" or ");
                     return src.error(
                         at(field),
-                        format!("'{}' of method '{}' must be {dtype}, not {}", decl.name, m.name, decl.dtype),
+                        format!("'{}' of method '{}' must be {want}, not {}", decl.name, m.name, decl.dtype),
+                    );
+                }
+                Some(_) => {}
+            }
+        }
+        if let Some(next) = &g.next_token_output {
+            match m.outputs.iter().find(|d| d.name == *next) {
+                None => {
+                    return src.error(
+                        at("next_token_output"),
+                        format!("method '{}' has no output named '{next}'", m.name),
+                    )
+                }
+                Some(decl) if decl.dtype != DType::I64 || decl.numel() != 1 => {
+                    return src.error(
+                        at("next_token_output"),
+                        format!(
+                            "'{next}' of method '{}' must be i64 [1], not {} {:?}",
+                            m.name, decl.dtype, decl.shape
+                        ),
                     )
                 }
                 Some(_) => {}
@@ -491,6 +527,17 @@ logits_output = "logits"
             parse(&GOOD.replace("shape = [2, 4]", "shape = [2, 4]\nmemory = \"managed\"\ndevice = 3"))
                 .expect("valid manifest");
         assert_eq!((on_device.buffers["k"].memory, on_device.buffers["k"].device), (MemoryKind::Managed, 3));
+        let io = &m.methods["decode"];
+        assert_eq!((io.inputs[0].memory, io.outputs[0].memory), (MemoryKind::Host, MemoryKind::Host));
+        let io_on_device = parse(
+            &GOOD
+                .replace("shape = [1] }, {", "shape = [1], memory = \"device\", device = 1 }, {")
+                .replace("shape = [1, 8] }", "shape = [1, 8], memory = \"managed\" }"),
+        )
+        .expect("valid manifest");
+        let io = &io_on_device.methods["decode"];
+        assert_eq!((io.inputs[0].memory, io.inputs[0].device), (MemoryKind::Device, 1));
+        assert_eq!((io.inputs[1].memory, io.outputs[0].memory), (MemoryKind::Host, MemoryKind::Managed));
         let call = &m.methods["decode"].calls[0];
         assert_eq!(call.blob, Path::new("dir/decode.blob"));
         assert_eq!(call.args[2], ArgRef::Buffer("k".into()));
@@ -517,7 +564,11 @@ logits_output = "logits"
                 "dir/program.toml:18:17: max_positions is 0 but the prompt alone has 1 tokens",
             ),
             (GOOD.replace("shape = [2, 4]", "shape = [2, -4]"), "dir/program.toml:4:9: shape of 'k' has negative extent -4; buffers need static shapes"),
-            (GOOD.replace("shape = [2, 4]", "shape = [2, 4]\ndevice = 1"), "dir/program.toml:5:10: buffer 'k' is host memory; `device` applies to device and managed buffers"),
+            (GOOD.replace("shape = [2, 4]", "shape = [2, 4]\ndevice = 1"), "dir/program.toml:5:10: buffer 'k' is host memory; `device` applies to device and managed memory"),
+            (GOOD.replace("shape = [1] }, { name = \"pos\"", "shape = [1], memory = \"vram\" }, { name = \"pos\""), "dir/program.toml:7:67: unknown memory kind 'vram' for input 'tokens' (expected host, device, managed or pinned)"),
+            (GOOD.replace("shape = [1, 8] }", "shape = [1, 8], device = 2 }"), "dir/program.toml:8:71: output 'logits' is host memory; `device` applies to device and managed memory"),
+            (GOOD.replace("logits_output = \"logits\"", "logits_output = \"logits\"\nnext_token_output = \"logits\""), "dir/program.toml:21:21: 'logits' of method 'decode' must be i64 [1], not f32 [1, 8]"),
+            (GOOD.replace("logits_output = \"logits\"", "logits_output = \"logits\"\nnext_token_output = \"next\""), "dir/program.toml:21:21: method 'decode' has no output named 'next'"),
             (GOOD.replace("shape = [2, 4]", "shape = [2, 4]\nmemory = \"device\"\ndevice = -1"), "dir/program.toml:6:10: device -1 of buffer 'k' is not a CUDA device ordinal"),
             (GOOD.replace("blob = ", "blub = "), "dir/program.toml:10:1: unknown field `blub`, expected one of `blob`, `backend`, `args`"),
         ];

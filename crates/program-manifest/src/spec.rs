@@ -55,6 +55,13 @@ pub struct TensorSpec {
     pub dtype: String,
     /// Static extents.
     pub shape: Vec<i64>,
+    /// Memory kind, as for a buffer; absent means `"host"`. A `"device"` token input lets a host generate
+    /// without host round trips.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory: Option<String>,
+    /// CUDA device ordinal of a device or managed input or output; absent means 0.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub device: Option<i64>,
 }
 
 /// A method (`[methods.NAME]`): its user inputs and outputs and its ordered delegate calls.
@@ -100,6 +107,10 @@ pub struct GenerateSpec {
     pub position_input: String,
     /// The output with the logits.
     pub logits_output: String,
+    /// An `i64 [1]` output holding the argmax of the last logits row, computed by the delegate (on the
+    /// device, for a device-resident program): a host feeds it back without reading the logits.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub next_token_output: Option<String>,
     /// How many positions the caches hold (prompt plus decode steps), so a host can refuse a run that would
     /// overflow them before it starts.
     #[serde(default, skip_serializing_if = "Option::is_none")]
