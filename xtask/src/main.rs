@@ -5,6 +5,7 @@
 mod acceptance;
 mod codegen;
 mod demo;
+mod gpu;
 mod test;
 mod trt_setup;
 mod util;
@@ -33,6 +34,12 @@ enum Task {
         #[arg(long)]
         check: bool,
     },
+    /// Build the GPU bundle (release host, CUDA delegate, GPU test executables) and print the one command
+    /// that runs every GPU test on a GPU machine.
+    GpuTest,
+    /// Build the GPU bundle and print the command that runs the side-by-side benchmark (ours and PyTorch's)
+    /// on a GPU machine.
+    BenchGpu,
     /// Write the example decoder's blobs and program manifest into DIR.
     ExportExample {
         /// Which delegate the blobs are for.
@@ -61,6 +68,8 @@ fn main() -> anyhow::Result<()> {
         Task::Demo => demo::run(&root),
         Task::Test => test::run(&root),
         Task::Codegen { check } => codegen::run(&root, check),
+        Task::GpuTest => gpu::bundle(&root, "test"),
+        Task::BenchGpu => gpu::bundle(&root, "bench"),
         Task::ExportExample { backend: Backend::Reference, dir, big } => {
             let cfg = if big { kv_example::Config::big() } else { kv_example::Config::tiny() };
             kv_example::export::reference(&cfg, &dir)?;

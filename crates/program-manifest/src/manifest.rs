@@ -273,7 +273,8 @@ fn placement(
     }
     match i32::try_from(device) {
         Ok(ordinal) if ordinal >= 0 => Ok((memory, ordinal)),
-        _ => src.error(at("device"), format!("device {device} of {what} '{name}' is not a CUDA device ordinal")),
+        _ => src
+            .error(at("device"), format!("device {device} of {what} '{name}' is not a CUDA device ordinal")),
     }
 }
 

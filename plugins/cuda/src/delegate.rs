@@ -1,0 +1,396 @@
+//! [`CudaDelegate`]: the [`Delegate`] implementation: blob checks, the binding plan (each argument position
+//! resolved to its graph tensor by name, once), per-call argument checks, and the aliased-output contract.
+//!
+//! ## The aliased-output contract
+//!
+//! A `KvCacheUpdate` output aliases its cache input. Per call:
+//! 1. every aliased input passes the residency gate on the **real pointer**: the driver
+//!    (`cuPointerGetAttributes`) must report device or managed memory on the blob's device (host and pinned
+//!    caches are refused with upstream's message). The query runs when an argument's address changes, not
+//!    every step;
+//! 2. the kernels write the update into the caller's cache, in place: zero bytes copied;
+//! 3. an aliased output bound to separate storage (a copy-back host) gets the updated cache copied into it,
+//!    device to device, on the same stream, counted with [`ExecuteArgs::record_reflect`].
+//!
+//! ## Streams
+//!
+//! With a caller stream, `execute` queues its kernels on it and returns: no stream or context
+//! synchronisation on the decode path (host-memory inputs and outputs are copied on the stream; a copy into
+//! pageable host memory is synchronous by CUDA's rules, so keep decode I/O on the device). Without one, the
+//! instance's own stream runs the call and `execute` waits for it.
+
+use alias_validate::{validate_with_engine, ArgLayout, ValidKind};
+use blob_format::model::{Format, PayloadKind, Role};
+use blob_format::Blob;
+use delegate_abi::{
+    Compatibility, DTypeCode, Delegate, DelegateError, ExecuteArgs, InitContext, MemoryKind, PluginInfo,
+    TensorArg, WireFormatSupport,
+};
+use et_error::{ErrorCode, HasErrorCode};
+use ref_graph::{Graph, TensorId, PAYLOAD_MAGIC, PAYLOAD_VERSION_MAJOR};
+
+use crate::engine::Engine;
+use crate::plan::{Plan, Unsupported};
+use crate::BACKEND_ID;
+
+/// The native wire-format versions this delegate reads.
+pub const WIRE_FORMAT_VERSIONS: &str = ">=1.0, <2";
+
+/// Memory kinds the delegate accepts. Caches must be device or managed memory (the residency gate); host
+/// and pinned inputs and outputs are staged through device buffers.
+pub const MEMORY_KINDS: [MemoryKind; 4] =
+    [MemoryKind::Device, MemoryKind::Managed, MemoryKind::Host, MemoryKind::Pinned];
+
+/// The CUDA delegate. Stateless: each blob's device state lives in its [`CudaHandle`].
+#[derive(Debug, Default, Clone, Copy)]
+pub struct CudaDelegate;
+
+/// Why `init` or `execute` failed; converts to [`DelegateError`] with its [`HasErrorCode`] code.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// The blob does not parse.
+    #[error("{0}")]
+    Blob(#[from] blob_format::Error),
+    /// The blob is not a native reference-graph blob for `CudaBackend`. `DelegateInvalidCompatibility`.
+    #[error("{0}")]
+    Incompatible(String),
+    /// The payload is not a valid graph. `InvalidProgram`.
+    #[error("reference graph: {0}")]
+    Graph(#[from] ref_graph::Error),
+    /// The blob's bindings or aliases disagree with the graph.
+    #[error("{0}")]
+    Alias(#[from] alias_validate::Error),
+    /// A `user` alias, which the graph does not perform itself. `NotSupported`.
+    #[error("user alias '{output}' -> '{input}' is not supported: the CUDA delegate only runs aliases its graph performs (kv_cache_update)")]
+    UserAlias {
+        /// The alias's output.
+        output: String,
+        /// The alias's input.
+        input: String,
+    },
+    /// A valid graph this delegate cannot run. `NotSupported`.
+    #[error("{0}")]
+    Unsupported(#[from] Unsupported),
+    /// A bound tensor the ABI cannot carry. `InvalidProgram`.
+    #[error("binding '{name}': {problem}")]
+    Binding {
+        /// The binding.
+        name: String,
+        /// What is wrong.
+        problem: String,
+    },
+    /// The call has the wrong number of arguments. `InvalidArgument`.
+    #[error("the call has {found} arguments, but this blob binds {expected}: {names}")]
+    ArgCount {
+        /// Arguments the blob binds.
+        expected: usize,
+        /// Arguments given.
+        found: usize,
+        /// The bound tensor names, in argument order.
+        names: String,
+    },
+    /// One argument does not fit its binding. `InvalidArgument`.
+    #[error("argument {position} ('{tensor}'): {problem}")]
+    Arg {
+        /// The argument position.
+        position: usize,
+        /// The graph tensor it binds.
+        tensor: String,
+        /// What is wrong.
+        problem: String,
+    },
+    /// An aliased input failed the residency gate. `InvalidArgument`.
+    #[error("argument {position}: {source}")]
+    Residency {
+        /// The argument position.
+        position: usize,
+        /// The gate's error.
+        #[source]
+        source: alias_validate::Error,
+    },
+    /// CUDA refused something (no driver, no device, out of memory, a failed launch).
+    #[error("{action}: {source}")]
+    Cuda {
+        /// What the delegate was doing.
+        action: String,
+        /// CUDA's error.
+        #[source]
+        source: cuda_rt::Error,
+    },
+    /// A kernel met a bad value in device memory (a kernel cannot fail a call itself). `InvalidArgument`.
+    #[error("{}: {bits}; the step's outputs are not valid", if *earlier { "an earlier call on the caller's stream read" } else { "the call read" })]
+    Kernel {
+        /// What the kernels saw.
+        bits: String,
+        /// Whether it happened in an earlier, asynchronous call (reported at the next call).
+        earlier: bool,
+    },
+    /// The ABI refused an argument access.
+    #[error("{0}")]
+    Abi(DelegateError),
+}
+
+impl HasErrorCode for Error {
+    fn error_code(&self) -> ErrorCode {
+        match self {
+            Error::Blob(err) => err.error_code(),
+            Error::Incompatible(_) => ErrorCode::DelegateInvalidCompatibility,
+            Error::Graph(err) => err.error_code(),
+            Error::Alias(err) => err.error_code(),
+            Error::UserAlias { .. } | Error::Unsupported(_) => ErrorCode::NotSupported,
+            Error::Binding { .. } => ErrorCode::InvalidProgram,
+            Error::ArgCount { .. } | Error::Arg { .. } | Error::Kernel { .. } => ErrorCode::InvalidArgument,
+            Error::Residency { source, .. } => source.error_code(),
+            Error::Cuda { source, .. } => source.error_code(),
+            Error::Abi(err) => err.code,
+        }
+    }
+}
+
+/// What one argument position must carry, resolved once at `init`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ArgSpec {
+    /// The graph tensor it binds (by the blob binding's name).
+    pub tensor: TensorId,
+    /// The tensor's name.
+    pub name: String,
+    /// Input or output of the graph.
+    pub role: Role,
+    /// Element type.
+    pub dtype: DTypeCode,
+    /// Extents.
+    pub shape: Vec<i64>,
+    /// Size in bytes.
+    pub nbytes: u64,
+    /// Whether an output aliases it (the kernels update it in place).
+    pub aliased_input: bool,
+    /// For an aliased output slot, the position of the input it aliases.
+    pub aliases_arg: Option<usize>,
+}
+
+fn arg_specs(blob: &Blob<'_>, graph: &Graph) -> Result<Vec<ArgSpec>, Error> {
+    let aliases = validate_with_engine(&blob.header, graph)?;
+    for warning in aliases.warnings() {
+        tracing::warn!(target: "cuda_delegate", "{warning}");
+    }
+    if let Some(user) = aliases.aliases().iter().find(|a| a.kind == ValidKind::User) {
+        return Err(Error::UserAlias { output: user.output.clone(), input: user.input.clone() });
+    }
+    let layout = ArgLayout::new(&blob.header, &aliases)?;
+    layout
+        .slots()
+        .iter()
+        .map(|slot| {
+            let binding = |problem: String| Error::Binding { name: slot.name.clone(), problem };
+            let tensor =
+                graph.find(&slot.name).ok_or_else(|| binding("no graph tensor has this name".into()))?;
+            let decl = graph.tensor(tensor);
+            let shape = decl
+                .shape
+                .iter()
+                .map(|&d| i64::try_from(d))
+                .collect::<Result<Vec<_>, _>>()
+                .ok()
+                .filter(|s| s.len() <= delegate_abi::MAX_RANK)
+                .ok_or_else(|| {
+                    binding(format!("shape {:?} cannot be passed as a tensor argument", decl.shape))
+                })?;
+            Ok(ArgSpec {
+                tensor,
+                name: slot.name.clone(),
+                role: slot.role,
+                dtype: DTypeCode::try_from(decl.dtype.dtype()).map_err(|err| binding(err.to_string()))?,
+                shape,
+                nbytes: decl.nbytes() as u64,
+                aliased_input: slot.is_alias_target(),
+                aliases_arg: slot.in_place_of(),
+            })
+        })
+        .collect()
+}
+
+/// Checks a call's arguments against the plan: count, dtype, shape, size, writability. Memory kinds and
+/// devices are checked with the driver by the engine when an address changes.
+fn check(specs: &[ArgSpec], args: &[TensorArg]) -> Result<(), Error> {
+    if args.len() != specs.len() {
+        let names = specs.iter().map(|a| a.name.as_str()).collect::<Vec<_>>().join(", ");
+        return Err(Error::ArgCount { expected: specs.len(), found: args.len(), names });
+    }
+    for (position, (spec, arg)) in specs.iter().zip(args).enumerate() {
+        let bad = |problem: String| Error::Arg { position, tensor: spec.name.clone(), problem };
+        if arg.dtype() != spec.dtype || arg.dims() != spec.shape.as_slice() {
+            return Err(bad(format!(
+                "is {} {:?}, expected {} {:?}",
+                arg.dtype(),
+                arg.dims(),
+                spec.dtype,
+                spec.shape
+            )));
+        }
+        if arg.nbytes != spec.nbytes {
+            return Err(bad(format!("has {} bytes, expected {}", arg.nbytes, spec.nbytes)));
+        }
+        if (spec.role == Role::Output || spec.aliased_input) && !arg.is_writable() {
+            return Err(bad("is read-only, but the delegate writes it".to_owned()));
+        }
+        if arg.nbytes > 0 && arg.data.is_null() {
+            return Err(bad("is a null pointer".to_owned()));
+        }
+    }
+    Ok(())
+}
+
+/// One initialised blob: its argument plan and its device state.
+#[derive(Debug)]
+pub struct CudaHandle {
+    specs: Vec<ArgSpec>,
+    engine: Engine,
+}
+
+impl CudaHandle {
+    /// Every argument position, in delegate-argument order.
+    pub fn args(&self) -> &[ArgSpec] {
+        &self.specs
+    }
+
+    /// The CUDA device it runs on.
+    pub fn device(&self) -> i32 {
+        self.engine.device()
+    }
+}
+
+fn header_mismatch(blob: &Blob<'_>) -> Option<String> {
+    if !matches!(blob.format, Format::Native { major: 1, .. }) {
+        return Some(format!(
+            "the CUDA delegate reads native {WIRE_FORMAT_VERSIONS} blobs, this one is {}",
+            blob.format
+        ));
+    }
+    if blob.header.backend_id != BACKEND_ID {
+        return Some(format!("the blob is for backend '{}', not '{BACKEND_ID}'", blob.header.backend_id));
+    }
+    if blob.header.payload_kind != PayloadKind::ReferenceGraph {
+        return Some(format!(
+            "the blob's payload is '{}', not '{}'",
+            blob.header.payload_kind,
+            PayloadKind::ReferenceGraph
+        ));
+    }
+    None
+}
+
+impl CudaDelegate {
+    fn init_blob(&self, bytes: &[u8]) -> Result<CudaHandle, Error> {
+        let blob = Blob::parse(bytes)?;
+        if let Some(reason) = header_mismatch(&blob) {
+            return Err(Error::Incompatible(reason));
+        }
+        blob.verify_payload()?;
+        let graph = Graph::decode(blob.engine)?;
+        let specs = arg_specs(&blob, &graph)?;
+        let plan = Plan::new(&graph)?;
+        let ordinal = blob.header.device_id;
+        if ordinal < 0 {
+            return Err(Error::Incompatible(format!("device id {ordinal} is not a CUDA device ordinal")));
+        }
+        let ctx = cuda_rt::Context::open(ordinal)
+            .map_err(|source| Error::Cuda { action: format!("opening CUDA device {ordinal}"), source })?;
+        let io: Vec<TensorId> =
+            specs.iter().filter(|s| s.aliases_arg.is_none() && !s.aliased_input).map(|s| s.tensor).collect();
+        let engine = Engine::new(ctx, &graph, plan, &io)?;
+        tracing::debug!(
+            target: "cuda_delegate",
+            ops = graph.ops().len(),
+            launches = engine.plan().steps.len(),
+            device = ordinal,
+            "initialised a reference graph on the GPU"
+        );
+        Ok(CudaHandle { specs, engine })
+    }
+}
+
+impl Delegate for CudaDelegate {
+    type Handle = CudaHandle;
+
+    fn new() -> Self {
+        CudaDelegate
+    }
+
+    fn info() -> PluginInfo {
+        PluginInfo {
+            name: "cuda-delegate".to_owned(),
+            version: env!("CARGO_PKG_VERSION").to_owned(),
+            backends: vec![BACKEND_ID.to_owned()],
+            wire_formats: vec![WireFormatSupport {
+                format: "native".to_owned(),
+                versions: WIRE_FORMAT_VERSIONS.to_owned(),
+            }],
+            memory_kinds: MEMORY_KINDS.to_vec(),
+            binds_aliases_in_place: true,
+        }
+    }
+
+    fn availability(&self) -> Result<(), DelegateError> {
+        cuda_rt::Context::open(0).map(drop).map_err(|err| DelegateError::not_supported(err.to_string()))
+    }
+
+    fn compatibility(&self, blob: &[u8]) -> Compatibility {
+        let parsed = match Blob::parse(blob) {
+            Ok(parsed) => parsed,
+            Err(err) => return Compatibility::Unsupported { reason: err.to_string() },
+        };
+        if let Some(reason) = header_mismatch(&parsed) {
+            return Compatibility::Unsupported { reason };
+        }
+        match parsed.engine.get(..6) {
+            Some([a, b, c, d, lo, hi]) if [*a, *b, *c, *d] == PAYLOAD_MAGIC => {
+                let major = u16::from_le_bytes([*lo, *hi]);
+                if major == PAYLOAD_VERSION_MAJOR {
+                    Compatibility::Supported
+                } else {
+                    Compatibility::Unsupported {
+                        reason: format!(
+                            "reference-graph payload version {major}.x; this build reads {PAYLOAD_VERSION_MAJOR}.x"
+                        ),
+                    }
+                }
+            }
+            _ => Compatibility::Unsupported { reason: "the payload is not a reference graph".to_owned() },
+        }
+    }
+
+    fn init(&self, ctx: InitContext<'_>) -> Result<CudaHandle, DelegateError> {
+        for spec in ctx.compile_specs.iter().chain(ctx.runtime_specs) {
+            tracing::debug!(target: "cuda_delegate", key = spec.key, "ignoring a spec this delegate has no use for");
+        }
+        Ok(self.init_blob(ctx.blob)?)
+    }
+
+    fn execute(&self, handle: &mut CudaHandle, args: &mut ExecuteArgs<'_>) -> Result<(), DelegateError> {
+        check(&handle.specs, args.args())?;
+        Ok(handle.engine.run(&handle.specs, args)?)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn info_names_the_backend_and_memory_kinds() {
+        let info = CudaDelegate::info();
+        assert_eq!(info.backends, [BACKEND_ID]);
+        assert!(info.memory_kinds.contains(&MemoryKind::Device));
+        assert!(info.binds_aliases_in_place);
+    }
+
+    #[test]
+    fn compatibility_refuses_other_backends_and_garbage() {
+        let d = CudaDelegate;
+        match d.compatibility(b"nope") {
+            Compatibility::Unsupported { .. } => {}
+            other => panic!("garbage accepted: {other:?}"),
+        }
+    }
+}

@@ -1,0 +1,465 @@
+//! One initialised graph on one device: its kernels, uploaded constants and scratch, and the per-call work
+//! (bind arguments, queue the launches on the caller's stream, reflect aliased outputs for copy-back hosts).
+
+use alias_validate::residency::{DirectAccess, Residency};
+use cuda_rt::{Allocation, Context, Device, DevicePtr, LaunchConfig, Pinned, PointerKind, Stream, StreamRef};
+use delegate_abi::{ExecuteArgs, MemoryKind, TensorArg};
+use ref_graph::{Data, Graph, TensorId};
+
+use crate::delegate::{ArgSpec, Error};
+use crate::kernels::{self, AddP, ArgmaxP, AttnP, GatherP, GemvP, Kernels, KvP, Launch, PositionsP, RmsP};
+use crate::plan::{Home, Plan, Step};
+
+/// The kernels' error bits (`ERR_TOKEN`, `ERR_POSITION` in the source).
+const ERR_TOKEN: u32 = 1;
+const ERR_POSITION: u32 = 2;
+
+/// Device state of one `init`.
+#[derive(Debug)]
+pub struct Engine {
+    ctx: Context,
+    kernels: Kernels,
+    plan: Plan,
+    /// The stream of calls that bring none; blocking, so it orders after the legacy default stream.
+    own_stream: Stream,
+    access: DirectAccess,
+    _constants: Vec<Allocation<Device>>,
+    /// Intermediates, and the device homes of host-memory inputs and outputs, by tensor.
+    _buffers: Vec<Allocation<Device>>,
+    /// Device-side homes of I/O tensors, by tensor index, used when the argument is host memory.
+    io_home: Vec<Option<DevicePtr>>,
+    _scratch: Vec<Allocation<Device>>,
+    gemv_partial: DevicePtr,
+    gemv_counters: DevicePtr,
+    attn_part: DevicePtr,
+    attn_ml: DevicePtr,
+    err: Allocation<Device>,
+    /// Where the error word is copied after each call queued on a caller's stream; read at the next call.
+    err_seen: Allocation<Pinned>,
+    /// Every tensor's address for the current call.
+    ptrs: Vec<DevicePtr>,
+    /// The last address checked with the driver, per argument position (the check runs when it changes).
+    checked: Vec<usize>,
+    launches: Vec<Launch>,
+}
+
+fn alloc(ctx: &Context, bytes: usize, what: &str) -> Result<Allocation<Device>, Error> {
+    Allocation::<Device>::zeroed(ctx, bytes.max(4))
+        .map_err(|source| Error::Cuda { action: format!("allocating {bytes} bytes for {what}"), source })
+}
+
+fn data_bytes(data: &Data) -> &[u8] {
+    match data {
+        Data::F32(v) => bytemuck::cast_slice(v),
+        Data::I64(v) => bytemuck::cast_slice(v),
+    }
+}
+
+impl Engine {
+    /// Compiles the kernels, uploads the constants and allocates every intermediate and scratch buffer.
+    pub fn new(ctx: Context, graph: &Graph, plan: Plan, io: &[TensorId]) -> Result<Engine, Error> {
+        let cuda = |action: &str| {
+            let action = action.to_owned();
+            move |source| Error::Cuda { action: action.clone(), source }
+        };
+        let kernels = Kernels::load(&ctx, plan.float).map_err(cuda("compiling the kernels"))?;
+        let own_stream = Stream::new(&ctx).map_err(cuda("creating a stream"))?;
+        let tensors = graph.tensors();
+        let mut ptrs = vec![0; tensors.len()];
+        let mut constants = Vec::new();
+        for (id, data) in graph.constants() {
+            let bytes = data_bytes(data);
+            let mut a = alloc(&ctx, bytes.len(), &tensors[id.0].name)?;
+            if !bytes.is_empty() {
+                a.write(bytes).map_err(cuda(&format!("uploading constant '{}'", tensors[id.0].name)))?;
+            }
+            ptrs[id.0] = a.device_ptr();
+            constants.push(a);
+        }
+        let mut buffers = Vec::new();
+        let mut io_home = vec![None; tensors.len()];
+        for (index, home) in plan.homes.iter().enumerate() {
+            let decl = &tensors[index];
+            match home {
+                Home::Scratch => {
+                    let a = alloc(&ctx, decl.nbytes(), &decl.name)?;
+                    ptrs[index] = a.device_ptr();
+                    buffers.push(a);
+                }
+                Home::Io if io.contains(&TensorId(index)) => {
+                    let a = alloc(&ctx, decl.nbytes(), &decl.name)?;
+                    io_home[index] = Some(a.device_ptr());
+                    buffers.push(a);
+                }
+                _ => {}
+            }
+        }
+        let mut scratch = Vec::new();
+        let mut take = |elems: usize, elem: usize, what: &str| -> Result<DevicePtr, Error> {
+            let a = alloc(&ctx, elems * elem, what)?;
+            let ptr = a.device_ptr();
+            scratch.push(a);
+            Ok(ptr)
+        };
+        let gemv_partial = take(plan.gemv_partial, 4, "GEMV partial sums")?;
+        let gemv_counters = take(plan.gemv_counters, 4, "GEMV counters")?;
+        let attn_part = take(plan.attn_scratch.0, 4, "attention partial outputs")?;
+        let attn_ml = take(plan.attn_scratch.1, 4, "attention maxima")?;
+        let err = alloc(&ctx, 4, "the error word")?;
+        let err_seen = Allocation::<Pinned>::zeroed(&ctx, 4).map_err(cuda("allocating the error mirror"))?;
+        let access = DirectAccess::gpu(ctx.is_integrated());
+        let launches = Vec::with_capacity(plan.steps.len());
+        Ok(Engine {
+            ctx,
+            kernels,
+            plan,
+            own_stream,
+            access,
+            _constants: constants,
+            _buffers: buffers,
+            io_home,
+            _scratch: scratch,
+            gemv_partial,
+            gemv_counters,
+            attn_part,
+            attn_ml,
+            err,
+            err_seen,
+            ptrs,
+            checked: Vec::new(),
+            launches,
+        })
+    }
+
+    /// The plan it runs.
+    pub fn plan(&self) -> &Plan {
+        &self.plan
+    }
+
+    /// The device it runs on.
+    pub fn device(&self) -> i32 {
+        self.ctx.ordinal()
+    }
+
+    /// Checks, with the driver, that a device or managed argument really is memory of that kind on this
+    /// device, and that an aliased input is memory the GPU can update in place (the residency gate on the
+    /// real pointer). Runs only when the argument's address changed since the last call.
+    fn check_memory(&mut self, position: usize, spec: &ArgSpec, arg: &TensorArg) -> Result<(), Error> {
+        if self.checked.len() <= position {
+            self.checked.resize(position + 1, 0);
+        }
+        let claimed = arg.memory();
+        let needs_device = spec.aliased_input || matches!(claimed, MemoryKind::Device | MemoryKind::Managed);
+        if !needs_device || self.checked[position] == arg.data as usize {
+            return Ok(());
+        }
+        let info = self.ctx.pointer_info(arg.data).map_err(|source| Error::Cuda {
+            action: format!("querying argument {position}'s pointer"),
+            source,
+        })?;
+        let residency = match info.kind {
+            PointerKind::Device => Residency::Device,
+            PointerKind::Managed => Residency::Managed,
+            PointerKind::Host => Residency::PinnedHost,
+            _ => Residency::Host,
+        };
+        let bad = |problem: String| Error::Arg { position, tensor: spec.name.clone(), problem };
+        if spec.aliased_input {
+            self.access
+                .check(&spec.name, residency, arg.nbytes)
+                .map_err(|source| Error::Residency { position, source })?;
+        }
+        if Residency::from(claimed) != residency {
+            return Err(bad(format!(
+                "is passed as {claimed} memory, but the driver says it is {}",
+                residency.name()
+            )));
+        }
+        if let Some(device) = info.device.filter(|_| residency != Residency::PinnedHost) {
+            if device != self.ctx.ordinal() {
+                return Err(bad(format!(
+                    "lives on CUDA device {device}, but this blob runs on device {}",
+                    self.ctx.ordinal()
+                )));
+            }
+        }
+        self.checked[position] = arg.data as usize;
+        Ok(())
+    }
+
+    /// Runs the graph for one call: binds `args` (checked against `specs` by the caller), queues every
+    /// launch on the caller's stream (or the instance's own, then waits), reflects aliased outputs bound to
+    /// separate slots, and copies host-memory outputs back.
+    pub fn run(&mut self, specs: &[ArgSpec], args: &mut ExecuteArgs<'_>) -> Result<(), Error> {
+        self.take_reported_error()?;
+        let caller = args.stream();
+        let raw = caller.map_or_else(|| self.own_stream.as_ref().as_raw(), |s| s.as_raw());
+        // SAFETY: a caller stream crossed the ABI as `CudaStream`, whose contract makes it a live stream of
+        // this device's primary context for the call and the work queued on it; the own stream is created in
+        // that context and lives as long as `self`, which outlives this call.
+        let stream: StreamRef<'_> = unsafe { StreamRef::from_raw(raw) };
+        for (position, spec) in specs.iter().enumerate() {
+            let arg = *args.arg(position).map_err(Error::Abi)?;
+            self.check_memory(position, spec, &arg)?;
+            if spec.aliases_arg.is_some() {
+                continue; // an aliased output slot: the tensor is its cache; reflected below if separate
+            }
+            if matches!(arg.memory(), MemoryKind::Device | MemoryKind::Managed) {
+                self.ptrs[spec.tensor.0] = arg.data as DevicePtr;
+                continue;
+            }
+            let home = self.io_home[spec.tensor.0].ok_or_else(|| Error::Arg {
+                position,
+                tensor: spec.name.clone(),
+                problem: format!("is {} memory, which this tensor cannot be staged from", arg.memory()),
+            })?;
+            self.ptrs[spec.tensor.0] = home;
+            if spec.role == blob_format::model::Role::Input {
+                // SAFETY: `arg.data` is host memory of `nbytes` bytes the caller lends for the call (checked
+                // against the binding); `home` is this instance's device buffer of the tensor's size, which
+                // equals `nbytes`. A copy from pageable memory returns once the source is consumed.
+                unsafe { self.ctx.copy_htod_async(home, arg.data, arg.nbytes, stream) }.map_err(
+                    |source| Error::Cuda { action: format!("staging argument {position}"), source },
+                )?;
+                args.record_staging(arg.nbytes);
+            }
+        }
+        for (index, home) in self.plan.homes.iter().enumerate() {
+            if let Home::SameAs(cache) = home {
+                self.ptrs[index] = self.ptrs[cache.0];
+            }
+        }
+        let mut launches = std::mem::take(&mut self.launches);
+        launches.clear();
+        for step in &self.plan.steps {
+            self.lower(step, &mut launches);
+        }
+        let launched = launches.iter().try_for_each(|launch| {
+            // SAFETY: every address in the launch is an argument checked against its binding (size, dtype,
+            // shape, memory kind and device, with the driver) or this instance's own allocation, sized by the
+            // plan from the graph's static shapes; the caller keeps arguments untouched until the stream has
+            // run the call (the ABI's rule), and the instance's memory lives as long as the instance, which
+            // the host drops only after its streams drained.
+            unsafe { self.kernels.launch(launch, stream) }
+                .map_err(|source| Error::Cuda { action: "launching a kernel".into(), source })
+        });
+        self.launches = launches;
+        launched?;
+        for (position, spec) in specs.iter().enumerate() {
+            let arg = *args.arg(position).map_err(Error::Abi)?;
+            if let Some(input) = spec.aliases_arg {
+                let cache = *args.arg(input).map_err(Error::Abi)?;
+                if arg.same_storage(&cache) {
+                    continue;
+                }
+                self.copy_out(position, cache.data as DevicePtr, &arg, stream)?;
+                args.record_reflect(arg.nbytes);
+            } else if spec.role == blob_format::model::Role::Output && !is_device(&arg) {
+                self.copy_out(position, self.ptrs[spec.tensor.0], &arg, stream)?;
+            }
+        }
+        if caller.is_none() {
+            self.own_stream
+                .synchronize()
+                .map_err(|source| Error::Cuda { action: "waiting for the call".into(), source })?;
+            let word = self
+                .err
+                .read()
+                .map_err(|source| Error::Cuda { action: "reading the error word".into(), source })?;
+            let bits = u32::from_le_bytes([word[0], word[1], word[2], word[3]]);
+            if bits != 0 {
+                self.err
+                    .clear()
+                    .map_err(|source| Error::Cuda { action: "clearing the error word".into(), source })?;
+                return Err(Error::Kernel { bits: describe(bits), earlier: false });
+            }
+        } else {
+            // SAFETY: both are this instance's 4-byte allocations; the pinned mirror is only read by
+            // `take_reported_error` with a volatile read of a whole word.
+            unsafe { self.ctx.copy_dtoh_async(self.err_seen.as_ptr(), self.err.device_ptr(), 4, stream) }
+                .map_err(|source| Error::Cuda { action: "queueing the error word".into(), source })?;
+        }
+        Ok(())
+    }
+
+    /// An error a kernel of an earlier call (queued on a caller's stream) recorded, reported now.
+    fn take_reported_error(&mut self) -> Result<(), Error> {
+        // SAFETY: the mirror is a live 4-byte, 4-aligned pinned allocation; the device may be copying into
+        // it, so it is read with one volatile word load (never through a reference).
+        let bits = unsafe { std::ptr::read_volatile(self.err_seen.as_ptr().cast::<u32>()) };
+        if bits == 0 {
+            return Ok(());
+        }
+        self.own_stream.synchronize().ok();
+        self.ctx
+            .synchronize()
+            .map_err(|source| Error::Cuda { action: "waiting for earlier calls".into(), source })?;
+        self.err
+            .clear()
+            .map_err(|source| Error::Cuda { action: "clearing the error word".into(), source })?;
+        self.err_seen.bytes_mut().fill(0);
+        Err(Error::Kernel { bits: describe(bits), earlier: true })
+    }
+
+    fn copy_out(
+        &self,
+        position: usize,
+        src: DevicePtr,
+        dst: &TensorArg,
+        stream: StreamRef<'_>,
+    ) -> Result<(), Error> {
+        let failed = |source| Error::Cuda { action: format!("copying into argument {position}"), source };
+        if is_device(dst) {
+            // SAFETY: `src` is a checked device argument or this instance's buffer, `dst` a checked device
+            // argument of the same size (the binding's), distinct storage (`same_storage` was false and the
+            // host checked overlaps at load); both live until the stream has run the copy.
+            unsafe { self.ctx.copy_dtod_async(dst.data as DevicePtr, src, dst.nbytes, stream) }
+                .map_err(failed)
+        } else {
+            // SAFETY: as above, with `dst` host memory of `nbytes` the caller lends for the call.
+            unsafe { self.ctx.copy_dtoh_async(dst.data, src, dst.nbytes, stream) }.map_err(failed)
+        }
+    }
+
+    /// The launches of one step, with this call's addresses.
+    fn lower(&self, step: &Step, into: &mut Vec<Launch>) {
+        let p = |id: TensorId| self.ptrs[id.0];
+        let err = self.err.device_ptr();
+        let cfg = |grid: (u32, u32, u32), block: u32, shared: u32| LaunchConfig {
+            grid,
+            block: (block, 1, 1),
+            shared_mem_bytes: shared,
+        };
+        let vec = kernels::vec_width(self.plan.float);
+        let launch = match *step {
+            Step::Gather { table, indices, out, rows, n, dim } => Launch::Gather(
+                cfg((rows, 1, 1), 256, 0),
+                GatherP {
+                    table: p(table),
+                    idx: p(indices),
+                    table2: 0,
+                    pos2: 0,
+                    out: p(out),
+                    err,
+                    rows: rows as i32,
+                    n: n as i32,
+                    n2: 0,
+                    dim: dim as i32,
+                },
+            ),
+            Step::Positions { position, out, count } => Launch::Positions(
+                cfg((1, 1, 1), 32, 0),
+                PositionsP { pos: p(position), out: p(out), count: count as i32 },
+            ),
+            Step::Add { a, b, out, n } => Launch::Add(
+                cfg((n.div_ceil(256).clamp(1, 1024) as u32, 1, 1), 256, 0),
+                AddP { a: p(a), b: p(b), out: p(out), n: n as i64 },
+            ),
+            Step::RmsNorm { input, weight, out, rows, dim, eps } => Launch::RmsNorm(
+                cfg((rows, 1, 1), 256, 0),
+                RmsP { x: p(input), w: p(weight), out: p(out), rows: rows as i32, dim: dim as i32, eps },
+            ),
+            Step::Gemv { a, ref mats, m, k, n, ksplit, rows_per_split } => {
+                let mut w = [0; 3];
+                let mut y = [0; 3];
+                let mut res = [0; 3];
+                for (i, mat) in mats.iter().enumerate() {
+                    w[i] = p(mat.w);
+                    y[i] = p(mat.y);
+                    res[i] = mat.residual.map_or(0, p);
+                }
+                let tiles = n.div_ceil(32 * vec);
+                let shared = (rows_per_split + kernels::GEMV_WARPS * 32 * vec) * 4;
+                Launch::Gemv(
+                    cfg((tiles, ksplit, mats.len() as u32 * m), kernels::GEMV_WARPS * 32, shared),
+                    GemvP {
+                        a: p(a),
+                        w,
+                        y,
+                        res,
+                        partial: self.gemv_partial,
+                        counters: self.gemv_counters,
+                        m: m as i32,
+                        k: k as i32,
+                        n: n as i32,
+                        nmat: mats.len() as i32,
+                        ksplit: ksplit as i32,
+                        rows_per_split: rows_per_split as i32,
+                        vec_ok: i32::from(n % vec == 0),
+                    },
+                )
+            }
+            Step::KvUpdate { ref caches, position, rows, heads, len, head_dim } => {
+                let mut cache = [0; 2];
+                let mut upd = [0; 2];
+                for (i, &(c, u)) in caches.iter().enumerate() {
+                    cache[i] = p(c);
+                    upd[i] = p(u);
+                }
+                Launch::KvUpdate(
+                    cfg((rows, heads, caches.len() as u32), head_dim.next_multiple_of(32).min(256), 0),
+                    KvP {
+                        cache,
+                        upd,
+                        pos: p(position),
+                        err,
+                        n: caches.len() as i32,
+                        tq: rows as i32,
+                        h: heads as i32,
+                        l: len as i32,
+                        dh: head_dim as i32,
+                    },
+                )
+            }
+            Step::Attention { q, k, v, position, out, rows, heads, len, head_dim } => {
+                let chunk = kernels::ATTN_CHUNK;
+                let nchunks = len.div_ceil(chunk);
+                let aligned = p(k) % 16 == 0 && p(v) % 16 == 0;
+                let params = AttnP {
+                    q: p(q),
+                    k: p(k),
+                    v: p(v),
+                    out: p(out),
+                    pos: p(position),
+                    o_part: self.attn_part,
+                    ml: self.attn_ml,
+                    err,
+                    tq: rows as i32,
+                    h: heads as i32,
+                    l: len as i32,
+                    dh: head_dim as i32,
+                    chunk: chunk as i32,
+                    nchunks: nchunks as i32,
+                    vec_ok: i32::from(aligned && head_dim % vec == 0),
+                    scale: 1.0 / (head_dim as f32).sqrt(),
+                };
+                let shared = (head_dim + 2 * chunk + 32) * 4;
+                into.push(Launch::AttnSplit(cfg((heads, nchunks, rows), chunk, shared), params));
+                Launch::AttnCombine(cfg((heads, rows, 1), 128, 0), params)
+            }
+            Step::Argmax { input, out, m, n } => Launch::Argmax(
+                cfg((1, 1, 1), kernels::ARGMAX_THREADS, 0),
+                ArgmaxP { x: p(input), out: p(out), m: m as i32, n: n as i32 },
+            ),
+        };
+        into.push(launch);
+    }
+}
+
+fn is_device(arg: &TensorArg) -> bool {
+    matches!(arg.memory(), MemoryKind::Device | MemoryKind::Managed)
+}
+
+fn describe(bits: u32) -> String {
+    let mut what = Vec::new();
+    if bits & ERR_TOKEN != 0 {
+        what.push("a token id outside the embedding table");
+    }
+    if bits & ERR_POSITION != 0 {
+        what.push("a position outside the cache");
+    }
+    if what.is_empty() {
+        what.push("an unknown kernel error");
+    }
+    what.join(" and ")
+}

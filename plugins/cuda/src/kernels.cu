@@ -1,0 +1,440 @@
+// The CUDA delegate's kernels, compiled by NVRTC once per process per device and element type: with
+// `-DKV_F16` the float type `T` holds IEEE half bits (converted with PTX `cvt`, so no header is needed),
+// without it `T` is `float`. Every kernel takes one parameter struct by value; `src/kernels.rs` mirrors each
+// struct field for field (`#[repr(C)]`). Arithmetic is in f32 throughout; `T` is only how values are stored.
+//
+// Positions are read from device memory (`pos[0]`), never passed by value, so a captured CUDA graph replays
+// a decode step at whatever position the caller's position tensor holds. Out-of-range token ids and positions
+// set a bit in `err` and the offending work is skipped (a kernel cannot return an error); the delegate
+// reports the bit.
+
+typedef long long i64;
+typedef unsigned long long u64;
+
+#define ERR_TOKEN 1
+#define ERR_POSITION 2
+
+#ifdef KV_F16
+typedef unsigned short T;
+__device__ __forceinline__ float h2f(unsigned short h) {
+    float f;
+    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
+    return f;
+}
+__device__ __forceinline__ unsigned short f2h(float f) {
+    unsigned short h;
+    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f));
+    return h;
+}
+__device__ __forceinline__ float ld(const T* p, i64 i) { return h2f(p[i]); }
+__device__ __forceinline__ void st(T* p, i64 i, float f) { p[i] = f2h(f); }
+#define VEC 8
+// Eight values from 16 aligned bytes.
+__device__ __forceinline__ void ld_vec(const T* p, float* out) {
+    uint4 u = *reinterpret_cast<const uint4*>(p);
+    unsigned int w[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        out[2 * i] = h2f((unsigned short)(w[i] & 0xffffu));
+        out[2 * i + 1] = h2f((unsigned short)(w[i] >> 16));
+    }
+}
+#else
+typedef float T;
+__device__ __forceinline__ float ld(const T* p, i64 i) { return p[i]; }
+__device__ __forceinline__ void st(T* p, i64 i, float f) { p[i] = f; }
+#define VEC 4
+__device__ __forceinline__ void ld_vec(const T* p, float* out) {
+    float4 u = *reinterpret_cast<const float4*>(p);
+    out[0] = u.x;
+    out[1] = u.y;
+    out[2] = u.z;
+    out[3] = u.w;
+}
+#endif
+
+#define NEG_INF __int_as_float(0xff800000)
+
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+__device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+
+// Block-wide sum or max; `scratch` holds 32 floats; every thread gets the result.
+__device__ float block_sum(float v, float* scratch) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = (blockDim.x + 31) >> 5;
+    v = warp_sum(v);
+    __syncthreads();
+    if (lane == 0) scratch[warp] = v;
+    __syncthreads();
+    v = lane < warps ? scratch[lane] : 0.f;
+    return warp_sum(v);
+}
+
+__device__ float block_max(float v, float* scratch) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = (blockDim.x + 31) >> 5;
+    v = warp_max(v);
+    __syncthreads();
+    if (lane == 0) scratch[warp] = v;
+    __syncthreads();
+    v = lane < warps ? scratch[lane] : NEG_INF;
+    return warp_max(v);
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// Embedding: out[r, :] = table[idx[r], :] (+ table2[idx2[r], :] when `table2` is set: token plus position
+// embedding in one launch). Grid: rows. Ids outside the table zero the row and set ERR_TOKEN.
+
+struct GatherP {
+    const T* table;
+    const i64* idx;
+    const T* table2;
+    const i64* pos2;  // table2's row for output row r is pos2[0] + r
+    T* out;
+    int* err;
+    int rows, n, n2, dim;
+};
+
+extern "C" __global__ void gather(GatherP p) {
+    const int r = blockIdx.x;
+    const i64 id = p.idx[r];
+    bool ok = id >= 0 && id < p.n;
+    i64 id2 = 0;
+    if (p.table2) {
+        id2 = p.pos2[0] + r;
+        if (id2 < 0 || id2 >= p.n2) {
+            if (threadIdx.x == 0) atomicOr(p.err, ERR_POSITION);
+            ok = false;
+        }
+    }
+    if (!ok && threadIdx.x == 0 && !(id >= 0 && id < p.n)) atomicOr(p.err, ERR_TOKEN);
+    for (int d = threadIdx.x; d < p.dim; d += blockDim.x) {
+        float v = 0.f;
+        if (ok) {
+            v = ld(p.table, id * p.dim + d);
+            if (p.table2) v += ld(p.table2, id2 * p.dim + d);
+        }
+        st(p.out, (i64)r * p.dim + d, v);
+    }
+}
+
+// out[t] = pos[0] + t. One thread.
+struct PositionsP {
+    const i64* pos;
+    i64* out;
+    int count;
+};
+
+extern "C" __global__ void positions(PositionsP p) {
+    if (threadIdx.x == 0 && blockIdx.x == 0)
+        for (int t = 0; t < p.count; t++) p.out[t] = p.pos[0] + t;
+}
+
+// out = a + b, elementwise.
+struct AddP {
+    const T* a;
+    const T* b;
+    T* out;
+    i64 n;
+};
+
+extern "C" __global__ void add(AddP p) {
+    for (i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x; i < p.n; i += (i64)gridDim.x * blockDim.x)
+        st(p.out, i, ld(p.a, i) + ld(p.b, i));
+}
+
+// RMS norm of each row. Grid: rows; block: 256.
+struct RmsP {
+    const T* x;
+    const T* w;
+    T* out;
+    int rows, dim;
+    float eps;
+};
+
+extern "C" __global__ void rms_norm(RmsP p) {
+    __shared__ float scratch[32];
+    const i64 base = (i64)blockIdx.x * p.dim;
+    float ss = 0.f;
+    for (int d = threadIdx.x; d < p.dim; d += blockDim.x) {
+        float v = ld(p.x, base + d);
+        ss += v * v;
+    }
+    ss = block_sum(ss, scratch);
+    const float inv = rsqrtf(ss / (float)p.dim + p.eps);
+    for (int d = threadIdx.x; d < p.dim; d += blockDim.x)
+        st(p.out, base + d, ld(p.x, base + d) * inv * ld(p.w, d));
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// y[mat][m, :] = a[m, :] W[mat] (+ res[mat][m, :]), W row-major [K, N], for up to three matrices sharing `a`
+// (the Q, K and V projections in one launch).
+//
+// Decode multiplies one row by a weight matrix: the work is reading W once, so it is split over the whole
+// GPU. A block covers 32 * VEC columns (one warp's lanes, VEC adjacent columns each, loaded 16 bytes at a
+// time) and `rows_per_split` rows of K; its 8 warps share those rows. Grid: (column tiles, ksplit, nmat * M).
+// With ksplit > 1 each block writes f32 partial sums; the last block of a column tile to finish (a ticket
+// counter) adds them in split order — deterministic — applies the residual, stores y, and resets its counter
+// so the next launch (or a graph replay) starts from zero.
+
+struct GemvP {
+    const T* a;
+    const T* w[3];
+    T* y[3];
+    const T* res[3];
+    float* partial;          // [nmat, M, ksplit, N]
+    unsigned int* counters;  // [nmat, M, tiles], zero between launches
+    int M, K, N, nmat, ksplit, rows_per_split, vec_ok;
+};
+
+#define GEMV_WARPS 8
+
+extern "C" __global__ void gemv(GemvP p) {
+    extern __shared__ float smem[];
+    float* xs = smem;                      // [rows_per_split]
+    float* red = smem + p.rows_per_split;  // [GEMV_WARPS][32 * VEC]
+    __shared__ unsigned int ticket;
+    const int tile = blockIdx.x, split = blockIdx.y;
+    const int mat = blockIdx.z / p.M, m = blockIdx.z % p.M;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int ncols = 32 * VEC;
+    const int col0 = tile * ncols + lane * VEC;
+    const int k_begin = split * p.rows_per_split;
+    const int k_end = min(p.K, k_begin + p.rows_per_split);
+
+    for (int k = k_begin + threadIdx.x; k < k_end; k += blockDim.x) xs[k - k_begin] = ld(p.a, (i64)m * p.K + k);
+    __syncthreads();
+
+    float acc[VEC];
+#pragma unroll
+    for (int v = 0; v < VEC; v++) acc[v] = 0.f;
+    const T* w = p.w[mat];
+    if (col0 < p.N) {
+        if (p.vec_ok) {
+#pragma unroll 4
+            for (int k = k_begin + warp; k < k_end; k += GEMV_WARPS) {
+                float wv[VEC];
+                ld_vec(w + (i64)k * p.N + col0, wv);
+                const float x = xs[k - k_begin];
+#pragma unroll
+                for (int v = 0; v < VEC; v++) acc[v] += x * wv[v];
+            }
+        } else {
+            for (int k = k_begin + warp; k < k_end; k += GEMV_WARPS) {
+                const float x = xs[k - k_begin];
+#pragma unroll
+                for (int v = 0; v < VEC; v++)
+                    if (col0 + v < p.N) acc[v] += x * ld(w, (i64)k * p.N + col0 + v);
+            }
+        }
+    }
+#pragma unroll
+    for (int v = 0; v < VEC; v++) red[warp * ncols + lane * VEC + v] = acc[v];
+    __syncthreads();
+
+    const i64 row = (i64)mat * p.M + m;
+    for (int c = threadIdx.x; c < ncols; c += blockDim.x) {
+        const int col = tile * ncols + c;
+        if (col >= p.N) continue;
+        float s = 0.f;
+#pragma unroll
+        for (int w8 = 0; w8 < GEMV_WARPS; w8++) s += red[w8 * ncols + c];
+        if (p.ksplit == 1) {
+            if (p.res[mat]) s += ld(p.res[mat], (i64)m * p.N + col);
+            st(p.y[mat], (i64)m * p.N + col, s);
+        } else {
+            p.partial[(row * p.ksplit + split) * p.N + col] = s;
+        }
+    }
+    if (p.ksplit == 1) return;
+
+    __threadfence();
+    __syncthreads();
+    unsigned int* counter = p.counters + row * gridDim.x + tile;
+    if (threadIdx.x == 0) ticket = atomicAdd(counter, 1u);
+    __syncthreads();
+    if (ticket != (unsigned int)(p.ksplit - 1)) return;
+    __threadfence();
+    for (int c = threadIdx.x; c < ncols; c += blockDim.x) {
+        const int col = tile * ncols + c;
+        if (col >= p.N) continue;
+        const float* part = p.partial + row * p.ksplit * p.N + col;
+        float s = 0.f;
+        for (int sp = 0; sp < p.ksplit; sp++) s += __ldcg(part + (i64)sp * p.N);
+        if (p.res[mat]) s += ld(p.res[mat], (i64)m * p.N + col);
+        st(p.y[mat], (i64)m * p.N + col, s);
+    }
+    if (threadIdx.x == 0) *counter = 0u;
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// KV-cache update, in place: cache[i][h, pos + t, :] = upd[i][t, h * Dh : (h + 1) * Dh] for up to two caches
+// (K and V in one launch). Grid: (Tq, H, n).
+
+struct KvP {
+    T* cache[2];
+    const T* upd[2];
+    const i64* pos;
+    int* err;
+    int n, Tq, H, L, Dh;
+};
+
+extern "C" __global__ void kv_update(KvP p) {
+    const int t = blockIdx.x, h = blockIdx.y, i = blockIdx.z;
+    const i64 row = p.pos[0] + t;
+    if (row < 0 || row >= p.L) {
+        if (threadIdx.x == 0) atomicOr(p.err, ERR_POSITION);
+        return;
+    }
+    T* dst = p.cache[i] + ((i64)h * p.L + row) * p.Dh;
+    const T* src = p.upd[i] + (i64)t * p.H * p.Dh + (i64)h * p.Dh;
+    for (int d = threadIdx.x; d < p.Dh; d += blockDim.x) dst[d] = src[d];
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// Decode attention, split over the cache (flash-decoding). Query t sits at position p = pos[0] + t and attends
+// to rows 0..=p of its head. `attn_split` — grid (H, nchunks, Tq), block `chunk` threads — handles one chunk
+// of `chunk` rows: one thread per row computes q.k (K rows read once, 16 bytes at a time), a block softmax
+// gives the chunk's max `m` and sum `l`, and groups of Dh threads accumulate the weighted V rows (V rows read
+// once). Chunks past p return at once, so only the valid prefix of the cache is read. `attn_combine` — grid
+// (H, Tq) — rescales the chunks' partial outputs by their maxima and normalises.
+
+struct AttnP {
+    const T* q;
+    const T* k;
+    const T* v;
+    T* out;
+    const i64* pos;
+    float* o_part;  // [Tq, H, nchunks, Dh]
+    float* ml;      // [Tq, H, nchunks, 2]
+    int* err;
+    int Tq, H, L, Dh, chunk, nchunks, vec_ok;
+    float scale;
+};
+
+extern "C" __global__ void attn_split(AttnP p) {
+    extern __shared__ float sm[];
+    float* qs = sm;                // [Dh]
+    float* ps = qs + p.Dh;         // [chunk]
+    float* vr = ps + p.chunk;      // [chunk]: per-group V partials (ngroups * Dh <= chunk)
+    float* scratch = vr + p.chunk; // [32]
+    const int h = blockIdx.x, c = blockIdx.y, t = blockIdx.z;
+    const i64 qpos = p.pos[0] + t;
+    const int start = c * p.chunk;
+    if (qpos < 0 || qpos >= p.L) {
+        if (threadIdx.x == 0 && h == 0 && c == 0) atomicOr(p.err, ERR_POSITION);
+        return;
+    }
+    if (start > qpos) return;
+    const int width = p.H * p.Dh;
+    for (int d = threadIdx.x; d < p.Dh; d += blockDim.x) qs[d] = ld(p.q, (i64)t * width + (i64)h * p.Dh + d) * p.scale;
+    __syncthreads();
+
+    const i64 j = start + threadIdx.x;
+    float s = NEG_INF;
+    if (j <= qpos) {
+        const T* kr = p.k + ((i64)h * p.L + j) * p.Dh;
+        float acc = 0.f;
+        if (p.vec_ok) {
+            for (int d = 0; d < p.Dh; d += VEC) {
+                float kv[VEC];
+                ld_vec(kr + d, kv);
+#pragma unroll
+                for (int u = 0; u < VEC; u++) acc += qs[d + u] * kv[u];
+            }
+        } else {
+            for (int d = 0; d < p.Dh; d++) acc += qs[d] * ld(kr, d);
+        }
+        s = acc;
+    }
+    const float mx = block_max(s, scratch);
+    const float e = j <= qpos ? __expf(s - mx) : 0.f;
+    const float l = block_sum(e, scratch);
+    ps[threadIdx.x] = e;
+    __syncthreads();
+
+    const int ngroups = blockDim.x / p.Dh;
+    const int g = threadIdx.x / p.Dh, d = threadIdx.x % p.Dh;
+    const int count = (int)min((i64)p.chunk, qpos - start + 1);
+    float acc = 0.f;
+    if (g < ngroups) {
+        const T* vb = p.v + ((i64)h * p.L + start) * p.Dh + d;
+        for (int jj = g; jj < count; jj += ngroups) acc += ps[jj] * ld(vb, (i64)jj * p.Dh);
+        vr[g * p.Dh + d] = acc;
+    }
+    __syncthreads();
+    const i64 slot = ((i64)t * p.H + h) * p.nchunks + c;
+    if (threadIdx.x < p.Dh) {
+        float sum = 0.f;
+        for (int g2 = 0; g2 < ngroups; g2++) sum += vr[g2 * p.Dh + threadIdx.x];
+        p.o_part[slot * p.Dh + threadIdx.x] = sum;
+    }
+    if (threadIdx.x == 0) {
+        p.ml[slot * 2] = mx;
+        p.ml[slot * 2 + 1] = l;
+    }
+}
+
+extern "C" __global__ void attn_combine(AttnP p) {
+    const int h = blockIdx.x, t = blockIdx.y;
+    const i64 qpos = p.pos[0] + t;
+    if (qpos < 0 || qpos >= p.L) return;
+    const int nvalid = (int)(qpos / p.chunk) + 1;
+    const i64 base = ((i64)t * p.H + h) * p.nchunks;
+    float mx = NEG_INF;
+    for (int c = 0; c < nvalid; c++) mx = fmaxf(mx, p.ml[(base + c) * 2]);
+    float den = 0.f;
+    for (int c = 0; c < nvalid; c++) den += __expf(p.ml[(base + c) * 2] - mx) * p.ml[(base + c) * 2 + 1];
+    const float inv = 1.f / den;
+    for (int d = threadIdx.x; d < p.Dh; d += blockDim.x) {
+        float num = 0.f;
+        for (int c = 0; c < nvalid; c++) num += __expf(p.ml[(base + c) * 2] - mx) * p.o_part[(base + c) * p.Dh + d];
+        st(p.out, (i64)t * p.H * p.Dh + (i64)h * p.Dh + d, num * inv);
+    }
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// out[0] = index of the largest value of x's last row (the first of equals; NaN never wins). One block.
+
+struct ArgmaxP {
+    const T* x;
+    i64* out;
+    int M, N;
+};
+
+extern "C" __global__ void argmax(ArgmaxP p) {
+    __shared__ float best_v[1024];
+    __shared__ int best_i[1024];
+    const T* row = p.x + (i64)(p.M - 1) * p.N;
+    float bv = NEG_INF;
+    int bi = 0x7fffffff;
+    for (int i = threadIdx.x; i < p.N; i += blockDim.x) {
+        const float v = ld(row, i);
+        if (v == v && (v > bv || (v == bv && i < bi))) {
+            bv = v;
+            bi = i;
+        }
+    }
+    best_v[threadIdx.x] = bv;
+    best_i[threadIdx.x] = bi;
+    __syncthreads();
+    for (int s = blockDim.x / 2; s > 0; s >>= 1) {
+        if (threadIdx.x < s) {
+            const float ov = best_v[threadIdx.x + s];
+            const int oi = best_i[threadIdx.x + s];
+            if (ov > best_v[threadIdx.x] || (ov == best_v[threadIdx.x] && oi < best_i[threadIdx.x])) {
+                best_v[threadIdx.x] = ov;
+                best_i[threadIdx.x] = oi;
+            }
+        }
+        __syncthreads();
+    }
+    if (threadIdx.x == 0) p.out[0] = best_i[0] == 0x7fffffff ? 0 : best_i[0];
+}

@@ -1,0 +1,228 @@
+//! The kernels of `kernels.cu`: their parameter structs (mirrored field for field, `#[repr(C)]`), the
+//! compiled module per element type, and the launches. This module is the delegate's FFI layer: the only
+//! `unsafe` code of the crate is here, each launch's contract is written down on [`Kernels::launch`].
+
+use std::ffi::c_void;
+use std::sync::Arc;
+
+use cuda_rt::{Context, DevicePtr, Function, LaunchConfig, Module, StreamRef};
+
+use crate::plan::Float;
+
+/// The CUDA C source, compiled by NVRTC at `init` (once per process per device and element type).
+pub const SOURCE: &str = include_str!("kernels.cu");
+
+/// Threads of an attention block, which is also the number of cache rows one block handles.
+pub const ATTN_CHUNK: u32 = 256;
+/// Warps of a GEMV block (`GEMV_WARPS` in the source).
+pub const GEMV_WARPS: u32 = 8;
+/// Threads of the argmax block (a power of two; the source's shared arrays hold 1024).
+pub const ARGMAX_THREADS: u32 = 1024;
+
+/// NVRTC options for an element type.
+pub fn options(float: Float) -> &'static [&'static str] {
+    match float {
+        Float::F32 => &[],
+        Float::F16 => &["-DKV_F16"],
+    }
+}
+
+/// Values per 16-byte vector load (`VEC` in the source).
+pub const fn vec_width(float: Float) -> u32 {
+    match float {
+        Float::F32 => 4,
+        Float::F16 => 8,
+    }
+}
+
+/// `GatherP`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct GatherP {
+    pub table: DevicePtr,
+    pub idx: DevicePtr,
+    pub table2: DevicePtr,
+    pub pos2: DevicePtr,
+    pub out: DevicePtr,
+    pub err: DevicePtr,
+    pub rows: i32,
+    pub n: i32,
+    pub n2: i32,
+    pub dim: i32,
+}
+
+/// `PositionsP`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct PositionsP {
+    pub pos: DevicePtr,
+    pub out: DevicePtr,
+    pub count: i32,
+}
+
+/// `AddP`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct AddP {
+    pub a: DevicePtr,
+    pub b: DevicePtr,
+    pub out: DevicePtr,
+    pub n: i64,
+}
+
+/// `RmsP`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct RmsP {
+    pub x: DevicePtr,
+    pub w: DevicePtr,
+    pub out: DevicePtr,
+    pub rows: i32,
+    pub dim: i32,
+    pub eps: f32,
+}
+
+/// `GemvP`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct GemvP {
+    pub a: DevicePtr,
+    pub w: [DevicePtr; 3],
+    pub y: [DevicePtr; 3],
+    pub res: [DevicePtr; 3],
+    pub partial: DevicePtr,
+    pub counters: DevicePtr,
+    pub m: i32,
+    pub k: i32,
+    pub n: i32,
+    pub nmat: i32,
+    pub ksplit: i32,
+    pub rows_per_split: i32,
+    pub vec_ok: i32,
+}
+
+/// `KvP`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct KvP {
+    pub cache: [DevicePtr; 2],
+    pub upd: [DevicePtr; 2],
+    pub pos: DevicePtr,
+    pub err: DevicePtr,
+    pub n: i32,
+    pub tq: i32,
+    pub h: i32,
+    pub l: i32,
+    pub dh: i32,
+}
+
+/// `AttnP`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct AttnP {
+    pub q: DevicePtr,
+    pub k: DevicePtr,
+    pub v: DevicePtr,
+    pub out: DevicePtr,
+    pub pos: DevicePtr,
+    pub o_part: DevicePtr,
+    pub ml: DevicePtr,
+    pub err: DevicePtr,
+    pub tq: i32,
+    pub h: i32,
+    pub l: i32,
+    pub dh: i32,
+    pub chunk: i32,
+    pub nchunks: i32,
+    pub vec_ok: i32,
+    pub scale: f32,
+}
+
+/// `ArgmaxP`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct ArgmaxP {
+    pub x: DevicePtr,
+    pub out: DevicePtr,
+    pub m: i32,
+    pub n: i32,
+}
+
+/// One kernel launch, its parameters resolved to addresses.
+#[derive(Debug, Clone, Copy)]
+pub enum Launch {
+    Gather(LaunchConfig, GatherP),
+    Positions(LaunchConfig, PositionsP),
+    Add(LaunchConfig, AddP),
+    RmsNorm(LaunchConfig, RmsP),
+    Gemv(LaunchConfig, GemvP),
+    KvUpdate(LaunchConfig, KvP),
+    AttnSplit(LaunchConfig, AttnP),
+    AttnCombine(LaunchConfig, AttnP),
+    Argmax(LaunchConfig, ArgmaxP),
+}
+
+/// The functions of one compiled module (one element type on one device).
+#[derive(Debug)]
+pub struct Kernels {
+    gather: Function,
+    positions: Function,
+    add: Function,
+    rms_norm: Function,
+    gemv: Function,
+    kv_update: Function,
+    attn_split: Function,
+    attn_combine: Function,
+    argmax: Function,
+}
+
+impl Kernels {
+    /// Compiles (or takes from the process-wide cache) the kernels for `float` on `ctx`'s device.
+    pub fn load(ctx: &Context, float: Float) -> cuda_rt::Result<Kernels> {
+        let module: Arc<Module> = ctx.compile_module(SOURCE, options(float))?;
+        Ok(Kernels {
+            gather: module.function("gather")?,
+            positions: module.function("positions")?,
+            add: module.function("add")?,
+            rms_norm: module.function("rms_norm")?,
+            gemv: module.function("gemv")?,
+            kv_update: module.function("kv_update")?,
+            attn_split: module.function("attn_split")?,
+            attn_combine: module.function("attn_combine")?,
+            argmax: module.function("argmax")?,
+        })
+    }
+
+    /// Queues `launch` on `stream`.
+    ///
+    /// # Safety
+    /// Every address in the parameters is device-accessible memory of the module's context (device or
+    /// managed memory, or another kernel's scratch), valid for the extents the parameters describe (the plan
+    /// computed them from the graph's static shapes and the call's checked arguments), and used by nothing
+    /// else until the stream has run the kernel; `stream` belongs to the same context.
+    pub unsafe fn launch(&self, launch: &Launch, stream: StreamRef<'_>) -> cuda_rt::Result<()> {
+        fn go<P: Copy>(
+            f: &Function,
+            config: LaunchConfig,
+            stream: StreamRef<'_>,
+            p: &P,
+        ) -> cuda_rt::Result<()> {
+            let mut value = *p;
+            let mut params = [(&mut value as *mut P).cast::<c_void>()];
+            // SAFETY: one parameter, a pointer to a value of the kernel's single parameter struct (mirrored
+            // `#[repr(C)]`), read during the call; the memory it addresses is valid per `launch`'s contract.
+            unsafe { f.launch(config, stream, &mut params) }
+        }
+        match launch {
+            Launch::Gather(c, p) => go(&self.gather, *c, stream, p),
+            Launch::Positions(c, p) => go(&self.positions, *c, stream, p),
+            Launch::Add(c, p) => go(&self.add, *c, stream, p),
+            Launch::RmsNorm(c, p) => go(&self.rms_norm, *c, stream, p),
+            Launch::Gemv(c, p) => go(&self.gemv, *c, stream, p),
+            Launch::KvUpdate(c, p) => go(&self.kv_update, *c, stream, p),
+            Launch::AttnSplit(c, p) => go(&self.attn_split, *c, stream, p),
+            Launch::AttnCombine(c, p) => go(&self.attn_combine, *c, stream, p),
+            Launch::Argmax(c, p) => go(&self.argmax, *c, stream, p),
+        }
+    }
+}

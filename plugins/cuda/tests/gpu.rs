@@ -1,0 +1,377 @@
+//! The CUDA delegate on a real GPU, driven through the plugin ABI like a host would: the example decoder with
+//! caches in device (or managed) memory, checked against the f64 oracle and the CPU reference's contract.
+//!
+//! On a machine without a driver (every CI machine) each test checks that the delegate says so with a typed
+//! `NotSupported` and returns; with `KV_REQUIRE_GPU=1` (what `cargo xtask gpu-test` sets) a missing GPU fails
+//! the test instead, so the GPU run cannot pass by skipping.
+
+use blob_format::model::Role;
+use cuda_delegate::{CudaDelegate, BACKEND_ID};
+use cuda_rt::{Allocation, Context, Device, Managed, Stream};
+use delegate_abi::host::{ArgList, Instance, Plugin, Slot};
+use delegate_abi::{CudaStream, DTypeCode, Delegate, ExecStats, InitContext, MemoryKind};
+use et_error::{ErrorCode, HasErrorCode};
+use host_runtime::cuda::{push_raw, Access, RawMemory};
+use kv_example::{model, Config, Oracle, Weights};
+
+/// Device 0, or `None` after checking that the delegate reports the missing GPU cleanly.
+fn gpu() -> Option<Context> {
+    match Context::open(0) {
+        Ok(ctx) => Some(ctx),
+        Err(err) => {
+            assert!(std::env::var_os("KV_REQUIRE_GPU").is_none(), "KV_REQUIRE_GPU is set but: {err}");
+            assert_eq!(err.error_code(), ErrorCode::NotSupported, "{err}");
+            let unavailable = CudaDelegate.availability().expect_err("no GPU, so unavailable");
+            assert_eq!(unavailable.code, ErrorCode::NotSupported);
+            eprintln!("needs a GPU, not run here: {err}");
+            None
+        }
+    }
+}
+
+/// The example's blob for `rows` tokens per call, for the CUDA backend.
+fn blob(cfg: &Config, weights: &Weights, rows: usize) -> Vec<u8> {
+    let mut header = kv_example::export::header(cfg, rows);
+    header.backend_id = BACKEND_ID.to_owned();
+    let graph = model::build_graph(cfg, weights, rows).expect("graph");
+    blob_format::native::to_vec(&header, &graph.encode())
+}
+
+fn plugin() -> Plugin {
+    Plugin::embedded(cuda_delegate::delegate_root()).expect("embedded plugin")
+}
+
+fn instance(plugin: &Plugin, blob: &[u8]) -> Instance {
+    plugin.init(&InitContext { blob, compile_specs: &[], runtime_specs: &[] }).expect("init")
+}
+
+/// Where the caller keeps its caches.
+enum Caches {
+    Device(Vec<Allocation<Device>>),
+    Managed(Vec<Allocation<Managed>>),
+}
+
+impl Caches {
+    fn new(ctx: &Context, cfg: &Config, managed: bool) -> Caches {
+        let bytes = cfg.cache_len() * elem(cfg);
+        let n = 2 * cfg.layers;
+        if managed {
+            Caches::Managed(
+                (0..n).map(|_| Allocation::<Managed>::zeroed(ctx, bytes).expect("managed")).collect(),
+            )
+        } else {
+            Caches::Device(
+                (0..n).map(|_| Allocation::<Device>::zeroed(ctx, bytes).expect("device")).collect(),
+            )
+        }
+    }
+
+    fn read(&self, index: usize) -> Vec<f32> {
+        let bytes = match self {
+            Caches::Device(c) => c[index].read().expect("read"),
+            Caches::Managed(c) => c[index].host_bytes().expect("read").to_vec(),
+        };
+        floats(&bytes, self.f16())
+    }
+
+    fn f16(&self) -> bool {
+        false
+    }
+}
+
+fn elem(cfg: &Config) -> usize {
+    let _ = cfg;
+    4
+}
+
+fn floats(bytes: &[u8], f16: bool) -> Vec<f32> {
+    if f16 {
+        bytes.chunks_exact(2).map(|c| half::f16::from_le_bytes([c[0], c[1]]).to_f32()).collect()
+    } else {
+        bytes.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect()
+    }
+}
+
+/// Separate output slots of a copy-back host (device memory), written back after each call.
+struct Slots(Vec<Allocation<Device>>);
+
+/// One call through the ABI: host tokens, position and logits; caches bound by name from the blob's bindings.
+fn call(
+    instance: &mut Instance,
+    cfg: &Config,
+    caches: &mut Caches,
+    slots: Option<&mut Slots>,
+    tokens: &[i64],
+    position: i64,
+    stream: Option<&Stream>,
+) -> (Vec<f32>, Option<i64>, ExecStats) {
+    try_call(instance, cfg, caches, slots, tokens, position, stream).expect("execute")
+}
+
+fn try_call(
+    instance: &mut Instance,
+    cfg: &Config,
+    caches: &mut Caches,
+    slots: Option<&mut Slots>,
+    tokens: &[i64],
+    position: i64,
+    stream: Option<&Stream>,
+) -> Result<(Vec<f32>, Option<i64>, ExecStats), delegate_abi::DelegateError> {
+    let header = kv_example::export::header(cfg, tokens.len());
+    let rows = tokens.len() as i64;
+    let cache_shape: Vec<i64> = cfg.cache_shape().iter().map(|&d| d as i64).collect();
+    let dtype = DTypeCode::F32;
+    let mut logits = vec![0u8; tokens.len() * cfg.vocab * elem(cfg)];
+    let mut next = [0i64; 1];
+    let position = [position];
+    let mut cache_mem: Vec<Option<RawMemory<'_>>> = match caches {
+        Caches::Device(c) => c.iter_mut().map(|a| Some(RawMemory::device(a))).collect(),
+        Caches::Managed(c) => c.iter_mut().map(|a| Some(RawMemory::managed(a))).collect(),
+    };
+    let mut slot_mem: Vec<Option<RawMemory<'_>>> = match slots {
+        Some(s) => s.0.iter_mut().map(|a| Some(RawMemory::device(a))).collect(),
+        None => Vec::new(),
+    };
+    let cache_index = |name: &str| -> usize {
+        (0..cfg.layers)
+            .flat_map(|l| [model::k_cache(l), model::v_cache(l)])
+            .position(|n| n == name)
+            .unwrap_or_else(|| panic!("unknown cache {name}"))
+    };
+    let stats = {
+        let mut list = ArgList::with_capacity(header.bindings.len());
+        let mut inouts: Vec<Option<Slot>> = vec![None; 2 * cfg.layers];
+        let mut logits_arg = Some(logits.as_mut_slice());
+        let mut next_arg = Some(bytemuck::cast_slice_mut::<i64, u8>(&mut next));
+        for binding in header.bindings.iter().filter(|b| b.threaded) {
+            let name = binding.name.as_str();
+            match (binding.role, name) {
+                (Role::Input, model::TOKENS) => {
+                    list.push_input(bytemuck::cast_slice(tokens), DTypeCode::I64, &[rows], MemoryKind::Host)
+                }
+                (Role::Input, model::INPUT_POS) => {
+                    list.push_input(bytemuck::cast_slice(&position), DTypeCode::I64, &[1], MemoryKind::Host)
+                }
+                (Role::Input, cache) => {
+                    let i = cache_index(cache);
+                    let raw = cache_mem[i].take().expect("each cache once");
+                    push_raw(&mut list, raw, dtype, &cache_shape, Access::InOut)
+                        .map(|slot| inouts[i] = Some(slot))
+                }
+                (Role::Output, model::LOGITS) => list.push_output(
+                    logits_arg.take().expect("once"),
+                    dtype,
+                    &[rows, cfg.vocab as i64],
+                    MemoryKind::Host,
+                ),
+                (Role::Output, "next_token") => {
+                    list.push_output(next_arg.take().expect("once"), DTypeCode::I64, &[1], MemoryKind::Host)
+                }
+                (Role::Output, out) => {
+                    let i = cache_index(&out.replacen("_cache_out_", "_cache_", 1));
+                    match slot_mem.get_mut(i).and_then(Option::take) {
+                        Some(raw) => push_raw(&mut list, raw, dtype, &cache_shape, Access::Write).map(drop),
+                        None => list.push_output_in_place(
+                            inouts[i].expect("cache pushed first"),
+                            dtype,
+                            &cache_shape,
+                        ),
+                    }
+                }
+            }
+            .expect("argument fits");
+        }
+        // SAFETY: the stream is a live stream of device 0's primary context; every argument outlives the
+        // call and is read below only after the stream is synchronised.
+        let cuda_stream = stream.and_then(|s| unsafe { CudaStream::from_raw(s.as_ref().as_raw()) });
+        let stats = instance.execute(&mut list, cuda_stream)?;
+        if let Some(s) = stream {
+            s.synchronize().expect("stream");
+        }
+        stats
+    };
+    let has_next = header.bindings.iter().any(|b| b.name == "next_token");
+    Ok((floats(&logits, false), has_next.then_some(next[0]), stats))
+}
+
+fn max_diff(actual: &[f32], expected: &[f64]) -> f64 {
+    assert_eq!(actual.len(), expected.len());
+    actual.iter().zip(expected).map(|(&a, &e)| (a as f64 - e).abs()).fold(0.0, f64::max)
+}
+
+fn argmax(row: &[f32]) -> i64 {
+    host_runtime::generate::argmax(row) as i64
+}
+
+/// Prefill plus every decode step of `cfg` on the GPU, each step's logits against the oracle, the caches at
+/// the end against the oracle's. Returns the generated tokens.
+fn generate(ctx: &Context, cfg: &Config, managed: bool, copy_back: bool, with_stream: bool) -> Vec<i64> {
+    let weights = Weights::generate(cfg);
+    let plugin = plugin();
+    let mut prefill = instance(&plugin, &blob(cfg, &weights, cfg.prompt_len()));
+    let mut decode = instance(&plugin, &blob(cfg, &weights, 1));
+    let mut caches = Caches::new(ctx, cfg, managed);
+    let bytes = cfg.cache_len() * elem(cfg);
+    let mut slots = copy_back.then(|| {
+        Slots((0..2 * cfg.layers).map(|_| Allocation::<Device>::zeroed(ctx, bytes).expect("slot")).collect())
+    });
+    let stream = with_stream.then(|| Stream::new(ctx).expect("stream"));
+    let mut oracle = Oracle::with_weights(cfg, &weights);
+    let tolerance = 2e-4;
+
+    let (logits, next, stats) =
+        call(&mut prefill, cfg, &mut caches, slots.as_mut(), &cfg.prompt, 0, stream.as_ref());
+    let expected = oracle.prefill(&cfg.prompt).expect("oracle");
+    let flat: Vec<f64> = expected.concat();
+    assert!(max_diff(&logits, &flat) < tolerance, "prefill logits differ by {}", max_diff(&logits, &flat));
+    let reflect = |stats: &ExecStats| stats.reflect_bytes;
+    assert_eq!(reflect(&stats), if copy_back { (2 * cfg.layers * bytes) as u64 } else { 0 });
+    let mut token = argmax(&logits[logits.len() - cfg.vocab..]);
+    if let Some(next) = next {
+        assert_eq!(next, token, "the delegate's argmax is the logits' argmax");
+    }
+    let mut tokens = vec![token];
+    let write_back = |caches: &mut Caches, slots: &Option<Slots>| {
+        if let (Caches::Device(c), Some(s)) = (caches, slots) {
+            for (cache, slot) in c.iter_mut().zip(&s.0) {
+                cache.copy_from(slot).expect("write back");
+            }
+        }
+    };
+    write_back(&mut caches, &slots);
+    for position in cfg.prompt_len()..cfg.max_len {
+        let (logits, next, _) =
+            call(&mut decode, cfg, &mut caches, slots.as_mut(), &[token], position as i64, stream.as_ref());
+        write_back(&mut caches, &slots);
+        let expected = oracle.decode(token, position).expect("oracle");
+        let diff = max_diff(&logits, &expected);
+        assert!(diff < tolerance, "decode at position {position}: logits differ by {diff}");
+        token = argmax(&logits);
+        if let Some(next) = next {
+            assert_eq!(next, token, "position {position}");
+        }
+        tokens.push(token);
+    }
+    for layer in 0..cfg.layers {
+        let (k, v) = oracle.cache(layer);
+        let dk = max_diff(&caches.read(2 * layer), k);
+        let dv = max_diff(&caches.read(2 * layer + 1), v);
+        assert!(
+            dk < tolerance && dv < tolerance,
+            "layer {layer} caches differ from the oracle's by {dk}, {dv}"
+        );
+    }
+    tokens
+}
+
+/// Upstream's example (1 layer, 2 x 16, max 16, f32) with device caches: every step's logits and the final
+/// caches match the f64 oracle, and the tokens are the CPU reference's (the oracle's greedy tokens, which
+/// the reference delegate's tests pin).
+#[test]
+fn upstream_example_on_device_caches_matches_the_oracle() {
+    let Some(ctx) = gpu() else { return };
+    let cfg = Config::tiny();
+    let tokens = generate(&ctx, &cfg, false, false, false);
+    let with_stream = generate(&ctx, &cfg, false, false, true);
+    assert_eq!(tokens, with_stream, "a caller stream changes nothing but who waits");
+    eprintln!("tokens: {tokens:?}");
+}
+
+#[test]
+fn copy_back_reflects_and_equals_zero_copy() {
+    let Some(ctx) = gpu() else { return };
+    let cfg = Config { layers: 2, ..Config::tiny() };
+    let zero_copy = generate(&ctx, &cfg, false, false, true);
+    let copy_back = generate(&ctx, &cfg, false, true, true);
+    assert_eq!(zero_copy, copy_back);
+}
+
+#[test]
+fn managed_caches_are_updated_in_place() {
+    let Some(ctx) = gpu() else { return };
+    let cfg = Config::tiny();
+    assert_eq!(generate(&ctx, &cfg, true, false, true), generate(&ctx, &cfg, false, false, false));
+}
+
+/// A bigger model (8 layers, 8 x 64, 1024 positions, f32) through many decode steps: no lost update.
+#[test]
+fn big_model_long_run_matches_the_oracle() {
+    let Some(ctx) = gpu() else { return };
+    let cfg = Config { max_len: 160, ..Config::big() };
+    generate(&ctx, &cfg, false, false, true);
+}
+
+/// A cache in host memory is refused with upstream's message, before anything runs.
+#[test]
+fn host_cache_is_refused_by_the_residency_gate() {
+    let Some(_ctx) = gpu() else { return };
+    let cfg = Config::tiny();
+    let weights = Weights::generate(&cfg);
+    let plugin = plugin();
+    let mut decode = instance(&plugin, &blob(&cfg, &weights, 1));
+    let header = kv_example::export::header(&cfg, 1);
+    let shape: Vec<i64> = cfg.cache_shape().iter().map(|&d| d as i64).collect();
+    let mut caches = vec![vec![0f32; cfg.cache_len()]; 2];
+    let mut logits = vec![0f32; cfg.vocab];
+    let mut next = [0i64];
+    let tokens = [1i64];
+    let pos = [4i64];
+    let mut list = ArgList::new();
+    let mut slots = Vec::new();
+    let mut cache_iter = caches.iter_mut();
+    let mut logits_arg = Some(bytemuck::cast_slice_mut::<f32, u8>(&mut logits));
+    let mut next_arg = Some(bytemuck::cast_slice_mut::<i64, u8>(&mut next));
+    for b in header.bindings.iter().filter(|b| b.threaded) {
+        match (b.role, b.name.as_str()) {
+            (Role::Input, model::TOKENS) => {
+                list.push_input(bytemuck::cast_slice(&tokens), DTypeCode::I64, &[1], MemoryKind::Host)
+            }
+            (Role::Input, model::INPUT_POS) => {
+                list.push_input(bytemuck::cast_slice(&pos), DTypeCode::I64, &[1], MemoryKind::Host)
+            }
+            (Role::Input, _) => {
+                let c = cache_iter.next().expect("two caches");
+                list.push_inout(bytemuck::cast_slice_mut(c), DTypeCode::F32, &shape, MemoryKind::Host)
+                    .map(|s| slots.push(s))
+            }
+            (Role::Output, model::LOGITS) => list.push_output(
+                logits_arg.take().expect("once"),
+                DTypeCode::F32,
+                &[1, cfg.vocab as i64],
+                MemoryKind::Host,
+            ),
+            (Role::Output, "next_token") => {
+                list.push_output(next_arg.take().expect("once"), DTypeCode::I64, &[1], MemoryKind::Host)
+            }
+            (Role::Output, _) => {
+                let slot = slots.remove(0);
+                list.push_output_in_place(slot, DTypeCode::F32, &shape)
+            }
+        }
+        .expect("argument");
+    }
+    let err = decode.execute(&mut list, None).expect_err("a host cache is refused");
+    assert_eq!(err.code, ErrorCode::InvalidArgument, "{err}");
+    let text = err.to_string();
+    assert!(text.contains("k_cache_0"), "{text}");
+    assert!(text.contains("host"), "upstream's residency message: {text}");
+}
+
+/// A token id outside the vocabulary is a typed error of the call that read it (synchronous call), not a
+/// crash or a silent garbage row.
+#[test]
+fn out_of_range_token_is_reported() {
+    let Some(ctx) = gpu() else { return };
+    let cfg = Config::tiny();
+    let weights = Weights::generate(&cfg);
+    let plugin = plugin();
+    let mut prefill = instance(&plugin, &blob(&cfg, &weights, cfg.prompt_len()));
+    let mut caches = Caches::new(&ctx, &cfg, false);
+    let bad = vec![1, 2, cfg.vocab as i64 + 5, 3];
+    let err = try_call(&mut prefill, &cfg, &mut caches, None, &bad, 0, None).expect_err("the call must fail");
+    assert_eq!(err.code, ErrorCode::InvalidArgument, "{err}");
+    assert!(err.to_string().contains("token id outside the embedding table"), "{err}");
+    // The instance stays usable: the next, valid call succeeds.
+    try_call(&mut prefill, &cfg, &mut caches, None, &cfg.prompt, 0, None)
+        .expect("a valid call after a bad one");
+}

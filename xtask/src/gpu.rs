@@ -1,0 +1,95 @@
+//! `gpu-test` and `bench-gpu`: build the GPU bundle here (release binaries, the CUDA delegate's and the CUDA
+//! layer's test executables, the PyTorch baseline) and say the one command that runs it on a GPU machine.
+//!
+//! The GPU machine has no Rust toolchain: everything it runs is built here and carried there (the `device`
+//! tool carries ignored paths named in `carry`; 64 MiB in all, so binaries are stripped).
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+use anyhow::{bail, Context};
+
+use crate::util;
+
+/// Where the bundle goes, relative to the project root.
+pub const BUNDLE: &str = "target/gpu-bundle";
+
+/// Test executables the bundle carries: (package, test target, name in the bundle).
+const TESTS: [(&str, &str, &str); 3] = [
+    ("cuda-delegate", "gpu", "cuda_delegate_gpu"),
+    ("cuda-rt", "cuda", "cuda_rt_tests"),
+    ("host-runtime", "gpu", "host_runtime_gpu"),
+];
+
+/// Builds the bundle and prints how to run `what` (`test` or `bench`) with it.
+pub fn bundle(root: &Path, what: &str) -> anyhow::Result<()> {
+    let bundle = root.join(BUNDLE);
+    if bundle.exists() {
+        std::fs::remove_dir_all(&bundle).with_context(|| format!("clearing {}", bundle.display()))?;
+    }
+    std::fs::create_dir_all(&bundle)?;
+    let target = util::target_dir(root)?;
+    util::run_cmd(
+        root,
+        util::cargo().args(["build", "--release", "-p", "delegate-host", "-p", "cuda-delegate-dylib"]),
+    )?;
+    for file in ["delegate-host", "libcuda_delegate_dylib.so"] {
+        copy_stripped(&target.join("release").join(file), &bundle.join(file))?;
+    }
+    for (package, test, name) in TESTS {
+        if let Some(exe) = test_executable(root, package, test)? {
+            copy_stripped(&exe, &bundle.join(name))?;
+        }
+    }
+    for file in std::fs::read_dir(root.join("gpu"))? {
+        let file = file?.path();
+        if file.is_file() {
+            std::fs::copy(&file, bundle.join(file.file_name().expect("a file name")))?;
+        }
+    }
+    let size: u64 =
+        std::fs::read_dir(&bundle)?.filter_map(|e| e.ok()?.metadata().ok()).map(|m| m.len()).sum();
+    if size > 60 << 20 {
+        bail!("the bundle is {} MiB; the GPU machine takes 64 MiB in all", size >> 20);
+    }
+    println!(
+        "built {BUNDLE} ({} MiB). On the GPU machine (`device` tool, carry [\"{BUNDLE}\"]):",
+        size >> 20
+    );
+    println!("    bash {BUNDLE}/run.sh {what}");
+    Ok(())
+}
+
+/// The executable of `package`'s integration test `test`, built with the release profile; `None` when the
+/// package has no such test.
+fn test_executable(root: &Path, package: &str, test: &str) -> anyhow::Result<Option<PathBuf>> {
+    let output = util::cargo()
+        .current_dir(root)
+        .args(["test", "--release", "--no-run", "--message-format=json", "-p", package, "--test", test])
+        .stderr(Stdio::inherit())
+        .output()
+        .with_context(|| format!("building {package}'s test {test}"))?;
+    if !output.status.success() {
+        bail!("building {package}'s test {test} failed");
+    }
+    for line in String::from_utf8_lossy(&output.stdout).lines() {
+        let Ok(message) = serde_json::from_str::<serde_json::Value>(line) else { continue };
+        let is_test = message["target"]["kind"].as_array().is_some_and(|k| k.iter().any(|k| k == "test"));
+        if is_test && message["target"]["name"] == test {
+            if let Some(exe) = message["executable"].as_str() {
+                return Ok(Some(PathBuf::from(exe)));
+            }
+        }
+    }
+    Ok(None)
+}
+
+fn copy_stripped(from: &Path, to: &Path) -> anyhow::Result<()> {
+    std::fs::copy(from, to).with_context(|| format!("copying {}", from.display()))?;
+    // `strip` is optional: an unstripped bundle still runs, it is only bigger.
+    let stripped = Command::new("strip").arg("--strip-debug").arg(to).status();
+    if !matches!(stripped, Ok(s) if s.success()) {
+        eprintln!("note: could not strip {}", to.display());
+    }
+    Ok(())
+}
