@@ -30,104 +30,131 @@ import platform
 import sys
 import time
 
-import numpy as np
 import torch
 import torch.nn.functional as F
+
+try:
+    import numpy as np
+except ImportError:  # the torch generator below gives the same bits
+    np = None
 
 HBM_BYTES_PER_S = 4.8e12  # the H200's peak HBM3e bandwidth
 
 # ---------------------------------------------------------------------------------------------------------------
 # Weights: SplitMix64, vectorised. Output i (1-based) of a generator seeded with s mixes s + i * gamma (wrapping),
-# so a range of outputs is one uint64 array (numpy's uint64 array arithmetic wraps).
-_GAMMA = np.uint64(0x9E3779B97F4A7C15)
-_M1 = np.uint64(0xBF58476D1CE4E5B9)
-_M2 = np.uint64(0x94D049BB133111EB)
-_S30, _S27, _S31, _S40 = np.uint64(30), np.uint64(27), np.uint64(31), np.uint64(40)
-_CHUNK = 1 << 22  # values per numpy pass: bounds the temporaries (~100 MiB) for any tensor size
+# so a range of outputs is one array: numpy uint64 (whose array arithmetic wraps), or, where numpy is missing,
+# torch int64 (two's complement: the same bits, with logical shifts masked by hand). Both are checked bit for bit
+# against Rust's weights (--check-weights, --rng).
+_GAMMA, _M1, _M2 = 0x9E3779B97F4A7C15, 0xBF58476D1CE4E5B9, 0x94D049BB133111EB
+_CHUNK = 1 << 22  # values per pass: bounds the temporaries (~100 MiB) for any tensor size
+
+
+def _i64(u):
+    """The int64 with the bits of the uint64 `u`."""
+    return u - (1 << 64) if u >= 1 << 63 else u
+
+
+def _mix_numpy(first, n, seed):
+    z = np.arange(first, first + n, dtype=np.uint64)
+    z *= np.uint64(_GAMMA)
+    z += np.uint64(seed)
+    z ^= z >> np.uint64(30)
+    z *= np.uint64(_M1)
+    z ^= z >> np.uint64(27)
+    z *= np.uint64(_M2)
+    z ^= z >> np.uint64(31)
+    return torch.from_numpy((z >> np.uint64(40)).astype(np.int64))  # the top 24 bits
+
+
+def _mix_torch(first, n, seed):
+    lsr = lambda z, k: (z >> k) & ((1 << (64 - k)) - 1)  # logical shift right of int64 bits
+    z = torch.arange(first, first + n, dtype=torch.int64) * _i64(_GAMMA) + _i64(seed)
+    z = (z ^ lsr(z, 30)) * _i64(_M1)
+    z = (z ^ lsr(z, 27)) * _i64(_M2)
+    z = z ^ lsr(z, 31)
+    return lsr(z, 40)
+
+
+def _f32(x):
+    """A 0-dim f32 tensor: arithmetic with it stays in f32, as Rust's."""
+    return torch.tensor(x, dtype=torch.float32)
 
 
 class SplitMix64:
     """crates/kv-example/src/weights.rs's SplitMix64, drawing whole tensors at once."""
 
-    def __init__(self, seed):
-        self.seed = np.uint64(seed)
+    def __init__(self, seed, rng):
+        self.seed = seed
+        self.mix = _mix_numpy if rng == "numpy" else _mix_torch
         self.drawn = 0  # outputs consumed so far
 
     def uniform(self, length, scale):
-        """`length` draws of `(2 * ((next >> 40) as f32 / 2^24) - 1) * scale`, all in f32, as weights.rs."""
-        scale = np.float32(scale)
-        out = np.empty(length, dtype=np.float32)
+        """`length` draws of `(2 * ((next >> 40) as f32 / 2^24) - 1) * scale`, all in f32 (`scale` an f32
+        tensor), as weights.rs: a CPU f32 tensor."""
+        out = torch.empty(length, dtype=torch.float32)
         for start in range(0, length, _CHUNK):
             n = min(_CHUNK, length - start)
-            first = self.drawn + start + 1
-            z = np.arange(first, first + n, dtype=np.uint64)
-            z *= _GAMMA
-            z += self.seed
-            z ^= z >> _S30
-            z *= _M1
-            z ^= z >> _S27
-            z *= _M2
-            z ^= z >> _S31
-            unit = (z >> _S40).astype(np.float32) / np.float32(1 << 24)
-            out[start:start + n] = (np.float32(2.0) * unit - np.float32(1.0)) * scale
+            unit = self.mix(self.drawn + start + 1, n, self.seed).to(torch.float32) / _f32(1 << 24)
+            out[start:start + n] = (_f32(2.0) * unit - _f32(1.0)) * scale
         self.drawn += length
         return out
 
 
-def weight_tensors(cfg):
-    """Yields (name, shape, f32 values) in Weights::generate's draw order, one tensor at a time."""
-    rng = SplitMix64(cfg["seed"])
+def weight_tensors(cfg, rng):
+    """Yields (name, shape, f32 CPU tensor) in Weights::generate's draw order, one tensor at a time."""
+    gen = SplitMix64(cfg["seed"], rng)
     dim, vocab = cfg["heads"] * cfg["head_dim"], cfg["vocab"]
-    proj = np.float32(1.0) / np.sqrt(np.float32(dim))
-    two_proj = np.float32(2.0) * proj
+    proj = _f32(1.0) / torch.sqrt(_f32(float(dim)))  # 1.0 / (dim as f32).sqrt()
+    two_proj = _f32(2.0) * proj
 
     def gain():
-        return np.float32(1.0) + rng.uniform(dim, np.float32(0.1))
+        return _f32(1.0) + gen.uniform(dim, _f32(0.1))
 
-    yield "tok_emb", (vocab, dim), rng.uniform(vocab * dim, 0.5)
-    yield "pos_emb", (cfg["max_len"], dim), rng.uniform(cfg["max_len"] * dim, 0.5)
+    yield "tok_emb", (vocab, dim), gen.uniform(vocab * dim, _f32(0.5))
+    yield "pos_emb", (cfg["max_len"], dim), gen.uniform(cfg["max_len"] * dim, _f32(0.5))
     for l in range(cfg["layers"]):
         yield f"layer{l}.norm", (dim,), gain()
-        yield f"layer{l}.wq", (dim, dim), rng.uniform(dim * dim, two_proj)
-        yield f"layer{l}.wk", (dim, dim), rng.uniform(dim * dim, two_proj)
-        yield f"layer{l}.wv", (dim, dim), rng.uniform(dim * dim, proj)
-        yield f"layer{l}.wo", (dim, dim), rng.uniform(dim * dim, proj)
+        yield f"layer{l}.wq", (dim, dim), gen.uniform(dim * dim, two_proj)
+        yield f"layer{l}.wk", (dim, dim), gen.uniform(dim * dim, two_proj)
+        yield f"layer{l}.wv", (dim, dim), gen.uniform(dim * dim, proj)
+        yield f"layer{l}.wo", (dim, dim), gen.uniform(dim * dim, proj)
     yield "final_norm", (dim,), gain()
-    yield "w_out", (dim, vocab), rng.uniform(dim * vocab, two_proj)
+    yield "w_out", (dim, vocab), gen.uniform(dim * vocab, two_proj)
 
 
-def check_weights(cfg, path):
+def check_weights(cfg, path, rng):
     """Compares every drawn weight bit for bit with a dump of Rust's (`cargo run -p kv-example --example
-    baseline_inputs`); returns (values compared, first mismatch or None)."""
-    rust = np.fromfile(path, dtype="<f4").view(np.uint32)
+    baseline_inputs`, little-endian f32); returns (values compared, first mismatch or None)."""
+    with open(path, "rb") as f:
+        rust = torch.frombuffer(bytearray(f.read()), dtype=torch.int32)
     offset = 0
-    for name, _, values in weight_tensors(cfg):
-        ours = values.view(np.uint32)
-        theirs = rust[offset:offset + ours.size]
-        if theirs.size != ours.size:
+    for name, _, values in weight_tensors(cfg, rng):
+        ours = values.view(torch.int32)
+        theirs = rust[offset:offset + ours.numel()]
+        if theirs.numel() != ours.numel():
             return offset, f"{path} ends inside {name}"
-        bad = np.nonzero(ours != theirs)[0]
-        if bad.size:
+        bad = torch.nonzero(ours != theirs)
+        if bad.numel():
             i = int(bad[0])
-            return offset, f"{name}[{i}]: ours {ours[i]:#010x}, Rust's {theirs[i]:#010x}"
-        offset += ours.size
-    if offset != rust.size:
-        return offset, f"{path} holds {rust.size} values, the model {offset}"
+            return offset, f"{name}[{i}]: ours {int(ours[i]) & 0xFFFFFFFF:#010x}, Rust's {int(theirs[i]) & 0xFFFFFFFF:#010x}"
+        offset += ours.numel()
+    if offset != rust.numel():
+        return offset, f"{path} holds {rust.numel()} values, the model {offset}"
     return offset, None
 
 
 # ---------------------------------------------------------------------------------------------------------------
 # The model.
 class Model:
-    def __init__(self, cfg, dtype, device):
+    def __init__(self, cfg, dtype, device, rng="numpy" if np is not None else "torch"):
         self.cfg, self.dtype, self.device = cfg, dtype, device
         self.H, self.Dh, self.S = cfg["heads"], cfg["head_dim"], cfg["max_len"]
         self.D, self.V, self.L = self.H * self.Dh, cfg["vocab"], cfg["layers"]
         self.eps = float(cfg.get("rms_eps", 1e-5))
         w = {}
-        for name, shape, values in weight_tensors(cfg):
+        for name, shape, values in weight_tensors(cfg, rng):
             # f32 -> dtype happens in torch (round to nearest even), one tensor at a time.
-            w[name] = torch.from_numpy(values).reshape(shape).to(device=device, dtype=dtype)
+            w[name] = values.reshape(shape).to(device=device, dtype=dtype)
             del values
         self.tok_emb, self.pos_emb = w["tok_emb"], w["pos_emb"]
         self.layers = [tuple(w[f"layer{l}.{n}"] for n in ("norm", "wq", "wk", "wv", "wo")) for l in range(self.L)]
@@ -322,6 +349,8 @@ def main():
                     help="compare the drawn weights bit for bit with Rust's dump (single --config)")
     ap.add_argument("--expect-tokens", metavar="T0,T1,...",
                     help="fail unless every generation's tokens equal these (single --config)")
+    ap.add_argument("--rng", choices=["numpy", "torch"], default="numpy" if np is not None else "torch",
+                    help="array library of the weight generator (same bits; numpy is faster)")
     ap.add_argument("--out", help="also write every result object, as a JSON list, to this file")
     args = ap.parse_args()
     if (args.check_weights or args.expect_tokens) and len(args.config) != 1:
@@ -337,7 +366,7 @@ def main():
         with open(path) as f:
             cfg = json.load(f)
         if args.check_weights:
-            n, err = check_weights(cfg, args.check_weights)
+            n, err = check_weights(cfg, args.check_weights, args.rng)
             print(json.dumps({"config_path": path, "weights_compared": n, "weights_bit_identical": err is None,
                               "weights_mismatch": err}), flush=True)
             failed |= err is not None
@@ -349,7 +378,7 @@ def main():
             ap.error(f"{path}: {steps} decode steps do not fit ({max_steps} at most)")
 
         t = time.perf_counter()
-        model = Model(cfg, dtype, dev)
+        model = Model(cfg, dtype, dev, args.rng)
         if args.device == "cuda":
             torch.cuda.synchronize()
         weights_s = time.perf_counter() - t
