@@ -38,6 +38,7 @@
 
 pub mod check;
 mod config;
+mod config_json;
 pub mod export;
 pub mod model;
 pub mod oracle;
