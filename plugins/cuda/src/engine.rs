@@ -332,18 +332,18 @@ impl Engine {
         };
         let vec = kernels::vec_width(self.plan.float);
         let launch = match *step {
-            Step::Gather { table, indices, out, rows, n, dim } => Launch::Gather(
+            Step::Gather { table, indices, out, rows, n, dim, plus } => Launch::Gather(
                 cfg((rows, 1, 1), 256, 0),
                 GatherP {
                     table: p(table),
                     idx: p(indices),
-                    table2: 0,
-                    pos2: 0,
+                    table2: plus.map_or(0, |plus| p(plus.table)),
+                    pos2: plus.map_or(0, |plus| p(plus.position)),
                     out: p(out),
                     err,
                     rows: rows as i32,
                     n: n as i32,
-                    n2: 0,
+                    n2: plus.map_or(0, |plus| plus.n as i32),
                     dim: dim as i32,
                 },
             ),

@@ -50,6 +50,7 @@ pub enum Step {
         rows: u32,
         n: u32,
         dim: u32,
+        plus: Option<PositionRows>,
     },
     Positions {
         position: TensorId,
@@ -104,6 +105,14 @@ pub enum Step {
         m: u32,
         n: u32,
     },
+}
+
+/// A second table a fused embedding adds: row `position[0] + r` of `table` to output row `r`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PositionRows {
+    pub table: TensorId,
+    pub position: TensorId,
+    pub n: u32,
 }
 
 /// One matrix of a fused GEMV: weight, output, optional residual added to the product.
@@ -179,13 +188,39 @@ impl Plan {
             match ops[i] {
                 Op::Gather { table, indices, out } => {
                     let t = shape(table);
+                    let (rows, dim) = (shape(indices)[0], t[1]);
+                    let (mut out, mut plus) = (out, None);
+                    // The embedding: token rows plus the rows of the positions `position + r`, added.
+                    if let (
+                        Some(&Op::Positions { position, count, out: p }),
+                        Some(&Op::Gather { table: t2, indices: i2, out: g2 }),
+                        Some(&Op::Add { a, b, out: sum }),
+                    ) = (ops.get(i + 1), ops.get(i + 2), ops.get(i + 3))
+                    {
+                        let private = |id: TensorId| uses(id) == 1 && !is_output(id);
+                        if i2 == p
+                            && count == rows
+                            && shape(t2)[1] == dim
+                            && ((a, b) == (out, g2) || (a, b) == (g2, out))
+                            && [out, p, g2].into_iter().all(private)
+                        {
+                            plus = Some(PositionRows {
+                                table: t2,
+                                position,
+                                n: u32_of(shape(t2)[0], "table rows")?,
+                            });
+                            out = sum;
+                            i += 3;
+                        }
+                    }
                     steps.push(Step::Gather {
                         table,
                         indices,
                         out,
-                        rows: u32_of(shape(indices)[0], "row count")?,
+                        rows: u32_of(rows, "row count")?,
                         n: u32_of(t[0], "table rows")?,
-                        dim: u32_of(t[1], "table width")?,
+                        dim: u32_of(dim, "table width")?,
+                        plus,
                     });
                 }
                 Op::Positions { position, count, out } => {
@@ -319,6 +354,7 @@ mod tests {
         plan.steps
             .iter()
             .map(|s| match s {
+                Step::Gather { plus: Some(_), .. } => "embedding".to_owned(),
                 Step::Gather { .. } => "gather".to_owned(),
                 Step::Positions { .. } => "positions".to_owned(),
                 Step::Add { .. } => "add".to_owned(),
@@ -340,7 +376,7 @@ mod tests {
         let graph = model::build_graph(&cfg, &Weights::generate(&cfg), 1).expect("graph");
         let plan = Plan::new(&graph).expect("lowered");
         let layer = ["rms_norm", "gemv3", "kv_update2", "attention", "gemv1+residual"];
-        let mut expected: Vec<&str> = vec!["gather", "positions", "gather", "add"];
+        let mut expected: Vec<&str> = vec!["embedding"];
         expected.extend(layer);
         expected.extend(layer);
         expected.extend(["rms_norm", "gemv1"]);
@@ -360,9 +396,14 @@ mod tests {
             }
         }
         // The residual GEMV writes the layer's output (`x_1`), reading the previous residual (`x_0`).
-        let Step::Gemv { mats, .. } = &plan.steps[8] else { panic!("{got:?}") };
+        let Step::Gemv { mats, .. } = &plan.steps[5] else { panic!("{got:?}") };
         assert_eq!(graph.tensor(mats[0].y).name, "x_1");
         assert_eq!(mats[0].residual.map(|r| graph.tensor(r).name.clone()).as_deref(), Some("x_0"));
+        // The embedding writes `x_0` straight from both tables.
+        let Step::Gather { out, plus: Some(plus), .. } = &plan.steps[0] else { panic!("{got:?}") };
+        assert_eq!(graph.tensor(*out).name, "x_0");
+        assert_eq!(graph.tensor(plus.table).name, "pos_emb");
+        assert_eq!(graph.tensor(plus.position).name, model::INPUT_POS);
         // The product the residual GEMV replaced is never allocated or written.
         let o = graph.find("layer0.o").expect("o");
         assert!(plan

@@ -29,10 +29,16 @@ fn gpu() -> Option<Context> {
     }
 }
 
-/// The example's blob for `rows` tokens per call, for the CUDA backend.
+/// The example's blob for `rows` tokens per call, for the CUDA backend on device 0.
 fn blob(cfg: &Config, weights: &Weights, rows: usize) -> Vec<u8> {
+    blob_on(cfg, weights, rows, 0)
+}
+
+/// The example's blob for `rows` tokens per call, for the CUDA backend on `device`.
+fn blob_on(cfg: &Config, weights: &Weights, rows: usize, device: i32) -> Vec<u8> {
     let mut header = kv_example::export::header(cfg, rows);
     header.backend_id = BACKEND_ID.to_owned();
+    header.device_id = device;
     let graph = model::build_graph(cfg, weights, rows).expect("graph");
     blob_format::native::to_vec(&header, &graph.encode())
 }
@@ -208,8 +214,9 @@ fn argmax(row: &[f32]) -> i64 {
 fn generate(ctx: &Context, cfg: &Config, managed: bool, copy_back: bool, with_stream: bool) -> Vec<i64> {
     let weights = Weights::generate(cfg);
     let plugin = plugin();
-    let mut prefill = instance(&plugin, &blob(cfg, &weights, cfg.prompt_len()));
-    let mut decode = instance(&plugin, &blob(cfg, &weights, 1));
+    let device = ctx.ordinal();
+    let mut prefill = instance(&plugin, &blob_on(cfg, &weights, cfg.prompt_len(), device));
+    let mut decode = instance(&plugin, &blob_on(cfg, &weights, 1, device));
     let mut caches = Caches::new(ctx, cfg, managed);
     let bytes = cfg.cache_len() * elem(cfg);
     let mut slots = copy_back.then(|| {
@@ -374,4 +381,35 @@ fn out_of_range_token_is_reported() {
     // The instance stays usable: the next, valid call succeeds.
     try_call(&mut prefill, &cfg, &mut caches, None, &cfg.prompt, 0, None)
         .expect("a valid call after a bad one");
+}
+
+/// Two instances on two GPUs of one host, each blob naming its device and each device holding its own
+/// caches: the same tokens on both; caches on the wrong device are refused by name. Needs two GPUs.
+#[test]
+fn two_gpus_each_run_their_own_blob_and_caches() {
+    let Some(first) = gpu() else { return };
+    let second = match Context::open(1) {
+        Ok(ctx) => ctx,
+        Err(err) => {
+            assert!(
+                std::env::var_os("KV_REQUIRE_TWO_GPUS").is_none(),
+                "KV_REQUIRE_TWO_GPUS is set but: {err}"
+            );
+            eprintln!("needs a second GPU, not run here: {err}");
+            return;
+        }
+    };
+    let cfg = Config::tiny();
+    let on_first = generate(&first, &cfg, false, false, true);
+    let on_second = generate(&second, &cfg, false, false, true);
+    assert_eq!(on_first, on_second);
+
+    // A device-1 blob handed caches that live on device 0.
+    let weights = Weights::generate(&cfg);
+    let plugin = plugin();
+    let mut decode = instance(&plugin, &blob_on(&cfg, &weights, 1, 1));
+    let mut caches = Caches::new(&first, &cfg, false);
+    let err = try_call(&mut decode, &cfg, &mut caches, None, &[1], 4, None).expect_err("wrong device");
+    assert_eq!(err.code, ErrorCode::InvalidArgument, "{err}");
+    assert!(err.to_string().contains("lives on CUDA device 0, but this blob runs on device 1"), "{err}");
 }
