@@ -197,8 +197,18 @@ fn on_device(memory: delegate_abi::MemoryKind) -> bool {
     matches!(memory, delegate_abi::MemoryKind::Device | delegate_abi::MemoryKind::Managed)
 }
 
-/// Why the device loop cannot run, or `None` when it can.
-fn device_loop_refusal(program: &Program, g: &Generate) -> Result<Option<String>, Error> {
+/// Why the device loop cannot run `program`'s generation, or `None` when it can (see the module docs).
+///
+/// # Errors
+/// [`Error::Usage`] when the program has no `[generate]`.
+pub fn device_loop_refusal(program: &Program) -> Result<Option<String>, Error> {
+    let g = program.manifest().generate.clone().ok_or_else(|| {
+        Error::Usage("the program has no [generate] section, so `run` cannot drive it".into())
+    })?;
+    refusal(program, &g)
+}
+
+fn refusal(program: &Program, g: &Generate) -> Result<Option<String>, Error> {
     let Some(next) = &g.next_token_output else {
         return Ok(Some("the program's [generate] names no next_token_output".into()));
     };
@@ -260,7 +270,7 @@ pub fn generate_with(
             "decode cannot start at position {start}, inside the prompt of {prompt} tokens"
         )));
     }
-    let refusal = device_loop_refusal(program, &g)?;
+    let refusal = refusal(program, &g)?;
     match (refusal, options.host_loop) {
         (None, false) => device_loop(program, &g, options, observe),
         (refusal, _) => {

@@ -163,8 +163,8 @@ pub enum Error {
     TensorMemory {
         /// The method.
         method: String,
-        /// `input` or `output`.
-        role: &'static str,
+        /// Input or output.
+        role: IoRole,
         /// The input or output.
         tensor: String,
         /// The memory kind it declares.
@@ -200,8 +200,8 @@ pub enum Error {
     Memory {
         /// The method.
         method: String,
-        /// `input` or `output`.
-        role: &'static str,
+        /// Input or output.
+        role: IoRole,
         /// The input or output.
         tensor: String,
         /// The memory kind it lives in.
@@ -253,6 +253,24 @@ impl et_error::HasErrorCode for Error {
             Error::BufferAccess { source, .. } => source.error_code(),
             Error::Usage(_) => ErrorCode::InvalidArgument,
         }
+    }
+}
+
+/// Which side of a method a user tensor is on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum IoRole {
+    /// A user input.
+    Input,
+    /// A user output.
+    Output,
+}
+
+impl std::fmt::Display for IoRole {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            IoRole::Input => "input",
+            IoRole::Output => "output",
+        })
     }
 }
 
@@ -433,7 +451,7 @@ fn allocate(decl: &TensorDecl, contexts: &mut Contexts) -> Result<Storage, Error
 
 fn allocate_io(
     method: &Method,
-    role: &'static str,
+    role: IoRole,
     decls: &[TensorDecl],
     contexts: &mut Contexts,
 ) -> Result<Vec<Storage>, Error> {
@@ -612,8 +630,8 @@ impl Program {
             .collect::<Result<Vec<Buffer>, Error>>()?;
         let mut io = Vec::with_capacity(manifest.methods.len());
         for method in manifest.methods.values() {
-            let inputs = allocate_io(method, "input", &method.inputs, &mut contexts)?;
-            let outputs = allocate_io(method, "output", &method.outputs, &mut contexts)?;
+            let inputs = allocate_io(method, IoRole::Input, &method.inputs, &mut contexts)?;
+            let outputs = allocate_io(method, IoRole::Output, &method.outputs, &mut contexts)?;
             io.push((inputs, outputs));
         }
         let gpu = match device {
@@ -746,7 +764,7 @@ impl Program {
         let (name, memory) = (&m.decl.name, m.inputs[index].memory());
         let not_visible = || Error::Memory {
             method: name.clone(),
-            role: "input",
+            role: IoRole::Input,
             tensor: input.to_owned(),
             memory,
             problem: "which the host cannot borrow in place; write it with write_input",
@@ -771,7 +789,7 @@ impl Program {
             Ok(Some(bytes)) => Ok(bytes),
             Ok(None) => Err(Error::Memory {
                 method: method.to_owned(),
-                role: "output",
+                role: IoRole::Output,
                 tensor: output.to_owned(),
                 memory: m.outputs[index].memory(),
                 problem: "which the host cannot borrow in place; read it with read_output",
@@ -825,7 +843,7 @@ impl Program {
         let storage = &m.inputs[m.input_index(input)?];
         storage.device_ptr().ok_or_else(|| Error::Memory {
             method: method.to_owned(),
-            role: "input",
+            role: IoRole::Input,
             tensor: input.to_owned(),
             memory: storage.memory(),
             problem: "which has no device address",
@@ -841,7 +859,7 @@ impl Program {
         let storage = &m.outputs[m.output_index(output)?];
         storage.device_ptr().ok_or_else(|| Error::Memory {
             method: method.to_owned(),
-            role: "output",
+            role: IoRole::Output,
             tensor: output.to_owned(),
             memory: storage.memory(),
             problem: "which has no device address",
@@ -947,8 +965,8 @@ impl Program {
     ) -> Result<Captured, Error> {
         let name = self.methods[method.0].decl.name.clone();
         let capture_error = |reason: String| Error::Capture { method: name.clone(), reason };
-        self.methods[method.0].stays_on_stream().map_err(capture_error)?;
         let gpu = self.gpu("capturing a CUDA graph")?;
+        self.methods[method.0].stays_on_stream().map_err(capture_error)?;
         gpu.stream
             .begin_capture()
             .map_err(|source| Error::Stream { action: "beginning a capture on", source })?;
@@ -1386,4 +1404,15 @@ fn init_call(
     })?;
     let arg_list = ArgList::with_capacity(args.len());
     Ok(LoadedCall { backend, instance, args, arg_list, scratch, writebacks, streamed })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_error_stays_small_enough_to_return_everywhere() {
+        // clippy's `result_large_err` threshold is 128 bytes.
+        assert!(std::mem::size_of::<Error>() < 128, "{} bytes", std::mem::size_of::<Error>());
+    }
 }
