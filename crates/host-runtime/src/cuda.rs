@@ -336,3 +336,21 @@ impl FeedbackKernel {
         unsafe { self.function.launch(config, stream.as_ref(), &mut params) }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_feedback_kernel_compiles_where_nvrtc_exists() {
+        match cuda_rt::compile_ptx(FEEDBACK_SOURCE, &[]) {
+            Ok(ptx) => assert!(ptx.contains(".entry kv_feedback"), "{ptx}"),
+            Err(err) => {
+                eprintln!(
+                    "this test needs NVRTC (a CUDA toolkit); without it it checks the typed error: {err}"
+                );
+                assert!(matches!(err, Error::LibraryUnavailable { library: "nvrtc", .. }), "{err:?}");
+            }
+        }
+    }
+}

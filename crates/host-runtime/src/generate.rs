@@ -285,9 +285,10 @@ pub fn generate_with(
     }
 }
 
-/// Timed events around decode steps, when asked for and the program has a stream.
+/// Timed events around each decode step (a start and an end per step, so host work between steps is not
+/// counted), when asked for and the program has a stream.
 struct Timing {
-    events: Vec<cuda::Event>,
+    events: Vec<(cuda::Event, cuda::Event)>,
 }
 
 impl Timing {
@@ -295,16 +296,19 @@ impl Timing {
         let Some(ctx) = program.cuda_context().filter(|_| options.gpu_timing) else {
             return Ok(None);
         };
-        let events = (0..=options.steps)
-            .map(|_| cuda::Event::timed(ctx))
-            .collect::<Result<Vec<_>, _>>()
+        let events = (0..options.steps)
+            .map(|_| Ok((cuda::Event::timed(ctx)?, cuda::Event::timed(ctx)?)))
+            .collect::<Result<Vec<_>, cuda::Error>>()
             .map_err(|source| Error::Stream { action: "creating timing events for", source })?;
         Ok(Some(Timing { events }))
     }
 
-    /// Records event `index` on the program's stream (no host synchronisation).
-    fn mark(&self, program: &Program, index: usize) -> Result<(), Error> {
-        if let (Some(event), Some(stream)) = (self.events.get(index), program.cuda_stream()) {
+    /// Records the start (`end == false`) or end of decode step `step` (from 1) on the program's stream (no
+    /// host synchronisation).
+    fn mark(&self, program: &Program, step: usize, end: bool) -> Result<(), Error> {
+        let pair = step.checked_sub(1).and_then(|i| self.events.get(i));
+        if let (Some((start, stop)), Some(stream)) = (pair, program.cuda_stream()) {
+            let event = if end { stop } else { start };
             event
                 .record(stream)
                 .map_err(|source| Error::Stream { action: "recording an event on", source })?;
@@ -312,13 +316,12 @@ impl Timing {
         Ok(())
     }
 
-    /// Microseconds between consecutive marks, once the stream has passed them all.
+    /// Each step's GPU microseconds, once the stream has passed every mark.
     fn step_micros(&self) -> Result<Vec<f64>, Error> {
         self.events
-            .windows(2)
-            .map(|pair| {
-                pair[1]
-                    .elapsed_ms(&pair[0])
+            .iter()
+            .map(|(start, end)| {
+                end.elapsed_ms(start)
                     .map(|ms| f64::from(ms) * 1e3)
                     .map_err(|source| Error::Stream { action: "timing", source })
             })
@@ -376,12 +379,12 @@ fn host_loop(
         let start = Instant::now();
         program.write_input(method, &g.token_input, &i64_bytes(&feed))?;
         program.write_input(method, &g.position_input, &i64_bytes(&[position]))?;
-        if let (Some(timing), true) = (&timing, index > 0) {
-            timing.mark(program, index - 1)?;
+        if let Some(timing) = &timing {
+            timing.mark(program, index, false)?;
         }
         let stats = program.execute(method)?;
-        if let (Some(timing), true) = (&timing, index > 0) {
-            timing.mark(program, index)?;
+        if let Some(timing) = &timing {
+            timing.mark(program, index, true)?;
         }
         let token = read_token(program, g, method)?;
         let micros = start.elapsed().as_secs_f64() * 1e6;
@@ -473,7 +476,7 @@ fn device_loop(
             capture_micros = Some(start.elapsed().as_secs_f64() * 1e6);
         }
         if let Some(timing) = &timing {
-            timing.mark(program, step - 1)?;
+            timing.mark(program, step, false)?;
         }
         let start = Instant::now();
         let copies = match &captured {
@@ -487,7 +490,7 @@ fn device_loop(
         step_host.push(start.elapsed().as_secs_f64() * 1e6);
         step_copies.push(copies);
         if let Some(timing) = &timing {
-            timing.mark(program, step)?;
+            timing.mark(program, step, true)?;
         }
     }
     let host_syncs = cuda_rt::stats::host_syncs() - syncs_before;
