@@ -60,8 +60,8 @@ pub struct Step {
     pub input_tokens: Vec<i64>,
     /// Argmax of the last logits row: the generated token.
     pub token: i64,
-    /// Host time of the step, in microseconds: the whole run on the host loop; queuing it (and its
-    /// feedback, or the graph replay) on the device loop.
+    /// Host time of the step, in microseconds: the method's run, to completion, on the host loop; queuing it
+    /// and its feedback (or the graph replay) on the device loop.
     pub micros: f64,
     /// GPU time of the step, in microseconds, when timed ([`Options::gpu_timing`]).
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -376,7 +376,6 @@ fn host_loop(
         if index == 1 {
             syncs_before = cuda_rt::stats::host_syncs();
         }
-        let start = Instant::now();
         program.write_input(method, &g.token_input, &i64_bytes(&feed))?;
         program.write_input(method, &g.position_input, &i64_bytes(&[position]))?;
         if let Some(timing) = &timing {
@@ -387,7 +386,9 @@ fn host_loop(
             timing.mark(program, index, true)?;
         }
         let token = read_token(program, g, method)?;
-        let micros = start.elapsed().as_secs_f64() * 1e6;
+        // The run itself, as before there was a device loop (writing inputs and reading the token are not
+        // part of it).
+        let micros = stats.elapsed.as_secs_f64() * 1e6;
         let step = Step {
             index,
             method: method.clone(),
