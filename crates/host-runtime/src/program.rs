@@ -517,6 +517,8 @@ fn program_device(manifest: &Manifest) -> Result<Option<i32>, Error> {
 
 /// A program ready to run: buffers allocated and zeroed, every call's delegate initialised.
 pub struct Program {
+    /// Unique in the process: ties a [`Captured`] graph (whose addresses are this program's) to it.
+    id: u64,
     manifest: Manifest,
     mode: Mode,
     buffers: Vec<Buffer>,
@@ -537,6 +539,7 @@ pub struct MethodId(usize);
 /// A method run captured into a CUDA graph ([`Program::capture`]), replayed by [`Program::replay`].
 pub struct Captured {
     graph: cuda::Graph,
+    program: u64,
     method: MethodId,
     copies: CopyStats,
 }
@@ -651,7 +654,9 @@ impl Program {
             }
             methods.push(LoadedMethod { decl: method.clone(), inputs, outputs, calls });
         }
-        Ok(Program { manifest, mode, buffers, methods, gpu })
+        static NEXT_ID: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+        let id = NEXT_ID.fetch_add(1, Ordering::Relaxed);
+        Ok(Program { id, manifest, mode, buffers, methods, gpu })
     }
 
     /// The manifest it was loaded from.
@@ -979,7 +984,7 @@ impl Program {
         let gpu = self.gpu("capturing a CUDA graph")?;
         let ended = gpu.stream.end_capture();
         match (run, ended) {
-            (Ok(stats), Ok(graph)) => Ok(Captured { graph, method, copies: stats.copies }),
+            (Ok(stats), Ok(graph)) => Ok(Captured { graph, program: self.id, method, copies: stats.copies }),
             (Err(err), _) => Err(capture_error(err.to_string())),
             (Ok(_), Err(err)) => Err(capture_error(err.to_string())),
         }
@@ -988,8 +993,14 @@ impl Program {
     /// Queues one replay of a captured method run on the program's stream: one driver call.
     ///
     /// # Errors
+    /// [`Error::Usage`] for a graph another program captured (its addresses are that program's memory);
     /// [`Error::Stream`] when the driver refuses.
     pub fn replay(&mut self, captured: &Captured) -> Result<CopyStats, Error> {
+        if captured.program != self.id {
+            return Err(Error::Usage(
+                "the graph was captured by another program, whose memory it uses".into(),
+            ));
+        }
         let gpu = self.gpu("replaying a CUDA graph")?;
         cuda::replay(&captured.graph, &gpu.stream)
             .map_err(|source| Error::Stream { action: "replaying a graph on", source })?;

@@ -288,6 +288,9 @@ fn a_cuda_graph_replays_the_decode_step_and_decodes_the_same_tokens() {
     program.write_input("decode", "input_pos", &0i64.to_le_bytes()).expect("write");
     program.replay(&captured).expect("replay");
     assert_eq!(cache(&program)[0], 5, "the replay ran the delegate's kernel");
+    let mut other = self::program(dir.path(), "device", Mode::ZeroCopy).expect("a GPU, as above");
+    let err = other.replay(&captured).expect_err("another program's graph");
+    assert_eq!(err.to_string(), "the graph was captured by another program, whose memory it uses");
 }
 
 #[test]
