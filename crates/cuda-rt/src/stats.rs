@@ -12,25 +12,40 @@
 //! own copy of this crate and counts into its own copy of the counter, which the host does not see; a host
 //! measuring such a plugin's synchronisations must ask the plugin.
 //!
+//! [`thread_host_syncs`] counts the calling thread's alone (a generation loop and the delegates it calls run
+//! on one thread, so other threads' synchronisations do not blur its count).
+//!
 //! ```
-//! let before = cuda_rt::stats::host_syncs();
+//! let before = cuda_rt::stats::thread_host_syncs();
 //! // ... decode steps ...
-//! let per_step = (cuda_rt::stats::host_syncs() - before) as f64 / 10.0;
+//! let per_step = (cuda_rt::stats::thread_host_syncs() - before) as f64 / 10.0;
 //! assert!(per_step >= 0.0);
 //! ```
 
+use std::cell::Cell;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 static HOST_SYNCS: AtomicU64 = AtomicU64::new(0);
 
-/// Host synchronisations since the process started (see the module docs for what counts).
+thread_local! {
+    static THREAD_HOST_SYNCS: Cell<u64> = const { Cell::new(0) };
+}
+
+/// Host synchronisations since the process started, by every thread (see the module docs for what counts).
 pub fn host_syncs() -> u64 {
     HOST_SYNCS.load(Ordering::Relaxed)
+}
+
+/// Host synchronisations the calling thread made since it started: what a loop that runs its delegates on
+/// its own thread measures, unaffected by other threads.
+pub fn thread_host_syncs() -> u64 {
+    THREAD_HOST_SYNCS.with(Cell::get)
 }
 
 /// Counts one host synchronisation.
 pub(crate) fn count_host_sync() {
     HOST_SYNCS.fetch_add(1, Ordering::Relaxed);
+    THREAD_HOST_SYNCS.with(|n| n.set(n.get() + 1));
 }
 
 #[cfg(test)]
@@ -42,5 +57,10 @@ mod tests {
         super::count_host_sync();
         // Other tests of this process may count too: at least our two.
         assert!(super::host_syncs() >= before + 2);
+        // On this thread, exactly our two.
+        let mine = super::thread_host_syncs();
+        super::count_host_sync();
+        super::count_host_sync();
+        assert_eq!(super::thread_host_syncs(), mine + 2);
     }
 }

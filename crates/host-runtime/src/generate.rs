@@ -84,8 +84,8 @@ pub struct Generation {
     /// Host time spent capturing the graph, in microseconds (not part of any step).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub capture_micros: Option<f64>,
-    /// Host synchronisations (`cuda_rt::stats::host_syncs`) during the decode steps, the final read-back
-    /// excluded.
+    /// Host synchronisations of the generating thread (`cuda_rt::stats::thread_host_syncs`: the host's and
+    /// every embedded delegate's) during the decode steps, the final read-back excluded.
     pub host_syncs: u64,
     /// Host synchronisations of the final read-back of the tokens (the device loop's only ones).
     pub readback_host_syncs: u64,
@@ -374,7 +374,7 @@ fn host_loop(
     for index in 0..=options.steps {
         let method = if index == 0 { &g.prefill } else { &g.decode };
         if index == 1 {
-            syncs_before = cuda_rt::stats::host_syncs();
+            syncs_before = cuda_rt::stats::thread_host_syncs();
         }
         program.write_input(method, &g.token_input, &i64_bytes(&feed))?;
         program.write_input(method, &g.position_input, &i64_bytes(&[position]))?;
@@ -407,7 +407,7 @@ fn host_loop(
         generation.steps.push(step);
     }
     if options.steps > 0 {
-        generation.host_syncs = cuda_rt::stats::host_syncs() - syncs_before;
+        generation.host_syncs = cuda_rt::stats::thread_host_syncs() - syncs_before;
     }
     if let Some(timing) = timing {
         program.synchronize()?;
@@ -467,7 +467,7 @@ fn device_loop(
     let mut capture_micros = None;
     let mut step_host = Vec::with_capacity(steps);
     let mut step_copies = Vec::with_capacity(steps);
-    let syncs_before = cuda_rt::stats::host_syncs();
+    let syncs_before = cuda_rt::stats::thread_host_syncs();
     for step in 1..=steps {
         // The first decode step runs eagerly (delegates finish any lazy set-up outside the capture); with a
         // graph, the second is captured, and every later one replays it.
@@ -494,12 +494,12 @@ fn device_loop(
             timing.mark(program, step, true)?;
         }
     }
-    let host_syncs = cuda_rt::stats::host_syncs() - syncs_before;
+    let host_syncs = cuda_rt::stats::thread_host_syncs() - syncs_before;
 
-    let readback_before = cuda_rt::stats::host_syncs();
+    let readback_before = cuda_rt::stats::thread_host_syncs();
     program.synchronize()?;
     let history = device.tokens()?;
-    let readback_host_syncs = cuda_rt::stats::host_syncs() - readback_before;
+    let readback_host_syncs = cuda_rt::stats::thread_host_syncs() - readback_before;
     let gpu_micros = match &timing {
         Some(timing) => timing.step_micros()?.into_iter().map(Some).collect(),
         None => vec![None; steps],

@@ -339,9 +339,9 @@ fn device_inputs_are_not_borrowed_in_place_but_written_and_read_through_copies()
     assert!(err.to_string().ends_with("read it with read_output"), "{err}");
     program.write_input("decode", "tokens", &6i64.to_le_bytes()).expect("write");
     program.write_input("decode", "input_pos", &0i64.to_le_bytes()).expect("write");
-    let before = cuda_rt::stats::host_syncs();
+    let before = cuda_rt::stats::thread_host_syncs();
     program.enqueue("decode").expect("enqueue");
-    assert_eq!(cuda_rt::stats::host_syncs(), before, "enqueue returns with the work queued");
+    assert_eq!(cuda_rt::stats::thread_host_syncs(), before, "enqueue returns with the work queued");
     let next = program.read_output("decode", "next").expect("read");
     assert_eq!(
         i64::from_le_bytes(next[..8].try_into().expect("8 bytes")),

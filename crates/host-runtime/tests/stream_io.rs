@@ -169,14 +169,14 @@ fn host_inputs_and_outputs_are_written_and_read_in_any_way_with_typed_errors() {
 
     // enqueue on a program without CUDA memory is complete on return: the output is readable at once.
     program.write_input("decode", "input_pos", &0i64.to_le_bytes()).expect("write");
-    let before = cuda_rt::stats::host_syncs();
+    let before = cuda_rt::stats::thread_host_syncs();
     program.enqueue("decode").expect("enqueue");
     let logits = program.read_output("decode", "logits").expect("read");
     assert!(matches!(logits, std::borrow::Cow::Borrowed(_)), "host memory is not copied to be read");
     assert_eq!(logits.as_ref(), program.output("decode", "logits").expect("borrow"));
     assert!(logits.iter().any(|&b| b != 0), "decode wrote its logits");
     program.synchronize().expect("nothing to wait for");
-    assert_eq!(cuda_rt::stats::host_syncs(), before, "host memory never synchronises");
+    assert_eq!(cuda_rt::stats::thread_host_syncs(), before, "host memory never synchronises");
 
     // Graphs need CUDA memory.
     let err = program.capture("decode").expect_err("no CUDA memory");
