@@ -100,11 +100,12 @@ impl Context {
         driver::call("cuCtxSetCurrent", self.ordinal, || self.ctx.bind_to_thread())
     }
 
-    /// Waits for all work queued in the context.
+    /// Waits for all work queued in the context (a host synchronisation, counted by [`crate::stats`]).
     ///
     /// # Errors
     /// [`Error::Driver`] when the driver reports an error of queued work.
     pub fn synchronize(&self) -> Result<()> {
+        crate::stats::count_host_sync();
         driver::call("cuCtxSynchronize", self.ordinal, || self.ctx.synchronize())
     }
 }

@@ -13,6 +13,9 @@
 //! - [`Context::compile_module`]: NVRTC compiles a CUDA C source once per process per device, keyed by the
 //!   source's hash and the options; [`Module::function`], [`Function::launch`].
 //! - [`Blas`]: a cuBLAS handle per context, each call on the caller's stream.
+//! - [`Graph`]: CUDA graphs by stream capture ([`Stream::begin_capture`], [`Stream::end_capture`],
+//!   [`Graph::launch`]).
+//! - [`stats`]: the process-wide count of host synchronisations ([`stats::host_syncs`]).
 //!
 //! cudarc panics when `libcuda` (or NVRTC, or cuBLAS) is missing or lacks an entry point; this crate probes
 //! the library first and catches any such panic, so a machine without a driver gets a typed
@@ -54,14 +57,17 @@ mod blas;
 mod context;
 mod driver;
 mod error;
+mod graph;
 pub mod memory;
 mod nvrtc;
 mod pointer;
+pub mod stats;
 mod stream;
 
 pub use blas::{Blas, Sgemm};
 pub use context::{Context, Contexts};
 pub use error::{CompileFailure, Error, Result};
+pub use graph::Graph;
 pub use memory::{Allocation, Device, DevicePtr, Managed, MemoryKind, Pinned};
 pub use nvrtc::{compile_ptx, Function, LaunchConfig, Module};
 pub use pointer::{PointerInfo, PointerKind};

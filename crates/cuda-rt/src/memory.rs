@@ -197,7 +197,8 @@ impl Allocation<Device> {
         Ok(allocation)
     }
 
-    /// Copies the bytes to the host (a synchronous device-to-host copy).
+    /// Copies the bytes to the host (a synchronous device-to-host copy: a host synchronisation, counted by
+    /// [`crate::stats`]).
     ///
     /// # Errors
     /// [`Error::Driver`] when the copy fails.
@@ -205,6 +206,7 @@ impl Allocation<Device> {
         self.ctx.bind()?;
         let mut out = vec![0u8; self.len];
         if self.len > 0 {
+            crate::stats::count_host_sync();
             driver::call("cuMemcpyDtoH", self.ctx.ordinal(), || {
                 // SAFETY: the context is current; `ptr` is a live allocation of at least `len` bytes (freed
                 // only in `Drop`, which cannot run while `&self` is held) and `out` holds exactly `len` bytes.

@@ -178,12 +178,13 @@ impl Event {
         })
     }
 
-    /// Blocks until the captured work is complete.
+    /// Blocks until the captured work is complete (a host synchronisation, counted by [`crate::stats`]).
     ///
     /// # Errors
     /// [`Error::Driver`] when the captured work failed.
     pub fn synchronize(&self) -> Result<()> {
         self.ctx.bind()?;
+        crate::stats::count_host_sync();
         // SAFETY: `raw` is a live event of this context.
         driver::call("cuEventSynchronize", self.ctx.ordinal(), || unsafe {
             result::event::synchronize(self.raw)
@@ -257,12 +258,14 @@ fn bytes_usize(call: &'static str, bytes: u64) -> Result<usize> {
 }
 
 impl Context {
-    /// Waits for everything queued on `stream` (the legacy default stream waits for this context's).
+    /// Waits for everything queued on `stream` (the legacy default stream waits for this context's); a host
+    /// synchronisation, counted by [`crate::stats`].
     ///
     /// # Errors
     /// [`Error::Driver`] when queued work failed.
     pub fn synchronize_stream(&self, stream: StreamRef<'_>) -> Result<()> {
         self.bind()?;
+        crate::stats::count_host_sync();
         driver::call("cuStreamSynchronize", self.ordinal(), || {
             // SAFETY: `stream` is null or a valid stream for its borrow; the context is current.
             unsafe { result::stream::synchronize(stream.cu()) }

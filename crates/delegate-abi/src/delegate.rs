@@ -443,8 +443,8 @@ pub trait Delegate: Send + Sync + 'static {
     /// error, nothing the call queued may still be running.
     ///
     /// Hosts: [`crate::host::Instance::execute`] passes the stream through; the `unsafe`
-    /// [`CudaStream::from_raw`] is where a host takes on its half of the rule. `host-runtime` passes no
-    /// stream today, so its calls are complete on return.
+    /// [`CudaStream::from_raw`] is where a host takes on its half of the rule. `host-runtime` passes its
+    /// program's stream to every plugin that accepts device memory, and none to the others.
     fn execute(&self, handle: &mut Self::Handle, args: &mut ExecuteArgs<'_>) -> Result<(), DelegateError>;
 
     /// Releases a handle. The default drops it.

@@ -75,6 +75,15 @@ enum Command {
         /// How buffer-mutation outputs are passed.
         #[arg(long, value_enum, default_value = "zero-copy")]
         mode: ModeArg,
+        /// Start decode steps at this position (written into the position input after prefill; decoding
+        /// goes on with whatever the caches hold) [default: right after the prompt]
+        #[arg(long)]
+        position: Option<i64>,
+        /// Capture one decode step into a CUDA graph and replay it (needs the device loop: a
+        /// `next_token_output` and the decode method's tokens, position and next token in device or
+        /// managed memory).
+        #[arg(long)]
+        cuda_graph: bool,
         /// Directories to search for plugins before `DELEGATE_PLUGIN_PATH`.
         #[arg(long = "plugin-dir")]
         plugin_dirs: Vec<PathBuf>,
@@ -82,7 +91,8 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
-    /// Measure decode steps of a program in both modes, side by side: time per step and bytes copied per step.
+    /// Measure decode steps of a program in both modes, side by side: time per step and bytes copied per step;
+    /// with CUDA memory also GPU time per step, host synchronisations per step, and zero-copy as a CUDA graph.
     Bench {
         /// The program manifest (TOML).
         program: PathBuf,
@@ -92,6 +102,9 @@ enum Command {
         /// Runs per mode; the first is a warm-up and is not counted.
         #[arg(long, default_value_t = 5)]
         runs: usize,
+        /// Start decode steps at this position (e.g. max/2 or max-1), with whatever the caches hold.
+        #[arg(long)]
+        position: Option<i64>,
         /// Directories to search for plugins before `DELEGATE_PLUGIN_PATH`.
         #[arg(long = "plugin-dir")]
         plugin_dirs: Vec<PathBuf>,
@@ -205,11 +218,13 @@ fn dispatch(command: Command) -> Result<(), Failure> {
         Command::Validate { blob } => blob::validate(&blob),
         Command::Convert { input, output, to } => blob::convert(&input, &output, to),
         Command::Plugins { plugin_dirs, json } => plugins::plugins(&plugin_dirs, json),
-        Command::Run { program, steps, mode, plugin_dirs, json } => {
-            run::run_program(&program, steps, mode.into(), &plugin_dirs, json)
+        Command::Run { program, steps, mode, position, cuda_graph, plugin_dirs, json } => {
+            let args = run::RunArgs { steps, position, cuda_graph, json };
+            run::run_program(&program, mode.into(), &plugin_dirs, &args)
         }
-        Command::Bench { program, steps, runs, plugin_dirs, json } => {
-            run::bench(&program, steps, runs, &plugin_dirs, json)
+        Command::Bench { program, steps, runs, position, plugin_dirs, json } => {
+            let args = run::RunArgs { steps, position, cuda_graph: false, json };
+            run::bench(&program, runs, &plugin_dirs, &args)
         }
     }
 }

@@ -1,12 +1,14 @@
 //! `run` and `bench`: a program's generation as a person watches it (progress bar, summary) or as a program
-//! reads it (`--json`), and both slot modes side by side.
+//! reads it (`--json`), and both slot modes side by side; for a program with CUDA memory, GPU time per step
+//! (CUDA events), host synchronisations per step, and zero-copy replayed as a CUDA graph where the device
+//! loop runs.
 
 use std::fmt::Write as _;
 use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
 
 use clap::ValueEnum;
-use host_runtime::generate::{generate, Generation};
+use host_runtime::generate::{device_loop_refusal, generate_with, Generation, Options};
 use host_runtime::manifest::Manifest;
 use host_runtime::plugins::Registry;
 use host_runtime::program::{Mode, Program};
@@ -32,22 +34,46 @@ impl From<ModeArg> for Mode {
     }
 }
 
-/// `--steps`, or as many decode steps as the program's caches hold, or 15.
-fn default_steps(manifest: &Manifest, steps: Option<usize>) -> usize {
-    steps.or_else(|| manifest.generate.as_ref().and_then(|g| g.max_decode_steps())).unwrap_or(15)
+/// `--steps`, or as many decode steps as the program's caches hold (from `--position` when given), or 15.
+fn default_steps(manifest: &Manifest, steps: Option<usize>, position: Option<i64>) -> usize {
+    steps
+        .or_else(|| {
+            let g = manifest.generate.as_ref()?;
+            match position {
+                Some(p) => g.max_positions.map(|max| usize::try_from(max as i64 - p).unwrap_or(0)),
+                None => g.max_decode_steps(),
+            }
+        })
+        .unwrap_or(15)
 }
 
-pub fn run_program(
-    path: &Path,
-    steps: Option<usize>,
-    mode: Mode,
-    dirs: &[PathBuf],
-    json: bool,
-) -> Result<(), Failure> {
+/// What `run` and `bench` take besides the program and the plugins.
+pub struct RunArgs {
+    /// `--steps`.
+    pub steps: Option<usize>,
+    /// `--position`.
+    pub position: Option<i64>,
+    /// `--cuda-graph`.
+    pub cuda_graph: bool,
+    /// `--json`.
+    pub json: bool,
+}
+
+fn options(steps: usize, args: &RunArgs, program: &Program, cuda_graph: bool) -> Options {
+    let mut options = Options::steps(steps);
+    options.start_position = args.position;
+    options.cuda_graph = cuda_graph;
+    options.gpu_timing = program.cuda_context().is_some();
+    options
+}
+
+pub fn run_program(path: &Path, mode: Mode, dirs: &[PathBuf], args: &RunArgs) -> Result<(), Failure> {
+    let json = args.json;
     let manifest = Manifest::load(path)?;
-    let steps = default_steps(&manifest, steps);
+    let steps = default_steps(&manifest, args.steps, args.position);
     let registry = Registry::discover(dirs, true, true);
     let mut program = Program::load(manifest, &registry, mode)?;
+    let options = options(steps, args, &program, args.cuda_graph);
     let bar = if std::io::stderr().is_terminal() && !json {
         let bar = indicatif::ProgressBar::new(steps as u64 + 1);
         bar.set_style(
@@ -60,7 +86,7 @@ pub fn run_program(
     } else {
         indicatif::ProgressBar::hidden()
     };
-    let generation = generate(&mut program, steps, |_, _| {
+    let generation = generate_with(&mut program, &options, |_, _| {
         bar.inc(1);
         Ok(())
     })?;
@@ -71,6 +97,7 @@ pub fn run_program(
 fn report(generation: &Generation, mode: Mode, json: bool) -> Result<(), Failure> {
     let time = generation.mean_decode_time();
     let copies = generation.mean_decode_copies();
+    let gpu = generation.mean_decode_gpu_micros();
     if json {
         let value = json!({
             "mode": mode,
@@ -81,22 +108,41 @@ fn report(generation: &Generation, mode: Mode, json: bool) -> Result<(), Failure
                 "mean_decode_step_us": time.as_secs_f64() * 1e6,
                 "mean_decode_bytes_copied": copies,
                 "mean_decode_bytes_copied_total": copies.total(),
+                "mean_decode_gpu_us": gpu,
+                "host_syncs_per_decode_step": generation.host_syncs_per_decode_step(),
+                "readback_host_syncs": generation.readback_host_syncs,
+                "device_loop": generation.device_loop,
+                "cuda_graph": generation.cuda_graph,
+                "capture_us": generation.capture_micros,
             },
         });
         return emit(&format!("{value}\n"));
     }
-    emit(&format!(
-        "tokens: {:?}\nsteps: prefill + {} decode, {:.1} us per decode step ({} mode)\n\
+    let mut out = format!(
+        "tokens: {:?}\nsteps: prefill + {} decode, {:.1} us per decode step on the host ({} mode{})\n\
          bytes copied per decode step: {} (reflect {}, write-back {}, staging {})\n",
         generation.tokens,
         generation.steps.len().saturating_sub(1),
         time.as_secs_f64() * 1e6,
         mode.name(),
+        match (generation.device_loop, generation.cuda_graph) {
+            (true, true) => ", device loop, CUDA graph",
+            (true, false) => ", device loop",
+            _ => "",
+        },
         copies.total(),
         copies.reflect_bytes,
         copies.writeback_bytes,
         copies.staged_bytes
-    ))
+    );
+    if let Some(gpu) = gpu {
+        let _ = writeln!(
+            out,
+            "GPU time per decode step: {gpu:.1} us; host synchronisations per decode step: {}",
+            generation.host_syncs_per_decode_step()
+        );
+    }
+    emit(&out)
 }
 
 fn percentile(sorted: &[f64], p: f64) -> f64 {
@@ -106,15 +152,58 @@ fn percentile(sorted: &[f64], p: f64) -> f64 {
     sorted[((sorted.len() - 1) as f64 * p).round() as usize]
 }
 
-pub fn bench(
-    path: &Path,
-    steps: Option<usize>,
+/// Runs `runs` generations (the first a warm-up) and summarises the measured decode steps as one row.
+fn bench_row(
+    program: &mut Program,
+    mode: Mode,
+    steps: usize,
     runs: usize,
-    dirs: &[PathBuf],
-    json: bool,
-) -> Result<(), Failure> {
+    args: &RunArgs,
+    cuda_graph: bool,
+) -> Result<serde_json::Value, Failure> {
+    let options = options(steps, args, program, cuda_graph);
+    let (mut times, mut gpu_times) = (Vec::new(), Vec::new());
+    let (mut syncs, mut measured_runs) = (0u64, 0u64);
+    let mut last = None;
+    for run in 0..runs {
+        program.reset_buffers()?;
+        let generation = generate_with(program, &options, |_, _| Ok(()))?;
+        if run > 0 {
+            times.extend(generation.steps.iter().skip(1).map(|s| s.micros));
+            gpu_times.extend(generation.steps.iter().skip(1).filter_map(|s| s.gpu_micros));
+            syncs += generation.host_syncs;
+            measured_runs += 1;
+        }
+        last = Some(generation);
+    }
+    times.sort_by(f64::total_cmp);
+    gpu_times.sort_by(f64::total_cmp);
+    let last = last.expect("at least two runs");
+    let copies = last.mean_decode_copies();
+    let gpu = |p| (!gpu_times.is_empty()).then(|| percentile(&gpu_times, p));
+    Ok(json!({
+        "mode": mode,
+        "cuda_graph": last.cuda_graph,
+        "device_loop": last.device_loop,
+        "decode_steps_measured": times.len(),
+        "median_us": percentile(&times, 0.5),
+        "p10_us": percentile(&times, 0.1),
+        "p90_us": percentile(&times, 0.9),
+        "gpu_median_us": gpu(0.5),
+        "gpu_p10_us": gpu(0.1),
+        "gpu_p90_us": gpu(0.9),
+        "host_syncs_per_step": syncs as f64 / (measured_runs.max(1) * steps as u64) as f64,
+        "bytes_copied_per_step": copies.total(),
+        "reflect_bytes_per_step": copies.reflect_bytes,
+        "writeback_bytes_per_step": copies.writeback_bytes,
+        "staged_bytes_per_step": copies.staged_bytes,
+    }))
+}
+
+pub fn bench(path: &Path, runs: usize, dirs: &[PathBuf], args: &RunArgs) -> Result<(), Failure> {
+    let json = args.json;
     let manifest = Manifest::load(path)?;
-    let steps = default_steps(&manifest, steps);
+    let steps = default_steps(&manifest, args.steps, args.position);
     if steps == 0 || runs < 2 {
         return Err(failure("bench needs --steps >= 1 and --runs >= 2 (the first run is a warm-up)"));
     }
@@ -122,52 +211,51 @@ pub fn bench(
     let mut rows = Vec::new();
     for mode in [Mode::ZeroCopy, Mode::CopyBack] {
         let mut program = Program::load(manifest.clone(), &registry, mode)?;
-        let mut times = Vec::new();
-        let mut bytes = None;
-        for run in 0..runs {
-            program.reset_buffers()?;
-            let generation = generate(&mut program, steps, |_, _| Ok(()))?;
-            if run > 0 {
-                times.extend(generation.steps.iter().skip(1).map(|s| s.micros));
-            }
-            bytes = Some(generation.mean_decode_copies());
+        rows.push(bench_row(&mut program, mode, steps, runs, args, false)?);
+        // Zero-copy replayed as a CUDA graph, where the device loop runs (the program keeps its generation
+        // on the GPU).
+        if mode == Mode::ZeroCopy && device_loop_refusal(&program)?.is_none() {
+            rows.push(bench_row(&mut program, mode, steps, runs, args, true)?);
         }
-        times.sort_by(f64::total_cmp);
-        let copies = bytes.unwrap_or_default();
-        rows.push(json!({
-            "mode": mode,
-            "decode_steps_measured": times.len(),
-            "median_us": percentile(&times, 0.5),
-            "p10_us": percentile(&times, 0.1),
-            "p90_us": percentile(&times, 0.9),
-            "bytes_copied_per_step": copies.total(),
-            "reflect_bytes_per_step": copies.reflect_bytes,
-            "writeback_bytes_per_step": copies.writeback_bytes,
-            "staged_bytes_per_step": copies.staged_bytes,
-        }));
     }
+    let gpu = rows.iter().any(|r| !r["gpu_median_us"].is_null());
     if json {
         return emit(&format!(
             "{}\n",
-            json!({ "program": path, "steps": steps, "runs": runs - 1, "modes": rows })
+            json!({
+                "program": path,
+                "steps": steps,
+                "position": args.position,
+                "runs": runs - 1,
+                "modes": rows,
+            })
         ));
     }
     let mut out = format!(
-        "{}: {} decode steps x {} runs per mode (after 1 warm-up run)\n",
+        "{}: {} decode steps{} x {} runs per mode (after 1 warm-up run)\n",
         path.display(),
         steps,
+        args.position.map(|p| format!(" from position {p}")).unwrap_or_default(),
         runs - 1
     );
-    let _ = writeln!(
+    let _ = write!(
         out,
-        "{:<10} {:>12} {:>12} {:>12} {:>16} {:>14} {:>14}",
+        "{:<16} {:>12} {:>12} {:>12} {:>16} {:>14} {:>14}",
         "mode", "median us", "p10 us", "p90 us", "bytes/step", "reflect", "write-back"
     );
+    if gpu {
+        let _ = write!(out, " {:>12} {:>12}", "GPU us", "syncs/step");
+    }
+    out.push('\n');
     for r in &rows {
-        let _ = writeln!(
+        let name = match (r["mode"].as_str().unwrap_or("?"), r["cuda_graph"].as_bool()) {
+            (mode, Some(true)) => format!("{mode}+graph"),
+            (mode, _) => mode.to_owned(),
+        };
+        let _ = write!(
             out,
-            "{:<10} {:>12.1} {:>12.1} {:>12.1} {:>16} {:>14} {:>14}",
-            r["mode"].as_str().unwrap_or("?"),
+            "{:<16} {:>12.1} {:>12.1} {:>12.1} {:>16} {:>14} {:>14}",
+            name,
             r["median_us"].as_f64().unwrap_or(0.0),
             r["p10_us"].as_f64().unwrap_or(0.0),
             r["p90_us"].as_f64().unwrap_or(0.0),
@@ -175,6 +263,15 @@ pub fn bench(
             r["reflect_bytes_per_step"].as_u64().unwrap_or(0),
             r["writeback_bytes_per_step"].as_u64().unwrap_or(0),
         );
+        if gpu {
+            let _ = write!(
+                out,
+                " {:>12.1} {:>12.2}",
+                r["gpu_median_us"].as_f64().unwrap_or(0.0),
+                r["host_syncs_per_step"].as_f64().unwrap_or(0.0)
+            );
+        }
+        out.push('\n');
     }
     emit(&out)
 }

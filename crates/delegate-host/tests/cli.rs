@@ -726,3 +726,49 @@ fn a_manifest_larger_than_the_limit_is_refused_without_reading_it_all() {
     let line = one_line_error(&run(host().arg("run").arg(&big)));
     assert!(line.contains("the most a manifest may be") && line.ends_with("[AccessFailed]"), "{line}");
 }
+
+#[test]
+fn run_and_bench_start_at_a_position_and_a_cuda_graph_without_the_device_loop_is_one_error_line() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let cfg = kv_example::Config::tiny();
+    kv_example::export::reference(&cfg, dir.path()).expect("export");
+    let program = dir.path().join("program.toml");
+    let max = cfg.max_len as u64;
+
+    // --position P: decode steps run at P, P+1, ...; by default as many as fit from P.
+    let from = stdout_json(&run(host()
+        .arg("run")
+        .arg(&program)
+        .args(["--json", "--position", &(max - 2).to_string()])
+        .env_remove("DELEGATE_PLUGIN_PATH")));
+    let positions: Vec<u64> =
+        from["steps"].as_array().expect("steps").iter().filter_map(|s| s["position"].as_u64()).collect();
+    assert_eq!(positions, [0, max - 2, max - 1], "{from}");
+    assert_eq!(from["stats"]["device_loop"], false);
+    assert_eq!(from["stats"]["cuda_graph"], false);
+    assert_eq!(from["stats"]["host_syncs_per_decode_step"], 0.0);
+    assert!(from["stats"]["mean_decode_gpu_us"].is_null(), "host memory: no GPU time");
+
+    let line = one_line_error(&run(host().arg("run").arg(&program).arg("--cuda-graph")));
+    assert_eq!(
+        line,
+        "error: a CUDA graph needs the device loop, which cannot run: the program's [generate] names no next_token_output [InvalidArgument]"
+    );
+
+    let report = stdout_json(&run(host()
+        .arg("bench")
+        .arg(&program)
+        .args(["--json", "--runs", "2", "--position", &(max / 2).to_string()])
+        .env_remove("DELEGATE_PLUGIN_PATH")));
+    assert_eq!(report["position"], max / 2);
+    assert_eq!(report["steps"], max - max / 2, "as many steps as fit from the position");
+    let modes = report["modes"].as_array().expect("modes");
+    assert_eq!(modes.len(), 2, "no graph row without the device loop: {report}");
+    for row in modes {
+        assert_eq!(row["cuda_graph"], false);
+        assert_eq!(row["host_syncs_per_step"], 0.0);
+        assert!(row["gpu_median_us"].is_null(), "{row}");
+    }
+    let line = one_line_error(&run(host().arg("bench").arg(&program).args(["--position", &max.to_string()])));
+    assert!(line.contains("do not fit") || line.contains("--steps >= 1"), "{line}");
+}

@@ -7,7 +7,9 @@ use std::borrow::Cow;
 use bytemuck::{Pod, Zeroable};
 use delegate_abi::MemoryKind;
 
-use crate::cuda::{self, Contexts, DeviceStorage, ManagedStorage, PinnedStorage, RawMemory};
+use crate::cuda::{
+    self, Contexts, DevicePtr, DeviceStorage, ManagedStorage, PinnedStorage, RawInput, RawMemory,
+};
 
 /// One cache line; storage is a vector of these so every tensor starts 64-byte aligned.
 #[derive(Clone, Copy, Pod, Zeroable)]
@@ -114,6 +116,15 @@ pub enum View<'a> {
     Raw(RawMemory<'a>),
 }
 
+/// Where a storage's bytes are, borrowed for reading by one delegate call.
+#[derive(Debug)]
+pub enum ReadView<'a> {
+    /// Host-visible bytes of host and pinned memory, passed as a slice.
+    Host(&'a [u8]),
+    /// Device or managed memory, passed by address, read only.
+    Raw(RawInput<'a>),
+}
+
 impl Storage {
     /// `len` zero bytes of `memory` on CUDA device `device` (ignored for host memory), opening the device's
     /// context through `contexts` only when the kind needs one.
@@ -188,6 +199,60 @@ impl Storage {
         }
     }
 
+    /// The storage as one delegate call reads it. Allocates nothing.
+    pub fn view_read(&self) -> ReadView<'_> {
+        match self {
+            Storage::Host(s) => ReadView::Host(s.bytes()),
+            Storage::Pinned(s) => ReadView::Host(s.bytes()),
+            Storage::Device(s) => ReadView::Raw(RawInput::device(s)),
+            Storage::Managed(s) => ReadView::Raw(RawInput::managed(s)),
+        }
+    }
+
+    /// The device address of device or managed memory (what a kernel is given); `None` for host and pinned
+    /// memory.
+    pub fn device_ptr(&self) -> Option<DevicePtr> {
+        match self {
+            Storage::Device(s) => Some(s.device_ptr()),
+            Storage::Managed(s) => Some(s.device_ptr()),
+            Storage::Host(_) | Storage::Pinned(_) => None,
+        }
+    }
+
+    /// The bytes in place, for memory the host can read: host and pinned memory, and managed memory after a
+    /// context synchronisation; `Ok(None)` for device memory.
+    pub fn host_slice(&self) -> Result<Option<&[u8]>, cuda::Error> {
+        Ok(match self {
+            Storage::Host(s) => Some(s.bytes()),
+            Storage::Pinned(s) => Some(s.bytes()),
+            Storage::Managed(s) => Some(s.host_bytes()?),
+            Storage::Device(_) => None,
+        })
+    }
+
+    /// The bytes in place, writable, for memory the host can write (as [`Storage::host_slice`]).
+    pub fn host_slice_mut(&mut self) -> Result<Option<&mut [u8]>, cuda::Error> {
+        Ok(match self {
+            Storage::Host(s) => Some(s.bytes_mut()),
+            Storage::Pinned(s) => Some(s.bytes_mut()),
+            Storage::Managed(s) => Some(s.host_bytes_mut()?),
+            Storage::Device(_) => None,
+        })
+    }
+
+    /// Overwrites every byte with `data` (exactly [`Storage::len`] bytes): a host copy for host-visible
+    /// memory, a synchronous host-to-device copy for device memory.
+    pub fn write(&mut self, data: &[u8]) -> Result<(), cuda::Error> {
+        if let Storage::Device(s) = self {
+            return s.write(data);
+        }
+        let len = self.len();
+        match self.host_slice_mut()? {
+            Some(bytes) => copy_host(bytes, data).map(drop),
+            None => Err(cuda::Error::SizeMismatch { call: "write", dst: len as u64, src: data.len() as u64 }),
+        }
+    }
+
     /// Copies `src` (a storage of the same kind and size) over these bytes: a host copy for host-visible
     /// memory, a device-to-device copy for device and managed memory. Returns the bytes copied.
     pub fn copy_from(&mut self, src: &Storage) -> Result<u64, cuda::Error> {
@@ -202,6 +267,25 @@ impl Storage {
                 src: src.memory().name(),
             }),
         }
+    }
+}
+
+impl Storage {
+    /// Queues a copy of `src` (same kind and size) over these bytes on the program's `stream`: an
+    /// asynchronous device-to-device copy for device and managed memory. Host and pinned memory are copied
+    /// by the host at once; the caller has synchronised the stream first when queued work may still use
+    /// them. Returns the bytes copied.
+    pub(crate) fn copy_from_on(&mut self, src: &Storage, stream: &cuda::Stream) -> Result<u64, cuda::Error> {
+        match (self, src) {
+            (Storage::Device(dst), Storage::Device(src)) => cuda::copy_async(dst, src, stream),
+            (Storage::Managed(dst), Storage::Managed(src)) => cuda::copy_async(dst, src, stream),
+            (dst, src) => dst.copy_from(src),
+        }
+    }
+
+    /// Whether copies into it are made by the host (host and pinned memory), not queued on a stream.
+    pub(crate) fn host_copied(&self) -> bool {
+        matches!(self, Storage::Host(_) | Storage::Pinned(_))
     }
 }
 

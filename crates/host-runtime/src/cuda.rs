@@ -7,7 +7,14 @@
 //! context on first use, and a machine without a driver or without the device gets a typed [`Error`]
 //! (`NotSupported`), never a panic.
 //!
-//! [`push_raw`] and `blob_file`'s mapping are the only `unsafe` code of the crate; the CUDA calls themselves
+//! It also holds what the program's stream needs: the stream as the ABI carries it ([`abi_stream`]),
+//! device-to-device copies queued on it ([`copy_async`]), the generation loop's feedback kernel
+//! ([`FeedbackKernel`]) and graph replays ([`replay`]). Their soundness rests on the program's stream
+//! invariant (`crate::program`'s docs): the [`crate::program::Program`] owns every storage it queues work on,
+//! frees none before that work completes (a CUDA allocation synchronises its context before it is freed; the
+//! program synchronises its stream when dropped), and touches none from the host before synchronising.
+//!
+//! This module and `blob_file`'s mapping are the only `unsafe` code of the crate; the CUDA calls themselves
 //! are `cuda-rt`'s.
 #![allow(unsafe_code)]
 
@@ -17,7 +24,11 @@ use std::marker::PhantomData;
 use delegate_abi::host::{ArgError, ArgList, Slot};
 use delegate_abi::{DTypeCode, MemoryKind, TensorArg, ARG_INOUT, ARG_WRITABLE};
 
-pub use cuda_rt::{Context, Contexts, Error};
+pub use cuda_rt::{Context, Contexts, DevicePtr, Error, Event, Graph, Stream, StreamRef};
+
+use cuda_rt::memory::DeviceAddressable;
+use cuda_rt::{Allocation, Function, LaunchConfig};
+use delegate_abi::CudaStream;
 
 /// Device memory (`cuMemAlloc`): the host cannot dereference it.
 pub type DeviceStorage = cuda_rt::Allocation<cuda_rt::Device>;
@@ -121,4 +132,225 @@ pub fn push_raw<'a>(
     // memory is host-visible: valid for host reads and writes of `len` bytes, and cuda-rt synchronises its own
     // memsets and copies before returning, so no device work writes it behind the delegate.
     unsafe { args.push_raw(arg) }
+}
+
+/// Device or managed memory borrowed for reading by one delegate call: only [`RawInput::device`] and
+/// [`RawInput::managed`] make one, from a live allocation that the shared borrow keeps from being written or
+/// freed while it lives.
+#[derive(Debug)]
+pub struct RawInput<'a> {
+    ptr: *mut c_void,
+    len: usize,
+    memory: MemoryKind,
+    device: i32,
+    borrow: PhantomData<&'a [u8]>,
+}
+
+impl<'a> RawInput<'a> {
+    /// Device memory, lent for reading for `'a`.
+    pub fn device(storage: &'a DeviceStorage) -> RawInput<'a> {
+        RawInput::of(storage.as_ptr(), storage.len(), MemoryKind::Device, storage.device())
+    }
+
+    /// Managed memory, lent for reading for `'a`.
+    pub fn managed(storage: &'a ManagedStorage) -> RawInput<'a> {
+        RawInput::of(storage.as_ptr(), storage.len(), MemoryKind::Managed, storage.device())
+    }
+
+    fn of(ptr: *mut c_void, len: usize, memory: MemoryKind, device: i32) -> RawInput<'a> {
+        RawInput { ptr, len, memory, device, borrow: PhantomData }
+    }
+
+    /// Size in bytes.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether it holds no bytes.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+}
+
+/// Pushes device or managed memory onto `args` as a read-only input (`push_input`'s flags: none).
+pub fn push_raw_input<'a>(
+    args: &mut ArgList<'a>,
+    memory: RawInput<'a>,
+    dtype: DTypeCode,
+    shape: &[i64],
+) -> Result<(), ArgError> {
+    let index = args.len();
+    let mut arg = TensorArg::describe(dtype, shape, memory.memory)
+        .ok_or(ArgError::RankTooLarge { index, rank: shape.len() })?;
+    arg.data = memory.ptr;
+    arg.nbytes = memory.len as u64;
+    arg.device_id = memory.device;
+    arg.flags = 0;
+    // SAFETY: `memory` is a live device or managed allocation of `len` bytes on `device` (only
+    // `RawInput::{device, managed}` make one, from a `cuda_rt::Allocation`, freed on drop, which the shared
+    // borrow `'a` rules out while the list lives). The argument is not writable, and the shared borrow keeps
+    // every writer (they need `&mut`) away for `'a`; other read-only arguments may share the address, as shared
+    // slices may.
+    unsafe { args.push_raw(arg) }.map(drop)
+}
+
+/// The program's stream as the plugin ABI carries it to a delegate.
+///
+/// Only `Program` calls this, for the stream it owns; it takes on [`CudaStream::from_raw`]'s contract through
+/// its stream invariant (see the module docs): the stream outlives every call given it (the program
+/// synchronises it before dropping it), and no argument memory is touched by the host or freed before the
+/// work queued on it completes.
+pub(crate) fn abi_stream(stream: &Stream) -> CudaStream {
+    // SAFETY: a stream made by `Stream::new` in the primary context of the device every CUDA storage of the
+    // program lives on (the program refuses a second device at load); valid until the program drops it, after
+    // synchronising; the completion rule is the program's stream invariant, cited above.
+    unsafe { CudaStream::from_raw(stream.as_ref().as_raw()) }
+        .expect("cuStreamCreate never returns the null stream")
+}
+
+/// Queues a device-to-device copy of `src` over `dst` (same kind and size) on the program's `stream`; returns
+/// the bytes copied.
+pub(crate) fn copy_async<K: DeviceAddressable>(
+    dst: &mut Allocation<K>,
+    src: &Allocation<K>,
+    stream: &Stream,
+) -> Result<u64, Error> {
+    if dst.len() != src.len() {
+        return Err(Error::SizeMismatch {
+            call: "cuMemcpyDtoDAsync",
+            dst: dst.len() as u64,
+            src: src.len() as u64,
+        });
+    }
+    // SAFETY: both are live allocations of `len` bytes, distinct (one borrowed mutably, one shared), so not
+    // overlapping; under the program's stream invariant (module docs) neither is freed before the stream has
+    // executed the copy (a CUDA allocation synchronises its context before it is freed) and the host touches
+    // neither before synchronising the stream.
+    unsafe {
+        dst.context().copy_dtod_async(dst.device_ptr(), src.device_ptr(), dst.len() as u64, stream.as_ref())
+    }?;
+    Ok(dst.len() as u64)
+}
+
+/// Queues one replay of `graph` on the program's `stream`.
+pub(crate) fn replay(graph: &Graph, stream: &Stream) -> Result<(), Error> {
+    // SAFETY: `graph` was captured on this stream from the program's own storages and the generation loop's
+    // history, all alive until the stream passes (CUDA allocations synchronise before they are freed, the
+    // program synchronises before it drops its storages), and untouched by the host until then (the program's
+    // stream invariant).
+    unsafe { graph.launch(stream.as_ref()) }
+}
+
+/// The generation loop's feedback kernel: after a method ran, copies its next token into the decode
+/// method's token input, sets the decode method's position input to the position the method ran at plus the
+/// rows it processed, and appends the token to a token history, all on the device.
+///
+/// Compiled with NVRTC once per process per device (`cuda_rt::Context::compile_module` caches it).
+pub struct FeedbackKernel {
+    function: Function,
+}
+
+impl std::fmt::Debug for FeedbackKernel {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FeedbackKernel").finish_non_exhaustive()
+    }
+}
+
+/// The kernel: one thread. `position_from` and `position_to` may be the same address (decode feeding
+/// itself): it is read before it is written.
+const FEEDBACK_SOURCE: &str = r#"
+extern "C" __global__ void kv_feedback(
+    const long long* next_token, const long long* position_from, long long rows,
+    long long* token_to, long long* position_to,
+    long long* history, unsigned int* length, unsigned int capacity)
+{
+    if (blockIdx.x != 0 || threadIdx.x != 0) { return; }
+    long long token = next_token[0];
+    long long position = position_from[0] + rows;
+    token_to[0] = token;
+    position_to[0] = position;
+    unsigned int n = length[0];
+    if (n < capacity) { history[n] = token; }
+    length[0] = n + 1;
+}
+"#;
+
+/// The device addresses one feedback launch reads and writes, each of a storage the program owns (`i64 [1]`
+/// each, but for the history), and the history's own.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct FeedbackArgs {
+    pub next_token: DevicePtr,
+    pub position_from: DevicePtr,
+    pub rows: i64,
+    pub token_to: DevicePtr,
+    pub position_to: DevicePtr,
+    pub history: DevicePtr,
+    pub length: DevicePtr,
+    pub capacity: u32,
+}
+
+impl FeedbackKernel {
+    /// Compiles (once per process per device) and loads the kernel.
+    ///
+    /// # Errors
+    /// No NVRTC (`NotSupported`), or the driver refuses the module.
+    pub fn new(ctx: &Context) -> Result<FeedbackKernel, Error> {
+        let function = ctx.compile_module(FEEDBACK_SOURCE, &[])?.function("kv_feedback")?;
+        Ok(FeedbackKernel { function })
+    }
+
+    /// Queues the kernel on the program's `stream`.
+    ///
+    /// Only `Program` calls this, with addresses of its own device or managed storages (eight bytes each at
+    /// least: the manifest declares the tokens, positions and next-token tensors `i64`) and of the
+    /// generation loop's history (`capacity` tokens) and length; the program's stream invariant keeps them
+    /// alive and untouched by the host until the stream has run the kernel.
+    pub(crate) fn launch(&self, stream: &Stream, args: FeedbackArgs) -> Result<(), Error> {
+        let FeedbackArgs {
+            mut next_token,
+            mut position_from,
+            mut rows,
+            mut token_to,
+            mut position_to,
+            mut history,
+            mut length,
+            mut capacity,
+        } = args;
+        let mut params: [*mut c_void; 8] = [
+            (&mut next_token as *mut DevicePtr).cast(),
+            (&mut position_from as *mut DevicePtr).cast(),
+            (&mut rows as *mut i64).cast(),
+            (&mut token_to as *mut DevicePtr).cast(),
+            (&mut position_to as *mut DevicePtr).cast(),
+            (&mut history as *mut DevicePtr).cast(),
+            (&mut length as *mut DevicePtr).cast(),
+            (&mut capacity as *mut u32).cast(),
+        ];
+        let config = LaunchConfig { grid: (1, 1, 1), block: (1, 1, 1), shared_mem_bytes: 0 };
+        // SAFETY: `params` points at eight locals of the kernel's parameter types, in order (device pointers
+        // are 64-bit `CUdeviceptr`s, `long long` is `i64`, `unsigned int` is `u32`), read during the call. The
+        // kernel reads `next_token` and `position_from` (8 bytes each), writes `token_to` and `position_to`
+        // (8 bytes each), `history` below `capacity` entries and `length` (4 bytes): every one an allocation of
+        // at least that size, alive and untouched by the host until the stream has run the kernel (this
+        // function's callers, above). One thread, within the bounds it was written for.
+        unsafe { self.function.launch(config, stream.as_ref(), &mut params) }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_feedback_kernel_compiles_where_nvrtc_exists() {
+        match cuda_rt::compile_ptx(FEEDBACK_SOURCE, &[]) {
+            Ok(ptx) => assert!(ptx.contains(".entry kv_feedback"), "{ptx}"),
+            Err(err) => {
+                eprintln!(
+                    "this test needs NVRTC (a CUDA toolkit); without it it checks the typed error: {err}"
+                );
+                assert!(matches!(err, Error::LibraryUnavailable { library: "nvrtc", .. }), "{err:?}");
+            }
+        }
+    }
 }

@@ -1,10 +1,51 @@
 //! Token generation: prefill once over the prompt, then decode steps that feed back the argmax token.
+//!
+//! Two loops, one result:
+//! - **the host loop** (any program): each step's token and position are written into the method's inputs
+//!   by the host, the method runs to completion, and the host reads the next token back (from the
+//!   `next_token_output` when the program has one, else the argmax of the last logits row);
+//! - **the device loop**, taken when the program's `[generate]` names a `next_token_output` and the decode
+//!   method's token input, position input and next-token output are device or managed memory: after each
+//!   method is queued, a one-thread feedback kernel copies the next token into the decode method's token
+//!   input, sets its position input to the position just run plus the rows it processed, and appends the
+//!   token to a device history, all on the program's stream. Nothing is read back until the end, when the
+//!   history is read once: no host synchronisation per decode step (counted: [`Generation::host_syncs`]).
+//!   With [`Options::cuda_graph`] the decode step (every delegate call of the method, its device
+//!   write-backs and the feedback kernel) is captured once into a CUDA graph and replayed per step.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
+use blob_format::model::DType;
 use program_manifest::Generate;
 
+use crate::cuda;
 use crate::program::{CopyStats, Error, Program};
+
+/// How to generate.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Options {
+    /// Decode steps after prefill.
+    pub steps: usize,
+    /// Where decode starts: the position written into the decode method's position input after prefill,
+    /// decoding from there with whatever the caches hold (`None`: right after the prompt). Benchmarks use it
+    /// to measure a step at a given cache fill.
+    pub start_position: Option<i64>,
+    /// Capture one decode step into a CUDA graph and replay it (the device loop only).
+    pub cuda_graph: bool,
+    /// Time each decode step on the GPU with CUDA events (programs with CUDA memory).
+    pub gpu_timing: bool,
+    /// Run the host loop even where the device loop could run (to observe every step's outputs as it
+    /// happens).
+    pub host_loop: bool,
+}
+
+impl Options {
+    /// `steps` decode steps, everything else default.
+    pub fn steps(steps: usize) -> Options {
+        Options { steps, ..Options::default() }
+    }
+}
 
 /// One method run of a generation.
 #[derive(Debug, Clone, serde::Serialize)]
@@ -19,8 +60,12 @@ pub struct Step {
     pub input_tokens: Vec<i64>,
     /// Argmax of the last logits row: the generated token.
     pub token: i64,
-    /// Wall time of the step, in microseconds.
+    /// Host time of the step, in microseconds: the method's run, to completion, on the host loop; queuing it
+    /// and its feedback (or the graph replay) on the device loop.
     pub micros: f64,
+    /// GPU time of the step, in microseconds, when timed ([`Options::gpu_timing`]).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub gpu_micros: Option<f64>,
     /// Bytes copied, by kind.
     pub copies: CopyStats,
 }
@@ -32,21 +77,48 @@ pub struct Generation {
     pub tokens: Vec<i64>,
     /// Every step.
     pub steps: Vec<Step>,
+    /// Whether the device loop ran (no host round trip per step).
+    pub device_loop: bool,
+    /// Whether decode steps were replays of a CUDA graph.
+    pub cuda_graph: bool,
+    /// Host time spent capturing the graph, in microseconds (not part of any step).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub capture_micros: Option<f64>,
+    /// Host synchronisations of the generating thread (`cuda_rt::stats::thread_host_syncs`: the host's and
+    /// every embedded delegate's) during the decode steps, the final read-back excluded.
+    pub host_syncs: u64,
+    /// Host synchronisations of the final read-back of the tokens (the device loop's only ones).
+    pub readback_host_syncs: u64,
 }
 
 impl Generation {
-    /// Mean wall time of the decode steps.
+    fn decode_steps(&self) -> &[Step] {
+        self.steps.get(1..).unwrap_or_default()
+    }
+
+    /// Mean host time of the decode steps.
     pub fn mean_decode_time(&self) -> Duration {
-        let decode: Vec<&Step> = self.steps.iter().skip(1).collect();
+        let decode = self.decode_steps();
         if decode.is_empty() {
             return Duration::ZERO;
         }
         Duration::from_secs_f64(decode.iter().map(|s| s.micros).sum::<f64>() / decode.len() as f64 / 1e6)
     }
 
+    /// Mean GPU time of the decode steps, in microseconds, when they were timed.
+    pub fn mean_decode_gpu_micros(&self) -> Option<f64> {
+        let times: Vec<f64> = self.decode_steps().iter().filter_map(|s| s.gpu_micros).collect();
+        (!times.is_empty()).then(|| times.iter().sum::<f64>() / times.len() as f64)
+    }
+
+    /// Host synchronisations per decode step.
+    pub fn host_syncs_per_decode_step(&self) -> f64 {
+        self.host_syncs as f64 / self.decode_steps().len().max(1) as f64
+    }
+
     /// Mean bytes copied per decode step.
     pub fn mean_decode_copies(&self) -> CopyStats {
-        let decode: Vec<&Step> = self.steps.iter().skip(1).collect();
+        let decode = self.decode_steps();
         let n = decode.len().max(1) as u64;
         let sum = decode.iter().fold(CopyStats::default(), |mut acc, s| {
             acc.reflect_bytes += s.copies.reflect_bytes;
@@ -73,18 +145,8 @@ pub fn argmax(values: &[f32]) -> usize {
     best
 }
 
-fn write_i64s(bytes: &mut [u8], values: &[i64]) -> Result<(), Error> {
-    if bytes.len() != values.len() * 8 {
-        return Err(Error::Usage(format!(
-            "expected {} bytes of i64, the input holds {}",
-            values.len() * 8,
-            bytes.len()
-        )));
-    }
-    for (chunk, v) in bytes.chunks_exact_mut(8).zip(values) {
-        chunk.copy_from_slice(&v.to_le_bytes());
-    }
-    Ok(())
+fn i64_bytes(values: &[i64]) -> Vec<u8> {
+    values.iter().flat_map(|v| v.to_le_bytes()).collect()
 }
 
 /// Reads f32 logits; the last row of `[T, vocab]`.
@@ -94,53 +156,396 @@ pub fn last_row(bytes: &[u8], vocab: usize) -> Vec<f32> {
     row.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect()
 }
 
+/// An IEEE 754 half-precision value, widened.
+pub fn f16_to_f32(bits: u16) -> f32 {
+    let sign = u32::from(bits >> 15) << 31;
+    let exponent = u32::from((bits >> 10) & 0x1f);
+    let mantissa = u32::from(bits & 0x3ff);
+    let magnitude = match (exponent, mantissa) {
+        (0, 0) => 0,
+        // Subnormal: mantissa × 2^-24, exact in f32.
+        (0, m) => {
+            let value = m as f32 * 2f32.powi(-24);
+            return if sign != 0 { -value } else { value };
+        }
+        (0x1f, 0) => 0xff << 23,
+        (0x1f, m) => (0xff << 23) | (m << 13),
+        (e, m) => ((e + 127 - 15) << 23) | (m << 13),
+    };
+    f32::from_bits(sign | magnitude)
+}
+
+/// Reads f16 logits; the last row of `[T, vocab]`, widened to f32.
+pub fn last_row_f16(bytes: &[u8], vocab: usize) -> Vec<f32> {
+    let values = bytes.len() / 2;
+    let row = &bytes[values.saturating_sub(vocab) * 2..values * 2];
+    row.chunks_exact(2).map(|c| f16_to_f32(u16::from_le_bytes([c[0], c[1]]))).collect()
+}
+
 /// Runs prefill over the prompt, then `steps` decode steps, calling `observe` after every step with the
-/// program (to read logits and buffers).
+/// program (to read logits and buffers); [`generate_with`] with [`Options::steps`].
 pub fn generate(
     program: &mut Program,
     steps: usize,
-    mut observe: impl FnMut(&Step, &Program) -> Result<(), Error>,
+    observe: impl FnMut(&Step, &Program) -> Result<(), Error>,
+) -> Result<Generation, Error> {
+    generate_with(program, &Options::steps(steps), observe)
+}
+
+/// Whether `memory` is device-addressable (device or managed).
+fn on_device(memory: delegate_abi::MemoryKind) -> bool {
+    matches!(memory, delegate_abi::MemoryKind::Device | delegate_abi::MemoryKind::Managed)
+}
+
+/// Why the device loop cannot run `program`'s generation, or `None` when it can (see the module docs).
+///
+/// # Errors
+/// [`Error::Usage`] when the program has no `[generate]`.
+pub fn device_loop_refusal(program: &Program) -> Result<Option<String>, Error> {
+    let g = program.manifest().generate.clone().ok_or_else(|| {
+        Error::Usage("the program has no [generate] section, so `run` cannot drive it".into())
+    })?;
+    refusal(program, &g)
+}
+
+fn refusal(program: &Program, g: &Generate) -> Result<Option<String>, Error> {
+    let Some(next) = &g.next_token_output else {
+        return Ok(Some("the program's [generate] names no next_token_output".into()));
+    };
+    for (role, name, memory) in [
+        ("input", &g.token_input, program.input_memory(&g.decode, &g.token_input)?),
+        ("input", &g.position_input, program.input_memory(&g.decode, &g.position_input)?),
+        ("output", next, program.output_memory(&g.decode, next)?),
+    ] {
+        if !on_device(memory) {
+            return Ok(Some(format!(
+                "{role} '{name}' of method '{}' is in {memory} memory, not device or managed memory",
+                g.decode
+            )));
+        }
+    }
+    Ok(None)
+}
+
+/// Runs prefill over the prompt, then `options.steps` decode steps, on the device loop where the program
+/// allows it (see the module docs) and on the host loop otherwise.
+///
+/// `observe` is called once per step with the program: on the host loop right after the step ran (its
+/// outputs readable); on the device loop after the last step, once the tokens have been read back (reading
+/// every step's outputs as it happens would cost a host synchronisation per step: use
+/// [`Options::host_loop`] for that).
+///
+/// # Errors
+/// [`Error::Usage`] when the program has no `[generate]`, when the steps (from the start position) do not
+/// fit the caches, or when a CUDA graph is asked of a program the device loop cannot run; the errors of the
+/// runs themselves.
+pub fn generate_with(
+    program: &mut Program,
+    options: &Options,
+    observe: impl FnMut(&Step, &Program) -> Result<(), Error>,
 ) -> Result<Generation, Error> {
     let g: Generate = program.manifest().generate.clone().ok_or_else(|| {
         Error::Usage("the program has no [generate] section, so `run` cannot drive it".into())
     })?;
-    if let Some(max) = g.max_decode_steps() {
-        if steps > max {
-            return Err(Error::Usage(format!(
-                "{steps} decode steps do not fit: the caches hold {} positions and the prompt takes {}, so at most {max} decode steps",
-                g.max_positions.unwrap_or_default(),
-                g.prompt.len()
-            )));
+    let steps = options.steps;
+    let prompt = g.prompt.len() as i64;
+    let start = options.start_position.unwrap_or(prompt);
+    if let Some(max) = g.max_positions {
+        let end = start.checked_add(steps as i64).filter(|&end| start >= prompt && end <= max as i64);
+        if end.is_none() {
+            let most = g.max_decode_steps().unwrap_or_default();
+            return Err(Error::Usage(if options.start_position.is_some() {
+                format!(
+                    "{steps} decode steps from position {start} do not fit: the caches hold {max} positions and the prompt takes {prompt}, so decode may start at positions {prompt}..{max} and run until position {}",
+                    max - 1
+                )
+            } else {
+                format!(
+                    "{steps} decode steps do not fit: the caches hold {max} positions and the prompt takes {prompt}, so at most {most} decode steps"
+                )
+            }));
+        }
+    } else if start < prompt {
+        return Err(Error::Usage(format!(
+            "decode cannot start at position {start}, inside the prompt of {prompt} tokens"
+        )));
+    }
+    let refusal = refusal(program, &g)?;
+    match (refusal, options.host_loop) {
+        (None, false) => device_loop(program, &g, options, observe),
+        (refusal, _) => {
+            if options.cuda_graph {
+                let why = refusal.unwrap_or_else(|| "the host loop was asked for".into());
+                return Err(Error::Usage(format!(
+                    "a CUDA graph needs the device loop, which cannot run: {why}"
+                )));
+            }
+            host_loop(program, &g, options, observe)
         }
     }
-    let vocab = {
-        let decode = &program.manifest().methods[&g.decode];
-        let logits = decode.outputs.iter().find(|d| d.name == g.logits_output).expect("manifest checked");
-        logits.shape.last().copied().unwrap_or(1) as usize
+}
+
+/// Timed events around each decode step (a start and an end per step, so host work between steps is not
+/// counted), when asked for and the program has a stream.
+struct Timing {
+    events: Vec<(cuda::Event, cuda::Event)>,
+}
+
+impl Timing {
+    fn new(program: &Program, options: &Options) -> Result<Option<Timing>, Error> {
+        let Some(ctx) = program.cuda_context().filter(|_| options.gpu_timing) else {
+            return Ok(None);
+        };
+        let events = (0..options.steps)
+            .map(|_| Ok((cuda::Event::timed(ctx)?, cuda::Event::timed(ctx)?)))
+            .collect::<Result<Vec<_>, cuda::Error>>()
+            .map_err(|source| Error::Stream { action: "creating timing events for", source })?;
+        Ok(Some(Timing { events }))
+    }
+
+    /// Records the start (`end == false`) or end of decode step `step` (from 1) on the program's stream (no
+    /// host synchronisation).
+    fn mark(&self, program: &Program, step: usize, end: bool) -> Result<(), Error> {
+        let pair = step.checked_sub(1).and_then(|i| self.events.get(i));
+        if let (Some((start, stop)), Some(stream)) = (pair, program.cuda_stream()) {
+            let event = if end { stop } else { start };
+            event
+                .record(stream)
+                .map_err(|source| Error::Stream { action: "recording an event on", source })?;
+        }
+        Ok(())
+    }
+
+    /// Each step's GPU microseconds, once the stream has passed every mark.
+    fn step_micros(&self) -> Result<Vec<f64>, Error> {
+        self.events
+            .iter()
+            .map(|(start, end)| {
+                end.elapsed_ms(start)
+                    .map(|ms| f64::from(ms) * 1e3)
+                    .map_err(|source| Error::Stream { action: "timing", source })
+            })
+            .collect()
+    }
+}
+
+fn read_token(program: &Program, g: &Generate, method: &str) -> Result<i64, Error> {
+    if let Some(next) = &g.next_token_output {
+        let bytes = program.read_output(method, next)?;
+        let bytes: [u8; 8] = bytes
+            .get(..8)
+            .and_then(|b| b.try_into().ok())
+            .ok_or_else(|| Error::Usage(format!("output '{next}' of method '{method}' holds no i64")))?;
+        return Ok(i64::from_le_bytes(bytes));
+    }
+    let decl = program.manifest().methods[method]
+        .outputs
+        .iter()
+        .find(|d| d.name == g.logits_output)
+        .expect("manifest checked the logits output");
+    let vocab = decl.shape.last().copied().unwrap_or(1) as usize;
+    let bytes = program.read_output(method, &g.logits_output)?;
+    let row = match decl.dtype {
+        DType::F16 => last_row_f16(&bytes, vocab),
+        _ => last_row(&bytes, vocab),
     };
-    let mut generation = Generation { tokens: Vec::new(), steps: Vec::new() };
+    Ok(argmax(&row) as i64)
+}
+
+fn host_loop(
+    program: &mut Program,
+    g: &Generate,
+    options: &Options,
+    mut observe: impl FnMut(&Step, &Program) -> Result<(), Error>,
+) -> Result<Generation, Error> {
+    let timing = Timing::new(program, options)?;
+    let mut generation = Generation {
+        tokens: Vec::new(),
+        steps: Vec::new(),
+        device_loop: false,
+        cuda_graph: false,
+        capture_micros: None,
+        host_syncs: 0,
+        readback_host_syncs: 0,
+    };
     let mut position = 0i64;
     let mut feed = g.prompt.clone();
-    for index in 0..=steps {
+    let mut syncs_before = 0;
+    for index in 0..=options.steps {
         let method = if index == 0 { &g.prefill } else { &g.decode };
-        write_i64s(program.input_mut(method, &g.token_input)?, &feed)?;
-        write_i64s(program.input_mut(method, &g.position_input)?, &[position])?;
+        if index == 1 {
+            syncs_before = cuda_rt::stats::thread_host_syncs();
+        }
+        program.write_input(method, &g.token_input, &i64_bytes(&feed))?;
+        program.write_input(method, &g.position_input, &i64_bytes(&[position]))?;
+        if let Some(timing) = &timing {
+            timing.mark(program, index, false)?;
+        }
         let stats = program.execute(method)?;
-        let token = argmax(&last_row(program.output(method, &g.logits_output)?, vocab)) as i64;
+        if let Some(timing) = &timing {
+            timing.mark(program, index, true)?;
+        }
+        let token = read_token(program, g, method)?;
+        // The run itself, as before there was a device loop (writing inputs and reading the token are not
+        // part of it).
+        let micros = stats.elapsed.as_secs_f64() * 1e6;
         let step = Step {
             index,
             method: method.clone(),
             position,
             input_tokens: feed.clone(),
             token,
-            micros: stats.elapsed.as_secs_f64() * 1e6,
+            micros,
+            gpu_micros: None,
             copies: stats.copies,
         };
         observe(&step, program)?;
-        position += feed.len() as i64;
+        position =
+            if index == 0 { options.start_position.unwrap_or(feed.len() as i64) } else { position + 1 };
         feed = vec![token];
         generation.tokens.push(token);
         generation.steps.push(step);
+    }
+    if options.steps > 0 {
+        generation.host_syncs = cuda_rt::stats::thread_host_syncs() - syncs_before;
+    }
+    if let Some(timing) = timing {
+        program.synchronize()?;
+        for (step, micros) in generation.steps.iter_mut().skip(1).zip(timing.step_micros()?) {
+            step.gpu_micros = Some(micros);
+        }
+    }
+    Ok(generation)
+}
+
+fn device_loop(
+    program: &mut Program,
+    g: &Generate,
+    options: &Options,
+    mut observe: impl FnMut(&Step, &Program) -> Result<(), Error>,
+) -> Result<Generation, Error> {
+    let next = g.next_token_output.as_deref().expect("the device loop needs a next-token output");
+    let steps = options.steps;
+    let prompt_len = g.prompt.len() as i64;
+    let capacity = u32::try_from(steps + 1)
+        .map_err(|_| Error::Usage(format!("{steps} decode steps are more than the device loop counts")))?;
+    let device = program.device_loop(capacity)?;
+    let decode_link =
+        program.feedback_link(&g.decode, next, 1, &g.decode, &g.token_input, &g.position_input)?;
+    let prefill_link = program
+        .feedback_link(&g.prefill, next, prompt_len, &g.decode, &g.token_input, &g.position_input)
+        .ok();
+    let decode = program.method_id(&g.decode)?;
+    let timing = Timing::new(program, options)?;
+
+    // Prefill: its inputs from the host, then its token and position handed to decode on the device where
+    // its outputs live there, else through the host (once, before the decode steps).
+    let start = Instant::now();
+    program.write_input(&g.prefill, &g.token_input, &i64_bytes(&g.prompt))?;
+    program.write_input(&g.prefill, &g.position_input, &i64_bytes(&[0]))?;
+    let prefill_stats = program.enqueue(&g.prefill)?;
+    let prefill_token_on_host = match &prefill_link {
+        Some(link) => {
+            program.feedback(link, &device)?;
+            None
+        }
+        None => {
+            let token = read_token(program, g, &g.prefill)?;
+            program.write_input(&g.decode, &g.token_input, &i64_bytes(&[token]))?;
+            program.write_input(&g.decode, &g.position_input, &i64_bytes(&[prompt_len]))?;
+            Some(token)
+        }
+    };
+    if let Some(position) = options.start_position {
+        program.write_input(&g.decode, &g.position_input, &i64_bytes(&[position]))?;
+    }
+    let prefill_micros = start.elapsed().as_secs_f64() * 1e6;
+    // Everything before the decode steps is complete before they are counted.
+    program.synchronize()?;
+
+    let mut captured = None;
+    let mut capture_micros = None;
+    let mut step_host = Vec::with_capacity(steps);
+    let mut step_copies = Vec::with_capacity(steps);
+    let syncs_before = cuda_rt::stats::thread_host_syncs();
+    for step in 1..=steps {
+        // The first decode step runs eagerly (delegates finish any lazy set-up outside the capture); with a
+        // graph, the second is captured, and every later one replays it.
+        if options.cuda_graph && step == 2 && captured.is_none() {
+            let start = Instant::now();
+            captured = Some(program.capture_with(decode, Some((&decode_link, &device)))?);
+            capture_micros = Some(start.elapsed().as_secs_f64() * 1e6);
+        }
+        if let Some(timing) = &timing {
+            timing.mark(program, step, false)?;
+        }
+        let start = Instant::now();
+        let copies = match &captured {
+            Some(captured) => program.replay(captured)?,
+            None => {
+                let stats = program.enqueue_id(decode)?;
+                program.feedback(&decode_link, &device)?;
+                stats.copies
+            }
+        };
+        step_host.push(start.elapsed().as_secs_f64() * 1e6);
+        step_copies.push(copies);
+        if let Some(timing) = &timing {
+            timing.mark(program, step, true)?;
+        }
+    }
+    let host_syncs = cuda_rt::stats::thread_host_syncs() - syncs_before;
+
+    let readback_before = cuda_rt::stats::thread_host_syncs();
+    program.synchronize()?;
+    let history = device.tokens()?;
+    let readback_host_syncs = cuda_rt::stats::thread_host_syncs() - readback_before;
+    let gpu_micros = match &timing {
+        Some(timing) => timing.step_micros()?.into_iter().map(Some).collect(),
+        None => vec![None; steps],
+    };
+    let tokens: Vec<i64> = prefill_token_on_host.into_iter().chain(history).collect();
+    if tokens.len() != steps + 1 {
+        return Err(Error::Usage(format!(
+            "the device loop produced {} tokens for {} steps; a feedback launch was lost",
+            tokens.len(),
+            steps + 1
+        )));
+    }
+    let first_decode = options.start_position.unwrap_or(prompt_len);
+    let mut generation = Generation {
+        tokens: tokens.clone(),
+        steps: Vec::with_capacity(steps + 1),
+        device_loop: true,
+        cuda_graph: captured.is_some(),
+        capture_micros,
+        host_syncs,
+        readback_host_syncs,
+    };
+    generation.steps.push(Step {
+        index: 0,
+        method: g.prefill.clone(),
+        position: 0,
+        input_tokens: g.prompt.clone(),
+        token: tokens[0],
+        micros: prefill_micros,
+        gpu_micros: None,
+        copies: prefill_stats.copies,
+    });
+    for step in 1..=steps {
+        generation.steps.push(Step {
+            index: step,
+            method: g.decode.clone(),
+            position: first_decode + step as i64 - 1,
+            input_tokens: vec![tokens[step - 1]],
+            token: tokens[step],
+            micros: step_host[step - 1],
+            gpu_micros: gpu_micros[step - 1],
+            copies: step_copies[step - 1],
+        });
+    }
+    for step in &generation.steps {
+        observe(step, program)?;
     }
     Ok(generation)
 }
@@ -160,5 +565,27 @@ mod tests {
     fn last_row_of_logits() {
         let bytes: Vec<u8> = [1.0f32, 2.0, 3.0, 4.0].iter().flat_map(|v| v.to_le_bytes()).collect();
         assert_eq!(last_row(&bytes, 2), vec![3.0, 4.0]);
+    }
+
+    #[test]
+    fn half_precision_widens_exactly() {
+        for (bits, value) in [
+            (0x0000u16, 0.0f32),
+            (0x3c00, 1.0),
+            (0xc000, -2.0),
+            (0x3555, 0.333_251_95),
+            (0x7bff, 65504.0),
+            (0x0001, 2f32.powi(-24)),
+            (0x8001, -(2f32.powi(-24))),
+            (0x03ff, 1023.0 * 2f32.powi(-24)),
+        ] {
+            assert_eq!(f16_to_f32(bits), value, "{bits:#06x}");
+        }
+        assert_eq!(f16_to_f32(0x7c00), f32::INFINITY);
+        assert_eq!(f16_to_f32(0xfc00), f32::NEG_INFINITY);
+        assert!(f16_to_f32(0x7e00).is_nan());
+        assert!(f16_to_f32(0x8000).is_sign_negative() && f16_to_f32(0x8000) == 0.0);
+        let bytes: Vec<u8> = [0x3c00u16, 0x4000, 0x4200].iter().flat_map(|v| v.to_le_bytes()).collect();
+        assert_eq!(last_row_f16(&bytes, 2), vec![2.0, 3.0]);
     }
 }

@@ -18,10 +18,12 @@
 //!
 //! ## CUDA
 //!
-//! Buffers declared `device`, `managed` or `pinned` get real CUDA memory of that kind ([`cuda`], through
-//! `cuda-rt`, the workspace's one CUDA layer). libcuda is loaded at run time, only when a program declares such
-//! a buffer: a machine without a driver runs host-memory programs and refuses the others with a clear
-//! `NotSupported` error.
+//! Buffers and method inputs and outputs declared `device`, `managed` or `pinned` get real CUDA memory of
+//! that kind ([`cuda`], through `cuda-rt`, the workspace's one CUDA layer). libcuda is loaded at run time, only
+//! when a program declares such memory: a machine without a driver runs host-memory programs and refuses the
+//! others with a clear `NotSupported` error. Such a program owns one CUDA stream that GPU delegates get with
+//! every call ([`program`]'s docs: the stream invariant), and [`generate`] keeps a whole generation on the GPU
+//! when the program's decode inputs and next-token output live there (optionally as a replayed CUDA graph).
 //!
 //! ## Feature Flags
 //!

@@ -1,26 +1,45 @@
 //! A loaded program: caller-owned buffers, one delegate instance per call, and the argument plan of every call,
 //! all checked and prepared before anything runs.
 //!
-//! Buffers live in the memory kind their manifest declares: host memory, or CUDA device, managed or pinned
-//! memory (see [`crate::cuda`]); the kind a delegate is told is the kind the storage really is. A program
-//! with host buffers only never loads the CUDA driver.
+//! Buffers, and method inputs and outputs, live in the memory kind their manifest declares: host memory, or
+//! CUDA device, managed or pinned memory (see [`crate::cuda`]); the kind a delegate is told is the kind the
+//! storage really is. A program with host memory only never loads the CUDA driver.
+//!
+//! ## The program's stream
+//!
+//! A program that declares any CUDA memory owns one CUDA stream, created at load on the device that memory
+//! lives on (one device per program). Every call whose plugin accepts device memory (a delegate that runs on
+//! the GPU) gets that stream and may return with its work queued on it; copy-back write-backs of device and
+//! managed buffers are queued on it too, and so are the generation loop's feedback kernel and graph replays.
+//! [`Program::enqueue`] returns with the work queued, [`Program::execute`] when it is complete.
+//!
+//! The stream invariant, which is what the program promises every delegate it gives the stream
+//! (`CudaStream::from_raw`'s contract) and what `crate::cuda`'s unsafe code relies on:
+//! - the program owns every storage it queues work on; CUDA memory is freed only after its context has
+//!   synchronised, and the program synchronises its stream before it drops anything (and before it drops the
+//!   stream);
+//! - the host touches no storage while work is queued: every access from the host (`input_mut`, `output`,
+//!   `write_input`, `read_output`, `buffer`, `reset_buffers`, host copies of host and pinned write-backs)
+//!   synchronises the stream first when work is pending;
+//! - a call whose plugin does not accept device memory computes on the host: it gets no stream, and the
+//!   program synchronises pending work before calling it.
 
 use std::borrow::Cow;
-use std::collections::BTreeMap;
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use alias_validate::ArgLayout;
 use blob_format::model::{Dim, DisplayShape, Role};
 use blob_format::Blob;
 use delegate_abi::host::{ArgList, Instance, Plugin, Slot};
-use delegate_abi::{Compatibility, DTypeCode, DelegateError, InitContext, MemoryKind};
+use delegate_abi::{Compatibility, CudaStream, DTypeCode, DelegateError, InitContext, MemoryKind};
 use program_manifest::{ArgRef, Location, Manifest, Method, TensorDecl};
 use smallvec::SmallVec;
 
 use crate::blob_file::BlobFile;
-use crate::buffer::{AllocError, HostStorage, Storage, View};
-use crate::cuda::{self, Access, Contexts};
+use crate::buffer::{AllocError, ReadView, Storage, View};
+use crate::cuda::{self, Access, Contexts, FeedbackArgs, FeedbackKernel};
 use crate::plugins::Registry;
 
 /// How a buffer-mutation output slot is passed to the delegate.
@@ -138,19 +157,66 @@ pub enum Error {
         /// What the allocator or CUDA said.
         source: AllocError,
     },
-    /// A method's user input or output could not be allocated (`MemoryAllocationFailed`).
-    #[error(
-        "method '{method}': {role} '{tensor}' needs {bytes} bytes of host memory, which cannot be allocated"
-    )]
+    /// A method's user input or output could not be allocated: no CUDA driver or device for a device,
+    /// managed or pinned one (`NotSupported`), or the allocation failed (`MemoryAllocationFailed`).
+    #[error("method '{method}': {role} '{tensor}' wants {memory} memory but {source}")]
     TensorMemory {
         /// The method.
         method: String,
-        /// `input` or `output`.
-        role: &'static str,
+        /// Input or output.
+        role: IoRole,
         /// The input or output.
         tensor: String,
-        /// Its size.
-        bytes: u64,
+        /// The memory kind it declares.
+        memory: MemoryKind,
+        /// What the allocator or CUDA said.
+        source: AllocError,
+    },
+    /// The program's CUDA memory is declared on more than one device; a program runs on one
+    /// (`NotSupported`).
+    #[error("{first} is on CUDA device {first_device} but {second} is on device {second_device}; this host runs a program's CUDA memory on one device")]
+    Devices {
+        /// The first tensor declared on a device (`buffer 'k'`, `input 'x' of method 'm'`).
+        first: String,
+        /// Its device.
+        first_device: i32,
+        /// A tensor on another device.
+        second: String,
+        /// Its device.
+        second_device: i32,
+    },
+    /// The program's CUDA stream could not be created, synchronised or captured, or work queued on it
+    /// failed.
+    #[error("{action} the program's CUDA stream failed: {source}")]
+    Stream {
+        /// `creating`, `synchronising`, `queuing a copy on`, `launching the feedback kernel on`, ...
+        action: &'static str,
+        /// What CUDA said.
+        source: cuda::Error,
+    },
+    /// A method's input or output was accessed in a way its memory kind does not allow: borrowing device
+    /// memory in place (`input_mut`, `output`), or a device address of host memory (`InvalidArgument`).
+    #[error("method '{method}': {role} '{tensor}' is in {memory} memory, {problem}")]
+    Memory {
+        /// The method.
+        method: String,
+        /// Input or output.
+        role: IoRole,
+        /// The input or output.
+        tensor: String,
+        /// The memory kind it lives in.
+        memory: MemoryKind,
+        /// What cannot be done and what to do instead.
+        problem: &'static str,
+    },
+    /// Capturing a method into a CUDA graph failed: a delegate synchronised, copied synchronously, touched
+    /// host memory or computed on the host, so its work cannot be replayed (`NotSupported`).
+    #[error("a delegate of method '{method}' did not keep its work on the stream: {reason}")]
+    Capture {
+        /// The method.
+        method: String,
+        /// What failed.
+        reason: String,
     },
     /// Reading, zeroing or writing back a device or managed buffer failed.
     #[error("{action} buffer '{buffer}' failed: {source}")]
@@ -180,10 +246,31 @@ impl et_error::HasErrorCode for Error {
             Error::Incompatible { .. } => ErrorCode::DelegateInvalidCompatibility,
             Error::Delegate { source, .. } => source.code,
             Error::BufferMemory { source, .. } => source.error_code(),
-            Error::TensorMemory { .. } => ErrorCode::MemoryAllocationFailed,
+            Error::TensorMemory { source, .. } => source.error_code(),
+            Error::Devices { .. } | Error::Capture { .. } => ErrorCode::NotSupported,
+            Error::Stream { source, .. } => source.error_code(),
+            Error::Memory { .. } => ErrorCode::InvalidArgument,
             Error::BufferAccess { source, .. } => source.error_code(),
             Error::Usage(_) => ErrorCode::InvalidArgument,
         }
+    }
+}
+
+/// Which side of a method a user tensor is on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum IoRole {
+    /// A user input.
+    Input,
+    /// A user output.
+    Output,
+}
+
+impl std::fmt::Display for IoRole {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            IoRole::Input => "input",
+            IoRole::Output => "output",
+        })
     }
 }
 
@@ -253,6 +340,8 @@ struct PlannedCall {
     args: Vec<ArgPlan>,
     /// The buffer each copy-back scratch slot mirrors, by scratch index.
     scratch_of: Vec<usize>,
+    /// Whether the plugin accepts device memory: it runs on the GPU and gets the program's stream.
+    streamed: bool,
 }
 
 struct LoadedCall {
@@ -265,18 +354,83 @@ struct LoadedCall {
     scratch: Vec<Storage>,
     /// (scratch index, buffer index) pairs copied after the call.
     writebacks: Vec<(usize, usize)>,
+    /// Whether the plugin runs on the GPU (it accepts device memory), so it gets the program's stream; a
+    /// plugin that does not computes on the host and is called with pending work synchronised.
+    streamed: bool,
 }
 
 struct LoadedMethod {
     decl: Method,
-    inputs: Vec<HostStorage>,
-    outputs: Vec<HostStorage>,
+    inputs: Vec<Storage>,
+    outputs: Vec<Storage>,
     calls: Vec<LoadedCall>,
+}
+
+impl LoadedMethod {
+    fn input_index(&self, input: &str) -> Result<usize, Error> {
+        self.decl
+            .inputs
+            .iter()
+            .position(|d| d.name == input)
+            .ok_or_else(|| Error::Usage(format!("method '{}' has no input '{input}'", self.decl.name)))
+    }
+
+    fn output_index(&self, output: &str) -> Result<usize, Error> {
+        self.decl
+            .outputs
+            .iter()
+            .position(|d| d.name == output)
+            .ok_or_else(|| Error::Usage(format!("method '{}' has no output '{output}'", self.decl.name)))
+    }
+
+    /// Whether every call gets the stream and every write-back is queued on it: nothing of the method runs
+    /// on, or waits for, the host, so it can be captured into a CUDA graph.
+    fn stays_on_stream(&self) -> Result<(), String> {
+        for (index, call) in self.calls.iter().enumerate() {
+            if !call.streamed {
+                return Err(format!(
+                    "call {index} ({}) is served by plugin '{}', which computes on the host (it does not accept device memory)",
+                    call.backend,
+                    call.instance.plugin().info().name
+                ));
+            }
+            if let Some(&(scratch, _)) = call.writebacks.iter().find(|&&(s, _)| call.scratch[s].host_copied())
+            {
+                return Err(format!(
+                    "call {index} ({}) writes back copy-back slot {scratch} in {} memory, which the host copies",
+                    call.backend,
+                    call.scratch[scratch].memory()
+                ));
+            }
+        }
+        Ok(())
+    }
 }
 
 struct Buffer {
     decl: TensorDecl,
     storage: Storage,
+}
+
+/// The program's device and stream, when it declares CUDA memory.
+struct Gpu {
+    ctx: cuda::Context,
+    stream: cuda::Stream,
+    /// Whether work may be queued on the stream that the host has not waited for.
+    pending: AtomicBool,
+}
+
+impl Gpu {
+    fn settle(&self) -> Result<(), Error> {
+        if self.pending.swap(false, Ordering::AcqRel) {
+            self.stream.synchronize().map_err(|source| Error::Stream { action: "synchronising", source })?;
+        }
+        Ok(())
+    }
+
+    fn queued(&self) {
+        self.pending.store(true, Ordering::Release);
+    }
 }
 
 /// The ABI's memory kind for a manifest's: the one place where the manifest's vocabulary meets the ABI's.
@@ -295,18 +449,81 @@ fn allocate(decl: &TensorDecl, contexts: &mut Contexts) -> Result<Storage, Error
         .map_err(|source| Error::BufferMemory { buffer: decl.name.clone(), memory, source })
 }
 
+fn allocate_io(
+    method: &Method,
+    role: IoRole,
+    decls: &[TensorDecl],
+    contexts: &mut Contexts,
+) -> Result<Vec<Storage>, Error> {
+    decls
+        .iter()
+        .map(|d| {
+            let memory = abi_memory(d.memory);
+            Storage::zeroed(memory, d.device, host_size(d.nbytes()), contexts).map_err(|source| {
+                Error::TensorMemory {
+                    method: method.name.clone(),
+                    role,
+                    tensor: d.name.clone(),
+                    memory,
+                    source,
+                }
+            })
+        })
+        .collect()
+}
+
 /// A size in bytes as this machine can address it; one it cannot (above `usize::MAX`) asks for `usize::MAX`,
 /// which every allocator refuses with a typed error.
 fn host_size(bytes: u64) -> usize {
     usize::try_from(bytes).unwrap_or(usize::MAX)
 }
 
+/// The one CUDA device of the program's CUDA memory (device and managed tensors; pinned memory is portable
+/// and counts as device 0 when nothing else names one), or `None` when it declares none.
+///
+/// # Errors
+/// [`Error::Devices`] when two tensors name different devices.
+fn program_device(manifest: &Manifest) -> Result<Option<i32>, Error> {
+    use program_manifest::MemoryKind as M;
+    let buffers = manifest.buffers.values().map(|d| (format!("buffer '{}'", d.name), d));
+    let io = manifest.methods.values().flat_map(|m| {
+        let inputs = m.inputs.iter().map(move |d| (format!("input '{}' of method '{}'", d.name, m.name), d));
+        let outputs =
+            m.outputs.iter().map(move |d| (format!("output '{}' of method '{}'", d.name, m.name), d));
+        inputs.chain(outputs)
+    });
+    let mut first: Option<(String, i32)> = None;
+    let mut any_pinned = false;
+    for (what, decl) in buffers.chain(io) {
+        match decl.memory {
+            M::Host => {}
+            M::Pinned => any_pinned = true,
+            M::Device | M::Managed => match &first {
+                None => first = Some((what, decl.device)),
+                Some((name, device)) if *device != decl.device => {
+                    return Err(Error::Devices {
+                        first: name.clone(),
+                        first_device: *device,
+                        second: what,
+                        second_device: decl.device,
+                    })
+                }
+                Some(_) => {}
+            },
+        }
+    }
+    Ok(first.map(|(_, device)| device).or(any_pinned.then_some(0)))
+}
+
 /// A program ready to run: buffers allocated and zeroed, every call's delegate initialised.
 pub struct Program {
+    /// Unique in the process: ties a [`Captured`] graph (whose addresses are this program's) to it.
+    id: u64,
     manifest: Manifest,
     mode: Mode,
     buffers: Vec<Buffer>,
-    methods: BTreeMap<String, LoadedMethod>,
+    methods: Vec<LoadedMethod>,
+    gpu: Option<Gpu>,
 }
 
 fn shape_fits(declared: &[Dim], actual: &[u64]) -> bool {
@@ -314,24 +531,93 @@ fn shape_fits(declared: &[Dim], actual: &[u64]) -> bool {
         && declared.iter().zip(actual).all(|(d, &a)| matches!(d, Dim::Dynamic) || *d == Dim::Static(a))
 }
 
+/// A method of a loaded program, looked up once ([`Program::method_id`]) so a loop does not look it up by name
+/// every step.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MethodId(usize);
+
+/// A method run captured into a CUDA graph ([`Program::capture`]), replayed by [`Program::replay`].
+pub struct Captured {
+    graph: cuda::Graph,
+    program: u64,
+    method: MethodId,
+    copies: CopyStats,
+}
+
+impl std::fmt::Debug for Captured {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Captured")
+            .field("graph", &self.graph)
+            .field("method", &self.method)
+            .field("copies", &self.copies)
+            .finish()
+    }
+}
+
+impl Captured {
+    /// The bytes one replay copies (those of the captured run: the graph replays the same copies).
+    pub fn copies(&self) -> CopyStats {
+        self.copies
+    }
+
+    /// How many nodes (kernels, copies) the graph holds.
+    pub fn nodes(&self) -> usize {
+        self.graph.nodes()
+    }
+}
+
+/// The generation loop's device-side feedback, between one method's run and the decode method's next one
+/// ([`Program::feedback`]): where the token and position come from and go to, resolved once.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct FeedbackLink {
+    pub from: MethodId,
+    pub next_token: usize,
+    pub position_from: usize,
+    pub rows: i64,
+    pub to: MethodId,
+    pub token_to: usize,
+    pub position_to: usize,
+}
+
+/// The device-side state of a generation loop: the feedback kernel and the token history it appends to.
+pub(crate) struct DeviceLoop {
+    kernel: FeedbackKernel,
+    history: Storage,
+    length: Storage,
+    capacity: u32,
+}
+
+impl DeviceLoop {
+    /// The tokens the feedback kernel appended (one synchronous read of each: the loop's only host
+    /// synchronisations besides the stream's).
+    pub(crate) fn tokens(&self) -> Result<Vec<i64>, Error> {
+        let access = |source| Error::Stream { action: "reading the token history of", source };
+        let length = self.length.read().map_err(access)?;
+        let length = u32::from_le_bytes([length[0], length[1], length[2], length[3]]).min(self.capacity);
+        let history = self.history.read().map_err(access)?;
+        Ok(history
+            .chunks_exact(8)
+            .take(length as usize)
+            .map(|c| i64::from_le_bytes([c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]]))
+            .collect())
+    }
+}
+
 impl Program {
     /// Loads `manifest`'s program: checks every call against its blob and plugin, allocates and zeroes the
-    /// buffers, and initialises one delegate instance per call (methods do not share instances; they share
-    /// buffers).
+    /// buffers and the methods' inputs and outputs, and initialises one delegate instance per call (methods
+    /// do not share instances; they share buffers).
     ///
     /// Every call is checked before any memory is allocated or any delegate initialised; then the buffers
     /// are allocated in their declared memory kinds (opening a CUDA context only for device, managed or
-    /// pinned buffers), then each call's copy-back scratch and delegate instance.
+    /// pinned memory), then the inputs and outputs, the program's stream (when it declares CUDA memory),
+    /// and each call's copy-back scratch and delegate instance.
+    ///
+    /// # Errors
+    /// Besides the argument, plugin and allocation errors: [`Error::Devices`] when the program's CUDA memory
+    /// names more than one device.
     pub fn load(manifest: Manifest, registry: &Registry, mode: Mode) -> Result<Program, Error> {
-        for method in manifest.methods.values() {
-            let io = method.inputs.iter().chain(&method.outputs);
-            if let Some(decl) = io.into_iter().find(|d| d.memory != program_manifest::MemoryKind::Host) {
-                return Err(Error::Usage(format!(
-                    "method '{}': '{}' is declared in {} memory; this host keeps method inputs and outputs in host memory",
-                    method.name, decl.name, decl.memory
-                )));
-            }
-        }
+        let device = program_device(&manifest)?;
         let decls: Vec<&TensorDecl> = manifest.buffers.values().collect();
         let mut planned = Vec::with_capacity(manifest.methods.len());
         for method in manifest.methods.values() {
@@ -345,36 +631,32 @@ impl Program {
             .iter()
             .map(|&decl| Ok(Buffer { decl: decl.clone(), storage: allocate(decl, &mut contexts)? }))
             .collect::<Result<Vec<Buffer>, Error>>()?;
-        let mut methods = BTreeMap::new();
-        for ((name, method), planned) in manifest.methods.iter().zip(planned) {
+        let mut io = Vec::with_capacity(manifest.methods.len());
+        for method in manifest.methods.values() {
+            let inputs = allocate_io(method, IoRole::Input, &method.inputs, &mut contexts)?;
+            let outputs = allocate_io(method, IoRole::Output, &method.outputs, &mut contexts)?;
+            io.push((inputs, outputs));
+        }
+        let gpu = match device {
+            None => None,
+            Some(device) => {
+                let stream_error = |source| Error::Stream { action: "creating", source };
+                let ctx = contexts.get(device).map_err(stream_error)?;
+                let stream = cuda::Stream::new(&ctx).map_err(stream_error)?;
+                Some(Gpu { ctx, stream, pending: AtomicBool::new(false) })
+            }
+        };
+        let mut methods = Vec::with_capacity(manifest.methods.len());
+        for ((method, planned), (inputs, outputs)) in manifest.methods.values().zip(planned).zip(io) {
             let mut calls = Vec::with_capacity(planned.len());
             for (index, call) in planned.into_iter().enumerate() {
                 calls.push(init_call(method, index, call, &buffers, &mut contexts)?);
             }
-            let storage = |decls: &[TensorDecl], role: &'static str| -> Result<Vec<HostStorage>, Error> {
-                decls
-                    .iter()
-                    .map(|d| {
-                        HostStorage::zeroed(host_size(d.nbytes())).map_err(|_| Error::TensorMemory {
-                            method: name.clone(),
-                            role,
-                            tensor: d.name.clone(),
-                            bytes: d.nbytes(),
-                        })
-                    })
-                    .collect()
-            };
-            methods.insert(
-                name.clone(),
-                LoadedMethod {
-                    decl: method.clone(),
-                    inputs: storage(&method.inputs, "input")?,
-                    outputs: storage(&method.outputs, "output")?,
-                    calls,
-                },
-            );
+            methods.push(LoadedMethod { decl: method.clone(), inputs, outputs, calls });
         }
-        Ok(Program { manifest, mode, buffers, methods })
+        static NEXT_ID: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+        let id = NEXT_ID.fetch_add(1, Ordering::Relaxed);
+        Ok(Program { id, manifest, mode, buffers, methods, gpu })
     }
 
     /// The manifest it was loaded from.
@@ -387,8 +669,28 @@ impl Program {
         self.mode
     }
 
+    /// The CUDA context of the program's device, when it declares CUDA memory.
+    pub fn cuda_context(&self) -> Option<&cuda::Context> {
+        self.gpu.as_ref().map(|g| &g.ctx)
+    }
+
+    /// The program's CUDA stream, when it declares CUDA memory: GPU delegates and the program's own copies
+    /// queue their work on it (for timing events, or to order an application's own work after a step).
+    pub fn cuda_stream(&self) -> Option<cuda::StreamRef<'_>> {
+        self.gpu.as_ref().map(|g| g.stream.as_ref())
+    }
+
+    /// Waits for the work queued on the program's stream ([`Program::enqueue`]); a no-op when none is
+    /// pending or the program has no stream.
+    ///
+    /// # Errors
+    /// [`Error::Stream`] when queued work failed.
+    pub fn synchronize(&self) -> Result<(), Error> {
+        self.gpu.as_ref().map_or(Ok(()), Gpu::settle)
+    }
+
     /// A buffer's bytes: borrowed for host-visible memory (managed memory after a context
-    /// synchronisation), copied to the host for device memory.
+    /// synchronisation), copied to the host for device memory. Waits for queued work first.
     ///
     /// # Errors
     /// [`Error::Usage`] when the program has no such buffer, [`Error::BufferAccess`] when reading device
@@ -399,6 +701,7 @@ impl Program {
             .iter()
             .find(|b| b.decl.name == name)
             .ok_or_else(|| Error::Usage(format!("the program has no buffer '{name}'")))?;
+        self.synchronize()?;
         buffer.storage.read().map_err(|source| Error::BufferAccess {
             buffer: buffer.decl.name.clone(),
             action: "reading",
@@ -411,8 +714,9 @@ impl Program {
         self.buffers.iter().find(|b| b.decl.name == name).map(|b| b.storage.memory())
     }
 
-    /// Zeroes every buffer, of every memory kind (a fresh sequence).
+    /// Zeroes every buffer, of every memory kind (a fresh sequence). Waits for queued work first.
     pub fn reset_buffers(&mut self) -> Result<(), Error> {
+        self.synchronize()?;
         for buffer in &mut self.buffers {
             buffer.storage.clear().map_err(|source| Error::BufferAccess {
                 buffer: buffer.decl.name.clone(),
@@ -423,57 +727,195 @@ impl Program {
         Ok(())
     }
 
-    fn method_mut(&mut self, method: &str) -> Result<&mut LoadedMethod, Error> {
+    /// The method `name`, for the `_id` variants of the run and I/O functions.
+    ///
+    /// # Errors
+    /// [`Error::Usage`] when the program has no such method.
+    pub fn method_id(&self, method: &str) -> Result<MethodId, Error> {
         self.methods
-            .get_mut(method)
+            .iter()
+            .position(|m| m.decl.name == method)
+            .map(MethodId)
             .ok_or_else(|| Error::Usage(format!("the program has no method '{method}'")))
     }
 
-    /// A user input's bytes, to fill before [`Program::execute`].
+    fn method(&self, method: &str) -> Result<&LoadedMethod, Error> {
+        self.method_id(method).map(|id| &self.methods[id.0])
+    }
+
+    /// The memory kind a method's input really lives in.
+    pub fn input_memory(&self, method: &str, input: &str) -> Result<MemoryKind, Error> {
+        let m = self.method(method)?;
+        Ok(m.inputs[m.input_index(input)?].memory())
+    }
+
+    /// The memory kind a method's output really lives in.
+    pub fn output_memory(&self, method: &str, output: &str) -> Result<MemoryKind, Error> {
+        let m = self.method(method)?;
+        Ok(m.outputs[m.output_index(output)?].memory())
+    }
+
+    /// A user input's bytes in place, to fill before [`Program::execute`]: host, pinned or managed memory
+    /// (device memory is written with [`Program::write_input`]). Waits for queued work first.
+    ///
+    /// # Errors
+    /// [`Error::Usage`] for an unknown method or input, [`Error::Memory`] for device memory,
+    /// [`Error::Stream`] when waiting fails.
     pub fn input_mut(&mut self, method: &str, input: &str) -> Result<&mut [u8], Error> {
-        let m = self.method_mut(method)?;
-        let index = m
-            .decl
-            .inputs
-            .iter()
-            .position(|d| d.name == input)
-            .ok_or_else(|| Error::Usage(format!("method '{method}' has no input '{input}'")))?;
-        Ok(m.inputs[index].bytes_mut())
+        let id = self.method_id(method)?;
+        self.synchronize()?;
+        let m = &mut self.methods[id.0];
+        let index = m.input_index(input)?;
+        let (name, memory) = (&m.decl.name, m.inputs[index].memory());
+        let not_visible = || Error::Memory {
+            method: name.clone(),
+            role: IoRole::Input,
+            tensor: input.to_owned(),
+            memory,
+            problem: "which the host cannot borrow in place; write it with write_input",
+        };
+        match m.inputs[index].host_slice_mut() {
+            Ok(Some(bytes)) => Ok(bytes),
+            Ok(None) => Err(not_visible()),
+            Err(source) => Err(Error::Stream { action: "synchronising", source }),
+        }
     }
 
-    /// A user output's bytes, as the last [`Program::execute`] of `method` left them.
+    /// A user output's bytes in place, as the last run of `method` left them: host, pinned or managed memory
+    /// (device memory is read with [`Program::read_output`]). Waits for queued work first.
+    ///
+    /// # Errors
+    /// As [`Program::input_mut`].
     pub fn output(&self, method: &str, output: &str) -> Result<&[u8], Error> {
-        let m = self
-            .methods
-            .get(method)
-            .ok_or_else(|| Error::Usage(format!("the program has no method '{method}'")))?;
-        let index = m
-            .decl
-            .outputs
-            .iter()
-            .position(|d| d.name == output)
-            .ok_or_else(|| Error::Usage(format!("method '{method}' has no output '{output}'")))?;
-        Ok(m.outputs[index].bytes())
+        let m = self.method(method)?;
+        let index = m.output_index(output)?;
+        self.synchronize()?;
+        match m.outputs[index].host_slice() {
+            Ok(Some(bytes)) => Ok(bytes),
+            Ok(None) => Err(Error::Memory {
+                method: method.to_owned(),
+                role: IoRole::Output,
+                tensor: output.to_owned(),
+                memory: m.outputs[index].memory(),
+                problem: "which the host cannot borrow in place; read it with read_output",
+            }),
+            Err(source) => Err(Error::Stream { action: "synchronising", source }),
+        }
     }
 
-    /// Runs `method` once: its delegate calls in order, then the write-backs copy-back mode needs.
+    /// Overwrites a user input with `data` (exactly its size), in any memory kind: a host copy, or a
+    /// synchronous copy to device memory. Waits for queued work first.
+    ///
+    /// # Errors
+    /// [`Error::Usage`] for an unknown method or input or a wrong size; [`Error::Stream`] when CUDA fails.
+    pub fn write_input(&mut self, method: &str, input: &str, data: &[u8]) -> Result<(), Error> {
+        let id = self.method_id(method)?;
+        self.synchronize()?;
+        let m = &mut self.methods[id.0];
+        let index = m.input_index(input)?;
+        let storage = &mut m.inputs[index];
+        if storage.len() != data.len() {
+            return Err(Error::Usage(format!(
+                "method '{method}': input '{input}' holds {} bytes, {} were given",
+                storage.len(),
+                data.len()
+            )));
+        }
+        storage.write(data).map_err(|source| Error::Stream { action: "writing an input through", source })
+    }
+
+    /// A user output's bytes, in any memory kind: borrowed for host-visible memory, copied from device
+    /// memory. Waits for queued work first.
+    ///
+    /// # Errors
+    /// [`Error::Usage`] for an unknown method or output; [`Error::Stream`] when CUDA fails.
+    pub fn read_output(&self, method: &str, output: &str) -> Result<Cow<'_, [u8]>, Error> {
+        let m = self.method(method)?;
+        let index = m.output_index(output)?;
+        self.synchronize()?;
+        m.outputs[index]
+            .read()
+            .map_err(|source| Error::Stream { action: "reading an output through", source })
+    }
+
+    /// The device address of a method's input in device or managed memory (for kernels an application
+    /// queues on [`Program::cuda_stream`]).
+    ///
+    /// # Errors
+    /// [`Error::Usage`] for an unknown method or input, [`Error::Memory`] for host or pinned memory.
+    pub fn input_ptr(&self, method: &str, input: &str) -> Result<cuda::DevicePtr, Error> {
+        let m = self.method(method)?;
+        let storage = &m.inputs[m.input_index(input)?];
+        storage.device_ptr().ok_or_else(|| Error::Memory {
+            method: method.to_owned(),
+            role: IoRole::Input,
+            tensor: input.to_owned(),
+            memory: storage.memory(),
+            problem: "which has no device address",
+        })
+    }
+
+    /// The device address of a method's output in device or managed memory.
+    ///
+    /// # Errors
+    /// As [`Program::input_ptr`].
+    pub fn output_ptr(&self, method: &str, output: &str) -> Result<cuda::DevicePtr, Error> {
+        let m = self.method(method)?;
+        let storage = &m.outputs[m.output_index(output)?];
+        storage.device_ptr().ok_or_else(|| Error::Memory {
+            method: method.to_owned(),
+            role: IoRole::Output,
+            tensor: output.to_owned(),
+            memory: storage.memory(),
+            problem: "which has no device address",
+        })
+    }
+
+    /// Runs `method` once, complete on return: [`Program::enqueue`], then [`Program::synchronize`].
     pub fn execute(&mut self, method: &str) -> Result<RunStats, Error> {
         let start = Instant::now();
+        let id = self.method_id(method)?;
+        let copies = self.enqueue_id(id)?.copies;
+        self.synchronize()?;
+        Ok(RunStats { elapsed: start.elapsed(), copies })
+    }
+
+    /// Queues `method` once: its delegate calls in order, then the write-backs copy-back mode needs. GPU
+    /// delegates and device write-backs may still be running on the program's stream when this returns (a
+    /// program without CUDA memory is complete on return); every host access of the program's memory waits
+    /// for them, and so does [`Program::synchronize`]. `elapsed` is the host time of queuing.
+    pub fn enqueue(&mut self, method: &str) -> Result<RunStats, Error> {
+        let id = self.method_id(method)?;
+        self.enqueue_id(id)
+    }
+
+    /// [`Program::enqueue`] of a method looked up once.
+    pub fn enqueue_id(&mut self, method: MethodId) -> Result<RunStats, Error> {
+        let start = Instant::now();
         let buffers = &mut self.buffers;
-        let m = self
-            .methods
-            .get_mut(method)
-            .ok_or_else(|| Error::Usage(format!("the program has no method '{method}'")))?;
+        let gpu = self.gpu.as_ref();
+        let m = self.methods.get_mut(method.0).ok_or_else(|| Error::Usage("no such method".into()))?;
         let mut copies = CopyStats::default();
         for (index, call) in m.calls.iter_mut().enumerate() {
-            let stats =
-                run_call(call, buffers, &m.inputs, &mut m.outputs).map_err(|source| Error::Delegate {
-                    method: method.to_owned(),
-                    call: index,
-                    backend: call.backend.clone(),
-                    stage: "execute",
-                    source,
-                })?;
+            let stream = match gpu {
+                Some(gpu) if call.streamed => Some(cuda::abi_stream(&gpu.stream)),
+                Some(gpu) => {
+                    gpu.settle()?;
+                    None
+                }
+                None => None,
+            };
+            let result = run_call(call, buffers, &m.inputs, &mut m.outputs, stream);
+            if let (Some(gpu), Some(_)) = (gpu, stream) {
+                gpu.queued();
+            }
+            let stats = result.map_err(|source| Error::Delegate {
+                method: m.decl.name.clone(),
+                call: index,
+                backend: call.backend.clone(),
+                stage: "execute",
+                source,
+            })?;
             copies.add(CopyStats {
                 reflect_bytes: stats.reflect_bytes,
                 staged_bytes: stats.staged_bytes,
@@ -481,22 +923,178 @@ impl Program {
             });
             for &(scratch, buffer) in &call.writebacks {
                 let buffer = &mut buffers[buffer];
-                copies.writeback_bytes +=
-                    buffer.storage.copy_from(&call.scratch[scratch]).map_err(|source| {
-                        Error::BufferAccess {
-                            buffer: buffer.decl.name.clone(),
-                            action: "writing back",
-                            source,
-                        }
-                    })?;
+                let copied = match gpu {
+                    Some(gpu) if !buffer.storage.host_copied() => {
+                        let copied = buffer.storage.copy_from_on(&call.scratch[scratch], &gpu.stream);
+                        gpu.queued();
+                        copied
+                    }
+                    Some(gpu) => {
+                        gpu.settle()?;
+                        buffer.storage.copy_from(&call.scratch[scratch])
+                    }
+                    None => buffer.storage.copy_from(&call.scratch[scratch]),
+                };
+                copies.writeback_bytes += copied.map_err(|source| Error::BufferAccess {
+                    buffer: buffer.decl.name.clone(),
+                    action: "writing back",
+                    source,
+                })?;
             }
         }
         Ok(RunStats { elapsed: start.elapsed(), copies })
     }
+
+    fn gpu(&self, what: &str) -> Result<&Gpu, Error> {
+        self.gpu
+            .as_ref()
+            .ok_or_else(|| Error::Usage(format!("{what} needs CUDA memory, but the program declares none")))
+    }
+
+    /// Captures one [`Program::enqueue`] of `method` into a CUDA graph, without running it; replay it with
+    /// [`Program::replay`]. Every call of the method must run on the GPU and keep all its work on the
+    /// program's stream (no synchronisation, no synchronous copy, no host memory).
+    ///
+    /// # Errors
+    /// [`Error::Capture`] naming what did not stay on the stream; [`Error::Usage`] without CUDA memory.
+    pub fn capture(&mut self, method: &str) -> Result<Captured, Error> {
+        let id = self.method_id(method)?;
+        self.capture_with(id, None)
+    }
+
+    /// Captures `method` and, when given, the feedback after it, into one graph.
+    pub(crate) fn capture_with(
+        &mut self,
+        method: MethodId,
+        feedback: Option<(&FeedbackLink, &DeviceLoop)>,
+    ) -> Result<Captured, Error> {
+        let name = self.methods[method.0].decl.name.clone();
+        let capture_error = |reason: String| Error::Capture { method: name.clone(), reason };
+        let gpu = self.gpu("capturing a CUDA graph")?;
+        self.methods[method.0].stays_on_stream().map_err(capture_error)?;
+        gpu.stream
+            .begin_capture()
+            .map_err(|source| Error::Stream { action: "beginning a capture on", source })?;
+        let mut run = self.enqueue_id(method);
+        if let (Ok(_), Some((link, device))) = (&run, feedback) {
+            if let Err(err) = self.feedback(link, device) {
+                run = Err(err);
+            }
+        }
+        let gpu = self.gpu("capturing a CUDA graph")?;
+        let ended = gpu.stream.end_capture();
+        match (run, ended) {
+            (Ok(stats), Ok(graph)) => Ok(Captured { graph, program: self.id, method, copies: stats.copies }),
+            (Err(err), _) => Err(capture_error(err.to_string())),
+            (Ok(_), Err(err)) => Err(capture_error(err.to_string())),
+        }
+    }
+
+    /// Queues one replay of a captured method run on the program's stream: one driver call.
+    ///
+    /// # Errors
+    /// [`Error::Usage`] for a graph another program captured (its addresses are that program's memory);
+    /// [`Error::Stream`] when the driver refuses.
+    pub fn replay(&mut self, captured: &Captured) -> Result<CopyStats, Error> {
+        if captured.program != self.id {
+            return Err(Error::Usage(
+                "the graph was captured by another program, whose memory it uses".into(),
+            ));
+        }
+        let gpu = self.gpu("replaying a CUDA graph")?;
+        cuda::replay(&captured.graph, &gpu.stream)
+            .map_err(|source| Error::Stream { action: "replaying a graph on", source })?;
+        gpu.queued();
+        Ok(captured.copies)
+    }
+
+    /// The generation loop's device state: the feedback kernel (compiled once per process) and a token
+    /// history of `capacity` tokens, zeroed.
+    pub(crate) fn device_loop(&mut self, capacity: u32) -> Result<DeviceLoop, Error> {
+        let gpu = self.gpu("generating on the device")?;
+        let failed = |source| Error::Stream { action: "preparing the device loop for", source };
+        let kernel = FeedbackKernel::new(&gpu.ctx).map_err(failed)?;
+        let mut contexts = Contexts::new();
+        let device = gpu.ctx.ordinal();
+        let zeroed = |bytes: usize, contexts: &mut Contexts| {
+            Storage::zeroed(MemoryKind::Device, device, bytes, contexts).map_err(|err| match err {
+                AllocError::Cuda(source) => failed(source),
+                AllocError::Host { bytes } => Error::Usage(format!("cannot allocate {bytes} bytes")),
+            })
+        };
+        let history = zeroed(capacity as usize * 8, &mut contexts)?;
+        let length = zeroed(4, &mut contexts)?;
+        Ok(DeviceLoop { kernel, history, length, capacity })
+    }
+
+    /// Resolves a feedback link between `from`'s next-token output and position input and `to`'s token and
+    /// position inputs, checking that all four are device or managed memory.
+    pub(crate) fn feedback_link(
+        &self,
+        from: &str,
+        next_token: &str,
+        rows: i64,
+        to: &str,
+        token_input: &str,
+        position_input: &str,
+    ) -> Result<FeedbackLink, Error> {
+        let (from_id, to_id) = (self.method_id(from)?, self.method_id(to)?);
+        let (f, t) = (&self.methods[from_id.0], &self.methods[to_id.0]);
+        let link = FeedbackLink {
+            from: from_id,
+            next_token: f.output_index(next_token)?,
+            position_from: f.input_index(position_input)?,
+            rows,
+            to: to_id,
+            token_to: t.input_index(token_input)?,
+            position_to: t.input_index(position_input)?,
+        };
+        self.output_ptr(from, next_token)?;
+        self.input_ptr(from, position_input)?;
+        self.input_ptr(to, token_input)?;
+        self.input_ptr(to, position_input)?;
+        Ok(link)
+    }
+
+    /// Queues the feedback kernel for `link` on the program's stream.
+    pub(crate) fn feedback(&mut self, link: &FeedbackLink, device: &DeviceLoop) -> Result<(), Error> {
+        let gpu = self.gpu("generating on the device")?;
+        let (f, t) = (&self.methods[link.from.0], &self.methods[link.to.0]);
+        let address = |storage: &Storage| {
+            storage
+                .device_ptr()
+                .ok_or_else(|| Error::Usage("a feedback tensor lost its device memory".into()))
+        };
+        let args = FeedbackArgs {
+            next_token: address(&f.outputs[link.next_token])?,
+            position_from: address(&f.inputs[link.position_from])?,
+            rows: link.rows,
+            token_to: address(&t.inputs[link.token_to])?,
+            position_to: address(&t.inputs[link.position_to])?,
+            history: address(&device.history)?,
+            length: address(&device.length)?,
+            capacity: device.capacity,
+        };
+        device
+            .kernel
+            .launch(&gpu.stream, args)
+            .map_err(|source| Error::Stream { action: "launching the feedback kernel on", source })?;
+        gpu.queued();
+        Ok(())
+    }
+}
+
+impl Drop for Program {
+    fn drop(&mut self) {
+        // The stream invariant: nothing is freed while work queued on the stream may still use it.
+        if let Err(err) = self.synchronize() {
+            tracing::warn!("{err}");
+        }
+    }
 }
 
 /// Per-argument mutable borrows of user outputs, taken at most once each.
-type Borrows<'a> = SmallVec<[Option<&'a mut [u8]>; 32]>;
+type Borrows<'a> = SmallVec<[Option<View<'a>>; 32]>;
 
 /// Per-argument mutable views of buffers and scratch storages, taken at most once each.
 type Views<'a> = SmallVec<[Option<View<'a>>; 32]>;
@@ -521,14 +1119,15 @@ fn push_view<'a>(
 fn run_call(
     call: &mut LoadedCall,
     buffers: &mut [Buffer],
-    inputs: &[HostStorage],
-    outputs: &mut [HostStorage],
+    inputs: &[Storage],
+    outputs: &mut [Storage],
+    stream: Option<CudaStream>,
 ) -> Result<delegate_abi::ExecStats, DelegateError> {
     // Split every storage into per-argument borrows; load-time checks guarantee each is taken at most once
     // mutably (a buffer's in-place output slot refers to its in/out slot instead of borrowing again).
     // Up to 32 of each live on the stack, so a step allocates nothing.
     let mut buffer_views: Views<'_> = buffers.iter_mut().map(|b| Some(b.storage.view())).collect();
-    let mut output_bytes: Borrows<'_> = outputs.iter_mut().map(|o| Some(o.bytes_mut())).collect();
+    let mut output_views: Borrows<'_> = outputs.iter_mut().map(|o| Some(o.view())).collect();
     let mut scratch_views: Views<'_> = call.scratch.iter_mut().map(|s| Some(s.view())).collect();
     let mut slots: SmallVec<[Option<Slot>; 32]> = smallvec::smallvec![None; buffer_views.len()];
     let mut args = std::mem::take(&mut call.arg_list).recycle();
@@ -537,9 +1136,12 @@ fn run_call(
     for plan in &call.args {
         let (dtype, shape, memory) = (plan.dtype, plan.shape.as_slice(), plan.memory);
         let pushed = match plan.source {
-            ArgSource::Input(i) => args.push_input(inputs[i].bytes(), dtype, shape, memory),
+            ArgSource::Input(i) => match inputs[i].view_read() {
+                ReadView::Host(bytes) => args.push_input(bytes, dtype, shape, memory),
+                ReadView::Raw(raw) => cuda::push_raw_input(&mut args, raw, dtype, shape),
+            },
             ArgSource::Output(i) => {
-                args.push_output(output_bytes[i].take().ok_or_else(taken)?, dtype, shape, memory)
+                push_view(&mut args, output_views[i].take().ok_or_else(taken)?, plan, Access::Write).map(drop)
             }
             ArgSource::BufferRead(b) => {
                 push_view(&mut args, buffer_views[b].take().ok_or_else(taken)?, plan, Access::Read).map(drop)
@@ -558,7 +1160,7 @@ fn run_call(
         };
         pushed.map_err(|err| DelegateError::invalid_argument(err.to_string()))?;
     }
-    let result = call.instance.execute(&mut args, None);
+    let result = call.instance.execute(&mut args, stream);
     call.arg_list = args.recycle();
     result
 }
@@ -783,7 +1385,8 @@ fn plan_call(
         args.push(ArgPlan { source, dtype, shape: decl.shape.iter().map(|&d| d as i64).collect(), memory });
     }
 
-    Ok(PlannedCall { file, plugin, args, scratch_of })
+    let streamed = plugin.info().memory_kinds.contains(&MemoryKind::Device);
+    Ok(PlannedCall { file, plugin, args, scratch_of, streamed })
 }
 
 /// Allocates a planned call's copy-back scratch (each of its buffer's memory kind, size and device) and
@@ -795,7 +1398,7 @@ fn init_call(
     buffers: &[Buffer],
     contexts: &mut Contexts,
 ) -> Result<LoadedCall, Error> {
-    let PlannedCall { file, plugin, args, scratch_of } = planned;
+    let PlannedCall { file, plugin, args, scratch_of, streamed } = planned;
     let backend = method.calls[index].backend.clone();
     let scratch = scratch_of
         .iter()
@@ -811,5 +1414,16 @@ fn init_call(
         source,
     })?;
     let arg_list = ArgList::with_capacity(args.len());
-    Ok(LoadedCall { backend, instance, args, arg_list, scratch, writebacks })
+    Ok(LoadedCall { backend, instance, args, arg_list, scratch, writebacks, streamed })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_error_stays_small_enough_to_return_everywhere() {
+        // clippy's `result_large_err` threshold is 128 bytes.
+        assert!(std::mem::size_of::<Error>() < 128, "{} bytes", std::mem::size_of::<Error>());
+    }
 }
