@@ -458,7 +458,7 @@ fn bench_reports_both_modes_with_their_copies() {
 #[test]
 fn plugins_table_and_json_name_every_candidate_with_its_status() {
     // The abi-test plugin twice (equal versions: the first found serves, the second is shadowed), a text file
-    // posing as a library, and the embedded reference plugin.
+    // posing as a library, and the embedded reference and CUDA plugins.
     let file = format!("{}abi_test{}", std::env::consts::DLL_PREFIX, std::env::consts::DLL_SUFFIX);
     let built = test_plugin_dir().join(&file);
     let (first, second) = (tempfile::tempdir().expect("temp dir"), tempfile::tempdir().expect("temp dir"));
@@ -480,7 +480,7 @@ fn plugins_table_and_json_name_every_candidate_with_its_status() {
     let table = String::from_utf8_lossy(&out.stdout).into_owned();
     let lines: Vec<&str> = table.lines().collect();
     assert!(lines[0].starts_with("PATH") && lines[0].trim_end().ends_with("STATUS"), "{table}");
-    assert_eq!(lines.len(), 5, "a header and four candidates:\n{table}");
+    assert_eq!(lines.len(), 6, "a header and five candidates:\n{table}");
     assert!(
         lines[1].contains("abi-test")
             && lines[1].contains(" AbiTestBackend ")
@@ -491,6 +491,17 @@ fn plugins_table_and_json_name_every_candidate_with_its_status() {
     assert!(lines[3].contains("(AbiTestBackend)"), "{table}");
     assert!(lines[3].ends_with(&format!("shadowed by {}", first.path().join(&file).display())), "{table}");
     assert!(lines[4].starts_with("(embedded)") && lines[4].ends_with("loaded"), "{table}");
+    // The CUDA delegate serves its backend where a GPU is, and says why not elsewhere.
+    let cuda = lines[5];
+    assert!(cuda.starts_with("(embedded)") && cuda.contains("cuda-delegate"), "{table}");
+    if std::path::Path::new("/dev/nvidiactl").exists() {
+        assert!(cuda.ends_with("loaded"), "{table}");
+    } else {
+        assert!(
+            cuda.contains("(CudaBackend)") && cuda.contains("unavailable: no CUDA driver is available"),
+            "{table}"
+        );
+    }
 
     let json = stdout_json(&listing(true));
     assert_eq!(json[0]["status"], "loaded");
@@ -507,6 +518,8 @@ fn plugins_table_and_json_name_every_candidate_with_its_status() {
     assert_eq!(json[2]["shadowed_by"], first.path().join(&file).display().to_string());
     assert_eq!(json[3]["embedded"], true);
     assert_eq!(json[3]["path"], Value::Null);
+    assert_eq!(json[4]["embedded"], true);
+    assert_eq!(json[4]["name"], "cuda-delegate");
 }
 
 // ExecuTorch programs (.pte): `inspect` reads the container and the blob in each delegate.

@@ -5,7 +5,7 @@
 //!
 //! 1. the directories given explicitly (`--plugin-dir`), in order;
 //! 2. the directories in `DELEGATE_PLUGIN_PATH` (separated like `PATH`: `:` on Unix, `;` on Windows), in order;
-//! 3. the embedded reference plugin (linked into `delegate-host`), then any plugin an application embeds
+//! 3. the embedded reference and CUDA plugins (linked into `delegate-host`), then any plugin an application embeds
 //!    with [`Registry::with_embedded`], last.
 //!
 //! In each directory, files with the platform's library extension (`.so`, `.dylib`, `.dll`) are candidates,
@@ -161,7 +161,7 @@ fn is_library(path: &Path) -> bool {
 
 impl Registry {
     /// Discovers plugins in `dirs`, then (if `use_env`) in `DELEGATE_PLUGIN_PATH`, then (if
-    /// `include_embedded`) the embedded reference plugin. Never fails: problems are listed per candidate.
+    /// `include_embedded`) the embedded reference and CUDA plugins. Never fails: problems are listed per candidate.
     pub fn discover(dirs: &[PathBuf], use_env: bool, include_embedded: bool) -> Registry {
         let env_value = if use_env { std::env::var_os(PLUGIN_PATH_ENV) } else { None };
         Registry::discover_with(dirs, env_value.as_ref(), include_embedded, &HostConfig::default())
@@ -223,10 +223,14 @@ impl Registry {
             }
         }
         if include_embedded {
-            candidates.push(match Plugin::embedded_with(reference_delegate::delegate_root(), config) {
-                Ok(plugin) => Candidate::loaded(None, plugin),
-                Err(err) => Candidate::rejected(None, err.to_string()),
-            });
+            // The embedded defaults: the reference delegate (CPU) and the CUDA delegate (listed unavailable,
+            // with the reason, on a machine without a GPU).
+            for root in [reference_delegate::delegate_root(), cuda_delegate::delegate_root()] {
+                candidates.push(match Plugin::embedded_with(root, config) {
+                    Ok(plugin) => Candidate::loaded(None, plugin),
+                    Err(err) => Candidate::rejected(None, err.to_string()),
+                });
+            }
         }
         Registry::from_candidates(candidates)
     }
