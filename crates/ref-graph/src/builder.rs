@@ -59,6 +59,16 @@ impl GraphBuilder {
         self.constant(name, shape, Data::F32(values))
     }
 
+    /// Declares an `f16` constant (a weight) with its values in row-major order.
+    pub fn constant_f16(
+        &mut self,
+        name: &str,
+        shape: &[u64],
+        values: Vec<half::f16>,
+    ) -> Result<TensorId, Error> {
+        self.constant(name, shape, Data::F16(values))
+    }
+
     /// Declares an `i64` constant with its values in row-major order.
     pub fn constant_i64(&mut self, name: &str, shape: &[u64], values: Vec<i64>) -> Result<TensorId, Error> {
         self.constant(name, shape, Data::I64(values))
@@ -162,6 +172,11 @@ impl GraphBuilder {
         position: TensorId,
     ) -> Result<TensorId, Error> {
         self.op(name, |out| Op::CausalAttention { q, k, v, position, out })
+    }
+
+    /// The index of the largest value of `input`'s last row, as `i64 [1]`; see [`Op::Argmax`].
+    pub fn argmax(&mut self, name: &str, input: TensorId) -> Result<TensorId, Error> {
+        self.op(name, |out| Op::Argmax { input, out })
     }
 
     /// Validates and returns the graph.

@@ -25,10 +25,16 @@
 //!
 //! ## Element types
 //!
-//! [`ElemType`] is the closed set of element types a graph computes in (`f32`, and `i64` for token ids and
-//! positions), a subset of `blob_format::model::DType` with the same names; [`ElemType::dtype`] converts.
-//! Keeping the subset as its own type lets validation and executors match it exhaustively instead of
-//! refusing seven other dtypes at every use.
+//! [`ElemType`] is the closed set of element types a graph computes in (`f32` or `f16` for float data, and
+//! `i64` for token ids and positions), a subset of `blob_format::model::DType` with the same names;
+//! [`ElemType::dtype`] converts. Keeping the subset as its own type lets validation and executors match it
+//! exhaustively instead of refusing six other dtypes at every use.
+//!
+//! Every float op (see [`Op`]) accepts `f32` or `f16`: all float operands of one op share one float dtype and
+//! the op's output takes it (a graph is `f32` or `f16` throughout, or converts nowhere: there is no cast op).
+//! `f16` values are IEEE 754 binary16 ([`half::f16`], re-exported as [`half`]); constants hold them
+//! little-endian. How an executor accumulates `f16` (e.g. in `f32`) is its own business; the CPU reference
+//! delegate computes `f32` only and refuses `f16` graphs.
 //!
 //! ## Payload encoding
 //!
@@ -46,6 +52,10 @@
 //!
 //! Constants are little-endian, each at an offset (relative to the constant section) that is a multiple of
 //! [`CONSTANT_ALIGN`]. Decoding checks every extent with checked arithmetic and never panics.
+//!
+//! Versions: 1.0 had `f32`/`i64` tensors and the ops up to `causal_attention`; 1.1 adds the `f16` element
+//! type and the `argmax` op. This build writes 1.1 for every graph. A 1.0 reader refuses a graph that uses
+//! either addition with a typed error naming it (`f16` as an unknown dtype, `argmax` as an unknown op).
 //!
 //! ## Examples
 //!
@@ -89,6 +99,8 @@ use blob_format::model::{DType, Dim, Role};
 use serde::{Deserialize, Serialize};
 
 pub use builder::GraphBuilder;
+/// The `half` crate, whose [`half::f16`] is the element of [`Data::F16`].
+pub use half;
 pub use ops::Op;
 pub use payload::{CONSTANT_ALIGN, PAYLOAD_MAGIC, PAYLOAD_VERSION_MAJOR, PAYLOAD_VERSION_MINOR};
 
@@ -96,12 +108,14 @@ pub use payload::{CONSTANT_ALIGN, PAYLOAD_MAGIC, PAYLOAD_VERSION_MAJOR, PAYLOAD_
 /// allocate without bound.
 pub const MAX_ELEMENTS: u64 = 1 << 31;
 
-/// Element type of a graph tensor: graphs compute in `f32`; `i64` carries token ids and positions.
+/// Element type of a graph tensor: graphs compute in `f32` or `f16`; `i64` carries token ids and positions.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum ElemType {
     /// 32-bit float.
     F32,
+    /// 16-bit float (IEEE 754 binary16, [`half::f16`]). Payload version 1.1 and later.
+    F16,
     /// Signed 64-bit integer.
     I64,
 }
@@ -111,6 +125,7 @@ impl ElemType {
     pub const fn size_bytes(self) -> usize {
         match self {
             ElemType::F32 => 4,
+            ElemType::F16 => 2,
             ElemType::I64 => 8,
         }
     }
@@ -119,11 +134,17 @@ impl ElemType {
     pub const fn dtype(self) -> DType {
         match self {
             ElemType::F32 => DType::F32,
+            ElemType::F16 => DType::F16,
             ElemType::I64 => DType::I64,
         }
     }
 
-    /// `"f32"` or `"i64"`.
+    /// Whether this is a float type (`f32` or `f16`), the types float ops compute in.
+    pub const fn is_float(self) -> bool {
+        matches!(self, ElemType::F32 | ElemType::F16)
+    }
+
+    /// `"f32"`, `"f16"` or `"i64"`.
     pub const fn name(self) -> &'static str {
         self.dtype().name()
     }
@@ -168,6 +189,8 @@ impl TensorDecl {
 pub enum Data {
     /// `f32` values.
     F32(Vec<f32>),
+    /// `f16` values.
+    F16(Vec<half::f16>),
     /// `i64` values.
     I64(Vec<i64>),
 }
@@ -177,6 +200,7 @@ impl Data {
     pub fn dtype(&self) -> ElemType {
         match self {
             Data::F32(_) => ElemType::F32,
+            Data::F16(_) => ElemType::F16,
             Data::I64(_) => ElemType::I64,
         }
     }
@@ -185,8 +209,20 @@ impl Data {
     pub fn len(&self) -> usize {
         match self {
             Data::F32(v) => v.len(),
+            Data::F16(v) => v.len(),
             Data::I64(v) => v.len(),
         }
+    }
+
+    /// The values as little-endian bytes, as the payload's constant section holds them.
+    pub fn to_le_bytes(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(self.len() * self.dtype().size_bytes());
+        match self {
+            Data::F32(v) => v.iter().for_each(|x| out.extend_from_slice(&x.to_le_bytes())),
+            Data::F16(v) => v.iter().for_each(|x| out.extend_from_slice(&x.to_le_bytes())),
+            Data::I64(v) => v.iter().for_each(|x| out.extend_from_slice(&x.to_le_bytes())),
+        }
+        out
     }
 
     /// Whether there are no elements.

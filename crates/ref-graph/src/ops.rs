@@ -7,11 +7,12 @@ use crate::{ElemType, Error, TensorDecl, TensorId};
 /// One op. `T` names tensors: [`TensorId`] in a [`crate::Graph`], `String` in the payload's JSON.
 ///
 /// Shapes below use `T` for the number of rows processed in one call (the prompt length for prefill, 1 for
-/// decode), `H` heads, `L` cache length and `Dh` head size.
+/// decode), `H` heads, `L` cache length and `Dh` head size. `float` is `f32` or `f16`: every float operand of
+/// one op has the same float type, and the op's float output takes it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "op", rename_all = "snake_case")]
 pub enum Op<T> {
-    /// `out[t, :] = table[indices[t], :]`. `table` `f32 [N, D]`, `indices` `i64 [T]`, `out` `f32 [T, D]`.
+    /// `out[t, :] = table[indices[t], :]`. `table` `float [N, D]`, `indices` `i64 [T]`, `out` `float [T, D]`.
     /// An index outside `0..N` fails the call with `InvalidArgument`.
     Gather {
         /// The rows.
@@ -30,7 +31,7 @@ pub enum Op<T> {
         /// The positions.
         out: T,
     },
-    /// `out = a b`. `a` `f32 [M, K]`, `b` `f32 [K, N]`, `out` `f32 [M, N]`.
+    /// `out = a b`. `a` `float [M, K]`, `b` `float [K, N]`, `out` `float [M, N]`.
     MatMul {
         /// Left operand.
         a: T,
@@ -39,7 +40,7 @@ pub enum Op<T> {
         /// The product.
         out: T,
     },
-    /// `out = a + b`, elementwise, same shapes, `f32`.
+    /// `out = a + b`, elementwise, same shapes, `float`.
     Add {
         /// Left operand.
         a: T,
@@ -49,7 +50,7 @@ pub enum Op<T> {
         out: T,
     },
     /// Root-mean-square norm over the last axis: `out[m, :] = x[m, :] / sqrt(mean(x[m, :]^2) + eps) * weight`.
-    /// `input` `f32 [M, D]`, `weight` `f32 [D]`, `out` `f32 [M, D]`.
+    /// `input` `float [M, D]`, `weight` `float [D]`, `out` `float [M, D]`.
     RmsNorm {
         /// The rows to normalise.
         input: T,
@@ -62,8 +63,8 @@ pub enum Op<T> {
     },
     /// Writes `update` into rows `position[0] .. position[0] + T` of every head of `cache`, **in place**:
     /// `cache[h, position + t, :] = update[t, h * Dh .. (h + 1) * Dh]`. `out` is the updated cache and is
-    /// the same storage as `cache` (TensorRT's `IKVCacheUpdateLayer`). `cache` `f32 [H, L, Dh]`, `update`
-    /// `f32 [T, H * Dh]`, `position` `i64 [1]`, `out` `f32 [H, L, Dh]`. A position with `position + T > L` or
+    /// the same storage as `cache` (TensorRT's `IKVCacheUpdateLayer`). `cache` `float [H, L, Dh]`, `update`
+    /// `float [T, H * Dh]`, `position` `i64 [1]`, `out` `float [H, L, Dh]`. A position with `position + T > L` or
     /// `position < 0` fails the call with `InvalidArgument`.
     KvCacheUpdate {
         /// The cache to update (a graph input: caller-owned storage).
@@ -76,8 +77,9 @@ pub enum Op<T> {
         out: T,
     },
     /// Causal multi-head attention of `T` queries over a cache: query `t` sits at position `p = position + t`
-    /// and attends to cache rows `0 ..= p` of its head with `softmax(q k^T / sqrt(Dh)) v`. `q` `f32 [T, H * Dh]`,
-    /// `k`, `v` `f32 [H, L, Dh]` (outputs of a `KvCacheUpdate`), `position` `i64 [1]`, `out` `f32 [T, H * Dh]`.
+    /// and attends to cache rows `0 ..= p` of its head with `softmax(q k^T / sqrt(Dh)) v`. `q`
+    /// `float [T, H * Dh]`, `k`, `v` `float [H, L, Dh]` (outputs of a `KvCacheUpdate`), `position` `i64 [1]`,
+    /// `out` `float [T, H * Dh]`.
     CausalAttention {
         /// Queries, heads side by side.
         q: T,
@@ -90,11 +92,25 @@ pub enum Op<T> {
         /// Attention output, heads side by side.
         out: T,
     },
+    /// The index of the largest value of the **last** row: `out[0] = argmax_n input[M - 1, n]`. `input`
+    /// `float [M, N]`, `out` `i64 [1]`. The next token of greedy decoding, computed where the logits are
+    /// (payload version 1.1).
+    ///
+    /// The rule is host-runtime's `generate::argmax`, exactly: scanning left to right, a value becomes the
+    /// best when it is greater than the best so far or the best so far is NaN. So the result is the first
+    /// index of the largest non-NaN value (ties go to the lower index, `-inf` counts as a value), and only a
+    /// row that is all NaN gives its last index, `N - 1`.
+    Argmax {
+        /// The rows (e.g. logits, one row per position).
+        input: T,
+        /// The index, as an `i64`.
+        out: T,
+    },
 }
 
 /// Every op name, as spelled in the payload.
-pub(crate) const OP_NAMES: [&str; 7] =
-    ["gather", "positions", "mat_mul", "add", "rms_norm", "kv_cache_update", "causal_attention"];
+pub(crate) const OP_NAMES: [&str; 8] =
+    ["gather", "positions", "mat_mul", "add", "rms_norm", "kv_cache_update", "causal_attention", "argmax"];
 
 impl<T: Copy> Op<T> {
     /// The op's name as spelled in the payload, e.g. `"mat_mul"`.
@@ -107,6 +123,7 @@ impl<T: Copy> Op<T> {
             Op::RmsNorm { .. } => "rms_norm",
             Op::KvCacheUpdate { .. } => "kv_cache_update",
             Op::CausalAttention { .. } => "causal_attention",
+            Op::Argmax { .. } => "argmax",
         }
     }
 
@@ -119,7 +136,8 @@ impl<T: Copy> Op<T> {
             | Op::Add { out, .. }
             | Op::RmsNorm { out, .. }
             | Op::KvCacheUpdate { out, .. }
-            | Op::CausalAttention { out, .. } => out,
+            | Op::CausalAttention { out, .. }
+            | Op::Argmax { out, .. } => out,
         }
     }
 
@@ -136,6 +154,7 @@ impl<T: Copy> Op<T> {
             Op::CausalAttention { q, k, v, position, .. } => {
                 vec![("q", q), ("k", k), ("v", v), ("position", position)]
             }
+            Op::Argmax { input, .. } => vec![("input", input)],
         }
     }
 
@@ -175,6 +194,7 @@ impl<T: Copy> Op<T> {
                 position: f("position", position)?,
                 out: f("out", out)?,
             },
+            Op::Argmax { input, out } => Op::Argmax { input: f("input", input)?, out: f("out", out)? },
         })
     }
 }
@@ -203,11 +223,12 @@ impl Op<TensorId> {
             }
             Ok(())
         };
+        let mut floats = FloatOperands { tensors, first: None };
         match *self {
             Op::Gather { table, indices, .. } => {
-                let table = decl("table", table, ElemType::F32, 2)?;
+                let table = floats.operand("table", table, 2)?;
                 let indices = decl("indices", indices, ElemType::I64, 1)?;
-                Ok((ElemType::F32, vec![indices[0], table[1]]))
+                Ok((floats.dtype(), vec![indices[0], table[1]]))
             }
             Op::Positions { position: p, count, .. } => {
                 position(p)?;
@@ -217,32 +238,30 @@ impl Op<TensorId> {
                 Ok((ElemType::I64, vec![count]))
             }
             Op::MatMul { a, b, .. } => {
-                let sa = decl("a", a, ElemType::F32, 2)?;
-                let sb = decl("b", b, ElemType::F32, 2)?;
+                let sa = floats.operand("a", a, 2)?;
+                let sb = floats.operand("b", b, 2)?;
                 if sa[1] != sb[0] {
                     return Err(format!(
                         "inner extents differ: '{}' is {sa:?} and '{}' is {sb:?}",
                         tensors[a.0].name, tensors[b.0].name
                     ));
                 }
-                Ok((ElemType::F32, vec![sa[0], sb[1]]))
+                Ok((floats.dtype(), vec![sa[0], sb[1]]))
             }
             Op::Add { a, b, .. } => {
-                let sa = &tensors[a.0].shape;
-                let sb = &tensors[b.0].shape;
-                decl("a", a, ElemType::F32, sa.len())?;
-                decl("b", b, ElemType::F32, sb.len())?;
+                let sa = floats.operand("a", a, tensors[a.0].shape.len())?;
+                let sb = floats.operand("b", b, tensors[b.0].shape.len())?;
                 if sa != sb {
                     return Err(format!(
                         "shapes differ: '{}' is {sa:?} and '{}' is {sb:?}",
                         tensors[a.0].name, tensors[b.0].name
                     ));
                 }
-                Ok((ElemType::F32, sa.clone()))
+                Ok((floats.dtype(), sa.to_vec()))
             }
             Op::RmsNorm { input, weight, eps, .. } => {
-                let si = decl("input", input, ElemType::F32, 2)?;
-                let sw = decl("weight", weight, ElemType::F32, 1)?;
+                let si = floats.operand("input", input, 2)?;
+                let sw = floats.operand("weight", weight, 1)?;
                 if sw[0] != si[1] {
                     return Err(format!(
                         "weight '{}' has {} columns, input '{}' has {}",
@@ -252,11 +271,11 @@ impl Op<TensorId> {
                 if !(eps.is_finite() && eps > 0.0) {
                     return Err(format!("attribute 'eps' is {eps}, expected a finite positive number"));
                 }
-                Ok((ElemType::F32, si.to_vec()))
+                Ok((floats.dtype(), si.to_vec()))
             }
             Op::KvCacheUpdate { cache, update, position: p, .. } => {
-                let sc = decl("cache", cache, ElemType::F32, 3)?;
-                let su = decl("update", update, ElemType::F32, 2)?;
+                let sc = floats.operand("cache", cache, 3)?;
+                let su = floats.operand("update", update, 2)?;
                 position(p)?;
                 if su[1] != sc[0] * sc[2] || su[0] > sc[1] {
                     return Err(format!(
@@ -267,12 +286,12 @@ impl Op<TensorId> {
                         sc[0] * sc[2]
                     ));
                 }
-                Ok((ElemType::F32, sc.to_vec()))
+                Ok((floats.dtype(), sc.to_vec()))
             }
             Op::CausalAttention { q, k, v, position: p, .. } => {
-                let sq = decl("q", q, ElemType::F32, 2)?;
-                let sk = decl("k", k, ElemType::F32, 3)?;
-                let sv = decl("v", v, ElemType::F32, 3)?;
+                let sq = floats.operand("q", q, 2)?;
+                let sk = floats.operand("k", k, 3)?;
+                let sv = floats.operand("v", v, 3)?;
                 position(p)?;
                 if sk != sv {
                     return Err(format!(
@@ -288,7 +307,11 @@ impl Op<TensorId> {
                         sk[0] * sk[2]
                     ));
                 }
-                Ok((ElemType::F32, sq.to_vec()))
+                Ok((floats.dtype(), sq.to_vec()))
+            }
+            Op::Argmax { input, .. } => {
+                floats.operand("input", input, 2)?;
+                Ok((ElemType::I64, vec![1]))
             }
         }
     }
@@ -305,5 +328,43 @@ impl Op<TensorId> {
             )));
         }
         Ok(())
+    }
+}
+
+/// The float operands of one op: each must be `f32` or `f16` of its rank, and all of the same float type
+/// (the first one's), which the op's float output takes.
+struct FloatOperands<'a> {
+    tensors: &'a [TensorDecl],
+    first: Option<(&'static str, TensorId)>,
+}
+
+impl<'a> FloatOperands<'a> {
+    fn operand(&mut self, role: &'static str, id: TensorId, rank: usize) -> Result<&'a [u64], String> {
+        let t = &self.tensors[id.0];
+        if !t.dtype.is_float() || t.shape.len() != rank {
+            return Err(format!(
+                "operand '{role}' ('{}') is {} {:?}, expected f32 or f16 of rank {rank}",
+                t.name, t.dtype, t.shape
+            ));
+        }
+        match self.first {
+            None => self.first = Some((role, id)),
+            Some((first_role, first)) => {
+                let f = &self.tensors[first.0];
+                if f.dtype != t.dtype {
+                    return Err(format!(
+                        "operand '{role}' ('{}') is {}, but operand '{first_role}' ('{}') is {}: the float \
+                         operands of one op share one float type",
+                        t.name, t.dtype, f.name, f.dtype
+                    ));
+                }
+            }
+        }
+        Ok(&t.shape)
+    }
+
+    /// The float type of the operands seen (`f32` if none).
+    fn dtype(&self) -> ElemType {
+        self.first.map_or(ElemType::F32, |(_, id)| self.tensors[id.0].dtype)
     }
 }

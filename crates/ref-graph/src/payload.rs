@@ -12,8 +12,8 @@ use crate::{Data, ElemType, Error, Graph, Op, TensorDecl, TensorId};
 pub const PAYLOAD_MAGIC: [u8; 4] = *b"RGRF";
 /// Major version this build writes and reads.
 pub const PAYLOAD_VERSION_MAJOR: u16 = 1;
-/// Minor version this build writes.
-pub const PAYLOAD_VERSION_MINOR: u16 = 0;
+/// Minor version this build writes: 1 (1.1 added the `f16` element type and the `argmax` op).
+pub const PAYLOAD_VERSION_MINOR: u16 = 1;
 /// Alignment of the constant section and of every constant in it.
 pub const CONSTANT_ALIGN: u64 = 16;
 const PREFIX_LEN: usize = 16;
@@ -48,10 +48,7 @@ impl Graph {
         for (&id, values) in &self.constants {
             data.resize(align_up(data.len()), 0);
             let offset = data.len() as u64;
-            match values {
-                Data::F32(v) => v.iter().for_each(|x| data.extend_from_slice(&x.to_le_bytes())),
-                Data::I64(v) => v.iter().for_each(|x| data.extend_from_slice(&x.to_le_bytes())),
-            }
+            data.extend_from_slice(&values.to_le_bytes());
             constants.push(ConstantRef { tensor: name(id), offset, nbytes: data.len() as u64 - offset });
         }
         let ops = self
@@ -198,6 +195,7 @@ impl Op<String> {
             Op::CausalAttention { q, k, v, position, out } => {
                 Op::CausalAttention { q: f(q)?, k: f(k)?, v: f(v)?, position: f(position)?, out: f(out)? }
             }
+            Op::Argmax { input, out } => Op::Argmax { input: f(input)?, out: f(out)? },
         })
     }
 }
@@ -226,6 +224,12 @@ fn read_constant(constant: &ConstantRef, decl: &TensorDecl, data: &[u8]) -> Resu
             bytes
                 .chunks_exact(4)
                 .map(|c| f32::from_le_bytes(c.try_into().expect("chunks_exact yields 4 bytes")))
+                .collect(),
+        ),
+        ElemType::F16 => Data::F16(
+            bytes
+                .chunks_exact(2)
+                .map(|c| half::f16::from_le_bytes(c.try_into().expect("chunks_exact yields 2 bytes")))
                 .collect(),
         ),
         ElemType::I64 => Data::I64(

@@ -19,6 +19,27 @@ fn sample() -> Graph {
     b.finish().expect("valid")
 }
 
+/// The same layer in `f16` (caches, activations and weights), ending in an argmax of the attention output.
+fn sample_f16() -> Graph {
+    let h = half::f16::from_f32;
+    let mut b = GraphBuilder::new();
+    let tokens = b.input("tokens", ElemType::I64, &[2]).expect("fresh name");
+    let pos = b.input("input_pos", ElemType::I64, &[1]).expect("fresh name");
+    let cache = b.input("k_cache", ElemType::F16, &[1, 4, 2]).expect("fresh name");
+    let emb = b.constant_f16("emb", &[3, 2], vec![h(0.5), h(-1.25), h(3.0), h(65504.0), h(1e-7), h(-0.0)]);
+    let emb = emb.expect("6 values");
+    let w = b.constant_f16("w", &[2, 2], [1.0, 0.0, 0.0, 1.0].map(h).to_vec()).expect("4 values");
+    let x = b.gather("x", emb, tokens).expect("typed");
+    let k = b.mat_mul("k", x, w).expect("typed");
+    let k_out = b.kv_cache_update("k_cache_out", cache, k, pos).expect("typed");
+    let attn = b.causal_attention("attn", x, k_out, k_out, pos).expect("typed");
+    let next = b.argmax("next", attn).expect("typed");
+    b.output(attn).expect("declared");
+    b.output(k_out).expect("declared");
+    b.output(next).expect("declared");
+    b.finish().expect("valid")
+}
+
 /// Re-packs a payload after editing its JSON description, keeping the constant section.
 fn rewrite(payload: &[u8], edit: impl FnOnce(&mut Value)) -> Vec<u8> {
     let json_len = u32::from_le_bytes(payload[8..12].try_into().expect("4 bytes")) as usize;
@@ -45,6 +66,145 @@ fn encode_then_decode_round_trips() {
     let payload = graph.encode();
     assert_eq!(&payload[..4], b"RGRF");
     assert_eq!(Graph::decode(&payload).expect("valid payload"), graph);
+}
+
+#[test]
+fn f16_graphs_round_trip_with_little_endian_constants() {
+    let graph = sample_f16();
+    let payload = graph.encode();
+    assert_eq!(u16::from_le_bytes([payload[6], payload[7]]), PAYLOAD_VERSION_MINOR);
+    assert_eq!(PAYLOAD_VERSION_MINOR, 1);
+    let decoded = Graph::decode(&payload).expect("valid payload");
+    assert_eq!(decoded, graph);
+    let emb = decoded.find("emb").expect("declared");
+    let Some(Data::F16(values)) = decoded.constant(emb) else { panic!("emb is an f16 constant") };
+    let bits: Vec<u16> = values.iter().map(|v| v.to_bits()).collect();
+    // 0.5, -1.25, 3.0, 65504 (f16::MAX), 1e-7 (a subnormal), -0.0: every bit survives.
+    assert_eq!(bits, [0x3800, 0xbd00, 0x4200, 0x7bff, 0x0002, 0x8000]);
+    assert_eq!(decoded.tensor(emb).dtype, ElemType::F16);
+    assert_eq!(decoded.tensor(emb).nbytes(), 12);
+
+    // The constant section holds the bits little-endian, 2 bytes each.
+    let json_len = u32::from_le_bytes(payload[8..12].try_into().expect("4 bytes")) as usize;
+    let description: Value = serde_json::from_slice(&payload[16..16 + json_len]).expect("json");
+    assert!(description["tensors"].as_array().expect("array").iter().any(|t| t["dtype"] == "f16"));
+    let data_start = (16 + json_len).div_ceil(16) * 16;
+    let c = description["constants"].as_array().expect("array");
+    let c = c.iter().find(|c| c["tensor"] == "emb").expect("emb");
+    assert_eq!(c["nbytes"].as_u64(), Some(12));
+    let offset = data_start + c["offset"].as_u64().expect("offset") as usize;
+    assert_eq!(payload[offset..offset + 4], [0x00, 0x38, 0x00, 0xbd]);
+}
+
+#[test]
+fn f16_constants_of_the_wrong_size_are_refused() {
+    // 6 f16 values are 12 bytes; declaring the f32 size is a typed error, not a misread.
+    let payload = rewrite(&sample_f16().encode(), |d| {
+        let constants = d["constants"].as_array_mut().expect("array");
+        let c = constants.iter_mut().find(|c| c["tensor"] == "emb").expect("emb");
+        c["nbytes"] = json!(24);
+    });
+    let err = decode_err(&payload);
+    assert!(matches!(&err, Error::BadConstant { name, .. } if name == "emb"), "{err}");
+    assert!(err.to_string().contains("tensor f16 [3, 2] needs 12 bytes"), "{err}");
+    let mut b = GraphBuilder::new();
+    let err = b.constant_f16("c", &[2], vec![half::f16::ONE]).expect_err("1 value for 2");
+    assert!(matches!(err, Error::BadConstant { .. }), "{err}");
+}
+
+#[test]
+fn float_operands_of_one_op_share_one_float_type() {
+    let mut b = GraphBuilder::new();
+    let x = b.input("x", ElemType::F16, &[1, 2]).expect("fresh");
+    let w32 = b.constant_f32("w32", &[2, 2], vec![0.0; 4]).expect("4 values");
+    let err = b.mat_mul("y", x, w32).expect_err("f16 x f32");
+    assert_eq!(
+        err.to_string(),
+        "op 0 (mat_mul): operand 'b' ('w32') is f32, but operand 'a' ('x') is f16: the float operands of one \
+         op share one float type"
+    );
+    let g32 = b.constant_f32("g32", &[2], vec![1.0; 2]).expect("2 values");
+    let err = b.rms_norm("n", x, g32, 1e-5).expect_err("f16 input, f32 weight");
+    assert!(
+        err.to_string().contains("operand 'weight' ('g32') is f32, but operand 'input' ('x') is f16"),
+        "{err}"
+    );
+    let idx = b.input("idx", ElemType::I64, &[1, 2]).expect("fresh");
+    let err = b.add("s", idx, idx).expect_err("i64 is not a float");
+    assert!(
+        err.to_string().contains("operand 'a' ('idx') is i64 [1, 2], expected f32 or f16 of rank 2"),
+        "{err}"
+    );
+
+    // Same type throughout: the output takes it.
+    let w16 = b.constant_f16("w16", &[2, 2], vec![half::f16::ZERO; 4]).expect("4 values");
+    let y = b.mat_mul("y", x, w16).expect("f16 x f16");
+    let s = b.add("s", y, x).expect("f16 + f16");
+    b.output(s).expect("declared");
+    let graph = b.finish().expect("valid");
+    assert_eq!(graph.tensor(y).dtype, ElemType::F16);
+    assert_eq!(graph.tensor(s).dtype, ElemType::F16);
+
+    // A cache update whose rows are f32 into an f16 cache, and attention mixing them, are refused.
+    let mut b = GraphBuilder::new();
+    let pos = b.input("pos", ElemType::I64, &[1]).expect("fresh");
+    let cache = b.input("cache", ElemType::F16, &[1, 2, 2]).expect("fresh");
+    let update = b.input("update", ElemType::F32, &[1, 2]).expect("fresh");
+    let err = b.kv_cache_update("cache_out", cache, update, pos).expect_err("f32 rows into an f16 cache");
+    assert!(err.to_string().contains("operand 'update' ('update') is f32, but operand 'cache'"), "{err}");
+
+    // Decoding checks the same rule: a declared output type that disagrees is refused.
+    let payload = rewrite(&sample_f16().encode(), |d| {
+        let tensors = d["tensors"].as_array_mut().expect("array");
+        tensors.iter_mut().find(|t| t["name"] == "k").expect("k")["dtype"] = json!("f32");
+    });
+    let err = decode_err(&payload);
+    assert!(
+        err.to_string().contains("output 'k' is declared f32 [2, 2], but the op computes f16 [2, 2]"),
+        "{err}"
+    );
+}
+
+#[test]
+fn argmax_reads_a_float_matrix_and_gives_one_i64() {
+    let graph = sample_f16();
+    let next = graph.find("next").expect("declared");
+    assert_eq!(graph.tensor(next).dtype, ElemType::I64);
+    assert_eq!(graph.tensor(next).shape, [1]);
+    let op = graph.ops().last().expect("ops");
+    assert_eq!(op.name(), "argmax");
+    assert_eq!(op.named_operands(), [("input", graph.find("attn").expect("declared"))]);
+    assert_eq!(op.output(), next);
+
+    let mut b = GraphBuilder::new();
+    let v = b.input("v", ElemType::F32, &[4]).expect("fresh");
+    let err = b.argmax("a", v).expect_err("rank 1");
+    assert_eq!(
+        err.to_string(),
+        "op 0 (argmax): operand 'input' ('v') is f32 [4], expected f32 or f16 of rank 2"
+    );
+    let ids = b.input("ids", ElemType::I64, &[1, 4]).expect("fresh");
+    assert!(b.argmax("a", ids).is_err(), "an i64 matrix has no float argmax");
+    let m = b.input("m", ElemType::F32, &[3, 4]).expect("fresh");
+    let a = b.argmax("a", m).expect("typed");
+    b.output(a).expect("declared");
+    let graph = b.finish().expect("valid");
+    assert_eq!(Graph::decode(&graph.encode()).expect("round trip"), graph);
+
+    // In the payload it is spelled "argmax" with role "input"; a declared output of another type is refused.
+    let payload = sample_f16().encode();
+    let json_len = u32::from_le_bytes(payload[8..12].try_into().expect("4 bytes")) as usize;
+    let description: Value = serde_json::from_slice(&payload[16..16 + json_len]).expect("json");
+    assert_eq!(description["ops"][4], json!({ "op": "argmax", "input": "attn", "out": "next" }));
+    let payload = rewrite(&payload, |d| {
+        let tensors = d["tensors"].as_array_mut().expect("array");
+        tensors.iter_mut().find(|t| t["name"] == "next").expect("next")["shape"] = json!([2]);
+    });
+    let err = decode_err(&payload);
+    assert!(
+        err.to_string().contains("output 'next' is declared i64 [2], but the op computes i64 [1]"),
+        "{err}"
+    );
 }
 
 #[test]
@@ -92,7 +252,11 @@ fn prefix_defects_are_typed() {
     assert!(matches!(decode_err(&bad), Error::BadMagic { .. }));
     let mut newer = payload.clone();
     newer[4] = 2;
-    assert!(matches!(decode_err(&newer), Error::UnsupportedVersion { major: 2, minor: 0 }));
+    assert!(matches!(decode_err(&newer), Error::UnsupportedVersion { major: 2, minor: 1 }));
+    // A 1.0 payload (no f16, no argmax) still reads.
+    let mut older = payload.clone();
+    older[6..8].copy_from_slice(&0u16.to_le_bytes());
+    assert_eq!(Graph::decode(&older).expect("1.0 reads"), sample());
     let mut overrun = payload.clone();
     overrun[8..12].copy_from_slice(&u32::MAX.to_le_bytes());
     assert!(matches!(decode_err(&overrun), Error::SectionOutOfBounds { section: "json", .. }));
@@ -259,6 +423,19 @@ mod fuzz {
         #[test]
         fn corrupt_payloads_never_panic(edits in proptest::collection::vec((any::<usize>(), any::<u8>()), 1..8)) {
             let mut payload = sample().encode();
+            let len = payload.len();
+            for (at, byte) in edits {
+                payload[at % len] = byte;
+            }
+            if let Ok(graph) = Graph::decode(&payload) {
+                prop_assert!(graph.validate().is_ok());
+            }
+        }
+
+        /// The same for a payload with f16 constants and an argmax.
+        #[test]
+        fn corrupt_f16_payloads_never_panic(edits in proptest::collection::vec((any::<usize>(), any::<u8>()), 1..8)) {
+            let mut payload = sample_f16().encode();
             let len = payload.len();
             for (at, byte) in edits {
                 payload[at % len] = byte;

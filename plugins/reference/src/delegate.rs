@@ -14,10 +14,17 @@
 //!
 //! The work is done on the calling thread; a caller CUDA stream, if given, is ignored: everything is complete
 //! when `execute` returns.
+//!
+//! ## f16
+//!
+//! The delegate computes `f32`. A blob that binds an `f16` tensor is answered
+//! [`Compatibility::Unsupported`] from its header alone (so a host picks another delegate for it, e.g. the CUDA
+//! delegate), and `init` refuses any graph with an `f16` tensor, constants included, with `NotSupported`
+//! naming the tensor.
 
 use alias_validate::residency::DirectAccess;
 use alias_validate::{validate_with_engine, ArgLayout, ValidKind};
-use blob_format::model::{Format, PayloadKind, Role};
+use blob_format::model::{DType, Format, PayloadKind, Role};
 use blob_format::Blob;
 use delegate_abi::{
     Compatibility, DTypeCode, Delegate, DelegateError, ExecuteArgs, InitContext, MemoryKind, PluginInfo,
@@ -303,6 +310,28 @@ impl ReferenceHandle {
     }
 }
 
+/// Why a blob's f16 bindings keep it off this delegate, or `None` when it binds none.
+fn f16_bindings(blob: &Blob<'_>) -> Option<String> {
+    let names: Vec<&str> = blob
+        .header
+        .bindings
+        .iter()
+        .filter(|b| b.dtype == Some(DType::F16))
+        .map(|b| b.name.as_str())
+        .collect();
+    let (first, rest) = names.split_first()?;
+    let mut listed = format!("'{first}'");
+    for name in rest.iter().take(2) {
+        listed.push_str(&format!(", '{name}'"));
+    }
+    if rest.len() > 2 {
+        listed.push_str(", ...");
+    }
+    Some(format!(
+        "f16 tensors ({listed}): the CPU reference delegate computes f32; run f16 blobs on the CUDA delegate"
+    ))
+}
+
 /// Why a blob's header does not fit this delegate, or `None` when it does.
 fn header_mismatch(blob: &Blob<'_>) -> Option<String> {
     if !matches!(blob.format, Format::Native { major: 1, .. }) {
@@ -332,6 +361,10 @@ impl ReferenceDelegate {
         }
         blob.verify_payload()?;
         let graph = Graph::decode(blob.engine)?;
+        // Refused before anything else is planned: this delegate computes f32 (see the module docs).
+        if let Some(tensor) = exec::first_f16_tensor(&graph) {
+            return Err(exec::Error::F16 { tensor: tensor.to_owned() }.into());
+        }
         let (plan, map) = BindingPlan::build(&blob, &graph)?;
         let executor = Executor::new(&graph, &map)?;
         tracing::debug!(
@@ -389,7 +422,7 @@ impl Delegate for ReferenceDelegate {
             Ok(parsed) => parsed,
             Err(err) => return Compatibility::Unsupported { reason: err.to_string() },
         };
-        if let Some(reason) = header_mismatch(&parsed) {
+        if let Some(reason) = header_mismatch(&parsed).or_else(|| f16_bindings(&parsed)) {
             return Compatibility::Unsupported { reason };
         }
         match parsed.engine.get(..6) {

@@ -495,3 +495,112 @@ fn the_exported_plugin_gives_the_same_results_through_the_abi() {
     assert!(err.message.contains("the call has 1 arguments, but this blob binds 7"), "{err}");
     assert!(plugin.poisoned().is_none());
 }
+
+/// A blob of `graph` whose bindings are `inputs` then `outputs`, each with the graph's own dtype and shape.
+fn plain_blob(graph: &Graph, inputs: &[&str], outputs: &[&str]) -> Vec<u8> {
+    let bind = |name: &&str, role| {
+        let decl = graph.tensor(graph.find(name).expect("declared"));
+        binding(name, role, decl.dtype.dtype(), &decl.shape)
+    };
+    let mut bindings: Vec<Binding> = inputs.iter().map(|n| bind(n, Role::Input)).collect();
+    bindings.extend(outputs.iter().map(|n| bind(n, Role::Output)));
+    let header = Header { bindings, aliases: vec![], ..header(1) };
+    blob_format::native::to_vec(&header, &graph.encode())
+}
+
+#[test]
+fn argmax_gives_the_index_of_the_largest_value_of_the_last_row() {
+    let mut b = GraphBuilder::new();
+    let x = b.input("x", ElemType::F32, &[2, 4]).expect("fresh");
+    let next = b.argmax("next", x).expect("typed");
+    b.output(next).expect("declared");
+    let graph = b.finish().expect("valid");
+    let delegate = ReferenceDelegate::new();
+    let blob = plain_blob(&graph, &["x"], &["next"]);
+    assert_eq!(delegate.compatibility(&blob), Compatibility::Supported);
+    let mut handle = init(&delegate, &blob).expect("valid blob");
+
+    let nan = f32::NAN;
+    for (last_row, expected) in [
+        ([0.5, 2.0, 2.0, -1.0], 1), // first of equals
+        ([nan, 1.0, 0.5, 0.75], 1), // a NaN never wins
+        ([1.0, nan, 3.0, nan], 2),  // not even after the best
+        ([-1.0, -2.0, f32::NEG_INFINITY, -0.5], 3),
+        ([nan, nan, nan, nan], 3), // all NaN: the last index, as host-runtime's argmax
+    ] {
+        // The first row is larger everywhere: only the last row counts.
+        let x_values = [[100.0f32; 4], last_row].concat();
+        let mut out = [-7i64];
+        let mut list = ArgList::new();
+        list.push_input(bytemuck::cast_slice(&x_values), DTypeCode::F32, &[2, 4], MemoryKind::Host)
+            .expect("sized");
+        list.push_output(bytemuck::cast_slice_mut(&mut out), DTypeCode::I64, &[1], MemoryKind::Host)
+            .expect("sized");
+        run_list(&delegate, &mut handle, &list).expect("runs");
+        drop(list);
+        assert_eq!(out, [expected], "last row {last_row:?}");
+    }
+}
+
+#[test]
+fn f16_blobs_are_refused_with_the_reason() {
+    let delegate = ReferenceDelegate::new();
+    let f16_graph = |names: &[&str]| {
+        let mut b = GraphBuilder::new();
+        let x = b.input("x", ElemType::F16, &[1, 2]).expect("fresh");
+        let mut last = x;
+        for name in names {
+            last = b.add(name, last, x).expect("typed");
+            b.output(last).expect("declared");
+        }
+        b.finish().expect("valid")
+    };
+
+    // Header only: the f16 bindings are named (three at most) with what to do instead.
+    let graph = f16_graph(&["y"]);
+    let blob = plain_blob(&graph, &["x"], &["y"]);
+    assert_eq!(
+        delegate.compatibility(&blob),
+        Compatibility::Unsupported {
+            reason:
+                "f16 tensors ('x', 'y'): the CPU reference delegate computes f32; run f16 blobs on the CUDA \
+                     delegate"
+                    .to_owned()
+        }
+    );
+    expect_code(
+        init(&delegate, &blob),
+        ErrorCode::NotSupported,
+        "tensor 'x' is f16: the CPU reference delegate",
+    );
+    let graph = f16_graph(&["y", "z", "w"]);
+    let blob = plain_blob(&graph, &["x"], &["y", "z", "w"]);
+    assert!(matches!(
+        delegate.compatibility(&blob),
+        Compatibility::Unsupported { reason } if reason.starts_with("f16 tensors ('x', 'y', 'z', ...): ")
+    ));
+
+    // The same through the ABI: the host sees the refusal with its code.
+    let plugin =
+        delegate_abi::host::Plugin::embedded(reference_delegate::delegate_root()).expect("handshake");
+    assert!(matches!(plugin.compatibility(&blob).expect("answer"), Compatibility::Unsupported { .. }));
+    let err = plugin
+        .init(&InitContext { blob: &blob, compile_specs: &[], runtime_specs: &[] })
+        .expect_err("f16 graph");
+    assert_eq!(err.code, ErrorCode::NotSupported, "{err}");
+
+    // f32 bindings but an f16 constant inside: the header cannot tell, init refuses naming the constant.
+    let mut b = GraphBuilder::new();
+    let x = b.input("x", ElemType::F32, &[1, 2]).expect("fresh");
+    b.constant_f16("w16", &[2], vec![ref_graph::half::f16::ONE; 2]).expect("2 values");
+    let y = b.add("y", x, x).expect("typed");
+    b.output(y).expect("declared");
+    let graph = b.finish().expect("valid");
+    let blob = plain_blob(&graph, &["x"], &["y"]);
+    assert_eq!(delegate.compatibility(&blob), Compatibility::Supported);
+    expect_code(
+        init(&delegate, &blob),
+        ErrorCode::NotSupported,
+        "tensor 'w16' is f16: the CPU reference delegate computes f32; run f16 blobs on the CUDA delegate",
+    );
+}

@@ -11,6 +11,10 @@
 //!   copied into their argument when the ops are done.
 //!
 //! [`Executor::run`] allocates nothing.
+//!
+//! The executor computes in `f32` only: a graph with any `f16` tensor (input, constant or intermediate) is
+//! refused by [`Executor::new`] with [`Error::F16`] (`NotSupported`); f16 blobs run on a delegate that
+//! computes f16, such as the CUDA delegate.
 
 pub mod kernels;
 
@@ -64,6 +68,14 @@ pub enum Error {
     /// An argument's bytes could not be reached (not host-visible, read-only, overlapping, misaligned).
     #[error("{0}")]
     Access(DelegateError),
+    /// The graph has an `f16` tensor; this executor computes `f32` only. `NotSupported`.
+    #[error(
+        "tensor '{tensor}' is f16: the CPU reference delegate computes f32; run f16 blobs on the CUDA delegate"
+    )]
+    F16 {
+        /// The first `f16` tensor of the graph.
+        tensor: String,
+    },
     /// A broken invariant of this crate (a bug). `Internal`.
     #[error("internal error in the reference executor: {0}")]
     Internal(String),
@@ -84,6 +96,7 @@ impl HasErrorCode for Error {
             Error::IndexOutOfRange { .. } | Error::PositionOutOfRange { .. } => ErrorCode::InvalidArgument,
             Error::Access(err) => err.code,
             Error::OutOfMemory { .. } => ErrorCode::DelegateMemoryAllocationFailed,
+            Error::F16 { .. } => ErrorCode::NotSupported,
             Error::Internal(_) => ErrorCode::Internal,
         }
     }
@@ -136,10 +149,18 @@ fn alloc<T: Clone + Default>(len: usize, tensor: &str) -> Result<Vec<T>, Error> 
     Ok(v)
 }
 
+/// The first `f16` tensor of `graph` (in declaration order), which this executor cannot compute, if any.
+pub fn first_f16_tensor(graph: &Graph) -> Option<&str> {
+    graph.tensors().iter().find(|t| t.dtype == ElemType::F16).map(|t| t.name.as_str())
+}
+
 impl Executor {
     /// Allocates scratch for every tensor that needs it. `args` must bind every graph input (the delegate's
-    /// binding plan guarantees it).
+    /// binding plan guarantees it). A graph with an `f16` tensor is refused ([`Error::F16`]).
     pub fn new(graph: &Graph, args: &ArgMap) -> Result<Executor, Error> {
+        if let Some(tensor) = first_f16_tensor(graph) {
+            return Err(Error::F16 { tensor: tensor.to_owned() });
+        }
         let mut stores = Vec::with_capacity(graph.tensors().len());
         for (i, decl) in graph.tensors().iter().enumerate() {
             let id = TensorId(i);
@@ -149,6 +170,7 @@ impl Executor {
                 match decl.dtype {
                     ElemType::F32 => Store::F32(Vec::new()),
                     ElemType::I64 => Store::I64(Vec::new()),
+                    ElemType::F16 => return Err(Error::F16 { tensor: decl.name.clone() }),
                 }
             };
             stores.push(store);
@@ -372,6 +394,13 @@ impl Executor {
                     _ => &[],
                 };
                 kernels::causal_attention(q_values, k_values, v_values, shape, position, &mut self.scores, out);
+                Ok(())
+            }
+            (&Op::Argmax { input, .. }, Store::I64(out)) => {
+                let cols = graph.tensor(input).shape[1] as usize;
+                let values = self.f32s(graph, input);
+                let last_row = &values[values.len().saturating_sub(cols)..];
+                out.fill(kernels::argmax(last_row) as i64);
                 Ok(())
             }
             _ => Err(Error::Internal(format!(
