@@ -51,6 +51,7 @@ fn alloc(ctx: &Context, bytes: usize, what: &str) -> Result<Allocation<Device>, 
 fn data_bytes(data: &Data) -> &[u8] {
     match data {
         Data::F32(v) => bytemuck::cast_slice(v),
+        Data::F16(v) => bytemuck::cast_slice(v),
         Data::I64(v) => bytemuck::cast_slice(v),
     }
 }

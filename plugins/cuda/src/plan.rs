@@ -316,6 +316,15 @@ impl Plan {
                     attn_scratch.1 = attn_scratch.1.max(slots * 2);
                     steps.push(Step::Attention { q, k, v, position, out, rows, heads, len, head_dim });
                 }
+                Op::Argmax { input, out } => {
+                    let s = shape(input);
+                    steps.push(Step::Argmax {
+                        input,
+                        out,
+                        m: u32_of(s[0], "rows")?,
+                        n: u32_of(s[1], "columns")?,
+                    });
+                }
             }
             i += 1;
         }
@@ -329,6 +338,7 @@ fn float_of(graph: &Graph) -> Result<Float, Unsupported> {
     for t in graph.tensors() {
         let this = match t.dtype {
             ElemType::F32 => Float::F32,
+            ElemType::F16 => Float::F16,
             ElemType::I64 => continue,
         };
         match found {
