@@ -15,10 +15,12 @@ use crate::util;
 pub const BUNDLE: &str = "target/gpu-bundle";
 
 /// Test executables the bundle carries: (package, test target, name in the bundle).
-const TESTS: [(&str, &str, &str); 3] = [
-    ("cuda-delegate", "gpu", "cuda_delegate_gpu"),
-    ("cuda-rt", "cuda", "cuda_rt_tests"),
-    ("host-runtime", "gpu", "host_runtime_gpu"),
+const TESTS: [(&str, &str, &str); 5] = [
+    ("cuda-delegate", "gpu", "test_cuda_delegate"),
+    ("cuda-rt", "cuda", "test_cuda_rt"),
+    ("cuda-rt", "graph", "test_cuda_rt_graph"),
+    ("host-runtime", "device_loop", "test_host_device_loop"),
+    ("host-runtime", "program", "test_host_program"),
 ];
 
 /// Builds the bundle and prints how to run `what` (`test` or `bench`) with it.
@@ -33,9 +35,14 @@ pub fn bundle(root: &Path, what: &str) -> anyhow::Result<()> {
         root,
         util::cargo().args(["build", "--release", "-p", "delegate-host", "-p", "cuda-delegate-dylib"]),
     )?;
+    util::run_cmd(
+        root,
+        util::cargo().args(["build", "--release", "-p", "kv-example", "--example", "export"]),
+    )?;
     for file in ["delegate-host", "libcuda_delegate_dylib.so"] {
         copy_stripped(&target.join("release").join(file), &bundle.join(file))?;
     }
+    copy_stripped(&target.join("release/examples/export"), &bundle.join("export-example"))?;
     for (package, test, name) in TESTS {
         if let Some(exe) = test_executable(root, package, test)? {
             copy_stripped(&exe, &bundle.join(name))?;

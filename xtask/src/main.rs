@@ -6,6 +6,7 @@ mod acceptance;
 mod codegen;
 mod demo;
 mod gpu;
+mod nvrtc_setup;
 mod test;
 mod trt_setup;
 mod util;

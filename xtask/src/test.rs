@@ -3,17 +3,19 @@
 use std::path::Path;
 use std::process::Command;
 
-use crate::trt_setup;
 use crate::util::{cargo, run_cmd, target_dir};
+use crate::{nvrtc_setup, trt_setup};
 
-/// Installs what the tests need (libclang for `trtx`'s bindings, the TensorRT-RTX library, `flatc`), then
+/// Installs what the tests need (libclang for `trtx`'s bindings, the TensorRT-RTX library, NVRTC, `flatc`), then
 /// runs fmt, codegen --check, clippy and the whole test suite with the real plugin dylibs built first.
 pub fn run(root: &Path) -> anyhow::Result<()> {
     run_cmd(root, cargo().args(["fmt", "--all", "--check"]))?;
     crate::codegen::run(root, true)?;
     let trt = trt_setup::ensure(root)?;
+    let nvrtc = nvrtc_setup::ensure(root)?;
     let with_trt = |mut cmd: Command| {
         trt.apply(&mut cmd);
+        nvrtc.apply(&mut cmd);
         cmd
     };
     // Plugin dylibs are loaded from disk by the tests; build them first so the tests do not build them again

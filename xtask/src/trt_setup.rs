@@ -136,62 +136,6 @@ fn ensure_wheel(root: &Path) -> anyhow::Result<PathBuf> {
     let cache = root.join(".cache").join("tensorrt");
     let unpacked = cache.join("tensorrt-rtx-1.7.1.116");
     let lib = unpacked.join("tensorrt_rtx_libs").join(LIB_NAME);
-    if lib.is_file() {
-        return Ok(lib);
-    }
-    std::fs::create_dir_all(&cache).with_context(|| format!("creating {}", cache.display()))?;
-    let wheel = find_wheel(&cache)?;
-    let wheel = match wheel {
-        Some(wheel) => wheel,
-        None => {
-            eprintln!("xtask: downloading {WHEEL_REQUIREMENT} into {}", cache.display());
-            let status = Command::new("python3")
-                .args([
-                    "-m",
-                    "pip",
-                    "download",
-                    "--no-deps",
-                    "--disable-pip-version-check",
-                    WHEEL_REQUIREMENT,
-                    "-d",
-                ])
-                .arg(&cache)
-                .status()
-                .context("running python3 -m pip download (is python3 with pip installed?)")?;
-            if !status.success() {
-                bail!("python3 -m pip download {WHEEL_REQUIREMENT} failed ({status})");
-            }
-            find_wheel(&cache)?
-                .with_context(|| format!("pip reported success but no wheel is in {}", cache.display()))?
-        }
-    };
-    let partial = cache.join("unpacking");
-    if partial.exists() {
-        std::fs::remove_dir_all(&partial).with_context(|| format!("removing {}", partial.display()))?;
-    }
-    let status = Command::new("python3")
-        .args(["-m", "zipfile", "-e"])
-        .arg(&wheel)
-        .arg(&partial)
-        .status()
-        .context("running python3 -m zipfile")?;
-    if !status.success() {
-        bail!("unpacking {} failed ({status})", wheel.display());
-    }
-    std::fs::rename(&partial, &unpacked)
-        .with_context(|| format!("moving unpacked wheel to {}", unpacked.display()))?;
-    if !lib.is_file() {
-        bail!("the wheel {} has no tensorrt_rtx_libs/{LIB_NAME}", wheel.display());
-    }
+    crate::util::pip_wheel(&cache, WHEEL_REQUIREMENT, "tensorrt_rtx_cu13_libs-1.7.1.116", &unpacked, &lib)?;
     Ok(lib)
-}
-
-fn find_wheel(cache: &Path) -> anyhow::Result<Option<PathBuf>> {
-    let entries = std::fs::read_dir(cache).with_context(|| format!("reading {}", cache.display()))?;
-    Ok(entries.filter_map(Result::ok).map(|e| e.path()).find(|p| {
-        p.file_name().is_some_and(|n| {
-            let n = n.to_string_lossy();
-            n.starts_with("tensorrt_rtx_cu13_libs-1.7.1.116") && n.ends_with(".whl")
-        })
-    }))
 }

@@ -64,6 +64,76 @@ fn display(cmd: &Command) -> String {
     text
 }
 
+/// Makes sure `wanted` exists: else downloads the wheel `requirement` (`python3 -m pip download --no-deps`,
+/// nothing installed) into `cache`, unless a file starting with `wheel_prefix` is already there, and unpacks
+/// it into `unpacked` with Python's own `zipfile`. Idempotent: no network I/O once `wanted` exists.
+pub fn pip_wheel(
+    cache: &Path,
+    requirement: &str,
+    wheel_prefix: &str,
+    unpacked: &Path,
+    wanted: &Path,
+) -> anyhow::Result<()> {
+    if wanted.is_file() {
+        return Ok(());
+    }
+    std::fs::create_dir_all(cache).with_context(|| format!("creating {}", cache.display()))?;
+    let find = || -> anyhow::Result<Option<PathBuf>> {
+        let entries = std::fs::read_dir(cache).with_context(|| format!("reading {}", cache.display()))?;
+        Ok(entries.filter_map(Result::ok).map(|e| e.path()).find(|p| {
+            p.file_name().is_some_and(|n| {
+                let n = n.to_string_lossy();
+                n.starts_with(wheel_prefix) && n.ends_with(".whl")
+            })
+        }))
+    };
+    let wheel = match find()? {
+        Some(wheel) => wheel,
+        None => {
+            eprintln!("xtask: downloading {requirement} into {}", cache.display());
+            let status = Command::new("python3")
+                .args([
+                    "-m",
+                    "pip",
+                    "download",
+                    "--no-deps",
+                    "--disable-pip-version-check",
+                    requirement,
+                    "-d",
+                ])
+                .arg(cache)
+                .status()
+                .context("running python3 -m pip download (is python3 with pip installed?)")?;
+            if !status.success() {
+                bail!("python3 -m pip download {requirement} failed ({status})");
+            }
+            find()?.with_context(|| format!("pip reported success but no wheel is in {}", cache.display()))?
+        }
+    };
+    let partial = cache.join("unpacking");
+    if partial.exists() {
+        std::fs::remove_dir_all(&partial).with_context(|| format!("removing {}", partial.display()))?;
+    }
+    let status = Command::new("python3")
+        .args(["-m", "zipfile", "-e"])
+        .arg(&wheel)
+        .arg(&partial)
+        .status()
+        .context("running python3 -m zipfile")?;
+    if !status.success() {
+        bail!("unpacking {} failed ({status})", wheel.display());
+    }
+    if unpacked.exists() {
+        std::fs::remove_dir_all(unpacked).with_context(|| format!("removing {}", unpacked.display()))?;
+    }
+    std::fs::rename(&partial, unpacked)
+        .with_context(|| format!("moving the unpacked wheel to {}", unpacked.display()))?;
+    if !wanted.is_file() {
+        bail!("the wheel {} has no {}", wheel.display(), wanted.display());
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -84,6 +84,10 @@ enum Command {
         /// managed memory).
         #[arg(long)]
         cuda_graph: bool,
+        /// Decode every step at --position, overwriting one cache row: a steady state at one cache fill
+        /// (the tokens are then not a generation).
+        #[arg(long, requires = "position")]
+        hold_position: bool,
         /// Directories to search for plugins before `DELEGATE_PLUGIN_PATH`.
         #[arg(long = "plugin-dir")]
         plugin_dirs: Vec<PathBuf>,
@@ -105,6 +109,10 @@ enum Command {
         /// Start decode steps at this position (e.g. max/2 or max-1), with whatever the caches hold.
         #[arg(long)]
         position: Option<i64>,
+        /// Decode every step at --position, overwriting one cache row (how PyTorch's decode anchors
+        /// measure a step at one cache fill).
+        #[arg(long, requires = "position")]
+        hold_position: bool,
         /// Directories to search for plugins before `DELEGATE_PLUGIN_PATH`.
         #[arg(long = "plugin-dir")]
         plugin_dirs: Vec<PathBuf>,
@@ -218,12 +226,12 @@ fn dispatch(command: Command) -> Result<(), Failure> {
         Command::Validate { blob } => blob::validate(&blob),
         Command::Convert { input, output, to } => blob::convert(&input, &output, to),
         Command::Plugins { plugin_dirs, json } => plugins::plugins(&plugin_dirs, json),
-        Command::Run { program, steps, mode, position, cuda_graph, plugin_dirs, json } => {
-            let args = run::RunArgs { steps, position, cuda_graph, json };
+        Command::Run { program, steps, mode, position, cuda_graph, hold_position, plugin_dirs, json } => {
+            let args = run::RunArgs { steps, position, cuda_graph, hold_position, json };
             run::run_program(&program, mode.into(), &plugin_dirs, &args)
         }
-        Command::Bench { program, steps, runs, position, plugin_dirs, json } => {
-            let args = run::RunArgs { steps, position, cuda_graph: false, json };
+        Command::Bench { program, steps, runs, position, hold_position, plugin_dirs, json } => {
+            let args = run::RunArgs { steps, position, cuda_graph: false, hold_position, json };
             run::bench(&program, runs, &plugin_dirs, &args)
         }
     }

@@ -55,6 +55,8 @@ pub struct RunArgs {
     pub position: Option<i64>,
     /// `--cuda-graph`.
     pub cuda_graph: bool,
+    /// `--hold-position`.
+    pub hold_position: bool,
     /// `--json`.
     pub json: bool,
 }
@@ -62,6 +64,7 @@ pub struct RunArgs {
 fn options(steps: usize, args: &RunArgs, program: &Program, cuda_graph: bool) -> Options {
     let mut options = Options::steps(steps);
     options.start_position = args.position;
+    options.hold_position = args.hold_position;
     options.cuda_graph = cuda_graph;
     options.gpu_timing = program.cuda_context().is_some();
     options
@@ -226,6 +229,7 @@ pub fn bench(path: &Path, runs: usize, dirs: &[PathBuf], args: &RunArgs) -> Resu
                 "program": path,
                 "steps": steps,
                 "position": args.position,
+                "hold_position": args.hold_position,
                 "runs": runs - 1,
                 "modes": rows,
             })

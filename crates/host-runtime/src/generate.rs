@@ -35,6 +35,9 @@ pub struct Options {
     pub cuda_graph: bool,
     /// Time each decode step on the GPU with CUDA events (programs with CUDA memory).
     pub gpu_timing: bool,
+    /// Decode every step at the start position, overwriting the same cache row (the tokens are then not a
+    /// generation): a benchmark's steady state at one cache fill, the way PyTorch's decode anchors measure.
+    pub hold_position: bool,
     /// Run the host loop even where the device loop could run (to observe every step's outputs as it
     /// happens).
     pub host_loop: bool,
@@ -251,7 +254,8 @@ pub fn generate_with(
     let prompt = g.prompt.len() as i64;
     let start = options.start_position.unwrap_or(prompt);
     if let Some(max) = g.max_positions {
-        let end = start.checked_add(steps as i64).filter(|&end| start >= prompt && end <= max as i64);
+        let advance = if options.hold_position { 1 } else { steps as i64 };
+        let end = start.checked_add(advance).filter(|&end| start >= prompt && end <= max as i64);
         if end.is_none() {
             let most = g.max_decode_steps().unwrap_or_default();
             return Err(Error::Usage(if options.start_position.is_some() {
@@ -400,8 +404,11 @@ fn host_loop(
             copies: stats.copies,
         };
         observe(&step, program)?;
-        position =
-            if index == 0 { options.start_position.unwrap_or(feed.len() as i64) } else { position + 1 };
+        position = if index == 0 {
+            options.start_position.unwrap_or(feed.len() as i64)
+        } else {
+            position + i64::from(!options.hold_position)
+        };
         feed = vec![token];
         generation.tokens.push(token);
         generation.steps.push(step);
@@ -430,8 +437,14 @@ fn device_loop(
     let capacity = u32::try_from(steps + 1)
         .map_err(|_| Error::Usage(format!("{steps} decode steps are more than the device loop counts")))?;
     let device = program.device_loop(capacity)?;
-    let decode_link =
-        program.feedback_link(&g.decode, next, 1, &g.decode, &g.token_input, &g.position_input)?;
+    let decode_link = program.feedback_link(
+        &g.decode,
+        next,
+        i64::from(!options.hold_position),
+        &g.decode,
+        &g.token_input,
+        &g.position_input,
+    )?;
     let prefill_link = program
         .feedback_link(&g.prefill, next, prompt_len, &g.decode, &g.token_input, &g.position_input)
         .ok();
@@ -536,7 +549,7 @@ fn device_loop(
         generation.steps.push(Step {
             index: step,
             method: g.decode.clone(),
-            position: first_decode + step as i64 - 1,
+            position: if options.hold_position { first_decode } else { first_decode + step as i64 - 1 },
             input_tokens: vec![tokens[step - 1]],
             token: tokens[step],
             micros: step_host[step - 1],

@@ -360,7 +360,7 @@ impl Engine {
                 cfg((rows, 1, 1), 256, 0),
                 RmsP { x: p(input), w: p(weight), out: p(out), rows: rows as i32, dim: dim as i32, eps },
             ),
-            Step::Gemv { a, ref mats, m, k, n, ksplit, rows_per_split } => {
+            Step::Gemv { a, norm, ref mats, m, k, n, ksplit, rows_per_split } => {
                 let mut w = [0; 3];
                 let mut y = [0; 3];
                 let mut res = [0; 3];
@@ -380,6 +380,7 @@ impl Engine {
                         res,
                         partial: self.gemv_partial,
                         counters: self.gemv_counters,
+                        norm_w: norm.map_or(0, |(w, _)| p(w)),
                         m: m as i32,
                         k: k as i32,
                         n: n as i32,
@@ -387,6 +388,7 @@ impl Engine {
                         ksplit: ksplit as i32,
                         rows_per_split: rows_per_split as i32,
                         vec_ok: i32::from(n % vec == 0),
+                        eps: norm.map_or(0.0, |(_, eps)| eps),
                     },
                 )
             }

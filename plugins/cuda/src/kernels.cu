@@ -175,7 +175,8 @@ extern "C" __global__ void rms_norm(RmsP p) {
 
 // ---------------------------------------------------------------------------------------------------------
 // y[mat][m, :] = a[m, :] W[mat] (+ res[mat][m, :]), W row-major [K, N], for up to three matrices sharing `a`
-// (the Q, K and V projections in one launch).
+// (the Q, K and V projections in one launch). With `norm_w` set, `a` is first RMS-normalised with that gain
+// (each block computes the row's norm itself, from L2, instead of a separate launch writing `a` back).
 //
 // Decode multiplies one row by a weight matrix: the work is reading W once, so it is split over the whole
 // GPU. A block covers 32 * VEC columns (one warp's lanes, VEC adjacent columns each, loaded 16 bytes at a
@@ -191,7 +192,9 @@ struct GemvP {
     const T* res[3];
     float* partial;          // [nmat, M, ksplit, N]
     unsigned int* counters;  // [nmat, M, tiles], zero between launches
+    const T* norm_w;         // RMS-norm gain [K], or null
     int M, K, N, nmat, ksplit, rows_per_split, vec_ok;
+    float eps;
 };
 
 #define GEMV_WARPS 8
@@ -209,7 +212,19 @@ extern "C" __global__ void gemv(GemvP p) {
     const int k_begin = split * p.rows_per_split;
     const int k_end = min(p.K, k_begin + p.rows_per_split);
 
-    for (int k = k_begin + threadIdx.x; k < k_end; k += blockDim.x) xs[k - k_begin] = ld(p.a, (i64)m * p.K + k);
+    if (p.norm_w) {
+        __shared__ float scratch[32];
+        float ss = 0.f;
+        for (int k = threadIdx.x; k < p.K; k += blockDim.x) {
+            const float v = ld(p.a, (i64)m * p.K + k);
+            ss += v * v;
+        }
+        const float inv = rsqrtf(block_sum(ss, scratch) / (float)p.K + p.eps);
+        for (int k = k_begin + threadIdx.x; k < k_end; k += blockDim.x)
+            xs[k - k_begin] = ld(p.a, (i64)m * p.K + k) * inv * ld(p.norm_w, k);
+    } else {
+        for (int k = k_begin + threadIdx.x; k < k_end; k += blockDim.x) xs[k - k_begin] = ld(p.a, (i64)m * p.K + k);
+    }
     __syncthreads();
 
     float acc[VEC];

@@ -92,6 +92,7 @@ pub struct GemvP {
     pub res: [DevicePtr; 3],
     pub partial: DevicePtr,
     pub counters: DevicePtr,
+    pub norm_w: DevicePtr,
     pub m: i32,
     pub k: i32,
     pub n: i32,
@@ -99,6 +100,7 @@ pub struct GemvP {
     pub ksplit: i32,
     pub rows_per_split: i32,
     pub vec_ok: i32,
+    pub eps: f32,
 }
 
 /// `KvP`.
@@ -223,6 +225,49 @@ impl Kernels {
             Launch::AttnSplit(c, p) => go(&self.attn_split, *c, stream, p),
             Launch::AttnCombine(c, p) => go(&self.attn_combine, *c, stream, p),
             Launch::Argmax(c, p) => go(&self.argmax, *c, stream, p),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use et_error::{ErrorCode, HasErrorCode};
+
+    /// The source compiles for both element types, for the H200's architecture, with every kernel the
+    /// launches name. Needs NVRTC (not a GPU): `cargo xtask test` provides it from PyPI and sets
+    /// `KV_REQUIRE_NVRTC`; without NVRTC the test checks the typed error instead.
+    #[test]
+    fn kernels_compile_for_both_element_types() {
+        for float in [Float::F32, Float::F16] {
+            let mut opts = vec!["--gpu-architecture=compute_90"];
+            opts.extend_from_slice(options(float));
+            match cuda_rt::compile_ptx(SOURCE, &opts) {
+                Ok(ptx) => {
+                    for kernel in [
+                        "gather",
+                        "positions",
+                        "add",
+                        "rms_norm",
+                        "gemv",
+                        "kv_update",
+                        "attn_split",
+                        "attn_combine",
+                        "argmax",
+                    ] {
+                        assert!(ptx.contains(&format!(".entry {kernel}(")), "{float:?}: no kernel {kernel}");
+                    }
+                }
+                Err(err) => {
+                    assert!(
+                        std::env::var_os("KV_REQUIRE_NVRTC").is_none(),
+                        "KV_REQUIRE_NVRTC is set but: {err}"
+                    );
+                    assert_eq!(err.error_code(), ErrorCode::NotSupported, "{err}");
+                    eprintln!("needs NVRTC, not run here: {err}");
+                    return;
+                }
+            }
         }
     }
 }

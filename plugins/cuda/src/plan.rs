@@ -73,6 +73,7 @@ pub enum Step {
     },
     Gemv {
         a: TensorId,
+        norm: Option<(TensorId, f32)>,
         mats: Vec<GemvMat>,
         m: u32,
         k: u32,
@@ -272,6 +273,15 @@ impl Plan {
                             }
                         }
                     }
+                    // An RMS norm whose output only these products read is done inside the GEMV.
+                    let mut a = a;
+                    let mut norm = None;
+                    if let Some(&Step::RmsNorm { input, weight, out: h, eps, .. }) = steps.last() {
+                        if h == a && uses(h) == mats.len() && !is_output(h) {
+                            steps.pop();
+                            (a, norm) = (input, Some((weight, eps)));
+                        }
+                    }
                     let nmat = mats.len() as u32;
                     let (ksplit, rows_per_split) = gemv_split(float, m, nmat, k, n);
                     if ksplit > 1 {
@@ -279,7 +289,7 @@ impl Plan {
                         gemv_partial = gemv_partial.max((nmat * m * ksplit) as usize * n as usize);
                         gemv_counters = gemv_counters.max((nmat * m) as usize * tiles);
                     }
-                    steps.push(Step::Gemv { a, mats, m, k, n, ksplit, rows_per_split });
+                    steps.push(Step::Gemv { a, norm, mats, m, k, n, ksplit, rows_per_split });
                 }
                 Op::KvCacheUpdate { cache, update, position, out } => {
                     homes[out.0] = Home::SameAs(cache);
@@ -369,10 +379,12 @@ mod tests {
                 Step::Positions { .. } => "positions".to_owned(),
                 Step::Add { .. } => "add".to_owned(),
                 Step::RmsNorm { .. } => "rms_norm".to_owned(),
-                Step::Gemv { mats, .. } if mats[0].residual.is_some() => {
-                    format!("gemv{}+residual", mats.len())
-                }
-                Step::Gemv { mats, .. } => format!("gemv{}", mats.len()),
+                Step::Gemv { mats, norm, .. } => format!(
+                    "{}gemv{}{}",
+                    if norm.is_some() { "norm+" } else { "" },
+                    mats.len(),
+                    if mats[0].residual.is_some() { "+residual" } else { "" }
+                ),
                 Step::KvUpdate { caches, .. } => format!("kv_update{}", caches.len()),
                 Step::Attention { .. } => "attention".to_owned(),
                 Step::Argmax { .. } => "argmax".to_owned(),
@@ -385,11 +397,11 @@ mod tests {
         let cfg = Config { layers: 2, ..Config::tiny() };
         let graph = model::build_graph(&cfg, &Weights::generate(&cfg), 1).expect("graph");
         let plan = Plan::new(&graph).expect("lowered");
-        let layer = ["rms_norm", "gemv3", "kv_update2", "attention", "gemv1+residual"];
+        let layer = ["norm+gemv3", "kv_update2", "attention", "gemv1+residual"];
         let mut expected: Vec<&str> = vec!["embedding"];
         expected.extend(layer);
         expected.extend(layer);
-        expected.extend(["rms_norm", "gemv1"]);
+        expected.extend(["norm+gemv1"]);
         let got = kinds(&plan);
         assert_eq!(got[..expected.len()], expected[..], "{got:?}");
         // Whatever follows the logits projection reads the logits (argmax), never a cache.
@@ -406,7 +418,7 @@ mod tests {
             }
         }
         // The residual GEMV writes the layer's output (`x_1`), reading the previous residual (`x_0`).
-        let Step::Gemv { mats, .. } = &plan.steps[5] else { panic!("{got:?}") };
+        let Step::Gemv { mats, .. } = &plan.steps[4] else { panic!("{got:?}") };
         assert_eq!(graph.tensor(mats[0].y).name, "x_1");
         assert_eq!(mats[0].residual.map(|r| graph.tensor(r).name.clone()).as_deref(), Some("x_0"));
         // The embedding writes `x_0` straight from both tables.

@@ -1,0 +1,67 @@
+#!/usr/bin/env bash
+# The GPU machine's side of `cargo xtask gpu-test` and `cargo xtask bench-gpu`: runs from the bundle those
+# build (binaries built on a CPU machine; this machine has no Rust toolchain).
+#
+#   bash target/gpu-bundle/run.sh test    # every GPU test; a missing GPU fails them (KV_REQUIRE_GPU=1)
+#   bash target/gpu-bundle/run.sh bench   # the side-by-side benchmark, ours and PyTorch's; JSON to $OUT
+set -uo pipefail
+here="$(cd "$(dirname "$0")" && pwd)"
+cd "$here"
+export RUST_BACKTRACE=0 KV_REQUIRE_GPU=1
+out="${OUT:-$here/out}"
+mkdir -p "$out"
+nvidia-smi --query-gpu=name,compute_cap,driver_version,memory.total --format=csv,noheader
+status=0
+
+run_tests() {
+  for t in test_*; do
+    [ -x "$t" ] || continue
+    echo "== $t"
+    ./"$t" --test-threads=1 2>&1 | tee "$out/$t.log" | grep -E "^test |test result|panicked|needs a" || true
+    [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+  done
+  echo "== delegate-host plugins"
+  ./delegate-host plugins | cut -c1-200
+  for cfg in a b; do
+    dir="$out/program-$cfg"
+    ./export-example "$cfg" "$dir" --backend cuda --memory device > /dev/null || status=1
+    for graph in "" "--cuda-graph"; do
+      for mode in zero-copy copy-back; do
+        [ "$mode" = copy-back ] && [ -n "$graph" ] && continue
+        echo "== delegate-host run config $cfg, device memory, $mode $graph"
+        ./delegate-host run "$dir/program.toml" --mode "$mode" $graph --json > "$out/run-$cfg-$mode$graph.json" 2> "$out/run-$cfg-$mode$graph.err" || { status=1; cat "$out/run-$cfg-$mode$graph.err"; }
+        python3 - "$out/run-$cfg-$mode$graph.json" <<'PY' || status=1
+import json, sys
+v = json.load(open(sys.argv[1])); s = v["stats"]
+print("tokens", v["tokens"][:16], "..." if len(v["tokens"]) > 16 else "", "| steps", len(v["tokens"]) - 1,
+      "| host syncs/step", s.get("host_syncs_per_decode_step"), "| device loop", s.get("device_loop"),
+      "| graph", s.get("cuda_graph"), "| bytes/step", s.get("mean_decode_bytes_copied_total"),
+      "| GPU us/step", s.get("mean_decode_gpu_us"), "| host us/step", s.get("mean_decode_step_us"))
+PY
+      done
+    done
+  done
+}
+
+run_bench() {
+  for cfg in a b c; do
+    dir="$out/program-$cfg"
+    ./export-example "$cfg" "$dir" --backend cuda --memory device --config-json "$out/config-$cfg.json" > /dev/null || { status=1; continue; }
+    max=$(python3 -c "import json;print(json.load(open('$out/config-$cfg.json'))['max_len'])")
+    for pos in $((max / 2)) $((max - 1)); do
+      echo "== bench config $cfg at position $pos"
+      ./delegate-host bench "$dir/program.toml" --position "$pos" --steps 1 --runs 30 --json > "$out/bench-$cfg-$pos.json" 2> "$out/bench-$cfg-$pos.err" || { status=1; cat "$out/bench-$cfg-$pos.err"; }
+      head -c 2000 "$out/bench-$cfg-$pos.json"; echo
+    done
+    rm -rf "$dir"
+  done
+  echo "== PyTorch baseline"
+  python3 torch_baseline.py --config "$out/config-a.json" --config "$out/config-b.json" --config "$out/config-c.json" --device cuda --out "$out/torch_baseline.json" || status=1
+}
+
+case "${1:-test}" in
+  test) run_tests ;;
+  bench) run_bench ;;
+  *) echo "usage: run.sh test|bench" >&2; exit 2 ;;
+esac
+exit $status
