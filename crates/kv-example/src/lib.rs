@@ -44,7 +44,7 @@ pub mod oracle;
 mod weights;
 
 pub use check::{argmax, Report, Verifier};
-pub use config::{Config, ConfigError};
-pub use export::{ExportError, ExportedProgram};
+pub use config::{BenchConfig, Config, ConfigError};
+pub use export::{Backend, ExportError, ExportedProgram, Target};
 pub use oracle::{Oracle, OracleError};
 pub use weights::{LayerWeights, Weights};
