@@ -7,6 +7,11 @@
 //! and a final RMS norm and projection to logits. See [`model`] for the graph and [`oracle`] for the
 //! independent computation.
 //!
+//! Both graphs also output `next_token`, the argmax of the last logits row (so a host can feed the token
+//! back without reading the logits). A [`Config`] computes in `f32` or `f16` ([`Config::dtype`]); the
+//! presets of the GPU benchmarks are [`Config::bench`]. [`export::program`] writes a program for an
+//! [`export::Target`]: the reference or the CUDA backend, and the memory kind of buffers, inputs and outputs.
+//!
 //! The crate depends on formats only: the graph is a [`ref_graph::Graph`] and the manifest a
 //! [`program_manifest::ProgramSpec`]. Running the exported blobs is a host's or a delegate's business (the
 //! reference delegate's tests run this example end to end through its `Delegate` impl and the plugin ABI).
