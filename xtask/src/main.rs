@@ -48,18 +48,99 @@ enum Task {
         backend: Backend,
         /// Output directory.
         dir: PathBuf,
-        /// The bigger configuration (8 layers, 8 heads x 64, max length 1024).
-        #[arg(long)]
+        /// The bigger configuration (8 layers, 8 heads x 64, max length 1024, f32).
+        #[arg(long, conflicts_with = "config")]
         big: bool,
+        /// A benchmark configuration of the GPU path: a = upstream's model (1 layer, 2 x 16, max 16, f32),
+        /// b = 8 layers, 8 x 64, max 1024, f16; c = 32 layers, 8 x 128, max 8192, f16. Default: the tiny
+        /// model (= a), or --big.
+        #[arg(long, value_enum)]
+        config: Option<BenchArg>,
+        /// Where buffers and method inputs and outputs live (reference and cuda backends).
+        #[arg(long, value_enum, default_value_t = Memory::Host)]
+        memory: Memory,
     },
 }
 
-#[derive(Clone, Copy, ValueEnum)]
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
 enum Backend {
-    /// The reference delegate (CPU op graph).
+    /// The reference delegate (CPU op graph; f32 only).
     Reference,
+    /// The CUDA delegate: the same reference-graph payload, run on an NVIDIA GPU.
+    Cuda,
     /// The TensorRT delegate: engines built on this machine with TensorRT-RTX (installed when missing).
     Tensorrt,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum BenchArg {
+    A,
+    B,
+    C,
+}
+
+impl From<BenchArg> for kv_example::BenchConfig {
+    fn from(arg: BenchArg) -> kv_example::BenchConfig {
+        match arg {
+            BenchArg::A => kv_example::BenchConfig::A,
+            BenchArg::B => kv_example::BenchConfig::B,
+            BenchArg::C => kv_example::BenchConfig::C,
+        }
+    }
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum Memory {
+    /// Host memory (the default).
+    Host,
+    /// CUDA device memory.
+    Device,
+    /// CUDA managed memory.
+    Managed,
+}
+
+impl From<Memory> for host_runtime::manifest::MemoryKind {
+    fn from(memory: Memory) -> host_runtime::manifest::MemoryKind {
+        use host_runtime::manifest::MemoryKind;
+        match memory {
+            Memory::Host => MemoryKind::Host,
+            Memory::Device => MemoryKind::Device,
+            Memory::Managed => MemoryKind::Managed,
+        }
+    }
+}
+
+/// `export-example` for the reference-graph backends (reference, cuda).
+fn export_reference_graph(
+    backend: kv_example::Backend,
+    dir: &std::path::Path,
+    big: bool,
+    config: Option<BenchArg>,
+    memory: Memory,
+) -> anyhow::Result<()> {
+    let cfg = match (config, big) {
+        (Some(which), _) => kv_example::Config::bench(which.into()),
+        (None, true) => kv_example::Config::big(),
+        (None, false) => kv_example::Config::tiny(),
+    };
+    let target = kv_example::Target { backend, memory: memory.into() };
+    kv_example::export::program(&cfg, dir, &target)?;
+    let cache_bytes = 2 * cfg.layers * cfg.cache_len() * cfg.dtype.size_bytes();
+    println!(
+        "wrote the example program to {} (backend {}, {} memory; {} layers, {} heads x {}, max length {}, \
+         vocab {}, {}, {} MiB of cache)",
+        dir.display(),
+        backend.id(),
+        target.memory.name(),
+        cfg.layers,
+        cfg.heads,
+        cfg.head_dim,
+        cfg.max_len,
+        cfg.vocab,
+        cfg.dtype,
+        cache_bytes >> 20
+    );
+    Ok(())
 }
 
 fn main() -> anyhow::Result<()> {
@@ -71,13 +152,19 @@ fn main() -> anyhow::Result<()> {
         Task::Codegen { check } => codegen::run(&root, check),
         Task::GpuTest => gpu::bundle(&root, "test"),
         Task::BenchGpu => gpu::bundle(&root, "bench"),
-        Task::ExportExample { backend: Backend::Reference, dir, big } => {
-            let cfg = if big { kv_example::Config::big() } else { kv_example::Config::tiny() };
-            kv_example::export::reference(&cfg, &dir)?;
-            println!("wrote the example program to {}", dir.display());
-            Ok(())
+        Task::ExportExample { backend: Backend::Reference, dir, big, config, memory } => {
+            export_reference_graph(kv_example::Backend::Reference, &dir, big, config, memory)
         }
-        Task::ExportExample { backend: Backend::Tensorrt, dir, big } => {
+        Task::ExportExample { backend: Backend::Cuda, dir, big, config, memory } => {
+            export_reference_graph(kv_example::Backend::Cuda, &dir, big, config, memory)
+        }
+        Task::ExportExample { backend: Backend::Tensorrt, dir, big, config, memory } => {
+            // The TensorRT example is the tiny or the big f32 model, with device caches.
+            anyhow::ensure!(
+                config.is_none() && memory == Memory::Host,
+                "--config and --memory apply to the reference and cuda backends; the TensorRT example takes \
+                 --big only"
+            );
             // Building engines needs `trt-build`, whose bindings need libclang at build time, so it runs as its
             // own program after the set-up rather than inside xtask.
             let trt = trt_setup::ensure(&root)?;

@@ -78,7 +78,13 @@ fn export(dir: &Path, big: bool) -> Result<(), Box<dyn std::error::Error>> {
         let reference = kv_example::export::header(&cfg, rows);
         let ours: Vec<&str> =
             header.bindings.iter().filter(|b| b.threaded).map(|b| b.name.as_str()).collect();
-        let theirs: Vec<&str> = reference.bindings.iter().map(|b| b.name.as_str()).collect();
+        // Less kv-example's `next_token`: this network computes the logits only (the host takes the argmax).
+        let theirs: Vec<&str> = reference
+            .bindings
+            .iter()
+            .map(|b| b.name.as_str())
+            .filter(|&n| n != kv_example::model::NEXT_TOKEN)
+            .collect();
         if ours != theirs {
             return Err(
                 format!("{method}: argument order {ours:?} differs from kv-example's {theirs:?}").into()
@@ -96,6 +102,7 @@ fn export(dir: &Path, big: bool) -> Result<(), Box<dyn std::error::Error>> {
         );
     }
     let mut manifest = kv_example::export::manifest(&cfg);
+    kv_example::export::without_next_token(&mut manifest);
     for buffer in manifest.buffers.values_mut() {
         // TensorRT's KV-cache layer wants a batch axis; the bytes are those of kv-example's buffers.
         buffer.shape = [1, cfg.heads, cfg.max_len, cfg.head_dim].iter().map(|&d| d as i64).collect();

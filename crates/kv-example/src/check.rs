@@ -8,8 +8,24 @@ use std::fmt;
 
 use crate::{Config, Oracle, OracleError};
 
-/// Largest absolute difference from the oracle that counts as a match.
+/// Largest absolute difference from the oracle that counts as a match for an `f32` executor.
 pub const TOLERANCE: f64 = 1e-4;
+/// A suggested largest absolute difference from the oracle for an `f16` executor (f16 caches, activations
+/// and logits; accumulation in f32), on logits and caches alike. `f16` keeps 11 significant bits (relative
+/// rounding 4.9e-4); logits of the example are of order 1 to 10 after a few layers of rounded activations,
+/// so 5e-2 leaves room for the accumulated rounding without hiding a wrong row or a missed update (those
+/// are off by order 1). A suggestion, not a measurement: a caller tightens or loosens it with
+/// [`Verifier::with_tolerance`]. [`Verifier::new`] uses it for `f16` configs.
+pub const F16_TOLERANCE: f64 = 5e-2;
+
+/// The default tolerance for a config's float type: [`TOLERANCE`] for `f32`, [`F16_TOLERANCE`] for `f16`.
+pub fn tolerance_for(dtype: ref_graph::ElemType) -> f64 {
+    if dtype == ref_graph::ElemType::F16 {
+        F16_TOLERANCE
+    } else {
+        TOLERANCE
+    }
+}
 /// Smallest max difference between upstream's scenarios A and B that counts as "the cache matters".
 pub const AB_MIN_DIFF: f64 = 1e-3;
 
@@ -136,10 +152,11 @@ pub struct Verifier {
     caches: Comparison,
     steps: usize,
     worst_step: Option<String>,
+    tolerance: f64,
 }
 
 impl Verifier {
-    /// A verifier for `cfg`'s model with its generated weights.
+    /// A verifier for `cfg`'s model with its generated weights, with [`tolerance_for`] `cfg.dtype`.
     pub fn new(cfg: &Config) -> Verifier {
         Verifier {
             cfg: cfg.clone(),
@@ -149,7 +166,20 @@ impl Verifier {
             caches: Comparison::default(),
             steps: 0,
             worst_step: None,
+            tolerance: tolerance_for(cfg.dtype),
         }
+    }
+
+    /// The same verifier with another tolerance for `matches-oracle` (largest absolute difference of logits
+    /// and caches from the oracle).
+    pub fn with_tolerance(mut self, tolerance: f64) -> Verifier {
+        self.tolerance = tolerance;
+        self
+    }
+
+    /// The tolerance `matches-oracle` uses.
+    pub fn tolerance(&self) -> f64 {
+        self.tolerance
     }
 
     /// Records check `caches-zeroed`: every cache is all zeros before the first call (ExecuTorch drops a
@@ -241,9 +271,10 @@ impl Verifier {
             non_finite == 0,
             format!("{non_finite} non-finite values in logits and caches"),
         );
-        let passed = self.steps > 0 && self.logits.within(TOLERANCE) && self.caches.within(TOLERANCE);
+        let tolerance = self.tolerance;
+        let passed = self.steps > 0 && self.logits.within(tolerance) && self.caches.within(tolerance);
         let mut detail = format!(
-            "{} steps; max |logits - oracle| = {:.3e}, max |caches - oracle| = {:.3e} (tolerance {TOLERANCE:.0e})",
+            "{} steps; max |logits - oracle| = {:.3e}, max |caches - oracle| = {:.3e} (tolerance {tolerance:.0e})",
             self.steps, self.logits.max_abs_error, self.caches.max_abs_error
         );
         if let Some(step) = &self.worst_step {

@@ -1,12 +1,20 @@
 //! Writes the example as a program: one native blob per method and a `program.toml` manifest.
+//!
+//! [`reference`] writes today's program (reference backend, host memory); [`program`] writes it for a
+//! [`Target`]: the backend the blobs and calls name ([`Backend::Reference`] or [`Backend::Cuda`], the same
+//! reference-graph payload) and the memory every buffer and every method input and output is declared in.
+//! Both methods output `logits` and `next_token` (the argmax of the last logits row, `i64 [1]`), and the
+//! manifest's `[generate]` names both.
 
 use std::path::{Path, PathBuf};
 
-use crate::model::{self, INPUT_POS, LOGITS, TOKENS};
+use crate::model::{self, INPUT_POS, LOGITS, NEXT_TOKEN, TOKENS};
 use crate::{Config, ConfigError, Weights};
 use blob_format::model::{Alias, AliasKind, Binding, DType, Dim, Header, PayloadKind, Producer, Role};
 use et_error::{ErrorCode, HasErrorCode};
-use program_manifest::{BufferSpec, CallSpec, GenerateSpec, MethodSpec, ProgramSpec, TensorSpec, FORMAT};
+use program_manifest::{
+    BufferSpec, CallSpec, GenerateSpec, MemoryKind, MethodSpec, ProgramSpec, TensorSpec, FORMAT,
+};
 
 /// File name of the prefill blob.
 pub const PREFILL_BLOB: &str = "prefill.blob";
@@ -23,6 +31,54 @@ pub const PRODUCER: &str = "kv-example";
 /// The backend id the exported blobs and calls name: the reference delegate's `BACKEND_ID` (this crate depends
 /// on the graph format, not on the delegate; the delegate's tests check that the two agree).
 pub const REFERENCE_BACKEND: &str = "ReferenceBackend";
+/// The backend id of the CUDA delegate, which runs the same reference-graph payload on an NVIDIA GPU.
+pub const CUDA_BACKEND: &str = "CudaBackend";
+
+/// The delegate an exported program is for: the id its blob headers and manifest calls name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum Backend {
+    /// The CPU reference delegate ([`REFERENCE_BACKEND`]); it computes `f32` and refuses `f16` blobs.
+    #[default]
+    Reference,
+    /// The CUDA delegate ([`CUDA_BACKEND`]).
+    Cuda,
+}
+
+impl Backend {
+    /// The ExecuTorch backend id: [`REFERENCE_BACKEND`] or [`CUDA_BACKEND`].
+    pub const fn id(self) -> &'static str {
+        match self {
+            Backend::Reference => REFERENCE_BACKEND,
+            Backend::Cuda => CUDA_BACKEND,
+        }
+    }
+}
+
+/// What an export is for: the backend, and the memory kind of every cache buffer and every method input and
+/// output (`tokens`, `input_pos`, `logits`, `next_token`).
+///
+/// With [`MemoryKind::Host`] the manifest leaves the inputs' and outputs' `memory` unset (host is the
+/// default), exactly as [`reference`] always wrote; any other kind is written on each of them. Nothing
+/// checks here that the backend accepts the kind (the reference delegate reads host, pinned and managed
+/// memory; a host refuses a mismatch when it loads the program).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Target {
+    /// The delegate.
+    pub backend: Backend,
+    /// Where buffers, inputs and outputs live.
+    pub memory: MemoryKind,
+}
+
+impl Target {
+    /// The reference delegate with host memory: what [`reference`] writes.
+    pub const REFERENCE: Target = Target { backend: Backend::Reference, memory: MemoryKind::Host };
+}
+
+impl Default for Target {
+    fn default() -> Target {
+        Target::REFERENCE
+    }
+}
 
 /// Why the export failed.
 #[derive(Debug, thiserror::Error)]
@@ -58,7 +114,7 @@ impl HasErrorCode for ExportError {
     }
 }
 
-/// What [`reference()`] wrote.
+/// What [`reference()`] or [`program()`] wrote.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ExportedProgram {
     /// The `program.toml` path.
@@ -72,9 +128,11 @@ pub struct ExportedProgram {
 }
 
 /// The blob's bindings in delegate-argument order: inputs (`tokens`, `input_pos`, then every layer's k and
-/// v cache), then outputs with the cache outputs **first** and `logits` last, the order ExecuTorch's
-/// `arrange_graph_outputs` gives buffer mutations. The graph lists `logits` first: binding is by name.
+/// v cache), then outputs with the cache outputs **first**, then `logits` and `next_token` last, the order
+/// ExecuTorch's `arrange_graph_outputs` gives buffer mutations. The graph lists `logits` first: binding is
+/// by name.
 fn bindings(cfg: &Config, rows: usize) -> Vec<Binding> {
+    let float = cfg.dtype.dtype();
     let dims = |shape: &[usize]| Some(shape.iter().map(|&d| Dim::Static(d as u64)).collect());
     let binding = |name: String, role: Role, dtype: DType, shape: &[usize]| Binding {
         name,
@@ -89,19 +147,26 @@ fn bindings(cfg: &Config, rows: usize) -> Vec<Binding> {
         binding(INPUT_POS.to_owned(), Role::Input, DType::I64, &[1]),
     ];
     for l in 0..cfg.layers {
-        out.push(binding(model::k_cache(l), Role::Input, DType::F32, &cache));
-        out.push(binding(model::v_cache(l), Role::Input, DType::F32, &cache));
+        out.push(binding(model::k_cache(l), Role::Input, float, &cache));
+        out.push(binding(model::v_cache(l), Role::Input, float, &cache));
     }
     for l in 0..cfg.layers {
-        out.push(binding(model::k_cache_out(l), Role::Output, DType::F32, &cache));
-        out.push(binding(model::v_cache_out(l), Role::Output, DType::F32, &cache));
+        out.push(binding(model::k_cache_out(l), Role::Output, float, &cache));
+        out.push(binding(model::v_cache_out(l), Role::Output, float, &cache));
     }
-    out.push(binding(LOGITS.to_owned(), Role::Output, DType::F32, &[rows, cfg.vocab]));
+    out.push(binding(LOGITS.to_owned(), Role::Output, float, &[rows, cfg.vocab]));
+    out.push(binding(NEXT_TOKEN.to_owned(), Role::Output, DType::I64, &[1]));
     out
 }
 
-/// The blob header for a method over `rows` tokens.
+/// The blob header for a method over `rows` tokens, for the reference backend.
 pub fn header(cfg: &Config, rows: usize) -> Header {
+    header_for(cfg, rows, Backend::Reference)
+}
+
+/// The blob header for a method over `rows` tokens, for `backend`: the same bindings and aliases, the
+/// backend's id.
+pub fn header_for(cfg: &Config, rows: usize, backend: Backend) -> Header {
     let aliases = (0..cfg.layers)
         .flat_map(|l| {
             [(model::k_cache_out(l), model::k_cache(l)), (model::v_cache_out(l), model::v_cache(l))]
@@ -110,23 +175,36 @@ pub fn header(cfg: &Config, rows: usize) -> Header {
         .collect();
     Header {
         producer: Some(Producer { name: PRODUCER.to_owned(), version: env!("CARGO_PKG_VERSION").to_owned() }),
-        backend_id: REFERENCE_BACKEND.to_owned(),
+        backend_id: backend.id().to_owned(),
         payload_kind: PayloadKind::ReferenceGraph,
         bindings: bindings(cfg, rows),
         aliases,
         device_id: 0,
         hardware_compatible: false,
         hardware_target: None,
-        engine_library_version: Some(format!("reference-delegate {}", env!("CARGO_PKG_VERSION"))),
+        engine_library_version: Some(match backend {
+            Backend::Reference => format!("reference-delegate {}", env!("CARGO_PKG_VERSION")),
+            Backend::Cuda => format!(
+                "ref-graph payload {}.{}",
+                ref_graph::PAYLOAD_VERSION_MAJOR,
+                ref_graph::PAYLOAD_VERSION_MINOR
+            ),
+        }),
         engine_metadata: None,
     }
 }
 
-/// The native blob of the method over `rows` tokens (the prompt length for prefill, 1 for decode).
+/// The native blob of the method over `rows` tokens (the prompt length for prefill, 1 for decode), for the
+/// reference backend.
 pub fn reference_blob(cfg: &Config, weights: &Weights, rows: usize) -> Result<Vec<u8>, ExportError> {
+    blob(cfg, weights, rows, Backend::Reference)
+}
+
+/// The native blob of the method over `rows` tokens for `backend` (the payload is the same graph).
+pub fn blob(cfg: &Config, weights: &Weights, rows: usize, backend: Backend) -> Result<Vec<u8>, ExportError> {
     cfg.validate()?;
     let graph = model::build_graph(cfg, weights, rows)?;
-    Ok(blob_format::native::to_vec(&header(cfg, rows), &graph.encode()))
+    Ok(blob_format::native::to_vec(&header_for(cfg, rows, backend), &graph.encode()))
 }
 
 /// The call's `args`: one reference per threaded binding of [`header`], in the same order.
@@ -135,39 +213,66 @@ fn call_args(cfg: &Config, rows: usize) -> Vec<String> {
         .into_iter()
         .map(|b| match (b.role, b.name.as_str()) {
             (Role::Input, TOKENS | INPUT_POS) => format!("input:{}", b.name),
-            (Role::Output, LOGITS) => format!("output:{}", b.name),
+            (Role::Output, LOGITS | NEXT_TOKEN) => format!("output:{}", b.name),
             // Cache outputs are the buffer-mutation output slots of their buffers.
             (_, name) => format!("buffer:{}", name.replacen("_cache_out_", "_cache_", 1)),
         })
         .collect()
 }
 
-fn method(cfg: &Config, rows: usize, blob: &str) -> MethodSpec {
+fn method(cfg: &Config, rows: usize, blob: &str, target: &Target) -> MethodSpec {
+    let memory = (target.memory != MemoryKind::Host).then(|| target.memory.name().to_owned());
     let spec = |name: &str, dtype: DType, shape: Vec<i64>| TensorSpec {
         name: name.to_owned(),
         dtype: dtype.name().to_owned(),
         shape,
-        memory: None,
+        memory: memory.clone(),
         device: None,
     };
     MethodSpec {
         inputs: vec![spec(TOKENS, DType::I64, vec![rows as i64]), spec(INPUT_POS, DType::I64, vec![1])],
-        outputs: vec![spec(LOGITS, DType::F32, vec![rows as i64, cfg.vocab as i64])],
+        outputs: vec![
+            spec(LOGITS, cfg.dtype.dtype(), vec![rows as i64, cfg.vocab as i64]),
+            spec(NEXT_TOKEN, DType::I64, vec![1]),
+        ],
         calls: vec![CallSpec {
             blob: blob.to_owned(),
-            backend: REFERENCE_BACKEND.to_owned(),
+            backend: target.backend.id().to_owned(),
             args: call_args(cfg, rows),
         }],
     }
 }
 
-/// The program manifest: per-layer cache buffers (host memory), `prefill` and `decode` methods (separate
-/// delegate instances sharing the buffers), and the generate section.
+/// Removes the `next_token` output from every method (its declaration and its call argument) and from
+/// `[generate]`: the manifest of an engine that computes the logits only (the TensorRT example, whose network
+/// has no argmax). A host then takes the argmax of the logits itself.
+pub fn without_next_token(manifest: &mut ProgramSpec) {
+    let arg = format!("output:{NEXT_TOKEN}");
+    for method in manifest.methods.values_mut() {
+        method.outputs.retain(|t| t.name != NEXT_TOKEN);
+        for call in &mut method.calls {
+            call.args.retain(|a| *a != arg);
+        }
+    }
+    if let Some(generate) = &mut manifest.generate {
+        generate.next_token_output = None;
+    }
+}
+
+/// The program manifest for the reference backend in host memory: [`manifest_for`] with
+/// [`Target::REFERENCE`].
 pub fn manifest(cfg: &Config) -> ProgramSpec {
+    manifest_for(cfg, &Target::REFERENCE)
+}
+
+/// The program manifest: per-layer cache buffers (in `target.memory`), `prefill` and `decode` methods
+/// (separate delegate instances sharing the buffers, calling `target.backend`; inputs and outputs in
+/// `target.memory`), and the generate section (with `next_token_output`).
+pub fn manifest_for(cfg: &Config, target: &Target) -> ProgramSpec {
     let cache = BufferSpec {
-        dtype: DType::F32.name().to_owned(),
+        dtype: cfg.dtype.name().to_owned(),
         shape: cfg.cache_shape().iter().map(|&d| d as i64).collect(),
-        memory: program_manifest::MemoryKind::Host.name().to_owned(),
+        memory: target.memory.name().to_owned(),
         device: None,
     };
     let buffers = (0..cfg.layers)
@@ -175,8 +280,8 @@ pub fn manifest(cfg: &Config) -> ProgramSpec {
         .map(|name| (name, cache.clone()))
         .collect();
     let methods = [
-        (PREFILL.to_owned(), method(cfg, cfg.prompt_len(), PREFILL_BLOB)),
-        (DECODE.to_owned(), method(cfg, 1, DECODE_BLOB)),
+        (PREFILL.to_owned(), method(cfg, cfg.prompt_len(), PREFILL_BLOB, target)),
+        (DECODE.to_owned(), method(cfg, 1, DECODE_BLOB, target)),
     ]
     .into_iter()
     .collect();
@@ -191,15 +296,21 @@ pub fn manifest(cfg: &Config) -> ProgramSpec {
             token_input: TOKENS.to_owned(),
             position_input: INPUT_POS.to_owned(),
             logits_output: LOGITS.to_owned(),
-            next_token_output: None,
+            next_token_output: Some(NEXT_TOKEN.to_owned()),
             max_positions: Some(cfg.max_len as u64),
         }),
     }
 }
 
-/// Writes `prefill.blob`, `decode.blob` and `program.toml` for the reference backend into `dir` (created if
-/// missing; existing files are replaced).
+/// Writes `prefill.blob`, `decode.blob` and `program.toml` for the reference backend and host memory into
+/// `dir` (created if missing; existing files are replaced): [`program`] with [`Target::REFERENCE`].
 pub fn reference(cfg: &Config, dir: &Path) -> Result<ExportedProgram, ExportError> {
+    program(cfg, dir, &Target::REFERENCE)
+}
+
+/// Writes `prefill.blob`, `decode.blob` and `program.toml` for `target` into `dir` (created if missing;
+/// existing files are replaced).
+pub fn program(cfg: &Config, dir: &Path, target: &Target) -> Result<ExportedProgram, ExportError> {
     cfg.validate()?;
     let weights = Weights::generate(cfg);
     let write = |name: &str, bytes: &[u8]| -> Result<PathBuf, ExportError> {
@@ -208,9 +319,9 @@ pub fn reference(cfg: &Config, dir: &Path) -> Result<ExportedProgram, ExportErro
         Ok(path)
     };
     std::fs::create_dir_all(dir).map_err(|source| ExportError::Io { path: dir.to_owned(), source })?;
-    let prefill_blob = write(PREFILL_BLOB, &reference_blob(cfg, &weights, cfg.prompt_len())?)?;
-    let decode_blob = write(DECODE_BLOB, &reference_blob(cfg, &weights, 1)?)?;
-    let manifest = manifest(cfg);
+    let prefill_blob = write(PREFILL_BLOB, &blob(cfg, &weights, cfg.prompt_len(), target.backend)?)?;
+    let decode_blob = write(DECODE_BLOB, &blob(cfg, &weights, 1, target.backend)?)?;
+    let manifest = manifest_for(cfg, target);
     let manifest_path = write(MANIFEST, manifest.to_toml()?.as_bytes())?;
     Ok(ExportedProgram { manifest_path, manifest, prefill_blob, decode_blob })
 }

@@ -7,6 +7,11 @@
 //! and a final RMS norm and projection to logits. See [`model`] for the graph and [`oracle`] for the
 //! independent computation.
 //!
+//! Both graphs also output `next_token`, the argmax of the last logits row (so a host can feed the token
+//! back without reading the logits). A [`Config`] computes in `f32` or `f16` ([`Config::dtype`]); the
+//! presets of the GPU benchmarks are [`Config::bench`]. [`export::program`] writes a program for an
+//! [`export::Target`]: the reference or the CUDA backend, and the memory kind of buffers, inputs and outputs.
+//!
 //! The crate depends on formats only: the graph is a [`ref_graph::Graph`] and the manifest a
 //! [`program_manifest::ProgramSpec`]. Running the exported blobs is a host's or a delegate's business (the
 //! reference delegate's tests run this example end to end through its `Delegate` impl and the plugin ABI).
@@ -45,7 +50,7 @@ pub mod oracle;
 mod weights;
 
 pub use check::{argmax, Report, Verifier};
-pub use config::{Config, ConfigError};
-pub use export::{ExportError, ExportedProgram};
+pub use config::{BenchConfig, Config, ConfigError};
+pub use export::{Backend, ExportError, ExportedProgram, Target};
 pub use oracle::{Oracle, OracleError};
 pub use weights::{LayerWeights, Weights};

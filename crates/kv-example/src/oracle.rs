@@ -3,6 +3,11 @@
 //! It shares nothing with the reference delegate but the weights (the same `f32` values, widened): no graph,
 //! no kernels, no batching. Prefill is computed as successive single-token steps, so a batched-prefill bug
 //! in a delegate shows up as a mismatch.
+//!
+//! For an `f16` config it computes with the weights the blob stores: each rounded to `f16`
+//! ([`Weights::stored_as`]) and widened to `f64`. Everything else (activations, caches, logits) stays `f64`,
+//! so the oracle is the exact model of the stored weights, not a model of `f16` arithmetic: how far an `f16`
+//! executor may be from it is the caller's tolerance (see [`crate::check::F16_TOLERANCE`] for a suggestion).
 
 use et_error::{ErrorCode, HasErrorCode};
 
@@ -90,8 +95,10 @@ impl Oracle {
         Oracle::with_weights(cfg, &Weights::generate(cfg))
     }
 
-    /// The model of `cfg` with the given weights and zeroed caches.
+    /// The model of `cfg` with the given weights (rounded to `f16` first for an `f16` config, as the blob
+    /// stores them) and zeroed caches.
     pub fn with_weights(cfg: &Config, weights: &Weights) -> Oracle {
+        let weights = &weights.stored_as(cfg.dtype);
         let layers = weights
             .layers
             .iter()

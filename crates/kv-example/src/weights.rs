@@ -1,5 +1,8 @@
 //! Deterministic weights from a seed, shared by the exporter and the oracle.
 
+use ref_graph::half;
+use ref_graph::ElemType;
+
 use crate::Config;
 
 /// SplitMix64: a tiny, well-mixed generator; the same seed gives the same weights on every platform.
@@ -41,7 +44,8 @@ pub struct LayerWeights {
     pub wo: Vec<f32>,
 }
 
-/// Every weight of the model, as `f32` (the values the blob carries; the oracle widens them to `f64`).
+/// Every weight of the model, as `f32` (the values an `f32` blob carries, rounded to `f16` in an `f16` blob:
+/// see [`Weights::stored_as`]; the oracle widens them to `f64`).
 #[derive(Debug, Clone, PartialEq)]
 pub struct Weights {
     /// Token embedding, `[vocab, dim]`.
@@ -79,5 +83,33 @@ impl Weights {
         let final_norm = gain(&mut rng);
         let w_out = rng.fill(dim * cfg.vocab, 2.0 * proj);
         Weights { tok_emb, pos_emb, layers, final_norm, w_out }
+    }
+
+    /// The values a graph of `dtype` stores: unchanged for `f32`; for `f16`, every weight rounded to the
+    /// nearest `f16` (ties to even, [`half::f16::from_f32`], as the exporter does) and widened back to `f32`,
+    /// which is exact. The oracle of an `f16` config computes with these.
+    pub fn stored_as(&self, dtype: ElemType) -> Weights {
+        if dtype != ElemType::F16 {
+            return self.clone();
+        }
+        let round =
+            |values: &[f32]| values.iter().map(|&x| half::f16::from_f32(x).to_f32()).collect::<Vec<_>>();
+        Weights {
+            tok_emb: round(&self.tok_emb),
+            pos_emb: round(&self.pos_emb),
+            layers: self
+                .layers
+                .iter()
+                .map(|l| LayerWeights {
+                    norm: round(&l.norm),
+                    wq: round(&l.wq),
+                    wk: round(&l.wk),
+                    wv: round(&l.wv),
+                    wo: round(&l.wo),
+                })
+                .collect(),
+            final_norm: round(&self.final_norm),
+            w_out: round(&self.w_out),
+        }
     }
 }

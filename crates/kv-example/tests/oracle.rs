@@ -82,3 +82,26 @@ fn logits_are_well_conditioned() {
     assert!(compare(&[1.0], &[1.0, 2.0]).len_mismatch.is_some());
     assert!(compare(&[1.00001], &[1.0]).within(TOLERANCE));
 }
+
+#[test]
+fn an_f16_oracle_uses_the_rounded_weights() {
+    use kv_example::check::{tolerance_for, F16_TOLERANCE};
+    use ref_graph::ElemType;
+
+    let cfg = Config::tiny();
+    let f16 = Config { dtype: ElemType::F16, ..cfg.clone() };
+    let w = Weights::generate(&f16);
+    assert_eq!(w, Weights::generate(&cfg), "generation does not depend on the dtype");
+    let rounded = w.stored_as(ElemType::F16);
+    assert_eq!(w.stored_as(ElemType::F32), w);
+    assert!(rounded.w_out.iter().all(|&x| ref_graph::half::f16::from_f32(x).to_f32() == x));
+    assert_ne!(rounded.w_out, w.w_out);
+    // The f16 oracle is the f64 model of the rounded weights: equal to an f32 oracle given them.
+    let a = Oracle::new(&f16).prefill(&cfg.prompt).expect("in range");
+    let b = Oracle::with_weights(&cfg, &rounded).prefill(&cfg.prompt).expect("in range");
+    assert_eq!(a, b);
+    let exact = Oracle::new(&cfg).prefill(&cfg.prompt).expect("in range");
+    let diff = a.concat().iter().zip(exact.concat()).map(|(x, y)| (x - y).abs()).fold(0.0, f64::max);
+    assert!(diff > 0.0 && diff < F16_TOLERANCE, "rounding the weights moves the logits by {diff}");
+    assert_eq!((tolerance_for(ElemType::F32), tolerance_for(ElemType::F16)), (TOLERANCE, F16_TOLERANCE));
+}

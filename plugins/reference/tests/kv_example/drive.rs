@@ -83,23 +83,24 @@ impl Caches {
     }
 
     /// One call of a prefill or decode instance exported by [`kv_example::export`], with its argument order:
-    /// `tokens, input_pos, k_cache_0, v_cache_0, ..., k_cache_out_0, v_cache_out_0, ..., logits`. Returns the
-    /// logits, `[tokens.len(), vocab]` flattened.
+    /// `tokens, input_pos, k_cache_0, v_cache_0, ..., k_cache_out_0, v_cache_out_0, ..., logits, next_token`.
+    /// Returns the logits, `[tokens.len(), vocab]` flattened, and the delegate's `next_token`.
     pub fn call(
         &mut self,
         instance: &mut Instance,
         tokens: &[i64],
         position: i64,
         mode: SlotMode,
-    ) -> Result<Vec<f32>, DriveError> {
+    ) -> Result<(Vec<f32>, i64), DriveError> {
         let rows = tokens.len() as i64;
         let vocab = self.cfg.vocab;
         let position = [position];
         let mut logits = vec![0.0f32; tokens.len() * vocab];
+        let mut next_token = [-1i64];
         let shape: Vec<i64> = self.cfg.cache_shape().iter().map(|&d| d as i64).collect();
         let (f32, host) = (DTypeCode::F32, MemoryKind::Host);
         let stats = {
-            let mut list = ArgList::with_capacity(3 + 4 * self.cfg.layers);
+            let mut list = ArgList::with_capacity(4 + 4 * self.cfg.layers);
             list.push_input(as_bytes_i64(tokens), DTypeCode::I64, &[rows], host)?;
             list.push_input(as_bytes_i64(&position), DTypeCode::I64, &[1], host)?;
             let mut inouts = Vec::with_capacity(self.caches.len());
@@ -119,6 +120,7 @@ impl Caches {
                 }
             }
             list.push_output(as_bytes_f32(&mut logits), f32, &[rows, vocab as i64], host)?;
+            list.push_output(bytemuck::cast_slice_mut(&mut next_token), DTypeCode::I64, &[1], host)?;
             instance.execute(&mut list, None)?
         };
         self.counters.calls += 1;
@@ -129,7 +131,7 @@ impl Caches {
                 self.counters.write_back_bytes += 4 * slot.len() as u64;
             }
         }
-        Ok(logits)
+        Ok((logits, next_token[0]))
     }
 }
 
@@ -160,8 +162,8 @@ fn init(plugin: &Plugin, blob: &[u8]) -> Result<Instance, DriveError> {
 
 /// The acceptance check: prefill and decode as separate instances sharing zeroed caller-owned caches,
 /// `steps` decode steps feeding back the argmax, every step's logits and caches checked against the oracle,
-/// plus upstream's A/B scenario on fresh caches (checks `caches-zeroed`, `ab-differs`, `no-nan`,
-/// `matches-oracle`). `steps` at most [`Config::max_decode_steps`].
+/// plus upstream's A/B scenario on fresh caches (checks `caches-zeroed`, `next-token`, `ab-differs`,
+/// `no-nan`, `matches-oracle`). `steps` at most [`Config::max_decode_steps`].
 pub fn acceptance(
     plugin: &Plugin,
     cfg: &Config,
@@ -176,27 +178,35 @@ pub fn acceptance(
     let mut caches = Caches::new(cfg);
     verifier.caches_zeroed(&caches.layers());
 
-    let prompt_logits = caches.call(&mut prefill, &cfg.prompt, 0, mode)?;
+    let (prompt_logits, mut next) = caches.call(&mut prefill, &cfg.prompt, 0, mode)?;
     verifier.prefill(&cfg.prompt, &prompt_logits, &caches.layers())?;
     let last_row = cfg.prompt_len().saturating_sub(1) * cfg.vocab;
     let mut token = argmax(&prompt_logits[last_row..]);
+    let mut next_token_agrees = next == token;
     let mut tokens = Vec::with_capacity(steps);
     let mut logits = vec![prompt_logits];
     for step in 0..steps {
         let position = cfg.prompt_len() + step;
-        let step_logits = caches.call(&mut decode, &[token], position as i64, mode)?;
+        let step_logits;
+        (step_logits, next) = caches.call(&mut decode, &[token], position as i64, mode)?;
         verifier.decode(token, position, &step_logits, &caches.layers())?;
         tokens.push(token);
         token = argmax(&step_logits);
+        next_token_agrees &= next == token;
         logits.push(step_logits);
     }
+    verifier.push(
+        "next-token",
+        next_token_agrees,
+        format!("the delegate's next_token is the argmax of the logits at all {} calls", steps + 1),
+    );
 
     // Upstream's A/B: A decodes token 5 at position 1 on a zeroed cache; B decodes 9 at 0, then 5 at 1.
     let mut ab = init(plugin, decode_blob)?;
-    let logits_a = Caches::new(cfg).call(&mut ab, &[5 % cfg.vocab as i64], 1, mode)?;
+    let (logits_a, _) = Caches::new(cfg).call(&mut ab, &[5 % cfg.vocab as i64], 1, mode)?;
     let mut b = Caches::new(cfg);
     b.call(&mut ab, &[9 % cfg.vocab as i64], 0, mode)?;
-    let logits_b = b.call(&mut ab, &[5 % cfg.vocab as i64], 1, mode)?;
+    let (logits_b, _) = b.call(&mut ab, &[5 % cfg.vocab as i64], 1, mode)?;
     verifier.ab(&logits_a, &logits_b);
 
     Ok(Acceptance { report: verifier.finish(), tokens, logits, counters: caches.counters })

@@ -28,6 +28,8 @@ struct Host {
     slots: Vec<Vec<f32>>,
     reflect_bytes: u64,
     write_back_bytes: u64,
+    /// Every call's `next_token` output.
+    next_tokens: Vec<i64>,
 }
 
 impl Host {
@@ -38,6 +40,7 @@ impl Host {
             slots: vec![vec![0.0; cfg.cache_len()]; 2 * cfg.layers],
             reflect_bytes: 0,
             write_back_bytes: 0,
+            next_tokens: Vec::new(),
         }
     }
 
@@ -45,7 +48,8 @@ impl Host {
         self.caches.chunks_exact(2).map(|kv| (kv[0].as_slice(), kv[1].as_slice())).collect()
     }
 
-    /// One delegate call with the argument order of the exported manifest.
+    /// One delegate call with the argument order of the exported manifest; checks that the call's
+    /// `next_token` output is the argmax of its last logits row and records it.
     fn call(
         &mut self,
         delegate: &ReferenceDelegate,
@@ -58,6 +62,7 @@ impl Host {
         let rows = tokens.len() as i64;
         let position = [position];
         let mut logits = vec![0.0f32; tokens.len() * cfg.vocab];
+        let mut next_token = [-1i64];
         let cache_shape: Vec<i64> = cfg.cache_shape().iter().map(|&d| d as i64).collect();
         let (f32, host) = (DTypeCode::F32, MemoryKind::Host);
         let mut stats = ExecStats::default();
@@ -86,6 +91,8 @@ impl Host {
             }
             let logits_shape = [rows, cfg.vocab as i64];
             list.push_output(bytemuck::cast_slice_mut(&mut logits), f32, &logits_shape, host).expect("sized");
+            list.push_output(bytemuck::cast_slice_mut(&mut next_token), DTypeCode::I64, &[1], host)
+                .expect("sized");
             // SAFETY: `ArgList` built every argument from live borrows (shared for inputs, exclusive for
             // caches, slots and logits) that outlive this block, and shares storage only between a cache and
             // its in-place output at the same address and size: `ExecuteArgs::new`'s contract.
@@ -100,6 +107,9 @@ impl Host {
                 self.write_back_bytes += 4 * slot.len() as u64;
             }
         }
+        let last_row = &logits[(tokens.len() - 1) * cfg.vocab..];
+        assert_eq!(next_token[0], argmax(last_row), "next_token is the argmax of the last logits row");
+        self.next_tokens.push(next_token[0]);
         logits
     }
 }
@@ -129,7 +139,8 @@ fn generate(cfg: &Config, steps: usize, mode: Mode) -> Run {
 
     let prompt_logits = host.call(&delegate, &mut prefill, &cfg.prompt, 0, mode);
     verifier.prefill(&cfg.prompt, &prompt_logits, &host.layer_caches()).expect("oracle prefill");
-    let mut token = argmax(&prompt_logits[(cfg.prompt_len() - 1) * cfg.vocab..]);
+    // The delegate's own argmax (checked against the logits' in `call`) is what is fed back.
+    let mut token = host.next_tokens[0];
     let mut tokens = Vec::new();
     let mut logits = vec![prompt_logits];
     for step in 0..steps {
@@ -137,7 +148,7 @@ fn generate(cfg: &Config, steps: usize, mode: Mode) -> Run {
         let step_logits = host.call(&delegate, &mut decode, &[token], position as i64, mode);
         verifier.decode(token, position, &step_logits, &host.layer_caches()).expect("oracle decode");
         tokens.push(token);
-        token = argmax(&step_logits);
+        token = host.next_tokens[step + 1];
         logits.push(step_logits);
     }
 
@@ -154,6 +165,24 @@ fn generate(cfg: &Config, steps: usize, mode: Mode) -> Run {
     Run { report: verifier.finish(), tokens, logits, host }
 }
 
+/// The tiny model's generated tokens (the decode steps' inputs after the 4-token prompt), as generated
+/// before `next_token` existed.
+const TINY_TOKENS: [i64; 12] = [52, 19, 9, 6, 53, 30, 29, 53, 26, 44, 20, 63];
+
+/// Greedy decoding by the f64 oracle alone.
+fn oracle_tokens(cfg: &Config, steps: usize) -> Vec<i64> {
+    let mut oracle = kv_example::Oracle::new(cfg);
+    let widen = |row: &[f64]| row.iter().map(|&x| x as f32).collect::<Vec<_>>();
+    let prompt = oracle.prefill(&cfg.prompt).expect("in range");
+    let mut token = argmax(&widen(prompt.last().expect("a prompt")));
+    let mut tokens = Vec::new();
+    for step in 0..steps {
+        tokens.push(token);
+        token = argmax(&widen(&oracle.decode(token, cfg.prompt_len() + step).expect("in range")));
+    }
+    tokens
+}
+
 #[test]
 fn tiny_model_matches_the_oracle_every_step_in_both_modes() {
     let cfg = Config::tiny();
@@ -167,6 +196,11 @@ fn tiny_model_matches_the_oracle_every_step_in_both_modes() {
     assert_eq!(zero_copy.tokens.len(), steps);
     assert_eq!(zero_copy.host.reflect_bytes, 0, "zero-copy copies nothing");
     assert_eq!(zero_copy.host.write_back_bytes, 0);
+
+    // The tokens the tiny model generates are fixed (argmax of the f64 oracle's logits, well separated): the
+    // next_token output changed nothing about them.
+    assert_eq!(zero_copy.tokens, oracle_tokens(&cfg, steps));
+    assert_eq!(zero_copy.tokens, TINY_TOKENS);
 
     let copy_back = generate(&cfg, steps, Mode::CopyBack);
     assert!(copy_back.report.passed(), "{}", copy_back.report);
@@ -263,4 +297,27 @@ fn the_example_exports_for_this_backend() {
     assert_eq!(header.backend_id, BACKEND_ID);
     let manifest = export::manifest(&Config::tiny());
     assert!(manifest.methods.values().flat_map(|m| &m.calls).all(|c| c.backend == BACKEND_ID));
+}
+
+/// An f16 export of the example is for the CUDA delegate: this delegate says so from the header, and refuses
+/// it at init naming the first f16 tensor.
+#[test]
+fn an_f16_export_is_refused_with_the_reason() {
+    use delegate_abi::{Compatibility, ErrorCode};
+    let cfg = Config { dtype: ref_graph::ElemType::F16, ..Config::tiny() };
+    let blob = export::reference_blob(&cfg, &Weights::generate(&cfg), 1).expect("blob");
+    let delegate = ReferenceDelegate::new();
+    assert_eq!(
+        delegate.compatibility(&blob),
+        Compatibility::Unsupported {
+            reason:
+                "f16 tensors ('k_cache_0', 'v_cache_0', 'k_cache_out_0', ...): the CPU reference delegate \
+                     computes f32; run f16 blobs on the CUDA delegate"
+                    .to_owned()
+        }
+    );
+    let err =
+        delegate.init(InitContext { blob: &blob, compile_specs: &[], runtime_specs: &[] }).expect_err("f16");
+    assert_eq!(err.code, ErrorCode::NotSupported);
+    assert!(err.message.starts_with("tensor 'k_cache_0' is f16: "), "{err}");
 }
