@@ -50,13 +50,28 @@ run_bench() {
     max=$(python3 -c "import json;print(json.load(open('$out/config-$cfg.json'))['max_len'])")
     for pos in $((max / 2)) $((max - 1)); do
       echo "== bench config $cfg at position $pos"
-      ./delegate-host bench "$dir/program.toml" --position "$pos" --steps 1 --runs 30 --json > "$out/bench-$cfg-$pos.json" 2> "$out/bench-$cfg-$pos.err" || { status=1; cat "$out/bench-$cfg-$pos.err"; }
-      head -c 2000 "$out/bench-$cfg-$pos.json"; echo
+      ./delegate-host bench "$dir/program.toml" --position "$pos" --hold-position --steps 20 --runs 6 --json > "$out/bench-$cfg-$pos.json" 2> "$out/bench-$cfg-$pos.err" || { status=1; cat "$out/bench-$cfg-$pos.err"; }
+      python3 - "$out/bench-$cfg-$pos.json" <<'PY' || status=1
+import json, sys
+v = json.load(open(sys.argv[1]))
+for m in v["modes"]:
+    print(f'  {m["mode"]:10} graph={str(m["cuda_graph"]):5} GPU median {m["gpu_median_us"]:8.1f} us  host median {m["median_us"]:8.1f} us'
+          f'  syncs/step {m["host_syncs_per_step"]}  bytes/step {m["bytes_copied_per_step"]}')
+PY
     done
+    if [ -n "${PROFILE:-}" ]; then
+      echo "== per-kernel GPU time, config $cfg at position $((max / 2)) (ncu)"
+      /usr/local/cuda/bin/ncu --cache-control none --launch-skip 400 --launch-count 200 --metrics gpu__time_duration.sum --print-summary per-kernel \
+        ./delegate-host run "$dir/program.toml" --position $((max / 2)) --hold-position --steps 40 --json 2>&1 \
+        | grep -E "^  [a-z_]+ \(|gpu__time_duration" | paste - - | awk '{print $1, $2, "x", $9, "avg us", $(NF)}'
+    fi
+    ./delegate-host run "$dir/program.toml" --steps 32 --json > "$out/tokens-$cfg.json" 2> "$out/tokens-$cfg.err" || status=1
     rm -rf "$dir"
   done
   echo "== PyTorch baseline"
-  python3 torch_baseline.py --config "$out/config-a.json" --config "$out/config-b.json" --config "$out/config-c.json" --device cuda --out "$out/torch_baseline.json" || status=1
+  python3 torch_baseline.py --config "$out/config-a.json" --config "$out/config-b.json" --config "$out/config-c.json" --device cuda --steps 32 --out "$out/torch_baseline.json" > "$out/torch_baseline.log" 2>&1 || status=1
+  tail -5 "$out/torch_baseline.log"
+  python3 summarize.py "$out" || status=1
 }
 
 case "${1:-test}" in

@@ -16,8 +16,7 @@ impl Config {
     /// ```
     pub fn to_json(&self) -> String {
         let prompt = self.prompt.iter().map(i64::to_string).collect::<Vec<_>>().join(", ");
-        // dtype: filled from cfg.dtype once it exists
-        let dtype = "f32";
+        let dtype = self.dtype.name();
         format!(
             "{{\"vocab\": {}, \"heads\": {}, \"head_dim\": {}, \"max_len\": {}, \"layers\": {}, \"prompt\": [{}], \
              \"seed\": {}, \"dtype\": \"{}\", \"rms_eps\": {:e}}}",
@@ -45,5 +44,11 @@ mod tests {
         let json = cfg.to_json();
         assert!(json.contains("\"seed\": 18446744073709551615,"), "{json}");
         assert!(json.contains("\"prompt\": [0],"), "{json}");
+    }
+
+    #[test]
+    fn an_f16_config_says_so() {
+        let json = Config::bench(crate::BenchConfig::B).to_json();
+        assert!(json.contains("\"dtype\": \"f16\""), "{json}");
     }
 }

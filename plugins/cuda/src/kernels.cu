@@ -281,8 +281,15 @@ extern "C" __global__ void gemv(GemvP p) {
         const int col = tile * ncols + c;
         if (col >= p.N) continue;
         const float* part = p.partial + row * p.ksplit * p.N + col;
-        float s = 0.f;
-        for (int sp = 0; sp < p.ksplit; sp++) s += __ldcg(part + (i64)sp * p.N);
+        // Four independent sums keep four loads in flight; they are added in a fixed order (deterministic).
+        float s4[4] = {0.f, 0.f, 0.f, 0.f};
+        int sp = 0;
+        for (; sp + 3 < p.ksplit; sp += 4) {
+#pragma unroll
+            for (int u = 0; u < 4; u++) s4[u] += __ldcg(part + (i64)(sp + u) * p.N);
+        }
+        for (; sp < p.ksplit; sp++) s4[0] += __ldcg(part + (i64)sp * p.N);
+        float s = (s4[0] + s4[1]) + (s4[2] + s4[3]);
         if (p.res[mat]) s += ld(p.res[mat], (i64)m * p.N + col);
         st(p.y[mat], (i64)m * p.N + col, s);
     }
@@ -358,6 +365,7 @@ extern "C" __global__ void attn_split(AttnP p) {
         const T* kr = p.k + ((i64)h * p.L + j) * p.Dh;
         float acc = 0.f;
         if (p.vec_ok) {
+#pragma unroll 8
             for (int d = 0; d < p.Dh; d += VEC) {
                 float kv[VEC];
                 ld_vec(kr + d, kv);
@@ -378,11 +386,17 @@ extern "C" __global__ void attn_split(AttnP p) {
     const int ngroups = blockDim.x / p.Dh;
     const int g = threadIdx.x / p.Dh, d = threadIdx.x % p.Dh;
     const int count = (int)min((i64)p.chunk, qpos - start + 1);
-    float acc = 0.f;
     if (g < ngroups) {
+        // Eight rows per round, eight loads in flight: the V rows are the other half of the step's traffic.
         const T* vb = p.v + ((i64)h * p.L + start) * p.Dh + d;
-        for (int jj = g; jj < count; jj += ngroups) acc += ps[jj] * ld(vb, (i64)jj * p.Dh);
-        vr[g * p.Dh + d] = acc;
+        float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+        int jj = g;
+        for (; jj + 7 * ngroups < count; jj += 8 * ngroups) {
+#pragma unroll
+            for (int u = 0; u < 8; u++) acc[u] += ps[jj + u * ngroups] * ld(vb, (i64)(jj + u * ngroups) * p.Dh);
+        }
+        for (; jj < count; jj += ngroups) acc[0] += ps[jj] * ld(vb, (i64)jj * p.Dh);
+        vr[g * p.Dh + d] = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
     }
     __syncthreads();
     const i64 slot = ((i64)t * p.H + h) * p.nchunks + c;

@@ -145,6 +145,9 @@ pub struct Plan {
 const GEMV_TARGET_BLOCKS: u32 = 256;
 /// Most K rows one GEMV block stages in shared memory.
 const GEMV_MAX_ROWS: u32 = 4096;
+/// Fewest K rows per split (eight per warp): finer splits add partial sums the last block must add up
+/// serially, which costs more than the parallelism gains.
+const GEMV_MIN_ROWS: u32 = 64;
 
 fn u32_of(value: u64, what: &str) -> Result<u32, Unsupported> {
     u32::try_from(value)
@@ -158,7 +161,7 @@ pub fn gemv_split(float: Float, m: u32, nmat: u32, k: u32, n: u32) -> (u32, u32)
     let tiles = n.div_ceil(32 * kernels::vec_width(float));
     let others = (tiles * m * nmat).max(1);
     let wanted = GEMV_TARGET_BLOCKS.div_ceil(others);
-    let most = k.div_ceil(GEMV_WARPS).max(1); // at least one row per warp
+    let most = k.div_ceil(GEMV_MIN_ROWS.max(GEMV_WARPS)).max(1);
     let least = k.div_ceil(GEMV_MAX_ROWS).max(1);
     let ksplit = wanted.clamp(least, most.max(least));
     let rows = k.div_ceil(ksplit);
@@ -451,8 +454,9 @@ mod tests {
             assert!((ksplit - 1) * rows < k, "no empty split for k = {k}");
             assert!(rows <= GEMV_MAX_ROWS, "shared memory bound");
             let tiles = n.div_ceil(32 * kernels::vec_width(float));
+            assert!(rows >= GEMV_MIN_ROWS.min(k), "{k}x{n}: {rows} rows per split is too fine");
             if k >= 1024 {
-                assert!(tiles * m * nmat * ksplit >= 128, "{k}x{n}: {} blocks", tiles * m * nmat * ksplit);
+                assert!(tiles * m * nmat * ksplit >= 64, "{k}x{n}: {} blocks", tiles * m * nmat * ksplit);
             }
         }
     }
