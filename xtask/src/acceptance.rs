@@ -42,6 +42,8 @@ fn load(program: &Path, plugin_dirs: &[PathBuf], mode: Mode) -> anyhow::Result<P
 /// What one generation produced, step by step.
 struct Trace {
     tokens: Vec<i64>,
+    /// Each step's `next_token` output (the delegate's argmax), when the program declares one.
+    next_tokens: Vec<i64>,
     logits: Vec<Vec<f32>>,
     copied: Vec<u64>,
     first_decode: Option<(i64, i64)>,
@@ -55,10 +57,22 @@ fn traced(
     mut verifier: Option<&mut Verifier>,
 ) -> anyhow::Result<Trace> {
     let g = program.manifest().generate.clone().context("the example program has a [generate] section")?;
-    let mut trace = Trace { tokens: Vec::new(), logits: Vec::new(), copied: Vec::new(), first_decode: None };
+    let mut trace = Trace {
+        tokens: Vec::new(),
+        next_tokens: Vec::new(),
+        logits: Vec::new(),
+        copied: Vec::new(),
+        first_decode: None,
+    };
     let mut oracle_error = None;
     generate(program, steps, |step, program| {
         let logits = f32s(program.output(&step.method, &g.logits_output)?);
+        if let Some(next) = &g.next_token_output {
+            let bytes = program.output(&step.method, next)?;
+            trace
+                .next_tokens
+                .extend(bytes.chunks_exact(8).map(|c| i64::from_le_bytes(c.try_into().unwrap_or([0; 8]))));
+        }
         if let Some(verifier) = verifier.as_deref_mut() {
             let caches = caches(program, cfg)?;
             let result = if step.index == 0 {
@@ -107,6 +121,18 @@ pub fn run(
     let mut zero_copy = load(program, plugin_dirs, Mode::ZeroCopy)?;
     verifier.caches_zeroed(&borrowed(&caches(&zero_copy, cfg)?));
     let trace = traced(&mut zero_copy, cfg, steps, Some(&mut verifier))?;
+
+    if zero_copy.manifest().generate.as_ref().is_some_and(|g| g.next_token_output.is_some()) {
+        verifier.push(
+            "next-token",
+            trace.next_tokens == trace.tokens,
+            format!(
+                "the delegate's next_token equals the host's argmax of the logits at {} of {} steps",
+                trace.next_tokens.iter().zip(&trace.tokens).filter(|(a, b)| a == b).count(),
+                trace.tokens.len()
+            ),
+        );
+    }
 
     let worst = trace.copied.iter().skip(1).max().copied().unwrap_or(0);
     verifier.push(
@@ -190,6 +216,7 @@ mod tests {
             "decode-sees-prefill",
             "ab-differs",
             "copy-back-identical",
+            "next-token",
             "no-nan",
             "matches-oracle",
         ] {
