@@ -65,11 +65,12 @@ PY
         ./delegate-host run "$dir/program.toml" --position $((max / 2)) --hold-position --steps 40 --json 2>&1 \
         | grep -E "^  [a-z_]+ \(|gpu__time_duration" | paste - - | awk '{print $1, $2, "x", $9, "avg us", $(NF)}'
     fi
-    ./delegate-host run "$dir/program.toml" --steps 32 --json > "$out/tokens-$cfg.json" 2> "$out/tokens-$cfg.err" || status=1
+    steps=$(python3 -c "import json;c=json.load(open('$out/config-$cfg.json'));print(min(32,c['max_len']-len(c['prompt'])))")
+    ./delegate-host run "$dir/program.toml" --steps "$steps" --json > "$out/tokens-$cfg.json" 2> "$out/tokens-$cfg.err" || status=1
     rm -rf "$dir"
   done
   echo "== PyTorch baseline"
-  python3 torch_baseline.py --config "$out/config-a.json" --config "$out/config-b.json" --config "$out/config-c.json" --device cuda --steps 32 --out "$out/torch_baseline.json" > "$out/torch_baseline.log" 2>&1 || status=1
+  python3 torch_baseline.py --config "$out/config-a.json" --config "$out/config-b.json" --config "$out/config-c.json" --device cuda --out "$out/torch_baseline.json" > "$out/torch_baseline.log" 2>&1 || status=1
   tail -5 "$out/torch_baseline.log"
   python3 summarize.py "$out" || status=1
 }

@@ -360,15 +360,19 @@ impl Engine {
                 cfg((rows, 1, 1), 256, 0),
                 RmsP { x: p(input), w: p(weight), out: p(out), rows: rows as i32, dim: dim as i32, eps },
             ),
-            Step::Gemv { a, norm, ref mats, m, k, n, ksplit, rows_per_split } => {
+            Step::Gemv { a, norm, ref mats, cache_rows, m, k, n, ksplit, rows_per_split } => {
                 let mut w = [0; 3];
                 let mut y = [0; 3];
                 let mut res = [0; 3];
+                let mut cache = [0; 3];
                 for (i, mat) in mats.iter().enumerate() {
                     w[i] = p(mat.w);
                     y[i] = p(mat.y);
                     res[i] = mat.residual.map_or(0, p);
+                    cache[i] = mat.cache.map_or(0, p);
                 }
+                let geometry =
+                    cache_rows.map_or((0, 0, 0), |r| (r.heads as i32, r.len as i32, r.head_dim as i32));
                 let tiles = n.div_ceil(32 * vec);
                 let shared = (rows_per_split + kernels::GEMV_WARPS * 32 * vec) * 4;
                 Launch::Gemv(
@@ -381,6 +385,9 @@ impl Engine {
                         partial: self.gemv_partial,
                         counters: self.gemv_counters,
                         norm_w: norm.map_or(0, |(w, _)| p(w)),
+                        cache,
+                        pos: cache_rows.map_or(0, |r| p(r.position)),
+                        err,
                         m: m as i32,
                         k: k as i32,
                         n: n as i32,
@@ -389,6 +396,9 @@ impl Engine {
                         rows_per_split: rows_per_split as i32,
                         vec_ok: i32::from(n % vec == 0),
                         eps: norm.map_or(0.0, |(_, eps)| eps),
+                        h: geometry.0,
+                        l: geometry.1,
+                        dh: geometry.2,
                     },
                 )
             }
@@ -436,9 +446,9 @@ impl Engine {
                     vec_ok: i32::from(aligned && head_dim % vec == 0),
                     scale: 1.0 / (head_dim as f32).sqrt(),
                 };
-                let shared = (head_dim + 2 * chunk + 32) * 4;
-                into.push(Launch::AttnSplit(cfg((heads, nchunks, rows), chunk, shared), params));
-                Launch::AttnCombine(cfg((heads, rows, 1), 128, 0), params)
+                let split_shared = (head_dim + chunk + chunk * vec + 32) * 4;
+                into.push(Launch::AttnSplit(cfg((heads, nchunks, rows), chunk, split_shared), params));
+                Launch::AttnCombine(cfg((heads, rows, 1), 128, (nchunks + 32) * 4), params)
             }
             Step::Argmax { input, out, m, n } => Launch::Argmax(
                 cfg((1, 1, 1), kernels::ARGMAX_THREADS, 0),

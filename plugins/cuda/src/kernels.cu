@@ -193,9 +193,28 @@ struct GemvP {
     float* partial;          // [nmat, M, ksplit, N]
     unsigned int* counters;  // [nmat, M, tiles], zero between launches
     const T* norm_w;         // RMS-norm gain [K], or null
+    T* cache[3];             // per matrix, a KV cache [H, L, Dh] whose row pos + m also receives y[mat][m, :]
+    const i64* pos;          // the cache position (with any cache)
+    int* err;
     int M, K, N, nmat, ksplit, rows_per_split, vec_ok;
     float eps;
+    int H, L, Dh;
 };
+
+// Stores one output value: the residual added, into y, and into the matrix's cache row when it has one (the
+// KV-cache update fused into the projection that computes it; y keeps the same value, rounded the same way).
+__device__ __forceinline__ void gemv_store(const GemvP& p, int mat, int m, int col, float s) {
+    if (p.res[mat]) s += ld(p.res[mat], (i64)m * p.N + col);
+    st(p.y[mat], (i64)m * p.N + col, s);
+    if (p.cache[mat]) {
+        const i64 row = p.pos[0] + m;
+        if (row >= 0 && row < p.L) {
+            st(p.cache[mat], ((i64)(col / p.Dh) * p.L + row) * p.Dh + col % p.Dh, s);
+        } else {
+            atomicOr(p.err, ERR_POSITION);
+        }
+    }
+}
 
 #define GEMV_WARPS 8
 
@@ -233,7 +252,7 @@ extern "C" __global__ void gemv(GemvP p) {
     const T* w = p.w[mat];
     if (col0 < p.N) {
         if (p.vec_ok) {
-#pragma unroll 4
+#pragma unroll 8
             for (int k = k_begin + warp; k < k_end; k += GEMV_WARPS) {
                 float wv[VEC];
                 ld_vec(w + (i64)k * p.N + col0, wv);
@@ -262,8 +281,7 @@ extern "C" __global__ void gemv(GemvP p) {
 #pragma unroll
         for (int w8 = 0; w8 < GEMV_WARPS; w8++) s += red[w8 * ncols + c];
         if (p.ksplit == 1) {
-            if (p.res[mat]) s += ld(p.res[mat], (i64)m * p.N + col);
-            st(p.y[mat], (i64)m * p.N + col, s);
+            gemv_store(p, mat, m, col, s);
         } else {
             p.partial[(row * p.ksplit + split) * p.N + col] = s;
         }
@@ -289,9 +307,7 @@ extern "C" __global__ void gemv(GemvP p) {
             for (int u = 0; u < 4; u++) s4[u] += __ldcg(part + (i64)(sp + u) * p.N);
         }
         for (; sp < p.ksplit; sp++) s4[0] += __ldcg(part + (i64)sp * p.N);
-        float s = (s4[0] + s4[1]) + (s4[2] + s4[3]);
-        if (p.res[mat]) s += ld(p.res[mat], (i64)m * p.N + col);
-        st(p.y[mat], (i64)m * p.N + col, s);
+        gemv_store(p, mat, m, col, (s4[0] + s4[1]) + (s4[2] + s4[3]));
     }
     if (threadIdx.x == 0) *counter = 0u;
 }
@@ -345,8 +361,8 @@ extern "C" __global__ void attn_split(AttnP p) {
     extern __shared__ float sm[];
     float* qs = sm;                // [Dh]
     float* ps = qs + p.Dh;         // [chunk]
-    float* vr = ps + p.chunk;      // [chunk]: per-group V partials (ngroups * Dh <= chunk)
-    float* scratch = vr + p.chunk; // [32]
+    float* vr = ps + p.chunk;              // [chunk * VEC]: per-group V sums (groups * Dh <= chunk * VEC)
+    float* scratch = vr + p.chunk * VEC;  // [32]
     const int h = blockIdx.x, c = blockIdx.y, t = blockIdx.z;
     const i64 qpos = p.pos[0] + t;
     const int start = c * p.chunk;
@@ -383,27 +399,38 @@ extern "C" __global__ void attn_split(AttnP p) {
     ps[threadIdx.x] = e;
     __syncthreads();
 
-    const int ngroups = blockDim.x / p.Dh;
-    const int g = threadIdx.x / p.Dh, d = threadIdx.x % p.Dh;
     const int count = (int)min((i64)p.chunk, qpos - start + 1);
-    if (g < ngroups) {
-        // Eight rows per round, eight loads in flight: the V rows are the other half of the step's traffic.
-        const T* vb = p.v + ((i64)h * p.L + start) * p.Dh + d;
-        float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
-        int jj = g;
-        for (; jj + 7 * ngroups < count; jj += 8 * ngroups) {
+    // V: groups of threads share a row, each thread VEC adjacent dimensions loaded 16 bytes at a time (or one
+    // dimension without aligned rows); the groups take rows in turn, and their sums meet in shared memory.
+    const int vec = p.vec_ok ? VEC : 1;
+    const int lanes = p.Dh / vec, groups = blockDim.x / lanes;
+    const int g = threadIdx.x / lanes, dv = (threadIdx.x % lanes) * vec;
+    if (g < groups) {
+        const T* vb = p.v + ((i64)h * p.L + start) * p.Dh + dv;
+        float acc[VEC];
 #pragma unroll
-            for (int u = 0; u < 8; u++) acc[u] += ps[jj + u * ngroups] * ld(vb, (i64)(jj + u * ngroups) * p.Dh);
+        for (int u = 0; u < VEC; u++) acc[u] = 0.f;
+        if (p.vec_ok) {
+#pragma unroll 4
+            for (int jj = g; jj < count; jj += groups) {
+                float vv[VEC];
+                ld_vec(vb + (i64)jj * p.Dh, vv);
+                const float w = ps[jj];
+#pragma unroll
+                for (int u = 0; u < VEC; u++) acc[u] += w * vv[u];
+            }
+        } else {
+#pragma unroll 4
+            for (int jj = g; jj < count; jj += groups) acc[0] += ps[jj] * ld(vb, (i64)jj * p.Dh);
         }
-        for (; jj < count; jj += ngroups) acc[0] += ps[jj] * ld(vb, (i64)jj * p.Dh);
-        vr[g * p.Dh + d] = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+        for (int u = 0; u < vec; u++) vr[g * p.Dh + dv + u] = acc[u];
     }
     __syncthreads();
     const i64 slot = ((i64)t * p.H + h) * p.nchunks + c;
-    if (threadIdx.x < p.Dh) {
+    for (int d = threadIdx.x; d < p.Dh; d += blockDim.x) {
         float sum = 0.f;
-        for (int g2 = 0; g2 < ngroups; g2++) sum += vr[g2 * p.Dh + threadIdx.x];
-        p.o_part[slot * p.Dh + threadIdx.x] = sum;
+        for (int g2 = 0; g2 < groups; g2++) sum += vr[g2 * p.Dh + d];
+        p.o_part[slot * p.Dh + d] = sum;
     }
     if (threadIdx.x == 0) {
         p.ml[slot * 2] = mx;
@@ -412,25 +439,41 @@ extern "C" __global__ void attn_split(AttnP p) {
 }
 
 extern "C" __global__ void attn_combine(AttnP p) {
+    extern __shared__ float cm[];
+    float* weight = cm;                // [nchunks]: exp(m_c - max)
+    float* scratch = cm + p.nchunks;   // [32]
     const int h = blockIdx.x, t = blockIdx.y;
     const i64 qpos = p.pos[0] + t;
     if (qpos < 0 || qpos >= p.L) return;
     const int nvalid = (int)(qpos / p.chunk) + 1;
     const i64 base = ((i64)t * p.H + h) * p.nchunks;
     float mx = NEG_INF;
-    for (int c = 0; c < nvalid; c++) mx = fmaxf(mx, p.ml[(base + c) * 2]);
+    for (int c = threadIdx.x; c < nvalid; c += blockDim.x) mx = fmaxf(mx, p.ml[(base + c) * 2]);
+    mx = block_max(mx, scratch);
     float den = 0.f;
-    for (int c = 0; c < nvalid; c++) den += __expf(p.ml[(base + c) * 2] - mx) * p.ml[(base + c) * 2 + 1];
+    for (int c = threadIdx.x; c < nvalid; c += blockDim.x) {
+        const float w = __expf(p.ml[(base + c) * 2] - mx);
+        weight[c] = w;
+        den += w * p.ml[(base + c) * 2 + 1];
+    }
+    den = block_sum(den, scratch);  // its barriers also publish `weight`
     const float inv = 1.f / den;
     for (int d = threadIdx.x; d < p.Dh; d += blockDim.x) {
-        float num = 0.f;
-        for (int c = 0; c < nvalid; c++) num += __expf(p.ml[(base + c) * 2] - mx) * p.o_part[(base + c) * p.Dh + d];
-        st(p.out, (i64)t * p.H * p.Dh + (i64)h * p.Dh + d, num * inv);
+        const float* part = p.o_part + base * p.Dh + d;
+        float n4[4] = {0.f, 0.f, 0.f, 0.f};
+        int c = 0;
+        for (; c + 3 < nvalid; c += 4) {
+#pragma unroll
+            for (int u = 0; u < 4; u++) n4[u] += weight[c + u] * part[(i64)(c + u) * p.Dh];
+        }
+        for (; c < nvalid; c++) n4[0] += weight[c] * part[(i64)c * p.Dh];
+        st(p.out, (i64)t * p.H * p.Dh + (i64)h * p.Dh + d, ((n4[0] + n4[1]) + (n4[2] + n4[3])) * inv);
     }
 }
 
 // ---------------------------------------------------------------------------------------------------------
-// out[0] = index of the largest value of x's last row (the first of equals; NaN never wins). One block.
+// out[0] = index of the largest value of x's last row (the first of equals; NaN never wins, but a row of NaN
+// only gives the last index, as the host's argmax does). One block.
 
 struct ArgmaxP {
     const T* x;
@@ -465,5 +508,6 @@ extern "C" __global__ void argmax(ArgmaxP p) {
         }
         __syncthreads();
     }
-    if (threadIdx.x == 0) p.out[0] = best_i[0] == 0x7fffffff ? 0 : best_i[0];
+    // A row of NaN only: the last index, as the host's argmax (each NaN replaces the one before).
+    if (threadIdx.x == 0) p.out[0] = best_i[0] == 0x7fffffff ? p.N - 1 : best_i[0];
 }

@@ -93,6 +93,9 @@ pub struct GemvP {
     pub partial: DevicePtr,
     pub counters: DevicePtr,
     pub norm_w: DevicePtr,
+    pub cache: [DevicePtr; 3],
+    pub pos: DevicePtr,
+    pub err: DevicePtr,
     pub m: i32,
     pub k: i32,
     pub n: i32,
@@ -101,6 +104,9 @@ pub struct GemvP {
     pub rows_per_split: i32,
     pub vec_ok: i32,
     pub eps: f32,
+    pub h: i32,
+    pub l: i32,
+    pub dh: i32,
 }
 
 /// `KvP`.

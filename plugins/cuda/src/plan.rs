@@ -75,6 +75,7 @@ pub enum Step {
         a: TensorId,
         norm: Option<(TensorId, f32)>,
         mats: Vec<GemvMat>,
+        cache_rows: Option<CacheRows>,
         m: u32,
         k: u32,
         n: u32,
@@ -122,6 +123,17 @@ pub struct GemvMat {
     pub w: TensorId,
     pub y: TensorId,
     pub residual: Option<TensorId>,
+    /// A KV cache whose row at the step's position also receives `y` (the cache update, fused).
+    pub cache: Option<TensorId>,
+}
+
+/// Where a GEMV's fused cache updates write: the position tensor and the caches' `[heads, len, head_dim]`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CacheRows {
+    pub position: TensorId,
+    pub heads: u32,
+    pub len: u32,
+    pub head_dim: u32,
 }
 
 /// The lowered graph.
@@ -247,14 +259,14 @@ impl Plan {
                 Op::MatMul { a, b, out } => {
                     let (m, k) = (u32_of(shape(a)[0], "rows")?, u32_of(shape(a)[1], "inner extent")?);
                     let n = u32_of(shape(b)[1], "columns")?;
-                    let mut mats = vec![GemvMat { w: b, y: out, residual: None }];
+                    let mut mats = vec![GemvMat { w: b, y: out, residual: None, cache: None }];
                     // Siblings: the next MatMuls reading the same `a` with weights of the same shape.
                     while mats.len() < 3 {
                         match ops.get(i + 1) {
                             Some(&Op::MatMul { a: a2, b: b2, out: out2 })
                                 if a2 == a && shape(b2) == shape(b) =>
                             {
-                                mats.push(GemvMat { w: b2, y: out2, residual: None });
+                                mats.push(GemvMat { w: b2, y: out2, residual: None, cache: None });
                                 i += 1;
                             }
                             _ => break,
@@ -271,7 +283,7 @@ impl Plan {
                                 None
                             };
                             if let Some(residual) = other.filter(|&r| r != out) {
-                                mats[0] = GemvMat { w: b, y: sum, residual: Some(residual) };
+                                mats[0] = GemvMat { w: b, y: sum, residual: Some(residual), cache: None };
                                 i += 1;
                             }
                         }
@@ -292,7 +304,17 @@ impl Plan {
                         gemv_partial = gemv_partial.max((nmat * m * ksplit) as usize * n as usize);
                         gemv_counters = gemv_counters.max((nmat * m) as usize * tiles);
                     }
-                    steps.push(Step::Gemv { a, norm, mats, m, k, n, ksplit, rows_per_split });
+                    steps.push(Step::Gemv {
+                        a,
+                        norm,
+                        mats,
+                        cache_rows: None,
+                        m,
+                        k,
+                        n,
+                        ksplit,
+                        rows_per_split,
+                    });
                 }
                 Op::KvCacheUpdate { cache, update, position, out } => {
                     homes[out.0] = Home::SameAs(cache);
@@ -308,6 +330,22 @@ impl Plan {
                             homes[o2.0] = Home::SameAs(c2);
                             caches.push((c2, u2));
                             i += 1;
+                        }
+                    }
+                    // Updates the previous GEMV computes are written into the caches by that GEMV itself.
+                    if let Some(Step::Gemv { mats, cache_rows: cache_rows @ None, m, .. }) = steps.last_mut()
+                    {
+                        let fused = *m == rows
+                            && caches.iter().all(|&(_, update)| mats.iter().any(|mat| mat.y == update));
+                        if fused {
+                            for &(cache, update) in &caches {
+                                if let Some(mat) = mats.iter_mut().find(|mat| mat.y == update) {
+                                    mat.cache = Some(cache);
+                                }
+                            }
+                            *cache_rows = Some(CacheRows { position, heads, len, head_dim });
+                            i += 1;
+                            continue;
                         }
                     }
                     steps.push(Step::KvUpdate { caches, position, rows, heads, len, head_dim });
@@ -382,11 +420,12 @@ mod tests {
                 Step::Positions { .. } => "positions".to_owned(),
                 Step::Add { .. } => "add".to_owned(),
                 Step::RmsNorm { .. } => "rms_norm".to_owned(),
-                Step::Gemv { mats, norm, .. } => format!(
-                    "{}gemv{}{}",
+                Step::Gemv { mats, norm, cache_rows, .. } => format!(
+                    "{}gemv{}{}{}",
                     if norm.is_some() { "norm+" } else { "" },
                     mats.len(),
-                    if mats[0].residual.is_some() { "+residual" } else { "" }
+                    if mats[0].residual.is_some() { "+residual" } else { "" },
+                    if cache_rows.is_some() { "+kv_update" } else { "" }
                 ),
                 Step::KvUpdate { caches, .. } => format!("kv_update{}", caches.len()),
                 Step::Attention { .. } => "attention".to_owned(),
@@ -400,7 +439,7 @@ mod tests {
         let cfg = Config { layers: 2, ..Config::tiny() };
         let graph = model::build_graph(&cfg, &Weights::generate(&cfg), 1).expect("graph");
         let plan = Plan::new(&graph).expect("lowered");
-        let layer = ["norm+gemv3", "kv_update2", "attention", "gemv1+residual"];
+        let layer = ["norm+gemv3+kv_update", "attention", "gemv1+residual"];
         let mut expected: Vec<&str> = vec!["embedding"];
         expected.extend(layer);
         expected.extend(layer);
@@ -421,9 +460,18 @@ mod tests {
             }
         }
         // The residual GEMV writes the layer's output (`x_1`), reading the previous residual (`x_0`).
-        let Step::Gemv { mats, .. } = &plan.steps[4] else { panic!("{got:?}") };
+        let Step::Gemv { mats, .. } = &plan.steps[3] else { panic!("{got:?}") };
         assert_eq!(graph.tensor(mats[0].y).name, "x_1");
         assert_eq!(mats[0].residual.map(|r| graph.tensor(r).name.clone()).as_deref(), Some("x_0"));
+        // The QKV projection writes K and V into the caches itself, at the position, and Q nowhere else.
+        let Step::Gemv { mats, cache_rows: Some(rows), .. } = &plan.steps[1] else { panic!("{got:?}") };
+        let find = |name: &str| graph.find(name).expect("tensor");
+        assert_eq!(
+            mats.iter().map(|m| m.cache).collect::<Vec<_>>(),
+            [None, Some(find(&model::k_cache(0))), Some(find(&model::v_cache(0)))]
+        );
+        assert_eq!(rows.position, find(model::INPUT_POS));
+        assert_eq!((rows.heads, rows.len, rows.head_dim), (2, 16, 16));
         // The embedding writes `x_0` straight from both tables.
         let Step::Gather { out, plus: Some(plus), .. } = &plan.steps[0] else { panic!("{got:?}") };
         assert_eq!(graph.tensor(*out).name, "x_0");
