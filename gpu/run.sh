@@ -8,7 +8,9 @@ set -uo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 cd "$here"
 export RUST_BACKTRACE=0 KV_REQUIRE_GPU=1
-out="${OUT:-$here/out}"
+# Results go to a work folder; $OUT (where the `device` tool collects files) gets one archive of them.
+out="$here/out"
+rm -rf "$out"
 mkdir -p "$out"
 nvidia-smi --query-gpu=name,compute_cap,driver_version,memory.total --format=csv,noheader
 status=0
@@ -80,4 +82,7 @@ case "${1:-test}" in
   bench) run_bench ;;
   *) echo "usage: run.sh test|bench" >&2; exit 2 ;;
 esac
+if [ -n "${OUT:-}" ]; then
+  tar czf "$OUT/results-${1:-test}.tgz" --exclude='program-*' -C "$out" .
+fi
 exit $status

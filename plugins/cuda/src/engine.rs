@@ -424,8 +424,7 @@ impl Engine {
                     },
                 )
             }
-            Step::Attention { q, k, v, position, out, rows, heads, len, head_dim } => {
-                let chunk = kernels::ATTN_CHUNK;
+            Step::Attention { q, k, v, position, out, rows, heads, len, head_dim, chunk, tpr } => {
                 let nchunks = len.div_ceil(chunk);
                 let aligned = p(k) % 16 == 0 && p(v) % 16 == 0;
                 let params = AttnP {
@@ -445,9 +444,11 @@ impl Engine {
                     nchunks: nchunks as i32,
                     vec_ok: i32::from(aligned && head_dim % vec == 0),
                     scale: 1.0 / (head_dim as f32).sqrt(),
+                    tpr: tpr as i32,
                 };
-                let split_shared = (head_dim + chunk + chunk * vec + 32) * 4;
-                into.push(Launch::AttnSplit(cfg((heads, nchunks, rows), chunk, split_shared), params));
+                let threads = kernels::ATTN_THREADS;
+                let split_shared = (head_dim + chunk + threads * vec + 32) * 4;
+                into.push(Launch::AttnSplit(cfg((heads, nchunks, rows), threads, split_shared), params));
                 Launch::AttnCombine(cfg((heads, rows, 1), 128, (nchunks + 32) * 4), params)
             }
             Step::Argmax { input, out, m, n } => Launch::Argmax(

@@ -30,8 +30,7 @@ __device__ __forceinline__ float ld(const T* p, i64 i) { return h2f(p[i]); }
 __device__ __forceinline__ void st(T* p, i64 i, float f) { p[i] = f2h(f); }
 #define VEC 8
 // Eight values from 16 aligned bytes.
-__device__ __forceinline__ void ld_vec(const T* p, float* out) {
-    uint4 u = *reinterpret_cast<const uint4*>(p);
+__device__ __forceinline__ void cvt_vec(uint4 u, float* out) {
     unsigned int w[4] = {u.x, u.y, u.z, u.w};
 #pragma unroll
     for (int i = 0; i < 4; i++) {
@@ -44,14 +43,17 @@ typedef float T;
 __device__ __forceinline__ float ld(const T* p, i64 i) { return p[i]; }
 __device__ __forceinline__ void st(T* p, i64 i, float f) { p[i] = f; }
 #define VEC 4
-__device__ __forceinline__ void ld_vec(const T* p, float* out) {
-    float4 u = *reinterpret_cast<const float4*>(p);
-    out[0] = u.x;
-    out[1] = u.y;
-    out[2] = u.z;
-    out[3] = u.w;
+__device__ __forceinline__ void cvt_vec(uint4 u, float* out) {
+    out[0] = __uint_as_float(u.x);
+    out[1] = __uint_as_float(u.y);
+    out[2] = __uint_as_float(u.z);
+    out[3] = __uint_as_float(u.w);
 }
 #endif
+
+// VEC values from 16 aligned bytes: the raw load (to issue early) and its conversion.
+__device__ __forceinline__ uint4 ld_raw(const T* p) { return *reinterpret_cast<const uint4*>(p); }
+__device__ __forceinline__ void ld_vec(const T* p, float* out) { cvt_vec(ld_raw(p), out); }
 
 #define NEG_INF __int_as_float(0xff800000)
 
@@ -217,6 +219,7 @@ __device__ __forceinline__ void gemv_store(const GemvP& p, int mat, int m, int c
 }
 
 #define GEMV_WARPS 8
+#define GEMV_PREFETCH 8
 
 extern "C" __global__ void gemv(GemvP p) {
     extern __shared__ float smem[];
@@ -231,6 +234,16 @@ extern "C" __global__ void gemv(GemvP p) {
     const int k_begin = split * p.rows_per_split;
     const int k_end = min(p.K, k_begin + p.rows_per_split);
 
+    // The first rows of the weights are requested before anything else, so their latency overlaps the
+    // activation's (and the norm's) instead of following it.
+    const T* w = p.w[mat];
+    const bool full = p.vec_ok && col0 < p.N;
+    uint4 pre[GEMV_PREFETCH];
+#pragma unroll
+    for (int i = 0; i < GEMV_PREFETCH; i++) {
+        const int k = k_begin + warp + i * GEMV_WARPS;
+        pre[i] = (full && k < k_end) ? ld_raw(w + (i64)k * p.N + col0) : make_uint4(0u, 0u, 0u, 0u);
+    }
     if (p.norm_w) {
         __shared__ float scratch[32];
         float ss = 0.f;
@@ -249,11 +262,21 @@ extern "C" __global__ void gemv(GemvP p) {
     float acc[VEC];
 #pragma unroll
     for (int v = 0; v < VEC; v++) acc[v] = 0.f;
-    const T* w = p.w[mat];
     if (col0 < p.N) {
         if (p.vec_ok) {
+#pragma unroll
+            for (int i = 0; i < GEMV_PREFETCH; i++) {
+                const int k = k_begin + warp + i * GEMV_WARPS;
+                if (k < k_end) {
+                    float wv[VEC];
+                    cvt_vec(pre[i], wv);
+                    const float x = xs[k - k_begin];
+#pragma unroll
+                    for (int v = 0; v < VEC; v++) acc[v] += x * wv[v];
+                }
+            }
 #pragma unroll 8
-            for (int k = k_begin + warp; k < k_end; k += GEMV_WARPS) {
+            for (int k = k_begin + warp + GEMV_PREFETCH * GEMV_WARPS; k < k_end; k += GEMV_WARPS) {
                 float wv[VEC];
                 ld_vec(w + (i64)k * p.N + col0, wv);
                 const float x = xs[k - k_begin];
@@ -299,15 +322,15 @@ extern "C" __global__ void gemv(GemvP p) {
         const int col = tile * ncols + c;
         if (col >= p.N) continue;
         const float* part = p.partial + row * p.ksplit * p.N + col;
-        // Four independent sums keep four loads in flight; they are added in a fixed order (deterministic).
-        float s4[4] = {0.f, 0.f, 0.f, 0.f};
+        // Eight independent sums keep eight loads in flight; they are added in a fixed order (deterministic).
+        float s8[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
         int sp = 0;
-        for (; sp + 3 < p.ksplit; sp += 4) {
+        for (; sp + 7 < p.ksplit; sp += 8) {
 #pragma unroll
-            for (int u = 0; u < 4; u++) s4[u] += __ldcg(part + (i64)(sp + u) * p.N);
+            for (int u = 0; u < 8; u++) s8[u] += __ldcg(part + (i64)(sp + u) * p.N);
         }
-        for (; sp < p.ksplit; sp++) s4[0] += __ldcg(part + (i64)sp * p.N);
-        gemv_store(p, mat, m, col, (s4[0] + s4[1]) + (s4[2] + s4[3]));
+        for (; sp < p.ksplit; sp++) s8[0] += __ldcg(part + (i64)sp * p.N);
+        gemv_store(p, mat, m, col, ((s8[0] + s8[1]) + (s8[2] + s8[3])) + ((s8[4] + s8[5]) + (s8[6] + s8[7])));
     }
     if (threadIdx.x == 0) *counter = 0u;
 }
@@ -344,6 +367,9 @@ extern "C" __global__ void kv_update(KvP p) {
 // once). Chunks past p return at once, so only the valid prefix of the cache is read. `attn_combine` — grid
 // (H, Tq) — rescales the chunks' partial outputs by their maxima and normalises.
 
+#define ATTN_KVECS 16     // K row vectors held in registers (a 128-wide f16 or a 64-wide f32 head)
+#define ATTN_VPREFETCH 8  // V rows per thread requested before the softmax
+
 struct AttnP {
     const T* q;
     const T* k;
@@ -355,14 +381,15 @@ struct AttnP {
     int* err;
     int Tq, H, L, Dh, chunk, nchunks, vec_ok;
     float scale;
+    int tpr;  // threads per cache row in the K pass (a power of two dividing 32); blockDim = chunk * tpr
 };
 
 extern "C" __global__ void attn_split(AttnP p) {
     extern __shared__ float sm[];
-    float* qs = sm;                // [Dh]
-    float* ps = qs + p.Dh;         // [chunk]
-    float* vr = ps + p.chunk;              // [chunk * VEC]: per-group V sums (groups * Dh <= chunk * VEC)
-    float* scratch = vr + p.chunk * VEC;  // [32]
+    float* qs = sm;                          // [Dh]
+    float* ps = qs + p.Dh;                   // [chunk]
+    float* vr = ps + p.chunk;                // [blockDim * VEC]: per-group V sums
+    float* scratch = vr + blockDim.x * VEC;  // [32]
     const int h = blockIdx.x, c = blockIdx.y, t = blockIdx.z;
     const i64 qpos = p.pos[0] + t;
     const int start = c * p.chunk;
@@ -371,59 +398,102 @@ extern "C" __global__ void attn_split(AttnP p) {
         return;
     }
     if (start > qpos) return;
-    const int width = p.H * p.Dh;
-    for (int d = threadIdx.x; d < p.Dh; d += blockDim.x) qs[d] = ld(p.q, (i64)t * width + (i64)h * p.Dh + d) * p.scale;
-    __syncthreads();
-
-    const i64 j = start + threadIdx.x;
-    float s = NEG_INF;
-    if (j <= qpos) {
-        const T* kr = p.k + ((i64)h * p.L + j) * p.Dh;
-        float acc = 0.f;
-        if (p.vec_ok) {
-#pragma unroll 8
-            for (int d = 0; d < p.Dh; d += VEC) {
-                float kv[VEC];
-                ld_vec(kr + d, kv);
-#pragma unroll
-                for (int u = 0; u < VEC; u++) acc += qs[d + u] * kv[u];
-            }
-        } else {
-            for (int d = 0; d < p.Dh; d++) acc += qs[d] * ld(kr, d);
-        }
-        s = acc;
-    }
-    const float mx = block_max(s, scratch);
-    const float e = j <= qpos ? __expf(s - mx) : 0.f;
-    const float l = block_sum(e, scratch);
-    ps[threadIdx.x] = e;
-    __syncthreads();
-
+    // K: `tpr` adjacent threads share a row (each Dh / tpr dimensions), so a block of `chunk` rows keeps
+    // chunk * tpr threads, and the SM enough warps, waiting on memory at once.
+    const int r = threadIdx.x / p.tpr, part = threadIdx.x % p.tpr;
+    const int per = p.Dh / p.tpr;
+    const i64 j = start + r;
     const int count = (int)min((i64)p.chunk, qpos - start + 1);
     // V: groups of threads share a row, each thread VEC adjacent dimensions loaded 16 bytes at a time (or one
     // dimension without aligned rows); the groups take rows in turn, and their sums meet in shared memory.
     const int vec = p.vec_ok ? VEC : 1;
     const int lanes = p.Dh / vec, groups = blockDim.x / lanes;
     const int g = threadIdx.x / lanes, dv = (threadIdx.x % lanes) * vec;
-    if (g < groups) {
-        const T* vb = p.v + ((i64)h * p.L + start) * p.Dh + dv;
-        float acc[VEC];
+    const T* kr = p.k + ((i64)h * p.L + j) * p.Dh + part * per;
+    const T* vb = p.v + ((i64)h * p.L + start) * p.Dh + dv;
+    // Every load that depends on nothing computed here is issued first (this thread's part of its K row, its
+    // first V rows), so their latency overlaps the query load and the softmax instead of following them.
+    const bool kfits = p.vec_ok && per <= ATTN_KVECS * VEC;
+    uint4 kraw[ATTN_KVECS];
+    uint4 vpre[ATTN_VPREFETCH];
+    if (kfits) {
 #pragma unroll
-        for (int u = 0; u < VEC; u++) acc[u] = 0.f;
+        for (int i = 0; i < ATTN_KVECS; i++)
+            kraw[i] = (j <= qpos && i * VEC < per) ? ld_raw(kr + i * VEC) : make_uint4(0u, 0u, 0u, 0u);
+    }
+    if (p.vec_ok) {
+#pragma unroll
+        for (int u = 0; u < ATTN_VPREFETCH; u++) {
+            const int jj = g + u * groups;
+            vpre[u] = (g < groups && jj < count) ? ld_raw(vb + (i64)jj * p.Dh) : make_uint4(0u, 0u, 0u, 0u);
+        }
+    }
+    const int width = p.H * p.Dh;
+    for (int d = threadIdx.x; d < p.Dh; d += blockDim.x) qs[d] = ld(p.q, (i64)t * width + (i64)h * p.Dh + d) * p.scale;
+    __syncthreads();
+
+    const float* q = qs + part * per;
+    float acc = 0.f;
+    if (j <= qpos) {
+        if (kfits) {
+#pragma unroll
+            for (int i = 0; i < ATTN_KVECS; i++) {
+                if (i * VEC < per) {
+                    float kv[VEC];
+                    cvt_vec(kraw[i], kv);
+#pragma unroll
+                    for (int u = 0; u < VEC; u++) acc += q[i * VEC + u] * kv[u];
+                }
+            }
+        } else if (p.vec_ok) {
+            for (int d = 0; d < per; d += VEC) {
+                float kv[VEC];
+                ld_vec(kr + d, kv);
+#pragma unroll
+                for (int u = 0; u < VEC; u++) acc += q[d + u] * kv[u];
+            }
+        } else {
+            for (int d = 0; d < per; d++) acc += q[d] * ld(kr, d);
+        }
+    }
+    // The row's threads are adjacent lanes of one warp: add their parts.
+    for (int o = p.tpr / 2; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
+    const float s = j <= qpos ? acc : NEG_INF;
+    const float mx = block_max(s, scratch);
+    const float e = j <= qpos ? __expf(s - mx) : 0.f;
+    const float l = block_sum(part == 0 ? e : 0.f, scratch);
+    if (part == 0 && r < p.chunk) ps[r] = e;
+    __syncthreads();
+
+    if (g < groups) {
+        float accv[VEC];
+#pragma unroll
+        for (int u = 0; u < VEC; u++) accv[u] = 0.f;
         if (p.vec_ok) {
-#pragma unroll 4
-            for (int jj = g; jj < count; jj += groups) {
+#pragma unroll
+            for (int u = 0; u < ATTN_VPREFETCH; u++) {
+                const int jj = g + u * groups;
+                if (jj < count) {
+                    float vv[VEC];
+                    cvt_vec(vpre[u], vv);
+                    const float w = ps[jj];
+#pragma unroll
+                    for (int x = 0; x < VEC; x++) accv[x] += w * vv[x];
+                }
+            }
+#pragma unroll 8
+            for (int jj = g + ATTN_VPREFETCH * groups; jj < count; jj += groups) {
                 float vv[VEC];
                 ld_vec(vb + (i64)jj * p.Dh, vv);
                 const float w = ps[jj];
 #pragma unroll
-                for (int u = 0; u < VEC; u++) acc[u] += w * vv[u];
+                for (int u = 0; u < VEC; u++) accv[u] += w * vv[u];
             }
         } else {
 #pragma unroll 4
-            for (int jj = g; jj < count; jj += groups) acc[0] += ps[jj] * ld(vb, (i64)jj * p.Dh);
+            for (int jj = g; jj < count; jj += groups) accv[0] += ps[jj] * ld(vb, (i64)jj * p.Dh);
         }
-        for (int u = 0; u < vec; u++) vr[g * p.Dh + dv + u] = acc[u];
+        for (int u = 0; u < vec; u++) vr[g * p.Dh + dv + u] = accv[u];
     }
     __syncthreads();
     const i64 slot = ((i64)t * p.H + h) * p.nchunks + c;

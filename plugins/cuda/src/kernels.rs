@@ -12,8 +12,10 @@ use crate::plan::Float;
 /// The CUDA C source, compiled by NVRTC at `init` (once per process per device and element type).
 pub const SOURCE: &str = include_str!("kernels.cu");
 
-/// Threads of an attention block, which is also the number of cache rows one block handles.
-pub const ATTN_CHUNK: u32 = 256;
+/// Threads of an attention block.
+pub const ATTN_THREADS: u32 = 256;
+/// Largest head an attention block handles (its K pass holds a row part of at most 16 vectors per thread).
+pub const ATTN_MAX_HEAD: u32 = 256;
 /// Warps of a GEMV block (`GEMV_WARPS` in the source).
 pub const GEMV_WARPS: u32 = 8;
 /// Threads of the argmax block (a power of two; the source's shared arrays hold 1024).
@@ -144,6 +146,7 @@ pub struct AttnP {
     pub nchunks: i32,
     pub vec_ok: i32,
     pub scale: f32,
+    pub tpr: i32,
 }
 
 /// `ArgmaxP`.

@@ -11,7 +11,7 @@
 
 use ref_graph::{ElemType, Graph, Op, TensorId};
 
-use crate::kernels::{self, ATTN_CHUNK, GEMV_WARPS};
+use crate::kernels::{self, ATTN_MAX_HEAD, ATTN_THREADS, GEMV_WARPS};
 
 /// The floating-point element type a graph computes in: all its float tensors share one.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -100,6 +100,8 @@ pub enum Step {
         heads: u32,
         len: u32,
         head_dim: u32,
+        chunk: u32,
+        tpr: u32,
     },
     Argmax {
         input: TensorId,
@@ -166,6 +168,15 @@ fn u32_of(value: u64, what: &str) -> Result<u32, Unsupported> {
         .ok()
         .filter(|&v| v < i32::MAX as u32)
         .ok_or_else(|| Unsupported(format!("{what} {value} exceeds the kernels' 32-bit extents")))
+}
+
+/// How an attention block splits its work for heads of `head_dim`: (cache rows per block, threads per row in
+/// the K pass). Four threads per row when the row divides into four vector loads each, so a block of
+/// [`ATTN_THREADS`] covers 64 rows and a long cache gives the GPU four times the blocks (and warps) to keep
+/// memory busy with; else one thread per row.
+fn attention_shape(float: Float, head_dim: u32) -> (u32, u32) {
+    let tpr = if head_dim % (4 * kernels::vec_width(float)) == 0 { 4 } else { 1 };
+    (ATTN_THREADS / tpr, tpr)
 }
 
 /// Splits a GEMV of `m` rows, `nmat` matrices and `k x n` weights over the GPU: (ksplit, rows per split).
@@ -354,18 +365,31 @@ impl Plan {
                     let c = shape(k);
                     let (heads, len, head_dim) =
                         (u32_of(c[0], "heads")?, u32_of(c[1], "cache length")?, u32_of(c[2], "head size")?);
-                    if head_dim > ATTN_CHUNK {
+                    if head_dim > ATTN_MAX_HEAD {
                         return Err(Unsupported(format!(
-                            "attention '{}' has head size {head_dim}; the CUDA delegate's attention handles up to {ATTN_CHUNK}",
+                            "attention '{}' has head size {head_dim}; the CUDA delegate's attention handles up to {ATTN_MAX_HEAD}",
                             tensors[out.0].name
                         )));
                     }
+                    let (chunk, tpr) = attention_shape(float, head_dim);
                     let rows = u32_of(shape(q)[0], "rows")?;
-                    let chunks = len.div_ceil(ATTN_CHUNK) as usize;
+                    let chunks = len.div_ceil(chunk) as usize;
                     let slots = rows as usize * heads as usize * chunks;
                     attn_scratch.0 = attn_scratch.0.max(slots * head_dim as usize);
                     attn_scratch.1 = attn_scratch.1.max(slots * 2);
-                    steps.push(Step::Attention { q, k, v, position, out, rows, heads, len, head_dim });
+                    steps.push(Step::Attention {
+                        q,
+                        k,
+                        v,
+                        position,
+                        out,
+                        rows,
+                        heads,
+                        len,
+                        head_dim,
+                        chunk,
+                        tpr,
+                    });
                 }
                 Op::Argmax { input, out } => {
                     let s = shape(input);
