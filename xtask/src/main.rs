@@ -7,6 +7,7 @@ mod codegen;
 mod demo;
 mod gpu;
 mod nvrtc_setup;
+mod plot;
 mod test;
 mod trt_setup;
 mod util;
@@ -41,6 +42,13 @@ enum Task {
     /// Build the GPU bundle and print the command that runs the side-by-side benchmark (ours and PyTorch's)
     /// on a GPU machine.
     BenchGpu,
+    /// Draw the GPU benchmark's `summary.json` (from `run.sh bench`) as an SVG bar chart.
+    PlotBench {
+        /// The summary written by `gpu/summarize.py`.
+        summary: PathBuf,
+        /// The SVG to write.
+        out: PathBuf,
+    },
     /// Write the example decoder's blobs and program manifest into DIR.
     ExportExample {
         /// Which delegate the blobs are for.
@@ -152,6 +160,7 @@ fn main() -> anyhow::Result<()> {
         Task::Codegen { check } => codegen::run(&root, check),
         Task::GpuTest => gpu::bundle(&root, "test"),
         Task::BenchGpu => gpu::bundle(&root, "bench"),
+        Task::PlotBench { summary, out } => plot::run(&summary, &out),
         Task::ExportExample { backend: Backend::Reference, dir, big, config, memory } => {
             export_reference_graph(kv_example::Backend::Reference, &dir, big, config, memory)
         }

@@ -765,7 +765,7 @@ fn run_and_bench_start_at_a_position_and_a_cuda_graph_without_the_device_loop_is
     let line = one_line_error(&run(host().arg("run").arg(&program).arg("--cuda-graph")));
     assert_eq!(
         line,
-        "error: a CUDA graph needs the device loop, which cannot run: the program's [generate] names no next_token_output [InvalidArgument]"
+        "error: a CUDA graph needs the device loop, which cannot run: input 'tokens' of method 'decode' is in host memory, not device or managed memory [InvalidArgument]"
     );
 
     let report = stdout_json(&run(host()

@@ -398,12 +398,15 @@ mod tests {
         let registry =
             Registry::discover_with(&[dir.path().to_path_buf()], None, true, &HostConfig::default());
         let statuses = statuses(&registry);
-        assert_eq!(statuses.len(), 3, "{statuses:?}");
+        assert_eq!(statuses.len(), 4, "{statuses:?}");
         assert_eq!(statuses[0].0, real);
         assert_eq!(statuses[0].1, "loaded");
         assert_eq!(statuses[1].0, fake);
         assert!(statuses[1].1.starts_with("rejected: not a loadable library: "), "{}", statuses[1].1);
         assert_eq!(statuses[2], ("(embedded)".to_string(), "loaded".to_string()));
+        // The embedded CUDA delegate: loaded where a GPU is, else unavailable with the reason.
+        assert_eq!(statuses[3].0, "(embedded)");
+        assert!(statuses[3].1 == "loaded" || statuses[3].1.starts_with("unavailable: "), "{}", statuses[3].1);
 
         let plugin = registry.for_backend("AbiTestBackend").expect("served");
         assert_eq!(plugin.info().name, "abi-test");

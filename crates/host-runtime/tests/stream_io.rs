@@ -189,13 +189,13 @@ fn a_cuda_graph_needs_the_device_loop_and_says_why_it_cannot_run() {
     let (_, path) = export(dir.path());
     let mut program = load(&path, Mode::ZeroCopy).expect("loads");
     let why = device_loop_refusal(&program).expect("generate section").expect("no device loop");
-    assert_eq!(why, "the program's [generate] names no next_token_output");
+    assert_eq!(why, "input 'tokens' of method 'decode' is in host memory, not device or managed memory");
     let mut options = Options::steps(2);
     options.cuda_graph = true;
     let err = generate_with(&mut program, &options, |_, _| Ok(())).expect_err("refused");
     assert_eq!(
         err.to_string(),
-        "a CUDA graph needs the device loop, which cannot run: the program's [generate] names no next_token_output"
+        "a CUDA graph needs the device loop, which cannot run: input 'tokens' of method 'decode' is in host memory, not device or managed memory"
     );
     assert_eq!(err.error_code(), ErrorCode::InvalidArgument);
 }

@@ -54,7 +54,7 @@ fn run(plugin: &Plugin, blob: &[u8], input: [f32; 2]) -> Result<[f32; 2], delega
 #[test]
 fn two_plugin_rlibs_are_embedded_side_by_side_in_a_host_runtime_application_and_both_execute() {
     let config = HostConfig::default();
-    // host-runtime embeds the reference delegate; the application adds the third party's.
+    // host-runtime embeds the reference and CUDA delegates; the application adds the third party's.
     let registry = Registry::discover_with(&[], None, true, &config)
         .with_embedded(negate_delegate::delegate_root(), &config);
     let listed: Vec<(Option<String>, Status)> = registry
@@ -62,13 +62,19 @@ fn two_plugin_rlibs_are_embedded_side_by_side_in_a_host_runtime_application_and_
         .iter()
         .map(|c| (c.info.as_ref().map(|i| i.name.clone()), c.status.clone()))
         .collect();
+    // host-runtime's embedded defaults (the reference and CUDA delegates, the latter unavailable without a
+    // GPU), then the application's.
+    let names: Vec<Option<String>> = listed.iter().map(|(name, _)| name.clone()).collect();
     assert_eq!(
-        listed,
+        names,
         [
-            (Some("reference-delegate".to_owned()), Status::Loaded),
-            (Some("negate-delegate".to_owned()), Status::Loaded),
+            Some("reference-delegate".to_owned()),
+            Some("cuda-delegate".to_owned()),
+            Some("negate-delegate".to_owned())
         ]
     );
+    assert_eq!((&listed[0].1, &listed[2].1), (&Status::Loaded, &Status::Loaded));
+    assert!(matches!(listed[1].1, Status::Loaded | Status::Unavailable(_)), "{:?}", listed[1].1);
     assert!(
         registry.candidates().iter().all(|c| c.path.is_none()),
         "both embedded, neither loaded from disk"

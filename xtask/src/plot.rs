@@ -1,0 +1,101 @@
+//! `cargo xtask plot-bench SUMMARY.json OUT.svg`: the side-by-side GPU benchmark as a bar chart (GPU time per
+//! decode step, log scale, one group per config and position, the HBM floor marked), from the `summary.json`
+//! that `gpu/summarize.py` writes on the GPU machine.
+
+use std::path::Path;
+
+use anyhow::{bail, Context};
+use plotters::prelude::*;
+
+/// The runs drawn, in order, with their colours.
+const RUNS: [(&str, RGBColor); 6] = [
+    ("PyTorch eager, SDPA", RGBColor(190, 190, 190)),
+    ("PyTorch CUDA graph, SDPA", RGBColor(120, 120, 120)),
+    ("PyTorch CUDA graph + upstream copy-back", RGBColor(60, 60, 60)),
+    ("ours, copy-back (upstream's layout)", RGBColor(253, 174, 97)),
+    ("ours, zero-copy", RGBColor(116, 173, 209)),
+    ("ours, zero-copy + CUDA graph", RGBColor(33, 102, 172)),
+];
+
+pub fn run(summary: &Path, out: &Path) -> anyhow::Result<()> {
+    let text = std::fs::read_to_string(summary).with_context(|| format!("reading {}", summary.display()))?;
+    let rows: Vec<serde_json::Value> =
+        serde_json::from_str(&text).context("summary.json is not a JSON list")?;
+    // Groups in order of appearance: (config, position).
+    let mut groups: Vec<(String, i64, f64)> = Vec::new();
+    for row in rows.iter().filter(|r| r["run"].is_string()) {
+        let key = (row["config"].as_str().unwrap_or("?").to_owned(), row["position"].as_i64().unwrap_or(0));
+        if !groups.iter().any(|(c, p, _)| (c, p) == (&key.0, &key.1)) {
+            groups.push((key.0, key.1, row["floor_us"].as_f64().unwrap_or(0.0)));
+        }
+    }
+    if groups.is_empty() {
+        bail!("{} has no benchmark rows", summary.display());
+    }
+    let value = |config: &str, position: i64, run: &str| {
+        rows.iter()
+            .find(|r| r["config"] == config && r["position"] == position && r["run"] == run)
+            .and_then(|r| r["gpu_us"].as_f64())
+    };
+    let root = SVGBackend::new(out, (1100, 560)).into_drawing_area();
+    root.fill(&WHITE)?;
+    let n = groups.len();
+    let mut chart = ChartBuilder::on(&root)
+        .caption(
+            "GPU time per decode step, NVIDIA H200 (lower is better; dashes: HBM floor)",
+            ("sans-serif", 20),
+        )
+        .margin(12)
+        .x_label_area_size(40)
+        .y_label_area_size(70)
+        .build_cartesian_2d(-0.5f64..(n as f64 - 0.5), (5f64..20000f64).log_scale())?;
+    let labels: Vec<String> = groups.iter().map(|(c, p, _)| format!("({c}) position {p}")).collect();
+    chart
+        .configure_mesh()
+        .disable_x_mesh()
+        .x_labels(n)
+        .x_label_formatter(&|x| {
+            let i = x.round();
+            if (x - i).abs() < 1e-6 && i >= 0.0 {
+                labels.get(i as usize).cloned().unwrap_or_default()
+            } else {
+                String::new()
+            }
+        })
+        .y_desc("µs per step")
+        .draw()?;
+    let width = 0.9 / RUNS.len() as f64;
+    for (series, (run, color)) in RUNS.iter().enumerate() {
+        let bars: Vec<Rectangle<(f64, f64)>> = groups
+            .iter()
+            .enumerate()
+            .filter_map(|(g, (config, position, _))| {
+                let v = value(config, *position, run)?;
+                let x0 = g as f64 - 0.45 + series as f64 * width;
+                Some(Rectangle::new([(x0, 5.0), (x0 + width * 0.9, v)], color.filled()))
+            })
+            .collect();
+        chart
+            .draw_series(bars)?
+            .label(*run)
+            .legend(move |(x, y)| Rectangle::new([(x, y - 5), (x + 12, y + 5)], color.filled()));
+    }
+    for (g, (_, _, floor)) in groups.iter().enumerate() {
+        if *floor > 0.0 {
+            let x = g as f64;
+            chart.draw_series(std::iter::once(PathElement::new(
+                vec![(x - 0.47, *floor), (x + 0.47, *floor)],
+                BLACK.stroke_width(2),
+            )))?;
+        }
+    }
+    chart
+        .configure_series_labels()
+        .position(SeriesLabelPosition::UpperLeft)
+        .background_style(WHITE.mix(0.85))
+        .border_style(BLACK)
+        .draw()?;
+    root.present()?;
+    println!("wrote {}", out.display());
+    Ok(())
+}
