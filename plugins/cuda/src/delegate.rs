@@ -18,6 +18,7 @@
 //! synchronisation on the decode path (host-memory inputs and outputs are copied on the stream; a copy into
 //! pageable host memory is synchronous by CUDA's rules, so keep decode I/O on the device). Without one, the
 //! instance's own stream runs the call and `execute` waits for it.
+#![forbid(unsafe_code)]
 
 use alias_validate::{validate_with_engine, ArgLayout, ValidKind};
 use blob_format::model::{Format, PayloadKind, Role};

@@ -8,6 +8,7 @@
 //! - a `MatMul` whose output only feeds the next op, an `Add` with it, becomes a GEMV with a residual (the
 //!   attention output projection and the residual stream);
 //! - consecutive `KvCacheUpdate`s at the same position with updates of one shape become one launch (K and V).
+#![forbid(unsafe_code)]
 
 use ref_graph::{ElemType, Graph, Op, TensorId};
 
