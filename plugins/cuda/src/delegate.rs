@@ -20,15 +20,15 @@
 //! instance's own stream runs the call and `execute` waits for it.
 #![forbid(unsafe_code)]
 
-use alias_validate::{validate_with_engine, ArgLayout, ValidKind};
-use blob_format::model::{Format, PayloadKind, Role};
+use blob_format::model::Role;
 use blob_format::Blob;
 use delegate_abi::{
-    Compatibility, DTypeCode, Delegate, DelegateError, ExecuteArgs, InitContext, MemoryKind, PluginInfo,
-    TensorArg, WireFormatSupport,
+    Compatibility, Delegate, DelegateError, ExecuteArgs, InitContext, MemoryKind, PluginInfo, TensorArg,
+    WireFormatSupport,
 };
 use et_error::{ErrorCode, HasErrorCode};
-use ref_graph::{Graph, TensorId, PAYLOAD_MAGIC, PAYLOAD_VERSION_MAJOR};
+use ref_graph::{Graph, TensorId};
+use reference_delegate::delegate::{header_mismatch, payload_compatibility, ArgSpec, BindingPlan};
 
 use crate::engine::Engine;
 use crate::plan::{Plan, Unsupported};
@@ -59,28 +59,13 @@ pub enum Error {
     /// The payload is not a valid graph. `InvalidProgram`.
     #[error("reference graph: {0}")]
     Graph(#[from] ref_graph::Error),
-    /// The blob's bindings or aliases disagree with the graph.
+    /// The blob's bindings or aliases do not fit the graph (the reference delegate's binding plan, which
+    /// every executor of reference graphs shares).
     #[error("{0}")]
-    Alias(#[from] alias_validate::Error),
-    /// A `user` alias, which the graph does not perform itself. `NotSupported`.
-    #[error("user alias '{output}' -> '{input}' is not supported: the CUDA delegate only runs aliases its graph performs (kv_cache_update)")]
-    UserAlias {
-        /// The alias's output.
-        output: String,
-        /// The alias's input.
-        input: String,
-    },
+    Plan(#[from] reference_delegate::delegate::Error),
     /// A valid graph this delegate cannot run. `NotSupported`.
     #[error("{0}")]
     Unsupported(#[from] Unsupported),
-    /// A bound tensor the ABI cannot carry. `InvalidProgram`.
-    #[error("binding '{name}': {problem}")]
-    Binding {
-        /// The binding.
-        name: String,
-        /// What is wrong.
-        problem: String,
-    },
     /// The call has the wrong number of arguments. `InvalidArgument`.
     #[error("the call has {found} arguments, but this blob binds {expected}: {names}")]
     ArgCount {
@@ -138,77 +123,14 @@ impl HasErrorCode for Error {
             Error::Blob(err) => err.error_code(),
             Error::Incompatible(_) => ErrorCode::DelegateInvalidCompatibility,
             Error::Graph(err) => err.error_code(),
-            Error::Alias(err) => err.error_code(),
-            Error::UserAlias { .. } | Error::Unsupported(_) => ErrorCode::NotSupported,
-            Error::Binding { .. } => ErrorCode::InvalidProgram,
+            Error::Plan(err) => err.error_code(),
+            Error::Unsupported(_) => ErrorCode::NotSupported,
             Error::ArgCount { .. } | Error::Arg { .. } | Error::Kernel { .. } => ErrorCode::InvalidArgument,
             Error::Residency { source, .. } => source.error_code(),
             Error::Cuda { source, .. } => source.error_code(),
             Error::Abi(err) => err.code,
         }
     }
-}
-
-/// What one argument position must carry, resolved once at `init`.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ArgSpec {
-    /// The graph tensor it binds (by the blob binding's name).
-    pub tensor: TensorId,
-    /// The tensor's name.
-    pub name: String,
-    /// Input or output of the graph.
-    pub role: Role,
-    /// Element type.
-    pub dtype: DTypeCode,
-    /// Extents.
-    pub shape: Vec<i64>,
-    /// Size in bytes.
-    pub nbytes: u64,
-    /// Whether an output aliases it (the kernels update it in place).
-    pub aliased_input: bool,
-    /// For an aliased output slot, the position of the input it aliases.
-    pub aliases_arg: Option<usize>,
-}
-
-fn arg_specs(blob: &Blob<'_>, graph: &Graph) -> Result<Vec<ArgSpec>, Error> {
-    let aliases = validate_with_engine(&blob.header, graph)?;
-    for warning in aliases.warnings() {
-        tracing::warn!(target: "cuda_delegate", "{warning}");
-    }
-    if let Some(user) = aliases.aliases().iter().find(|a| a.kind == ValidKind::User) {
-        return Err(Error::UserAlias { output: user.output.clone(), input: user.input.clone() });
-    }
-    let layout = ArgLayout::new(&blob.header, &aliases)?;
-    layout
-        .slots()
-        .iter()
-        .map(|slot| {
-            let binding = |problem: String| Error::Binding { name: slot.name.clone(), problem };
-            let tensor =
-                graph.find(&slot.name).ok_or_else(|| binding("no graph tensor has this name".into()))?;
-            let decl = graph.tensor(tensor);
-            let shape = decl
-                .shape
-                .iter()
-                .map(|&d| i64::try_from(d))
-                .collect::<Result<Vec<_>, _>>()
-                .ok()
-                .filter(|s| s.len() <= delegate_abi::MAX_RANK)
-                .ok_or_else(|| {
-                    binding(format!("shape {:?} cannot be passed as a tensor argument", decl.shape))
-                })?;
-            Ok(ArgSpec {
-                tensor,
-                name: slot.name.clone(),
-                role: slot.role,
-                dtype: DTypeCode::try_from(decl.dtype.dtype()).map_err(|err| binding(err.to_string()))?,
-                shape,
-                nbytes: decl.nbytes() as u64,
-                aliased_input: slot.is_alias_target(),
-                aliases_arg: slot.in_place_of(),
-            })
-        })
-        .collect()
 }
 
 /// Checks a call's arguments against the plan: count, dtype, shape, size, writability. Memory kinds and
@@ -261,35 +183,19 @@ impl CudaHandle {
     }
 }
 
-fn header_mismatch(blob: &Blob<'_>) -> Option<String> {
-    if !matches!(blob.format, Format::Native { major: 1, .. }) {
-        return Some(format!(
-            "the CUDA delegate reads native {WIRE_FORMAT_VERSIONS} blobs, this one is {}",
-            blob.format
-        ));
-    }
-    if blob.header.backend_id != BACKEND_ID {
-        return Some(format!("the blob is for backend '{}', not '{BACKEND_ID}'", blob.header.backend_id));
-    }
-    if blob.header.payload_kind != PayloadKind::ReferenceGraph {
-        return Some(format!(
-            "the blob's payload is '{}', not '{}'",
-            blob.header.payload_kind,
-            PayloadKind::ReferenceGraph
-        ));
-    }
-    None
-}
+/// How the CUDA delegate names itself in reasons.
+const DELEGATE: &str = "the CUDA delegate";
 
 impl CudaDelegate {
     fn init_blob(&self, bytes: &[u8]) -> Result<CudaHandle, Error> {
         let blob = Blob::parse(bytes)?;
-        if let Some(reason) = header_mismatch(&blob) {
+        if let Some(reason) = header_mismatch(&blob, BACKEND_ID, DELEGATE) {
             return Err(Error::Incompatible(reason));
         }
         blob.verify_payload()?;
         let graph = Graph::decode(blob.engine)?;
-        let specs = arg_specs(&blob, &graph)?;
+        let plan_args = BindingPlan::new(&blob, &graph)?;
+        let specs = plan_args.args().to_vec();
         let plan = Plan::new(&graph)?;
         let ordinal = blob.header.device_id;
         if ordinal < 0 {
@@ -341,24 +247,10 @@ impl Delegate for CudaDelegate {
             Ok(parsed) => parsed,
             Err(err) => return Compatibility::Unsupported { reason: err.to_string() },
         };
-        if let Some(reason) = header_mismatch(&parsed) {
+        if let Some(reason) = header_mismatch(&parsed, BACKEND_ID, DELEGATE) {
             return Compatibility::Unsupported { reason };
         }
-        match parsed.engine.get(..6) {
-            Some([a, b, c, d, lo, hi]) if [*a, *b, *c, *d] == PAYLOAD_MAGIC => {
-                let major = u16::from_le_bytes([*lo, *hi]);
-                if major == PAYLOAD_VERSION_MAJOR {
-                    Compatibility::Supported
-                } else {
-                    Compatibility::Unsupported {
-                        reason: format!(
-                            "reference-graph payload version {major}.x; this build reads {PAYLOAD_VERSION_MAJOR}.x"
-                        ),
-                    }
-                }
-            }
-            _ => Compatibility::Unsupported { reason: "the payload is not a reference graph".to_owned() },
-        }
+        payload_compatibility(parsed.engine)
     }
 
     fn init(&self, ctx: InitContext<'_>) -> Result<CudaHandle, DelegateError> {

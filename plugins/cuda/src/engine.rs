@@ -6,7 +6,9 @@ use cuda_rt::{Allocation, Context, Device, DevicePtr, LaunchConfig, Pinned, Poin
 use delegate_abi::{ExecuteArgs, MemoryKind, TensorArg};
 use ref_graph::{Data, Graph, TensorId};
 
-use crate::delegate::{ArgSpec, Error};
+use reference_delegate::delegate::ArgSpec;
+
+use crate::delegate::Error;
 use crate::kernels::{self, AddP, ArgmaxP, AttnP, GatherP, GemvP, Kernels, KvP, Launch, PositionsP, RmsP};
 use crate::plan::{Home, Plan, Step};
 

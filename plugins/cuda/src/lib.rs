@@ -40,7 +40,10 @@ mod engine;
 mod kernels;
 mod plan;
 
-pub use delegate::{ArgSpec, CudaDelegate, CudaHandle, Error, MEMORY_KINDS, WIRE_FORMAT_VERSIONS};
+pub use delegate::{CudaDelegate, CudaHandle, Error, MEMORY_KINDS, WIRE_FORMAT_VERSIONS};
+/// What one argument position carries: the reference delegate's binding plan, shared by every executor of
+/// reference graphs.
+pub use reference_delegate::delegate::ArgSpec;
 
 /// The ExecuTorch backend id this delegate serves.
 pub const BACKEND_ID: &str = "CudaBackend";

@@ -168,6 +168,13 @@ impl BindingPlan {
         &self.args
     }
 
+    /// The plan of `blob`'s arguments against `graph`: every position resolved to its graph tensor by the
+    /// binding's name, with its dtype, extents and aliasing (the alias table checked against the graph). For
+    /// every executor of reference graphs; the reference delegate adds its executor's argument map.
+    pub fn new(blob: &Blob<'_>, graph: &Graph) -> Result<BindingPlan, Error> {
+        Self::build(blob, graph).map(|(plan, _)| plan)
+    }
+
     fn build(blob: &Blob<'_>, graph: &Graph) -> Result<(BindingPlan, ArgMap), Error> {
         let aliases = validate_with_engine(&blob.header, graph)?;
         for warning in aliases.warnings() {
@@ -332,16 +339,18 @@ fn f16_bindings(blob: &Blob<'_>) -> Option<String> {
     ))
 }
 
-/// Why a blob's header does not fit this delegate, or `None` when it does.
-fn header_mismatch(blob: &Blob<'_>) -> Option<String> {
+/// Why a blob's header does not fit an executor of reference graphs that serves `backend`, or `None` when it
+/// does; `delegate` names the executor in the reason ("the reference delegate"). Public so that every executor
+/// of this payload (the CUDA delegate runs the same graphs) refuses blobs for the same reasons, in the same words.
+pub fn header_mismatch(blob: &Blob<'_>, backend: &str, delegate: &str) -> Option<String> {
     if !matches!(blob.format, Format::Native { major: 1, .. }) {
         return Some(format!(
-            "the reference delegate reads native {WIRE_FORMAT_VERSIONS} blobs, this one is {}",
+            "{delegate} reads native {WIRE_FORMAT_VERSIONS} blobs, this one is {}",
             blob.format
         ));
     }
-    if blob.header.backend_id != BACKEND_ID {
-        return Some(format!("the blob is for backend '{}', not '{BACKEND_ID}'", blob.header.backend_id));
+    if blob.header.backend_id != backend {
+        return Some(format!("the blob is for backend '{}', not '{backend}'", blob.header.backend_id));
     }
     if blob.header.payload_kind != PayloadKind::ReferenceGraph {
         return Some(format!(
@@ -353,10 +362,32 @@ fn header_mismatch(blob: &Blob<'_>) -> Option<String> {
     None
 }
 
+/// How the reference delegate names itself in reasons.
+const DELEGATE: &str = "the reference delegate";
+
+/// Whether `payload` is a reference graph of a major version this build reads, from its first six bytes.
+pub fn payload_compatibility(payload: &[u8]) -> Compatibility {
+    match payload.get(..6) {
+        Some([a, b, c, d, lo, hi]) if [*a, *b, *c, *d] == PAYLOAD_MAGIC => {
+            let major = u16::from_le_bytes([*lo, *hi]);
+            if major == PAYLOAD_VERSION_MAJOR {
+                Compatibility::Supported
+            } else {
+                Compatibility::Unsupported {
+                    reason: format!(
+                        "reference-graph payload version {major}.x; this build reads {PAYLOAD_VERSION_MAJOR}.x"
+                    ),
+                }
+            }
+        }
+        _ => Compatibility::Unsupported { reason: "the payload is not a reference graph".to_owned() },
+    }
+}
+
 impl ReferenceDelegate {
     fn init_blob(&self, bytes: &[u8]) -> Result<ReferenceHandle, Error> {
         let blob = Blob::parse(bytes)?;
-        if let Some(reason) = header_mismatch(&blob) {
+        if let Some(reason) = header_mismatch(&blob, BACKEND_ID, DELEGATE) {
             return Err(Error::Incompatible(reason));
         }
         blob.verify_payload()?;
@@ -422,24 +453,11 @@ impl Delegate for ReferenceDelegate {
             Ok(parsed) => parsed,
             Err(err) => return Compatibility::Unsupported { reason: err.to_string() },
         };
-        if let Some(reason) = header_mismatch(&parsed).or_else(|| f16_bindings(&parsed)) {
+        if let Some(reason) = header_mismatch(&parsed, BACKEND_ID, DELEGATE).or_else(|| f16_bindings(&parsed))
+        {
             return Compatibility::Unsupported { reason };
         }
-        match parsed.engine.get(..6) {
-            Some([a, b, c, d, lo, hi]) if [*a, *b, *c, *d] == PAYLOAD_MAGIC => {
-                let major = u16::from_le_bytes([*lo, *hi]);
-                if major == PAYLOAD_VERSION_MAJOR {
-                    Compatibility::Supported
-                } else {
-                    Compatibility::Unsupported {
-                        reason: format!(
-                            "reference-graph payload version {major}.x; this build reads {PAYLOAD_VERSION_MAJOR}.x"
-                        ),
-                    }
-                }
-            }
-            _ => Compatibility::Unsupported { reason: "the payload is not a reference graph".to_owned() },
-        }
+        payload_compatibility(parsed.engine)
     }
 
     fn init(&self, ctx: InitContext<'_>) -> Result<ReferenceHandle, DelegateError> {
