@@ -1,26 +1,41 @@
 //! Caller-owned tensor storage, zero-initialised: 64-byte aligned host memory, or CUDA device, managed or
 //! pinned memory (see [`crate::cuda`]) when a buffer declares it. The memory kind a delegate is told is
 //! always the kind the storage really is.
+//!
+//! This module owns host allocations through raw pointers (`HostStorage`), its only `unsafe` code.
+#![allow(unsafe_code)]
 
 use std::borrow::Cow;
 
-use bytemuck::{Pod, Zeroable};
+use std::alloc::Layout;
+use std::ptr::NonNull;
+
 use delegate_abi::MemoryKind;
 
 use crate::cuda::{
     self, Contexts, DevicePtr, DeviceStorage, ManagedStorage, PinnedStorage, RawInput, RawMemory,
 };
 
-/// One cache line; storage is a vector of these so every tensor starts 64-byte aligned.
-#[derive(Clone, Copy, Pod, Zeroable)]
-#[repr(C, align(64))]
-struct Line([u8; 64]);
-
-/// Host storage for one tensor, zero-initialised.
-#[derive(Clone)]
+/// Host storage for one tensor, zero-initialised, 64-byte aligned.
+///
+/// The bytes are one allocation owned through a raw pointer (not a `Box`), so an address taken from it once
+/// stays valid however the storage is moved or borrowed later: a program lends these addresses to each call's
+/// argument list once, at load (see `crate::program`), and every later slice is derived from the same pointer.
 pub struct HostStorage {
-    lines: Box<[Line]>,
+    ptr: NonNull<u8>,
     len: usize,
+}
+
+// SAFETY: the allocation is owned by this value alone (no other handle exists); `&self` only reads it.
+unsafe impl Send for HostStorage {}
+// SAFETY: as above; shared access only reads.
+unsafe impl Sync for HostStorage {}
+
+/// Alignment of host storage: a cache line, enough for every element type.
+const ALIGN: usize = 64;
+
+fn layout(len: usize) -> Option<Layout> {
+    Layout::from_size_align(len.max(1).checked_next_multiple_of(ALIGN)?, ALIGN).ok()
 }
 
 /// Why storage could not be had.
@@ -56,9 +71,12 @@ impl HostStorage {
     /// # Errors
     /// [`AllocError::Host`] when the allocator refuses.
     pub fn zeroed(len: usize) -> Result<HostStorage, AllocError> {
-        let lines = bytemuck::allocation::try_zeroed_slice_box::<Line>(len.div_ceil(64))
-            .map_err(|()| AllocError::Host { bytes: len })?;
-        Ok(HostStorage { lines, len })
+        let refused = AllocError::Host { bytes: len };
+        let layout = layout(len).ok_or(refused.clone())?;
+        // SAFETY: `layout` has a non-zero size (at least one line).
+        let ptr = unsafe { std::alloc::alloc_zeroed(layout) };
+        let ptr = NonNull::new(ptr).ok_or(refused)?;
+        Ok(HostStorage { ptr, len })
     }
 
     /// Size in bytes.
@@ -73,17 +91,46 @@ impl HostStorage {
 
     /// The bytes.
     pub fn bytes(&self) -> &[u8] {
-        &bytemuck::cast_slice(&self.lines)[..self.len]
+        // SAFETY: `ptr` is a live, initialised (zeroed at allocation) allocation of at least `len` bytes, freed
+        // only in `Drop`; writers need `&mut self` or go through `as_mut_ptr`'s contract.
+        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) }
     }
 
     /// The bytes, writable.
     pub fn bytes_mut(&mut self) -> &mut [u8] {
-        &mut bytemuck::cast_slice_mut(&mut self.lines)[..self.len]
+        // SAFETY: as in `bytes`, and `&mut self` makes this the only access.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len) }
+    }
+
+    /// The address of the bytes, with the allocation's own provenance: valid for reads and writes of
+    /// [`HostStorage::len`] bytes until the storage is dropped, whatever borrows come and go in between.
+    /// Whoever writes through it must not overlap another access.
+    pub fn as_mut_ptr(&mut self) -> *mut u8 {
+        self.ptr.as_ptr()
     }
 
     /// Zeroes every byte.
     pub fn clear(&mut self) {
-        self.lines.fill(Line([0; 64]));
+        self.bytes_mut().fill(0);
+    }
+}
+
+impl Clone for HostStorage {
+    fn clone(&self) -> HostStorage {
+        let mut copy = HostStorage::zeroed(self.len).unwrap_or_else(|_| {
+            std::alloc::handle_alloc_error(layout(self.len).unwrap_or(Layout::new::<u8>()))
+        });
+        copy.bytes_mut().copy_from_slice(self.bytes());
+        copy
+    }
+}
+
+impl Drop for HostStorage {
+    fn drop(&mut self) {
+        if let Some(layout) = layout(self.len) {
+            // SAFETY: `ptr` was allocated with this layout (the same `len`) and is freed once, here.
+            unsafe { std::alloc::dealloc(self.ptr.as_ptr(), layout) };
+        }
     }
 }
 
@@ -206,6 +253,18 @@ impl Storage {
             Storage::Pinned(s) => ReadView::Host(s.bytes()),
             Storage::Device(s) => ReadView::Raw(RawInput::device(s)),
             Storage::Managed(s) => ReadView::Raw(RawInput::managed(s)),
+        }
+    }
+
+    /// The address of the whole storage and its CUDA device (0 for host memory), to lend to a call's argument
+    /// list once (see `crate::lend`). For host memory the address keeps the allocation's provenance, so it
+    /// stays valid across later moves and borrows of the storage.
+    pub(crate) fn lend(&mut self) -> (*mut std::ffi::c_void, i32) {
+        match self {
+            Storage::Host(s) => (s.as_mut_ptr().cast(), 0),
+            Storage::Pinned(s) => (s.as_ptr(), 0),
+            Storage::Device(s) => (s.as_ptr(), s.device()),
+            Storage::Managed(s) => (s.as_ptr(), s.device()),
         }
     }
 

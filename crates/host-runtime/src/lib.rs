@@ -35,6 +35,7 @@ pub mod blob_file;
 pub mod buffer;
 pub mod cuda;
 pub mod generate;
+mod lend;
 pub mod plugins;
 pub mod program;
 

@@ -32,14 +32,13 @@ use std::time::{Duration, Instant};
 use alias_validate::ArgLayout;
 use blob_format::model::{Dim, DisplayShape, Role};
 use blob_format::Blob;
-use delegate_abi::host::{ArgList, Instance, Plugin, Slot};
-use delegate_abi::{Compatibility, CudaStream, DTypeCode, DelegateError, InitContext, MemoryKind};
+use delegate_abi::host::{ArgList, Instance, Plugin};
+use delegate_abi::{Compatibility, DTypeCode, DelegateError, InitContext, MemoryKind};
 use program_manifest::{ArgRef, Location, Manifest, Method, TensorDecl};
-use smallvec::SmallVec;
 
 use crate::blob_file::BlobFile;
-use crate::buffer::{AllocError, ReadView, Storage, View};
-use crate::cuda::{self, Access, Contexts, FeedbackArgs, FeedbackKernel};
+use crate::buffer::{AllocError, Storage};
+use crate::cuda::{self, Contexts, FeedbackArgs, FeedbackKernel};
 use crate::plugins::Registry;
 
 /// How a buffer-mutation output slot is passed to the delegate.
@@ -309,7 +308,7 @@ pub struct RunStats {
 
 /// How one delegate argument is filled, decided at load.
 #[derive(Debug, Clone, Copy)]
-enum ArgSource {
+pub(crate) enum ArgSource {
     /// A user input of the method.
     Input(usize),
     /// A user output of the method.
@@ -326,11 +325,10 @@ enum ArgSource {
 }
 
 #[derive(Debug, Clone)]
-struct ArgPlan {
-    source: ArgSource,
-    dtype: DTypeCode,
-    shape: Vec<i64>,
-    memory: MemoryKind,
+pub(crate) struct ArgPlan {
+    pub(crate) source: ArgSource,
+    pub(crate) dtype: DTypeCode,
+    pub(crate) shape: Vec<i64>,
 }
 
 /// A call checked against its blob and plugin, not yet initialised.
@@ -348,7 +346,8 @@ struct LoadedCall {
     backend: String,
     instance: Instance,
     args: Vec<ArgPlan>,
-    /// The argument list's allocation, kept between calls so `execute` allocates none.
+    /// The call's arguments, built once at load from the program's storages (whose addresses never change)
+    /// and passed as they are to every `execute`: a step pushes nothing and allocates nothing.
     arg_list: ArgList<'static>,
     /// Copy-back output slots, each of its buffer's memory kind, size and device.
     scratch: Vec<Storage>,
@@ -407,9 +406,9 @@ impl LoadedMethod {
     }
 }
 
-struct Buffer {
+pub(crate) struct Buffer {
     decl: TensorDecl,
-    storage: Storage,
+    pub(crate) storage: Storage,
 }
 
 /// The program's device and stream, when it declares CUDA memory.
@@ -627,7 +626,7 @@ impl Program {
             planned.push(calls);
         }
         let mut contexts = Contexts::new();
-        let buffers = decls
+        let mut buffers = decls
             .iter()
             .map(|&decl| Ok(Buffer { decl: decl.clone(), storage: allocate(decl, &mut contexts)? }))
             .collect::<Result<Vec<Buffer>, Error>>()?;
@@ -653,6 +652,19 @@ impl Program {
                 calls.push(init_call(method, index, call, &buffers, &mut contexts)?);
             }
             methods.push(LoadedMethod { decl: method.clone(), inputs, outputs, calls });
+        }
+        for m in &mut methods {
+            let LoadedMethod { decl, inputs, outputs, calls } = m;
+            for (index, call) in calls.iter_mut().enumerate() {
+                call.arg_list =
+                    crate::lend::arg_list(&call.args, &mut buffers, inputs, outputs, &mut call.scratch)
+                        .map_err(|err| {
+                            Error::Usage(format!(
+                                "method '{}', call {index}: its arguments cannot be lent to the call: {err}",
+                                decl.name
+                            ))
+                        })?;
+            }
         }
         static NEXT_ID: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
         let id = NEXT_ID.fetch_add(1, Ordering::Relaxed);
@@ -905,7 +917,8 @@ impl Program {
                 }
                 None => None,
             };
-            let result = run_call(call, buffers, &m.inputs, &mut m.outputs, stream);
+            // The list was built at load from these storages; `&mut self` keeps every other access off them.
+            let result = call.instance.execute(&mut call.arg_list, stream);
             if let (Some(gpu), Some(_)) = (gpu, stream) {
                 gpu.queued();
             }
@@ -1091,78 +1104,6 @@ impl Drop for Program {
             tracing::warn!("{err}");
         }
     }
-}
-
-/// Per-argument mutable borrows of user outputs, taken at most once each.
-type Borrows<'a> = SmallVec<[Option<View<'a>>; 32]>;
-
-/// Per-argument mutable views of buffers and scratch storages, taken at most once each.
-type Views<'a> = SmallVec<[Option<View<'a>>; 32]>;
-
-/// Pushes a buffer or scratch view: host-visible slices through `ArgList`'s safe pushes, device and managed
-/// memory through [`cuda::push_raw`] with the same flags.
-fn push_view<'a>(
-    args: &mut ArgList<'a>,
-    view: View<'a>,
-    plan: &ArgPlan,
-    access: Access,
-) -> Result<Option<Slot>, delegate_abi::host::ArgError> {
-    let (dtype, shape, memory) = (plan.dtype, plan.shape.as_slice(), plan.memory);
-    match (view, access) {
-        (View::Host(bytes), Access::Read) => args.push_input(bytes, dtype, shape, memory).map(|()| None),
-        (View::Host(bytes), Access::InOut) => args.push_inout(bytes, dtype, shape, memory).map(Some),
-        (View::Host(bytes), Access::Write) => args.push_output(bytes, dtype, shape, memory).map(|()| None),
-        (View::Raw(raw), access) => cuda::push_raw(args, raw, dtype, shape, access).map(Some),
-    }
-}
-
-fn run_call(
-    call: &mut LoadedCall,
-    buffers: &mut [Buffer],
-    inputs: &[Storage],
-    outputs: &mut [Storage],
-    stream: Option<CudaStream>,
-) -> Result<delegate_abi::ExecStats, DelegateError> {
-    // Split every storage into per-argument borrows; load-time checks guarantee each is taken at most once
-    // mutably (a buffer's in-place output slot refers to its in/out slot instead of borrowing again).
-    // Up to 32 of each live on the stack, so a step allocates nothing.
-    let mut buffer_views: Views<'_> = buffers.iter_mut().map(|b| Some(b.storage.view())).collect();
-    let mut output_views: Borrows<'_> = outputs.iter_mut().map(|o| Some(o.view())).collect();
-    let mut scratch_views: Views<'_> = call.scratch.iter_mut().map(|s| Some(s.view())).collect();
-    let mut slots: SmallVec<[Option<Slot>; 32]> = smallvec::smallvec![None; buffer_views.len()];
-    let mut args = std::mem::take(&mut call.arg_list).recycle();
-    let taken =
-        || DelegateError::internal("argument storage taken twice; the load-time plan is inconsistent");
-    for plan in &call.args {
-        let (dtype, shape, memory) = (plan.dtype, plan.shape.as_slice(), plan.memory);
-        let pushed = match plan.source {
-            ArgSource::Input(i) => match inputs[i].view_read() {
-                ReadView::Host(bytes) => args.push_input(bytes, dtype, shape, memory),
-                ReadView::Raw(raw) => cuda::push_raw_input(&mut args, raw, dtype, shape),
-            },
-            ArgSource::Output(i) => {
-                push_view(&mut args, output_views[i].take().ok_or_else(taken)?, plan, Access::Write).map(drop)
-            }
-            ArgSource::BufferRead(b) => {
-                push_view(&mut args, buffer_views[b].take().ok_or_else(taken)?, plan, Access::Read).map(drop)
-            }
-            ArgSource::BufferInOut(b) => {
-                push_view(&mut args, buffer_views[b].take().ok_or_else(taken)?, plan, Access::InOut)
-                    .map(|slot| slots[b] = slot)
-            }
-            ArgSource::BufferInPlace(b) => {
-                args.push_output_in_place(slots[b].ok_or_else(taken)?, dtype, shape)
-            }
-            ArgSource::BufferScratch(scratch) => {
-                let view = scratch_views[scratch].take().ok_or_else(taken)?;
-                push_view(&mut args, view, plan, Access::Write).map(drop)
-            }
-        };
-        pushed.map_err(|err| DelegateError::invalid_argument(err.to_string()))?;
-    }
-    let result = call.instance.execute(&mut args, stream);
-    call.arg_list = args.recycle();
-    result
 }
 
 /// Checks call `index` of `method` against its blob and the plugin serving it, and plans its arguments.
@@ -1382,7 +1323,7 @@ fn plan_call(
             ));
         }
         let dtype = DTypeCode::try_from(decl.dtype).map_err(|err| wrong(at, err.to_string()))?;
-        args.push(ArgPlan { source, dtype, shape: decl.shape.iter().map(|&d| d as i64).collect(), memory });
+        args.push(ArgPlan { source, dtype, shape: decl.shape.iter().map(|&d| d as i64).collect() });
     }
 
     let streamed = plugin.info().memory_kinds.contains(&MemoryKind::Device);

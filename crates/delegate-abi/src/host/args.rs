@@ -301,10 +301,13 @@ impl<'a> ArgList<'a> {
     /// slot serves [`ArgList::push_output_in_place`] when the arg is flagged [`ARG_INOUT`].
     ///
     /// # Safety
-    /// For as long as this list lives (`'a`): host-visible memory at `arg.data` must be valid for reads of
-    /// `arg.nbytes` bytes, and for writes when [`ARG_WRITABLE`] is set, with nothing else writing it; a
+    /// Whenever the list is passed to [`Instance::execute`](crate::host::Instance::execute), for that call:
+    /// host-visible memory at `arg.data` must be valid for reads of `arg.nbytes` bytes, and for writes when
+    /// [`ARG_WRITABLE`] is set, with nothing else accessing it (a written arg) or writing it (a read one); a
     /// writable arg may share storage with another arg of the list only at the same address and size; device
-    /// memory must be a live allocation of `arg.nbytes` bytes on `arg.device_id`.
+    /// memory must be a live allocation of `arg.nbytes` bytes on `arg.device_id`. Between calls the memory may
+    /// be used freely: a host may build a list once and pass it to every call (host-runtime does), as long as
+    /// the memory outlives the list's last call.
     pub unsafe fn push_raw(&mut self, arg: TensorArg) -> Result<Slot, ArgError> {
         let index = self.args.len();
         let code = |code| ArgError::UnknownCode { index, code };
