@@ -474,3 +474,14 @@ fn two_gpus_each_run_their_own_blob_and_caches() {
     assert_eq!(err.code, ErrorCode::InvalidArgument, "{err}");
     assert!(err.to_string().contains("lives on CUDA device 0, but this blob runs on device 1"), "{err}");
 }
+
+/// The soak (issue 10) on the GPU: 10 000 decode steps, prefill and decode as two delegate instances sharing
+/// device caches, every step's logits and the final caches against the f64 oracle (no lost or misplaced update
+/// in 10 000 in-place writes).
+#[test]
+fn soak_ten_thousand_decode_steps_two_instances_share_caches() {
+    let Some(ctx) = gpu() else { return };
+    let cfg = Config { layers: 2, max_len: 10_000 + Config::tiny().prompt_len(), ..Config::tiny() };
+    let run = generate_run(&ctx, &cfg, false, false, true);
+    assert_eq!(run.tokens.len(), 10_001, "prefill's token and 10 000 decode steps");
+}
