@@ -167,10 +167,12 @@ fn to_model(json: Metadata) -> Result<Header, Error> {
             kind: a.kind.as_deref().map_or(AliasKind::KvCacheUpdate, AliasKind::from_wire),
         })
         .collect();
-    let device_id = i32::try_from(json.device_id).map_err(|_| Error::InvalidField {
-        field: "device_id".to_owned(),
-        problem: format!("{} is not a CUDA device ordinal (32-bit)", json.device_id),
-    })?;
+    // One rule with manifests: a CUDA device ordinal is 0 or more (and fits the ABI's 32 bits).
+    let device_id =
+        i32::try_from(json.device_id).ok().filter(|&d| d >= 0).ok_or_else(|| Error::InvalidField {
+            field: "device_id".to_owned(),
+            problem: format!("{} is not a CUDA device ordinal (0 to 2^31-1)", json.device_id),
+        })?;
     Ok(Header {
         producer: None,
         backend_id: TENSORRT_BACKEND.to_owned(),

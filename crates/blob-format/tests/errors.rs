@@ -91,6 +91,9 @@ fn malformed_blobs() {
     let mut zero = valid.clone();
     zero[8..10].copy_from_slice(&0u16.to_le_bytes());
     cases.push(check("native major 0", &zero));
+    let mut header = common::tr02_fixture_header();
+    header.device_id = -1;
+    cases.push(check("native negative device_id", &native::to_vec(&header, &common::engine_bytes(300))));
 
     let mut flipped = valid.clone();
     flipped[header_offset + header_len - 1] ^= 0x40;
@@ -144,6 +147,7 @@ fn malformed_blobs() {
     cases.push(check("TR wrong type: aliased_io", &tr_json(r#"{"io_bindings":[],"aliased_io":{}}"#)));
     cases.push(check("TR duplicate key", &tr_json(r#"{"io_bindings":[],"io_bindings":[]}"#)));
     cases.push(check("TR device_id out of range", &tr_json(r#"{"io_bindings":[],"device_id":4294967296}"#)));
+    cases.push(check("TR negative device_id", &tr_json(r#"{"io_bindings":[],"device_id":-1}"#)));
     cases.push(check(
         "TR unknown dtype",
         &tr_json(r#"{"io_bindings":[{"name":"a","dtype":"float8","is_input":true}]}"#),

@@ -190,7 +190,7 @@ fn writer_escapes_like_python_json_dumps() {
             Binding::untyped("caf\u{e9} \u{1f600}\n\t\"\\\u{7f}\u{1}", Role::Input),
             Binding::untyped("out", Role::Output),
         ],
-        device_id: -1,
+        device_id: 3,
         engine_metadata: Some("meta".into()),
         ..minimal_header()
     };
@@ -198,7 +198,7 @@ fn writer_escapes_like_python_json_dumps() {
     assert_eq!(&bytes[..4], b"TR01", "no aliases: upstream writes TR01");
     let json_len = u32::from_le_bytes(bytes[8..12].try_into().expect("4 bytes")) as usize;
     let json = std::str::from_utf8(&bytes[32..32 + json_len]).expect("ASCII");
-    insta::assert_snapshot!(json, @r#"{"io_bindings":[{"name":"caf\u00e9 \ud83d\ude00\n\t\"\\\u007f\u0001","dtype":"","shape":[],"is_input":true},{"name":"out","dtype":"","shape":[],"is_input":false}],"aliased_io":[],"hardware_compatible":false,"device_id":-1,"serialized_metadata":"meta","target_platform":""}"#);
+    insta::assert_snapshot!(json, @r#"{"io_bindings":[{"name":"caf\u00e9 \ud83d\ude00\n\t\"\\\u007f\u0001","dtype":"","shape":[],"is_input":true},{"name":"out","dtype":"","shape":[],"is_input":false}],"aliased_io":[],"hardware_compatible":false,"device_id":3,"serialized_metadata":"meta","target_platform":""}"#);
     assert_eq!(Blob::parse(&bytes).expect("reads back").header, header);
     assert_eq!(bytes[24..32], [1, 0, 0, 0, 0, 0, 0, 0]);
     let engine_offset = u32::from_le_bytes(bytes[12..16].try_into().expect("4 bytes")) as usize;

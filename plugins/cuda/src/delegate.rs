@@ -197,10 +197,7 @@ impl CudaDelegate {
         let plan_args = BindingPlan::new(&blob, &graph)?;
         let specs = plan_args.args().to_vec();
         let plan = Plan::new(&graph)?;
-        let ordinal = blob.header.device_id;
-        if ordinal < 0 {
-            return Err(Error::Incompatible(format!("device id {ordinal} is not a CUDA device ordinal")));
-        }
+        let ordinal = blob.header.device_id; // 0 or more: both blob readers refuse a negative one
         let ctx = cuda_rt::Context::open(ordinal)
             .map_err(|source| Error::Cuda { action: format!("opening CUDA device {ordinal}"), source })?;
         let io: Vec<TensorId> =

@@ -96,6 +96,13 @@ fn non_empty(text: Option<&str>) -> Option<String> {
 }
 
 fn to_model(root: &fb::Header<'_>) -> Result<Header, Error> {
+    let device_id = root.device_id();
+    if device_id < 0 {
+        return Err(Error::InvalidField {
+            field: "device_id".to_owned(),
+            problem: format!("{device_id} is not a CUDA device ordinal (0 or more)"),
+        });
+    }
     let producer =
         root.producer().map(|p| Producer { name: p.name().to_owned(), version: p.version().to_owned() });
     let mut bindings = Vec::new();
@@ -144,7 +151,7 @@ fn to_model(root: &fb::Header<'_>) -> Result<Header, Error> {
         payload_kind: PayloadKind::from_wire(root.payload().kind()),
         bindings,
         aliases,
-        device_id: root.device_id(),
+        device_id,
         hardware_compatible: root.hardware_compatible(),
         hardware_target: non_empty(root.hardware_target()),
         engine_library_version: root.engine_library_version().map(str::to_owned),
