@@ -88,6 +88,9 @@ enum Command {
         /// (the tokens are then not a generation).
         #[arg(long, requires = "position")]
         hold_position: bool,
+        /// Load blobs the program names outside its own directory (absolute paths, paths through `..`).
+        #[arg(long)]
+        allow_outside_blobs: bool,
         /// Directories to search for plugins before `DELEGATE_PLUGIN_PATH`.
         #[arg(long = "plugin-dir")]
         plugin_dirs: Vec<PathBuf>,
@@ -113,6 +116,9 @@ enum Command {
         /// measure a step at one cache fill).
         #[arg(long, requires = "position")]
         hold_position: bool,
+        /// Load blobs the program names outside its own directory (absolute paths, paths through `..`).
+        #[arg(long)]
+        allow_outside_blobs: bool,
         /// Directories to search for plugins before `DELEGATE_PLUGIN_PATH`.
         #[arg(long = "plugin-dir")]
         plugin_dirs: Vec<PathBuf>,
@@ -226,12 +232,32 @@ fn dispatch(command: Command) -> Result<(), Failure> {
         Command::Validate { blob } => blob::validate(&blob),
         Command::Convert { input, output, to } => blob::convert(&input, &output, to),
         Command::Plugins { plugin_dirs, json } => plugins::plugins(&plugin_dirs, json),
-        Command::Run { program, steps, mode, position, cuda_graph, hold_position, plugin_dirs, json } => {
-            let args = run::RunArgs { steps, position, cuda_graph, hold_position, json };
+        Command::Run {
+            program,
+            steps,
+            mode,
+            position,
+            cuda_graph,
+            hold_position,
+            allow_outside_blobs,
+            plugin_dirs,
+            json,
+        } => {
+            let args = run::RunArgs { steps, position, cuda_graph, hold_position, allow_outside_blobs, json };
             run::run_program(&program, mode.into(), &plugin_dirs, &args)
         }
-        Command::Bench { program, steps, runs, position, hold_position, plugin_dirs, json } => {
-            let args = run::RunArgs { steps, position, cuda_graph: false, hold_position, json };
+        Command::Bench {
+            program,
+            steps,
+            runs,
+            position,
+            hold_position,
+            allow_outside_blobs,
+            plugin_dirs,
+            json,
+        } => {
+            let args =
+                run::RunArgs { steps, position, cuda_graph: false, hold_position, allow_outside_blobs, json };
             run::bench(&program, runs, &plugin_dirs, &args)
         }
     }

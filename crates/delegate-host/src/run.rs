@@ -47,6 +47,14 @@ fn default_steps(manifest: &Manifest, steps: Option<usize>, position: Option<i64
         .unwrap_or(15)
 }
 
+fn blob_paths(args: &RunArgs) -> host_runtime::manifest::BlobPaths {
+    if args.allow_outside_blobs {
+        host_runtime::manifest::BlobPaths::Anywhere
+    } else {
+        host_runtime::manifest::BlobPaths::WithinProgram
+    }
+}
+
 /// What `run` and `bench` take besides the program and the plugins.
 pub struct RunArgs {
     /// `--steps`.
@@ -57,6 +65,8 @@ pub struct RunArgs {
     pub cuda_graph: bool,
     /// `--hold-position`.
     pub hold_position: bool,
+    /// `--allow-outside-blobs`.
+    pub allow_outside_blobs: bool,
     /// `--json`.
     pub json: bool,
 }
@@ -72,7 +82,7 @@ fn options(steps: usize, args: &RunArgs, program: &Program, cuda_graph: bool) ->
 
 pub fn run_program(path: &Path, mode: Mode, dirs: &[PathBuf], args: &RunArgs) -> Result<(), Failure> {
     let json = args.json;
-    let manifest = Manifest::load(path)?;
+    let manifest = Manifest::load_with(path, blob_paths(args))?;
     let steps = default_steps(&manifest, args.steps, args.position);
     let registry = Registry::discover(dirs, true, true);
     let mut program = Program::load(manifest, &registry, mode)?;
@@ -205,7 +215,7 @@ fn bench_row(
 
 pub fn bench(path: &Path, runs: usize, dirs: &[PathBuf], args: &RunArgs) -> Result<(), Failure> {
     let json = args.json;
-    let manifest = Manifest::load(path)?;
+    let manifest = Manifest::load_with(path, blob_paths(args))?;
     let steps = default_steps(&manifest, args.steps, args.position);
     if steps == 0 || runs < 2 {
         return Err(failure("bench needs --steps >= 1 and --runs >= 2 (the first run is a warm-up)"));

@@ -785,3 +785,39 @@ fn run_and_bench_start_at_a_position_and_a_cuda_graph_without_the_device_loop_is
     let line = one_line_error(&run(host().arg("bench").arg(&program).args(["--position", &max.to_string()])));
     assert!(line.contains("do not fit") || line.contains("--steps >= 1"), "{line}");
 }
+
+#[test]
+fn a_program_naming_a_blob_outside_its_directory_runs_only_when_allowed() {
+    let outer = tempfile::tempdir().expect("temp dir");
+    let cfg = kv_example::Config::tiny();
+    kv_example::export::reference(&cfg, &outer.path().join("blobs")).expect("export");
+    // The program lives in its own directory and names the blobs through `..`.
+    let dir = outer.path().join("program");
+    std::fs::create_dir_all(&dir).expect("mkdir");
+    let text = std::fs::read_to_string(outer.path().join("blobs/program.toml"))
+        .expect("manifest")
+        .replace("blob = \"", "blob = \"../blobs/");
+    std::fs::write(dir.join("program.toml"), text).expect("write");
+    let line = one_line_error(&run(host()
+        .arg("run")
+        .arg(dir.join("program.toml"))
+        .env_remove("DELEGATE_PLUGIN_PATH")));
+    assert!(
+        line.contains("blob '../blobs/decode.blob' is outside the program's directory")
+            || line.contains("blob '../blobs/prefill.blob' is outside the program's directory"),
+        "{line}"
+    );
+    assert!(
+        line.ends_with(
+            "a host loads it only when told to (delegate-host --allow-outside-blobs) [InvalidProgram]"
+        ),
+        "{line}"
+    );
+    let out = run(host()
+        .arg("run")
+        .arg(dir.join("program.toml"))
+        .arg("--allow-outside-blobs")
+        .arg("--json")
+        .env_remove("DELEGATE_PLUGIN_PATH"));
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+}

@@ -147,7 +147,8 @@
 //!   Names are unique within each list; `dtype`, `shape`, `memory` (default `"host"`) and `device` as for
 //!   buffers. Device-resident inputs and outputs let a host keep a whole generation on the GPU.
 //! - `[[methods.NAME.calls]]` (array of tables, at least one): the delegate calls the method makes, in order.
-//!   - `blob` (string): the delegate blob's path, relative to the manifest's directory.
+//!   - `blob` (string): the delegate blob's path, relative to the manifest's directory and inside it (an
+//!     absolute path or one through `..` is refused unless the host allows it: [`BlobPaths`]).
 //!   - `backend` (string, not empty): the ExecuTorch backend id that runs it (a loaded plugin must serve it,
 //!     and the blob must name the same id).
 //!   - `args` (array of strings): what each delegate argument binds to, one entry per *threaded* binding of
@@ -218,7 +219,7 @@ mod spec;
 use std::fmt;
 use std::path::PathBuf;
 
-pub use manifest::{ArgRef, Call, Generate, Manifest, Method, TensorDecl, MAX_MANIFEST_BYTES};
+pub use manifest::{ArgRef, BlobPaths, Call, Generate, Manifest, Method, TensorDecl, MAX_MANIFEST_BYTES};
 pub use spec::{BufferSpec, CallSpec, GenerateSpec, MethodSpec, ProgramSpec, TensorSpec};
 
 /// The manifest format version this build reads and writes.

@@ -102,6 +102,17 @@ impl fmt::Display for ArgRef {
     }
 }
 
+/// Where a program's blob paths may point.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum BlobPaths {
+    /// Relative paths inside the manifest's directory only (the default): a program cannot make a host read
+    /// files elsewhere.
+    #[default]
+    WithinProgram,
+    /// Absolute paths and paths through `..` too, for a host told to allow them.
+    Anywhere,
+}
+
 /// How `run` drives a program: prefill once over the prompt, then decode steps feeding back the argmax token.
 /// The `[generate]` section as written, once checked (its methods, inputs and outputs exist with the right
 /// types, and the prompt fits `max_positions`): the same data, so the same type.
@@ -179,6 +190,11 @@ impl Manifest {
     /// Only a regular file of at most [`MAX_MANIFEST_BYTES`] is read: a FIFO or device is refused before it is
     /// opened (reading one could block or never end), and a larger file is refused without reading it all.
     pub fn load(path: &Path) -> Result<Manifest, Error> {
+        Manifest::load_with(path, BlobPaths::WithinProgram)
+    }
+
+    /// [`Manifest::load`], with where blob paths may point.
+    pub fn load_with(path: &Path, blobs: BlobPaths) -> Result<Manifest, Error> {
         use std::io::Read as _;
         let io = |source| Error::Io { path: path.to_owned(), source };
         let refuse = |message: String| io(std::io::Error::new(std::io::ErrorKind::InvalidInput, message));
@@ -197,11 +213,17 @@ impl Manifest {
                 "larger than {MAX_MANIFEST_BYTES} bytes, the most a manifest may be"
             )));
         }
-        Manifest::parse(path, &text)
+        Manifest::parse_with(path, &text, blobs)
     }
 
-    /// Parses and checks manifest text; `path` names it in errors and anchors relative blob paths.
+    /// Parses and checks manifest text; `path` names it in errors and anchors relative blob paths, which must
+    /// stay inside the manifest's directory ([`BlobPaths::WithinProgram`]).
     pub fn parse(path: &Path, text: &str) -> Result<Manifest, Error> {
+        Manifest::parse_with(path, text, BlobPaths::WithinProgram)
+    }
+
+    /// [`Manifest::parse`], with where blob paths may point.
+    pub fn parse_with(path: &Path, text: &str, blobs: BlobPaths) -> Result<Manifest, Error> {
         let src = Source::new(path, text)?;
         let spec = ProgramSpec::parse(path, text)?;
         if spec.format != FORMAT {
@@ -228,7 +250,7 @@ impl Manifest {
 
         let mut methods = BTreeMap::new();
         for (name, method) in &spec.methods {
-            let method = check_method(&src, base, name, method, &buffers)?;
+            let method = check_method(&src, base, blobs, name, method, &buffers)?;
             methods.insert(name.clone(), method);
         }
 
@@ -324,6 +346,7 @@ fn tensor_decl(
 fn check_method(
     src: &Source<'_>,
     base: &Path,
+    blobs: BlobPaths,
     name: &str,
     spec: &MethodSpec,
     buffers: &BTreeMap<String, TensorDecl>,
@@ -391,6 +414,19 @@ fn check_method(
             }
             args.push(parsed);
             arg_locations.push(arg_at);
+        }
+        let escapes = Path::new(&call.blob)
+            .components()
+            .any(|c| !matches!(c, std::path::Component::Normal(_) | std::path::Component::CurDir));
+        if escapes && blobs == BlobPaths::WithinProgram {
+            return src.error(
+                src.value(&[&call_at[..], &[Seg::Key("blob")]].concat()),
+                format!(
+                    "blob '{}' is outside the program's directory (an absolute path or one through '..'); \
+                     a host loads it only when told to (delegate-host --allow-outside-blobs)",
+                    call.blob
+                ),
+            );
         }
         calls.push(Call {
             blob: base.join(&call.blob),
@@ -552,6 +588,20 @@ logits_output = "logits"
     }
 
     #[test]
+    fn blobs_outside_the_program_load_only_when_allowed() {
+        let text = GOOD.replace("blob = \"decode.blob\"", "blob = \"../shared/decode.blob\"");
+        assert!(parse(&text).is_err());
+        let m =
+            Manifest::parse_with(Path::new("dir/program.toml"), &text, BlobPaths::Anywhere).expect("allowed");
+        assert_eq!(m.methods["decode"].calls[0].blob, Path::new("dir/../shared/decode.blob"));
+        let inside = GOOD.replace("blob = \"decode.blob\"", "blob = \"./blobs/decode.blob\"");
+        assert_eq!(
+            parse(&inside).expect("inside").methods["decode"].calls[0].blob,
+            Path::new("dir/./blobs/decode.blob")
+        );
+    }
+
+    #[test]
     fn errors_name_line_and_column() {
         let cases = [
             (GOOD.replace("format = 1", "format = 2"), "dir/program.toml:1:10: manifest format 2 is not supported; this build reads format 1"),
@@ -571,6 +621,8 @@ logits_output = "logits"
             (GOOD.replace("logits_output = \"logits\"", "logits_output = \"logits\"\nnext_token_output = \"logits\""), "dir/program.toml:21:21: 'logits' of method 'decode' must be i64 [1], not f32 [1, 8]"),
             (GOOD.replace("logits_output = \"logits\"", "logits_output = \"logits\"\nnext_token_output = \"next\""), "dir/program.toml:21:21: method 'decode' has no output named 'next'"),
             (GOOD.replace("shape = [2, 4]", "shape = [2, 4]\nmemory = \"device\"\ndevice = -1"), "dir/program.toml:6:10: device -1 of buffer 'k' is not a CUDA device ordinal"),
+            (GOOD.replace("blob = \"decode.blob\"", "blob = \"../decode.blob\""), "dir/program.toml:10:8: blob '../decode.blob' is outside the program's directory (an absolute path or one through '..'); a host loads it only when told to (delegate-host --allow-outside-blobs)"),
+            (GOOD.replace("blob = \"decode.blob\"", "blob = \"/etc/decode.blob\""), "dir/program.toml:10:8: blob '/etc/decode.blob' is outside the program's directory (an absolute path or one through '..'); a host loads it only when told to (delegate-host --allow-outside-blobs)"),
             (GOOD.replace("blob = ", "blub = "), "dir/program.toml:10:1: unknown field `blub`, expected one of `blob`, `backend`, `args`"),
         ];
         for (text, expected) in cases {
