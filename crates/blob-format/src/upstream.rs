@@ -37,6 +37,9 @@ pub const PREFIX_LEN: usize = 32;
 pub const ENGINE_ALIGN: u64 = 16;
 /// The reserved bytes 24..32 as upstream's writer fills them.
 pub const RESERVED: [u8; 8] = [1, 0, 0, 0, 0, 0, 0, 0];
+/// Largest TR01/TR02 metadata a reader parses: 4 MiB, far above what Torch-TensorRT writes (a few KiB for
+/// hundreds of bindings), so a hostile or corrupt blob cannot make a host spend seconds and gigabytes on JSON.
+pub const MAX_METADATA_BYTES: u64 = 4 << 20;
 
 #[derive(Deserialize)]
 struct Metadata {
@@ -105,6 +108,13 @@ pub fn parse(bytes: &[u8]) -> Result<Blob<'_>, Error> {
     if metadata_offset < PREFIX_LEN as u64 {
         return Err(Error::Layout {
             problem: format!("metadata_offset {metadata_offset} lies inside the {PREFIX_LEN}-byte prefix"),
+        });
+    }
+    if metadata_size > MAX_METADATA_BYTES {
+        return Err(Error::Layout {
+            problem: format!(
+                "metadata of {metadata_size} bytes is more than the {MAX_METADATA_BYTES} a reader parses"
+            ),
         });
     }
     let metadata_end = checked_end("metadata", metadata_offset, metadata_size, blob_len)?;

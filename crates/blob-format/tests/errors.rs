@@ -3,7 +3,7 @@
 
 mod common;
 
-use blob_format::{detect, native, Blob, Error};
+use blob_format::{detect, native, upstream, Blob, Error};
 use et_error::HasErrorCode;
 use xxhash_rust::xxh3::xxh3_64;
 
@@ -148,6 +148,9 @@ fn malformed_blobs() {
     cases.push(check("TR duplicate key", &tr_json(r#"{"io_bindings":[],"io_bindings":[]}"#)));
     cases.push(check("TR device_id out of range", &tr_json(r#"{"io_bindings":[],"device_id":4294967296}"#)));
     cases.push(check("TR negative device_id", &tr_json(r#"{"io_bindings":[],"device_id":-1}"#)));
+    // Valid JSON, but more of it than a reader parses (a 35 MB TR02 with a million bindings took 8.7 s).
+    let huge = format!("{{\"io_bindings\":[]{}}}", " ".repeat(upstream::MAX_METADATA_BYTES as usize));
+    cases.push(check("TR metadata too large", &tr_json(&huge)));
     cases.push(check(
         "TR unknown dtype",
         &tr_json(r#"{"io_bindings":[{"name":"a","dtype":"float8","is_input":true}]}"#),
