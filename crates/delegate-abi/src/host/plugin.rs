@@ -44,6 +44,11 @@ impl Plugin {
     /// Loads the plugin library at `path`, checks its root module, negotiates the ABI version and reads
     /// its metadata. Runs no plugin `init` (nor `Delegate::new`).
     pub fn load(path: &Path, config: &HostConfig) -> Result<Plugin, LoadError> {
+        // The loader's own words for a library of another architecture are misleading ("No such file or
+        // directory" for a file that exists), so an ELF header is read first and a mismatch named.
+        if let Some(reason) = foreign_elf(path) {
+            return Err(LoadError::NotALibrary { path: path.to_path_buf(), reason });
+        }
         let header = lib_header_from_path(path).map_err(|e| map_library_error(path, e, None))?;
         let plugin_layout = header.layout().map(defining_crate);
         let root: DelegateRootRef = header
@@ -225,4 +230,100 @@ impl Plugin {
 
 fn spec<'a>(s: &crate::delegate::Spec<'a>) -> RSpec<'a> {
     RSpec { key: RStr::from_str(s.key), value: RSlice::from_slice(s.value) }
+}
+
+/// ELF `e_machine` of this build's architecture, and its name.
+const HOST_MACHINE: Option<(u16, &str)> = if cfg!(target_arch = "x86_64") {
+    Some((62, "x86_64"))
+} else if cfg!(target_arch = "aarch64") {
+    Some((183, "aarch64"))
+} else if cfg!(target_arch = "riscv64") {
+    Some((243, "riscv64"))
+} else {
+    None
+};
+
+/// The name of an ELF machine code, for the ones a plugin is likely to be built for.
+fn machine_name(machine: u16) -> String {
+    match machine {
+        3 => "x86 (32-bit)".to_owned(),
+        40 => "arm (32-bit)".to_owned(),
+        62 => "x86_64".to_owned(),
+        183 => "aarch64".to_owned(),
+        243 => "riscv".to_owned(),
+        other => format!("ELF machine {other}"),
+    }
+}
+
+/// Why the file at `path`, when it is an ELF file, cannot be this host's library: built for another
+/// architecture, word size or byte order. `None` when it matches, is not ELF, or cannot be read (the loader
+/// then says why).
+fn foreign_elf(path: &Path) -> Option<String> {
+    use std::io::Read as _;
+    let mut head = [0u8; 20];
+    std::fs::File::open(path).ok()?.read_exact(&mut head).ok()?;
+    if head[..4] != *b"\x7fELF" {
+        return None;
+    }
+    let (class, data) = (head[4], head[5]);
+    let host_class = if cfg!(target_pointer_width = "64") { 2 } else { 1 };
+    let host_data = if cfg!(target_endian = "little") { 1 } else { 2 };
+    let machine = if data == 2 {
+        u16::from_be_bytes([head[18], head[19]])
+    } else {
+        u16::from_le_bytes([head[18], head[19]])
+    };
+    let (host_machine, host_name) = HOST_MACHINE?;
+    if class == host_class && data == host_data && machine == host_machine {
+        return None;
+    }
+    let bits = match class {
+        1 => "32-bit",
+        2 => "64-bit",
+        _ => "unknown-width",
+    };
+    let order = if data == 2 { "big-endian" } else { "little-endian" };
+    Some(format!(
+        "built for {} ({bits}, {order}), but this host is {host_name}: rebuild the plugin for this machine",
+        machine_name(machine)
+    ))
+}
+
+#[cfg(test)]
+mod elf_tests {
+    use super::*;
+
+    fn elf(class: u8, data: u8, machine: u16) -> tempfile::NamedTempFile {
+        let mut head = vec![0u8; 64];
+        head[..4].copy_from_slice(b"\x7fELF");
+        head[4] = class;
+        head[5] = data;
+        head[18..20].copy_from_slice(&machine.to_le_bytes());
+        let file = tempfile::NamedTempFile::new().expect("temp file");
+        std::fs::write(file.path(), head).expect("write");
+        file
+    }
+
+    #[test]
+    fn a_library_for_another_architecture_is_named_as_such() {
+        let Some((host, name)) = HOST_MACHINE else { return };
+        let other = if host == 183 { 62 } else { 183 };
+        let file = elf(2, 1, other);
+        let reason = foreign_elf(file.path()).expect("foreign");
+        assert!(
+            reason.starts_with(&format!(
+                "built for {} (64-bit, little-endian), but this host is {name}",
+                machine_name(other)
+            )),
+            "{reason}"
+        );
+        match Plugin::load(file.path(), &HostConfig::default()) {
+            Err(LoadError::NotALibrary { reason: r, .. }) => assert_eq!(r, reason),
+            Err(other) => panic!("{other}"),
+            Ok(_) => panic!("loaded a foreign library"),
+        }
+        // The host's own kind of ELF is left to the loader.
+        assert_eq!(foreign_elf(elf(2, 1, host).path()), None);
+        assert!(foreign_elf(elf(1, 1, host).path()).expect("32-bit").contains("32-bit"));
+    }
 }
