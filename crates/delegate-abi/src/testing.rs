@@ -221,3 +221,45 @@ impl<F: Fixture> Delegate for Scripted<F> {
         }
     }
 }
+
+thread_local! {
+    static ALLOCATIONS: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+}
+
+/// A global allocator that counts the calling thread's allocations and reallocations (forwarding to the
+/// system allocator), for tests that check a path allocates nothing. Install it in the test binary:
+///
+/// ```text
+/// #[global_allocator]
+/// static GLOBAL: delegate_abi::testing::CountingAllocator = delegate_abi::testing::CountingAllocator;
+/// ```
+///
+/// and compare [`allocations`] before and after.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct CountingAllocator;
+
+/// Allocations and reallocations this thread made through [`CountingAllocator`] so far.
+pub fn allocations() -> u64 {
+    ALLOCATIONS.with(std::cell::Cell::get)
+}
+
+// SAFETY: forwards every call to `System` unchanged, only counting in a const-initialised thread-local (which
+// allocates nothing).
+unsafe impl std::alloc::GlobalAlloc for CountingAllocator {
+    unsafe fn alloc(&self, layout: std::alloc::Layout) -> *mut u8 {
+        let _ = ALLOCATIONS.try_with(|c| c.set(c.get() + 1));
+        // SAFETY: same contract as ours.
+        unsafe { std::alloc::System.alloc(layout) }
+    }
+
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: std::alloc::Layout) {
+        // SAFETY: same contract as ours.
+        unsafe { std::alloc::System.dealloc(ptr, layout) }
+    }
+
+    unsafe fn realloc(&self, ptr: *mut u8, layout: std::alloc::Layout, new_size: usize) -> *mut u8 {
+        let _ = ALLOCATIONS.try_with(|c| c.set(c.get() + 1));
+        // SAFETY: same contract as ours.
+        unsafe { std::alloc::System.realloc(ptr, layout, new_size) }
+    }
+}

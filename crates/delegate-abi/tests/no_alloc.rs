@@ -1,40 +1,11 @@
 //! The execute path allocates nothing: host `ArgList` reuse, the ABI call, the plugin glue and back.
 
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::cell::Cell;
-
 use delegate_abi::host::{ArgList, Plugin};
 use delegate_abi::testing::{self, Fixture, Scripted};
 use delegate_abi::{DTypeCode, DelegateError, ExecuteArgs, InitContext, MemoryKind, PluginInfo};
 
-thread_local! {
-    static ALLOCATIONS: Cell<u64> = const { Cell::new(0) };
-}
-
-struct Counting;
-
-// SAFETY: forwards to `System`, only counting calls in a const-initialised thread-local (no allocation).
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        let _ = ALLOCATIONS.try_with(|c| c.set(c.get() + 1));
-        // SAFETY: same contract as ours.
-        unsafe { System.alloc(layout) }
-    }
-
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        // SAFETY: same contract as ours.
-        unsafe { System.dealloc(ptr, layout) }
-    }
-
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        let _ = ALLOCATIONS.try_with(|c| c.set(c.get() + 1));
-        // SAFETY: same contract as ours.
-        unsafe { System.realloc(ptr, layout, new_size) }
-    }
-}
-
 #[global_allocator]
-static GLOBAL: Counting = Counting;
+static GLOBAL: delegate_abi::testing::CountingAllocator = delegate_abi::testing::CountingAllocator;
 
 /// Reads its first arg and writes its in-place output, like a KV update.
 pub struct Touch;
@@ -62,7 +33,7 @@ fn executing_eight_args_through_the_abi_allocates_nothing() {
     let mut caches = vec![vec![0u8; 256]; 2];
     let mut spare: ArgList<'static> = ArgList::with_capacity(8);
     for step in 0..100u32 {
-        let before = ALLOCATIONS.with(Cell::get);
+        let before = delegate_abi::testing::allocations();
         let mut args = spare.recycle();
         for input in &inputs {
             args.push_input(input, DTypeCode::F32, &[16], MemoryKind::Host).expect("input");
@@ -73,7 +44,7 @@ fn executing_eight_args_through_the_abi_allocates_nothing() {
         args.push_output_in_place(a, DTypeCode::F32, &[64]).expect("alias");
         instance.execute(&mut args, None).expect("execute");
         spare = args.recycle();
-        let allocated = ALLOCATIONS.with(Cell::get) - before;
+        let allocated = delegate_abi::testing::allocations() - before;
         // Step 0 may build the delegate (`Delegate::new`, once per plugin).
         if step > 0 {
             assert_eq!(allocated, 0, "step {step} allocated {allocated} times");

@@ -4,43 +4,14 @@
 #[path = "support/wide.rs"]
 mod wide;
 
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::cell::Cell;
-
 use delegate_abi::host::HostConfig;
 use delegate_abi::testing::Scripted;
 use host_runtime::manifest::Manifest;
 use host_runtime::plugins::Registry;
 use host_runtime::program::{Mode, Program};
 
-thread_local! {
-    static ALLOCATIONS: Cell<u64> = const { Cell::new(0) };
-}
-
-struct Counting;
-
-// SAFETY: forwards to `System`, only counting calls in a const-initialised thread-local (no allocation).
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        let _ = ALLOCATIONS.try_with(|c| c.set(c.get() + 1));
-        // SAFETY: same contract as ours.
-        unsafe { System.alloc(layout) }
-    }
-
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        // SAFETY: same contract as ours.
-        unsafe { System.dealloc(ptr, layout) }
-    }
-
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        let _ = ALLOCATIONS.try_with(|c| c.set(c.get() + 1));
-        // SAFETY: same contract as ours.
-        unsafe { System.realloc(ptr, layout, new_size) }
-    }
-}
-
 #[global_allocator]
-static GLOBAL: Counting = Counting;
+static GLOBAL: delegate_abi::testing::CountingAllocator = delegate_abi::testing::CountingAllocator;
 
 delegate_abi::export_delegate!(@embedded Scripted<wide::Noop>);
 
@@ -56,11 +27,14 @@ fn a_step_of_a_64_buffer_call_allocates_nothing_in_either_mode() {
             Program::load(Manifest::load(&path).expect("manifest"), &registry, mode).expect("loads");
         let step = program.method_id("step").expect("method");
         program.enqueue_id(step).expect("warm-up step");
-        let before = ALLOCATIONS.with(Cell::get);
+        let probe = delegate_abi::testing::allocations();
+        drop(std::hint::black_box(vec![0u8; 16]));
+        assert!(delegate_abi::testing::allocations() > probe, "the counter sees this thread's allocations");
+        let before = delegate_abi::testing::allocations();
         for _ in 0..100 {
             program.enqueue_id(step).expect("step");
         }
-        let allocated = ALLOCATIONS.with(Cell::get) - before;
+        let allocated = delegate_abi::testing::allocations() - before;
         assert_eq!(allocated, 0, "{mode:?}: {allocated} allocations in 100 steps");
         // The input is still the caller's to fill between steps, through the same storage the list lends.
         program.input_mut("step", "x").expect("host input").fill(1);

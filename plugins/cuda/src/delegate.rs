@@ -282,5 +282,15 @@ mod tests {
             Compatibility::Unsupported { .. } => {}
             other => panic!("garbage accepted: {other:?}"),
         }
+        let cfg = kv_example::Config::tiny();
+        let weights = kv_example::Weights::generate(&cfg);
+        let blob = |backend| kv_example::export::blob(&cfg, &weights, 1, backend).expect("blob");
+        assert_eq!(d.compatibility(&blob(kv_example::Backend::Cuda)), Compatibility::Supported);
+        match d.compatibility(&blob(kv_example::Backend::Reference)) {
+            Compatibility::Unsupported { reason } => {
+                assert_eq!(reason, "the blob is for backend 'ReferenceBackend', not 'CudaBackend'")
+            }
+            other => panic!("a ReferenceBackend blob accepted: {other:?}"),
+        }
     }
 }
