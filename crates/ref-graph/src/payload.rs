@@ -100,6 +100,16 @@ impl Graph {
         out
     }
 
+    /// Builds and validates a graph from its two payload sections given apart: the JSON `description` (as
+    /// the payload holds it: tensors, inputs, outputs, constants, ops, state) and the `constants` section its
+    /// offsets point into. What an exporter in another language writes, for [`Graph::encode`] to lay out
+    /// (`delegate-pack` does this for the ExecuTorch exporter). The same checks as [`Graph::decode`].
+    pub fn from_description(description: &[u8], constants: &[u8]) -> Result<Graph, Error> {
+        let description: Description =
+            serde_json::from_slice(description).map_err(|source| Error::Json { source })?;
+        description.into_graph(constants)
+    }
+
     /// Decodes and validates a payload. Every defect is a typed [`Error`]; nothing panics.
     pub fn decode(payload: &[u8]) -> Result<Graph, Error> {
         let prefix: &[u8; PREFIX_LEN] = payload

@@ -524,3 +524,17 @@ fn state_misuse_is_refused_by_name() {
     let err = Graph::decode(&old).expect_err("undefined");
     assert!(matches!(&err, Error::UseBeforeDefinition { name, .. } if name == "k_cache"), "{err}");
 }
+
+#[test]
+fn a_graph_given_as_description_and_constants_is_the_decoded_graph() {
+    let payload = sample().encode();
+    let json_len = u32::from_le_bytes(payload[8..12].try_into().expect("4 bytes")) as usize;
+    let data_start = (16 + json_len).div_ceil(CONSTANT_ALIGN as usize) * CONSTANT_ALIGN as usize;
+    let graph =
+        Graph::from_description(&payload[16..16 + json_len], &payload[data_start..]).expect("valid parts");
+    assert_eq!(graph, sample());
+    let err = Graph::from_description(b"{\"tensors\": 3}", &[]).expect_err("malformed");
+    assert!(matches!(err, Error::Json { .. }), "{err}");
+    let err = Graph::from_description(&payload[16..16 + json_len], &[]).expect_err("constants missing");
+    assert!(matches!(err, Error::BadConstant { .. }), "{err}");
+}
