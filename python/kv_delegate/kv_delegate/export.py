@@ -1,0 +1,131 @@
+"""Exports kv-example's ``tiny`` decoder as ExecuTorch programs for ``ReferenceBackend``, every variant, plus
+torch eager's tokens and logits: the fixtures of ``fixtures/executorch/``.
+
+    python -m kv_delegate.export DIR [--only NAME ...]
+
+Writes ``DIR/<design>_<methods>[_planned].pte``, ``DIR/expected.json`` and ``DIR/logits.npy`` (the contract is
+in fixtures/executorch/README.md). Needs torch, executorch 1.5.1 and the packer (``$KV_DELEGATE_PACK``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Dict, List, Tuple
+
+import numpy as np
+import torch
+from importlib.metadata import version as dist_version
+from executorch.exir import ExecutorchBackendConfig, to_edge_transform_and_lower
+from executorch.exir.passes import MemoryPlanningPass
+
+from .model import TINY, Decoder, greedy
+from .partitioner import ReferencePartitioner
+from .planning import KvAliasMemoryPlanningPass
+
+log = logging.getLogger("kv_delegate")
+
+#: Decode steps after prefill (13 tokens, positions 0..15 of the tiny model).
+STEPS = 12
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One exported program."""
+
+    design: str  # "buffers" | "owned"
+    two_methods: bool
+    planned: bool
+
+    @property
+    def methods(self) -> List[str]:
+        return ["prefill", "decode"] if self.two_methods else ["forward"]
+
+    @property
+    def file(self) -> str:
+        return f"{self.design}_{'2m' if self.two_methods else '1m'}{'_planned' if self.planned else ''}.pte"
+
+
+#: What is exported. ``owned_2m`` is not: each method's delegate instance owns its own state, so prefill's
+#: caches are invisible to decode (ExecuTorch has no way to share one delegate instance between methods).
+VARIANTS: Tuple[Variant, ...] = (
+    Variant("buffers", False, False),
+    Variant("buffers", False, True),
+    Variant("buffers", True, False),
+    Variant("buffers", True, True),
+    Variant("owned", False, False),
+)
+
+
+def _export(model: Decoder, rows: int) -> torch.export.ExportedProgram:
+    tokens = torch.zeros(rows, dtype=torch.int64)
+    input_pos = torch.zeros(1, dtype=torch.int64)
+    return torch.export.export(model, (tokens, input_pos), strict=False)
+
+
+def export_variant(model: Decoder, variant: Variant) -> Tuple[bytes, Dict[str, object]]:
+    """The ``.pte`` bytes of ``variant`` and a summary (partitioner report, aliased outputs)."""
+    partitioner = ReferencePartitioner(owned_state=variant.design == "owned", output_names=["logits"])
+    rows = {"forward": 1, "prefill": len(model.cfg["prompt"]), "decode": 1}
+    with torch.no_grad():
+        programs = {name: _export(model, rows[name]) for name in variant.methods}
+        edge = to_edge_transform_and_lower(programs, partitioner=[partitioner])
+        share = variant.two_methods
+        planner = (KvAliasMemoryPlanningPass if variant.planned else MemoryPlanningPass)(
+            share_mutable_buffers=share
+        )
+        program = edge.to_executorch(
+            ExecutorchBackendConfig(emit_mutable_buffer_names=True, memory_planning_pass=planner)
+        )
+    aliased = list(getattr(planner, "aliased", []))
+    expected_aliases = 2 * model.layers * len(variant.methods) if variant.planned else 0
+    if len(aliased) != expected_aliases:
+        raise RuntimeError(f"{variant.file}: {len(aliased)} KV outputs aliased, expected {expected_aliases}")
+    return program.buffer, {"unsupported": partitioner.unsupported(), "aliased": aliased}
+
+
+def main(argv: List[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("dir", type=Path, help="output directory (created)")
+    ap.add_argument("--only", action="append", default=[], help="export only this file name (repeatable)")
+    args = ap.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    for noisy in ("executorch", "torch"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+    args.dir.mkdir(parents=True, exist_ok=True)
+
+    model = Decoder(TINY).eval()
+    tokens, logits = greedy(model, STEPS)
+    print(f"kv_delegate: torch {torch.__version__}, executorch {dist_version('executorch')}; eager tokens {tokens}")
+    programs: Dict[str, Dict[str, object]] = {}
+    for variant in VARIANTS:
+        if args.only and variant.file not in args.only:
+            continue
+        model.reset_caches()
+        data, summary = export_variant(model, variant)
+        (args.dir / variant.file).write_bytes(data)
+        print(f"kv_delegate: wrote {variant.file} ({len(data)} bytes; methods {variant.methods}; "
+              f"not delegated: {summary['unsupported'] or 'nothing'}; aliased KV outputs: {len(summary['aliased'])})")
+        programs[variant.file] = {"design": variant.design, "methods": variant.methods, "planned": variant.planned}
+
+    np.save(args.dir / "logits.npy", logits.numpy().astype(np.float32))
+    expected = {
+        "torch": torch.__version__,
+        "executorch": dist_version("executorch"),
+        "prompt": list(TINY["prompt"]),
+        "steps": STEPS,
+        "tokens": tokens,
+        "logits": "logits.npy",
+        "programs": programs,
+    }
+    (args.dir / "expected.json").write_text(json.dumps(expected, indent=2) + "\n")
+    print(f"kv_delegate: wrote expected.json and logits.npy {tuple(logits.shape)} into {args.dir}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,15 @@
+"""Names shared by the partitioner and the lowering: the node-meta keys that carry binding names."""
+
+#: Node meta of a cache update (``index_put``/``index_copy``): ``{"cache": "k_cache_0", "out":
+#: "k_cache_out_0"}``, the reference-graph names of the cache input and the updated cache.
+CACHE_META = "kv_delegate_cache"
+
+#: Node meta of a node whose value is a method output: the method's output name (e.g. ``logits``).
+OUTPUT_NAME_META = "kv_delegate_name"
+
+#: The backend id of the CPU reference delegate (the class name of its ``BackendDetails``).
+REFERENCE_BACKEND = "ReferenceBackend"
+
+#: Key of a lowered module's ``_delegate_info_meta``: ``{output index: input index}`` of the delegate's KV
+#: outputs that alias a cache input (what :class:`kv_delegate.KvAliasMemoryPlanningPass` places together).
+ALIASES_META = "kv_aliases"

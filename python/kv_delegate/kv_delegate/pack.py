@@ -1,0 +1,58 @@
+"""Writes a native blob through the Rust packer, ``delegate-pack SPEC.json OUT.blob`` (crates/delegate-pack)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+from typing import Dict, Optional
+
+from . import __version__
+from .lowering import Lowered
+
+#: Environment variable naming the packer binary (else ``delegate-pack`` on ``PATH``).
+PACKER_ENV = "KV_DELEGATE_PACK"
+
+
+class PackError(RuntimeError):
+    """The packer is missing or refused the spec (its ``error:`` line is the message)."""
+
+
+def packer() -> str:
+    """The packer's path: ``$KV_DELEGATE_PACK``, else ``delegate-pack`` from ``PATH``."""
+    path = os.environ.get(PACKER_ENV) or shutil.which("delegate-pack")
+    if not path:
+        raise PackError(f"delegate-pack not found: set {PACKER_ENV} or put it on PATH (cargo build -p delegate-pack)")
+    return path
+
+
+def spec(lowered: Lowered, backend: str, constants_file: str) -> Dict[str, object]:
+    """The packer's SPEC.json for ``lowered``: graph description, constants file, bindings in order."""
+    return {
+        "backend": backend,
+        "graph": lowered.description.json(),
+        "constants_file": constants_file,
+        "bindings": [{"name": b.name, "role": b.role} for b in lowered.bindings],
+        "producer": {"name": "kv_delegate", "version": __version__},
+    }
+
+
+def pack(lowered: Lowered, backend: str, keep: Optional[Path] = None) -> bytes:
+    """The native blob of ``lowered`` for ``backend``. ``keep``: also leave SPEC.json and c.bin there."""
+    with tempfile.TemporaryDirectory(prefix="kv_delegate_") as tmp:
+        work = Path(tmp)
+        (work / "c.bin").write_bytes(bytes(lowered.description.data))
+        (work / "spec.json").write_text(json.dumps(spec(lowered, backend, "c.bin"), indent=1))
+        out = work / "out.blob"
+        done = subprocess.run([packer(), str(work / "spec.json"), str(out)], capture_output=True, text=True)
+        if keep is not None:
+            keep.mkdir(parents=True, exist_ok=True)
+            for name in ("spec.json", "c.bin"):
+                shutil.copy(work / name, keep / name)
+        if done.returncode != 0:
+            lines = (done.stderr or done.stdout).strip().splitlines()
+            raise PackError(f"delegate-pack failed ({done.returncode}): {lines[-1] if lines else 'no message'}")
+        return out.read_bytes()
