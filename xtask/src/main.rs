@@ -5,6 +5,7 @@
 mod acceptance;
 mod codegen;
 mod demo;
+mod export_pte;
 mod gpu;
 mod nvrtc_setup;
 mod plot;
@@ -48,6 +49,13 @@ enum Task {
         summary: PathBuf,
         /// The SVG to write.
         out: PathBuf,
+    },
+    /// Export the example decoder as ExecuTorch `.pte` programs for ReferenceBackend (every variant: caches as
+    /// mutable buffers or delegate-owned, one or two methods, with and without the KV-alias memory plan), plus
+    /// torch eager's tokens and logits, into DIR; sets up torch and executorch 1.5.1 in `.cache/export-venv`.
+    ExportPte {
+        /// Output directory (the committed fixtures are `fixtures/executorch`).
+        dir: PathBuf,
     },
     /// Write the example decoder's blobs and program manifest into DIR.
     ExportExample {
@@ -161,6 +169,7 @@ fn main() -> anyhow::Result<()> {
         Task::GpuTest => gpu::bundle(&root, "test"),
         Task::BenchGpu => gpu::bundle(&root, "bench"),
         Task::PlotBench { summary, out } => plot::run(&summary, &out),
+        Task::ExportPte { dir } => export_pte::run(&root, &dir),
         Task::ExportExample { backend: Backend::Reference, dir, big, config, memory } => {
             export_reference_graph(kv_example::Backend::Reference, &dir, big, config, memory)
         }

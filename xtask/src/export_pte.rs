@@ -1,0 +1,104 @@
+//! `export-pte DIR`: exports the example decoder as ExecuTorch `.pte` programs for `ReferenceBackend`, every
+//! variant (`python/kv_delegate`), plus torch eager's tokens and logits: what `fixtures/executorch/` holds.
+//!
+//! Sets up `.cache/export-venv` on first use: a venv that reuses the torch of `.cache/torch-venv` when that
+//! exists (same Python; a `.pth` file points at its site-packages, saving a 5 GB install) and installs torch
+//! from PyPI otherwise, then `executorch==1.5.1` without its dependencies (its pinned torch would replace ours)
+//! and the few packages its exporter imports. Builds the packer `delegate-pack` and runs
+//! `python -m kv_delegate.export DIR` with it.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use anyhow::{bail, Context};
+
+use crate::util;
+
+/// The export venv, relative to the project root.
+pub const VENV: &str = ".cache/export-venv";
+/// The torch venv the export venv reuses when present (`gpu/`'s baseline uses it too).
+const TORCH_VENV: &str = ".cache/torch-venv";
+/// The ExecuTorch release the fixtures are made with.
+const EXECUTORCH: &str = "executorch==1.5.1";
+/// torch from PyPI when no torch venv can be reused (ExecuTorch 1.5.1's own runtime is built against it).
+const TORCH: &str = "torch==2.13.0";
+/// What `executorch.exir` and its exporter import beyond torch's own dependencies.
+const EXPORT_DEPS: [&str; 6] = ["numpy", "ruamel.yaml", "pyyaml", "flatbuffers", "tabulate", "packaging"];
+
+/// Sets up the venv, builds `delegate-pack`, and exports every variant into `dir`.
+pub fn run(root: &Path, dir: &Path) -> anyhow::Result<()> {
+    let python = ensure_venv(root)?;
+    eprintln!("xtask: building delegate-pack");
+    util::run_cmd(root, util::cargo().args(["build", "-p", "delegate-pack"]))?;
+    let packer = util::target_dir(root)?.join("debug").join("delegate-pack");
+    let dir = std::path::absolute(dir).with_context(|| format!("resolving {}", dir.display()))?;
+    eprintln!("xtask: exporting the example decoder into {}", dir.display());
+    let mut cmd = Command::new(&python);
+    cmd.args(["-m", "kv_delegate.export"])
+        .arg(&dir)
+        .env("PYTHONPATH", root.join("python").join("kv_delegate"))
+        .env("KV_DELEGATE_PACK", &packer);
+    util::run_cmd(root, &mut cmd)
+}
+
+/// Whether `python` can import `module`.
+fn imports(python: &Path, module: &str) -> bool {
+    Command::new(python)
+        .args(["-c", &format!("import {module}")])
+        .output()
+        .is_ok_and(|out| out.status.success())
+}
+
+/// `python`'s site-packages directory.
+fn site_packages(python: &Path) -> anyhow::Result<PathBuf> {
+    let out = Command::new(python)
+        .args(["-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"])
+        .output()
+        .with_context(|| format!("running {}", python.display()))?;
+    if !out.status.success() {
+        bail!("{} cannot name its site-packages", python.display());
+    }
+    Ok(PathBuf::from(String::from_utf8_lossy(&out.stdout).trim()))
+}
+
+/// The export venv's Python, after making sure torch, executorch and the exporter's imports are there.
+fn ensure_venv(root: &Path) -> anyhow::Result<PathBuf> {
+    let venv = root.join(VENV);
+    let python = venv.join("bin").join("python");
+    if !python.exists() {
+        eprintln!("xtask: creating {}", venv.display());
+        util::run_cmd(root, Command::new("python3").args(["-m", "venv"]).arg(&venv))?;
+        let torch_python = root.join(TORCH_VENV).join("bin").join("python");
+        if imports(&torch_python, "torch") {
+            let theirs = site_packages(&torch_python)?;
+            let ours = site_packages(&python)?;
+            if theirs.file_name().is_some()
+                && theirs.parent().and_then(Path::file_name) == ours.parent().and_then(Path::file_name)
+            {
+                eprintln!("xtask: reusing torch from {}", theirs.display());
+                std::fs::write(ours.join("zz-torch-venv.pth"), format!("{}\n", theirs.display()))
+                    .context("writing the .pth file")?;
+            }
+        }
+    }
+    let pip = |args: &[&str]| -> anyhow::Result<()> {
+        let mut cmd = Command::new(&python);
+        cmd.args(["-m", "pip", "install", "--disable-pip-version-check", "--quiet"]).args(args);
+        util::run_cmd(root, &mut cmd)
+    };
+    if !imports(&python, "torch") {
+        eprintln!(
+            "xtask: installing {TORCH} from PyPI (about 5 GB with its CUDA wheels; it runs on the CPU)"
+        );
+        pip(&[TORCH])?;
+    }
+    if !imports(&python, "executorch.exir") {
+        eprintln!("xtask: installing {EXECUTORCH} (without dependencies) and what its exporter imports");
+        pip(&["--no-deps", EXECUTORCH])?;
+        pip(&EXPORT_DEPS)?;
+    }
+    if !imports(&python, "executorch.exir") {
+        bail!("{} cannot import executorch.exir after the install", python.display());
+    }
+    Ok(python)
+}
