@@ -12,7 +12,7 @@ one reference-graph op when consumed (the position range, a head-split view, the
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, List, Sequence, Tuple, Union
 
 import torch
 from torch.export import ExportedProgram
@@ -29,20 +29,14 @@ class LoweringError(ValueError):
     """The subgraph holds something the reference graph cannot express; the message names the node."""
 
 
-def _target_name(node: torch.fx.Node) -> str:
-    """``aten.mm.default`` for an edge or aten op node."""
+def op_name(node: torch.fx.Node) -> str:
+    """The operator a node calls, e.g. ``aten.mm.default`` (edge and ATen overloads alike)."""
     target = node.target
-    name = getattr(target, "_name", None) or getattr(target, "__name__", None) or str(target)
+    name = str(getattr(target, "_name", None) or getattr(target, "__name__", None) or target).replace("::", ".")
     overload = getattr(target, "_overloadname", None)
-    name = str(name).replace("::", ".")
     if overload and not name.endswith("." + overload):
         name = f"{name}.{overload}"
-    return name if name.startswith("aten.") else str(name)
-
-
-def op_name(node: torch.fx.Node) -> str:
-    """The operator a node calls, e.g. ``aten.mm.default``."""
-    return _target_name(node)
+    return name
 
 
 @dataclass(frozen=True)
