@@ -6,13 +6,17 @@
 //! from PyPI otherwise, then `executorch==1.5.1` without its dependencies (its pinned torch would replace ours)
 //! and the few packages its exporter imports. Builds the packer `delegate-pack` and runs
 //! `python -m kv_delegate.export DIR` with it.
+//!
+//! `--tensorrt` exports the `TensorRTBackend` programs instead (`tensorrt_buffers_*.pte`): it also installs the
+//! TensorRT-RTX library (`trt_setup`), builds kv-example-trt's `trt_pack` (the same spec built into an engine,
+//! on the CPU) and passes it as `KV_TRT_PACK`.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use anyhow::{bail, Context};
 
-use crate::util;
+use crate::{trt_setup, util};
 
 /// The export venv, relative to the project root.
 pub const VENV: &str = ".cache/export-venv";
@@ -25,12 +29,14 @@ const TORCH: &str = "torch==2.13.0";
 /// What `executorch.exir` and its exporter import beyond torch's own dependencies.
 const EXPORT_DEPS: [&str; 6] = ["numpy", "ruamel.yaml", "pyyaml", "flatbuffers", "tabulate", "packaging"];
 
-/// Sets up the venv, builds `delegate-pack`, and exports every variant into `dir`.
-pub fn run(root: &Path, dir: &Path) -> anyhow::Result<()> {
+/// Sets up the venv, builds `delegate-pack` (and `trt_pack` with `tensorrt`), and exports every variant into
+/// `dir`.
+pub fn run(root: &Path, dir: &Path, tensorrt: bool) -> anyhow::Result<()> {
     let python = ensure_venv(root)?;
     eprintln!("xtask: building delegate-pack");
     util::run_cmd(root, util::cargo().args(["build", "-p", "delegate-pack"]))?;
-    let packer = util::target_dir(root)?.join("debug").join("delegate-pack");
+    let debug = util::target_dir(root)?.join("debug");
+    let packer = debug.join("delegate-pack");
     let dir = std::path::absolute(dir).with_context(|| format!("resolving {}", dir.display()))?;
     eprintln!("xtask: exporting the example decoder into {}", dir.display());
     let mut cmd = Command::new(&python);
@@ -38,6 +44,15 @@ pub fn run(root: &Path, dir: &Path) -> anyhow::Result<()> {
         .arg(&dir)
         .env("PYTHONPATH", root.join("python").join("kv_delegate"))
         .env("KV_DELEGATE_PACK", &packer);
+    if tensorrt {
+        let trt = trt_setup::ensure(root)?;
+        eprintln!("xtask: building kv-example-trt's trt_pack (TensorRT-RTX engines, built on the CPU)");
+        let mut build = util::cargo();
+        trt.apply(&mut build);
+        util::run_cmd(root, build.args(["build", "-p", "kv-example-trt", "--example", "trt_pack"]))?;
+        trt.apply(&mut cmd);
+        cmd.args(["--backend", "tensorrt"]).env("KV_TRT_PACK", debug.join("examples").join("trt_pack"));
+    }
     util::run_cmd(root, &mut cmd)
 }
 

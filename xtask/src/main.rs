@@ -56,6 +56,10 @@ enum Task {
     ExportPte {
         /// Output directory (the committed fixtures are `fixtures/executorch`).
         dir: PathBuf,
+        /// Export the TensorRTBackend programs instead (TensorRT-RTX engines built here on the CPU; the
+        /// library is installed when missing).
+        #[arg(long)]
+        tensorrt: bool,
     },
     /// Write the example decoder's blobs and program manifest into DIR.
     ExportExample {
@@ -169,7 +173,7 @@ fn main() -> anyhow::Result<()> {
         Task::GpuTest => gpu::bundle(&root, "test"),
         Task::BenchGpu => gpu::bundle(&root, "bench"),
         Task::PlotBench { summary, out } => plot::run(&summary, &out),
-        Task::ExportPte { dir } => export_pte::run(&root, &dir),
+        Task::ExportPte { dir, tensorrt } => export_pte::run(&root, &dir, tensorrt),
         Task::ExportExample { backend: Backend::Reference, dir, big, config, memory } => {
             export_reference_graph(kv_example::Backend::Reference, &dir, big, config, memory)
         }

@@ -18,6 +18,10 @@
 //! # Ok::<(), trt_build::Error>(())
 //! ```
 //!
+//! [`network_from_graph`] translates any `f32` reference graph the same way: the ExecuTorch exporter's
+//! `TensorRTBackend` (`python/kv_delegate`) builds its engines with it through the `trt_pack` example
+//! (`trt_pack SPEC.json OUT.blob`, the spec of `delegate-pack`).
+//!
 //! Exporting the TensorRT program (engines for prefill and decode plus `program.toml`):
 //! `cargo run -p kv-example-trt --example export_example -- DIR [--big]` (see `examples/export_example.rs`;
 //! `cargo xtask export-example --backend tensorrt DIR` installs the library and runs it).
@@ -29,5 +33,7 @@
 #![forbid(unsafe_code)]
 
 mod decoder;
+mod from_graph;
 
 pub use decoder::{arg_order, decoder_blob, decoder_network, k_cache, k_cache_out, v_cache, v_cache_out};
+pub use from_graph::network_from_graph;

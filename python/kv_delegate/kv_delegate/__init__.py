@@ -1,15 +1,23 @@
 """kv_delegate: ExecuTorch ahead-of-time support for the kv-delegate project's delegates.
 
 - :class:`ReferencePartitioner` tags what the CPU reference delegate runs, :class:`ReferenceBackend` lowers it to a
-  reference-graph payload inside a native blob (written by the Rust packer ``delegate-pack``).
+  reference-graph payload inside a native blob (written by the Rust packer ``delegate-pack``);
+  :class:`TensorRTPartitioner` / :class:`TensorRTBackend` build the same lowered graph into a TensorRT-RTX engine.
 - :class:`KvAliasMemoryPlanningPass` places each delegate KV output on its mutable buffer's storage.
 - :mod:`kv_delegate.model` is kv-example's decoder in torch; :mod:`kv_delegate.export` writes the fixtures.
 """
 
 __version__ = "0.1.0"
 
-from .backend import ReferenceBackend  # noqa: E402
-from .partitioner import ReferencePartitioner  # noqa: E402
+from .backend import ReferenceBackend, TensorRTBackend  # noqa: E402
+from .partitioner import ReferencePartitioner, TensorRTPartitioner  # noqa: E402
 from .planning import KvAliasMemoryPlanningPass  # noqa: E402
 
-__all__ = ["ReferenceBackend", "ReferencePartitioner", "KvAliasMemoryPlanningPass", "__version__"]
+__all__ = [
+    "ReferenceBackend",
+    "ReferencePartitioner",
+    "TensorRTBackend",
+    "TensorRTPartitioner",
+    "KvAliasMemoryPlanningPass",
+    "__version__",
+]

@@ -1,19 +1,35 @@
-"""``ReferenceBackend``: the ExecuTorch ``BackendDetails`` of the CPU reference delegate (class name = backend id)."""
+"""The ExecuTorch ``BackendDetails`` of our delegates (class name = backend id): ``ReferenceBackend`` (the CPU
+reference delegate) and ``TensorRTBackend`` (the TensorRT delegate)."""
 
 from __future__ import annotations
 
 import logging
-from typing import Dict, List
+from typing import Dict, List, Optional
 
 from executorch.exir.backend.backend_details import BackendDetails, PreprocessResult
 from executorch.exir.backend.compile_spec_schema import CompileSpec
 from torch.export import ExportedProgram
 
 from .lowering import Lowered, lower
-from .names import ALIASES_META, REFERENCE_BACKEND
-from .pack import pack
+from .names import ALIASES_META, REFERENCE_BACKEND, TENSORRT_BACKEND
+from .pack import TRT_PACKER_ENV, pack, packer
 
 log = logging.getLogger("kv_delegate")
+
+
+def _preprocess(edge_program: ExportedProgram, backend: str, tool: Optional[str]) -> PreprocessResult:
+    lowered = lower(edge_program)
+    log.info(
+        "kv_delegate: %s lowers %d ops; bindings %s%s",
+        backend,
+        len(lowered.description.ops),
+        [f"{b.role}:{b.name}" for b in lowered.bindings],
+        f"; state {lowered.description.state}" if lowered.description.state else "",
+    )
+    return PreprocessResult(
+        processed_bytes=pack(lowered, backend, tool=tool),
+        _delegate_info_meta={ALIASES_META: aliased_outputs(lowered)},
+    )
 
 
 class ReferenceBackend(BackendDetails):
@@ -27,18 +43,21 @@ class ReferenceBackend(BackendDetails):
     @staticmethod
     def preprocess(edge_program: ExportedProgram, compile_specs: List[CompileSpec]) -> PreprocessResult:
         """The processed bytes: the native blob ``delegate-pack`` writes."""
-        lowered = lower(edge_program)
-        log.info(
-            "kv_delegate: %s lowers %d ops; bindings %s%s",
-            REFERENCE_BACKEND,
-            len(lowered.description.ops),
-            [f"{b.role}:{b.name}" for b in lowered.bindings],
-            f"; state {lowered.description.state}" if lowered.description.state else "",
-        )
-        return PreprocessResult(
-            processed_bytes=pack(lowered, REFERENCE_BACKEND),
-            _delegate_info_meta={ALIASES_META: aliased_outputs(lowered)},
-        )
+        return _preprocess(edge_program, REFERENCE_BACKEND, None)
+
+
+class TensorRTBackend(BackendDetails):
+    """Lowers a delegated subgraph as :class:`ReferenceBackend` does, then builds the reference graph into a
+    TensorRT-RTX engine (``kv_example_trt::network_from_graph``, real ``IKVCacheUpdateLayer``s) in a native blob,
+    with the same bindings in the same order. The packer is kv-example-trt's ``trt_pack`` example
+    (``$KV_TRT_PACK``); building needs the TensorRT-RTX library, not a GPU. Caches are engine I/O of shape
+    ``[1, H, L, Dh]`` (the bytes of the program's ``[H, L, Dh]`` buffers); delegate-owned state is refused.
+    """
+
+    @staticmethod
+    def preprocess(edge_program: ExportedProgram, compile_specs: List[CompileSpec]) -> PreprocessResult:
+        """The processed bytes: the native blob ``trt_pack`` writes."""
+        return _preprocess(edge_program, TENSORRT_BACKEND, packer(TRT_PACKER_ENV, "trt-pack"))
 
 
 def aliased_outputs(lowered: Lowered) -> Dict[int, int]:

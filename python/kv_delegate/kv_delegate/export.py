@@ -1,10 +1,12 @@
 """Exports kv-example's ``tiny`` decoder as ExecuTorch programs for ``ReferenceBackend``, every variant, plus
 torch eager's tokens and logits: the fixtures of ``fixtures/executorch/``.
 
-    python -m kv_delegate.export DIR [--only NAME ...]
+    python -m kv_delegate.export DIR [--backend reference|tensorrt] [--only NAME ...]
 
 Writes ``DIR/<design>_<methods>[_planned].pte``, ``DIR/expected.json`` and ``DIR/logits.npy`` (the contract is
 in fixtures/executorch/README.md). Needs torch, executorch 1.5.1 and the packer (``$KV_DELEGATE_PACK``).
+``--backend tensorrt`` writes ``tensorrt_buffers_*.pte`` instead (TensorRT-RTX engines built by ``$KV_TRT_PACK``;
+no owned variant), and its ``expected.json`` gives each program's ``backend``.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from executorch.exir import ExecutorchBackendConfig, to_edge_transform_and_lower
 from executorch.exir.passes import MemoryPlanningPass
 
 from .model import TINY, Decoder, greedy
-from .partitioner import ReferencePartitioner
+from .partitioner import ReferencePartitioner, TensorRTPartitioner
 from .planning import KvAliasMemoryPlanningPass
 
 log = logging.getLogger("kv_delegate")
@@ -40,6 +42,7 @@ class Variant:
     design: str  # "buffers" | "owned"
     two_methods: bool
     planned: bool
+    backend: str = "reference"  # "reference" | "tensorrt"
 
     @property
     def methods(self) -> List[str]:
@@ -47,7 +50,8 @@ class Variant:
 
     @property
     def file(self) -> str:
-        return f"{self.design}_{'2m' if self.two_methods else '1m'}{'_planned' if self.planned else ''}.pte"
+        prefix = "tensorrt_" if self.backend == "tensorrt" else ""
+        return f"{prefix}{self.design}_{'2m' if self.two_methods else '1m'}{'_planned' if self.planned else ''}.pte"
 
 
 #: What is exported. ``owned_2m`` is not: each method's delegate instance owns its own state, so prefill's
@@ -69,7 +73,8 @@ def _export(model: Decoder, rows: int) -> torch.export.ExportedProgram:
 
 def export_variant(model: Decoder, variant: Variant) -> Tuple[bytes, Dict[str, object]]:
     """The ``.pte`` bytes of ``variant`` and a summary (partitioner report, aliased outputs)."""
-    partitioner = ReferencePartitioner(owned_state=variant.design == "owned", output_names=["logits"])
+    kind = TensorRTPartitioner if variant.backend == "tensorrt" else ReferencePartitioner
+    partitioner = kind(owned_state=variant.design == "owned", output_names=["logits"])
     rows = {"forward": 1, "prefill": len(model.cfg["prompt"]), "decode": 1}
     with torch.no_grad():
         programs = {name: _export(model, rows[name]) for name in variant.methods}
@@ -91,6 +96,8 @@ def export_variant(model: Decoder, variant: Variant) -> Tuple[bytes, Dict[str, o
 def main(argv: List[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("dir", type=Path, help="output directory (created)")
+    ap.add_argument("--backend", choices=["reference", "tensorrt"], default="reference",
+                    help="the delegate the programs are for (tensorrt: buffers variants only)")
     ap.add_argument("--only", action="append", default=[], help="export only this file name (repeatable)")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
@@ -102,7 +109,10 @@ def main(argv: List[str] | None = None) -> int:
     tokens, logits = greedy(model, STEPS)
     print(f"kv_delegate: torch {torch.__version__}, executorch {dist_version('executorch')}; eager tokens {tokens}")
     programs: Dict[str, Dict[str, object]] = {}
-    for variant in VARIANTS:
+    variants = VARIANTS
+    if args.backend == "tensorrt":
+        variants = tuple(Variant(v.design, v.two_methods, v.planned, "tensorrt") for v in VARIANTS if v.design == "buffers")
+    for variant in variants:
         if args.only and variant.file not in args.only:
             continue
         model.reset_caches()
@@ -111,6 +121,8 @@ def main(argv: List[str] | None = None) -> int:
         print(f"kv_delegate: wrote {variant.file} ({len(data)} bytes; methods {variant.methods}; "
               f"not delegated: {summary['unsupported'] or 'nothing'}; aliased KV outputs: {len(summary['aliased'])})")
         programs[variant.file] = {"design": variant.design, "methods": variant.methods, "planned": variant.planned}
+        if variant.backend == "tensorrt":
+            programs[variant.file]["backend"] = "TensorRTBackend"
 
     np.save(args.dir / "logits.npy", logits.numpy().astype(np.float32))
     expected = {

@@ -10,6 +10,9 @@ OUTPUT_NAME_META = "kv_delegate_name"
 #: The backend id of the CPU reference delegate (the class name of its ``BackendDetails``).
 REFERENCE_BACKEND = "ReferenceBackend"
 
+#: The backend id of the TensorRT delegate.
+TENSORRT_BACKEND = "TensorRTBackend"
+
 #: Key of a lowered module's ``_delegate_info_meta``: ``{output index: input index}`` of the delegate's KV
 #: outputs that alias a cache input (what :class:`kv_delegate.KvAliasMemoryPlanningPass` places together).
 ALIASES_META = "kv_aliases"

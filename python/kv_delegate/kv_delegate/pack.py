@@ -15,17 +15,20 @@ from .lowering import Lowered
 
 #: Environment variable naming the packer binary (else ``delegate-pack`` on ``PATH``).
 PACKER_ENV = "KV_DELEGATE_PACK"
+#: Environment variable naming the TensorRT packer (kv-example-trt's ``trt_pack`` example, else ``trt-pack`` on
+#: ``PATH``): the same spec, built into a TensorRT-RTX engine.
+TRT_PACKER_ENV = "KV_TRT_PACK"
 
 
 class PackError(RuntimeError):
     """The packer is missing or refused the spec (its ``error:`` line is the message)."""
 
 
-def packer() -> str:
-    """The packer's path: ``$KV_DELEGATE_PACK``, else ``delegate-pack`` from ``PATH``."""
-    path = os.environ.get(PACKER_ENV) or shutil.which("delegate-pack")
+def packer(env: str = PACKER_ENV, program: str = "delegate-pack") -> str:
+    """The packer's path: ``$env`` (``$KV_DELEGATE_PACK``), else ``program`` from ``PATH``."""
+    path = os.environ.get(env) or shutil.which(program)
     if not path:
-        raise PackError(f"delegate-pack not found: set {PACKER_ENV} or put it on PATH (cargo build -p delegate-pack)")
+        raise PackError(f"{program} not found: set {env} or put it on PATH")
     return path
 
 
@@ -40,19 +43,20 @@ def spec(lowered: Lowered, backend: str, constants_file: str) -> Dict[str, objec
     }
 
 
-def pack(lowered: Lowered, backend: str, keep: Optional[Path] = None) -> bytes:
-    """The native blob of ``lowered`` for ``backend``. ``keep``: also leave SPEC.json and c.bin there."""
+def pack(lowered: Lowered, backend: str, keep: Optional[Path] = None, tool: Optional[str] = None) -> bytes:
+    """The native blob of ``lowered`` for ``backend``, written by ``tool`` (default: :func:`packer`).
+    ``keep``: also leave SPEC.json and c.bin there."""
     with tempfile.TemporaryDirectory(prefix="kv_delegate_") as tmp:
         work = Path(tmp)
         (work / "c.bin").write_bytes(bytes(lowered.description.data))
         (work / "spec.json").write_text(json.dumps(spec(lowered, backend, "c.bin"), indent=1))
         out = work / "out.blob"
-        done = subprocess.run([packer(), str(work / "spec.json"), str(out)], capture_output=True, text=True)
+        done = subprocess.run([tool or packer(), str(work / "spec.json"), str(out)], capture_output=True, text=True)
         if keep is not None:
             keep.mkdir(parents=True, exist_ok=True)
             for name in ("spec.json", "c.bin"):
                 shutil.copy(work / name, keep / name)
         if done.returncode != 0:
             lines = (done.stderr or done.stdout).strip().splitlines()
-            raise PackError(f"delegate-pack failed ({done.returncode}): {lines[-1] if lines else 'no message'}")
+            raise PackError(f"{tool or 'delegate-pack'} failed ({done.returncode}): {lines[-1] if lines else 'no message'}")
         return out.read_bytes()

@@ -15,7 +15,7 @@ from torch.fx.passes.infra.partitioner import CapabilityBasedPartitioner
 from torch.fx.passes.operator_support import OperatorSupportBase
 
 from .lowering import op_name
-from .names import CACHE_META, OUTPUT_NAME_META, REFERENCE_BACKEND
+from .names import CACHE_META, OUTPUT_NAME_META, REFERENCE_BACKEND, TENSORRT_BACKEND
 
 log = logging.getLogger("kv_delegate")
 
@@ -73,11 +73,14 @@ class ReferencePartitioner(Partitioner):
             delegate outputs that produce them under these names (default: the node names).
     """
 
+    #: The backend the partitions are for.
+    backend_id = REFERENCE_BACKEND
+
     def __init__(self, owned_state: bool = False, output_names: Sequence[str] = ()) -> None:
         super().__init__()
         self.owned_state = owned_state
         self.output_names = list(output_names)
-        self.delegation_spec = DelegationSpec(REFERENCE_BACKEND, [])
+        self.delegation_spec = DelegationSpec(self.backend_id, [])
         self._rejected: List[Tuple[str, str]] = []
 
     def ops_to_not_decompose(
@@ -133,7 +136,7 @@ class ReferencePartitioner(Partitioner):
         ).propose_partitions()
         tags: Dict[str, DelegationSpec] = {}
         for partition in partitions:
-            tag = f"reference_{partition.id}"
+            tag = f"{self.backend_id}_{partition.id}"
             for node in partition.nodes:
                 node.meta["delegation_tag"] = tag
             tags[tag] = self.delegation_spec
@@ -141,7 +144,19 @@ class ReferencePartitioner(Partitioner):
         if self.owned_state:
             tag_mutated_buffer(exported_program)
         for node, op in self._rejected:
-            log.warning("kv_delegate: not delegated to %s: %s (%s)", REFERENCE_BACKEND, node, op)
-        log.info("kv_delegate: %d partition(s) for %s, %d node(s) left outside", len(tags), REFERENCE_BACKEND,
+            log.warning("kv_delegate: not delegated to %s: %s (%s)", self.backend_id, node, op)
+        log.info("kv_delegate: %d partition(s) for %s, %d node(s) left outside", len(tags), self.backend_id,
                  len(self._rejected))
         return PartitionResult(tagged_exported_program=exported_program, partition_tags=tags)
+
+
+class TensorRTPartitioner(ReferencePartitioner):
+    """:class:`ReferencePartitioner` for ``TensorRTBackend`` (same ops). A TensorRT engine keeps no state between
+    executions, so ``owned_state`` is refused."""
+
+    backend_id = TENSORRT_BACKEND
+
+    def __init__(self, owned_state: bool = False, output_names: Sequence[str] = ()) -> None:
+        if owned_state:
+            raise ValueError("TensorRTBackend cannot own caches: export them as program buffers")
+        super().__init__(owned_state=False, output_names=output_names)
