@@ -169,6 +169,40 @@ fn convert_refuses_to_write_onto_its_input_by_any_name() {
 }
 
 #[test]
+fn convert_refuses_a_header_native_cannot_hold_before_writing_anything() {
+    // A TR01 of long shape tables: 1.6 MB of metadata (under the 4 MiB upstream bound) that would become
+    // about 19 MB of native header.
+    let shape = vec![1i64; 200_000];
+    let bindings: Vec<serde_json::Value> = (0..4)
+        .map(|i| serde_json::json!({"name": format!("t{i}"), "dtype": "f32", "shape": shape, "is_input": true}))
+        .collect();
+    let metadata = serde_json::to_vec(&serde_json::json!({ "io_bindings": bindings })).expect("json");
+    let engine_offset = (32 + metadata.len()).div_ceil(16) * 16;
+    let mut bytes = b"TR01".to_vec();
+    bytes.extend_from_slice(&32u32.to_le_bytes());
+    bytes.extend_from_slice(&(metadata.len() as u32).to_le_bytes());
+    bytes.extend_from_slice(&(engine_offset as u32).to_le_bytes());
+    bytes.extend_from_slice(&4u64.to_le_bytes());
+    bytes.resize(32, 0);
+    bytes.extend_from_slice(&metadata);
+    bytes.resize(engine_offset, 0);
+    bytes.extend_from_slice(b"ftrt");
+    let dir = tempfile::tempdir().expect("temp dir");
+    let (input, output) = (dir.path().join("long.blob"), dir.path().join("out.blob"));
+    std::fs::write(&input, &bytes).expect("write");
+    std::fs::write(&output, b"kept").expect("an existing output");
+    let line = one_line_error(&run(host().arg("convert").arg(&input).arg(&output).args(["--to", "native"])));
+    assert!(
+        line.contains(
+            "cannot convert to native: native cannot express this blob: its header would take up to"
+        ),
+        "{line}"
+    );
+    assert!(line.ends_with("[NotSupported]"), "{line}");
+    assert_eq!(std::fs::read(&output).expect("output intact"), b"kept");
+}
+
+#[test]
 fn usage_errors_are_one_line_with_a_code() {
     for args in [
         &["run", "program.toml", "--steps", "-1"][..],
