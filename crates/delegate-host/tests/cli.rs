@@ -468,6 +468,24 @@ fn a_plugin_for_a_newer_abi_is_rejected_naming_both_ranges_while_the_others_load
 }
 
 #[test]
+fn what_a_plugin_prints_goes_to_stderr_and_json_stays_clean() {
+    let file = format!("{}abi_test{}", std::env::consts::DLL_PREFIX, std::env::consts::DLL_SUFFIX);
+    let dir = tempfile::tempdir().expect("temp dir");
+    std::fs::copy(test_plugin_dir().join(&file), dir.path().join(&file)).expect("built test plugin");
+    let out = run(host()
+        .args(["plugins", "--json", "--plugin-dir"])
+        .arg(dir.path())
+        .env("ABI_TEST_PRINT", "chatter from a plugin {")
+        .env_remove("DELEGATE_PLUGIN_PATH"));
+    let list = stdout_json(&out);
+    assert!(list.as_array().is_some_and(|l| l.iter().any(|c| c["status"] == "loaded")), "{list}");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("chatter from a plugin {"), "printed, to stderr");
+    // `--help` is the command's own output and stays on stdout.
+    let help = run(host().arg("--help"));
+    assert!(String::from_utf8_lossy(&help.stdout).contains("Usage"), "help on stdout");
+}
+
+#[test]
 fn bench_reports_both_modes_with_their_copies() {
     let dir = tempfile::tempdir().expect("temp dir");
     let cfg = kv_example::Config::tiny();
