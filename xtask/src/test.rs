@@ -49,6 +49,7 @@ pub fn run(root: &Path) -> anyhow::Result<()> {
             .env("RUST_BACKTRACE", "0"),
     )?;
     tensorrt_smoke(root, &with_trt)?;
+    crate::leak_check::run(root)?;
     demo_in_another_target_dir(root)?;
     eprintln!("xtask test: all checks passed");
     Ok(())

@@ -39,6 +39,24 @@ fn parse_target_dir(metadata: &[u8]) -> anyhow::Result<PathBuf> {
     }
 }
 
+/// Installs a Debian package with apt-get (needs root), retrying once after `apt-get update`.
+pub fn apt_install(package: &str) -> anyhow::Result<()> {
+    let install =
+        || Command::new("apt-get").args(["install", "-y", "--no-install-recommends", package]).status();
+    if install().map(|s| s.success()).unwrap_or(false) {
+        return Ok(());
+    }
+    let update = Command::new("apt-get").arg("update").status().context("running apt-get update")?;
+    if !update.success() {
+        bail!("apt-get update failed ({update}); install {package} by hand (needs root)");
+    }
+    let status = install().with_context(|| format!("running apt-get install {package}"))?;
+    if !status.success() {
+        bail!("apt-get install {package} failed ({status}); install it by hand (needs root)");
+    }
+    Ok(())
+}
+
 /// `cargo` as the one running us.
 pub fn cargo() -> Command {
     Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()))
