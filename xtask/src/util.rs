@@ -57,6 +57,28 @@ pub fn apt_install(package: &str) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// The file name of the plugin library of crate `stem` (`reference_delegate_dylib` -> `libreference_delegate_dylib.so`).
+pub fn dylib_name(stem: &str) -> String {
+    format!("{}{stem}{}", std::env::consts::DLL_PREFIX, std::env::consts::DLL_SUFFIX)
+}
+
+/// Writes the manifest of each plugin library in `dir` (by crate-name stem) with `delegate-host plugin-manifest`:
+/// read from the built library, never typed by hand, so discovery can list and choose it without loading it.
+pub fn write_plugin_manifests(
+    dir: &Path,
+    host: &Path,
+    stems: &[&str],
+    env: impl Fn(&mut Command),
+) -> anyhow::Result<()> {
+    let mut cmd = Command::new(host);
+    cmd.arg("plugin-manifest");
+    for stem in stems {
+        cmd.arg(dir.join(dylib_name(stem)));
+    }
+    env(&mut cmd);
+    run_cmd(dir, &mut cmd)
+}
+
 /// `cargo` as the one running us.
 pub fn cargo() -> Command {
     Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()))
