@@ -782,7 +782,8 @@ mod tests {
 
     #[test]
     fn a_manifest_that_cannot_apply_is_refused_without_loading() {
-        let cases: [(fn(&mut PluginManifest), &str); 4] = [
+        type Edit = fn(&mut PluginManifest);
+        let cases: [(Edit, &str); 4] = [
             (
                 |m| m.abi = crate::plugin_manifest::AbiSpan { min: 2, max: 3 },
                 "plugin speaks ABI 2..=3, host 1..=1",
