@@ -158,6 +158,9 @@ pub enum Error {
         /// What is wrong.
         problem: String,
     },
+    /// The header is too large for the native format.
+    #[error(transparent)]
+    Write(#[from] blob_format::WriteError),
     /// The header disagrees with the graph by the rules every delegate's `init` applies.
     #[error("the blob would be refused at init: {0}")]
     Validate(#[from] alias_validate::Error),
@@ -169,6 +172,7 @@ impl HasErrorCode for Error {
             Error::Io { .. } => ErrorCode::AccessFailed,
             Error::Spec { .. } | Error::Binding { .. } | Error::Backend(_) => ErrorCode::InvalidArgument,
             Error::Graph(err) => err.error_code(),
+            Error::Write(err) => err.error_code(),
             Error::Validate(err) => err.error_code(),
         }
     }
@@ -230,6 +234,7 @@ fn build(spec: &Spec, constants: &[u8]) -> Result<(Header, Vec<u8>), Error> {
         engine_metadata: None,
     };
     alias_validate::validate_with_engine(&header, &graph)?;
+    blob_format::native::check_header(&header)?;
     Ok((header, graph.encode()))
 }
 

@@ -416,7 +416,7 @@ fn blobs_for_other_backends_or_payloads_are_incompatible() {
     expect_code(init(&delegate, &blob), ErrorCode::DelegateInvalidCompatibility, "tensorrt-plan");
 
     assert!(matches!(delegate.compatibility(b"not a blob at all"), Compatibility::Unsupported { .. }));
-    assert!(init(&delegate, b"not a blob at all").is_err());
+    expect_code(init(&delegate, b"not a blob at all"), ErrorCode::DelegateInvalidCompatibility, "magic");
 }
 
 #[test]
@@ -425,7 +425,7 @@ fn corrupt_payloads_and_wrong_alias_tables_are_refused_at_init() {
     let mut blob = blob_with(&header(1), 1);
     let last = blob.len() - 1;
     blob[last] ^= 0xff;
-    expect_code(init(&delegate, &blob), ErrorCode::InvalidProgram, "");
+    expect_code(init(&delegate, &blob), ErrorCode::InvalidProgram, "checksum");
 
     // The alias table claims k_cache_out writes into v_cache; the graph says k_cache.
     let mut crossed = header(1);
@@ -440,8 +440,11 @@ fn corrupt_payloads_and_wrong_alias_tables_are_refused_at_init() {
     // A user alias is metadata the graph cannot perform.
     let mut user = header(1);
     user.aliases[0].kind = AliasKind::User;
-    let result = init(&delegate, &blob_with(&user, 1));
-    assert!(result.is_err());
+    expect_code(
+        init(&delegate, &blob_with(&user, 1)),
+        ErrorCode::NotSupported,
+        "user alias 'k_cache_out' -> 'k_cache' is not supported",
+    );
 }
 
 #[test]
