@@ -111,7 +111,9 @@ def main(argv: List[str] | None = None) -> int:
     programs: Dict[str, Dict[str, object]] = {}
     variants = VARIANTS
     if args.backend == "tensorrt":
-        variants = tuple(Variant(v.design, v.two_methods, v.planned, "tensorrt") for v in VARIANTS if v.design == "buffers")
+        variants = tuple(
+            Variant(v.design, v.two_methods, v.planned, "tensorrt") for v in VARIANTS if v.design == "buffers"
+        )
     for variant in variants:
         if args.only and variant.file not in args.only:
             continue

@@ -268,7 +268,8 @@ class _Lowerer:
             return Positions(value.position, value.count, shape)
         if isinstance(value, Tensor):
             dtype, src_shape = self.desc.shapes[value.name]
-            if len(src_shape) == 2 and len(shape) == 3 and shape[0] == src_shape[0] and shape[1] * shape[2] == src_shape[1]:
+            splits_rows = len(src_shape) == 2 and len(shape) == 3 and shape[0] == src_shape[0]
+            if splits_rows and shape[1] * shape[2] == src_shape[1]:
                 return HeadView(value.name, shape[1], shape[2], heads_first=False)
             if shape == src_shape:
                 return value
@@ -316,7 +317,9 @@ class _Lowerer:
         upd = self.values.get(update)
         pos = self.position_of(self.values.get(index), node, "the row index")
         if not (isinstance(upd, HeadView) and upd.heads_first):
-            raise LoweringError(f"'{node.name}': the cache update's values {upd!r} are not [T, H*Dh] seen as [H, T, Dh]")
+            raise LoweringError(
+                f"'{node.name}': the cache update's values {upd!r} are not [T, H*Dh] seen as [H, T, Dh]"
+            )
         return self.out(node, "kv_cache_update", cache=self.tensor(cache, "cache", node), update=upd.source,
                         position=pos.position)
 
@@ -351,7 +354,8 @@ class _Lowerer:
             ):
                 raise LoweringError(f"'{node.name}': the {what} {cache!r} is not a cache update's output")
         if self.desc.shapes[k.name][1][1] != m.rows:
-            raise LoweringError(f"'{node.name}': the mask covers {m.rows} rows, the cache {self.desc.shapes[k.name][1]}")
+            cache_shape = self.desc.shapes[k.name][1]
+            raise LoweringError(f"'{node.name}': the mask covers {m.rows} rows, the cache is {cache_shape}")
         dtype, q_shape = self.desc.shapes[q.source]
         name = f"{node.name}_out"
         self.desc.op("causal_attention", name, dtype, q_shape, q=q.source, k=k.name, v=v.name, position=m.position)

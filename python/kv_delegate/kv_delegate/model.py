@@ -108,7 +108,9 @@ class Decoder(torch.nn.Module):
             v_cache.index_copy_(1, positions, v.view(t, heads, head_dim).transpose(0, 1))
             qh = q.view(t, heads, head_dim).transpose(0, 1)
             a = F.scaled_dot_product_attention(qh, k_cache, v_cache, attn_mask=visible)
-            x = x + torch.mm(a.transpose(0, 1).clone(memory_format=torch.contiguous_format).view(t, self.dim), self.weight(p + "wo"))
+            # An explicit contiguous copy before the view: sdpa's output strides differ between tracing passes.
+            merged = a.transpose(0, 1).clone(memory_format=torch.contiguous_format).view(t, self.dim)
+            x = x + torch.mm(merged, self.weight(p + "wo"))
         h = F.rms_norm(x, (self.dim,), self.weight("final_norm"), self.eps)
         return torch.mm(h, self.weight("w_out"))
 

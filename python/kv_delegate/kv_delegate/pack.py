@@ -58,5 +58,6 @@ def pack(lowered: Lowered, backend: str, keep: Optional[Path] = None, tool: Opti
                 shutil.copy(work / name, keep / name)
         if done.returncode != 0:
             lines = (done.stderr or done.stdout).strip().splitlines()
-            raise PackError(f"{tool or 'delegate-pack'} failed ({done.returncode}): {lines[-1] if lines else 'no message'}")
+            message = lines[-1] if lines else "no message"
+            raise PackError(f"{tool or 'delegate-pack'} failed ({done.returncode}): {message}")
         return out.read_bytes()
