@@ -38,6 +38,7 @@ pub mod generate;
 mod lend;
 pub mod plugins;
 pub mod program;
+pub mod pte;
 
 /// The program manifest ([`program_manifest`]): [`program::Program::load`] takes its checked [`manifest::Manifest`].
 pub use program_manifest as manifest;
