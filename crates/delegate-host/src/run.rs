@@ -41,7 +41,13 @@ impl From<ModeArg> for Mode {
 pub fn is_pte(path: &Path) -> bool {
     use std::io::Read;
     let mut head = [0u8; 8];
-    let read = std::fs::File::open(path).and_then(|mut f| f.read_exact(&mut head));
+    // Only a regular file is opened: a FIFO would block and a device stream; the loaders name those.
+    let regular = std::fs::metadata(path).is_ok_and(|m| m.is_file());
+    let read = if regular {
+        std::fs::File::open(path).and_then(|mut f| f.read_exact(&mut head))
+    } else {
+        Err(std::io::ErrorKind::InvalidInput.into())
+    };
     match read {
         Ok(()) if host_runtime::pte::is_pte(&head) => true,
         _ => path.extension().is_some_and(|e| e.eq_ignore_ascii_case("pte")),

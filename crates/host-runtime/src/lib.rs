@@ -16,6 +16,9 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 //!
+//! ExecuTorch programs (`.pte`) load onto the same machinery ([`pte::load`]): their delegate calls, buffers
+//! and write-backs become a [`program::Program`]'s calls, buffers and argument plans.
+//!
 //! ## CUDA
 //!
 //! Buffers and method inputs and outputs declared `device`, `managed` or `pinned` get real CUDA memory of
