@@ -6,6 +6,7 @@ mod acceptance;
 mod codegen;
 mod demo;
 mod gpu;
+mod leak_check;
 mod nvrtc_setup;
 mod plot;
 mod test;
@@ -30,6 +31,9 @@ enum Task {
     Demo,
     /// Everything CI checks: fmt, codegen --check, clippy, tests.
     Test,
+    /// 1 000 init/execute/destroy cycles of the reference plugin library under valgrind, against a few: the
+    /// leak summary must not grow (part of `test`).
+    LeakCheck,
     /// Regenerate committed generated code (flatbuffers), or check it is current.
     Codegen {
         /// Fail if the committed code differs from what would be generated.
@@ -157,6 +161,7 @@ fn main() -> anyhow::Result<()> {
     match cli.task {
         Task::Demo => demo::run(&root),
         Task::Test => test::run(&root),
+        Task::LeakCheck => leak_check::run(&root),
         Task::Codegen { check } => codegen::run(&root, check),
         Task::GpuTest => gpu::bundle(&root, "test"),
         Task::BenchGpu => gpu::bundle(&root, "bench"),

@@ -12,7 +12,6 @@ use std::path::{Path, PathBuf};
 use clap::ValueEnum;
 use host_runtime::generate::{device_loop_refusal, generate_with, Generation, Options};
 use host_runtime::manifest::Manifest;
-use host_runtime::plugins::Registry;
 use host_runtime::program::{CopyStats, Mode, Program};
 use serde_json::json;
 
@@ -56,7 +55,12 @@ pub fn is_pte(path: &Path) -> bool {
 
 /// Loads the program at `path`: a `.pte` (with `--prompt`, as a token generator) or a TOML manifest (whose
 /// `[generate]` prompt `--prompt` replaces).
-fn load(path: &Path, registry: &Registry, mode: Mode, args: &RunArgs) -> Result<Program, Failure> {
+fn load(
+    path: &Path,
+    registry: &host_runtime::plugins::Registry,
+    mode: Mode,
+    args: &RunArgs,
+) -> Result<Program, Failure> {
     if is_pte(path) {
         return Ok(host_runtime::pte::load(path, registry, mode, args.prompt.as_deref())?);
     }
@@ -131,7 +135,7 @@ fn options(steps: usize, args: &RunArgs, program: &Program, cuda_graph: bool) ->
 
 pub fn run_program(path: &Path, mode: Mode, dirs: &[PathBuf], args: &RunArgs) -> Result<(), Failure> {
     let json = args.json;
-    let registry = Registry::discover(dirs, true, true);
+    let registry = crate::plugins::registry(dirs);
     let mut program = load(path, &registry, mode, args)?;
     if !args.inputs.is_empty() || args.method.is_some() || program.manifest().generate.is_none() {
         return run_once(&mut program, path, mode, args);
@@ -389,7 +393,7 @@ fn bench_row(
 
 pub fn bench(path: &Path, runs: usize, dirs: &[PathBuf], args: &RunArgs) -> Result<(), Failure> {
     let json = args.json;
-    let registry = Registry::discover(dirs, true, true);
+    let registry = crate::plugins::registry(dirs);
     let mut rows = Vec::new();
     let mut steps = 0;
     for mode in [Mode::ZeroCopy, Mode::CopyBack] {

@@ -11,8 +11,8 @@
 //!   qualified name or else by their index (`"0"`, `"1"`, ...). Delegate outputs that no output or buffer
 //!   takes get storage as extra outputs named `%v<value>` (internal values: [`is_internal`]).
 //! - **delegate calls**: each `DelegateCall` becomes a call whose blob is the delegate's processed payload,
-//!   borrowed from the memory-mapped file (never copied), and whose arguments are mapped by value index: a
-//!   method input, a method output, a buffer, or an internal value.
+//!   borrowed from the file's bytes (read once by [`crate::blob_file`], never copied per call), and whose
+//!   arguments are mapped by value index: a method input, a method output, a buffer, or an internal value.
 //! - **write-backs**: `aten::copy_(buffer, new)` where `new` is a delegate output that the blob aliases to
 //!   that buffer's input (or that the memory planner placed on the buffer's own storage) is elided: the
 //!   output *is* the buffer's mutation slot, so zero-copy mode binds it to the buffer's storage and copy-back
@@ -786,7 +786,8 @@ fn generator(manifest: &Manifest, prompt: &[i64], max_positions: Option<u64>) ->
     })
 }
 
-/// Loads the `.pte` program at `path` (memory-mapped) with the plugins of `registry` in `mode`; with a
+/// Loads the `.pte` program at `path` (read once into host memory, every delegate payload borrowed from it)
+/// with the plugins of `registry` in `mode`; with a
 /// `prompt`, as a token generator under the generation convention (module docs).
 ///
 /// Every operator, instruction and backend is checked before any memory is allocated or any delegate
