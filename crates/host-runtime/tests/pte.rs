@@ -138,3 +138,35 @@ fn a_truncated_program_is_a_typed_format_error() {
     assert!(matches!(err, pte::Error::Format { .. }), "{err}");
     assert_eq!(err.error_code(), ErrorCode::InvalidProgram);
 }
+
+#[test]
+fn a_clone_that_cannot_be_elided_runs_as_a_host_copy_and_is_counted() {
+    use pte_format::model::ScalarType;
+    use pte_format::testing::{TensorSpec, ValueSpec};
+    let dir = tempfile::tempdir().expect("temp dir");
+    let mut spec = kv_pte::spec(false);
+    let vocab = kv_pte::config().vocab as i32;
+    let forward = &mut spec.methods[0];
+    // A second output cloned from the same delegate logits: the logits are read twice, so neither clone is
+    // elided by binding and both run on the host.
+    forward.values.push(ValueSpec::Tensor(TensorSpec::planned(ScalarType::Float, &[1, vocab], 1, 1 << 16)));
+    forward.outputs.push(11);
+    forward.instructions.push(InstructionSpec::Kernel { op: 1, args: vec![6, 9, 11] });
+    let path = write(dir.path(), "two_clones.pte", &spec);
+    let generation = run(&path, Mode::ZeroCopy);
+    assert_eq!(generation.tokens, kv_pte::oracle_tokens(STEPS));
+    let decode = generation.mean_decode_copies();
+    assert_eq!(decode.op_bytes, 2 * vocab as u64 * 4, "{decode:?}");
+    assert_eq!(decode.writeback_bytes + decode.reflect_bytes, 0, "{decode:?}");
+
+    let prompt = kv_pte::config().prompt;
+    let mut program = pte::load(&path, &registry(), Mode::ZeroCopy, Some(&prompt)).expect("loads");
+    let outputs: Vec<_> =
+        program.manifest().methods["forward"].outputs.iter().map(|d| d.name.clone()).collect();
+    assert_eq!(outputs, ["0", "1", "%v6", "%v7"]);
+    generate(&mut program, 1, |_, _| Ok(())).expect("generates");
+    let first = program.read_output("forward", "0").expect("0").into_owned();
+    assert!(first.iter().any(|&b| b != 0));
+    assert_eq!(first, program.read_output("forward", "1").expect("1").into_owned());
+    assert_eq!(first, program.read_output("forward", "%v6").expect("%v6").into_owned());
+}
