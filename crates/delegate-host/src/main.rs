@@ -6,6 +6,7 @@
 #![forbid(unsafe_code)]
 
 mod blob;
+mod npy;
 mod plugins;
 mod pte;
 mod run;
@@ -75,10 +76,27 @@ enum Command {
         #[arg(required = true)]
         libraries: Vec<PathBuf>,
     },
-    /// Run a program: prefill once, then decode steps feeding back the argmax token.
+    /// Run a program (a TOML manifest or an ExecuTorch .pte): a token generator prefills once, then decodes
+    /// feeding back the argmax token; any other program, or one given --input or --method, runs one method
+    /// once.
     Run {
-        /// The program manifest (TOML).
+        /// The program: a manifest (TOML) or an ExecuTorch program (.pte).
         program: PathBuf,
+        /// The prompt's token ids, e.g. 1,7,3,12 (needed to generate with a .pte, which carries none;
+        /// replaces a manifest's [generate] prompt).
+        #[arg(long, value_delimiter = ',', num_args = 1..)]
+        prompt: Option<Vec<i64>>,
+        /// Run this method once instead of generating [default: the only method, or forward].
+        #[arg(long)]
+        method: Option<String>,
+        /// A method input from a .npy file: NAME=FILE.npy (NAME: the input's name, or its index for a .pte
+        /// without names); repeatable; inputs not given are zero. Runs the method once.
+        #[arg(long = "input", value_name = "NAME=FILE")]
+        inputs: Vec<String>,
+        /// Write every output of the methods that ran (output.<method>.<name>.npy) and every buffer's final
+        /// value (buffer.<name>.npy) into this directory.
+        #[arg(long)]
+        output_dir: Option<PathBuf>,
         /// Decode steps after prefill [default: as many as the caches hold, or 15 when the program does not
         /// say]
         #[arg(long)]
@@ -112,8 +130,11 @@ enum Command {
     /// Measure decode steps of a program in both modes, side by side: time per step and bytes copied per step;
     /// with CUDA memory also GPU time per step, host synchronisations per step, and zero-copy as a CUDA graph.
     Bench {
-        /// The program manifest (TOML).
+        /// The program: a manifest (TOML) or an ExecuTorch program (.pte, with --prompt).
         program: PathBuf,
+        /// The prompt's token ids, e.g. 1,7,3,12 (needed for a .pte).
+        #[arg(long, value_delimiter = ',', num_args = 1..)]
+        prompt: Option<Vec<i64>>,
         /// Decode steps per run, each from zeroed caches [default: as many as the caches hold, or 15]
         #[arg(long)]
         steps: Option<usize>,
@@ -281,6 +302,10 @@ fn dispatch(command: Command) -> Result<(), Failure> {
         Command::PluginManifest { libraries } => plugins::write_manifests(&libraries),
         Command::Run {
             program,
+            prompt,
+            method,
+            inputs,
+            output_dir,
             steps,
             mode,
             position,
@@ -290,11 +315,23 @@ fn dispatch(command: Command) -> Result<(), Failure> {
             plugin_dirs,
             json,
         } => {
-            let args = run::RunArgs { steps, position, cuda_graph, hold_position, allow_outside_blobs, json };
+            let args = run::RunArgs {
+                steps,
+                position,
+                cuda_graph,
+                hold_position,
+                allow_outside_blobs,
+                json,
+                prompt,
+                inputs,
+                method,
+                output_dir,
+            };
             run::run_program(&program, mode.into(), &plugin_dirs, &args)
         }
         Command::Bench {
             program,
+            prompt,
             steps,
             runs,
             position,
@@ -303,8 +340,18 @@ fn dispatch(command: Command) -> Result<(), Failure> {
             plugin_dirs,
             json,
         } => {
-            let args =
-                run::RunArgs { steps, position, cuda_graph: false, hold_position, allow_outside_blobs, json };
+            let args = run::RunArgs {
+                steps,
+                position,
+                cuda_graph: false,
+                hold_position,
+                allow_outside_blobs,
+                json,
+                prompt,
+                inputs: Vec::new(),
+                method: None,
+                output_dir: None,
+            };
             run::bench(&program, runs, &plugin_dirs, &args)
         }
     }

@@ -1,7 +1,9 @@
 //! `run` and `bench`: a program's generation as a person watches it (progress bar, summary) or as a program
 //! reads it (`--json`), and both slot modes side by side; for a program with CUDA memory, GPU time per step
 //! (CUDA events), host synchronisations per step, and zero-copy replayed as a CUDA graph where the device
-//! loop runs.
+//! loop runs. Programs are TOML manifests or ExecuTorch `.pte` files (told apart by content, `ET12`, or the
+//! `.pte` extension). A program that is not a token generator, or one given `--input` or `--method`, runs
+//! one method once; `--output-dir` writes its outputs and every buffer as `.npy` files.
 
 use std::fmt::Write as _;
 use std::io::IsTerminal;
@@ -10,10 +12,10 @@ use std::path::{Path, PathBuf};
 use clap::ValueEnum;
 use host_runtime::generate::{device_loop_refusal, generate_with, Generation, Options};
 use host_runtime::manifest::Manifest;
-use host_runtime::program::{Mode, Program};
+use host_runtime::program::{CopyStats, Mode, Program};
 use serde_json::json;
 
-use crate::{emit, failure, Failure};
+use crate::{emit, failure, npy, Failure};
 
 /// How buffer-mutation outputs are passed (`--mode`); the library's [`Mode`] spelled for the command line.
 #[derive(Clone, Copy, ValueEnum)]
@@ -31,6 +33,50 @@ impl From<ModeArg> for Mode {
             ModeArg::CopyBack => Mode::CopyBack,
         }
     }
+}
+
+/// Whether `path` is an ExecuTorch program: `ET12` at byte 4, or the `.pte` extension when it cannot be read
+/// (the loader then names the problem).
+pub fn is_pte(path: &Path) -> bool {
+    use std::io::Read;
+    let mut head = [0u8; 8];
+    // Only a regular file is opened: a FIFO would block and a device stream; the loaders name those.
+    let regular = std::fs::metadata(path).is_ok_and(|m| m.is_file());
+    let read = if regular {
+        std::fs::File::open(path).and_then(|mut f| f.read_exact(&mut head))
+    } else {
+        Err(std::io::ErrorKind::InvalidInput.into())
+    };
+    match read {
+        Ok(()) if host_runtime::pte::is_pte(&head) => true,
+        _ => path.extension().is_some_and(|e| e.eq_ignore_ascii_case("pte")),
+    }
+}
+
+/// Loads the program at `path`: a `.pte` (with `--prompt`, as a token generator) or a TOML manifest (whose
+/// `[generate]` prompt `--prompt` replaces).
+fn load(
+    path: &Path,
+    registry: &host_runtime::plugins::Registry,
+    mode: Mode,
+    args: &RunArgs,
+) -> Result<Program, Failure> {
+    if is_pte(path) {
+        return Ok(host_runtime::pte::load(path, registry, mode, args.prompt.as_deref())?);
+    }
+    let mut manifest = Manifest::load_with(path, blob_paths(args))?;
+    if let Some(prompt) = &args.prompt {
+        match &mut manifest.generate {
+            Some(generate) => generate.prompt.clone_from(prompt),
+            None => {
+                return Err(failure(format!(
+                    "--prompt: {} has no [generate] section, so it is not a token generator",
+                    path.display()
+                )))
+            }
+        }
+    }
+    Ok(Program::load(manifest, registry, mode)?)
 }
 
 /// `--steps`, or as many decode steps as the program's caches hold (from `--position` when given), or 15.
@@ -68,6 +114,14 @@ pub struct RunArgs {
     pub allow_outside_blobs: bool,
     /// `--json`.
     pub json: bool,
+    /// `--prompt`.
+    pub prompt: Option<Vec<i64>>,
+    /// `--input NAME=FILE.npy`, as given.
+    pub inputs: Vec<String>,
+    /// `--method`.
+    pub method: Option<String>,
+    /// `--output-dir`.
+    pub output_dir: Option<PathBuf>,
 }
 
 fn options(steps: usize, args: &RunArgs, program: &Program, cuda_graph: bool) -> Options {
@@ -81,10 +135,12 @@ fn options(steps: usize, args: &RunArgs, program: &Program, cuda_graph: bool) ->
 
 pub fn run_program(path: &Path, mode: Mode, dirs: &[PathBuf], args: &RunArgs) -> Result<(), Failure> {
     let json = args.json;
-    let manifest = Manifest::load_with(path, blob_paths(args))?;
-    let steps = default_steps(&manifest, args.steps, args.position);
     let registry = crate::plugins::registry(dirs);
-    let mut program = Program::load(manifest, &registry, mode)?;
+    let mut program = load(path, &registry, mode, args)?;
+    if !args.inputs.is_empty() || args.method.is_some() || program.manifest().generate.is_none() {
+        return run_once(&mut program, path, mode, args);
+    }
+    let steps = default_steps(program.manifest(), args.steps, args.position);
     let options = options(steps, args, &program, args.cuda_graph);
     let bar = if std::io::stderr().is_terminal() && !json {
         let bar = indicatif::ProgressBar::new(steps as u64 + 1);
@@ -103,7 +159,132 @@ pub fn run_program(path: &Path, mode: Mode, dirs: &[PathBuf], args: &RunArgs) ->
         Ok(())
     })?;
     bar.finish_and_clear();
+    if let Some(dir) = &args.output_dir {
+        let g = program.manifest().generate.clone().expect("a generation ran");
+        let mut methods = vec![g.prefill.clone()];
+        if g.decode != g.prefill && generation.steps.len() > 1 {
+            methods.push(g.decode);
+        }
+        write_outputs(&program, dir, &methods)?;
+    }
     report(&generation, mode, json)
+}
+
+/// The method `--method` names, or the program's only method, or `forward`.
+fn pick_method(program: &Program, method: Option<&str>) -> Result<String, Failure> {
+    let methods = &program.manifest().methods;
+    if let Some(name) = method {
+        if methods.contains_key(name) {
+            return Ok(name.to_owned());
+        }
+        let all: Vec<_> = methods.keys().map(String::as_str).collect();
+        return Err(failure(format!(
+            "--method {name}: the program has no method '{name}' (its methods: {})",
+            all.join(", ")
+        )));
+    }
+    if methods.len() == 1 {
+        return Ok(methods.keys().next().expect("one method").clone());
+    }
+    if methods.contains_key("forward") {
+        return Ok("forward".to_owned());
+    }
+    let all: Vec<_> = methods.keys().map(String::as_str).collect();
+    Err(failure(format!("the program has methods {}: say which to run with --method", all.join(", "))))
+}
+
+/// `name` as one file name component (path separators and control characters replaced by `_`).
+fn file_part(name: &str) -> String {
+    name.chars().map(|c| if c == '/' || c == '\\' || c.is_control() { '_' } else { c }).collect()
+}
+
+/// Writes every (non-internal) output of `methods`, as their last run left them, to
+/// `DIR/output.<method>.<output>.npy`, and every buffer's value to `DIR/buffer.<buffer>.npy`.
+fn write_outputs(program: &Program, dir: &Path, methods: &[String]) -> Result<Vec<PathBuf>, Failure> {
+    std::fs::create_dir_all(dir).map_err(|source| npy::Error::Write { path: dir.to_owned(), source })?;
+    let mut written = Vec::new();
+    for method in methods {
+        let decl = &program.manifest().methods[method];
+        for output in decl.outputs.iter().filter(|d| !host_runtime::pte::is_internal(&d.name)) {
+            let path = dir.join(format!("output.{}.{}.npy", file_part(method), file_part(&output.name)));
+            let bytes = program.read_output(method, &output.name)?;
+            npy::write(&path, &format!("output '{}' of method '{method}'", output.name), output, &bytes)?;
+            written.push(path);
+        }
+    }
+    for (name, decl) in &program.manifest().buffers {
+        let path = dir.join(format!("buffer.{}.npy", file_part(name)));
+        let bytes = program.buffer(name)?;
+        npy::write(&path, &format!("buffer '{name}'"), decl, &bytes)?;
+        written.push(path);
+    }
+    Ok(written)
+}
+
+/// Runs one method once with the `--input`s (other inputs zero), then reports it and writes `--output-dir`.
+fn run_once(program: &mut Program, path: &Path, mode: Mode, args: &RunArgs) -> Result<(), Failure> {
+    let method = pick_method(program, args.method.as_deref())?;
+    let decl = program.manifest().methods[&method].clone();
+    for arg in &args.inputs {
+        let (name, file) = npy::split(arg)?;
+        let input = decl.inputs.iter().find(|d| d.name == name).ok_or_else(|| npy::Error::UnknownInput {
+            name: name.clone(),
+            path: file.clone(),
+            method: method.clone(),
+            inputs: decl.inputs.iter().map(|d| d.name.as_str()).collect::<Vec<_>>().join(", "),
+        })?;
+        let bytes = npy::read_input(&method, input, &file)?;
+        program.write_input(&method, &name, &bytes)?;
+    }
+    let stats = program.execute(&method)?;
+    let written = match &args.output_dir {
+        Some(dir) => write_outputs(program, dir, std::slice::from_ref(&method))?,
+        None => Vec::new(),
+    };
+    let outputs: Vec<_> = decl
+        .outputs
+        .iter()
+        .filter(|d| !host_runtime::pte::is_internal(&d.name))
+        .map(|d| json!({"name": d.name, "dtype": d.dtype.name(), "shape": d.shape}))
+        .collect();
+    if args.json {
+        let value = json!({
+            "program": path,
+            "mode": mode,
+            "method": method,
+            "elapsed_us": stats.elapsed.as_secs_f64() * 1e6,
+            "bytes_copied": stats.copies,
+            "bytes_copied_total": stats.copies.total(),
+            "outputs": outputs,
+            "written": written,
+        });
+        return emit(&format!("{value}\n"));
+    }
+    let mut out = format!(
+        "method {method}: ran once in {:.1} us ({} mode)\nbytes copied: {}\n",
+        stats.elapsed.as_secs_f64() * 1e6,
+        mode.name(),
+        copies_text(&stats.copies)
+    );
+    for d in decl.outputs.iter().filter(|d| !host_runtime::pte::is_internal(&d.name)) {
+        let _ = writeln!(out, "output {}: {} {:?}", d.name, d.dtype, d.shape);
+    }
+    for path in &written {
+        let _ = writeln!(out, "wrote {}", path.display());
+    }
+    emit(&out)
+}
+
+/// `N (reflect R, write-back W, staging S, host ops O)`.
+fn copies_text(copies: &CopyStats) -> String {
+    format!(
+        "{} (reflect {}, write-back {}, staging {}, host ops {})",
+        copies.total(),
+        copies.reflect_bytes,
+        copies.writeback_bytes,
+        copies.staged_bytes,
+        copies.op_bytes
+    )
 }
 
 fn report(generation: &Generation, mode: Mode, json: bool) -> Result<(), Failure> {
@@ -132,7 +313,7 @@ fn report(generation: &Generation, mode: Mode, json: bool) -> Result<(), Failure
     }
     let mut out = format!(
         "tokens: {:?}\nsteps: prefill + {} decode, {:.1} us per decode step on the host ({} mode{})\n\
-         bytes copied per decode step: {} (reflect {}, write-back {}, staging {})\n",
+         bytes copied per decode step: {}\n",
         generation.tokens,
         generation.steps.len().saturating_sub(1),
         time.as_secs_f64() * 1e6,
@@ -142,10 +323,7 @@ fn report(generation: &Generation, mode: Mode, json: bool) -> Result<(), Failure
             (true, false) => ", device loop",
             _ => "",
         },
-        copies.total(),
-        copies.reflect_bytes,
-        copies.writeback_bytes,
-        copies.staged_bytes
+        copies_text(&copies)
     );
     if let Some(gpu) = gpu {
         let _ = writeln!(
@@ -209,20 +387,28 @@ fn bench_row(
         "reflect_bytes_per_step": copies.reflect_bytes,
         "writeback_bytes_per_step": copies.writeback_bytes,
         "staged_bytes_per_step": copies.staged_bytes,
+        "op_bytes_per_step": copies.op_bytes,
     }))
 }
 
 pub fn bench(path: &Path, runs: usize, dirs: &[PathBuf], args: &RunArgs) -> Result<(), Failure> {
     let json = args.json;
-    let manifest = Manifest::load_with(path, blob_paths(args))?;
-    let steps = default_steps(&manifest, args.steps, args.position);
-    if steps == 0 || runs < 2 {
-        return Err(failure("bench needs --steps >= 1 and --runs >= 2 (the first run is a warm-up)"));
-    }
     let registry = crate::plugins::registry(dirs);
     let mut rows = Vec::new();
+    let mut steps = 0;
     for mode in [Mode::ZeroCopy, Mode::CopyBack] {
-        let mut program = Program::load(manifest.clone(), &registry, mode)?;
+        let mut program = load(path, &registry, mode, args)?;
+        if program.manifest().generate.is_none() {
+            return Err(failure(format!(
+                "bench measures decode steps, but {} is not a token generator{}",
+                path.display(),
+                if is_pte(path) { " until given --prompt" } else { " (it has no [generate] section)" }
+            )));
+        }
+        steps = default_steps(program.manifest(), args.steps, args.position);
+        if steps == 0 || runs < 2 {
+            return Err(failure("bench needs --steps >= 1 and --runs >= 2 (the first run is a warm-up)"));
+        }
         rows.push(bench_row(&mut program, mode, steps, runs, args, false)?);
         // Zero-copy replayed as a CUDA graph, where the device loop runs (the program keeps its generation
         // on the GPU).

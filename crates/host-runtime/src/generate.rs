@@ -127,12 +127,14 @@ impl Generation {
             acc.reflect_bytes += s.copies.reflect_bytes;
             acc.staged_bytes += s.copies.staged_bytes;
             acc.writeback_bytes += s.copies.writeback_bytes;
+            acc.op_bytes += s.copies.op_bytes;
             acc
         });
         CopyStats {
             reflect_bytes: sum.reflect_bytes / n,
             staged_bytes: sum.staged_bytes / n,
             writeback_bytes: sum.writeback_bytes / n,
+            op_bytes: sum.op_bytes / n,
         }
     }
 }
@@ -211,7 +213,16 @@ pub fn device_loop_refusal(program: &Program) -> Result<Option<String>, Error> {
     refusal(program, &g)
 }
 
+/// How many tokens a method's token input takes per call.
+fn token_rows(program: &Program, g: &Generate, method: &str) -> Option<usize> {
+    let decl = program.manifest().methods.get(method)?.inputs.iter().find(|d| d.name == g.token_input)?;
+    usize::try_from(decl.numel()).ok()
+}
+
 fn refusal(program: &Program, g: &Generate) -> Result<Option<String>, Error> {
+    if token_rows(program, g, &g.prefill).is_some_and(|rows| rows < g.prompt.len()) {
+        return Ok(Some(format!("method '{}' takes the prompt in chunks, which the host feeds", g.prefill)));
+    }
     let Some(next) = &g.next_token_output else {
         return Ok(Some("the program's [generate] names no next_token_output".into()));
     };
@@ -380,12 +391,37 @@ fn host_loop(
         if index == 1 {
             syncs_before = cuda_rt::stats::thread_host_syncs();
         }
-        program.write_input(method, &g.token_input, &i64_bytes(&feed))?;
-        program.write_input(method, &g.position_input, &i64_bytes(&[position]))?;
+        // A prefill method that takes fewer tokens than the prompt (a single-method program's `forward`)
+        // is run over the prompt in chunks of its size first; the last chunk is this step's run.
+        let rows = token_rows(program, g, method).filter(|&rows| rows > 0 && rows < feed.len());
+        let (mut chunk, mut chunk_position) = (feed.as_slice(), position);
+        let mut chunk_stats = crate::program::RunStats::default();
+        if let Some(rows) = rows {
+            if feed.len() % rows != 0 {
+                return Err(Error::Usage(format!(
+                    "method '{method}' takes {rows} tokens per call, which does not divide the prompt of {}",
+                    feed.len()
+                )));
+            }
+            let (head, last) = feed.split_at(feed.len() - rows);
+            for part in head.chunks(rows) {
+                program.write_input(method, &g.token_input, &i64_bytes(part))?;
+                program.write_input(method, &g.position_input, &i64_bytes(&[chunk_position]))?;
+                let stats = program.execute(method)?;
+                chunk_stats.elapsed += stats.elapsed;
+                chunk_stats.copies.add(stats.copies);
+                chunk_position += rows as i64;
+            }
+            chunk = last;
+        }
+        program.write_input(method, &g.token_input, &i64_bytes(chunk))?;
+        program.write_input(method, &g.position_input, &i64_bytes(&[chunk_position]))?;
         if let Some(timing) = &timing {
             timing.mark(program, index, false)?;
         }
-        let stats = program.execute(method)?;
+        let mut stats = program.execute(method)?;
+        stats.elapsed += chunk_stats.elapsed;
+        stats.copies.add(chunk_stats.copies);
         if let Some(timing) = &timing {
             timing.mark(program, index, true)?;
         }

@@ -16,6 +16,9 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 //!
+//! ExecuTorch programs (`.pte`) load onto the same machinery ([`pte::load`]): their delegate calls, buffers
+//! and write-backs become a [`program::Program`]'s calls, buffers and argument plans.
+//!
 //! ## CUDA
 //!
 //! Buffers and method inputs and outputs declared `device`, `managed` or `pinned` get real CUDA memory of
@@ -39,6 +42,7 @@ mod lend;
 pub mod plugin_manifest;
 pub mod plugins;
 pub mod program;
+pub mod pte;
 
 /// The program manifest ([`program_manifest`]): [`program::Program::load`] takes its checked [`manifest::Manifest`].
 pub use program_manifest as manifest;

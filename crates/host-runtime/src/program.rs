@@ -94,7 +94,7 @@ pub enum Error {
         source: alias_validate::Error,
     },
     /// A call's arguments do not fit its blob (count, role, dtype, shape, memory kind, aliasing).
-    #[error("{manifest}:{location}: method '{method}', call {call}: {message}")]
+    #[error("{}: method '{method}', call {call}: {message}", at(.manifest, .location))]
     Arguments {
         /// The manifest path.
         manifest: PathBuf,
@@ -108,7 +108,7 @@ pub enum Error {
         message: String,
     },
     /// No loaded plugin serves a call's backend.
-    #[error("{manifest}:{location}: no loaded plugin serves backend '{backend}' (loaded: {available}){unavailable}; see `delegate-host plugins`")]
+    #[error("{}: no loaded plugin serves backend '{backend}' (loaded: {available}){unavailable}; see `delegate-host plugins`", at(.manifest, .location))]
     NoPlugin {
         /// The manifest path.
         manifest: PathBuf,
@@ -232,6 +232,16 @@ pub enum Error {
     Usage(String),
 }
 
+/// `path:line:column`, or `path` alone for a program with no text positions (a `.pte`, whose calls are
+/// described in the path).
+fn at(path: &std::path::Path, location: &Location) -> String {
+    if *location == Location::default() {
+        path.display().to_string()
+    } else {
+        format!("{}:{location}", path.display())
+    }
+}
+
 impl et_error::HasErrorCode for Error {
     fn error_code(&self) -> et_error::ErrorCode {
         use et_error::ErrorCode;
@@ -282,18 +292,23 @@ pub struct CopyStats {
     pub staged_bytes: u64,
     /// Buffer-mutation write-backs from an output slot into the buffer, made by the host.
     pub writeback_bytes: u64,
+    /// Copies made by the trivial operators the host runs for a `.pte` program (`aten::clone.out` into a
+    /// method output, a write-back no alias elides: see [`crate::pte`]).
+    pub op_bytes: u64,
 }
 
 impl CopyStats {
     /// All bytes copied.
     pub fn total(&self) -> u64 {
-        self.reflect_bytes + self.staged_bytes + self.writeback_bytes
+        self.reflect_bytes + self.staged_bytes + self.writeback_bytes + self.op_bytes
     }
 
-    fn add(&mut self, other: CopyStats) {
+    /// Adds `other`'s bytes, kind by kind.
+    pub fn add(&mut self, other: CopyStats) {
         self.reflect_bytes += other.reflect_bytes;
         self.staged_bytes += other.staged_bytes;
         self.writeback_bytes += other.writeback_bytes;
+        self.op_bytes += other.op_bytes;
     }
 }
 
@@ -331,9 +346,64 @@ pub(crate) struct ArgPlan {
     pub(crate) shape: Vec<i64>,
 }
 
+/// Where a call's blob bytes are: its own mapped file (a manifest's call), or a range of a mapped file
+/// other calls share (a delegate payload inside a `.pte`), borrowed, never copied.
+pub(crate) enum BlobBytes {
+    /// The call's own blob file.
+    File(BlobFile),
+    /// Bytes `range` of a shared file.
+    Shared {
+        /// The mapped file.
+        file: std::sync::Arc<BlobFile>,
+        /// The blob's extent in it (checked by the caller to lie inside it).
+        range: std::ops::Range<usize>,
+    },
+}
+
+impl BlobBytes {
+    fn bytes(&self) -> &[u8] {
+        match self {
+            BlobBytes::File(file) => file.bytes(),
+            BlobBytes::Shared { file, range } => file.bytes().get(range.clone()).unwrap_or_default(),
+        }
+    }
+}
+
+/// Where a host copy reads or writes: a method's user input or output, or a program buffer (indices into
+/// the manifest's declarations, in order).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Slot {
+    /// A user input of the method.
+    Input(usize),
+    /// A user output of the method.
+    Output(usize),
+    /// A program buffer.
+    Buffer(usize),
+}
+
+/// A copy the host makes between a method's storages: the trivial operators of a `.pte` program
+/// (see [`crate::pte`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct HostCopy {
+    /// Runs after this delegate call of the method; `None`: before the first.
+    pub(crate) after: Option<usize>,
+    /// Read from.
+    pub(crate) from: Slot,
+    /// Written to (the same size, kind and dtype).
+    pub(crate) to: Slot,
+}
+
+/// What a program loaded from something other than its manifest's files brings along: blobs borrowed
+/// from one mapped file, keyed by (method, call index), and host copies per method.
+#[derive(Default)]
+pub(crate) struct Embedded {
+    pub(crate) blobs: std::collections::BTreeMap<(String, usize), BlobBytes>,
+    pub(crate) copies: std::collections::BTreeMap<String, Vec<HostCopy>>,
+}
+
 /// A call checked against its blob and plugin, not yet initialised.
 struct PlannedCall {
-    file: BlobFile,
+    file: BlobBytes,
     plugin: std::sync::Arc<Plugin>,
     args: Vec<ArgPlan>,
     /// The buffer each copy-back scratch slot mirrors, by scratch index.
@@ -363,6 +433,8 @@ struct LoadedMethod {
     inputs: Vec<Storage>,
     outputs: Vec<Storage>,
     calls: Vec<LoadedCall>,
+    /// Copies the host makes between the calls (a `.pte` program's trivial operators), in order.
+    copies: Vec<HostCopy>,
 }
 
 impl LoadedMethod {
@@ -385,6 +457,12 @@ impl LoadedMethod {
     /// Whether every call gets the stream and every write-back is queued on it: nothing of the method runs
     /// on, or waits for, the host, so it can be captured into a CUDA graph.
     fn stays_on_stream(&self) -> Result<(), String> {
+        if !self.copies.is_empty() {
+            return Err(format!(
+                "the method has {} copies the host makes between its calls",
+                self.copies.len()
+            ));
+        }
         for (index, call) in self.calls.iter().enumerate() {
             if !call.streamed {
                 return Err(format!(
@@ -616,12 +694,25 @@ impl Program {
     /// Besides the argument, plugin and allocation errors: [`Error::Devices`] when the program's CUDA memory
     /// names more than one device.
     pub fn load(manifest: Manifest, registry: &Registry, mode: Mode) -> Result<Program, Error> {
+        Program::load_embedded(manifest, registry, mode, Embedded::default())
+    }
+
+    /// [`Program::load`] with blobs and host copies from `embedded` (a `.pte` program).
+    pub(crate) fn load_embedded(
+        manifest: Manifest,
+        registry: &Registry,
+        mode: Mode,
+        mut embedded: Embedded,
+    ) -> Result<Program, Error> {
         let device = program_device(&manifest)?;
         let decls: Vec<&TensorDecl> = manifest.buffers.values().collect();
         let mut planned = Vec::with_capacity(manifest.methods.len());
         for method in manifest.methods.values() {
             let calls = (0..method.calls.len())
-                .map(|index| plan_call(&manifest, method, index, &decls, registry, mode))
+                .map(|index| {
+                    let blob = embedded.blobs.remove(&(method.name.clone(), index));
+                    plan_call(&manifest, method, index, blob, &decls, registry, mode)
+                })
                 .collect::<Result<Vec<_>, Error>>()?;
             planned.push(calls);
         }
@@ -651,10 +742,11 @@ impl Program {
             for (index, call) in planned.into_iter().enumerate() {
                 calls.push(init_call(method, index, call, &buffers, &mut contexts)?);
             }
-            methods.push(LoadedMethod { decl: method.clone(), inputs, outputs, calls });
+            let copies = embedded.copies.remove(&method.name).unwrap_or_default();
+            methods.push(LoadedMethod { decl: method.clone(), inputs, outputs, calls, copies });
         }
         for m in &mut methods {
-            let LoadedMethod { decl, inputs, outputs, calls } = m;
+            let LoadedMethod { decl, inputs, outputs, calls, .. } = m;
             for (index, call) in calls.iter_mut().enumerate() {
                 call.arg_list =
                     crate::lend::arg_list(&call.args, &mut buffers, inputs, outputs, &mut call.scratch)
@@ -908,7 +1000,9 @@ impl Program {
         let gpu = self.gpu.as_ref();
         let m = self.methods.get_mut(method.0).ok_or_else(|| Error::Usage("no such method".into()))?;
         let mut copies = CopyStats::default();
-        for (index, call) in m.calls.iter_mut().enumerate() {
+        let LoadedMethod { decl, inputs, outputs, calls, copies: host_copies } = m;
+        run_host_copies(host_copies, None, buffers, inputs, outputs, gpu, &mut copies)?;
+        for (index, call) in calls.iter_mut().enumerate() {
             let stream = match gpu {
                 Some(gpu) if call.streamed => Some(cuda::abi_stream(&gpu.stream)),
                 Some(gpu) => {
@@ -923,7 +1017,7 @@ impl Program {
                 gpu.queued();
             }
             let stats = result.map_err(|source| Error::Delegate {
-                method: m.decl.name.clone(),
+                method: decl.name.clone(),
                 call: index,
                 backend: call.backend.clone(),
                 stage: "execute",
@@ -933,6 +1027,7 @@ impl Program {
                 reflect_bytes: stats.reflect_bytes,
                 staged_bytes: stats.staged_bytes,
                 writeback_bytes: 0,
+                op_bytes: 0,
             });
             for &(scratch, buffer) in &call.writebacks {
                 let buffer = &mut buffers[buffer];
@@ -954,6 +1049,7 @@ impl Program {
                     source,
                 })?;
             }
+            run_host_copies(host_copies, Some(index), buffers, inputs, outputs, gpu, &mut copies)?;
         }
         Ok(RunStats { elapsed: start.elapsed(), copies })
     }
@@ -1106,12 +1202,80 @@ impl Drop for Program {
     }
 }
 
+/// One storage read and another written, of the same method's slots or the program's buffers.
+fn copy_between(
+    buffers: &mut [Buffer],
+    inputs: &mut [Storage],
+    outputs: &mut [Storage],
+    from: Slot,
+    to: Slot,
+) -> Result<u64, cuda::Error> {
+    fn pair<T>(items: &mut [T], from: usize, to: usize) -> (&T, &mut T) {
+        if from < to {
+            let (low, high) = items.split_at_mut(to);
+            (&low[from], &mut high[0])
+        } else {
+            let (low, high) = items.split_at_mut(from);
+            (&high[0], &mut low[to])
+        }
+    }
+    if from == to {
+        return Ok(0);
+    }
+    match (from, to) {
+        (Slot::Input(a), Slot::Input(b)) => {
+            let (src, dst) = pair(inputs, a, b);
+            dst.copy_from(src)
+        }
+        (Slot::Output(a), Slot::Output(b)) => {
+            let (src, dst) = pair(outputs, a, b);
+            dst.copy_from(src)
+        }
+        (Slot::Buffer(a), Slot::Buffer(b)) => {
+            let (src, dst) = pair(buffers, a, b);
+            dst.storage.copy_from(&src.storage)
+        }
+        (Slot::Input(a), Slot::Output(b)) => outputs[b].copy_from(&inputs[a]),
+        (Slot::Input(a), Slot::Buffer(b)) => buffers[b].storage.copy_from(&inputs[a]),
+        (Slot::Output(a), Slot::Input(b)) => inputs[b].copy_from(&outputs[a]),
+        (Slot::Output(a), Slot::Buffer(b)) => buffers[b].storage.copy_from(&outputs[a]),
+        (Slot::Buffer(a), Slot::Input(b)) => inputs[b].copy_from(&buffers[a].storage),
+        (Slot::Buffer(a), Slot::Output(b)) => outputs[b].copy_from(&buffers[a].storage),
+    }
+}
+
+/// Runs the host copies placed after call `after`, counting a copy into a buffer as a write-back and any
+/// other as an operator's copy. Pending GPU work is waited for first (the host touches the memory).
+fn run_host_copies(
+    host_copies: &[HostCopy],
+    after: Option<usize>,
+    buffers: &mut [Buffer],
+    inputs: &mut [Storage],
+    outputs: &mut [Storage],
+    gpu: Option<&Gpu>,
+    copies: &mut CopyStats,
+) -> Result<(), Error> {
+    for copy in host_copies.iter().filter(|c| c.after == after) {
+        if let Some(gpu) = gpu {
+            gpu.settle()?;
+        }
+        let copied = copy_between(buffers, inputs, outputs, copy.from, copy.to)
+            .map_err(|source| Error::Stream { action: "copying between storages through", source })?;
+        match copy.to {
+            Slot::Buffer(_) => copies.writeback_bytes += copied,
+            _ => copies.op_bytes += copied,
+        }
+    }
+    Ok(())
+}
+
 /// Checks call `index` of `method` against its blob and the plugin serving it, and plans its arguments.
 /// Allocates no buffer memory and initialises no delegate.
 fn plan_call(
     manifest: &Manifest,
     method: &Method,
     index: usize,
+    blob: Option<BlobBytes>,
     buffers: &[&TensorDecl],
     registry: &Registry,
     mode: Mode,
@@ -1124,8 +1288,12 @@ fn plan_call(
         call: index,
         message,
     };
-    let file =
-        BlobFile::open(&call.blob).map_err(|source| Error::BlobIo { path: call.blob.clone(), source })?;
+    let file = match blob {
+        Some(bytes) => bytes,
+        None => BlobFile::open(&call.blob)
+            .map(BlobBytes::File)
+            .map_err(|source| Error::BlobIo { path: call.blob.clone(), source })?,
+    };
     let blob = Blob::parse(file.bytes()).map_err(|source| Error::Blob { path: call.blob.clone(), source })?;
     let header = &blob.header;
     if header.backend_id != call.backend {
