@@ -304,15 +304,12 @@ fn a_bad_npy_input_is_one_error_line_naming_it() {
 
 /// The export's committed fixtures (`fixtures/executorch/`, the issue 9 contract): every program generates
 /// torch eager's tokens in both modes, zero-copy copies nothing per decode step where the caches are program
-/// buffers, and the last decode step's logits are torch's within 1e-4. Skipped (saying so) until the fixtures
-/// are committed.
+/// buffers, and the last decode step's logits are torch's within 1e-4.
 #[test]
 fn the_committed_executorch_fixtures_generate_torch_eager_tokens() {
     let fixtures = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/executorch");
-    let Ok(bytes) = std::fs::read(fixtures.join("expected.json")) else {
-        eprintln!("skipped: {} is not committed yet", fixtures.join("expected.json").display());
-        return;
-    };
+    let bytes = std::fs::read(fixtures.join("expected.json"))
+        .expect("fixtures/executorch/expected.json is committed");
     let expected: Value = serde_json::from_slice(&bytes).expect("expected.json");
     let prompt: Vec<String> =
         expected["prompt"].as_array().expect("prompt").iter().map(|t| t.to_string()).collect();
