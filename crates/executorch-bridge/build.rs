@@ -16,11 +16,13 @@ fn main() {
                 Some(root) => format!("{ROOT_ENV}={} has no lib/libexecutorch.so", root.display()),
                 None => format!("{ROOT_ENV} is not set"),
             };
-            // One clear line, not a wall of compiler errors.
-            panic!(
-                "executorch-bridge needs the ExecuTorch 1.5.1 wheel ({found}): run `cargo xtask test`, or `cargo \
-                 xtask executorch-setup` and export the {ROOT_ENV} it prints (the wheel's `executorch/` directory)"
+            // One clear line, not a wall of compiler errors (nor a panic's backtrace note).
+            eprintln!(
+                "error: executorch-bridge needs the ExecuTorch 1.5.1 wheel ({found}): run `cargo xtask test`, or \
+                 `cargo xtask executorch-setup` and export the {ROOT_ENV} it prints (the wheel's `executorch/` \
+                 directory)"
             );
+            std::process::exit(1);
         }
     };
     let include = root.join("include");

@@ -5,6 +5,7 @@
 mod acceptance;
 mod codegen;
 mod demo;
+mod executorch_setup;
 mod gpu;
 mod nvrtc_setup;
 mod plot;
@@ -30,6 +31,9 @@ enum Task {
     Demo,
     /// Everything CI checks: fmt, codegen --check, clippy, tests.
     Test,
+    /// Install the executorch 1.5.1 wheel (runtime, kernels, headers; no torch) under .cache/executorch/ and
+    /// print the EXECUTORCH_ROOT that `executorch-bridge` builds against.
+    ExecutorchSetup,
     /// Regenerate committed generated code (flatbuffers), or check it is current.
     Codegen {
         /// Fail if the committed code differs from what would be generated.
@@ -158,6 +162,7 @@ fn main() -> anyhow::Result<()> {
         Task::Demo => demo::run(&root),
         Task::Test => test::run(&root),
         Task::Codegen { check } => codegen::run(&root, check),
+        Task::ExecutorchSetup => executorch_setup::run(&root),
         Task::GpuTest => gpu::bundle(&root, "test"),
         Task::BenchGpu => gpu::bundle(&root, "bench"),
         Task::PlotBench { summary, out } => plot::run(&summary, &out),

@@ -10,7 +10,8 @@
 mod common;
 
 fn main() {
-    let dir = std::env::args_os().nth(1).map(std::path::PathBuf::from).unwrap_or_else(|| "et-programs".into());
+    let dir =
+        std::env::args_os().nth(1).map(std::path::PathBuf::from).unwrap_or_else(|| "et-programs".into());
     std::fs::create_dir_all(&dir).expect("create the directory");
     for case in common::own_cases(&dir) {
         println!("{}", case.path.display());

@@ -10,7 +10,9 @@ use alias_validate::ArgLayout;
 use blob_format::model::Role;
 use blob_format::Blob;
 use delegate_abi::host::{ArgList, Instance, Plugin, Slot};
-use delegate_abi::{DTypeCode, DelegateError, InitContext, MemoryKind, Spec, TensorArg, ARG_INOUT, ARG_WRITABLE};
+use delegate_abi::{
+    DTypeCode, DelegateError, InitContext, MemoryKind, Spec, TensorArg, ARG_INOUT, ARG_WRITABLE,
+};
 use et_error::ErrorCode;
 use host_runtime::plugins::Registry;
 
@@ -86,7 +88,8 @@ pub fn register(registry: &Registry) -> Result<Vec<String>, BridgeError> {
             None => {
                 let slot: &'static BackendSlot =
                     Box::leak(Box::new(BackendSlot { id: id.clone(), plugin: RwLock::new(Some(plugin)) }));
-                ffi::register(slot).map_err(|code| BridgeError::Registration { backend: id.clone(), code })?;
+                ffi::register(slot)
+                    .map_err(|code| BridgeError::Registration { backend: id.clone(), code })?;
                 table.insert(id.clone(), slot);
             }
         }
@@ -145,7 +148,10 @@ impl BackendSlot {
         if header.backend_id != self.id {
             return Err(DelegateError::new(
                 ErrorCode::DelegateInvalidCompatibility,
-                format!("the payload is a blob for backend '{}', but the program calls '{}'", header.backend_id, self.id),
+                format!(
+                    "the payload is a blob for backend '{}', but the program calls '{}'",
+                    header.backend_id, self.id
+                ),
             ));
         }
         let plan = alias_validate::validate_format(header)?;

@@ -82,9 +82,7 @@ pub enum BridgeError {
         source: std::io::Error,
     },
     /// A DelegateCall names a backend no loaded plugin serves.
-    #[error(
-        "method '{method}' calls backend '{backend}', which no loaded plugin serves (served: {served})"
-    )]
+    #[error("method '{method}' calls backend '{backend}', which no loaded plugin serves (served: {served})")]
     UnservedBackend {
         /// The method.
         method: String,

@@ -107,8 +107,9 @@ impl Module {
         let display = path.display().to_string();
         let c_path = CString::new(path.as_os_str().as_encoded_bytes())
             .map_err(|_| BridgeError::Protocol(format!("{display}: the path contains a NUL byte")))?;
-        let mut raw = RawModule::new(&c_path, true)
-            .ok_or_else(|| runtime(format!("{display}: creating the Module"), ErrorCode::MemoryAllocationFailed))?;
+        let mut raw = RawModule::new(&c_path, true).ok_or_else(|| {
+            runtime(format!("{display}: creating the Module"), ErrorCode::MemoryAllocationFailed)
+        })?;
         raw.load().map_err(|code| runtime(format!("{display}: ExecuTorch cannot load the program"), code))?;
         Ok(Module { raw, path: display })
     }
@@ -140,7 +141,10 @@ impl Module {
         let mut raw_inputs = Vec::with_capacity(inputs.len());
         for input in inputs {
             if input.shape.len() > KVD_MAX_RANK {
-                return Err(BridgeError::Protocol(format!("input of rank {} is too large", input.shape.len())));
+                return Err(BridgeError::Protocol(format!(
+                    "input of rank {} is too large",
+                    input.shape.len()
+                )));
             }
             let mut shape = [0i64; KVD_MAX_RANK];
             shape[..input.shape.len()].copy_from_slice(input.shape);
@@ -182,7 +186,8 @@ impl Module {
 }
 
 fn cname(method: &str) -> Result<CString, BridgeError> {
-    CString::new(method).map_err(|_| BridgeError::Protocol(format!("method name {method:?} contains a NUL byte")))
+    CString::new(method)
+        .map_err(|_| BridgeError::Protocol(format!("method name {method:?} contains a NUL byte")))
 }
 
 /// The run protocol: prefill `prompt`, then `steps` greedy decode steps.
@@ -238,7 +243,8 @@ pub fn run(path: &Path, registry: &Registry, protocol: &Protocol) -> Result<Repo
     if protocol.prompt.is_empty() {
         return Err(BridgeError::Protocol("the prompt is empty".to_owned()));
     }
-    let bytes = std::fs::read(path).map_err(|source| BridgeError::Io { path: path.display().to_string(), source })?;
+    let bytes =
+        std::fs::read(path).map_err(|source| BridgeError::Io { path: path.display().to_string(), source })?;
     let served = registry.backends();
     let summary = check_program(path, &bytes, &served)?;
     drop(bytes);
@@ -291,13 +297,20 @@ pub fn run(path: &Path, registry: &Registry, protocol: &Protocol) -> Result<Repo
             )));
         }
         let vocab = usize::try_from(*meta.shape.last().unwrap_or(&0)).unwrap_or(0);
-        let floats: Vec<f32> =
-            data[..meta.nbytes].chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
+        let floats: Vec<f32> = data[..meta.nbytes]
+            .chunks_exact(4)
+            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect();
         let last = floats[floats.len().saturating_sub(vocab)..].to_vec();
         Ok((last, stats))
     };
-    let mut report =
-        Report { methods: summary.methods.clone(), tokens: vec![], logits: vec![], prefill: CopyStats::default(), decode: vec![] };
+    let mut report = Report {
+        methods: summary.methods.clone(),
+        tokens: vec![],
+        logits: vec![],
+        prefill: CopyStats::default(),
+        decode: vec![],
+    };
     let (row, stats) = if prefill == "prefill" {
         step(prefill, &protocol.prompt, 0)?
     } else {

@@ -80,7 +80,10 @@ fn an_unserved_backend_is_named_before_anything_runs() {
     let cfg = kv_example::Config::tiny();
     std::fs::write(&path, common::program(&cfg, 1, true, "SomeoneElsesBackend")).expect("write");
     let err = runner::run(&path, &common::dylib_registry(), &protocol()).expect_err("refused");
-    assert!(matches!(&err, BridgeError::UnservedBackend { backend, .. } if backend == "SomeoneElsesBackend"), "{err}");
+    assert!(
+        matches!(&err, BridgeError::UnservedBackend { backend, .. } if backend == "SomeoneElsesBackend"),
+        "{err}"
+    );
     assert_eq!(err.error_code(), ErrorCode::NotFound);
 
     let out = et_run(&[path.as_os_str()]);

@@ -58,7 +58,10 @@ pub fn dylib_registry() -> Registry {
     let registry = Registry::discover(&[dir.to_path_buf()], false, false);
     let plugin = registry.for_backend(BACKEND).expect("the reference dylib serves ReferenceBackend");
     let path = plugin.path().expect("loaded from a file, not embedded");
-    assert_eq!(path.file_name().and_then(|n| n.to_str()), Some(dylib_name("reference_delegate_dylib").as_str()));
+    assert_eq!(
+        path.file_name().and_then(|n| n.to_str()),
+        Some(dylib_name("reference_delegate_dylib").as_str())
+    );
     registry
 }
 
@@ -194,11 +197,8 @@ fn method(cfg: &Config, name: &str, rows: usize, planned: bool, backend: &str, s
     };
     let tokens = place(8 * rows as u64);
     let input_pos = place(8);
-    let (k_new, v_new) = if planned {
-        ((2, 0), (2, cache_bytes))
-    } else {
-        ((1, place(cache_bytes)), (1, place(cache_bytes)))
-    };
+    let (k_new, v_new) =
+        if planned { ((2, 0), (2, cache_bytes)) } else { ((1, place(cache_bytes)), (1, place(cache_bytes))) };
     let logits = place(4 * (rows * vocab) as u64);
     let next = place(8);
     let values = vec![
