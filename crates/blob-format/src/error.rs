@@ -193,12 +193,22 @@ pub enum WriteError {
         /// The largest size the format can record.
         limit: u64,
     },
+    /// The native header would exceed [`crate::native::MAX_HEADER_BYTES`].
+    #[error("native cannot express this blob: its header would take up to {estimate} bytes, more than the {limit} bytes a native header may have")]
+    HeaderTooLarge {
+        /// The upper bound of the encoded size.
+        estimate: u64,
+        /// The limit.
+        limit: u64,
+    },
 }
 
 impl HasErrorCode for WriteError {
     fn error_code(&self) -> ErrorCode {
         match self {
-            WriteError::Unrepresentable { .. } | WriteError::TooLarge { .. } => ErrorCode::NotSupported,
+            WriteError::Unrepresentable { .. }
+            | WriteError::TooLarge { .. }
+            | WriteError::HeaderTooLarge { .. } => ErrorCode::NotSupported,
         }
     }
 }

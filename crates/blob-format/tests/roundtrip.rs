@@ -4,7 +4,8 @@
 use blob_format::model::{
     Alias, AliasKind, Binding, DType, Dim, Format, Header, PayloadKind, Producer, Role, TENSORRT_BACKEND,
 };
-use blob_format::{native, upstream, Blob};
+use blob_format::{native, upstream, Blob, WriteError};
+use et_error::{ErrorCode, HasErrorCode};
 use proptest::prelude::*;
 
 fn text() -> impl Strategy<Value = String> {
@@ -109,6 +110,10 @@ proptest! {
         prop_assert_eq!(blob.engine, engine.as_slice());
         prop_assert_eq!(blob.engine_offset() % 256, 0);
         prop_assert!(blob.verify_payload().is_ok());
+        // The size check's bound holds: the header written is never larger than `header_size_bound` says.
+        let header_len = u32::from_le_bytes(bytes[16..20].try_into().expect("4 bytes")) as u64;
+        prop_assert!(header_len <= native::header_size_bound(&header), "{} > bound", header_len);
+        prop_assert!(native::check_header(&header).is_ok());
     }
 
     #[test]
@@ -169,4 +174,27 @@ proptest! {
             }
         }
     }
+}
+
+#[test]
+fn a_header_too_large_to_write_is_refused_before_anything_is_built() {
+    // An upstream blob's metadata is bounded (4 MiB), but a JSON dim costs 2 bytes and a native one 24: a TR01
+    // of long shape tables would make a native header far larger than what was read.
+    let dims = vec![Dim::Static(1); 200_000];
+    let bindings = (0..4)
+        .map(|i| Binding { shape: Some(dims.clone()), ..Binding::untyped(format!("t{i}"), Role::Input) })
+        .collect();
+    let header = Header {
+        bindings,
+        ..Header::new(TENSORRT_BACKEND, PayloadKind::TensorRtPlan, Vec::new(), Vec::new())
+    };
+    let err = native::check_header(&header).expect_err("about 19 MB of dims");
+    assert!(
+        matches!(err, WriteError::HeaderTooLarge { estimate, limit } if estimate > limit && limit == native::MAX_HEADER_BYTES)
+    );
+    assert_eq!(err.error_code(), ErrorCode::NotSupported);
+    assert!(
+        err.to_string().starts_with("native cannot express this blob: its header would take up to "),
+        "{err}"
+    );
 }

@@ -188,9 +188,17 @@ pub fn convert(input: &Path, output: &Path, to: Target) -> Result<(), Failure> {
         ));
     }
     let blob = parse(input, &file)?;
-    // TR02 is refused before anything is written when it cannot express the blob.
+    // Either target is refused before anything is written when it cannot express the blob.
     let tr02 = match to {
-        Target::Native => None,
+        Target::Native => {
+            blob_format::native::check_header(&blob.header).map_err(|err| {
+                Failure::coded(
+                    err.error_code(),
+                    format!("{}: cannot convert to native: {err}", input.display()),
+                )
+            })?;
+            None
+        }
         Target::Tr02 => {
             Some(blob_format::upstream::write_tr02(&blob.header, blob.engine).map_err(|err| {
                 Failure::coded(

@@ -154,17 +154,45 @@ pub(crate) fn failure(message: impl Into<String>) -> Failure {
     Failure::coded(ErrorCode::InvalidArgument, message)
 }
 
+/// The command's own stdout: the process's fd 1 as it was at start, kept private, while fd 1 itself now points
+/// at stderr. Plugins share the process's file descriptors, so a plugin (or a native library under one) that
+/// prints would otherwise interleave its text with ours and break `--json`; this way whatever they print goes
+/// to stderr, where logs already go, and stdout carries the command's output only.
+#[cfg(unix)]
+fn command_stdout() -> &'static std::sync::Mutex<Option<std::fs::File>> {
+    static OUT: std::sync::OnceLock<std::sync::Mutex<Option<std::fs::File>>> = std::sync::OnceLock::new();
+    OUT.get_or_init(|| {
+        let private = rustix::io::dup(std::io::stdout()).ok().map(std::fs::File::from);
+        // Only once the private copy exists may fd 1 be redirected; if either step fails, fd 1 stays stdout.
+        if private.is_some() && rustix::stdio::dup2_stdout(std::io::stderr()).is_err() {
+            return std::sync::Mutex::new(None);
+        }
+        std::sync::Mutex::new(private)
+    })
+}
+
 /// Writes a command's whole output to stdout. A reader that went away (`| head -1`) ends the program quietly;
 /// any other write failure (a full disk) is one `error:` line.
 pub(crate) fn emit(text: &str) -> Result<(), Failure> {
-    let mut stdout = std::io::stdout().lock();
-    match stdout.write_all(text.as_bytes()).and_then(|()| stdout.flush()) {
+    #[cfg(unix)]
+    let result = match command_stdout().lock().as_deref_mut() {
+        Ok(Some(out)) => out.write_all(text.as_bytes()).and_then(|()| out.flush()),
+        _ => write_stdout(text),
+    };
+    #[cfg(not(unix))]
+    let result = write_stdout(text);
+    match result {
         Ok(()) => Ok(()),
         Err(err) if err.kind() == std::io::ErrorKind::BrokenPipe => {
             Err(Failure { code: None, message: String::new(), quiet: true })
         }
         Err(err) => Err(Failure::coded(ErrorCode::AccessFailed, format!("cannot write to stdout: {err}"))),
     }
+}
+
+fn write_stdout(text: &str) -> std::io::Result<()> {
+    let mut stdout = std::io::stdout().lock();
+    stdout.write_all(text.as_bytes()).and_then(|()| stdout.flush())
 }
 
 /// `text` with every control character escaped (`\n`, `\u{1b}`, ...), so that a name from a file cannot
@@ -204,7 +232,13 @@ fn main() -> ExitCode {
         .with_target(true)
         .init();
     let result = match Cli::try_parse() {
-        Ok(cli) => dispatch(cli.command),
+        Ok(cli) => {
+            // Before any plugin can load (and after clap, whose `--help` belongs on stdout): the command's
+            // output keeps the real stdout to itself.
+            #[cfg(unix)]
+            let _ = command_stdout();
+            dispatch(cli.command)
+        }
         // `--help` and `--version` are not errors: clap prints them as it always does.
         Err(err) if !err.use_stderr() => {
             let _ = err.print();

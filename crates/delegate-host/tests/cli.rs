@@ -169,6 +169,40 @@ fn convert_refuses_to_write_onto_its_input_by_any_name() {
 }
 
 #[test]
+fn convert_refuses_a_header_native_cannot_hold_before_writing_anything() {
+    // A TR01 of long shape tables: 1.6 MB of metadata (under the 4 MiB upstream bound) that would become
+    // about 19 MB of native header.
+    let shape = vec![1i64; 200_000];
+    let bindings: Vec<serde_json::Value> = (0..4)
+        .map(|i| serde_json::json!({"name": format!("t{i}"), "dtype": "f32", "shape": shape, "is_input": true}))
+        .collect();
+    let metadata = serde_json::to_vec(&serde_json::json!({ "io_bindings": bindings })).expect("json");
+    let engine_offset = (32 + metadata.len()).div_ceil(16) * 16;
+    let mut bytes = b"TR01".to_vec();
+    bytes.extend_from_slice(&32u32.to_le_bytes());
+    bytes.extend_from_slice(&(metadata.len() as u32).to_le_bytes());
+    bytes.extend_from_slice(&(engine_offset as u32).to_le_bytes());
+    bytes.extend_from_slice(&4u64.to_le_bytes());
+    bytes.resize(32, 0);
+    bytes.extend_from_slice(&metadata);
+    bytes.resize(engine_offset, 0);
+    bytes.extend_from_slice(b"ftrt");
+    let dir = tempfile::tempdir().expect("temp dir");
+    let (input, output) = (dir.path().join("long.blob"), dir.path().join("out.blob"));
+    std::fs::write(&input, &bytes).expect("write");
+    std::fs::write(&output, b"kept").expect("an existing output");
+    let line = one_line_error(&run(host().arg("convert").arg(&input).arg(&output).args(["--to", "native"])));
+    assert!(
+        line.contains(
+            "cannot convert to native: native cannot express this blob: its header would take up to"
+        ),
+        "{line}"
+    );
+    assert!(line.ends_with("[NotSupported]"), "{line}");
+    assert_eq!(std::fs::read(&output).expect("output intact"), b"kept");
+}
+
+#[test]
 fn usage_errors_are_one_line_with_a_code() {
     for args in [
         &["run", "program.toml", "--steps", "-1"][..],
@@ -431,6 +465,24 @@ fn a_plugin_for_a_newer_abi_is_rejected_naming_both_ranges_while_the_others_load
     assert_eq!(future["status"], "rejected", "{future}");
     assert_eq!(future["reason"], "plugin speaks ABI 2..=3, host 1..=1", "{future}");
     assert_eq!(candidate("libabi_test.")["status"], "loaded", "{list}");
+}
+
+#[test]
+fn what_a_plugin_prints_goes_to_stderr_and_json_stays_clean() {
+    let file = format!("{}abi_test{}", std::env::consts::DLL_PREFIX, std::env::consts::DLL_SUFFIX);
+    let dir = tempfile::tempdir().expect("temp dir");
+    std::fs::copy(test_plugin_dir().join(&file), dir.path().join(&file)).expect("built test plugin");
+    let out = run(host()
+        .args(["plugins", "--json", "--plugin-dir"])
+        .arg(dir.path())
+        .env("ABI_TEST_PRINT", "chatter from a plugin {")
+        .env_remove("DELEGATE_PLUGIN_PATH"));
+    let list = stdout_json(&out);
+    assert!(list.as_array().is_some_and(|l| l.iter().any(|c| c["status"] == "loaded")), "{list}");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("chatter from a plugin {"), "printed, to stderr");
+    // `--help` is the command's own output and stays on stdout.
+    let help = run(host().arg("--help"));
+    assert!(String::from_utf8_lossy(&help.stdout).contains("Usage"), "help on stdout");
 }
 
 #[test]

@@ -1,25 +1,30 @@
-//! Blob files mapped into memory, so a multi-GiB engine is neither read nor copied to be parsed.
-#![allow(unsafe_code)]
+//! Blob and program files read into memory the host owns, so that nothing a file's owner does to it later
+//! (rewrite it, truncate it, replace it with `cp`) can reach the host.
+//!
+//! Why not a memory map: a mapped file that is truncated while mapped raises SIGBUS on the next read of a page
+//! past its new end, which kills the process, and a write shows through a shared mapping under the parsers'
+//! immutable borrow. A running server must survive its files being replaced, so the host reads each file once
+//! into its own allocation (fallibly: a file too large for memory is an error naming its size) and parses and
+//! initialises from that snapshot. The bytes live only while a program loads: `Delegate::init` borrows the
+//! blob for the call, so they are dropped once every call is initialised, and the steady state holds no copy.
+//! The cost is one read of the file at load, which a mapping pays in page faults anyway.
 
 use std::fs::File;
+use std::io::Read;
 use std::path::Path;
 
-use memmap2::Mmap;
-
-/// A blob file's bytes, mapped read-only and shared. The file must not be modified or truncated while a
-/// `BlobFile` of it lives (see `open`).
+/// A file's bytes as they were when it was read: a private snapshot, immune to later changes of the file.
 pub struct BlobFile {
-    map: Option<Mmap>,
+    bytes: Vec<u8>,
 }
 
 impl BlobFile {
-    /// Maps `path`. An empty file maps to no bytes.
-    ///
-    /// The caller must not let anything modify or truncate the file while the returned value lives: a
-    /// truncated file raises SIGBUS on the next read of a page past its new end.
+    /// Reads `path` into memory.
     ///
     /// Anything but a regular file (a FIFO, a device, a socket, a directory) is refused before it is opened:
-    /// opening a FIFO for reading blocks until a writer comes, and a device can stream without end.
+    /// opening a FIFO for reading blocks until a writer comes, and a device can stream without end. The
+    /// allocation is fallible: a file larger than the memory available is an `OutOfMemory` error naming its
+    /// size, never an abort.
     pub fn open(path: &Path) -> std::io::Result<BlobFile> {
         let metadata = std::fs::metadata(path)?;
         if !metadata.is_file() {
@@ -29,24 +34,23 @@ impl BlobFile {
             ));
         }
         let file = File::open(path)?;
-        if file.metadata()?.len() == 0 {
-            return Ok(BlobFile { map: None });
-        }
-        // SAFETY: memmap2's `Mmap::map` maps the file *shared* (`MAP_SHARED`), read-only: the returned `&[u8]`
-        // is only sound if nothing modifies or truncates the file while it is mapped. That is the
-        // precondition, and this code does not enforce it: blob files are build artefacts that nothing is
-        // expected to write while the host runs. If something does, a write shows through the mapping
-        // (the bytes of an immutable borrow change under the parsers: undefined behaviour in Rust's model,
-        // although the parsers are fuzzed against arbitrary bytes), and a truncation makes a later read of a
-        // page past the new end raise SIGBUS, killing the process. How to remove the hazard (copying small
-        // files, a private mapping, a lease or lock, a SIGBUS guard) is the reliability issue's decision.
-        let map = unsafe { Mmap::map(&file)? };
-        Ok(BlobFile { map: Some(map) })
+        let len = file.metadata()?.len();
+        let mut bytes = Vec::new();
+        usize::try_from(len).ok().and_then(|len| bytes.try_reserve_exact(len).ok()).ok_or_else(|| {
+            std::io::Error::new(
+                std::io::ErrorKind::OutOfMemory,
+                format!("cannot allocate {len} bytes to read the file"),
+            )
+        })?;
+        // At most the length measured: a file that grows meanwhile is read as it was when opened, one that
+        // shrinks gives fewer bytes, which the parsers refuse as truncated.
+        file.take(len).read_to_end(&mut bytes)?;
+        Ok(BlobFile { bytes })
     }
 
-    /// The mapped bytes.
+    /// The file's bytes.
     pub fn bytes(&self) -> &[u8] {
-        self.map.as_deref().unwrap_or(&[])
+        &self.bytes
     }
 }
 

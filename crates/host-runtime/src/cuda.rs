@@ -14,8 +14,8 @@
 //! frees none before that work completes (a CUDA allocation synchronises its context before it is freed; the
 //! program synchronises its stream when dropped), and touches none from the host before synchronising.
 //!
-//! This module and `blob_file`'s mapping are the only `unsafe` code of the crate; the CUDA calls themselves
-//! are `cuda-rt`'s.
+//! This module, `buffer`'s host allocations and `lend`'s argument lists are the only `unsafe` code of the
+//! crate; the CUDA calls themselves are `cuda-rt`'s.
 #![allow(unsafe_code)]
 
 use std::ffi::c_void;

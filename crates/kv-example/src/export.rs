@@ -187,7 +187,7 @@ pub fn header_for(cfg: &Config, rows: usize, backend: Backend) -> Header {
             Backend::Cuda => format!(
                 "ref-graph payload {}.{}",
                 ref_graph::PAYLOAD_VERSION_MAJOR,
-                ref_graph::PAYLOAD_VERSION_MINOR
+                ref_graph::PAYLOAD_MINOR_WITHOUT_STATE // the decoder keeps its caches in caller storage
             ),
         }),
         engine_metadata: None,

@@ -25,6 +25,7 @@ pub struct GraphBuilder {
     inputs: Vec<TensorId>,
     outputs: Vec<TensorId>,
     constants: BTreeMap<TensorId, Data>,
+    state: Vec<TensorId>,
     ops: Vec<Op<TensorId>>,
 }
 
@@ -51,6 +52,16 @@ impl GraphBuilder {
     pub fn input(&mut self, name: &str, dtype: ElemType, shape: &[u64]) -> Result<TensorId, Error> {
         let id = self.declare(name, dtype, shape)?;
         self.inputs.push(id);
+        Ok(id)
+    }
+
+    /// Declares delegate-owned state (payload 1.2): a cache the executor allocates zero-filled when it is
+    /// created and keeps across calls, for a program whose caches live inside the delegate (ExecuTorch's
+    /// `tag_mutated_buffer`). It is not a graph input: no blob binding names it. It must be the `cache` of one
+    /// [`GraphBuilder::kv_cache_update`], whose output may not be a graph output.
+    pub fn state(&mut self, name: &str, dtype: ElemType, shape: &[u64]) -> Result<TensorId, Error> {
+        let id = self.declare(name, dtype, shape)?;
+        self.state.push(id);
         Ok(id)
     }
 
@@ -181,6 +192,6 @@ impl GraphBuilder {
 
     /// Validates and returns the graph.
     pub fn finish(self) -> Result<Graph, Error> {
-        Graph::from_parts(self.tensors, self.inputs, self.outputs, self.constants, self.ops)
+        Graph::from_parts(self.tensors, self.inputs, self.outputs, self.constants, self.state, self.ops)
     }
 }

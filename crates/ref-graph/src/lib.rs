@@ -18,7 +18,8 @@
 //! [`alias_validate::EngineIntrospect`] (implemented here, next to the graph, because which outputs alias which
 //! inputs is a fact of the format), and the validation rules below keep in-place tensors out of every op
 //! that could observe the difference between "updated in place" and "a fresh value":
-//! - the `cache` operand of a `KvCacheUpdate` is a graph input and no other op reads it;
+//! - the `cache` operand of a `KvCacheUpdate` is a graph input or delegate-owned state, and no other op reads
+//!   it;
 //! - the output of a `KvCacheUpdate` is read only as the `k`/`v` operand of [`Op::CausalAttention`] (or is a
 //!   graph output);
 //! - the `k`/`v` operands of `CausalAttention` are `KvCacheUpdate` outputs.
@@ -54,8 +55,19 @@
 //! [`CONSTANT_ALIGN`]. Decoding checks every extent with checked arithmetic and never panics.
 //!
 //! Versions: 1.0 had `f32`/`i64` tensors and the ops up to `causal_attention`; 1.1 adds the `f16` element
-//! type and the `argmax` op. This build writes 1.1 for every graph. A 1.0 reader refuses a graph that uses
-//! either addition with a typed error naming it (`f16` as an unknown dtype, `argmax` as an unknown op).
+//! type and the `argmax` op; 1.2 adds delegate-owned `state` (below). This build writes 1.2 for a graph with
+//! state and 1.1 for every other graph. An older reader refuses a graph that uses an addition with a typed
+//! error naming it (`f16` as an unknown dtype, `argmax` as an unknown op, a state cache as a tensor read
+//! before anything defines it).
+//!
+//! ## Delegate-owned state
+//!
+//! A graph may keep its caches inside the delegate instead of in caller-owned storage (ExecuTorch's
+//! `tag_mutated_buffer` design): [`GraphBuilder::state`] declares such a tensor. It is defined by the
+//! executor, zero-filled when the executor is created and kept across calls; no blob binding names it and it
+//! is not a delegate argument. Each state tensor is the `cache` of exactly one `kv_cache_update`, and that
+//! update's output is read only by `causal_attention` (never a graph output, since no caller storage backs
+//! it).
 //!
 //! ## Examples
 //!
@@ -102,7 +114,9 @@ pub use builder::GraphBuilder;
 /// The `half` crate, whose [`half::f16`] is the element of [`Data::F16`].
 pub use half;
 pub use ops::Op;
-pub use payload::{CONSTANT_ALIGN, PAYLOAD_MAGIC, PAYLOAD_VERSION_MAJOR, PAYLOAD_VERSION_MINOR};
+pub use payload::{
+    CONSTANT_ALIGN, PAYLOAD_MAGIC, PAYLOAD_MINOR_WITHOUT_STATE, PAYLOAD_VERSION_MAJOR, PAYLOAD_VERSION_MINOR,
+};
 
 /// Largest number of elements one tensor may have (2^31), so that a hostile payload cannot make `init`
 /// allocate without bound.
@@ -238,6 +252,7 @@ pub struct Graph {
     inputs: Vec<TensorId>,
     outputs: Vec<TensorId>,
     constants: BTreeMap<TensorId, Data>,
+    state: Vec<TensorId>,
     ops: Vec<Op<TensorId>>,
 }
 
@@ -458,6 +473,18 @@ impl Graph {
         &self.ops
     }
 
+    /// The delegate-owned state tensors (payload 1.2), in declaration order: caches the executor allocates,
+    /// zero-filled, when it is created, and keeps across calls. They are not graph inputs and no blob binding
+    /// names them; each is the `cache` of exactly one `kv_cache_update` (see the crate docs).
+    pub fn state(&self) -> &[TensorId] {
+        &self.state
+    }
+
+    /// Whether `id` is delegate-owned state.
+    pub fn is_state(&self, id: TensorId) -> bool {
+        self.state.contains(&id)
+    }
+
     /// The values of constant `id`, if it is one.
     pub fn constant(&self, id: TensorId) -> Option<&Data> {
         self.constants.get(&id)
@@ -490,9 +517,10 @@ impl Graph {
         inputs: Vec<TensorId>,
         outputs: Vec<TensorId>,
         constants: BTreeMap<TensorId, Data>,
+        state: Vec<TensorId>,
         ops: Vec<Op<TensorId>>,
     ) -> Result<Graph, Error> {
-        let graph = Graph { tensors, inputs, outputs, constants, ops };
+        let graph = Graph { tensors, inputs, outputs, constants, state, ops };
         graph.validate()?;
         Ok(graph)
     }
@@ -524,6 +552,9 @@ impl Graph {
         for &id in &self.inputs {
             define(id, "a graph input".to_owned())?;
         }
+        for &id in &self.state {
+            define(id, "delegate-owned state".to_owned())?;
+        }
         for (&id, data) in &self.constants {
             define(id, "a constant".to_owned())?;
             let decl = &self.tensors[id.0];
@@ -543,7 +574,7 @@ impl Graph {
             }
         }
         let mut available = vec![false; self.tensors.len()];
-        for &id in self.inputs.iter().chain(self.constants.keys()) {
+        for &id in self.inputs.iter().chain(&self.state).chain(self.constants.keys()) {
             available[id.0] = true;
         }
         for (index, op) in self.ops.iter().enumerate() {
@@ -563,6 +594,7 @@ impl Graph {
 
         check_unique(&self.inputs, "graph inputs", &name)?;
         check_unique(&self.outputs, "graph outputs", &name)?;
+        check_unique(&self.state, "the state list", &name)?;
         for &id in &self.outputs {
             if self.inputs.contains(&id) || self.constants.contains_key(&id) {
                 return Err(Error::BadInterface {
@@ -580,12 +612,23 @@ impl Graph {
         let mut cache_outputs = Vec::new();
         for op in &self.ops {
             if let Op::KvCacheUpdate { cache, out, .. } = *op {
-                if !self.inputs.contains(&cache) {
+                if !self.inputs.contains(&cache) && !self.state.contains(&cache) {
                     return Err(Error::CacheMisuse {
                         name: name(cache),
-                        problem: "is updated in place by a kv_cache_update but is not a graph input (only \
-                                  caller-owned storage can be updated in place)"
+                        problem: "is updated in place by a kv_cache_update but is neither a graph input nor \
+                                  delegate-owned state (only storage that outlives the call can be updated in \
+                                  place)"
                             .to_owned(),
+                    });
+                }
+                if self.state.contains(&cache) && self.outputs.contains(&out) {
+                    return Err(Error::CacheMisuse {
+                        name: name(out),
+                        problem: format!(
+                            "updates delegate-owned state '{}' and cannot be a graph output (no caller storage \
+                             backs it)",
+                            name(cache)
+                        ),
                     });
                 }
                 if cache_inputs.contains(&cache) {
@@ -597,6 +640,13 @@ impl Graph {
                 cache_inputs.push(cache);
                 cache_outputs.push(out);
             }
+        }
+        if let Some(&unused) = self.state.iter().find(|id| !cache_inputs.contains(id)) {
+            return Err(Error::CacheMisuse {
+                name: name(unused),
+                problem: "is delegate-owned state but no kv_cache_update writes it (state holds caches only)"
+                    .to_owned(),
+            });
         }
         for (index, op) in self.ops.iter().enumerate() {
             for (role, operand) in op.named_operands() {

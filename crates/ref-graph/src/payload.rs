@@ -12,8 +12,12 @@ use crate::{Data, ElemType, Error, Graph, Op, TensorDecl, TensorId};
 pub const PAYLOAD_MAGIC: [u8; 4] = *b"RGRF";
 /// Major version this build writes and reads.
 pub const PAYLOAD_VERSION_MAJOR: u16 = 1;
-/// Minor version this build writes: 1 (1.1 added the `f16` element type and the `argmax` op).
-pub const PAYLOAD_VERSION_MINOR: u16 = 1;
+/// Newest minor version this build writes: 2 (1.1 added the `f16` element type and the `argmax` op, 1.2
+/// delegate-owned `state`). A graph is written with the oldest minor that expresses it: 1.2 only when it has
+/// state, so readers of 1.1 keep reading every graph without it.
+pub const PAYLOAD_VERSION_MINOR: u16 = 2;
+/// The minor version written for a graph without delegate-owned state.
+pub const PAYLOAD_MINOR_WITHOUT_STATE: u16 = 1;
 /// Alignment of the constant section and of every constant in it.
 pub const CONSTANT_ALIGN: u64 = 16;
 const PREFIX_LEN: usize = 16;
@@ -24,6 +28,9 @@ struct Description {
     inputs: Vec<String>,
     outputs: Vec<String>,
     constants: Vec<ConstantRef>,
+    /// Delegate-owned state (1.2); absent in older payloads.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    state: Vec<String>,
     ops: Vec<serde_json::Value>,
 }
 
@@ -40,6 +47,13 @@ fn align_up(n: usize) -> usize {
 }
 
 impl Graph {
+    /// The `(major, minor)` payload version [`Graph::encode`] writes for this graph: the oldest that
+    /// expresses it.
+    pub fn payload_version(&self) -> (u16, u16) {
+        let minor = if self.state.is_empty() { PAYLOAD_MINOR_WITHOUT_STATE } else { PAYLOAD_VERSION_MINOR };
+        (PAYLOAD_VERSION_MAJOR, minor)
+    }
+
     /// Encodes the graph as a payload (see the crate docs for the layout).
     pub fn encode(&self) -> Vec<u8> {
         let name = |id: TensorId| self.tensor(id).name.clone();
@@ -68,6 +82,7 @@ impl Graph {
             inputs: self.inputs.iter().map(|&id| name(id)).collect(),
             outputs: self.outputs.iter().map(|&id| name(id)).collect(),
             constants,
+            state: self.state.iter().map(|&id| name(id)).collect(),
             ops,
         };
         let json =
@@ -76,13 +91,23 @@ impl Graph {
         let mut out = Vec::with_capacity(align_up(PREFIX_LEN + json.len()) + data.len());
         out.extend_from_slice(&PAYLOAD_MAGIC);
         out.extend_from_slice(&PAYLOAD_VERSION_MAJOR.to_le_bytes());
-        out.extend_from_slice(&PAYLOAD_VERSION_MINOR.to_le_bytes());
+        out.extend_from_slice(&self.payload_version().1.to_le_bytes());
         out.extend_from_slice(&json_len.to_le_bytes());
         out.extend_from_slice(&[0; 4]);
         out.extend_from_slice(&json);
         out.resize(align_up(out.len()), 0);
         out.extend_from_slice(&data);
         out
+    }
+
+    /// Builds and validates a graph from its two payload sections given apart: the JSON `description` (as
+    /// the payload holds it: tensors, inputs, outputs, constants, ops, state) and the `constants` section its
+    /// offsets point into. What an exporter in another language writes, for [`Graph::encode`] to lay out
+    /// (`delegate-pack` does this for the ExecuTorch exporter). The same checks as [`Graph::decode`].
+    pub fn from_description(description: &[u8], constants: &[u8]) -> Result<Graph, Error> {
+        let description: Description =
+            serde_json::from_slice(description).map_err(|source| Error::Json { source })?;
+        description.into_graph(constants)
     }
 
     /// Decodes and validates a payload. Every defect is a typed [`Error`]; nothing panics.
@@ -141,6 +166,11 @@ impl Description {
             .iter()
             .map(|n| resolve(&|| "graph outputs".to_owned(), n))
             .collect::<Result<Vec<_>, _>>()?;
+        let state = self
+            .state
+            .iter()
+            .map(|n| resolve(&|| "the state list".to_owned(), n))
+            .collect::<Result<Vec<_>, _>>()?;
 
         let mut constants = BTreeMap::new();
         for constant in &self.constants {
@@ -168,7 +198,7 @@ impl Description {
             let op = named.try_map_ref(|name| resolve(&context, name))?;
             ops.push(op);
         }
-        Graph::from_parts(self.tensors, inputs, outputs, constants, ops)
+        Graph::from_parts(self.tensors, inputs, outputs, constants, state, ops)
     }
 }
 

@@ -72,8 +72,9 @@ fn encode_then_decode_round_trips() {
 fn f16_graphs_round_trip_with_little_endian_constants() {
     let graph = sample_f16();
     let payload = graph.encode();
-    assert_eq!(u16::from_le_bytes([payload[6], payload[7]]), PAYLOAD_VERSION_MINOR);
-    assert_eq!(PAYLOAD_VERSION_MINOR, 1);
+    // A graph without state is written as 1.1, so 1.1 readers keep reading it.
+    assert_eq!(u16::from_le_bytes([payload[6], payload[7]]), 1);
+    assert_eq!(graph.payload_version(), (1, 1));
     let decoded = Graph::decode(&payload).expect("valid payload");
     assert_eq!(decoded, graph);
     let emb = decoded.find("emb").expect("declared");
@@ -453,4 +454,87 @@ mod fuzz {
             prop_assert!(Graph::decode(&payload[..cut]).is_err());
         }
     }
+}
+
+/// The sample layer with its cache owned by the delegate (payload 1.2).
+fn sample_with_state() -> Graph {
+    let mut b = GraphBuilder::new();
+    let tokens = b.input("tokens", ElemType::I64, &[2]).expect("fresh name");
+    let pos = b.input("input_pos", ElemType::I64, &[1]).expect("fresh name");
+    let cache = b.state("k_cache", ElemType::F32, &[1, 4, 2]).expect("fresh name");
+    let emb = b.constant_f32("emb", &[3, 2], vec![0.5; 6]).expect("6 values");
+    let x = b.gather("x", emb, tokens).expect("typed");
+    let k_out = b.kv_cache_update("k_cache_out", cache, x, pos).expect("typed");
+    let attn = b.causal_attention("attn", x, k_out, k_out, pos).expect("typed");
+    b.output(attn).expect("declared");
+    b.finish().expect("valid")
+}
+
+#[test]
+fn delegate_owned_state_round_trips_as_1_2_and_is_no_engine_tensor() {
+    let graph = sample_with_state();
+    let cache = graph.find("k_cache").expect("declared");
+    assert_eq!(graph.state(), [cache]);
+    assert!(graph.is_state(cache) && !graph.inputs().contains(&cache));
+    let payload = graph.encode();
+    assert_eq!(u16::from_le_bytes([payload[6], payload[7]]), 2, "state needs payload 1.2");
+    assert_eq!(graph.payload_version(), (1, 2));
+    let decoded = Graph::decode(&payload).expect("valid payload");
+    assert_eq!(decoded, graph);
+    // Bindings are for engine tensors: the state is neither an input nor an output of the engine.
+    let names: Vec<String> = EngineIntrospect::tensors(&decoded).into_iter().map(|t| t.name).collect();
+    assert_eq!(names, ["tokens", "input_pos", "attn"]);
+}
+
+#[test]
+fn state_misuse_is_refused_by_name() {
+    // State that no kv_cache_update writes.
+    let payload = sample_with_state().encode();
+    let unused = rewrite(&payload, |d| {
+        d["tensors"]
+            .as_array_mut()
+            .expect("array")
+            .push(json!({"name": "spare", "dtype": "f32", "shape": [2]}));
+        d["state"].as_array_mut().expect("array").push(json!("spare"));
+    });
+    let err = Graph::decode(&unused).expect_err("unused state");
+    assert!(matches!(&err, Error::CacheMisuse { name, .. } if name == "spare"), "{err}");
+
+    // The update of a state cache as a graph output: no caller storage backs it.
+    let exposed =
+        rewrite(&payload, |d| d["outputs"].as_array_mut().expect("array").push(json!("k_cache_out")));
+    let err = Graph::decode(&exposed).expect_err("state exposed");
+    assert!(matches!(&err, Error::CacheMisuse { name, .. } if name == "k_cache_out"), "{err}");
+    assert!(err.to_string().contains("delegate-owned state 'k_cache'"), "{err}");
+
+    // A state name that nothing declares, and a state tensor that is also an input.
+    let dangling = rewrite(&payload, |d| d["state"] = json!(["nope"]));
+    let err = Graph::decode(&dangling).expect_err("dangling");
+    assert!(
+        matches!(&err, Error::DanglingTensor { context, name } if context == "the state list" && name == "nope")
+    );
+    let twice = rewrite(&payload, |d| d["inputs"].as_array_mut().expect("array").push(json!("k_cache")));
+    let err = Graph::decode(&twice).expect_err("defined twice");
+    assert!(matches!(&err, Error::DefinedTwice { name, .. } if name == "k_cache"), "{err}");
+
+    // A 1.1 reader's view: without the state list the cache is read before anything defines it.
+    let old = rewrite(&payload, |d| {
+        d.as_object_mut().expect("object").remove("state");
+    });
+    let err = Graph::decode(&old).expect_err("undefined");
+    assert!(matches!(&err, Error::UseBeforeDefinition { name, .. } if name == "k_cache"), "{err}");
+}
+
+#[test]
+fn a_graph_given_as_description_and_constants_is_the_decoded_graph() {
+    let payload = sample().encode();
+    let json_len = u32::from_le_bytes(payload[8..12].try_into().expect("4 bytes")) as usize;
+    let data_start = (16 + json_len).div_ceil(CONSTANT_ALIGN as usize) * CONSTANT_ALIGN as usize;
+    let graph =
+        Graph::from_description(&payload[16..16 + json_len], &payload[data_start..]).expect("valid parts");
+    assert_eq!(graph, sample());
+    let err = Graph::from_description(b"{\"tensors\": 3}", &[]).expect_err("malformed");
+    assert!(matches!(err, Error::Json { .. }), "{err}");
+    let err = Graph::from_description(&payload[16..16 + json_len], &[]).expect_err("constants missing");
+    assert!(matches!(err, Error::BadConstant { .. }), "{err}");
 }

@@ -10,6 +10,7 @@
 //! |---|---|---|---|
 //! | option | `log` | string | logs it with `tracing::info!` (target `abi_test`) and `tracing::debug!` |
 //! | `compatibility` | | empty blob / `old` / other | `Unsupported` / `RebuildRecommended` / `Supported` |
+//! | environment | `ABI_TEST_PRINT` | string | printed to stdout whenever the host reads the plugin's info: a chatty native library |
 //!
 //! ## Examples
 //!
@@ -38,6 +39,9 @@ pub enum AbiTest {}
 
 impl Fixture for AbiTest {
     fn info() -> PluginInfo {
+        if let Ok(text) = std::env::var("ABI_TEST_PRINT") {
+            println!("{text}");
+        }
         PluginInfo {
             name: "abi-test".into(),
             version: env!("CARGO_PKG_VERSION").into(),

@@ -195,6 +195,13 @@ pub fn gemv_split(float: Float, m: u32, nmat: u32, k: u32, n: u32) -> (u32, u32)
 impl Plan {
     /// Lowers `graph`.
     pub fn new(graph: &Graph) -> Result<Plan, Unsupported> {
+        if let Some(&id) = graph.state().first() {
+            return Err(Unsupported(format!(
+                "cache '{}' is delegate-owned state (reference-graph payload 1.2), which the CUDA delegate does \
+                 not hold yet; export the caches as program buffers",
+                graph.tensor(id).name
+            )));
+        }
         let tensors = graph.tensors();
         let float = float_of(graph)?;
         let mut homes = vec![Home::Scratch; tensors.len()];
@@ -508,6 +515,20 @@ mod tests {
             .steps
             .iter()
             .all(|s| !matches!(s, Step::Gemv { mats, .. } if mats.iter().any(|m| m.y == o))));
+    }
+
+    #[test]
+    fn delegate_owned_state_is_refused_naming_the_cache() {
+        let mut b = ref_graph::GraphBuilder::new();
+        let pos = b.input("input_pos", ref_graph::ElemType::I64, &[1]).expect("fresh");
+        let row = b.input("k", ref_graph::ElemType::F32, &[1, 2]).expect("fresh");
+        let cache = b.state("k_cache", ref_graph::ElemType::F32, &[1, 4, 2]).expect("fresh");
+        let k = b.kv_cache_update("k_cache_out", cache, row, pos).expect("typed");
+        let q = b.input("q", ref_graph::ElemType::F32, &[1, 2]).expect("fresh");
+        let attn = b.causal_attention("attn", q, k, k, pos).expect("typed");
+        b.output(attn).expect("declared");
+        let err = Plan::new(&b.finish().expect("valid")).expect_err("state is not held on the GPU yet");
+        assert!(err.0.contains("'k_cache' is delegate-owned state"), "{}", err.0);
     }
 
     #[test]

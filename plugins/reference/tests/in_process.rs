@@ -23,11 +23,21 @@ fn weights(n: usize, seed: f32) -> Vec<f32> {
 
 /// A one-layer attention decoder over `rows` tokens; graph outputs are `[logits, k_cache_out, v_cache_out]`.
 fn graph(rows: u64) -> Graph {
+    graph_with(rows, false)
+}
+
+/// The decoder with caller caches, or (`owned`) with delegate-owned caches: then its only output is `logits`.
+fn graph_with(rows: u64, owned: bool) -> Graph {
     let mut b = GraphBuilder::new();
     let tokens = b.input("tokens", ElemType::I64, &[rows]).expect("fresh");
     let pos = b.input("input_pos", ElemType::I64, &[1]).expect("fresh");
-    let k_cache = b.input("k_cache", ElemType::F32, &[HEADS, LEN, HEAD_DIM]).expect("fresh");
-    let v_cache = b.input("v_cache", ElemType::F32, &[HEADS, LEN, HEAD_DIM]).expect("fresh");
+    let cache = [HEADS, LEN, HEAD_DIM];
+    let (k_cache, v_cache) = if owned {
+        (b.state("k_cache", ElemType::F32, &cache).expect("fresh"), b.state("v_cache", ElemType::F32, &cache))
+    } else {
+        (b.input("k_cache", ElemType::F32, &cache).expect("fresh"), b.input("v_cache", ElemType::F32, &cache))
+    };
+    let v_cache = v_cache.expect("fresh");
     let emb = b.constant_f32("emb", &[VOCAB, 2], weights(10, 0.7)).expect("sized");
     let wq = b.constant_f32("wq", &[2, 2], weights(4, 1.3)).expect("sized");
     let wk = b.constant_f32("wk", &[2, 2], weights(4, 2.1)).expect("sized");
@@ -41,7 +51,8 @@ fn graph(rows: u64) -> Graph {
     let v_out = b.kv_cache_update("v_cache_out", v_cache, v, pos).expect("typed");
     let attn = b.causal_attention("attn", q, k_out, v_out, pos).expect("typed");
     let logits = b.mat_mul("logits", attn, wo).expect("typed");
-    for out in [logits, k_out, v_out] {
+    let outputs = if owned { vec![logits] } else { vec![logits, k_out, v_out] };
+    for out in outputs {
         b.output(out).expect("declared");
     }
     b.finish().expect("valid")
@@ -405,7 +416,7 @@ fn blobs_for_other_backends_or_payloads_are_incompatible() {
     expect_code(init(&delegate, &blob), ErrorCode::DelegateInvalidCompatibility, "tensorrt-plan");
 
     assert!(matches!(delegate.compatibility(b"not a blob at all"), Compatibility::Unsupported { .. }));
-    assert!(init(&delegate, b"not a blob at all").is_err());
+    expect_code(init(&delegate, b"not a blob at all"), ErrorCode::DelegateInvalidCompatibility, "magic");
 }
 
 #[test]
@@ -414,7 +425,7 @@ fn corrupt_payloads_and_wrong_alias_tables_are_refused_at_init() {
     let mut blob = blob_with(&header(1), 1);
     let last = blob.len() - 1;
     blob[last] ^= 0xff;
-    expect_code(init(&delegate, &blob), ErrorCode::InvalidProgram, "");
+    expect_code(init(&delegate, &blob), ErrorCode::InvalidProgram, "checksum");
 
     // The alias table claims k_cache_out writes into v_cache; the graph says k_cache.
     let mut crossed = header(1);
@@ -429,8 +440,7 @@ fn corrupt_payloads_and_wrong_alias_tables_are_refused_at_init() {
     // A user alias is metadata the graph cannot perform.
     let mut user = header(1);
     user.aliases[0].kind = AliasKind::User;
-    let result = init(&delegate, &blob_with(&user, 1));
-    assert!(result.is_err());
+    expect_code(init(&delegate, &blob_with(&user, 1)), ErrorCode::NotSupported, "user alias 'k_cache_out' -> 'k_cache' is not supported");
 }
 
 #[test]
@@ -603,4 +613,40 @@ fn f16_blobs_are_refused_with_the_reason() {
         ErrorCode::NotSupported,
         "tensor 'w16' is f16: the CPU reference delegate computes f32; run f16 blobs on the CUDA delegate",
     );
+}
+
+#[test]
+fn delegate_owned_caches_persist_per_instance_and_match_caller_caches() {
+    let delegate = ReferenceDelegate::new();
+    let mut owned_header = header(1);
+    owned_header.bindings.retain(|b| b.name == "tokens" || b.name == "input_pos" || b.name == "logits");
+    owned_header.aliases.clear();
+    let owned_blob = blob_format::native::to_vec(&owned_header, &graph_with(1, true).encode());
+    let mut owned = init(&delegate, &owned_blob).expect("a blob with delegate-owned caches");
+    let mut caller = init(&delegate, &blob_with(&header(1), 1)).expect("valid blob");
+    let mut state = State::new(1);
+
+    let owned_step = |handle: &mut ReferenceHandle, token: i64, position: i64| {
+        let (tokens, position) = ([token], [position]);
+        let mut logits = vec![0.0f32; VOCAB as usize];
+        let mut list = ArgList::new();
+        let host = MemoryKind::Host;
+        list.push_input(bytemuck::cast_slice(&tokens), DTypeCode::I64, &[1], host).expect("sized");
+        list.push_input(bytemuck::cast_slice(&position), DTypeCode::I64, &[1], host).expect("sized");
+        list.push_output(bytemuck::cast_slice_mut(&mut logits), DTypeCode::F32, &[1, VOCAB as i64], host)
+            .expect("sized");
+        let stats = run_list(&delegate, handle, &list).expect("owned step");
+        assert_eq!(stats, ExecStats::default(), "the delegate's own caches move nothing across the ABI");
+        logits
+    };
+    // Each step of the owned instance sees its earlier steps, exactly as the caller's caches do.
+    for (position, token) in [(0, 2), (1, 4), (2, 0), (3, 1)] {
+        step(&delegate, &mut caller, &mut state, &[token], position, Slots::InPlace).expect("caller step");
+        assert_eq!(owned_step(&mut owned, token, position), state.logits, "step at {position}");
+    }
+    // A second instance starts from zeroed caches of its own: its first step at position 3 differs.
+    let mut other = init(&delegate, &owned_blob).expect("valid blob");
+    let mut fresh = State::new(1);
+    step(&delegate, &mut caller, &mut fresh, &[1], 3, Slots::InPlace).expect("caller step on zeroed caches");
+    assert_eq!(owned_step(&mut other, 1, 3), fresh.logits, "instances do not share state");
 }

@@ -13,7 +13,7 @@ use std::io;
 use xxhash_rust::xxh3::xxh3_64;
 
 use crate::model::{Format, Header};
-use crate::{Blob, Error};
+use crate::{Blob, Error, WriteError};
 
 /// The 8-byte magic that starts every native blob: `\x89DLB\r\n\x1a\n`.
 ///
@@ -106,6 +106,51 @@ pub fn parse(bytes: &[u8]) -> Result<Blob<'_>, Error> {
     }
 }
 
+/// The largest native header this crate writes: 16 MiB of FlatBuffers, room for about a hundred thousand
+/// bindings. [`check_header`] refuses a larger one before anything is built, so a header read from an
+/// untrusted upstream blob (whose metadata is itself bounded) can never reach FlatBuffers' 2 GiB panic.
+pub const MAX_HEADER_BYTES: u64 = 16 << 20;
+
+/// Checks that `header` encodes within [`MAX_HEADER_BYTES`], by [`header_size_bound`].
+///
+/// # Errors
+/// [`WriteError::HeaderTooLarge`] with the bound and the limit.
+pub fn check_header(header: &Header) -> Result<(), WriteError> {
+    let estimate = header_size_bound(header);
+    if estimate > MAX_HEADER_BYTES {
+        return Err(WriteError::HeaderTooLarge { estimate, limit: MAX_HEADER_BYTES });
+    }
+    Ok(())
+}
+
+/// An upper bound of the FlatBuffers header [`write()`] builds for `header`, computed without building
+/// anything (O(fields), no allocation).
+pub fn header_size_bound(header: &Header) -> u64 {
+    // Every table costs at most its vtable and fields (64 bytes here), every string its bytes plus a length,
+    // a terminator and alignment (8), every vector element its offset and its table; dims are 16-byte structs.
+    let string = |s: &str| s.len() as u64 + 8;
+    let optional = |s: &Option<String>| s.as_deref().map_or(0, string);
+    let producer = header.producer.as_ref().map_or(0, |p| 64 + string(&p.name) + string(&p.version));
+    let bindings: u64 = header
+        .bindings
+        .iter()
+        .map(|b| 64 + 4 + string(&b.name) + b.shape.as_ref().map_or(0, |dims| 8 + 24 * dims.len() as u64))
+        .sum();
+    let aliases: u64 = header
+        .aliases
+        .iter()
+        .map(|a| 64 + 4 + string(&a.output) + string(&a.input) + string(a.kind.as_str()))
+        .sum();
+    256 + producer
+        + string(&header.backend_id)
+        + string(header.payload_kind.as_str())
+        + bindings
+        + aliases
+        + optional(&header.hardware_target)
+        + optional(&header.engine_library_version)
+        + optional(&header.engine_metadata)
+}
+
 /// Writes a native blob of version [`CURRENT`]: prefix, header, zero padding, then `engine` at a
 /// [`PAYLOAD_ALIGN`]-aligned offset.
 ///
@@ -116,7 +161,8 @@ pub fn parse(bytes: &[u8]) -> Result<Blob<'_>, Error> {
 /// Only what `out` returns.
 ///
 /// # Panics
-/// If the encoded header exceeds FlatBuffers' 2 GiB buffer limit (millions of bindings).
+/// If the encoded header exceeds FlatBuffers' 2 GiB buffer limit (millions of bindings). A header from
+/// anywhere untrusted goes through [`check_header`] first, which refuses it long before.
 pub fn write(header: &Header, engine: &[u8], out: &mut impl io::Write) -> io::Result<()> {
     let head = encode_head(CURRENT, engine, |location| v1::encode_header(header, location));
     out.write_all(&head)?;

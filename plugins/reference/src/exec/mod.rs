@@ -115,6 +115,8 @@ enum Store {
     Constant,
     /// In the caller's argument at this position (a cache, updated in place).
     InPlace { arg: usize },
+    /// In the executor's delegate-owned state at this slot (a cache the delegate keeps across calls).
+    State { slot: usize },
     /// Delegate-owned `f32` scratch.
     F32(Vec<f32>),
     /// Delegate-owned `i64` scratch.
@@ -136,6 +138,8 @@ pub struct ArgMap {
 #[derive(Debug)]
 pub struct Executor {
     stores: Vec<Store>,
+    /// Delegate-owned state (`Graph::state`), zero-filled at creation and kept across calls.
+    state: Vec<Vec<f32>>,
     staged: Vec<(TensorId, usize)>,
     outputs: Vec<(TensorId, usize)>,
     scores: Vec<f32>,
@@ -175,8 +179,16 @@ impl Executor {
             };
             stores.push(store);
         }
-        // Caches and the outputs that alias them live in the caller's argument.
+        // Caches and the outputs that alias them live in the caller's argument, or in delegate-owned state.
+        let mut state = Vec::with_capacity(graph.state().len());
         for (out, cache) in graph.in_place_pairs() {
+            if graph.is_state(cache) {
+                let decl = graph.tensor(cache);
+                state.push(alloc(decl.numel(), &decl.name)?);
+                stores[cache.0] = Store::State { slot: state.len() - 1 };
+                stores[out.0] = Store::State { slot: state.len() - 1 };
+                continue;
+            }
             let arg = args.inputs.iter().find(|(id, _)| *id == cache).map(|&(_, arg)| arg);
             let arg = arg.ok_or_else(|| {
                 Error::Internal(format!(
@@ -204,7 +216,7 @@ impl Executor {
             match store {
                 Store::F32(v) => *v = alloc(decl.numel(), &decl.name)?,
                 Store::I64(v) => *v = alloc(decl.numel(), &decl.name)?,
-                Store::Constant | Store::InPlace { .. } => {}
+                Store::Constant | Store::InPlace { .. } | Store::State { .. } => {}
             }
         }
         let staged = args
@@ -229,7 +241,7 @@ impl Executor {
             .max()
             .unwrap_or(0);
         let scores = alloc(usize::try_from(longest_cache).unwrap_or(usize::MAX), "attention scores")?;
-        Ok(Executor { stores, staged, outputs, scores })
+        Ok(Executor { stores, state, staged, outputs, scores })
     }
 
     /// Runs every op: stages inputs, computes, updates caches in their arguments, and copies outputs out.
@@ -240,7 +252,7 @@ impl Executor {
             match &mut self.stores[id.0] {
                 Store::F32(v) => decode_into(bytes, v, f32::from_ne_bytes),
                 Store::I64(v) => decode_into(bytes, v, i64::from_ne_bytes),
-                Store::Constant | Store::InPlace { .. } => {}
+                Store::Constant | Store::InPlace { .. } | Store::State { .. } => {}
             }
         }
         for (index, op) in graph.ops().iter().enumerate() {
@@ -251,7 +263,7 @@ impl Executor {
             match &self.stores[id.0] {
                 Store::F32(v) => encode_into(v, bytes, f32::to_ne_bytes),
                 Store::I64(v) => encode_into(v, bytes, i64::to_ne_bytes),
-                Store::Constant | Store::InPlace { .. } => {}
+                Store::Constant | Store::InPlace { .. } | Store::State { .. } => {}
             }
         }
         Ok(())
@@ -270,6 +282,13 @@ impl Executor {
             (Store::I64(v), _) => v,
             (Store::Constant, Some(Data::I64(v))) => v,
             _ => &[],
+        }
+    }
+
+    fn state_slot(&self, id: TensorId) -> Option<usize> {
+        match self.stores[id.0] {
+            Store::State { slot } => Some(slot),
+            _ => None,
         }
     }
 
@@ -371,23 +390,53 @@ impl Executor {
                 kernels::rms_norm(self.f32s(graph, input), self.f32s(graph, weight), eps, out);
                 Ok(())
             }
-            (&Op::KvCacheUpdate { cache, update, position, .. }, Store::InPlace { .. }) => {
+            (&Op::KvCacheUpdate { cache, update, position, .. }, Store::InPlace { .. } | Store::State { .. }) => {
                 let shape = cache_shape(graph, cache);
                 let rows = graph.tensor(update).shape[0] as usize;
                 let position = self.position(graph, index, op, position, rows, shape.len)?;
-                let arg = self.in_place_arg(graph, cache)?;
-                let ([], [bytes]) = args.borrow([], [arg])?;
-                let cache_values = as_f32_mut(bytes, arg)?;
-                kernels::kv_cache_update(cache_values, shape, self.f32s(graph, update), position);
+                let update_values = match (&self.stores[update.0], graph.constant(update)) {
+                    (Store::F32(values), _) => values.as_slice(),
+                    (Store::Constant, Some(Data::F32(values))) => values.as_slice(),
+                    _ => &[],
+                };
+                match self.stores[cache.0] {
+                    Store::State { slot } => {
+                        kernels::kv_cache_update(&mut self.state[slot], shape, update_values, position)
+                    }
+                    _ => {
+                        let arg = self.in_place_arg(graph, cache)?;
+                        let ([], [bytes]) = args.borrow([], [arg])?;
+                        kernels::kv_cache_update(as_f32_mut(bytes, arg)?, shape, update_values, position);
+                    }
+                }
                 Ok(())
             }
             (&Op::CausalAttention { q, k, v, position, .. }, Store::F32(out)) => {
                 let shape = cache_shape(graph, k);
                 let rows = graph.tensor(q).shape[0] as usize;
                 let position = self.position(graph, index, op, position, rows, shape.len)?;
-                let (k_arg, v_arg) = (self.in_place_arg(graph, k)?, self.in_place_arg(graph, v)?);
-                let ([k_bytes, v_bytes], []) = args.borrow([k_arg, v_arg], [])?;
-                let (k_values, v_values) = (as_f32(k_bytes, k_arg)?, as_f32(v_bytes, v_arg)?);
+                // Each cache is in the caller's argument or in delegate-owned state.
+                let (k_state, v_state) = (self.state_slot(k), self.state_slot(v));
+                let (k_arg, v_arg) = (self.in_place_arg(graph, k), self.in_place_arg(graph, v));
+                let borrowed;
+                let (k_values, v_values): (&[f32], &[f32]) = match (k_state, v_state) {
+                    (Some(k), Some(v)) => (&self.state[k], &self.state[v]),
+                    (Some(k), None) => {
+                        let v_arg = v_arg?;
+                        borrowed = args.borrow([v_arg], [])?;
+                        (&self.state[k], as_f32(borrowed.0[0], v_arg)?)
+                    }
+                    (None, Some(v)) => {
+                        let k_arg = k_arg?;
+                        borrowed = args.borrow([k_arg], [])?;
+                        (as_f32(borrowed.0[0], k_arg)?, &self.state[v])
+                    }
+                    (None, None) => {
+                        let (k_arg, v_arg) = (k_arg?, v_arg?);
+                        let ([k_bytes, v_bytes], []) = args.borrow([k_arg, v_arg], [])?;
+                        (as_f32(k_bytes, k_arg)?, as_f32(v_bytes, v_arg)?)
+                    }
+                };
                 let q_values = match (&self.stores[q.0], graph.constant(q)) {
                     (Store::F32(values), _) => values.as_slice(),
                     (Store::Constant, Some(Data::F32(values))) => values.as_slice(),

@@ -1,0 +1,187 @@
+//! The packer as the exporter drives it: a spec and a constants file on disk, the blob read back.
+
+use std::path::Path;
+use std::process::Command;
+
+use blob_format::model::{AliasKind, DType, Dim, Role};
+use blob_format::Blob;
+use ref_graph::{ElemType, Graph, GraphBuilder};
+use serde_json::{json, Value};
+
+/// A cache layer: `tokens`, `input_pos`, a caller cache (or delegate-owned state) -> `attn` (+ `k_cache_out`).
+fn graph(owned: bool) -> Graph {
+    let mut b = GraphBuilder::new();
+    let tokens = b.input("tokens", ElemType::I64, &[1]).expect("fresh");
+    let pos = b.input("input_pos", ElemType::I64, &[1]).expect("fresh");
+    let cache = if owned {
+        b.state("k_cache", ElemType::F32, &[1, 4, 2])
+    } else {
+        b.input("k_cache", ElemType::F32, &[1, 4, 2])
+    };
+    let cache = cache.expect("fresh");
+    let emb = b.constant_f32("emb", &[3, 2], vec![0.25, -1.0, 2.0, 0.5, 3.0, -0.75]).expect("sized");
+    let x = b.gather("x", emb, tokens).expect("typed");
+    let k = b.kv_cache_update("k_cache_out", cache, x, pos).expect("typed");
+    let attn = b.causal_attention("attn", x, k, k, pos).expect("typed");
+    b.output(attn).expect("declared");
+    if !owned {
+        b.output(k).expect("declared");
+    }
+    b.finish().expect("valid")
+}
+
+/// The graph's payload split as the exporter writes it: (JSON description, constants section).
+fn parts(graph: &Graph) -> (Value, Vec<u8>) {
+    let payload = graph.encode();
+    let json_len = u32::from_le_bytes(payload[8..12].try_into().expect("4 bytes")) as usize;
+    let data_start = (16 + json_len).div_ceil(16) * 16;
+    (serde_json::from_slice(&payload[16..16 + json_len]).expect("json"), payload[data_start..].to_vec())
+}
+
+fn spec(graph: &Graph, bindings: Value) -> (Value, Vec<u8>) {
+    let (description, constants) = parts(graph);
+    let spec = json!({
+        "backend": "ReferenceBackend",
+        "graph": description,
+        "constants_file": "constants.bin",
+        "bindings": bindings,
+        "producer": {"name": "pack tests", "version": "1"},
+    });
+    (spec, constants)
+}
+
+fn write(dir: &Path, spec: &Value, constants: &[u8]) -> std::path::PathBuf {
+    std::fs::write(dir.join("constants.bin"), constants).expect("write constants");
+    let path = dir.join("spec.json");
+    std::fs::write(&path, serde_json::to_vec_pretty(spec).expect("json")).expect("write spec");
+    path
+}
+
+fn run_cli(spec: &Path, out: &Path) -> (bool, String, String) {
+    let output = Command::new(env!("CARGO_BIN_EXE_delegate-pack")).arg(spec).arg(out).output().expect("runs");
+    let text = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
+    (output.status.code() == Some(0), text(&output.stdout), text(&output.stderr))
+}
+
+#[test]
+fn bindings_follow_the_spec_order_and_aliases_come_from_the_graph() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let order = json!([
+        {"name": "input_pos", "role": "input"}, {"name": "tokens", "role": "input"},
+        {"name": "k_cache", "role": "input"}, {"name": "k_cache_out", "role": "output"},
+        {"name": "attn", "role": "output"},
+    ]);
+    let (spec, constants) = spec(&graph(false), order);
+    let out = dir.path().join("layer.blob");
+    let (ok, stdout, stderr) = run_cli(&write(dir.path(), &spec, &constants), &out);
+    assert!(ok, "{stderr}");
+    assert!(stdout.contains("5 bindings, 1 aliases"), "{stdout}");
+
+    let bytes = std::fs::read(&out).expect("blob written");
+    let blob = Blob::parse(&bytes).expect("a valid native blob");
+    blob.verify_payload().expect("checksummed payload");
+    let header = &blob.header;
+    let names: Vec<&str> = header.bindings.iter().map(|b| b.name.as_str()).collect();
+    assert_eq!(names, ["input_pos", "tokens", "k_cache", "k_cache_out", "attn"]);
+    let cache = &header.bindings[2];
+    assert_eq!((cache.role, cache.dtype), (Role::Input, Some(DType::F32)));
+    assert_eq!(cache.shape.as_deref(), Some(&[Dim::Static(1), Dim::Static(4), Dim::Static(2)][..]));
+    assert_eq!(header.aliases.len(), 1);
+    let alias = &header.aliases[0];
+    assert_eq!(
+        (alias.output.as_str(), alias.input.as_str(), &alias.kind),
+        ("k_cache_out", "k_cache", &AliasKind::KvCacheUpdate)
+    );
+    assert_eq!(header.backend_id, "ReferenceBackend");
+    assert_eq!(Graph::decode(blob.engine).expect("the payload is the graph"), graph(false));
+}
+
+#[test]
+fn delegate_owned_state_gives_a_blob_without_cache_arguments() {
+    let (spec, constants) = spec(
+        &graph(true),
+        json!([{"name": "tokens", "role": "input"}, {"name": "input_pos", "role": "input"}, {"name": "attn", "role": "output"}]),
+    );
+    let spec: delegate_pack::Spec = serde_json::from_value(spec).expect("a spec");
+    let bytes = delegate_pack::pack(&spec, &constants).expect("packs");
+    let blob = Blob::parse(&bytes).expect("valid");
+    assert_eq!(blob.header.bindings.len(), 3);
+    assert!(blob.header.aliases.is_empty());
+    assert_eq!(blob.header.engine_library_version.as_deref(), Some("ref-graph payload 1.2"));
+}
+
+#[test]
+fn every_bad_spec_is_one_error_line_naming_what_is_wrong() {
+    let full = json!([
+        {"name": "tokens", "role": "input"}, {"name": "input_pos", "role": "input"},
+        {"name": "k_cache", "role": "input"}, {"name": "attn", "role": "output"},
+        {"name": "k_cache_out", "role": "output"},
+    ]);
+    let with_bindings = |bindings: Value| spec(&graph(false), bindings);
+    let mut cases: Vec<(&str, Value, Vec<u8>, &str)> = Vec::new();
+    let (mut s, c) = with_bindings(full.clone());
+    s["backend"] = json!("TensorRTBackend");
+    cases.push(("backend", s, c, "backend 'TensorRTBackend' does not run reference-graph payloads"));
+    let mut b = full.clone();
+    b[4] = json!({"name": "logits", "role": "output"});
+    let (s, c) = with_bindings(b);
+    cases.push(("unknown tensor", s, c, "binding 4 ('logits'): is not a tensor of the graph"));
+    let mut b = full.clone();
+    b[2] = json!({"name": "k_cache", "role": "output"});
+    let (s, c) = with_bindings(b);
+    cases.push((
+        "wrong role",
+        s,
+        c,
+        "binding 2 ('k_cache'): is a tensor of the graph but not a graph output",
+    ));
+    let mut b = full.clone();
+    b[1] = json!({"name": "tokens", "role": "input"});
+    let (s, c) = with_bindings(b);
+    cases.push(("twice", s, c, "binding 1 ('tokens'): is bound twice"));
+    let mut b = full.clone();
+    b.as_array_mut().expect("array").pop();
+    let (s, c) = with_bindings(b);
+    cases.push((
+        "unbound",
+        s,
+        c,
+        "binding 4 ('k_cache_out'): is a graph input or output that no binding names",
+    ));
+    let (s, _) = with_bindings(full.clone());
+    cases.push(("constants", s, Vec::new(), "the graph: constant 'emb'"));
+    let (mut s, c) = with_bindings(full.clone());
+    s["graph"]["ops"][0]["op"] = json!("softmax");
+    cases.push(("op", s, c, "op 0 is 'softmax'"));
+    let (mut s, c) = with_bindings(full);
+    s["bindings"][0]["role"] = json!("both");
+    cases.push(("json", s, c, "spec "));
+
+    for (what, spec, constants, expected) in cases {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let out = dir.path().join("out.blob");
+        let (ok, _, stderr) = run_cli(&write(dir.path(), &spec, &constants), &out);
+        assert!(!ok, "{what}: refused");
+        assert_eq!(stderr.lines().count(), 1, "{what}: one line: {stderr}");
+        assert!(stderr.starts_with("error: ") && stderr.contains(expected), "{what}: {stderr}");
+        assert!(stderr.trim_end().ends_with(']'), "{what}: ends with the ExecuTorch code: {stderr}");
+        assert!(!out.exists(), "{what}: nothing written");
+    }
+}
+
+#[test]
+fn the_state_list_cannot_be_bound() {
+    let (spec, constants) = spec(
+        &graph(true),
+        json!([
+            {"name": "tokens", "role": "input"}, {"name": "input_pos", "role": "input"},
+            {"name": "k_cache", "role": "input"}, {"name": "attn", "role": "output"},
+        ]),
+    );
+    let spec: delegate_pack::Spec = serde_json::from_value(spec).expect("a spec");
+    let err = delegate_pack::pack(&spec, &constants).expect_err("state is no argument");
+    assert_eq!(
+        err.to_string(),
+        "binding 2 ('k_cache'): is delegate-owned state, which is never a delegate argument"
+    );
+}
