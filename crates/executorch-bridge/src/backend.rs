@@ -310,3 +310,45 @@ fn tensor_arg(raw: &KvdArg, flags: u32, position: usize, name: &str) -> Result<T
     arg.flags = flags;
     Ok(arg)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_dtype_crosses_as_executorchs_scalar_type_and_back() {
+        for dtype in DTypeCode::ALL {
+            assert_eq!(dtype_of(scalar_type_of(dtype)), Some(dtype), "{dtype}");
+        }
+        // Short (2), ComplexFloat (9) and the quantized types have no dtype of ours.
+        for code in [2, 9, 12, 13, 99, -1] {
+            assert_eq!(dtype_of(code), None, "{code}");
+        }
+    }
+
+    #[test]
+    fn a_non_tensor_or_unknown_argument_is_invalid_argument_naming_its_position() {
+        let mut raw = KvdArg {
+            data: std::ptr::null_mut(),
+            nbytes: 0,
+            shape: [0; crate::ffi::KVD_MAX_RANK],
+            rank: 0,
+            scalar_type: 6,
+            is_tensor: 0,
+            reserved: 0,
+        };
+        let err = tensor_arg(&raw, 0, 3, "tokens").expect_err("not a tensor");
+        assert_eq!(err.code, ErrorCode::InvalidArgument);
+        assert!(err.message.contains("argument 3 ('tokens')"), "{}", err.message);
+        raw.is_tensor = 1;
+        raw.scalar_type = 2;
+        assert_eq!(tensor_arg(&raw, 0, 1, "x").expect_err("short").code, ErrorCode::InvalidArgument);
+        raw.scalar_type = 6;
+        raw.rank = 9;
+        assert!(tensor_arg(&raw, 0, 1, "x").expect_err("rank 9").message.contains("more than our ABI's 8"));
+        raw.rank = 2;
+        raw.shape[..2].copy_from_slice(&[3, 4]);
+        let arg = tensor_arg(&raw, ARG_WRITABLE, 1, "x").expect("a tensor");
+        assert_eq!((arg.dtype(), arg.dims(), arg.flags), (DTypeCode::F32, &[3i64, 4][..], ARG_WRITABLE));
+    }
+}

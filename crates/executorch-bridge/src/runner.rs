@@ -336,3 +336,31 @@ pub fn run(path: &Path, registry: &Registry, protocol: &Protocol) -> Result<Repo
     }
     Ok(report)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn argmax_takes_the_first_of_equals() {
+        assert_eq!(argmax(&[0.5, 2.0, 2.0, -1.0]), 1);
+        assert_eq!(argmax(&[3.0]), 0);
+        assert_eq!(argmax(&[]), 0);
+    }
+
+    #[test]
+    fn the_check_names_an_unserved_backend_and_reads_a_served_one() {
+        let bytes = pte_format::testing::kv_decoder(b"payload");
+        let path = Path::new("kv.pte");
+        let err = check_program(path, &bytes, &[]).expect_err("nobody serves it");
+        assert!(
+            err.to_string().contains("backend 'ReferenceBackend'") && err.to_string().contains("none"),
+            "{err}"
+        );
+        let summary = check_program(path, &bytes, &["ReferenceBackend".to_owned()]).expect("served");
+        assert_eq!(summary.backends, ["ReferenceBackend"]);
+        assert_eq!(summary.methods, ["forward"]);
+        let err = check_program(path, &bytes[..bytes.len() / 2], &[]).expect_err("truncated");
+        assert!(matches!(err, BridgeError::Program { .. }), "{err}");
+    }
+}

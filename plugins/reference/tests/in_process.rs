@@ -440,7 +440,11 @@ fn corrupt_payloads_and_wrong_alias_tables_are_refused_at_init() {
     // A user alias is metadata the graph cannot perform.
     let mut user = header(1);
     user.aliases[0].kind = AliasKind::User;
-    expect_code(init(&delegate, &blob_with(&user, 1)), ErrorCode::NotSupported, "user alias 'k_cache_out' -> 'k_cache' is not supported");
+    expect_code(
+        init(&delegate, &blob_with(&user, 1)),
+        ErrorCode::NotSupported,
+        "user alias 'k_cache_out' -> 'k_cache' is not supported",
+    );
 }
 
 #[test]
