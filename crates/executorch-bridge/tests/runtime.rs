@@ -18,6 +18,10 @@ fn check_case(case: &Case) {
     let registry = common::dylib_registry();
     let name = case.path.display().to_string();
     let report = runner::run(&case.path, &registry, &protocol()).unwrap_or_else(|e| panic!("{name}: {e}"));
+    let (mut got, mut want) = (report.methods.clone(), case.methods.clone());
+    got.sort();
+    want.sort();
+    assert_eq!(got, want, "{name}: methods");
     assert_eq!(report.tokens, case.tokens, "{name}: tokens");
     assert_eq!(report.logits.len(), case.logits.len(), "{name}: logits rows");
     for (step, (got, want)) in report.logits.iter().zip(&case.logits).enumerate() {
@@ -30,6 +34,8 @@ fn check_case(case: &Case) {
         assert!(stats.executes >= 1, "{name}: step {step} reached the plugin");
         let want = if case.zero_copy { 0 } else { case.cache_bytes };
         assert_eq!(stats.write_back_bytes, want, "{name}: write-back bytes of decode step {step}");
+        // Without the planning pass the plugin fills each separate KV output (then `copy_` writes it back).
+        assert_eq!(stats.reflect_bytes, want, "{name}: bytes the plugin reflected at decode step {step}");
     }
 }
 

@@ -77,6 +77,8 @@ pub struct Case {
     /// The last logits row after prefill and after each decode step.
     pub logits: Vec<Vec<f32>>,
     pub tolerance: f32,
+    /// The methods the program must have (any order).
+    pub methods: Vec<String>,
 }
 
 pub const PROMPT: [i64; 4] = [1, 7, 3, 12];
@@ -111,6 +113,7 @@ pub fn fixture_cases() -> Option<Vec<Case>> {
                 tokens: tokens.clone(),
                 logits: logits.clone(),
                 tolerance: 1e-4,
+                methods: serde_json::from_value(meta["methods"].clone()).expect("methods"),
             })
             .collect(),
     )
@@ -134,6 +137,11 @@ pub fn own_cases(dir: &Path) -> Vec<Case> {
             tokens: tokens.clone(),
             logits: logits.clone(),
             tolerance: kv_example::check::tolerance_for(cfg.dtype) as f32,
+            methods: if methods == 1 {
+                vec!["forward".into()]
+            } else {
+                vec!["prefill".into(), "decode".into()]
+            },
         });
     }
     cases
