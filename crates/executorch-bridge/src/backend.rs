@@ -124,6 +124,11 @@ pub(crate) struct Handle {
     binds_in_place: bool,
     spare: ArgList<'static>,
     inout_slots: Vec<Option<Slot>>,
+    /// Per KV output position, the separate output a plugin that does not bind in place fills when
+    /// ExecuTorch passed the buffer's own storage (sized at the first call, then reused).
+    scratch: Vec<Vec<u8>>,
+    /// This call's (scratch output, buffer input) pairs to write back.
+    write_backs: Vec<(usize, usize)>,
 }
 
 impl BackendSlot {
@@ -176,13 +181,13 @@ impl BackendSlot {
             binds_in_place: plugin.info().binds_aliases_in_place,
             spare: ArgList::with_capacity(n),
             inout_slots: vec![None; n],
+            scratch: vec![Vec::new(); n],
+            write_backs: Vec::with_capacity(n),
         })
     }
 
     pub(crate) fn execute(&self, handle: &mut Handle, args: &[KvdArg]) -> Result<(), ErrorCode> {
-        let result = self.try_execute(handle, args);
-        // Release the borrows of ExecuTorch's memory whatever happened; keep the capacity.
-        result.map_err(|err| fail(&self.id, "execute", err))
+        self.try_execute(handle, args).map_err(|err| fail(&self.id, "execute", err))
     }
 
     fn try_execute(&self, handle: &mut Handle, args: &[KvdArg]) -> Result<(), DelegateError> {
@@ -197,6 +202,8 @@ impl BackendSlot {
         let mut list = std::mem::take(&mut handle.spare).recycle();
         handle.inout_slots.iter_mut().for_each(|s| *s = None);
         let mut write_back = 0u64;
+        let mut write_backs = std::mem::take(&mut handle.write_backs);
+        write_backs.clear();
         let pushed = (|| -> Result<(), DelegateError> {
             for (position, (kind, raw)) in handle.kinds.iter().zip(args).enumerate() {
                 let name = &handle.names[position];
@@ -209,22 +216,27 @@ impl BackendSlot {
                 if let ArgKind::KvOutput { input } = *kind {
                     let buffer = &args[input];
                     if buffer.data == raw.data && buffer.nbytes == raw.nbytes {
+                        if !handle.binds_in_place {
+                            // A plugin that does not bind aliased outputs in place never gets one storage twice
+                            // (the host's rule): it fills a scratch output, which the bridge writes back after
+                            // the call, as the program's `copy_` would have.
+                            let scratch = &mut handle.scratch[position];
+                            scratch.resize(raw.nbytes as usize, 0);
+                            let mut separate = arg;
+                            separate.data = scratch.as_mut_ptr().cast();
+                            ffi::push_arg(&mut list, &separate)?;
+                            write_backs.push((position, input));
+                            write_back += raw.nbytes;
+                            continue;
+                        }
                         // ExecuTorch planned the KV output on its buffer: the plugin updates it in place and
                         // the program's `copy_` is a self-copy.
-                        if !handle.binds_in_place {
-                            return Err(DelegateError::not_supported(format!(
-                                "argument {position} ('{name}') is its buffer's own storage, but plugin '{}' does \
-                                 not bind aliased outputs in place",
-                                handle.instance.plugin().info().name
-                            )));
-                        }
                         let slot = handle.inout_slots[input].ok_or_else(|| {
                             DelegateError::invalid_program(format!(
                                 "argument {position} ('{name}') aliases argument {input}, which comes later"
                             ))
                         })?;
-                        let dims = arg.dims().to_vec();
-                        list.push_output_in_place(slot, arg.dtype(), &dims)?;
+                        list.push_output_in_place(slot, arg.dtype(), &arg.shape[..arg.rank as usize])?;
                         continue;
                     }
                     // A separate output: the plugin fills it, and `copy_` writes it back into the buffer.
@@ -238,8 +250,13 @@ impl BackendSlot {
             Ok(())
         })();
         let result = pushed.and_then(|()| handle.instance.execute(&mut list, None));
+        // The list's borrows of ExecuTorch's memory end here, whatever happened; its capacity is kept.
         handle.spare = list.recycle();
         let stats = result?;
+        for &(output, input) in &write_backs {
+            ffi::write_back(&args[input], &handle.scratch[output]);
+        }
+        handle.write_backs = write_backs;
         STATS.with(|s| {
             let mut now = s.get();
             now.executes += 1;

@@ -250,6 +250,18 @@ pub(crate) fn push_arg(
     unsafe { list.push_raw(*arg) }
 }
 
+/// Copies `src` into the storage of the DelegateCall argument `dst` (a mutable buffer), after the plugin ran.
+pub(crate) fn write_back(dst: &KvdArg, src: &[u8]) {
+    let len = src.len().min(usize::try_from(dst.nbytes).unwrap_or(0));
+    if len == 0 || dst.data.is_null() {
+        return;
+    }
+    // SAFETY: `dst` is a tensor argument of the DelegateCall still executing (ExecuTorch's mutable buffer,
+    // `nbytes` bytes of host memory, which nothing else touches during the call); `src` is the handle's own
+    // scratch, another allocation, so the ranges do not overlap; `len` fits both.
+    unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), dst.data.cast::<u8>(), len) };
+}
+
 /// An ExecuTorch `Module` (`executorch::extension::Module`).
 pub(crate) struct RawModule(*mut c_void);
 
