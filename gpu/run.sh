@@ -19,7 +19,7 @@ run_tests() {
   for t in test_*; do
     [ -x "$t" ] || continue
     echo "== $t"
-    ./"$t" --test-threads=1 2>&1 | tee "$out/$t.log" | grep -E "^test |test result|panicked|needs a" || true
+    ./"$t" --test-threads=1 --include-ignored 2>&1 | tee "$out/$t.log" | grep -E "^test |test result|panicked|needs a" || true
     [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
   done
   echo "== delegate-host plugins"

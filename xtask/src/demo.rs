@@ -4,7 +4,7 @@ use std::path::Path;
 
 use anyhow::{bail, Context};
 
-use crate::util::{cargo, run_cmd, target_dir};
+use crate::util::{cargo, run_cmd, target_dir, write_plugin_manifests};
 
 /// Builds the host and the reference plugin, exports the example, runs it through `delegate-host` in both
 /// modes, then checks every step against the independent f64 model.
@@ -15,6 +15,9 @@ pub fn run(root: &Path) -> anyhow::Result<()> {
     )?;
     let target = target_dir(root)?;
     let release = target.join("release");
+    let host = release.join(format!("delegate-host{}", std::env::consts::EXE_SUFFIX));
+    // The plugin library is found through its manifest, so `run` loads it from disk (and nothing else).
+    write_plugin_manifests(&release, &host, &["reference_delegate_dylib"], |_| {})?;
     let dir = target.join("demo");
     let cfg = kv_example::Config::tiny();
     kv_example::export::reference(&cfg, &dir).context("exporting the example decoder")?;
@@ -22,7 +25,6 @@ pub fn run(root: &Path) -> anyhow::Result<()> {
 
     // Prefill writes the prompt's positions; decode fills the rest of the cache.
     let steps = cfg.max_decode_steps();
-    let host = release.join(format!("delegate-host{}", std::env::consts::EXE_SUFFIX));
     let program = dir.join("program.toml");
     for mode in ["zero-copy", "copy-back"] {
         println!("\n== delegate-host run --mode {mode} --steps {steps}");

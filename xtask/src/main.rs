@@ -7,6 +7,7 @@ mod codegen;
 mod demo;
 mod executorch_setup;
 mod gpu;
+mod leak_check;
 mod nvrtc_setup;
 mod plot;
 mod test;
@@ -34,6 +35,9 @@ enum Task {
     /// Install the executorch 1.5.1 wheel (runtime, kernels, headers; no torch) under .cache/executorch/ and
     /// print the EXECUTORCH_ROOT that `executorch-bridge` builds against.
     ExecutorchSetup,
+    /// 1 000 init/execute/destroy cycles of the reference plugin library under valgrind, against a few: the
+    /// leak summary must not grow (part of `test`).
+    LeakCheck,
     /// Regenerate committed generated code (flatbuffers), or check it is current.
     Codegen {
         /// Fail if the committed code differs from what would be generated.
@@ -161,6 +165,7 @@ fn main() -> anyhow::Result<()> {
     match cli.task {
         Task::Demo => demo::run(&root),
         Task::Test => test::run(&root),
+        Task::LeakCheck => leak_check::run(&root),
         Task::Codegen { check } => codegen::run(&root, check),
         Task::ExecutorchSetup => executorch_setup::run(&root),
         Task::GpuTest => gpu::bundle(&root, "test"),

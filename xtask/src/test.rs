@@ -3,7 +3,7 @@
 use std::path::Path;
 use std::process::Command;
 
-use crate::util::{cargo, run_cmd, target_dir};
+use crate::util::{cargo, run_cmd, target_dir, write_plugin_manifests};
 use crate::{executorch_setup, nvrtc_setup, trt_setup};
 
 /// Installs what the tests need (libclang for `trtx`'s bindings, the TensorRT-RTX library, NVRTC, `flatc`, the
@@ -35,14 +35,25 @@ pub fn run(root: &Path) -> anyhow::Result<()> {
             "-p",
             "abi-test-future",
             "-p",
+            "crash-on-load",
+            "-p",
             "tensorrt-delegate-dylib",
+            "-p",
+            "delegate-host",
         ]),
     )?;
+    let plugin_dir = target_dir(root)?.join("debug");
+    // Manifests for the plugins that load (abi-test-future speaks an ABI this host does not, crash-on-load
+    // aborts when opened: those stay without one), written from the libraries just built.
+    let host = plugin_dir.join(format!("delegate-host{}", std::env::consts::EXE_SUFFIX));
+    let stems = ["reference_delegate_dylib", "abi_test", "tensorrt_delegate_dylib"];
+    write_plugin_manifests(&plugin_dir, &host, &stems, |cmd| {
+        trt.apply(cmd);
+    })?;
     run_cmd(
         root,
         with_trt(cargo()).args(["clippy", "--workspace", "--all-targets", "--", "-D", "warnings"]),
     )?;
-    let plugin_dir = target_dir(root)?.join("debug");
     run_cmd(
         root,
         with_trt(cargo())
@@ -53,6 +64,7 @@ pub fn run(root: &Path) -> anyhow::Result<()> {
             .env("RUST_BACKTRACE", "0"),
     )?;
     tensorrt_smoke(root, &with_trt)?;
+    crate::leak_check::run(root)?;
     demo_in_another_target_dir(root)?;
     eprintln!("xtask test: all checks passed");
     Ok(())
@@ -75,7 +87,9 @@ fn tensorrt_smoke(root: &Path, with_trt: &dyn Fn(Command) -> Command) -> anyhow:
     for blob in ["prefill.blob", "decode.blob"] {
         run_cmd(root, Command::new(&host).arg("validate").arg(dir.join(blob)))?;
     }
-    let plugins = with_trt(Command::new(&host)).arg("plugins").arg("--plugin-dir").arg(&debug).output()?;
+    // `--probe`: the library is loaded, and checked against the manifest `test` wrote, not only listed.
+    let plugins =
+        with_trt(Command::new(&host)).args(["plugins", "--probe", "--plugin-dir"]).arg(&debug).output()?;
     let listing = String::from_utf8_lossy(&plugins.stdout);
     let loaded = listing.lines().any(|l| {
         l.contains("tensorrt-delegate")

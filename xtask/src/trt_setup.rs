@@ -22,7 +22,7 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use anyhow::{bail, Context};
+use anyhow::Context;
 
 /// Name of the environment variable holding the full path of `libtensorrt_rtx.so.1`.
 pub const TRT_LIB_ENV: &str = "KV_TENSORRT_LIB";
@@ -81,20 +81,7 @@ fn ensure_libclang() -> anyhow::Result<Option<PathBuf>> {
         return Ok(found);
     }
     eprintln!("xtask: libclang not found; installing libclang-dev with apt-get (trtx-sys needs it to build)");
-    let install = || {
-        Command::new("apt-get").args(["install", "-y", "--no-install-recommends", "libclang-dev"]).status()
-    };
-    let ok = install().map(|s| s.success()).unwrap_or(false);
-    if !ok {
-        let update = Command::new("apt-get").arg("update").status().context("running apt-get update")?;
-        if !update.success() {
-            bail!("apt-get update failed ({update}); install libclang-dev by hand (needs root)");
-        }
-        let status = install().context("running apt-get install libclang-dev")?;
-        if !status.success() {
-            bail!("apt-get install libclang-dev failed ({status}); install it by hand (needs root)");
-        }
-    }
+    crate::util::apt_install("libclang-dev")?;
     find_libclang().context("libclang-dev was installed but no libclang*.so was found under /usr/lib")
 }
 

@@ -39,6 +39,46 @@ fn parse_target_dir(metadata: &[u8]) -> anyhow::Result<PathBuf> {
     }
 }
 
+/// Installs a Debian package with apt-get (needs root), retrying once after `apt-get update`.
+pub fn apt_install(package: &str) -> anyhow::Result<()> {
+    let install =
+        || Command::new("apt-get").args(["install", "-y", "--no-install-recommends", package]).status();
+    if install().map(|s| s.success()).unwrap_or(false) {
+        return Ok(());
+    }
+    let update = Command::new("apt-get").arg("update").status().context("running apt-get update")?;
+    if !update.success() {
+        bail!("apt-get update failed ({update}); install {package} by hand (needs root)");
+    }
+    let status = install().with_context(|| format!("running apt-get install {package}"))?;
+    if !status.success() {
+        bail!("apt-get install {package} failed ({status}); install it by hand (needs root)");
+    }
+    Ok(())
+}
+
+/// The file name of the plugin library of crate `stem` (`reference_delegate_dylib` -> `libreference_delegate_dylib.so`).
+pub fn dylib_name(stem: &str) -> String {
+    format!("{}{stem}{}", std::env::consts::DLL_PREFIX, std::env::consts::DLL_SUFFIX)
+}
+
+/// Writes the manifest of each plugin library in `dir` (by crate-name stem) with `delegate-host plugin-manifest`:
+/// read from the built library, never typed by hand, so discovery can list and choose it without loading it.
+pub fn write_plugin_manifests(
+    dir: &Path,
+    host: &Path,
+    stems: &[&str],
+    env: impl Fn(&mut Command),
+) -> anyhow::Result<()> {
+    let mut cmd = Command::new(host);
+    cmd.arg("plugin-manifest");
+    for stem in stems {
+        cmd.arg(dir.join(dylib_name(stem)));
+    }
+    env(&mut cmd);
+    run_cmd(dir, &mut cmd)
+}
+
 /// `cargo` as the one running us.
 pub fn cargo() -> Command {
     Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()))

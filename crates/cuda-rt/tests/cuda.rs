@@ -70,6 +70,7 @@ fn a_negative_ordinal_is_no_device_when_a_driver_exists() {
 }
 
 #[test]
+#[ignore = "needs an NVIDIA GPU and driver: `cargo xtask gpu-test` runs it on one (--include-ignored, KV_REQUIRE_GPU=1)"]
 fn memory_of_every_kind_starts_zeroed_and_round_trips() {
     let Some(ctx) = open() else { return };
     let mut contexts = Contexts::new();
@@ -116,6 +117,7 @@ fn memory_of_every_kind_starts_zeroed_and_round_trips() {
 }
 
 #[test]
+#[ignore = "needs an NVIDIA GPU and driver: `cargo xtask gpu-test` runs it on one (--include-ignored, KV_REQUIRE_GPU=1)"]
 fn the_driver_tells_device_managed_pinned_and_unregistered_memory_apart() {
     let Some(ctx) = open() else { return };
     let device = Allocation::<Device>::zeroed(&ctx, 64).expect("device");
@@ -133,6 +135,7 @@ fn the_driver_tells_device_managed_pinned_and_unregistered_memory_apart() {
 }
 
 #[test]
+#[ignore = "needs an NVIDIA GPU and driver: `cargo xtask gpu-test` runs it on one (--include-ignored, KV_REQUIRE_GPU=1)"]
 fn streams_events_and_async_copies_round_trip() {
     let Some(ctx) = open() else { return };
     let stream = Stream::new(&ctx).expect("stream");
@@ -201,6 +204,7 @@ fn nvrtc_compiles_to_ptx_or_is_a_typed_not_supported_error() {
 }
 
 #[test]
+#[ignore = "needs an NVIDIA GPU and driver: `cargo xtask gpu-test` runs it on one (--include-ignored, KV_REQUIRE_GPU=1)"]
 fn a_module_is_compiled_once_per_device_and_its_kernel_runs() {
     let Some(ctx) = open() else { return };
     let module = ctx.compile_module(SCALE, &[]).expect("compiles");
@@ -233,6 +237,7 @@ fn a_module_is_compiled_once_per_device_and_its_kernel_runs() {
 }
 
 #[test]
+#[ignore = "needs an NVIDIA GPU and driver: `cargo xtask gpu-test` runs it on one (--include-ignored, KV_REQUIRE_GPU=1)"]
 fn cublas_multiplies_on_the_callers_stream() {
     let Some(ctx) = open() else { return };
     let mut blas = Blas::new(&ctx).expect("cuBLAS is installed where the GPU is");

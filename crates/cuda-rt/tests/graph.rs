@@ -32,6 +32,7 @@ extern "C" __global__ void increment(long long* x) {
 "#;
 
 #[test]
+#[ignore = "needs an NVIDIA GPU and driver: `cargo xtask gpu-test` runs it on one (--include-ignored, KV_REQUIRE_GPU=1)"]
 fn a_captured_graph_replays_its_work_without_a_host_synchronisation() {
     let Some(ctx) = open() else { return };
     let kernel = ctx.compile_module(INCREMENT, &[]).expect("compiles").function("increment").expect("kernel");
@@ -69,6 +70,7 @@ fn a_captured_graph_replays_its_work_without_a_host_synchronisation() {
 }
 
 #[test]
+#[ignore = "needs an NVIDIA GPU and driver: `cargo xtask gpu-test` runs it on one (--include-ignored, KV_REQUIRE_GPU=1)"]
 fn a_synchronisation_during_capture_invalidates_it_with_a_typed_error() {
     let Some(ctx) = open() else { return };
     let stream = Stream::new(&ctx).expect("stream");
@@ -83,6 +85,7 @@ fn a_synchronisation_during_capture_invalidates_it_with_a_typed_error() {
 }
 
 #[test]
+#[ignore = "needs an NVIDIA GPU and driver: `cargo xtask gpu-test` runs it on one (--include-ignored, KV_REQUIRE_GPU=1)"]
 fn every_blocking_call_counts_one_host_synchronisation() {
     let Some(ctx) = open() else { return };
     let mut memory = Allocation::<Device>::zeroed(&ctx, 64).expect("device memory");

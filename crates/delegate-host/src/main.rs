@@ -26,6 +26,10 @@ use crate::run::ModeArg;
 struct Cli {
     #[command(subcommand)]
     command: Command,
+    /// Load every plugin library found now (checking those with a manifest against it), instead of reading
+    /// manifests only and loading a library when a program needs its backend.
+    #[arg(long, global = true)]
+    probe: bool,
 }
 
 #[derive(Subcommand)]
@@ -63,6 +67,13 @@ enum Command {
         /// Print JSON instead of a table.
         #[arg(long)]
         json: bool,
+    },
+    /// Load each plugin library once and write its manifest next to it (`libfoo.so` -> `libfoo.plugin.json`):
+    /// what discovery reads instead of loading libraries.
+    PluginManifest {
+        /// The plugin libraries.
+        #[arg(required = true)]
+        libraries: Vec<PathBuf>,
     },
     /// Run a program: prefill once, then decode steps feeding back the argmax token.
     Run {
@@ -237,6 +248,7 @@ fn main() -> ExitCode {
             // output keeps the real stdout to itself.
             #[cfg(unix)]
             let _ = command_stdout();
+            plugins::set_probe(cli.probe);
             dispatch(cli.command)
         }
         // `--help` and `--version` are not errors: clap prints them as it always does.
@@ -266,6 +278,7 @@ fn dispatch(command: Command) -> Result<(), Failure> {
         Command::Validate { blob } => blob::validate(&blob),
         Command::Convert { input, output, to } => blob::convert(&input, &output, to),
         Command::Plugins { plugin_dirs, json } => plugins::plugins(&plugin_dirs, json),
+        Command::PluginManifest { libraries } => plugins::write_manifests(&libraries),
         Command::Run {
             program,
             steps,

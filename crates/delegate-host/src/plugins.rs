@@ -2,17 +2,71 @@
 //! module only renders.
 
 use std::fmt::Write as _;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
 
-use host_runtime::plugins::{Candidate, Registry, Status};
+use delegate_abi::host::{HostConfig, Plugin};
+use et_error::ErrorCode;
+use host_runtime::plugin_manifest::PluginManifest;
+use host_runtime::plugins::{Candidate, Registry, Status, PLUGIN_PATH_ENV};
 use serde_json::{json, Value};
 
 use crate::{emit, printable, Failure};
 
+/// Whether discovery loads every library (`--probe`) instead of reading manifests only; set once by `main`.
+static PROBE: OnceLock<bool> = OnceLock::new();
+
+/// Records `--probe` for every discovery of this run.
+pub fn set_probe(probe: bool) {
+    let _ = PROBE.set(probe);
+}
+
+/// The registry of this run: plugins in `dirs`, then `DELEGATE_PLUGIN_PATH`, then the embedded ones. Without
+/// `--probe` no library is opened until a program needs its backend (manifests only); with it, every library
+/// is loaded now and checked against its manifest when it has one.
+pub fn registry(dirs: &[PathBuf]) -> Registry {
+    let env_value = std::env::var_os(PLUGIN_PATH_ENV);
+    let config = HostConfig::default();
+    if PROBE.get().copied().unwrap_or(false) {
+        Registry::discover_with(dirs, env_value.as_ref(), true, &config)
+    } else {
+        Registry::discover_manifests(dirs, env_value.as_ref(), true, &config)
+    }
+}
+
+/// `plugin-manifest LIB...`: loads each library once and writes its manifest next to it.
+pub fn write_manifests(libraries: &[PathBuf]) -> Result<(), Failure> {
+    let mut out = String::new();
+    for library in libraries {
+        let manifest = describe(library)?;
+        let path = PluginManifest::path_for(library);
+        std::fs::write(&path, manifest.to_json()).map_err(|err| {
+            Failure::coded(ErrorCode::AccessFailed, format!("cannot write {}: {err}", path.display()))
+        })?;
+        let _ = writeln!(
+            out,
+            "{}: {} {} ({})",
+            path.display(),
+            manifest.name,
+            manifest.version,
+            manifest.backends.join(", ")
+        );
+    }
+    emit(&out)
+}
+
+fn describe(library: &Path) -> Result<PluginManifest, Failure> {
+    let plugin = Plugin::load(library, &HostConfig::default())
+        .map_err(|err| Failure::coded(ErrorCode::InvalidArgument, format!("{}: {err}", library.display())))?;
+    PluginManifest::describe(&plugin, library).map_err(|err| {
+        Failure::coded(ErrorCode::AccessFailed, format!("cannot read {}: {err}", library.display()))
+    })
+}
+
 /// Lists every candidate that discovery in `dirs` (then `DELEGATE_PLUGIN_PATH`, then the embedded plugin)
 /// finds.
 pub fn plugins(dirs: &[PathBuf], json: bool) -> Result<(), Failure> {
-    let registry = Registry::discover(dirs, true, true);
+    let registry = registry(dirs);
     if json {
         let list: Vec<Value> = registry.candidates().iter().map(candidate_json).collect();
         emit(&format!("{}\n", Value::Array(list)))
@@ -34,6 +88,8 @@ fn candidate_json(c: &Candidate) -> Value {
             Some(by.as_ref().map_or_else(|| "(embedded)".to_string(), |p| p.display().to_string())),
         ),
         Status::Loaded => ("loaded", None, None),
+        Status::Listed => ("listed", None, None),
+        Status::NoManifest => ("no-manifest", None, None),
         other => {
             status_text = other.to_string();
             ("other", Some(status_text.as_str()), None)
@@ -56,6 +112,7 @@ fn candidate_json(c: &Candidate) -> Value {
         "memory_kinds": info.map(|i| i.memory_kinds.iter().map(|m| m.name()).collect::<Vec<_>>())
             .unwrap_or_default(),
         "binds_aliases_in_place": info.map(|i| i.binds_aliases_in_place),
+        "manifest": c.manifest.as_ref().map(|m| json!({"sha256": m.sha256, "abi": {"min": m.abi.min, "max": m.abi.max}})),
     })
 }
 

@@ -10,7 +10,6 @@ use std::path::{Path, PathBuf};
 use clap::ValueEnum;
 use host_runtime::generate::{device_loop_refusal, generate_with, Generation, Options};
 use host_runtime::manifest::Manifest;
-use host_runtime::plugins::Registry;
 use host_runtime::program::{Mode, Program};
 use serde_json::json;
 
@@ -84,7 +83,7 @@ pub fn run_program(path: &Path, mode: Mode, dirs: &[PathBuf], args: &RunArgs) ->
     let json = args.json;
     let manifest = Manifest::load_with(path, blob_paths(args))?;
     let steps = default_steps(&manifest, args.steps, args.position);
-    let registry = Registry::discover(dirs, true, true);
+    let registry = crate::plugins::registry(dirs);
     let mut program = Program::load(manifest, &registry, mode)?;
     let options = options(steps, args, &program, args.cuda_graph);
     let bar = if std::io::stderr().is_terminal() && !json {
@@ -220,7 +219,7 @@ pub fn bench(path: &Path, runs: usize, dirs: &[PathBuf], args: &RunArgs) -> Resu
     if steps == 0 || runs < 2 {
         return Err(failure("bench needs --steps >= 1 and --runs >= 2 (the first run is a warm-up)"));
     }
-    let registry = Registry::discover(dirs, true, true);
+    let registry = crate::plugins::registry(dirs);
     let mut rows = Vec::new();
     for mode in [Mode::ZeroCopy, Mode::CopyBack] {
         let mut program = Program::load(manifest.clone(), &registry, mode)?;

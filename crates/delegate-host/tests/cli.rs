@@ -267,7 +267,7 @@ fn plugins_lists_a_non_plugin_as_rejected_while_the_reference_plugin_loads() {
     let dir = tempfile::tempdir().expect("temp dir");
     std::fs::write(dir.path().join("libnot_a_plugin.so"), "this is text").expect("write");
     let list = stdout_json(&run(host()
-        .args(["plugins", "--json", "--plugin-dir"])
+        .args(["plugins", "--json", "--probe", "--plugin-dir"])
         .arg(dir.path())
         .env_remove("DELEGATE_PLUGIN_PATH")));
     let candidates = list.as_array().expect("an array of candidates");
@@ -432,7 +432,19 @@ fn test_plugin_dir() -> PathBuf {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
     let target = root.join("target").join("plugin-tests");
     let status = Command::new(env!("CARGO"))
-        .args(["build", "-q", "-p", "abi-test", "-p", "abi-test-future", "--target-dir"])
+        .args([
+            "build",
+            "-q",
+            "-p",
+            "abi-test",
+            "-p",
+            "abi-test-future",
+            "-p",
+            "crash-on-load",
+            "-p",
+            "reference-delegate-dylib",
+            "--target-dir",
+        ])
         .arg(&target)
         .current_dir(&root)
         .status()
@@ -451,7 +463,7 @@ fn a_plugin_for_a_newer_abi_is_rejected_naming_both_ranges_while_the_others_load
         std::fs::copy(built.join(&file), dir.path().join(&file)).expect("built test plugin");
     }
     let list = stdout_json(&run(host()
-        .args(["plugins", "--json", "--plugin-dir"])
+        .args(["plugins", "--json", "--probe", "--plugin-dir"])
         .arg(dir.path())
         .env_remove("DELEGATE_PLUGIN_PATH")));
     let candidates = list.as_array().expect("an array of candidates");
@@ -473,7 +485,7 @@ fn what_a_plugin_prints_goes_to_stderr_and_json_stays_clean() {
     let dir = tempfile::tempdir().expect("temp dir");
     std::fs::copy(test_plugin_dir().join(&file), dir.path().join(&file)).expect("built test plugin");
     let out = run(host()
-        .args(["plugins", "--json", "--plugin-dir"])
+        .args(["plugins", "--json", "--probe", "--plugin-dir"])
         .arg(dir.path())
         .env("ABI_TEST_PRINT", "chatter from a plugin {")
         .env_remove("DELEGATE_PLUGIN_PATH"));
@@ -520,7 +532,12 @@ fn plugins_table_and_json_name_every_candidate_with_its_status() {
     std::fs::write(first.path().join(&fake), "not a library\n").expect("write");
     let listing = |json: bool| {
         let mut cmd = host();
-        cmd.arg("plugins").arg("--plugin-dir").arg(first.path()).arg("--plugin-dir").arg(second.path());
+        cmd.arg("plugins")
+            .arg("--probe")
+            .arg("--plugin-dir")
+            .arg(first.path())
+            .arg("--plugin-dir")
+            .arg(second.path());
         if json {
             cmd.arg("--json");
         }
@@ -872,4 +889,108 @@ fn a_program_naming_a_blob_outside_its_directory_runs_only_when_allowed() {
         .arg("--json")
         .env_remove("DELEGATE_PLUGIN_PATH"));
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+}
+
+fn dylib(stem: &str) -> String {
+    format!("{}{stem}{}", std::env::consts::DLL_PREFIX, std::env::consts::DLL_SUFFIX)
+}
+
+/// A manifest for the crash-on-load fixture, which cannot be loaded to describe itself.
+fn crash_manifest(dir: &Path, library: &str) {
+    let manifest = serde_json::json!({
+        "manifest_version": 1, "library": library, "sha256": "00", "name": "crash-on-load", "version": "0.1.0",
+        "abi": {"min": 1, "max": 1}, "backends": ["CrashBackend"],
+        "wire_formats": [{"format": "native", "versions": ">=1.0, <2"}], "memory_kinds": ["host"],
+        "binds_aliases_in_place": true,
+        "target": format!("{}-{}", std::env::consts::ARCH, std::env::consts::OS),
+    });
+    let stem = library.trim_end_matches(std::env::consts::DLL_SUFFIX);
+    std::fs::write(dir.join(format!("{stem}.plugin.json")), manifest.to_string()).expect("write manifest");
+}
+
+#[test]
+fn plugins_and_run_never_open_a_library_they_do_not_need() {
+    // A library that aborts the process the moment it is opened: once with a manifest, once without.
+    let dir = tempfile::tempdir().expect("temp dir");
+    let crash = test_plugin_dir().join(dylib("crash_on_load"));
+    let (listed, bare) = (dylib("crash_listed"), dylib("crash_bare"));
+    std::fs::copy(&crash, dir.path().join(&listed)).expect("built fixture");
+    std::fs::copy(&crash, dir.path().join(&bare)).expect("built fixture");
+    crash_manifest(dir.path(), &listed);
+    let list = stdout_json(&run(host()
+        .args(["plugins", "--json", "--plugin-dir"])
+        .arg(dir.path())
+        .env_remove("DELEGATE_PLUGIN_PATH")));
+    let status = |name: &str| {
+        list.as_array()
+            .and_then(|l| l.iter().find(|c| c["path"].as_str().is_some_and(|p| p.ends_with(name))))
+            .map(|c| (c["status"].clone(), c["backends"].clone()))
+            .unwrap_or_else(|| panic!("{name} listed: {list}"))
+    };
+    assert_eq!(
+        status(&listed),
+        (Value::from("listed"), serde_json::json!(["CrashBackend"])),
+        "from its manifest"
+    );
+    assert_eq!(status(&bare).0, "no-manifest");
+
+    // A program that needs only the embedded reference delegate runs with them on the plugin path.
+    let program = tempfile::tempdir().expect("temp dir");
+    kv_example::export::reference(&kv_example::Config::tiny(), program.path()).expect("export");
+    let out = run(host()
+        .arg("run")
+        .arg(program.path().join("program.toml"))
+        .args(["--steps", "2", "--plugin-dir"])
+        .arg(dir.path())
+        .env_remove("DELEGATE_PLUGIN_PATH"));
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+}
+
+#[test]
+fn a_library_that_disagrees_with_its_manifest_is_rejected_naming_the_difference() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let library = dir.path().join(dylib("reference_delegate_dylib"));
+    std::fs::copy(test_plugin_dir().join(dylib("reference_delegate_dylib")), &library).expect("built plugin");
+    // The manifest is written from the library, by the tool, never by hand.
+    let out = run(host().arg("plugin-manifest").arg(&library));
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let manifest_path = dir.path().join("libreference_delegate_dylib.plugin.json");
+    let manifest: Value =
+        serde_json::from_slice(&std::fs::read(&manifest_path).expect("written")).expect("json");
+    assert_eq!(
+        (manifest["name"].as_str(), manifest["backends"][0].as_str()),
+        (Some("reference-delegate"), Some("ReferenceBackend"))
+    );
+    assert_eq!(manifest["sha256"].as_str().map(str::len), Some(64));
+
+    let program = tempfile::tempdir().expect("temp dir");
+    kv_example::export::reference(&kv_example::Config::tiny(), program.path()).expect("export");
+    let run_it = || {
+        run(host()
+            .arg("run")
+            .arg(program.path().join("program.toml"))
+            .args(["--steps", "2", "--json", "--plugin-dir"])
+            .arg(dir.path())
+            .env_remove("DELEGATE_PLUGIN_PATH"))
+    };
+    // As written: the library from disk (found before the embedded copy of the same version) serves.
+    stdout_json(&run_it());
+
+    // Another library under the same manifest: refused when the program asks for it, naming the difference.
+    let mut edited = manifest.clone();
+    edited["sha256"] = Value::from("0".repeat(64));
+    edited["version"] = Value::from("0.1.1");
+    std::fs::write(&manifest_path, edited.to_string()).expect("edit");
+    let line = one_line_error(&run_it());
+    assert!(line.contains("reference-delegate offers it but is unavailable: the library disagrees with its manifest: sha256: manifest 0000"), "{line}");
+    assert!(line.contains("version: manifest 0.1.1, library 0.1.0"), "{line}");
+    // `--probe` loads it at once and lists the same reason.
+    let list =
+        stdout_json(&run(host().args(["plugins", "--json", "--probe", "--plugin-dir"]).arg(dir.path())));
+    let candidate = list.as_array().and_then(|l| l.first()).expect("the library").clone();
+    assert_eq!(candidate["status"], "rejected", "{candidate}");
+    assert!(
+        candidate["reason"].as_str().is_some_and(|r| r.contains("version: manifest 0.1.1, library 0.1.0")),
+        "{candidate}"
+    );
 }

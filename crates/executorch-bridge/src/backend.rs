@@ -79,10 +79,38 @@ fn slots() -> &'static Mutex<BTreeMap<String, &'static BackendSlot>> {
 /// [`BridgeError::Registration`] when ExecuTorch refuses an id (taken by a backend that is not ours, or its
 /// table is full).
 pub fn register(registry: &Registry) -> Result<Vec<String>, BridgeError> {
-    let mut ids = Vec::new();
+    let ids: Vec<String> =
+        registry.backends().into_iter().filter(|id| registry.for_backend(id).is_some()).collect();
+    register_backends(registry, &ids)
+}
+
+/// Registers the backend ids `ids` only (what a program calls), loading a plugin listed from its manifest
+/// only when one of them needs it. Returns the ids.
+///
+/// # Errors
+/// [`BridgeError::PluginUnavailable`] when no usable plugin serves an id (none offers it, or the one that
+/// does failed to load or is unavailable, with its reason); [`BridgeError::Registration`] when ExecuTorch
+/// refuses an id.
+pub fn register_backends(registry: &Registry, ids: &[String]) -> Result<Vec<String>, BridgeError> {
+    let mut registered = Vec::new();
     let mut table = slots().lock().unwrap_or_else(|e| e.into_inner());
-    for id in registry.backends() {
-        let Some(plugin) = registry.for_backend(&id) else { continue };
+    for id in ids {
+        let id = id.clone();
+        let Some(plugin) = registry.for_backend(&id) else {
+            let reasons: Vec<String> =
+                registry.unavailable_for(&id).map(|(name, why)| format!("plugin {name}: {why}")).collect();
+            let failed: Vec<String> = registry
+                .candidates()
+                .iter()
+                .filter(|c| c.info.as_ref().is_some_and(|i| i.backends.contains(&id)))
+                .filter_map(|c| c.load_failure().map(|why| format!("{}: {why}", c.location())))
+                .collect();
+            let reason = match [reasons, failed].concat() {
+                r if r.is_empty() => "no plugin offers it".to_owned(),
+                r => r.join("; "),
+            };
+            return Err(BridgeError::PluginUnavailable { backend: id, reason });
+        };
         match table.get(&id) {
             Some(slot) => *slot.plugin.write().unwrap_or_else(|e| e.into_inner()) = Some(plugin),
             None => {
@@ -93,9 +121,9 @@ pub fn register(registry: &Registry) -> Result<Vec<String>, BridgeError> {
                 table.insert(id.clone(), slot);
             }
         }
-        ids.push(id);
+        registered.push(id);
     }
-    Ok(ids)
+    Ok(registered)
 }
 
 /// Whether ExecuTorch's registry has a backend called `id` (ours or not).

@@ -28,7 +28,6 @@
 //! use host_runtime::plugins::Registry;
 //!
 //! let registry = Registry::discover(&[], true, true); // embedded reference delegate + DELEGATE_PLUGIN_PATH
-//! executorch_bridge::register(&registry)?;
 //! let report = runner::run(std::path::Path::new("model.pte"), &registry, &Protocol::default())?;
 //! println!("{:?}", report.tokens);
 //! # Ok::<(), executorch_bridge::BridgeError>(())
@@ -55,7 +54,7 @@ pub mod backend;
 mod ffi;
 pub mod runner;
 
-pub use backend::{is_registered, register, take_last_error, take_stats, CopyStats};
+pub use backend::{is_registered, register, register_backends, take_last_error, take_stats, CopyStats};
 
 use et_error::{ErrorCode, HasErrorCode};
 
@@ -91,6 +90,14 @@ pub enum BridgeError {
         /// The ids that are served, comma-separated, or `none`.
         served: String,
     },
+    /// The plugin offering a backend the program calls could not be used (failed to load, or unavailable).
+    #[error("backend '{backend}' has no usable plugin: {reason}")]
+    PluginUnavailable {
+        /// The backend id.
+        backend: String,
+        /// Why, per plugin that offers it.
+        reason: String,
+    },
     /// ExecuTorch refused to register a backend id.
     #[error("ExecuTorch refused to register backend '{backend}': {code}")]
     Registration {
@@ -120,6 +127,7 @@ impl HasErrorCode for BridgeError {
             BridgeError::Program { source, .. } => source.error_code(),
             BridgeError::Io { .. } => ErrorCode::AccessFailed,
             BridgeError::UnservedBackend { .. } => ErrorCode::NotFound,
+            BridgeError::PluginUnavailable { .. } => ErrorCode::NotSupported,
             BridgeError::Registration { code, .. } | BridgeError::Runtime { code, .. } => *code,
             BridgeError::Protocol(_) => ErrorCode::InvalidProgram,
         }

@@ -211,6 +211,8 @@ impl Default for Protocol {
 pub struct Report {
     /// The program's methods.
     pub methods: Vec<String>,
+    /// Per backend id the program calls, the plugin library that served it (`(embedded)` for a linked one).
+    pub served_by: Vec<(String, String)>,
     /// `t0` (after prefill) and one token per decode step.
     pub tokens: Vec<i64>,
     /// The last logits row after prefill and after each decode step.
@@ -232,8 +234,8 @@ pub fn argmax(row: &[f32]) -> i64 {
     best.map_or(0, |(i, _)| i as i64)
 }
 
-/// Runs the protocol on the program at `path` with `registry`'s plugins (registered here, see
-/// [`crate::register`]). Single-method programs (`forward`, T = 1) are fed the prompt one token per call;
+/// Runs the protocol on the program at `path` with `registry`'s plugins (the backends it calls are registered
+/// here, see [`crate::register_backends`]). Single-method programs (`forward`, T = 1) are fed the prompt one token per call;
 /// two-method programs run `prefill` once (T = prompt length), then `decode`.
 ///
 /// # Errors
@@ -248,7 +250,16 @@ pub fn run(path: &Path, registry: &Registry, protocol: &Protocol) -> Result<Repo
     let served = registry.backends();
     let summary = check_program(path, &bytes, &served)?;
     drop(bytes);
-    crate::register(registry)?;
+    // Only what the program calls: a plugin listed from its manifest is loaded when a program needs it.
+    crate::register_backends(registry, &summary.backends)?;
+    let served_by = summary
+        .backends
+        .iter()
+        .map(|id| {
+            let at = registry.for_backend(id).and_then(|p| p.path().map(|p| p.display().to_string()));
+            (id.clone(), at.unwrap_or_else(|| "(embedded)".to_owned()))
+        })
+        .collect();
     let has = |m: &str| summary.methods.iter().any(|n| n == m);
     let (prefill, decode) = if has("prefill") && has("decode") {
         ("prefill", "decode")
@@ -306,6 +317,7 @@ pub fn run(path: &Path, registry: &Registry, protocol: &Protocol) -> Result<Repo
     };
     let mut report = Report {
         methods: summary.methods.clone(),
+        served_by,
         tokens: vec![],
         logits: vec![],
         prefill: CopyStats::default(),

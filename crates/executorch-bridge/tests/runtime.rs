@@ -171,3 +171,37 @@ fn et_run(args: &[&std::ffi::OsStr]) -> std::process::Output {
         .output()
         .expect("et-run runs")
 }
+
+#[test]
+fn et_run_finds_the_dylib_by_its_manifest_and_names_a_plugin_that_no_longer_matches_it() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let plugins = dir.path().join("plugins");
+    std::fs::create_dir(&plugins).expect("mkdir");
+    let name = common::dylib_name("reference_delegate_dylib");
+    let library = plugins.join(&name);
+    std::fs::copy(common::plugin_dir().join(&name), &library).expect("copy the dylib");
+    let plugin = delegate_abi::host::Plugin::load(&library, &delegate_abi::host::HostConfig::default())
+        .expect("the dylib loads");
+    let manifest =
+        host_runtime::plugin_manifest::PluginManifest::describe(&plugin, &library).expect("describe");
+    let manifest_path = host_runtime::plugin_manifest::PluginManifest::path_for(&library);
+    std::fs::write(&manifest_path, manifest.to_json()).expect("write the manifest");
+
+    let cases = common::own_cases(dir.path());
+    let program = &cases[0].path;
+    let args = [program.as_os_str(), "--plugin-dir".as_ref(), plugins.as_os_str(), "--json".as_ref()];
+    let out = et_run(&args);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    assert_eq!(json["served_by"][common::BACKEND], serde_json::json!(library.display().to_string()));
+    assert_eq!(json["tokens"], serde_json::json!(cases[0].tokens));
+
+    // The manifest no longer matches the library: the backend the program calls is named, one line.
+    let tampered = manifest.to_json().replace(&manifest.sha256, &"0".repeat(manifest.sha256.len()));
+    std::fs::write(&manifest_path, tampered).expect("write the manifest");
+    let out = et_run(&args);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert_eq!(stderr.trim().lines().count(), 1, "{stderr}");
+    assert!(stderr.starts_with("error: backend 'ReferenceBackend' has no usable plugin"), "{stderr}");
+}

@@ -36,6 +36,7 @@ pub mod buffer;
 pub mod cuda;
 pub mod generate;
 mod lend;
+pub mod plugin_manifest;
 pub mod plugins;
 pub mod program;
 

@@ -24,6 +24,18 @@
 //! A file that is not a plugin, or a plugin whose ABI the host cannot speak, is listed as
 //! `rejected: <reason>`; the others still load.
 //!
+//! # Manifests: discovery without loading
+//!
+//! A library's constructors run when it is opened, so opening every library on the plugin path lets any one
+//! of them take the host down. [`Registry::discover_manifests`] (what `delegate-host` uses) reads each
+//! library's [manifest](crate::plugin_manifest) instead and opens nothing: candidates are `listed` with what
+//! their manifest says, the duplicate rule runs on the manifests' versions, and a library is loaded only when
+//! a program asks for a backend it serves ([`Registry::for_backend`]). Loading checks the library against its
+//! manifest (SHA-256 and self-description) and rejects it naming every difference. A library without a
+//! manifest is listed `not loaded: no manifest` and serves nothing. [`Registry::discover`] and
+//! [`Registry::discover_with`] *probe* instead: they load every library now (checking those that have a
+//! manifest), for callers that trust their directories and for `delegate-host --probe`.
+//!
 //! # Libraries are never unloaded
 //!
 //! Every library opened here, including rejected plugins whose handshake failed, stays loaded until the
@@ -37,9 +49,13 @@ use std::fmt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use std::sync::OnceLock;
+
 use delegate_abi::abi::DelegateRootRef;
 use delegate_abi::host::{HostConfig, Plugin};
-use delegate_abi::PluginInfo;
+use delegate_abi::{MemoryKind, PluginInfo, WireFormatSupport};
+
+use crate::plugin_manifest::PluginManifest;
 
 /// Environment variable with extra plugin directories.
 pub const PLUGIN_PATH_ENV: &str = "DELEGATE_PLUGIN_PATH";
@@ -60,6 +76,10 @@ pub enum Status {
         /// The winner's path; `None` when the winner is the embedded plugin.
         by: Option<PathBuf>,
     },
+    /// Known from its manifest, not loaded: it loads when a program needs a backend it serves.
+    Listed,
+    /// A library without a manifest, not loaded (discovery without probing opens no library).
+    NoManifest,
 }
 
 impl fmt::Display for Status {
@@ -70,6 +90,8 @@ impl fmt::Display for Status {
             Status::Unavailable(reason) => write!(f, "unavailable: {reason}"),
             Status::Shadowed { by: Some(path) } => write!(f, "shadowed by {}", path.display()),
             Status::Shadowed { by: None } => f.write_str("shadowed by (embedded)"),
+            Status::Listed => f.write_str("listed (from its manifest; loads when a program needs it)"),
+            Status::NoManifest => f.write_str("not loaded: no manifest (--probe loads it)"),
         }
     }
 }
@@ -85,15 +107,33 @@ pub struct Candidate {
     pub info: Option<PluginInfo>,
     /// The negotiated ABI version, when the handshake succeeded.
     pub abi_version: Option<u32>,
-    /// Backend ids it serves (a subset of `info.backends`; empty unless loaded).
+    /// Backend ids it serves (a subset of `info.backends`; empty unless loaded or listed).
     pub serves: Vec<String>,
+    /// Its manifest, when it has one.
+    pub manifest: Option<PluginManifest>,
     plugin: Option<Arc<Plugin>>,
+    /// A listed candidate's library, once something asked for it: the plugin, or why it cannot serve.
+    lazy: Arc<OnceLock<Result<Arc<Plugin>, String>>>,
 }
 
 impl Candidate {
-    /// The loaded plugin (also for shadowed candidates).
+    /// The loaded plugin (also for shadowed candidates, and for a listed one once it was loaded).
     pub fn plugin(&self) -> Option<&Arc<Plugin>> {
-        self.plugin.as_ref()
+        self.plugin.as_ref().or_else(|| self.lazy.get().and_then(|r| r.as_ref().ok()))
+    }
+
+    /// Why a listed candidate could not serve when it was asked to load (rejected or unavailable), if so.
+    pub fn load_failure(&self) -> Option<&str> {
+        self.lazy.get().and_then(|r| r.as_ref().err()).map(String::as_str)
+    }
+
+    /// The plugin's version: the loaded plugin's, or its manifest's.
+    fn version(&self) -> Option<semver::Version> {
+        match (&self.plugin, &self.manifest) {
+            (Some(plugin), _) => Some(plugin.version().clone()),
+            (None, Some(manifest)) => Some(manifest.semver()),
+            (None, None) => None,
+        }
     }
 
     /// `path` for display: the file, or `(embedded)`.
@@ -108,8 +148,66 @@ impl Candidate {
             info: None,
             abi_version: None,
             serves: vec![],
+            manifest: None,
             plugin: None,
+            lazy: Arc::default(),
         }
+    }
+
+    /// A library known from its manifest, not loaded.
+    fn listed(path: PathBuf, manifest: PluginManifest) -> Candidate {
+        let info = PluginInfo {
+            name: manifest.name.clone(),
+            version: manifest.version.clone(),
+            backends: manifest.backends.clone(),
+            wire_formats: manifest
+                .wire_formats
+                .iter()
+                .map(|w| WireFormatSupport { format: w.format.clone(), versions: w.versions.clone() })
+                .collect(),
+            memory_kinds: MemoryKind::ALL
+                .into_iter()
+                .filter(|k| manifest.memory_kinds.iter().any(|m| m == k.name()))
+                .collect(),
+            binds_aliases_in_place: manifest.binds_aliases_in_place,
+        };
+        Candidate {
+            path: Some(path),
+            status: Status::Listed,
+            info: Some(info),
+            abi_version: None,
+            serves: vec![],
+            manifest: Some(manifest),
+            plugin: None,
+            lazy: Arc::default(),
+        }
+    }
+
+    fn no_manifest(path: PathBuf) -> Candidate {
+        Candidate { status: Status::NoManifest, ..Candidate::rejected(Some(path), String::new()) }
+    }
+
+    /// Loads a library now: checked against its manifest when it has one.
+    fn load(path: PathBuf, manifest: Option<PluginManifest>, config: &HostConfig) -> Candidate {
+        match load_checked(&path, manifest.as_ref(), config) {
+            Ok(plugin) => Candidate { manifest, ..Candidate::loaded(Some(path), plugin) },
+            Err(reason) => {
+                tracing::debug!(path = %path.display(), "plugin rejected: {reason}");
+                Candidate { manifest, ..Candidate::rejected(Some(path), reason) }
+            }
+        }
+    }
+
+    /// A listed candidate's plugin, loading it on first use; `None` when it cannot serve (the reason is kept).
+    fn load_listed(&self, config: &HostConfig) -> Option<Arc<Plugin>> {
+        let (Some(path), Status::Listed) = (&self.path, &self.status) else { return None };
+        let result = self.lazy.get_or_init(|| {
+            let plugin = load_checked(path, self.manifest.as_ref(), config)?;
+            plugin.availability().map_err(|err| format!("unavailable: {}", err.message))?;
+            tracing::debug!(path = %path.display(), "loaded on demand");
+            Ok(Arc::new(plugin))
+        });
+        result.as_ref().ok().cloned()
     }
 
     fn loaded(path: Option<PathBuf>, plugin: Plugin) -> Candidate {
@@ -126,24 +224,47 @@ impl Candidate {
             info: Some(plugin.info().clone()),
             abi_version: Some(plugin.abi_version()),
             serves: vec![],
+            manifest: None,
             plugin: Some(Arc::new(plugin)),
+            lazy: Arc::default(),
         }
     }
 
-    /// The plugin, when it loaded and is available (it may serve backends).
-    fn usable(&self) -> Option<&Arc<Plugin>> {
+    /// The plugin's metadata when it may serve backends: loaded and available, or listed from a manifest.
+    fn usable(&self) -> Option<&PluginInfo> {
         match self.status {
-            Status::Unavailable(_) | Status::Rejected(_) => None,
-            _ => self.plugin.as_ref(),
+            Status::Unavailable(_) | Status::Rejected(_) | Status::NoManifest => None,
+            Status::Listed => self.info.as_ref(),
+            _ => self.plugin.as_ref().map(|p| p.info()),
         }
     }
 }
 
-/// Every candidate found, and which loaded plugin serves each backend id.
+/// Loads the library at `path` and, when it has a manifest, checks the library against it.
+fn load_checked(
+    path: &Path,
+    manifest: Option<&PluginManifest>,
+    config: &HostConfig,
+) -> Result<Plugin, String> {
+    let plugin = Plugin::load(path, config).map_err(|err| err.to_string())?;
+    if let Some(manifest) = manifest {
+        let actual = PluginManifest::describe(&plugin, path)
+            .map_err(|err| format!("cannot hash the library: {err}"))?;
+        let differences = manifest.differences(&actual);
+        if !differences.is_empty() {
+            return Err(format!("the library disagrees with its manifest: {}", differences.join("; ")));
+        }
+    }
+    Ok(plugin)
+}
+
+/// Every candidate found, and which plugin serves each backend id.
 #[derive(Debug, Clone, Default)]
 pub struct Registry {
     candidates: Vec<Candidate>,
     serving: BTreeMap<String, usize>,
+    /// How listed candidates are loaded when asked for.
+    config: HostConfig,
 }
 
 /// The directories searched, in order: `dirs`, then `env_value` split like `PATH` (empty entries dropped).
@@ -155,13 +276,34 @@ pub fn search_path(dirs: &[PathBuf], env_value: Option<&OsString>) -> Vec<(PathB
     out
 }
 
+/// The manifest next to the library at `path`, if there is one; an unreadable one, or one describing
+/// another library, is the library's rejection reason.
+fn manifest_of(path: &Path) -> Result<Option<PluginManifest>, String> {
+    let manifest_path = PluginManifest::path_for(path);
+    if std::fs::symlink_metadata(&manifest_path).is_err() {
+        return Ok(None);
+    }
+    let manifest = PluginManifest::read(&manifest_path).map_err(|err| format!("unusable manifest: {err}"))?;
+    let file_name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    if manifest.library != file_name {
+        return Err(format!(
+            "its manifest {} describes library '{}', not '{file_name}'",
+            manifest_path.display(),
+            manifest.library
+        ));
+    }
+    Ok(Some(manifest))
+}
+
 fn is_library(path: &Path) -> bool {
     path.extension().is_some_and(|ext| ext == std::env::consts::DLL_EXTENSION)
 }
 
 impl Registry {
     /// Discovers plugins in `dirs`, then (if `use_env`) in `DELEGATE_PLUGIN_PATH`, then (if
-    /// `include_embedded`) the embedded reference and CUDA plugins. Never fails: problems are listed per candidate.
+    /// `include_embedded`) the embedded reference and CUDA plugins, **probing**: every library is loaded now
+    /// (those with a manifest are checked against it). Never fails: problems are listed per candidate. For
+    /// directories the caller trusts; see [`Registry::discover_manifests`] for discovery that opens nothing.
     pub fn discover(dirs: &[PathBuf], use_env: bool, include_embedded: bool) -> Registry {
         let env_value = if use_env { std::env::var_os(PLUGIN_PATH_ENV) } else { None };
         Registry::discover_with(dirs, env_value.as_ref(), include_embedded, &HostConfig::default())
@@ -173,6 +315,28 @@ impl Registry {
         env_value: Option<&OsString>,
         include_embedded: bool,
         config: &HostConfig,
+    ) -> Registry {
+        Registry::search(dirs, env_value, include_embedded, config, true)
+    }
+
+    /// Discovery that opens no library: candidates are listed from their manifests (a library without one is
+    /// listed and serves nothing), and a library is loaded, and checked against its manifest, only when
+    /// [`Registry::for_backend`] asks for a backend it serves. The embedded plugins are loaded as always.
+    pub fn discover_manifests(
+        dirs: &[PathBuf],
+        env_value: Option<&OsString>,
+        include_embedded: bool,
+        config: &HostConfig,
+    ) -> Registry {
+        Registry::search(dirs, env_value, include_embedded, config, false)
+    }
+
+    fn search(
+        dirs: &[PathBuf],
+        env_value: Option<&OsString>,
+        include_embedded: bool,
+        config: &HostConfig,
+        probe: bool,
     ) -> Registry {
         let mut candidates = Vec::new();
         let mut seen = HashSet::new();
@@ -213,12 +377,28 @@ impl Registry {
                     candidates.push(Candidate::rejected(Some(path), reason));
                     continue;
                 }
-                candidates.push(match Plugin::load(&path, config) {
-                    Ok(plugin) => Candidate::loaded(Some(path), plugin),
-                    Err(err) => {
-                        tracing::debug!(path = %path.display(), "plugin rejected: {err}");
-                        Candidate::rejected(Some(path), err.to_string())
+                let manifest = match manifest_of(&path) {
+                    Ok(manifest) => manifest,
+                    Err(reason) => {
+                        candidates.push(Candidate::rejected(Some(path), reason));
+                        continue;
                     }
+                };
+                candidates.push(match (probe, manifest) {
+                    (true, manifest) => Candidate::load(path, manifest, config),
+                    (false, Some(manifest)) => {
+                        // A plugin whose ABI range misses the host's is refused from its manifest alone.
+                        let abi =
+                            delegate_abi::abi::AbiRange { min: manifest.abi.min, max: manifest.abi.max };
+                        match delegate_abi::abi::negotiate(config.abi_range, abi) {
+                            Ok(_) => Candidate::listed(path, manifest),
+                            Err(err) => Candidate {
+                                manifest: Some(manifest),
+                                ..Candidate::rejected(Some(path), err.to_string())
+                            },
+                        }
+                    }
+                    (false, None) => Candidate::no_manifest(path),
                 });
             }
         }
@@ -232,7 +412,7 @@ impl Registry {
                 });
             }
         }
-        Registry::from_candidates(candidates)
+        Registry::from_candidates(candidates, config.clone())
     }
 
     /// Adds a plugin linked into this binary, from the `delegate_root()` of its library crate (e.g.
@@ -244,26 +424,25 @@ impl Registry {
             // Decided again below, over every candidate.
             candidate.serves.clear();
             if matches!(candidate.status, Status::Shadowed { .. }) {
-                candidate.status = Status::Loaded;
+                candidate.status = if candidate.plugin.is_some() { Status::Loaded } else { Status::Listed };
             }
         }
         candidates.push(match Plugin::embedded_with(root, config) {
             Ok(plugin) => Candidate::loaded(None, plugin),
             Err(err) => Candidate::rejected(None, err.to_string()),
         });
-        Registry::from_candidates(candidates)
+        Registry::from_candidates(candidates, self.config)
     }
 
     /// Applies the duplicate rule (highest version, then first found) to candidates in search order.
-    fn from_candidates(mut candidates: Vec<Candidate>) -> Registry {
+    fn from_candidates(mut candidates: Vec<Candidate>, config: HostConfig) -> Registry {
         let mut serving: BTreeMap<String, usize> = BTreeMap::new();
         for (index, candidate) in candidates.iter().enumerate() {
-            let Some(plugin) = candidate.usable() else { continue };
-            for backend in &plugin.info().backends {
+            let Some(info) = candidate.usable() else { continue };
+            for backend in &info.backends {
                 match serving.get(backend) {
                     Some(&current) => {
-                        let current_version = candidates[current].plugin.as_ref().map(|p| p.version());
-                        if Some(plugin.version()) > current_version {
+                        if candidate.version() > candidates[current].version() {
                             serving.insert(backend.clone(), index);
                         }
                     }
@@ -278,9 +457,9 @@ impl Registry {
         }
         for index in 0..candidates.len() {
             let candidate = &candidates[index];
-            let Some(plugin) = candidate.usable() else { continue };
+            let Some(info) = candidate.usable() else { continue };
             if candidate.serves.is_empty() {
-                let winner = plugin.info().backends.first().and_then(|b| serving.get(b)).copied();
+                let winner = info.backends.first().and_then(|b| serving.get(b)).copied();
                 let by = winner.and_then(|w| candidates[w].path.clone());
                 candidates[index].status = Status::Shadowed { by };
             }
@@ -292,7 +471,7 @@ impl Registry {
                 candidate.serves = info.backends.iter().filter(|b| serves.contains(b)).cloned().collect();
             }
         }
-        Registry { candidates, serving }
+        Registry { candidates, serving, config }
     }
 
     /// Every candidate, in search order (embedded last).
@@ -300,18 +479,27 @@ impl Registry {
         &self.candidates
     }
 
-    /// The plugin serving `backend`, if any (a shared handle; the library stays loaded regardless).
+    /// The plugin serving `backend`, if any (a shared handle; the library stays loaded regardless). A
+    /// candidate listed from its manifest is loaded now, once, and checked against its manifest; when that
+    /// fails it serves nothing and [`Registry::unavailable_for`] says why.
     pub fn for_backend(&self, backend: &str) -> Option<Arc<Plugin>> {
-        self.serving.get(backend).and_then(|&i| self.candidates[i].plugin.clone())
+        let candidate = &self.candidates[*self.serving.get(backend)?];
+        match candidate.status {
+            Status::Listed => candidate.load_listed(&self.config),
+            _ => candidate.plugin.clone(),
+        }
     }
 
-    /// Plugins that offer `backend` but said they cannot run on this machine: (name, reason).
+    /// Plugins that offer `backend` but cannot serve it: those that said they cannot run on this machine, and
+    /// listed ones that failed to load or disagreed with their manifest: (name, reason).
     pub fn unavailable_for<'r>(&'r self, backend: &'r str) -> impl Iterator<Item = (&'r str, &'r str)> + 'r {
-        self.candidates.iter().filter_map(move |c| match (&c.status, &c.info) {
-            (Status::Unavailable(reason), Some(info)) if info.backends.iter().any(|b| b == backend) => {
-                Some((info.name.as_str(), reason.as_str()))
+        self.candidates.iter().filter_map(move |c| {
+            let info = c.info.as_ref().filter(|info| info.backends.iter().any(|b| b == backend))?;
+            match (&c.status, c.load_failure()) {
+                (Status::Unavailable(reason), _) => Some((info.name.as_str(), reason.as_str())),
+                (Status::Listed, Some(reason)) => Some((info.name.as_str(), reason)),
+                _ => None,
             }
-            _ => None,
         })
     }
 
@@ -515,7 +703,7 @@ mod tests {
             Candidate::loaded(Some("b.so".into()), load(v1_10::delegate_root())),
             Candidate::loaded(Some("c.so".into()), load(v1_2::delegate_root())),
         ];
-        let registry = Registry::from_candidates(candidates);
+        let registry = Registry::from_candidates(candidates, HostConfig::default());
         // 1.10.0 > 1.2.0 in semver order (not in string order).
         assert_eq!(registry.for_backend("X").map(|p| p.info().name.clone()).as_deref(), Some("V1_10"));
         // The oldest still serves the backend nobody else offers.
@@ -529,10 +717,10 @@ mod tests {
     #[test]
     fn an_application_embeds_more_plugins_under_the_same_duplicate_rule() {
         let load = |root| Plugin::embedded(root).expect("embedded");
-        let registry = Registry::from_candidates(vec![Candidate::loaded(
-            Some("a.so".into()),
-            load(v1_2::delegate_root()),
-        )]);
+        let registry = Registry::from_candidates(
+            vec![Candidate::loaded(Some("a.so".into()), load(v1_2::delegate_root()))],
+            HostConfig::default(),
+        );
         let config = HostConfig::default();
         // An older embedded copy is shadowed by the discovered plugin ...
         let registry = registry.with_embedded(v1_0::delegate_root(), &config);
@@ -557,5 +745,92 @@ mod tests {
             path,
             [(PathBuf::from("/a"), true), (PathBuf::from("/b"), false), (PathBuf::from("/c"), false)]
         );
+    }
+
+    /// A directory with the abi-test plugin and its manifest as the tool writes it; `edit` changes the manifest.
+    fn dir_with_manifest(edit: impl FnOnce(&mut PluginManifest)) -> tempfile::TempDir {
+        let real = dylib_name("abi_test");
+        let dir = dir_with(&[(&real, None)]);
+        let library = dir.path().join(&real);
+        let plugin = Plugin::load(&library, &HostConfig::default()).expect("the test plugin loads");
+        let mut manifest = PluginManifest::describe(&plugin, &library).expect("hashable");
+        edit(&mut manifest);
+        std::fs::write(PluginManifest::path_for(&library), manifest.to_json()).expect("write manifest");
+        dir
+    }
+
+    fn discover_manifests(dir: &Path) -> Registry {
+        Registry::discover_manifests(&[dir.to_path_buf()], None, false, &HostConfig::default())
+    }
+
+    #[test]
+    fn manifests_list_plugins_without_loading_and_a_backend_loads_on_first_use() {
+        let dir = dir_with_manifest(|_| {});
+        let registry = discover_manifests(dir.path());
+        let candidate = &registry.candidates()[0];
+        assert_eq!(candidate.status, Status::Listed);
+        assert_eq!(candidate.serves, ["AbiTestBackend"], "the duplicate rule runs on the manifest");
+        assert!(candidate.plugin().is_none() && candidate.abi_version.is_none(), "nothing loaded yet");
+        let plugin = registry.for_backend("AbiTestBackend").expect("loads on demand");
+        assert_eq!(plugin.info().name, "abi-test");
+        assert!(registry.candidates()[0].plugin().is_some(), "kept for the next caller");
+        assert!(
+            Arc::ptr_eq(&plugin, &registry.for_backend("AbiTestBackend").expect("served")),
+            "loaded once"
+        );
+    }
+
+    #[test]
+    fn a_manifest_that_cannot_apply_is_refused_without_loading() {
+        type Edit = fn(&mut PluginManifest);
+        let cases: [(Edit, &str); 4] = [
+            (
+                |m| m.abi = crate::plugin_manifest::AbiSpan { min: 2, max: 3 },
+                "plugin speaks ABI 2..=3, host 1..=1",
+            ),
+            (|m| m.target = "sparc-plan9".into(), "built for sparc-plan9, this machine is"),
+            (|m| m.library = "libother.so".into(), "describes library 'libother.so', not 'libabi_test.so'"),
+            (|m| m.manifest_version = 2, "manifest version 2 (this build reads 1)"),
+        ];
+        for (edit, reason) in cases {
+            let dir = dir_with_manifest(edit);
+            let registry = discover_manifests(dir.path());
+            let candidate = &registry.candidates()[0];
+            assert!(
+                matches!(&candidate.status, Status::Rejected(r) if r.contains(reason)),
+                "{:?} lacks {reason}",
+                candidate.status
+            );
+            assert!(registry.for_backend("AbiTestBackend").is_none());
+        }
+    }
+
+    #[test]
+    fn a_library_that_differs_from_its_manifest_serves_nothing_and_says_why() {
+        let dir = dir_with_manifest(|m| m.backends.push("ExtraBackend".into()));
+        let registry = discover_manifests(dir.path());
+        assert!(registry.for_backend("AbiTestBackend").is_none(), "refused when loaded");
+        let reasons: Vec<(&str, &str)> = registry.unavailable_for("AbiTestBackend").collect();
+        assert_eq!(
+            reasons,
+            [("abi-test", "the library disagrees with its manifest: backends: manifest AbiTestBackend,ExtraBackend, library AbiTestBackend")]
+        );
+        // Probing loads it at once and rejects it for the same reason.
+        let probed =
+            Registry::discover_with(&[dir.path().to_path_buf()], None, false, &HostConfig::default());
+        assert!(
+            matches!(&probed.candidates()[0].status, Status::Rejected(r) if r.ends_with("library AbiTestBackend"))
+        );
+    }
+
+    #[test]
+    fn without_a_manifest_a_library_is_listed_and_loaded_only_by_probing() {
+        let dir = dir_with(&[(&dylib_name("abi_test"), None)]);
+        let registry = discover_manifests(dir.path());
+        assert_eq!(registry.candidates()[0].status, Status::NoManifest);
+        assert!(registry.for_backend("AbiTestBackend").is_none());
+        let probed =
+            Registry::discover_with(&[dir.path().to_path_buf()], None, false, &HostConfig::default());
+        assert_eq!(probed.candidates()[0].status, Status::Loaded);
     }
 }

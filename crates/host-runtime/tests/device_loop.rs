@@ -236,6 +236,7 @@ fn options(steps: usize, cuda_graph: bool) -> Options {
 }
 
 #[test]
+#[ignore = "needs an NVIDIA GPU and driver: `cargo xtask gpu-test` runs it on one (--include-ignored, KV_REQUIRE_GPU=1)"]
 fn the_device_loop_decodes_the_models_tokens_with_no_host_synchronisation_per_step() {
     let dir = tempfile::tempdir().expect("temp dir");
     for memory in ["device", "managed"] {
@@ -268,6 +269,7 @@ fn the_device_loop_decodes_the_models_tokens_with_no_host_synchronisation_per_st
 }
 
 #[test]
+#[ignore = "needs an NVIDIA GPU and driver: `cargo xtask gpu-test` runs it on one (--include-ignored, KV_REQUIRE_GPU=1)"]
 fn a_cuda_graph_replays_the_decode_step_and_decodes_the_same_tokens() {
     let dir = tempfile::tempdir().expect("temp dir");
     let Some(mut program) = program(dir.path(), "device", Mode::ZeroCopy) else { return };
@@ -294,6 +296,7 @@ fn a_cuda_graph_replays_the_decode_step_and_decodes_the_same_tokens() {
 }
 
 #[test]
+#[ignore = "needs an NVIDIA GPU and driver: `cargo xtask gpu-test` runs it on one (--include-ignored, KV_REQUIRE_GPU=1)"]
 fn copy_back_on_device_memory_writes_back_on_the_stream_and_agrees_with_zero_copy() {
     let dir = tempfile::tempdir().expect("temp dir");
     let Some(mut program) = program(dir.path(), "device", Mode::CopyBack) else { return };
@@ -313,6 +316,7 @@ fn copy_back_on_device_memory_writes_back_on_the_stream_and_agrees_with_zero_cop
 }
 
 #[test]
+#[ignore = "needs an NVIDIA GPU and driver: `cargo xtask gpu-test` runs it on one (--include-ignored, KV_REQUIRE_GPU=1)"]
 fn decode_starts_at_a_given_position_on_the_device() {
     let dir = tempfile::tempdir().expect("temp dir");
     let Some(mut program) = program(dir.path(), "device", Mode::ZeroCopy) else { return };
@@ -326,6 +330,7 @@ fn decode_starts_at_a_given_position_on_the_device() {
 }
 
 #[test]
+#[ignore = "needs an NVIDIA GPU and driver: `cargo xtask gpu-test` runs it on one (--include-ignored, KV_REQUIRE_GPU=1)"]
 fn device_inputs_are_not_borrowed_in_place_but_written_and_read_through_copies() {
     let dir = tempfile::tempdir().expect("temp dir");
     let Some(mut program) = program(dir.path(), "device", Mode::ZeroCopy) else { return };

@@ -30,6 +30,19 @@ fn gpu() -> Option<Context> {
     }
 }
 
+/// Runs everywhere: on a machine without a usable GPU the delegate says so (typed, `NotSupported`); on a GPU
+/// machine it is available. (The tests below need a GPU and are ignored elsewhere, with the reason.)
+#[test]
+fn availability_matches_the_machine() {
+    match Context::open(0) {
+        Ok(_) => CudaDelegate.availability().expect("a GPU with a driver: available"),
+        Err(_) => {
+            assert!(std::env::var_os("KV_REQUIRE_GPU").is_none(), "KV_REQUIRE_GPU is set but no GPU opened");
+            assert!(gpu().is_none(), "no context, so no GPU (gpu() checks the typed errors)");
+        }
+    }
+}
+
 /// The example's blob for `rows` tokens per call, for the CUDA backend on device 0.
 fn blob(cfg: &Config, weights: &Weights, rows: usize) -> Vec<u8> {
     blob_on(cfg, weights, rows, 0)
@@ -315,6 +328,7 @@ fn generate_run(ctx: &Context, cfg: &Config, managed: bool, copy_back: bool, wit
 /// caches match the f64 oracle, and the tokens are the CPU reference's (the oracle's greedy tokens, which
 /// the reference delegate's tests pin).
 #[test]
+#[ignore = "needs an NVIDIA GPU and driver: `cargo xtask gpu-test` runs it on one (--include-ignored, KV_REQUIRE_GPU=1)"]
 fn upstream_example_on_device_caches_matches_the_oracle() {
     let Some(ctx) = gpu() else { return };
     let cfg = Config::tiny();
@@ -331,6 +345,7 @@ fn upstream_example_on_device_caches_matches_the_oracle() {
 }
 
 #[test]
+#[ignore = "needs an NVIDIA GPU and driver: `cargo xtask gpu-test` runs it on one (--include-ignored, KV_REQUIRE_GPU=1)"]
 fn copy_back_reflects_and_equals_zero_copy() {
     let Some(ctx) = gpu() else { return };
     let cfg = Config { layers: 2, ..Config::tiny() };
@@ -340,6 +355,7 @@ fn copy_back_reflects_and_equals_zero_copy() {
 }
 
 #[test]
+#[ignore = "needs an NVIDIA GPU and driver: `cargo xtask gpu-test` runs it on one (--include-ignored, KV_REQUIRE_GPU=1)"]
 fn managed_caches_are_updated_in_place() {
     let Some(ctx) = gpu() else { return };
     let cfg = Config::tiny();
@@ -348,6 +364,7 @@ fn managed_caches_are_updated_in_place() {
 
 /// A bigger model (8 layers, 8 x 64, f32) through many decode steps: no lost update.
 #[test]
+#[ignore = "needs an NVIDIA GPU and driver: `cargo xtask gpu-test` runs it on one (--include-ignored, KV_REQUIRE_GPU=1)"]
 fn big_model_long_run_matches_the_oracle() {
     let Some(ctx) = gpu() else { return };
     let cfg = Config { max_len: 160, ..Config::big() };
@@ -358,6 +375,7 @@ fn big_model_long_run_matches_the_oracle() {
 /// step's logits and the final caches within the f16 tolerance of the f64 oracle (no lost update), and
 /// identical between zero-copy and copy-back.
 #[test]
+#[ignore = "needs an NVIDIA GPU and driver: `cargo xtask gpu-test` runs it on one (--include-ignored, KV_REQUIRE_GPU=1)"]
 fn config_b_f16_thousand_steps_match_the_oracle() {
     let Some(ctx) = gpu() else { return };
     let cfg = Config::bench(BenchConfig::B);
@@ -371,6 +389,7 @@ fn config_b_f16_thousand_steps_match_the_oracle() {
 
 /// A cache in host memory is refused with upstream's message, before anything runs.
 #[test]
+#[ignore = "needs an NVIDIA GPU and driver: `cargo xtask gpu-test` runs it on one (--include-ignored, KV_REQUIRE_GPU=1)"]
 fn host_cache_is_refused_by_the_residency_gate() {
     let Some(_ctx) = gpu() else { return };
     let cfg = Config::tiny();
@@ -428,6 +447,7 @@ fn host_cache_is_refused_by_the_residency_gate() {
 /// A token id outside the vocabulary is a typed error of the call that read it (synchronous call), not a
 /// crash or a silent garbage row.
 #[test]
+#[ignore = "needs an NVIDIA GPU and driver: `cargo xtask gpu-test` runs it on one (--include-ignored, KV_REQUIRE_GPU=1)"]
 fn out_of_range_token_is_reported() {
     let Some(ctx) = gpu() else { return };
     let cfg = Config::tiny();
@@ -447,6 +467,7 @@ fn out_of_range_token_is_reported() {
 /// Two instances on two GPUs of one host, each blob naming its device and each device holding its own
 /// caches: the same tokens on both; caches on the wrong device are refused by name. Needs two GPUs.
 #[test]
+#[ignore = "needs an NVIDIA GPU and driver: `cargo xtask gpu-test` runs it on one (--include-ignored, KV_REQUIRE_GPU=1)"]
 fn two_gpus_each_run_their_own_blob_and_caches() {
     let Some(first) = gpu() else { return };
     let second = match Context::open(1) {
@@ -479,6 +500,7 @@ fn two_gpus_each_run_their_own_blob_and_caches() {
 /// device caches, every step's logits and the final caches against the f64 oracle (no lost or misplaced update
 /// in 10 000 in-place writes).
 #[test]
+#[ignore = "needs an NVIDIA GPU and driver: `cargo xtask gpu-test` runs it on one (--include-ignored, KV_REQUIRE_GPU=1)"]
 fn soak_ten_thousand_decode_steps_two_instances_share_caches() {
     let Some(ctx) = gpu() else { return };
     let cfg = Config { layers: 2, max_len: 10_000 + Config::tiny().prompt_len(), ..Config::tiny() };

@@ -2,12 +2,14 @@
 //! across methods) with our plugins registered as its backends: prefill the prompt, then greedy decode steps.
 //!
 //! Plugins: the embedded reference delegate, plus the libraries in `--plugin-dir` and `DELEGATE_PLUGIN_PATH`
-//! (the same discovery as `delegate-host`). Every failure is one `error:` line and exit status 2.
+//! (the same discovery as `delegate-host`: by their manifests, a library loaded only when the program calls
+//! its backend; `--probe` loads them all). Every failure is one `error:` line and exit status 2.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::Parser;
+use delegate_abi::host::HostConfig;
 use executorch_bridge::runner::{self, Protocol};
 use host_runtime::plugins::Registry;
 
@@ -26,6 +28,10 @@ struct Args {
     /// Decode steps after prefill.
     #[arg(long, default_value_t = 12)]
     steps: usize,
+    /// Load every plugin library found now (checking those with a manifest against it), instead of reading
+    /// manifests only and loading a library when the program needs its backend (as `delegate-host --probe`).
+    #[arg(long)]
+    probe: bool,
     /// Print a JSON report: tokens, the last logits row after prefill and each step, and per decode step
     /// the bytes the program's `copy_` write-backs copy.
     #[arg(long)]
@@ -41,7 +47,12 @@ fn main() -> ExitCode {
         .with_writer(std::io::stderr)
         .init();
     let args = Args::parse();
-    let registry = Registry::discover(&args.plugin_dirs, true, true);
+    let registry = if args.probe {
+        Registry::discover(&args.plugin_dirs, true, true)
+    } else {
+        let env_value = std::env::var_os(host_runtime::plugins::PLUGIN_PATH_ENV);
+        Registry::discover_manifests(&args.plugin_dirs, env_value.as_ref(), true, &HostConfig::default())
+    };
     let protocol = Protocol { prompt: args.prompt.clone(), steps: args.steps };
     let report = match runner::run(&args.program, &registry, &protocol) {
         Ok(report) => report,
@@ -56,6 +67,7 @@ fn main() -> ExitCode {
             "program": args.program.display().to_string(),
             "runtime": "executorch 1.5.1",
             "methods": report.methods,
+            "served_by": report.served_by.iter().cloned().collect::<std::collections::BTreeMap<_, _>>(),
             "prompt": protocol.prompt,
             "steps": protocol.steps,
             "tokens": report.tokens,

@@ -1,0 +1,265 @@
+//! Plugin manifests: a small JSON file next to each plugin library saying what the library is, so that
+//! discovery can list plugins and pick the one a backend needs without loading any library (as the Vulkan
+//! loader reads its ICD JSON files).
+//!
+//! A library's code runs as soon as the dynamic loader opens it (its constructors), so a library that aborts,
+//! crashes, sleeps or exits on load takes the host with it. With manifests, `delegate-host plugins` reads files
+//! only, and a program loads only the libraries its backends need; a library without a manifest is listed as
+//! such and loaded only when the caller asks to probe.
+//!
+//! The manifest of `libfoo.so` is `libfoo.plugin.json` in the same directory:
+//!
+//! ```json
+//! {
+//!   "manifest_version": 1,
+//!   "library": "libfoo.so",
+//!   "sha256": "9f86d0…",
+//!   "name": "foo-delegate",
+//!   "version": "0.3.1",
+//!   "abi": { "min": 1, "max": 1 },
+//!   "backends": ["FooBackend"],
+//!   "wire_formats": [{ "format": "native", "versions": ">=1.0, <2" }],
+//!   "memory_kinds": ["host", "pinned"],
+//!   "binds_aliases_in_place": true,
+//!   "target": "x86_64-linux"
+//! }
+//! ```
+//!
+//! It is written from the built library, never by hand: `delegate-host plugin-manifest LIB` loads the library
+//! once and writes what it says about itself plus the file's SHA-256 (`cargo xtask` does this for the plugins
+//! it builds). When the host does load a library, it compares it with its manifest; a library whose bytes or
+//! self-description differ is rejected with every difference named.
+
+use std::io::Read;
+use std::path::{Path, PathBuf};
+
+use delegate_abi::host::Plugin;
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+
+/// The manifest format this build writes and reads.
+pub const MANIFEST_VERSION: u32 = 1;
+/// The file-name suffix replacing the library's extension.
+pub const MANIFEST_SUFFIX: &str = ".plugin.json";
+/// Manifests are small; anything larger is refused unread.
+pub const MAX_MANIFEST_BYTES: u64 = 64 << 10;
+
+/// What a plugin library is, as its manifest records it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PluginManifest {
+    /// [`MANIFEST_VERSION`].
+    pub manifest_version: u32,
+    /// The library's file name (in the manifest's directory).
+    pub library: String,
+    /// SHA-256 of the library file, lowercase hex.
+    pub sha256: String,
+    /// The plugin's name.
+    pub name: String,
+    /// The plugin's version (semver).
+    pub version: String,
+    /// The ABI versions the plugin speaks.
+    pub abi: AbiSpan,
+    /// Backend ids it serves.
+    pub backends: Vec<String>,
+    /// Wire formats and version ranges it reads.
+    pub wire_formats: Vec<WireFormat>,
+    /// Memory kinds it accepts (`host`, `pinned`, `managed`, `device`).
+    pub memory_kinds: Vec<String>,
+    /// Whether it binds aliased outputs in place.
+    pub binds_aliases_in_place: bool,
+    /// The machine it was built for: `<arch>-<os>` (e.g. `x86_64-linux`).
+    pub target: String,
+}
+
+/// An ABI version range.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AbiSpan {
+    /// Oldest version spoken.
+    pub min: u32,
+    /// Newest version spoken.
+    pub max: u32,
+}
+
+/// A wire format and the versions read.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WireFormat {
+    /// Format name, e.g. `native`.
+    pub format: String,
+    /// Semver requirement on the format's version.
+    pub versions: String,
+}
+
+/// Why a manifest could not be read.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ManifestError {
+    /// The file could not be read.
+    #[error("cannot read {path}: {source}")]
+    Io {
+        /// The manifest.
+        path: PathBuf,
+        /// The I/O error.
+        source: std::io::Error,
+    },
+    /// The file is not a manifest this build reads.
+    #[error("{path}: {problem}")]
+    Invalid {
+        /// The manifest.
+        path: PathBuf,
+        /// What is wrong.
+        problem: String,
+    },
+}
+
+/// The machine this build runs on, as manifests spell `target`.
+pub fn host_target() -> String {
+    format!("{}-{}", std::env::consts::ARCH, std::env::consts::OS)
+}
+
+impl PluginManifest {
+    /// Where the manifest of `library` lives: `libfoo.so` -> `libfoo.plugin.json`.
+    pub fn path_for(library: &Path) -> PathBuf {
+        let stem = library.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
+        library.with_file_name(format!("{stem}{MANIFEST_SUFFIX}"))
+    }
+
+    /// The manifest of a loaded plugin and its library file.
+    ///
+    /// # Errors
+    /// The library file cannot be read (to hash it).
+    pub fn describe(plugin: &Plugin, library: &Path) -> std::io::Result<PluginManifest> {
+        let info = plugin.info();
+        let abi = plugin.abi_range();
+        Ok(PluginManifest {
+            manifest_version: MANIFEST_VERSION,
+            library: library.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default(),
+            sha256: sha256_file(library)?,
+            name: info.name.clone(),
+            version: info.version.clone(),
+            abi: AbiSpan { min: abi.min, max: abi.max },
+            backends: info.backends.clone(),
+            wire_formats: info
+                .wire_formats
+                .iter()
+                .map(|w| WireFormat { format: w.format.clone(), versions: w.versions.clone() })
+                .collect(),
+            memory_kinds: info.memory_kinds.iter().map(|k| k.name().to_owned()).collect(),
+            binds_aliases_in_place: info.binds_aliases_in_place,
+            target: host_target(),
+        })
+    }
+
+    /// Reads and checks a manifest: a regular file of at most [`MAX_MANIFEST_BYTES`], of a version this build
+    /// reads, for this machine, naming a library file without a directory, with a semver version.
+    ///
+    /// # Errors
+    /// [`ManifestError`] naming the file and the problem.
+    pub fn read(path: &Path) -> Result<PluginManifest, ManifestError> {
+        let io = |source| ManifestError::Io { path: path.to_owned(), source };
+        let invalid = |problem: String| ManifestError::Invalid { path: path.to_owned(), problem };
+        let metadata = std::fs::metadata(path).map_err(io)?;
+        if !metadata.is_file() {
+            return Err(invalid(format!(
+                "not a regular file (it is {})",
+                crate::blob_file::file_kind(&metadata.file_type())
+            )));
+        }
+        if metadata.len() > MAX_MANIFEST_BYTES {
+            return Err(invalid(format!(
+                "{} bytes, more than the {MAX_MANIFEST_BYTES} a manifest may have",
+                metadata.len()
+            )));
+        }
+        let mut text = Vec::new();
+        std::fs::File::open(path).map_err(io)?.take(MAX_MANIFEST_BYTES).read_to_end(&mut text).map_err(io)?;
+        let manifest: PluginManifest =
+            serde_json::from_slice(&text).map_err(|err| invalid(format!("not a plugin manifest: {err}")))?;
+        if manifest.manifest_version != MANIFEST_VERSION {
+            return Err(invalid(format!(
+                "manifest version {} (this build reads {MANIFEST_VERSION})",
+                manifest.manifest_version
+            )));
+        }
+        if manifest.target != host_target() {
+            return Err(invalid(format!("built for {}, this machine is {}", manifest.target, host_target())));
+        }
+        if manifest.library.is_empty()
+            || Path::new(&manifest.library).file_name() != Some(manifest.library.as_ref())
+        {
+            return Err(invalid(format!(
+                "library '{}' must be a file name in the manifest's directory",
+                manifest.library
+            )));
+        }
+        if semver::Version::parse(&manifest.version).is_err() {
+            return Err(invalid(format!("version '{}' is not semver", manifest.version)));
+        }
+        Ok(manifest)
+    }
+
+    /// The library this manifest describes, next to `manifest_path`.
+    pub fn library_path(&self, manifest_path: &Path) -> PathBuf {
+        manifest_path.with_file_name(&self.library)
+    }
+
+    /// The version, parsed ([`PluginManifest::read`] checked it).
+    pub fn semver(&self) -> semver::Version {
+        semver::Version::parse(&self.version).unwrap_or_else(|_| semver::Version::new(0, 0, 0))
+    }
+
+    /// Every field where `loaded` (what the library says now) differs from this manifest, one phrase each
+    /// (`version: manifest 0.1.0, library 0.2.0`); empty when they agree.
+    pub fn differences(&self, loaded: &PluginManifest) -> Vec<String> {
+        let mut out = Vec::new();
+        let mut field = |name: &str, ours: String, theirs: String| {
+            if ours != theirs {
+                out.push(format!("{name}: manifest {ours}, library {theirs}"));
+            }
+        };
+        field("sha256", self.sha256.clone(), loaded.sha256.clone());
+        field("name", self.name.clone(), loaded.name.clone());
+        field("version", self.version.clone(), loaded.version.clone());
+        field(
+            "abi",
+            format!("{}..={}", self.abi.min, self.abi.max),
+            format!("{}..={}", loaded.abi.min, loaded.abi.max),
+        );
+        field("backends", self.backends.join(","), loaded.backends.join(","));
+        let formats = |w: &[WireFormat]| {
+            w.iter().map(|w| format!("{} {}", w.format, w.versions)).collect::<Vec<_>>().join("; ")
+        };
+        field("wire_formats", formats(&self.wire_formats), formats(&loaded.wire_formats));
+        field("memory_kinds", self.memory_kinds.join(","), loaded.memory_kinds.join(","));
+        field(
+            "binds_aliases_in_place",
+            self.binds_aliases_in_place.to_string(),
+            loaded.binds_aliases_in_place.to_string(),
+        );
+        out
+    }
+
+    /// The manifest as pretty JSON with a trailing newline.
+    pub fn to_json(&self) -> String {
+        let mut text = serde_json::to_string_pretty(self).unwrap_or_default();
+        text.push('\n');
+        text
+    }
+}
+
+/// SHA-256 of a file, lowercase hex, read in chunks.
+///
+/// # Errors
+/// The file cannot be read.
+pub fn sha256_file(path: &Path) -> std::io::Result<String> {
+    let mut file = std::fs::File::open(path)?;
+    let mut hasher = Sha256::new();
+    let mut buffer = vec![0u8; 1 << 16];
+    loop {
+        let n = file.read(&mut buffer)?;
+        if n == 0 {
+            break;
+        }
+        hasher.update(&buffer[..n]);
+    }
+    Ok(hasher.finalize().iter().map(|b| format!("{b:02x}")).collect())
+}
