@@ -117,7 +117,8 @@ fn truncated_and_corrupted_files_are_one_error_line() {
     let scrambled = dir.path().join("scrambled.pte");
     std::fs::write(&scrambled, &flipped).expect("write");
     for path in [&truncated, &corrupted, &scrambled] {
-        let out = et_run(&[path.as_os_str(), "--plugin-dir".as_ref(), common::plugin_dir().as_os_str()]);
+        let out =
+            et_run(&[path.as_os_str(), "--plugin-dir".as_ref(), common::reference_only_dir().as_os_str()]);
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert_eq!(out.status.code(), Some(2), "{}: {stderr}", path.display());
         assert_eq!(stderr.trim().lines().count(), 1, "{}: {stderr}", path.display());
@@ -150,7 +151,8 @@ fn et_run_prints_the_tokens_and_the_copies_as_json() {
     let out = et_run(&[
         case.path.as_os_str(),
         "--plugin-dir".as_ref(),
-        common::plugin_dir().as_os_str(),
+        common::reference_only_dir().as_os_str(),
+        "--probe".as_ref(),
         "--prompt".as_ref(),
         "1,7,3,12".as_ref(),
         "--steps".as_ref(),
@@ -160,6 +162,8 @@ fn et_run_prints_the_tokens_and_the_copies_as_json() {
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let json: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
     assert_eq!(json["tokens"], serde_json::json!(case.tokens));
+    let dylib = common::reference_only_dir().join(common::dylib_name("reference_delegate_dylib"));
+    assert_eq!(json["served_by"][common::BACKEND], serde_json::json!(dylib.display().to_string()));
     assert_eq!(json["write_back_bytes_per_decode_step"], serde_json::json!(vec![0; common::STEPS]));
     assert_eq!(json["logits"].as_array().map(Vec::len), Some(common::STEPS + 1));
 }

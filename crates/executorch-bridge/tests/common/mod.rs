@@ -51,10 +51,23 @@ pub fn plugin_dir() -> &'static Path {
     })
 }
 
-/// Plugins from the plugin directory only (no embedded plugin): `ReferenceBackend` is served by the dylib
-/// loaded from disk.
+/// A directory holding only (a link to) `libreference_delegate_dylib.so`: the shared plugin directory also
+/// holds libraries that must never be probed (`crash-on-load` aborts the process that opens it).
+pub fn reference_only_dir() -> &'static Path {
+    static DIR: OnceLock<tempfile::TempDir> = OnceLock::new();
+    DIR.get_or_init(|| {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let name = dylib_name("reference_delegate_dylib");
+        std::os::unix::fs::symlink(plugin_dir().join(&name), dir.path().join(&name)).expect("link the dylib");
+        dir
+    })
+    .path()
+}
+
+/// Plugins from a directory holding only the reference dylib (no embedded plugin), every library loaded now:
+/// `ReferenceBackend` is served by the dylib loaded from disk.
 pub fn dylib_registry() -> Registry {
-    let dir = plugin_dir();
+    let dir = reference_only_dir();
     let registry = Registry::discover(&[dir.to_path_buf()], false, false);
     let plugin = registry.for_backend(BACKEND).expect("the reference dylib serves ReferenceBackend");
     let path = plugin.path().expect("loaded from a file, not embedded");
