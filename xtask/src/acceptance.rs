@@ -182,9 +182,22 @@ pub fn run(
 mod tests {
     use super::*;
 
-    /// The directory holding the built reference plugin dylib: `cargo xtask test` builds it and says where;
-    /// a plain `cargo test` builds it here into a separate target dir (the outer cargo holds the main one).
-    fn plugin_dir() -> PathBuf {
+    /// A directory holding only the built reference plugin dylib (the run probes every library in it, and
+    /// the build directory also holds fixtures that abort when loaded).
+    fn plugin_dir() -> tempfile::TempDir {
+        let library = format!(
+            "{}reference_delegate_dylib{}",
+            std::env::consts::DLL_PREFIX,
+            std::env::consts::DLL_SUFFIX
+        );
+        let dir = tempfile::tempdir().expect("temp dir");
+        std::fs::copy(built_plugin_dir().join(&library), dir.path().join(&library)).expect("built plugin");
+        dir
+    }
+
+    /// Where the reference plugin dylib is built: `cargo xtask test` builds it and says where; a plain
+    /// `cargo test` builds it here into a separate target dir (the outer cargo holds the main one).
+    fn built_plugin_dir() -> PathBuf {
         if let Some(dir) = std::env::var_os("DELEGATE_TEST_PLUGIN_DIR") {
             return dir.into();
         }
@@ -207,7 +220,8 @@ mod tests {
         kv_example::export::reference(&cfg, dir.path()).expect("export");
         let steps = cfg.max_decode_steps();
         let (report, tokens) =
-            run(&dir.path().join("program.toml"), &[plugin_dir()], &cfg, steps).expect("acceptance run");
+            run(&dir.path().join("program.toml"), &[plugin_dir().path().to_path_buf()], &cfg, steps)
+                .expect("acceptance run");
         assert!(report.passed(), "{report}");
         let names: Vec<String> = report.checks.iter().map(|c| c.name.clone()).collect();
         for name in [

@@ -71,7 +71,7 @@ pub fn run(root: &Path) -> anyhow::Result<()> {
 }
 
 /// The TensorRT example as a user exports it, read back by the CLI a user runs: the blobs validate, the plugin
-/// is listed as loaded, and running the program on a machine without a usable GPU fails cleanly (exit 2, one
+/// is listed from its manifest, and running the program on a machine without a usable GPU fails cleanly (exit 2, one
 /// line, `NotSupported`) instead of crashing.
 fn tensorrt_smoke(root: &Path, with_trt: &dyn Fn(Command) -> Command) -> anyhow::Result<()> {
     let target = target_dir(root)?;
@@ -87,18 +87,19 @@ fn tensorrt_smoke(root: &Path, with_trt: &dyn Fn(Command) -> Command) -> anyhow:
     for blob in ["prefill.blob", "decode.blob"] {
         run_cmd(root, Command::new(&host).arg("validate").arg(dir.join(blob)))?;
     }
-    // `--probe`: the library is loaded, and checked against the manifest `test` wrote, not only listed.
-    let plugins =
-        with_trt(Command::new(&host)).args(["plugins", "--probe", "--plugin-dir"]).arg(&debug).output()?;
+    // Listed from the manifest `test` wrote (the build directory is never probed: it also holds a fixture
+    // that aborts when loaded); the runs below load it, checked against that manifest, and reach its `init`.
+    let plugins = with_trt(Command::new(&host)).args(["plugins", "--plugin-dir"]).arg(&debug).output()?;
     let listing = String::from_utf8_lossy(&plugins.stdout);
-    let loaded = listing.lines().any(|l| {
-        l.contains("tensorrt-delegate")
+    let listed = listing.lines().any(|l| {
+        l.contains("libtensorrt_delegate_dylib")
+            && l.contains("tensorrt-delegate")
             && l.contains("TensorRTBackend")
-            && l.split_whitespace().last() == Some("loaded")
+            && l.contains("listed")
     });
     anyhow::ensure!(
-        plugins.status.success() && loaded,
-        "the TensorRT plugin is not listed as loaded:\n{listing}"
+        plugins.status.success() && listed,
+        "the TensorRT plugin is not listed from its manifest:\n{listing}"
     );
 
     // The program as exported keeps its caches in device memory, which a machine without a driver refuses
