@@ -5,6 +5,7 @@
 mod acceptance;
 mod codegen;
 mod demo;
+mod executorch_setup;
 mod export_pte;
 mod gpu;
 mod leak_check;
@@ -32,6 +33,9 @@ enum Task {
     Demo,
     /// Everything CI checks: fmt, codegen --check, clippy, tests.
     Test,
+    /// Install the executorch 1.5.1 wheel (runtime, kernels, headers; no torch) under .cache/executorch/ and
+    /// print the EXECUTORCH_ROOT that `executorch-bridge` builds against.
+    ExecutorchSetup,
     /// 1 000 init/execute/destroy cycles of the reference plugin library under valgrind, against a few: the
     /// leak summary must not grow (part of `test`).
     LeakCheck,
@@ -175,6 +179,7 @@ fn main() -> anyhow::Result<()> {
         Task::Test => test::run(&root),
         Task::LeakCheck => leak_check::run(&root),
         Task::Codegen { check } => codegen::run(&root, check),
+        Task::ExecutorchSetup => executorch_setup::run(&root),
         Task::GpuTest => gpu::bundle(&root, "test"),
         Task::BenchGpu => gpu::bundle(&root, "bench"),
         Task::PlotBench { summary, out } => plot::run(&summary, &out),

@@ -4,18 +4,22 @@ use std::path::Path;
 use std::process::Command;
 
 use crate::util::{cargo, run_cmd, target_dir, write_plugin_manifests};
-use crate::{nvrtc_setup, trt_setup};
+use crate::{executorch_setup, nvrtc_setup, trt_setup};
 
-/// Installs what the tests need (libclang for `trtx`'s bindings, the TensorRT-RTX library, NVRTC, `flatc`), then
-/// runs fmt, codegen --check, clippy and the whole test suite with the real plugin dylibs built first.
+/// Installs what the tests need (libclang for `trtx`'s bindings, the TensorRT-RTX library, NVRTC, `flatc`, the
+/// executorch wheel for `executorch-bridge`), then runs fmt, codegen --check, clippy and the whole test suite
+/// with the real plugin dylibs built first.
 pub fn run(root: &Path) -> anyhow::Result<()> {
     run_cmd(root, cargo().args(["fmt", "--all", "--check"]))?;
     crate::codegen::run(root, true)?;
     let trt = trt_setup::ensure(root)?;
     let nvrtc = nvrtc_setup::ensure(root)?;
+    // `executorch-bridge` is a workspace member (not a default one): `--workspace` builds it, against the wheel.
+    let executorch = executorch_setup::ensure(root)?;
     let with_trt = |mut cmd: Command| {
         trt.apply(&mut cmd);
         nvrtc.apply(&mut cmd);
+        executorch.apply(&mut cmd);
         cmd
     };
     // Plugin dylibs are loaded from disk by the tests; build them first so the tests do not build them again

@@ -1,0 +1,89 @@
+//! `et-run PROGRAM.pte`: runs a `.pte` inside ExecuTorch 1.5.1's own runtime (`Module` API, arenas shared
+//! across methods) with our plugins registered as its backends: prefill the prompt, then greedy decode steps.
+//!
+//! Plugins: the embedded reference delegate, plus the libraries in `--plugin-dir` and `DELEGATE_PLUGIN_PATH`
+//! (the same discovery as `delegate-host`: by their manifests, a library loaded only when the program calls
+//! its backend; `--probe` loads them all). Every failure is one `error:` line and exit status 2.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::Parser;
+use delegate_abi::host::HostConfig;
+use executorch_bridge::runner::{self, Protocol};
+use host_runtime::plugins::Registry;
+
+/// Runs a .pte inside ExecuTorch's runtime through our delegate plugins.
+#[derive(Debug, Parser)]
+#[command(name = "et-run", version)]
+struct Args {
+    /// The program.
+    program: PathBuf,
+    /// Extra plugin directories, searched before DELEGATE_PLUGIN_PATH and the embedded plugins.
+    #[arg(long = "plugin-dir")]
+    plugin_dirs: Vec<PathBuf>,
+    /// Prompt tokens, comma-separated.
+    #[arg(long, value_delimiter = ',', default_value = "1,7,3,12")]
+    prompt: Vec<i64>,
+    /// Decode steps after prefill.
+    #[arg(long, default_value_t = 12)]
+    steps: usize,
+    /// Load every plugin library found now (checking those with a manifest against it), instead of reading
+    /// manifests only and loading a library when the program needs its backend (as `delegate-host --probe`).
+    #[arg(long)]
+    probe: bool,
+    /// Print a JSON report: tokens, the last logits row after prefill and each step, and per decode step
+    /// the bytes the program's `copy_` write-backs copy.
+    #[arg(long)]
+    json: bool,
+}
+
+fn main() -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("ET_RUN_LOG")
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("off")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let args = Args::parse();
+    let registry = if args.probe {
+        Registry::discover(&args.plugin_dirs, true, true)
+    } else {
+        let env_value = std::env::var_os(host_runtime::plugins::PLUGIN_PATH_ENV);
+        Registry::discover_manifests(&args.plugin_dirs, env_value.as_ref(), true, &HostConfig::default())
+    };
+    let protocol = Protocol { prompt: args.prompt.clone(), steps: args.steps };
+    let report = match runner::run(&args.program, &registry, &protocol) {
+        Ok(report) => report,
+        Err(err) => {
+            let code = et_error::HasErrorCode::error_code(&err);
+            eprintln!("error: {err} [{}]", code.name());
+            return ExitCode::from(2);
+        }
+    };
+    if args.json {
+        let json = serde_json::json!({
+            "program": args.program.display().to_string(),
+            "runtime": "executorch 1.5.1",
+            "methods": report.methods,
+            "served_by": report.served_by.iter().cloned().collect::<std::collections::BTreeMap<_, _>>(),
+            "prompt": protocol.prompt,
+            "steps": protocol.steps,
+            "tokens": report.tokens,
+            "logits": report.logits,
+            "prefill": report.prefill,
+            "decode": report.decode,
+            "write_back_bytes_per_decode_step": report.decode.iter().map(|s| s.write_back_bytes).collect::<Vec<_>>(),
+            "measured": "per DelegateCall, for every KV output whose data pointer differs from its buffer input's, \
+                         the output's nbytes (what the copy_ write-back then copies); equal pointers copy nothing",
+        });
+        println!("{json:#}");
+    } else {
+        let tokens: Vec<String> = report.tokens.iter().map(i64::to_string).collect();
+        println!("tokens: {}", tokens.join(" "));
+        let per_step: Vec<String> = report.decode.iter().map(|s| s.write_back_bytes.to_string()).collect();
+        println!("write-back bytes per decode step: {}", per_step.join(" "));
+    }
+    ExitCode::SUCCESS
+}

@@ -1,0 +1,317 @@
+//! The FFI layer: the C structs and entry points of `cpp/bridge.cpp`, the `extern "C"` callbacks ExecuTorch
+//! reaches through it, and the raw pointers that cross. This module is the crate's only `unsafe` code.
+//!
+//! What crosses, and who owns it:
+//! - **payload**: `init` receives ExecuTorch's processed buffer (`FreeableBuffer::data()/size()`) and lends it
+//!   to the plugin's `init` as a slice, uncopied. ExecuTorch's `BackendDelegate` owns the buffer and frees it
+//!   only after our `destroy` returned; the shim never calls `Free()`, so it stays valid for the handle's life.
+//! - **arguments**: `execute` receives each DelegateCall argument as `KvdArg` (the tensor's data pointer,
+//!   byte size, dtype and shape, read from ExecuTorch's `EValue`s); they go into the plugin's argument list
+//!   as they are ([`ArgList::push_raw`]), so the plugin reads and writes ExecuTorch's own memory.
+//! - **errors**: every entry returns an ExecuTorch `Error` value, which our [`ErrorCode`] numbers are.
+#![allow(unsafe_code)]
+
+use std::ffi::{c_char, c_void, CStr, CString};
+use std::panic::AssertUnwindSafe;
+
+use delegate_abi::host::ArgList;
+use delegate_abi::{Spec, TensorArg};
+use et_error::ErrorCode;
+
+use crate::backend::{self, BackendSlot, Handle};
+
+/// Dimensions a `KvdArg` / `KvdTensor` carries (ExecuTorch's own limit is 16).
+pub(crate) const KVD_MAX_RANK: usize = 16;
+
+/// One DelegateCall argument (`struct kvd_arg`).
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct KvdArg {
+    pub data: *mut c_void,
+    pub nbytes: u64,
+    pub shape: [i64; KVD_MAX_RANK],
+    pub rank: u32,
+    pub scalar_type: i32,
+    pub is_tensor: u32,
+    pub reserved: u32,
+}
+
+/// One compile spec (`struct kvd_spec`).
+#[repr(C)]
+struct KvdSpec {
+    key: *const c_char,
+    value: *const u8,
+    len: usize,
+}
+
+/// The Rust side of one backend (`struct kvd_callbacks`).
+#[repr(C)]
+struct KvdCallbacks {
+    ctx: *mut c_void,
+    is_available: extern "C" fn(*mut c_void) -> bool,
+    init: extern "C" fn(*mut c_void, *const u8, usize, *const KvdSpec, usize, *mut *mut c_void) -> u32,
+    execute: extern "C" fn(*mut c_void, *mut c_void, *const KvdArg, usize) -> u32,
+    destroy: extern "C" fn(*mut c_void, *mut c_void),
+}
+
+/// A method input or output of the runner (`struct kvd_tensor`).
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct KvdTensor {
+    pub data: *mut c_void,
+    pub capacity: u64,
+    pub nbytes: u64,
+    pub shape: [i64; KVD_MAX_RANK],
+    pub rank: u32,
+    pub scalar_type: i32,
+}
+
+extern "C" {
+    fn kvd_set_log(log: extern "C" fn(c_char, *const c_char, usize)) -> bool;
+    fn kvd_register_backend(name: *const c_char, callbacks: *const KvdCallbacks) -> u32;
+    fn kvd_backend_registered(name: *const c_char) -> bool;
+    fn kvd_module_new(path: *const c_char, share_arenas: bool) -> *mut c_void;
+    fn kvd_module_free(module: *mut c_void);
+    fn kvd_module_load(module: *mut c_void) -> u32;
+    fn kvd_module_load_method(module: *mut c_void, method: *const c_char) -> u32;
+    fn kvd_module_execute(
+        module: *mut c_void,
+        method: *const c_char,
+        inputs: *const KvdTensor,
+        n_inputs: usize,
+        outputs: *mut KvdTensor,
+        n_outputs: usize,
+        n_written: *mut usize,
+    ) -> u32;
+}
+
+fn code(value: u32) -> Result<(), ErrorCode> {
+    match ErrorCode::from_u32(value) {
+        ErrorCode::Ok => Ok(()),
+        other => Err(other),
+    }
+}
+
+/// Routes ExecuTorch's log messages (stderr by default) to `tracing`, target `executorch`: once per process.
+pub(crate) fn route_logs() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        // SAFETY: `log_message` is an `extern "C"` function that lives forever; the shim stores it.
+        if !unsafe { kvd_set_log(log_message) } {
+            tracing::debug!(target: "executorch", "ExecuTorch refused the log hook; its messages go to stderr");
+        }
+    });
+}
+
+extern "C" fn log_message(level: c_char, message: *const c_char, len: usize) {
+    let text = if message.is_null() || len == 0 {
+        String::new()
+    } else {
+        // SAFETY: ExecuTorch passes `len` bytes of message, valid during the call.
+        let bytes = unsafe { std::slice::from_raw_parts(message.cast::<u8>(), len) };
+        String::from_utf8_lossy(bytes).trim_end().to_owned()
+    };
+    let _ = std::panic::catch_unwind(|| match level as u8 {
+        b'E' | b'F' => tracing::warn!(target: "executorch", "{text}"),
+        b'I' => tracing::info!(target: "executorch", "{text}"),
+        _ => tracing::debug!(target: "executorch", "{text}"),
+    });
+}
+
+/// Registers `slot` (leaked: ExecuTorch keeps the backend for the process's life) under its id.
+pub(crate) fn register(slot: &'static BackendSlot) -> Result<(), ErrorCode> {
+    route_logs();
+    // Leaked on purpose: ExecuTorch's registry keeps the name pointer for the process's life.
+    let name: &'static CStr =
+        Box::leak(CString::new(slot.id.as_str()).map_err(|_| ErrorCode::InvalidArgument)?.into_boxed_c_str());
+    let callbacks = KvdCallbacks {
+        ctx: std::ptr::from_ref(slot).cast_mut().cast(),
+        is_available: cb_is_available,
+        init: cb_init,
+        execute: cb_execute,
+        destroy: cb_destroy,
+    };
+    // SAFETY: `name` is a NUL-terminated string that lives forever; `callbacks` is read (copied) during the
+    // call; its `ctx` is a `&'static BackendSlot`, which the callbacks below turn back into one.
+    code(unsafe { kvd_register_backend(name.as_ptr(), &callbacks) })
+}
+
+/// Whether ExecuTorch's registry has a backend called `name`.
+pub(crate) fn is_registered(name: &str) -> bool {
+    let Ok(name) = CString::new(name) else { return false };
+    // SAFETY: a NUL-terminated string valid for the call; the shim only reads it.
+    unsafe { kvd_backend_registered(name.as_ptr()) }
+}
+
+fn slot<'a>(ctx: *mut c_void) -> &'a BackendSlot {
+    // SAFETY: every `ctx` the shim passes back is the `&'static BackendSlot` given to `register`.
+    unsafe { &*ctx.cast::<BackendSlot>() }
+}
+
+/// Runs `f`, turning a panic into `Internal` (a panic must not unwind into C++).
+fn guarded(what: &str, f: impl FnOnce() -> Result<(), ErrorCode>) -> u32 {
+    match std::panic::catch_unwind(AssertUnwindSafe(f)) {
+        Ok(Ok(())) => 0,
+        Ok(Err(code)) => code.as_u32(),
+        Err(_) => {
+            backend::record_error(format!("executorch-bridge: {what} panicked"));
+            ErrorCode::Internal.as_u32()
+        }
+    }
+}
+
+extern "C" fn cb_is_available(ctx: *mut c_void) -> bool {
+    std::panic::catch_unwind(AssertUnwindSafe(|| slot(ctx).is_available())).unwrap_or(false)
+}
+
+extern "C" fn cb_init(
+    ctx: *mut c_void,
+    data: *const u8,
+    len: usize,
+    specs: *const KvdSpec,
+    n_specs: usize,
+    handle: *mut *mut c_void,
+) -> u32 {
+    guarded("init", || {
+        let blob: &[u8] = if len == 0 {
+            &[]
+        } else {
+            // SAFETY: `data`/`len` are ExecuTorch's processed buffer, valid (and never freed by us) at least
+            // until `destroy`; the plugin's `init` reads it during the call only.
+            unsafe { std::slice::from_raw_parts(data, len) }
+        };
+        let raw_specs: &[KvdSpec] = if n_specs == 0 {
+            &[]
+        } else {
+            // SAFETY: the shim built `n_specs` contiguous `kvd_spec`s that live for this call.
+            unsafe { std::slice::from_raw_parts(specs, n_specs) }
+        };
+        let mut compile = Vec::with_capacity(raw_specs.len());
+        for spec in raw_specs {
+            if spec.key.is_null() {
+                return Err(ErrorCode::InvalidProgram);
+            }
+            // SAFETY: ExecuTorch's compile spec keys are NUL-terminated strings of the loaded program.
+            let key = unsafe { CStr::from_ptr(spec.key) }.to_str().map_err(|_| ErrorCode::InvalidProgram)?;
+            let value: &[u8] = if spec.len == 0 || spec.value.is_null() {
+                &[]
+            } else {
+                // SAFETY: the spec value buffer of the loaded program, `len` bytes, valid during `init`.
+                unsafe { std::slice::from_raw_parts(spec.value, spec.len) }
+            };
+            compile.push(Spec { key, value });
+        }
+        let made = slot(ctx).init(blob, &compile)?;
+        // SAFETY: `handle` is the shim's out-parameter, valid for one write.
+        unsafe { *handle = Box::into_raw(Box::new(made)).cast() };
+        Ok(())
+    })
+}
+
+extern "C" fn cb_execute(ctx: *mut c_void, handle: *mut c_void, args: *const KvdArg, n_args: usize) -> u32 {
+    guarded("execute", || {
+        if handle.is_null() {
+            return Err(ErrorCode::DelegateInvalidHandle);
+        }
+        // SAFETY: a non-null handle is the `Box<Handle>` made by `cb_init`, not yet destroyed; ExecuTorch
+        // runs one execute per handle at a time.
+        let handle = unsafe { &mut *handle.cast::<Handle>() };
+        let args: &[KvdArg] = if n_args == 0 {
+            &[]
+        } else {
+            // SAFETY: the shim's array of `n_args` args, alive during this call.
+            unsafe { std::slice::from_raw_parts(args, n_args) }
+        };
+        slot(ctx).execute(handle, args)
+    })
+}
+
+extern "C" fn cb_destroy(_ctx: *mut c_void, handle: *mut c_void) {
+    if handle.is_null() {
+        return;
+    }
+    // SAFETY: the `Box<Handle>` made by `cb_init`; ExecuTorch destroys each handle once.
+    let handle = unsafe { Box::from_raw(handle.cast::<Handle>()) };
+    // A panicking plugin `destroy` must not unwind into C++.
+    let _ = std::panic::catch_unwind(AssertUnwindSafe(move || drop(handle)));
+}
+
+/// Pushes one ExecuTorch argument into `list` with `flags`, after converting its dtype and rank.
+pub(crate) fn push_arg(
+    list: &mut ArgList<'static>,
+    arg: &TensorArg,
+) -> Result<delegate_abi::host::Slot, delegate_abi::host::ArgError> {
+    // SAFETY: `arg.data` is the data pointer of a tensor of the DelegateCall being executed, `arg.nbytes`
+    // bytes of host memory (ExecuTorch's CPU tensors), valid for the whole call; the list is only passed to
+    // the plugin during that call and recycled (its borrows released) before `execute` returns. Written args
+    // are ExecuTorch's outputs and mutable buffers, which nothing else touches while the delegate runs; a
+    // written arg shares storage with another only when ExecuTorch planned a KV output on its buffer, at the
+    // same address and size, and `backend` then pushes it with `push_output_in_place` instead.
+    unsafe { list.push_raw(*arg) }
+}
+
+/// Copies `src` into the storage of the DelegateCall argument `dst` (a mutable buffer), after the plugin ran.
+pub(crate) fn write_back(dst: &KvdArg, src: &[u8]) {
+    let len = src.len().min(usize::try_from(dst.nbytes).unwrap_or(0));
+    if len == 0 || dst.data.is_null() {
+        return;
+    }
+    // SAFETY: `dst` is a tensor argument of the DelegateCall still executing (ExecuTorch's mutable buffer,
+    // `nbytes` bytes of host memory, which nothing else touches during the call); `src` is the handle's own
+    // scratch, another allocation, so the ranges do not overlap; `len` fits both.
+    unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), dst.data.cast::<u8>(), len) };
+}
+
+/// An ExecuTorch `Module` (`executorch::extension::Module`).
+pub(crate) struct RawModule(*mut c_void);
+
+impl RawModule {
+    pub(crate) fn new(path: &CStr, share_arenas: bool) -> Option<RawModule> {
+        route_logs();
+        // SAFETY: a NUL-terminated path, copied by the Module's constructor.
+        let ptr = unsafe { kvd_module_new(path.as_ptr(), share_arenas) };
+        (!ptr.is_null()).then_some(RawModule(ptr))
+    }
+
+    pub(crate) fn load(&mut self) -> Result<(), ErrorCode> {
+        // SAFETY: `self.0` is a live Module (freed only on drop); `&mut self` keeps calls exclusive.
+        code(unsafe { kvd_module_load(self.0) })
+    }
+
+    pub(crate) fn load_method(&mut self, method: &CStr) -> Result<(), ErrorCode> {
+        // SAFETY: as in `load`; the name is NUL-terminated and copied.
+        code(unsafe { kvd_module_load_method(self.0, method.as_ptr()) })
+    }
+
+    /// Runs `method`; the outputs' `data`/`capacity` must describe writable caller memory.
+    pub(crate) fn execute(
+        &mut self,
+        method: &CStr,
+        inputs: &[KvdTensor],
+        outputs: &mut [KvdTensor],
+    ) -> Result<usize, ErrorCode> {
+        let mut written = 0usize;
+        // SAFETY: as in `load`. The inputs point at caller memory of their stated shape, alive for the call
+        // (the Module copies them into its planned inputs); each output's `data` is writable for `capacity`
+        // bytes (the safe wrapper built them from `&mut [u8]`), and the shim writes at most that many.
+        let rc = unsafe {
+            kvd_module_execute(
+                self.0,
+                method.as_ptr(),
+                inputs.as_ptr(),
+                inputs.len(),
+                outputs.as_mut_ptr(),
+                outputs.len(),
+                &mut written,
+            )
+        };
+        code(rc).map(|()| written)
+    }
+}
+
+impl Drop for RawModule {
+    fn drop(&mut self) {
+        // SAFETY: the Module made by `kvd_module_new`, freed once, here.
+        unsafe { kvd_module_free(self.0) }
+    }
+}

@@ -1,0 +1,135 @@
+//! Runs our delegate plugins inside ExecuTorch 1.5.1's own C++ runtime: registers every backend id our plugins
+//! serve in ExecuTorch's backend registry, and runs `.pte` programs on ExecuTorch's `Module` API.
+//!
+//! A small C++ shim (`cpp/bridge.cpp`, built by `build.rs` against the `executorch==1.5.1` wheel's headers and
+//! linked to its `libexecutorch.so` and kernels) implements one `BackendInterface` per backend id, whose
+//! `is_available/init/execute/destroy` call back into Rust ([`backend`]), which calls the plugin through our
+//! ABI (`delegate_abi::host`), exactly as `host-runtime` does:
+//!
+//! - **payload**: ExecuTorch's processed buffer *is* our blob; it is lent to the plugin's `init` uncopied, and
+//!   ExecuTorch keeps it alive until `destroy` (the shim never frees it).
+//! - **arguments**: each DelegateCall tensor's data pointer, dtype and shape go into the plugin's argument list
+//!   as they are, in the DelegateCall's order, which is the blob's binding order (the exporter binds by name).
+//!   A KV output whose pointer is its buffer input's (the export's memory-planning pass placed it there) is
+//!   bound in place: zero bytes move. Otherwise it is a separate output the plugin fills, and the program's
+//!   `copy_` write-back copies it back (counted in [`CopyStats::write_back_bytes`]).
+//! - **errors**: both ways as ExecuTorch's numeric codes (our [`et_error::ErrorCode`] values are ExecuTorch's);
+//!   the message of a plugin failure is kept per thread ([`take_last_error`]).
+//!
+//! The runner ([`runner`], binary `et-run`) loads a `.pte` with `share_memory_arenas = true` (methods
+//! sharing mutable buffers see each other's caches; ExecuTorch's `Module` zero-fills its arenas, so caches
+//! start at zero), checks with `pte-format` first that every DelegateCall's backend is served, then runs
+//! prefill and greedy decode steps.
+//!
+//! ## Examples
+//!
+//! ```no_run
+//! use executorch_bridge::runner::{self, Protocol};
+//! use host_runtime::plugins::Registry;
+//!
+//! let registry = Registry::discover(&[], true, true); // embedded reference delegate + DELEGATE_PLUGIN_PATH
+//! let report = runner::run(std::path::Path::new("model.pte"), &registry, &Protocol::default())?;
+//! println!("{:?}", report.tokens);
+//! # Ok::<(), executorch_bridge::BridgeError>(())
+//! ```
+//!
+//! ## Building
+//!
+//! `build.rs` reads `EXECUTORCH_ROOT` (the wheel's unpacked `executorch/` directory, with `include/` and
+//! `lib/`); `cargo xtask test` installs the wheel under `.cache/executorch/` and sets it. The crate is a
+//! workspace member but not a default member, so a plain `cargo build` does not need the wheel.
+//!
+//! ## Unsafe code
+//!
+//! Only in the private `ffi` module (the C structs, entry points, callbacks and raw argument pushes), every
+//! block with a `// SAFETY:` comment; the rest of the crate denies `unsafe_code`.
+//!
+//! ## Feature Flags
+//!
+//! None.
+#![deny(missing_docs)]
+#![deny(unsafe_code)]
+
+pub mod backend;
+mod ffi;
+pub mod runner;
+
+pub use backend::{is_registered, register, register_backends, take_last_error, take_stats, CopyStats};
+
+use et_error::{ErrorCode, HasErrorCode};
+
+/// Why the bridge or the runner failed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum BridgeError {
+    /// The `.pte` cannot be read (truncated, corrupted, not a program).
+    #[error("{path}: {source}")]
+    Program {
+        /// The file.
+        path: String,
+        /// What is wrong.
+        #[source]
+        source: pte_format::Error,
+    },
+    /// The file cannot be read at all.
+    #[error("cannot read {path}: {source}")]
+    Io {
+        /// The file.
+        path: String,
+        /// The OS error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// A DelegateCall names a backend no loaded plugin serves.
+    #[error("method '{method}' calls backend '{backend}', which no loaded plugin serves (served: {served})")]
+    UnservedBackend {
+        /// The method.
+        method: String,
+        /// The backend id.
+        backend: String,
+        /// The ids that are served, comma-separated, or `none`.
+        served: String,
+    },
+    /// The plugin offering a backend the program calls could not be used (failed to load, or unavailable).
+    #[error("backend '{backend}' has no usable plugin: {reason}")]
+    PluginUnavailable {
+        /// The backend id.
+        backend: String,
+        /// Why, per plugin that offers it.
+        reason: String,
+    },
+    /// ExecuTorch refused to register a backend id.
+    #[error("ExecuTorch refused to register backend '{backend}': {code}")]
+    Registration {
+        /// The backend id.
+        backend: String,
+        /// ExecuTorch's code.
+        code: ErrorCode,
+    },
+    /// The program does not follow the run protocol (methods, inputs, outputs).
+    #[error("{0}")]
+    Protocol(String),
+    /// ExecuTorch's runtime failed; `detail` is the plugin's message when a delegate failed.
+    #[error("{what}: {code}{}", detail.as_ref().map(|d| format!(" ({d})")).unwrap_or_default())]
+    Runtime {
+        /// What was being done.
+        what: String,
+        /// ExecuTorch's code.
+        code: ErrorCode,
+        /// The plugin's message, when the failure came from one.
+        detail: Option<String>,
+    },
+}
+
+impl HasErrorCode for BridgeError {
+    fn error_code(&self) -> ErrorCode {
+        match self {
+            BridgeError::Program { source, .. } => source.error_code(),
+            BridgeError::Io { .. } => ErrorCode::AccessFailed,
+            BridgeError::UnservedBackend { .. } => ErrorCode::NotFound,
+            BridgeError::PluginUnavailable { .. } => ErrorCode::NotSupported,
+            BridgeError::Registration { code, .. } | BridgeError::Runtime { code, .. } => *code,
+            BridgeError::Protocol(_) => ErrorCode::InvalidProgram,
+        }
+    }
+}

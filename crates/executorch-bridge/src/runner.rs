@@ -1,0 +1,378 @@
+//! Running a `.pte` on ExecuTorch's `Module` API with our plugins registered: the pre-flight check
+//! ([`check_program`]), a safe [`Module`], and the run protocol ([`run`]: prefill, then greedy decode steps).
+
+use std::ffi::CString;
+use std::path::Path;
+
+use delegate_abi::DTypeCode;
+use et_error::ErrorCode;
+use host_runtime::plugins::Registry;
+use pte_format::Program;
+
+use crate::backend::{self, scalar_type_of, CopyStats};
+use crate::ffi::{KvdTensor, RawModule, KVD_MAX_RANK};
+use crate::BridgeError;
+
+/// What the pre-flight check learned about a program.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ProgramSummary {
+    /// Method names, in the program's order.
+    pub methods: Vec<String>,
+    /// Per method, the byte size of each output (from the program's tensor metadata).
+    pub output_bytes: Vec<(String, Vec<u64>)>,
+    /// Backend ids the DelegateCalls name, sorted, deduplicated.
+    pub backends: Vec<String>,
+}
+
+/// Parses `bytes` with `pte-format` and checks that every DelegateCall's backend id is in `served`.
+///
+/// # Errors
+/// [`BridgeError::Program`] for a file that is not a readable program (truncated, corrupted);
+/// [`BridgeError::UnservedBackend`] naming the first backend id nobody serves.
+pub fn check_program(path: &Path, bytes: &[u8], served: &[String]) -> Result<ProgramSummary, BridgeError> {
+    let program = Program::parse(bytes)
+        .map_err(|source| BridgeError::Program { path: path.display().to_string(), source })?;
+    let mut backends = Vec::new();
+    let mut output_bytes = Vec::new();
+    for method in &program.methods {
+        for (_, call) in method.delegate_calls() {
+            let id = method.delegates.get(call.delegate).map(|d| d.id).unwrap_or_default();
+            if !served.iter().any(|s| s == id) {
+                return Err(BridgeError::UnservedBackend {
+                    method: method.name.to_owned(),
+                    backend: id.to_owned(),
+                    served: if served.is_empty() { "none".to_owned() } else { served.join(", ") },
+                });
+            }
+            backends.push(id.to_owned());
+        }
+        let sizes =
+            method.outputs.iter().map(|&v| method.tensor(v).and_then(|t| t.nbytes()).unwrap_or(0)).collect();
+        output_bytes.push((method.name.to_owned(), sizes));
+    }
+    backends.sort();
+    backends.dedup();
+    Ok(ProgramSummary {
+        methods: program.methods.iter().map(|m| m.name.to_owned()).collect(),
+        output_bytes,
+        backends,
+    })
+}
+
+/// A method input: caller memory, read (copied into the method's planned input) during the call only.
+#[derive(Debug, Clone, Copy)]
+pub struct Input<'a> {
+    /// The bytes.
+    pub data: &'a [u8],
+    /// Element type.
+    pub dtype: DTypeCode,
+    /// Shape.
+    pub shape: &'a [i64],
+}
+
+/// An output as [`Module::execute`] returns it: the bytes were copied into the caller's buffer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OutputMeta {
+    /// Bytes written.
+    pub nbytes: usize,
+    /// ExecuTorch's scalar type code.
+    pub scalar_type: i32,
+    /// Shape.
+    pub shape: Vec<i64>,
+}
+
+/// An ExecuTorch `Module` over one `.pte`, arenas shared across its methods (`share_memory_arenas = true`),
+/// the file memory-mapped (delegate payloads are read in place).
+pub struct Module {
+    raw: RawModule,
+    path: String,
+}
+
+impl std::fmt::Debug for Module {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Module").field("path", &self.path).finish()
+    }
+}
+
+fn runtime(what: String, code: ErrorCode) -> BridgeError {
+    BridgeError::Runtime { what, code, detail: backend::take_last_error() }
+}
+
+impl Module {
+    /// Opens and loads the program (not its methods).
+    ///
+    /// # Errors
+    /// [`BridgeError::Runtime`] with ExecuTorch's code when it cannot load the program.
+    pub fn open(path: &Path) -> Result<Module, BridgeError> {
+        let display = path.display().to_string();
+        let c_path = CString::new(path.as_os_str().as_encoded_bytes())
+            .map_err(|_| BridgeError::Protocol(format!("{display}: the path contains a NUL byte")))?;
+        let mut raw = RawModule::new(&c_path, true).ok_or_else(|| {
+            runtime(format!("{display}: creating the Module"), ErrorCode::MemoryAllocationFailed)
+        })?;
+        raw.load().map_err(|code| runtime(format!("{display}: ExecuTorch cannot load the program"), code))?;
+        Ok(Module { raw, path: display })
+    }
+
+    /// Loads `method`: ExecuTorch plans its memory and runs every delegate's `init`.
+    ///
+    /// # Errors
+    /// [`BridgeError::Runtime`] with ExecuTorch's code (a plugin's `init` error keeps its code).
+    pub fn load_method(&mut self, method: &str) -> Result<(), BridgeError> {
+        let name = cname(method)?;
+        backend::take_last_error();
+        self.raw
+            .load_method(&name)
+            .map_err(|code| runtime(format!("{}: loading method '{method}'", self.path), code))
+    }
+
+    /// Runs `method` on `inputs`; copies its outputs into `outputs` (one buffer per output, each large
+    /// enough) and describes them. Returns the method's output count.
+    ///
+    /// # Errors
+    /// [`BridgeError::Runtime`] with ExecuTorch's code (a plugin's `execute` error keeps its code).
+    pub fn execute(
+        &mut self,
+        method: &str,
+        inputs: &[Input<'_>],
+        outputs: &mut [&mut [u8]],
+    ) -> Result<Vec<OutputMeta>, BridgeError> {
+        let name = cname(method)?;
+        let mut raw_inputs = Vec::with_capacity(inputs.len());
+        for input in inputs {
+            if input.shape.len() > KVD_MAX_RANK {
+                return Err(BridgeError::Protocol(format!(
+                    "input of rank {} is too large",
+                    input.shape.len()
+                )));
+            }
+            let mut shape = [0i64; KVD_MAX_RANK];
+            shape[..input.shape.len()].copy_from_slice(input.shape);
+            raw_inputs.push(KvdTensor {
+                data: input.data.as_ptr().cast_mut().cast(),
+                capacity: input.data.len() as u64,
+                nbytes: input.data.len() as u64,
+                shape,
+                rank: input.shape.len() as u32,
+                scalar_type: scalar_type_of(input.dtype),
+            });
+        }
+        let mut raw_outputs: Vec<KvdTensor> = outputs
+            .iter_mut()
+            .map(|buf| KvdTensor {
+                data: buf.as_mut_ptr().cast(),
+                capacity: buf.len() as u64,
+                nbytes: 0,
+                shape: [0; KVD_MAX_RANK],
+                rank: 0,
+                scalar_type: 0,
+            })
+            .collect();
+        backend::take_last_error();
+        let count = self
+            .raw
+            .execute(&name, &raw_inputs, &mut raw_outputs)
+            .map_err(|code| runtime(format!("{}: executing method '{method}'", self.path), code))?;
+        Ok(raw_outputs
+            .iter()
+            .take(count)
+            .map(|o| OutputMeta {
+                nbytes: o.nbytes as usize,
+                scalar_type: o.scalar_type,
+                shape: o.shape[..(o.rank as usize).min(KVD_MAX_RANK)].to_vec(),
+            })
+            .collect())
+    }
+}
+
+fn cname(method: &str) -> Result<CString, BridgeError> {
+    CString::new(method)
+        .map_err(|_| BridgeError::Protocol(format!("method name {method:?} contains a NUL byte")))
+}
+
+/// The run protocol: prefill `prompt`, then `steps` greedy decode steps.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Protocol {
+    /// The prompt's tokens.
+    pub prompt: Vec<i64>,
+    /// Decode steps after prefill.
+    pub steps: usize,
+}
+
+impl Default for Protocol {
+    /// The example's: prompt `[1, 7, 3, 12]`, 12 steps.
+    fn default() -> Protocol {
+        Protocol { prompt: vec![1, 7, 3, 12], steps: 12 }
+    }
+}
+
+/// What a run produced and observed.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct Report {
+    /// The program's methods.
+    pub methods: Vec<String>,
+    /// Per backend id the program calls, the plugin library that served it (`(embedded)` for a linked one).
+    pub served_by: Vec<(String, String)>,
+    /// `t0` (after prefill) and one token per decode step.
+    pub tokens: Vec<i64>,
+    /// The last logits row after prefill and after each decode step.
+    pub logits: Vec<Vec<f32>>,
+    /// Copies observed during prefill.
+    pub prefill: CopyStats,
+    /// Copies observed during each decode step.
+    pub decode: Vec<CopyStats>,
+}
+
+/// Argmax, first of equals.
+pub fn argmax(row: &[f32]) -> i64 {
+    let mut best: Option<(usize, f32)> = None;
+    for (i, &v) in row.iter().enumerate() {
+        if best.is_none_or(|(_, b)| v > b) {
+            best = Some((i, v));
+        }
+    }
+    best.map_or(0, |(i, _)| i as i64)
+}
+
+/// Runs the protocol on the program at `path` with `registry`'s plugins (the backends it calls are registered
+/// here, see [`crate::register_backends`]). Single-method programs (`forward`, T = 1) are fed the prompt one token per call;
+/// two-method programs run `prefill` once (T = prompt length), then `decode`.
+///
+/// # Errors
+/// Everything [`check_program`], [`Module`] and [`crate::register`] return; [`BridgeError::Protocol`] when
+/// the program has neither `forward` nor `prefill` + `decode`, or its first output is not f32 logits.
+pub fn run(path: &Path, registry: &Registry, protocol: &Protocol) -> Result<Report, BridgeError> {
+    if protocol.prompt.is_empty() {
+        return Err(BridgeError::Protocol("the prompt is empty".to_owned()));
+    }
+    let bytes =
+        std::fs::read(path).map_err(|source| BridgeError::Io { path: path.display().to_string(), source })?;
+    let served = registry.backends();
+    let summary = check_program(path, &bytes, &served)?;
+    drop(bytes);
+    // Only what the program calls: a plugin listed from its manifest is loaded when a program needs it.
+    crate::register_backends(registry, &summary.backends)?;
+    let served_by = summary
+        .backends
+        .iter()
+        .map(|id| {
+            let at = registry.for_backend(id).and_then(|p| p.path().map(|p| p.display().to_string()));
+            (id.clone(), at.unwrap_or_else(|| "(embedded)".to_owned()))
+        })
+        .collect();
+    let has = |m: &str| summary.methods.iter().any(|n| n == m);
+    let (prefill, decode) = if has("prefill") && has("decode") {
+        ("prefill", "decode")
+    } else if has("forward") {
+        ("forward", "forward")
+    } else {
+        return Err(BridgeError::Protocol(format!(
+            "{}: the program has methods {:?}; the run protocol needs 'forward', or 'prefill' and 'decode'",
+            path.display(),
+            summary.methods
+        )));
+    };
+    let mut module = Module::open(path)?;
+    for method in [prefill, decode] {
+        module.load_method(method)?;
+    }
+    let mut buffers: Vec<(String, Vec<Vec<u8>>)> = summary
+        .output_bytes
+        .iter()
+        .map(|(m, sizes)| (m.clone(), sizes.iter().map(|&n| vec![0u8; n as usize]).collect()))
+        .collect();
+    let mut step = |method: &str, tokens: &[i64], pos: i64| -> Result<(Vec<f32>, CopyStats), BridgeError> {
+        let token_bytes: Vec<u8> = tokens.iter().flat_map(|t| t.to_le_bytes()).collect();
+        let pos_bytes = pos.to_le_bytes();
+        let token_shape = [tokens.len() as i64];
+        let inputs = [
+            Input { data: &token_bytes, dtype: DTypeCode::I64, shape: &token_shape },
+            Input { data: &pos_bytes, dtype: DTypeCode::I64, shape: &[1] },
+        ];
+        let outs = &mut buffers
+            .iter_mut()
+            .find(|(m, _)| m == method)
+            .ok_or_else(|| BridgeError::Protocol(format!("no method '{method}'")))?
+            .1;
+        let mut views: Vec<&mut [u8]> = outs.iter_mut().map(Vec::as_mut_slice).collect();
+        backend::take_stats();
+        let metas = module.execute(method, &inputs, &mut views)?;
+        let stats = backend::take_stats();
+        let (meta, data) = metas.first().zip(outs.first()).ok_or_else(|| {
+            BridgeError::Protocol(format!("method '{method}' returns no output; the protocol reads logits"))
+        })?;
+        if meta.scalar_type != scalar_type_of(DTypeCode::F32) || meta.shape.is_empty() {
+            return Err(BridgeError::Protocol(format!(
+                "method '{method}' returns scalar type {} {:?} first; the protocol reads f32 logits [T, vocab]",
+                meta.scalar_type, meta.shape
+            )));
+        }
+        let vocab = usize::try_from(*meta.shape.last().unwrap_or(&0)).unwrap_or(0);
+        let floats: Vec<f32> = data[..meta.nbytes]
+            .chunks_exact(4)
+            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect();
+        let last = floats[floats.len().saturating_sub(vocab)..].to_vec();
+        Ok((last, stats))
+    };
+    let mut report = Report {
+        methods: summary.methods.clone(),
+        served_by,
+        tokens: vec![],
+        logits: vec![],
+        prefill: CopyStats::default(),
+        decode: vec![],
+    };
+    let (row, stats) = if prefill == "prefill" {
+        step(prefill, &protocol.prompt, 0)?
+    } else {
+        let mut last = (vec![], CopyStats::default());
+        for (i, &t) in protocol.prompt.iter().enumerate() {
+            let (row, s) = step(prefill, &[t], i as i64)?;
+            last.0 = row;
+            last.1.executes += s.executes;
+            last.1.write_back_bytes += s.write_back_bytes;
+            last.1.reflect_bytes += s.reflect_bytes;
+        }
+        last
+    };
+    report.tokens.push(argmax(&row));
+    report.logits.push(row);
+    report.prefill = stats;
+    for i in 0..protocol.steps {
+        let previous = *report.tokens.last().unwrap_or(&0);
+        let (row, stats) = step(decode, &[previous], (protocol.prompt.len() + i) as i64)?;
+        report.tokens.push(argmax(&row));
+        report.logits.push(row);
+        report.decode.push(stats);
+    }
+    Ok(report)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn argmax_takes_the_first_of_equals() {
+        assert_eq!(argmax(&[0.5, 2.0, 2.0, -1.0]), 1);
+        assert_eq!(argmax(&[3.0]), 0);
+        assert_eq!(argmax(&[]), 0);
+    }
+
+    #[test]
+    fn the_check_names_an_unserved_backend_and_reads_a_served_one() {
+        let bytes = pte_format::testing::kv_decoder(b"payload");
+        let path = Path::new("kv.pte");
+        let err = check_program(path, &bytes, &[]).expect_err("nobody serves it");
+        assert!(
+            err.to_string().contains("backend 'ReferenceBackend'") && err.to_string().contains("none"),
+            "{err}"
+        );
+        let summary = check_program(path, &bytes, &["ReferenceBackend".to_owned()]).expect("served");
+        assert_eq!(summary.backends, ["ReferenceBackend"]);
+        assert_eq!(summary.methods, ["forward"]);
+        let err = check_program(path, &bytes[..bytes.len() / 2], &[]).expect_err("truncated");
+        assert!(matches!(err, BridgeError::Program { .. }), "{err}");
+    }
+}

@@ -1,0 +1,211 @@
+//! Programs run inside ExecuTorch 1.5.1's own runtime with the reference plugin loaded from disk as a dylib:
+//! tokens and logits as expected, the copies each decode step makes, and the refusals.
+
+mod common;
+
+use std::process::Command;
+
+use common::Case;
+use et_error::{ErrorCode, HasErrorCode};
+use executorch_bridge::runner::{self, Protocol};
+use executorch_bridge::BridgeError;
+
+fn protocol() -> Protocol {
+    Protocol { prompt: common::PROMPT.to_vec(), steps: common::STEPS }
+}
+
+fn check_case(case: &Case) {
+    let registry = common::dylib_registry();
+    let name = case.path.display().to_string();
+    let report = runner::run(&case.path, &registry, &protocol()).unwrap_or_else(|e| panic!("{name}: {e}"));
+    let (mut got, mut want) = (report.methods.clone(), case.methods.clone());
+    got.sort();
+    want.sort();
+    assert_eq!(got, want, "{name}: methods");
+    assert_eq!(report.tokens, case.tokens, "{name}: tokens");
+    assert_eq!(report.logits.len(), case.logits.len(), "{name}: logits rows");
+    for (step, (got, want)) in report.logits.iter().zip(&case.logits).enumerate() {
+        assert_eq!(got.len(), want.len(), "{name}: row {step} width");
+        let worst = got.iter().zip(want).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
+        assert!(worst <= case.tolerance, "{name}: row {step} differs by {worst} > {}", case.tolerance);
+    }
+    assert_eq!(report.decode.len(), common::STEPS);
+    for (step, stats) in report.decode.iter().enumerate() {
+        assert!(stats.executes >= 1, "{name}: step {step} reached the plugin");
+        let want = if case.zero_copy { 0 } else { case.cache_bytes };
+        assert_eq!(stats.write_back_bytes, want, "{name}: write-back bytes of decode step {step}");
+        // Without the planning pass the plugin fills each separate KV output (then `copy_` writes it back).
+        assert_eq!(stats.reflect_bytes, want, "{name}: bytes the plugin reflected at decode step {step}");
+    }
+}
+
+#[test]
+fn our_programs_run_in_executorch_through_the_dylib() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let cases = common::own_cases(dir.path());
+    assert_eq!(cases.len(), 4);
+    for case in &cases {
+        check_case(case);
+    }
+}
+
+#[test]
+fn the_exported_fixtures_run_in_executorch_through_the_dylib() {
+    let Some(cases) = common::fixture_cases() else {
+        eprintln!("fixtures/executorch/expected.json is not there yet: nothing to check");
+        return;
+    };
+    for case in &cases {
+        check_case(case);
+    }
+}
+
+#[test]
+fn without_the_planning_pass_each_decode_step_copies_the_whole_cache_and_with_it_nothing() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let registry = common::dylib_registry();
+    let cfg = kv_example::Config::tiny();
+    let mut copied = Vec::new();
+    for planned in [false, true] {
+        let path = dir.path().join(format!("p{planned}.pte"));
+        std::fs::write(&path, common::program(&cfg, 2, planned, common::BACKEND)).expect("write");
+        let report = runner::run(&path, &registry, &protocol()).expect("runs");
+        copied.push(report.decode.iter().map(|s| (s.write_back_bytes, s.reflect_bytes)).collect::<Vec<_>>());
+    }
+    let cache = (2 * cfg.cache_len() * 4) as u64;
+    // Copy-back: ExecuTorch's copy_ writes each separate KV output back, and the plugin filled those outputs.
+    assert!(copied[0].iter().all(|&c| c == (cache, cache)), "{:?}", copied[0]);
+    // Planned: one pointer for the buffer and its KV output; nothing moves.
+    assert!(copied[1].iter().all(|&c| c == (0, 0)), "{:?}", copied[1]);
+}
+
+#[test]
+fn an_unserved_backend_is_named_before_anything_runs() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = dir.path().join("other.pte");
+    let cfg = kv_example::Config::tiny();
+    std::fs::write(&path, common::program(&cfg, 1, true, "SomeoneElsesBackend")).expect("write");
+    let err = runner::run(&path, &common::dylib_registry(), &protocol()).expect_err("refused");
+    assert!(
+        matches!(&err, BridgeError::UnservedBackend { backend, .. } if backend == "SomeoneElsesBackend"),
+        "{err}"
+    );
+    assert_eq!(err.error_code(), ErrorCode::NotFound);
+
+    let out = et_run(&[path.as_os_str()]);
+    assert_eq!(out.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(stderr.trim().lines().count(), 1, "{stderr}");
+    assert!(stderr.starts_with("error: ") && stderr.contains("backend 'SomeoneElsesBackend'"), "{stderr}");
+}
+
+#[test]
+fn truncated_and_corrupted_files_are_one_error_line() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let cfg = kv_example::Config::tiny();
+    let good = common::program(&cfg, 1, true, common::BACKEND);
+    let truncated = dir.path().join("truncated.pte");
+    std::fs::write(&truncated, &good[..good.len() - 100]).expect("write");
+    let mut bad = good.clone();
+    bad[4..8].copy_from_slice(b"XX12");
+    let corrupted = dir.path().join("corrupted.pte");
+    std::fs::write(&corrupted, &bad).expect("write");
+    let mut flipped = good.clone();
+    for b in &mut flipped[40..200] {
+        *b ^= 0xa5;
+    }
+    let scrambled = dir.path().join("scrambled.pte");
+    std::fs::write(&scrambled, &flipped).expect("write");
+    for path in [&truncated, &corrupted, &scrambled] {
+        let out =
+            et_run(&[path.as_os_str(), "--plugin-dir".as_ref(), common::reference_only_dir().as_os_str()]);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{}: {stderr}", path.display());
+        assert_eq!(stderr.trim().lines().count(), 1, "{}: {stderr}", path.display());
+        assert!(stderr.starts_with("error: "), "{stderr}");
+        assert!(out.stdout.is_empty());
+    }
+}
+
+#[test]
+fn a_plugin_error_keeps_its_executorch_code_through_the_runtime() {
+    // pte-format's hand-made decoder carries a blob whose payload is not a reference graph: the plugin's
+    // `init` refuses it with InvalidProgram (0x23), ExecuTorch's Method fails with that code.
+    let path = common::workspace_root().join("crates/pte-format/tests/fixtures/et_1_5_1_kv_decoder.pte");
+    let err = runner::run(&path, &common::dylib_registry(), &protocol()).expect_err("init fails");
+    match &err {
+        BridgeError::Runtime { code, detail, .. } => {
+            assert_eq!(*code, ErrorCode::InvalidProgram, "{err}");
+            let detail = detail.as_deref().unwrap_or_default();
+            assert!(detail.contains("ReferenceBackend") && detail.contains("init failed"), "{detail}");
+        }
+        other => panic!("expected a runtime error, got {other}"),
+    }
+}
+
+#[test]
+fn et_run_prints_the_tokens_and_the_copies_as_json() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let cases = common::own_cases(dir.path());
+    let case = cases.iter().find(|c| c.path.ends_with("buffers_2m_planned.pte")).expect("the planned 2m");
+    let out = et_run(&[
+        case.path.as_os_str(),
+        "--plugin-dir".as_ref(),
+        common::reference_only_dir().as_os_str(),
+        "--probe".as_ref(),
+        "--prompt".as_ref(),
+        "1,7,3,12".as_ref(),
+        "--steps".as_ref(),
+        "12".as_ref(),
+        "--json".as_ref(),
+    ]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    assert_eq!(json["tokens"], serde_json::json!(case.tokens));
+    let dylib = common::reference_only_dir().join(common::dylib_name("reference_delegate_dylib"));
+    assert_eq!(json["served_by"][common::BACKEND], serde_json::json!(dylib.display().to_string()));
+    assert_eq!(json["write_back_bytes_per_decode_step"], serde_json::json!(vec![0; common::STEPS]));
+    assert_eq!(json["logits"].as_array().map(Vec::len), Some(common::STEPS + 1));
+}
+
+fn et_run(args: &[&std::ffi::OsStr]) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_et-run"))
+        .args(args)
+        .env_remove("DELEGATE_PLUGIN_PATH")
+        .output()
+        .expect("et-run runs")
+}
+
+#[test]
+fn et_run_finds_the_dylib_by_its_manifest_and_names_a_plugin_that_no_longer_matches_it() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let plugins = dir.path().join("plugins");
+    std::fs::create_dir(&plugins).expect("mkdir");
+    let name = common::dylib_name("reference_delegate_dylib");
+    let library = plugins.join(&name);
+    std::fs::copy(common::plugin_dir().join(&name), &library).expect("copy the dylib");
+    let plugin = delegate_abi::host::Plugin::load(&library, &delegate_abi::host::HostConfig::default())
+        .expect("the dylib loads");
+    let manifest =
+        host_runtime::plugin_manifest::PluginManifest::describe(&plugin, &library).expect("describe");
+    let manifest_path = host_runtime::plugin_manifest::PluginManifest::path_for(&library);
+    std::fs::write(&manifest_path, manifest.to_json()).expect("write the manifest");
+
+    let cases = common::own_cases(dir.path());
+    let program = &cases[0].path;
+    let args = [program.as_os_str(), "--plugin-dir".as_ref(), plugins.as_os_str(), "--json".as_ref()];
+    let out = et_run(&args);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    assert_eq!(json["served_by"][common::BACKEND], serde_json::json!(library.display().to_string()));
+    assert_eq!(json["tokens"], serde_json::json!(cases[0].tokens));
+
+    // The manifest no longer matches the library: the backend the program calls is named, one line.
+    let tampered = manifest.to_json().replace(&manifest.sha256, &"0".repeat(manifest.sha256.len()));
+    std::fs::write(&manifest_path, tampered).expect("write the manifest");
+    let out = et_run(&args);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert_eq!(stderr.trim().lines().count(), 1, "{stderr}");
+    assert!(stderr.starts_with("error: backend 'ReferenceBackend' has no usable plugin"), "{stderr}");
+}
