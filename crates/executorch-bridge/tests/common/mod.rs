@@ -97,7 +97,7 @@ pub struct Case {
 pub const PROMPT: [i64; 4] = [1, 7, 3, 12];
 pub const STEPS: usize = 12;
 
-/// The committed fixtures, when the exporter has delivered them.
+/// The committed fixtures (`None` when `expected.json` is missing).
 pub fn fixture_cases() -> Option<Vec<Case>> {
     let dir = workspace_root().join("fixtures/executorch");
     let text = std::fs::read_to_string(dir.join("expected.json")).ok()?;
