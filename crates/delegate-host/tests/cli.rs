@@ -1,36 +1,15 @@
 //! The `delegate-host` binary as users run it: exit codes, one-line errors, JSON shapes, end-to-end runs.
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::Command;
 
 use serde_json::Value;
 
-fn host() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_delegate-host"))
-}
+mod common;
+use common::{host, one_line_error, run, stdout_json};
 
 fn fixture(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../blob-format/tests/fixtures/upstream").join(name)
-}
-
-fn run(cmd: &mut Command) -> Output {
-    cmd.output().expect("delegate-host starts")
-}
-
-fn stdout_json(out: &Output) -> Value {
-    assert!(out.status.success(), "exit {:?}, stderr: {}", out.status, String::from_utf8_lossy(&out.stderr));
-    serde_json::from_slice(&out.stdout).expect("stdout is one JSON value")
-}
-
-/// Asserts exit code 2 and exactly one `error: ...` line on stderr; returns it.
-fn one_line_error(out: &Output) -> String {
-    assert_eq!(out.status.code(), Some(2), "stdout: {}", String::from_utf8_lossy(&out.stdout));
-    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
-    let lines: Vec<&str> = stderr.lines().filter(|l| !l.trim().is_empty()).collect();
-    assert_eq!(lines.len(), 1, "stderr: {stderr}");
-    assert!(lines[0].starts_with("error: "), "{stderr}");
-    assert!(!stderr.contains("panicked") && !stderr.contains("RUST_BACKTRACE"), "{stderr}");
-    lines[0].to_owned()
 }
 
 #[test]

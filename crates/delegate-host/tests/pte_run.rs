@@ -5,35 +5,19 @@
 mod kv_pte;
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::Command;
 
 use pte_format::testing::{InstructionSpec, ProgramSpec};
 use serde_json::Value;
 
+mod common;
+use common::{one_line_error, run, stdout_json};
+
+/// The binary without `DELEGATE_PLUGIN_PATH`, so the embedded reference delegate serves.
 fn host() -> Command {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_delegate-host"));
+    let mut cmd = common::host();
     cmd.env_remove("DELEGATE_PLUGIN_PATH");
     cmd
-}
-
-fn run(cmd: &mut Command) -> Output {
-    cmd.output().expect("delegate-host starts")
-}
-
-fn stdout_json(out: &Output) -> Value {
-    assert!(out.status.success(), "exit {:?}, stderr: {}", out.status, String::from_utf8_lossy(&out.stderr));
-    serde_json::from_slice(&out.stdout).expect("stdout is one JSON value")
-}
-
-/// Asserts exit code 2 and exactly one `error: ...` line on stderr; returns it.
-fn one_line_error(out: &Output) -> String {
-    assert_eq!(out.status.code(), Some(2), "stdout: {}", String::from_utf8_lossy(&out.stdout));
-    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
-    let lines: Vec<&str> = stderr.lines().filter(|l| !l.trim().is_empty()).collect();
-    assert_eq!(lines.len(), 1, "stderr: {stderr}");
-    assert!(lines[0].starts_with("error: "), "{stderr}");
-    assert!(!stderr.contains("panicked"), "{stderr}");
-    lines[0].to_owned()
 }
 
 fn write(dir: &Path, name: &str, spec: &ProgramSpec) -> PathBuf {
