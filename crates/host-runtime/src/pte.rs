@@ -320,6 +320,26 @@ fn dtype(scalar: ScalarType) -> Option<DType> {
     })
 }
 
+/// The declarations of a method's inputs or outputs (`what`), each named by its fully qualified name or
+/// else its index; a name used twice is refused.
+fn io_decls(
+    method: &pte_format::model::Method<'_>,
+    values: &[usize],
+    what: &str,
+) -> Result<Vec<TensorDecl>, Problem> {
+    let mut names = BTreeSet::new();
+    let mut decls = Vec::with_capacity(values.len());
+    for (i, &value) in values.iter().enumerate() {
+        let name =
+            method.tensor(value).and_then(|t| t.fully_qualified_name()).map_or(i.to_string(), str::to_owned);
+        decls.push(decl(method, value, &format!("{what} {i}"), &name)?);
+        if !names.insert(name.clone()) {
+            return Err(Problem::Duplicate { name });
+        }
+    }
+    Ok(decls)
+}
+
 /// A tensor's declaration under `name`.
 fn decl(
     method: &pte_format::model::Method<'_>,
@@ -467,31 +487,13 @@ fn map_program(
         let name = method.name;
         let fail = |p: Problem| program_error(name, p);
         let mut bound: BTreeMap<usize, Bound> = BTreeMap::new();
-        let mut names = BTreeSet::new();
-        let mut inputs = Vec::new();
+        // Inputs and outputs are named apart (input "0" and output "0" are two tensors).
+        let inputs = io_decls(method, &method.inputs, "input").map_err(fail)?;
         for (i, &value) in method.inputs.iter().enumerate() {
-            let n = method
-                .tensor(value)
-                .and_then(|t| t.fully_qualified_name())
-                .map_or(i.to_string(), str::to_owned);
-            inputs.push(decl(method, value, &format!("input {i}"), &n).map_err(fail)?);
-            if !names.insert(n.clone()) {
-                return Err(fail(Problem::Duplicate { name: n }));
-            }
             bound.insert(value, Bound::Input(i));
         }
-        // Inputs and outputs are named apart (input "0" and output "0" are two tensors).
-        names.clear();
-        let mut outputs = Vec::new();
+        let mut outputs = io_decls(method, &method.outputs, "output").map_err(fail)?;
         for (i, &value) in method.outputs.iter().enumerate() {
-            let n = method
-                .tensor(value)
-                .and_then(|t| t.fully_qualified_name())
-                .map_or(i.to_string(), str::to_owned);
-            outputs.push(decl(method, value, &format!("output {i}"), &n).map_err(fail)?);
-            if !names.insert(n.clone()) {
-                return Err(fail(Problem::Duplicate { name: n }));
-            }
             bound.entry(value).or_insert(Bound::Output(i));
         }
         let method_buffers = method.mutable_buffers();
