@@ -37,6 +37,8 @@ pub fn run(root: &Path) -> anyhow::Result<()> {
             "-p",
             "crash-on-load",
             "-p",
+            "misbehave-delegate",
+            "-p",
             "tensorrt-delegate-dylib",
             "-p",
             "delegate-host",

@@ -31,6 +31,15 @@ struct Cli {
     /// manifests only and loading a library when a program needs its backend.
     #[arg(long, global = true)]
     probe: bool,
+    /// Run every plugin loaded from a library in a worker process of its own (`delegate-host worker`), as a
+    /// manifest with `"isolate": true` asks for one plugin: a plugin that crashes or hangs fails its call
+    /// instead of the host.
+    #[arg(long, global = true)]
+    isolate: bool,
+    /// How long one call of an isolated plugin may take before its worker is killed and the call fails, in
+    /// milliseconds.
+    #[arg(long = "deadline-ms", global = true, default_value_t = 10_000, value_parser = clap::value_parser!(u64).range(1..))]
+    deadline_ms: u64,
 }
 
 #[derive(Subcommand)]
@@ -75,7 +84,14 @@ enum Command {
         /// The plugin libraries.
         #[arg(required = true)]
         libraries: Vec<PathBuf>,
+        /// Ask hosts to run these plugins in a worker process ("isolate": true in the manifest).
+        #[arg(long)]
+        isolate: bool,
     },
+    /// Serve one isolated plugin instance on the socket a host passed as descriptor 3 (started by the host,
+    /// not by people).
+    #[command(hide = true)]
+    Worker,
     /// Run a program (a TOML manifest or an ExecuTorch .pte): a token generator prefills once, then decodes
     /// feeding back the argmax token; any other program, or one given --input or --method, runs one method
     /// once.
@@ -269,7 +285,11 @@ fn main() -> ExitCode {
             // output keeps the real stdout to itself.
             #[cfg(unix)]
             let _ = command_stdout();
-            plugins::set_probe(cli.probe);
+            plugins::set_discovery(plugins::Discovery {
+                probe: cli.probe,
+                isolate: cli.isolate,
+                deadline: std::time::Duration::from_millis(cli.deadline_ms),
+            });
             dispatch(cli.command)
         }
         // `--help` and `--version` are not errors: clap prints them as it always does.
@@ -299,7 +319,8 @@ fn dispatch(command: Command) -> Result<(), Failure> {
         Command::Validate { blob } => blob::validate(&blob),
         Command::Convert { input, output, to } => blob::convert(&input, &output, to),
         Command::Plugins { plugin_dirs, json } => plugins::plugins(&plugin_dirs, json),
-        Command::PluginManifest { libraries } => plugins::write_manifests(&libraries),
+        Command::PluginManifest { libraries, isolate } => plugins::write_manifests(&libraries, isolate),
+        Command::Worker => plugins::worker(),
         Command::Run {
             program,
             prompt,

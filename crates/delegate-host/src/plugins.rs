@@ -13,12 +13,23 @@ use serde_json::{json, Value};
 
 use crate::{emit, printable, Failure};
 
-/// Whether discovery loads every library (`--probe`) instead of reading manifests only; set once by `main`.
-static PROBE: OnceLock<bool> = OnceLock::new();
+/// How this run discovers and runs plugins; set once by `main`.
+static DISCOVERY: OnceLock<Discovery> = OnceLock::new();
 
-/// Records `--probe` for every discovery of this run.
-pub fn set_probe(probe: bool) {
-    let _ = PROBE.set(probe);
+/// The global plugin flags.
+#[derive(Debug, Clone, Copy)]
+pub struct Discovery {
+    /// `--probe`: load every library now instead of reading manifests only.
+    pub probe: bool,
+    /// `--isolate`: every library-loaded plugin runs in a worker process.
+    pub isolate: bool,
+    /// `--deadline-ms`: the per-call deadline of isolated plugins.
+    pub deadline: std::time::Duration,
+}
+
+/// Records the global plugin flags for every discovery of this run.
+pub fn set_discovery(discovery: Discovery) {
+    let _ = DISCOVERY.set(discovery);
 }
 
 /// The registry of this run: plugins in `dirs`, then `DELEGATE_PLUGIN_PATH`, then the embedded ones. Without
@@ -27,18 +38,36 @@ pub fn set_probe(probe: bool) {
 pub fn registry(dirs: &[PathBuf]) -> Registry {
     let env_value = std::env::var_os(PLUGIN_PATH_ENV);
     let config = HostConfig::default();
-    if PROBE.get().copied().unwrap_or(false) {
+    let discovery = DISCOVERY.get().copied();
+    let registry = if discovery.is_some_and(|d| d.probe) {
         Registry::discover_with(dirs, env_value.as_ref(), true, &config)
     } else {
         Registry::discover_manifests(dirs, env_value.as_ref(), true, &config)
+    };
+    // Workers are this very binary (`delegate-host worker`); without knowing where it is, nothing isolates.
+    match std::env::current_exe() {
+        Ok(exe) => {
+            let isolation = host_runtime::isolate::Isolation::new(exe, ["worker"])
+                .all(discovery.is_some_and(|d| d.isolate))
+                .deadline(discovery.map_or(host_runtime::isolate::DEFAULT_DEADLINE, |d| d.deadline));
+            registry.with_isolation(isolation)
+        }
+        // A plugin whose manifest asks for isolation then serves nothing, and says why.
+        Err(_) => registry,
     }
 }
 
+/// `worker`: serves the host that started this process (see `host_runtime::isolate`).
+pub fn worker() -> Result<(), Failure> {
+    host_runtime::isolate::serve_inherited()
+        .map_err(|err| Failure::coded(ErrorCode::Internal, err.to_string()))
+}
+
 /// `plugin-manifest LIB...`: loads each library once and writes its manifest next to it.
-pub fn write_manifests(libraries: &[PathBuf]) -> Result<(), Failure> {
+pub fn write_manifests(libraries: &[PathBuf], isolate: bool) -> Result<(), Failure> {
     let mut out = String::new();
     for library in libraries {
-        let manifest = describe(library)?;
+        let manifest = PluginManifest { isolate, ..describe(library)? };
         let path = PluginManifest::path_for(library);
         std::fs::write(&path, manifest.to_json()).map_err(|err| {
             Failure::coded(ErrorCode::AccessFailed, format!("cannot write {}: {err}", path.display()))

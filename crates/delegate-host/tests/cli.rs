@@ -1,12 +1,11 @@
 //! The `delegate-host` binary as users run it: exit codes, one-line errors, JSON shapes, end-to-end runs.
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
 use serde_json::Value;
 
 mod common;
-use common::{host, one_line_error, run, stdout_json};
+use common::{dylib, host, one_line_error, run, stdout_json, test_plugin_dir};
 
 fn fixture(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../blob-format/tests/fixtures/upstream").join(name)
@@ -395,41 +394,6 @@ fn run_fills_the_caches_by_default_and_refuses_steps_that_do_not_fit() {
         line.contains("do not fit") && line.contains(&format!("at most {}", cfg.max_decode_steps())),
         "{line}"
     );
-}
-
-/// The directory holding the built test plugins: `cargo xtask test` builds them and says where; a plain
-/// `cargo test` builds them here into a separate target dir (the outer cargo holds the main one's lock).
-fn test_plugin_dir() -> PathBuf {
-    if let Some(dir) = std::env::var_os("DELEGATE_TEST_PLUGIN_DIR") {
-        let dir = PathBuf::from(dir);
-        return if dir.is_absolute() {
-            dir
-        } else {
-            Path::new(env!("CARGO_MANIFEST_DIR")).join("../..").join(dir)
-        };
-    }
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
-    let target = root.join("target").join("plugin-tests");
-    let status = Command::new(env!("CARGO"))
-        .args([
-            "build",
-            "-q",
-            "-p",
-            "abi-test",
-            "-p",
-            "abi-test-future",
-            "-p",
-            "crash-on-load",
-            "-p",
-            "reference-delegate-dylib",
-            "--target-dir",
-        ])
-        .arg(&target)
-        .current_dir(&root)
-        .status()
-        .expect("cargo starts");
-    assert!(status.success(), "building the test plugins failed");
-    target.join("debug")
 }
 
 #[test]
@@ -868,10 +832,6 @@ fn a_program_naming_a_blob_outside_its_directory_runs_only_when_allowed() {
         .arg("--json")
         .env_remove("DELEGATE_PLUGIN_PATH"));
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-}
-
-fn dylib(stem: &str) -> String {
-    format!("{}{stem}{}", std::env::consts::DLL_PREFIX, std::env::consts::DLL_SUFFIX)
 }
 
 /// A manifest for the crash-on-load fixture, which cannot be loaded to describe itself.

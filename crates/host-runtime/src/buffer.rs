@@ -24,6 +24,9 @@ use crate::cuda::{
 pub struct HostStorage {
     ptr: NonNull<u8>,
     len: usize,
+    /// The memory file behind a shared storage ([`HostStorage::shared`]); `None` for heap memory.
+    #[cfg(target_os = "linux")]
+    shared: Option<std::os::fd::OwnedFd>,
 }
 
 // SAFETY: the allocation is owned by this value alone (no other handle exists); `&self` only reads it.
@@ -76,7 +79,43 @@ impl HostStorage {
         // SAFETY: `layout` has a non-zero size (at least one line).
         let ptr = unsafe { std::alloc::alloc_zeroed(layout) };
         let ptr = NonNull::new(ptr).ok_or(refused)?;
-        Ok(HostStorage { ptr, len })
+        Ok(HostStorage {
+            ptr,
+            len,
+            #[cfg(target_os = "linux")]
+            shared: None,
+        })
+    }
+
+    /// `len` zero bytes in a memory file (`memfd`) mapped shared, so that another process given the file
+    /// ([`HostStorage::shared_fd`]) maps the same pages: what an isolated plugin's worker reads and writes in
+    /// place (see [`crate::isolate`]). Page aligned; pages are zero and materialise on first touch.
+    ///
+    /// # Errors
+    /// [`AllocError::Host`] when the file cannot be made or sized, or the mapping is refused.
+    #[cfg(target_os = "linux")]
+    pub fn shared(len: usize) -> Result<HostStorage, AllocError> {
+        use rustix::fs::{ftruncate, memfd_create, MemfdFlags};
+        use rustix::mm::{mmap, MapFlags, ProtFlags};
+        let refused = AllocError::Host { bytes: len };
+        let size = len.max(1);
+        let fd = memfd_create("kv-delegate-buffer", MemfdFlags::CLOEXEC).map_err(|_| refused.clone())?;
+        ftruncate(&fd, size as u64).map_err(|_| refused.clone())?;
+        // SAFETY: a fresh mapping (null hint: the kernel picks an unused range) of `size` bytes of a file we
+        // just sized to `size`; nothing else maps it yet. It is unmapped once, in `Drop`.
+        let ptr = unsafe {
+            mmap(std::ptr::null_mut(), size, ProtFlags::READ | ProtFlags::WRITE, MapFlags::SHARED, &fd, 0)
+        }
+        .map_err(|_| refused.clone())?;
+        let ptr = NonNull::new(ptr.cast::<u8>()).ok_or(refused)?;
+        Ok(HostStorage { ptr, len, shared: Some(fd) })
+    }
+
+    /// The memory file of a [`HostStorage::shared`] storage; `None` for heap memory.
+    #[cfg(target_os = "linux")]
+    pub fn shared_fd(&self) -> Option<std::os::fd::BorrowedFd<'_>> {
+        use std::os::fd::AsFd;
+        self.shared.as_ref().map(|fd| fd.as_fd())
     }
 
     /// Size in bytes.
@@ -127,6 +166,15 @@ impl Clone for HostStorage {
 
 impl Drop for HostStorage {
     fn drop(&mut self) {
+        #[cfg(target_os = "linux")]
+        if self.shared.is_some() {
+            // SAFETY: `ptr` is the start of the `max(len, 1)`-byte mapping made in `shared`, unmapped once, here;
+            // no borrow of it outlives `self`.
+            if let Err(err) = unsafe { rustix::mm::munmap(self.ptr.as_ptr().cast(), self.len.max(1)) } {
+                tracing::warn!("unmapping a shared buffer failed: {err}");
+            }
+            return;
+        }
         if let Some(layout) = layout(self.len) {
             // SAFETY: `ptr` was allocated with this layout (the same `len`) and is freed once, here.
             unsafe { std::alloc::dealloc(self.ptr.as_ptr(), layout) };

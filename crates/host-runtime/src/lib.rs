@@ -38,6 +38,8 @@ pub mod blob_file;
 pub mod buffer;
 pub mod cuda;
 pub mod generate;
+#[cfg(target_os = "linux")]
+pub mod isolate;
 mod lend;
 pub mod plugin_manifest;
 pub mod plugins;

@@ -21,11 +21,13 @@
 //!   "wire_formats": [{ "format": "native", "versions": ">=1.0, <2" }],
 //!   "memory_kinds": ["host", "pinned"],
 //!   "binds_aliases_in_place": true,
-//!   "target": "x86_64-linux"
+//!   "target": "x86_64-linux",
+//!   "isolate": true
 //! }
 //! ```
 //!
-//! It is written from the built library, never by hand: `delegate-host plugin-manifest LIB` loads the library
+//! `isolate` (optional, default `false`) asks hosts to run the library in a worker process
+//! ([`crate::isolate`]). It is written from the built library, never by hand: `delegate-host plugin-manifest LIB` loads the library
 //! once and writes what it says about itself plus the file's SHA-256 (`cargo xtask` does this for the plugins
 //! it builds). When the host does load a library, it compares it with its manifest; a library whose bytes or
 //! self-description differ is rejected with every difference named.
@@ -69,6 +71,11 @@ pub struct PluginManifest {
     pub binds_aliases_in_place: bool,
     /// The machine it was built for: `<arch>-<os>` (e.g. `x86_64-linux`).
     pub target: String,
+    /// Whether a host runs this plugin in a worker process of its own (see [`crate::isolate`]): the
+    /// deployer's choice for a library it does not trust to stay up, written with `delegate-host
+    /// plugin-manifest --isolate`. Not part of the library's self-description.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub isolate: bool,
 }
 
 /// An ABI version range.
@@ -146,6 +153,7 @@ impl PluginManifest {
             memory_kinds: info.memory_kinds.iter().map(|k| k.name().to_owned()).collect(),
             binds_aliases_in_place: info.binds_aliases_in_place,
             target: host_target(),
+            isolate: false,
         })
     }
 

@@ -241,7 +241,7 @@ impl Candidate {
 }
 
 /// Loads the library at `path` and, when it has a manifest, checks the library against it.
-fn load_checked(
+pub(crate) fn load_checked(
     path: &Path,
     manifest: Option<&PluginManifest>,
     config: &HostConfig,
@@ -265,6 +265,31 @@ pub struct Registry {
     serving: BTreeMap<String, usize>,
     /// How listed candidates are loaded when asked for.
     config: HostConfig,
+    /// How plugins run in worker processes; `None`: every plugin runs in this process.
+    #[cfg(target_os = "linux")]
+    isolation: Option<Arc<crate::isolate::Isolation>>,
+}
+
+/// How the plugin serving a backend runs: loaded into this process, or in worker processes.
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub enum Served {
+    /// Loaded here; calls are direct.
+    InProcess(Arc<Plugin>),
+    /// Never loaded here: each instance runs in a worker process (see [`crate::isolate`]).
+    #[cfg(target_os = "linux")]
+    Isolated(crate::isolate::IsolatedPlugin),
+}
+
+impl Served {
+    /// What the plugin says it is (an isolated one: what its manifest says).
+    pub fn info(&self) -> &PluginInfo {
+        match self {
+            Served::InProcess(plugin) => plugin.info(),
+            #[cfg(target_os = "linux")]
+            Served::Isolated(plugin) => &plugin.info,
+        }
+    }
 }
 
 /// The directories searched, in order: `dirs`, then `env_value` split like `PATH` (empty entries dropped).
@@ -431,7 +456,13 @@ impl Registry {
             Ok(plugin) => Candidate::loaded(None, plugin),
             Err(err) => Candidate::rejected(None, err.to_string()),
         });
-        Registry::from_candidates(candidates, self.config)
+        #[cfg_attr(not(target_os = "linux"), allow(unused_mut))]
+        let mut registry = Registry::from_candidates(candidates, self.config);
+        #[cfg(target_os = "linux")]
+        {
+            registry.isolation = self.isolation;
+        }
+        registry
     }
 
     /// Applies the duplicate rule (highest version, then first found) to candidates in search order.
@@ -471,7 +502,13 @@ impl Registry {
                 candidate.serves = info.backends.iter().filter(|b| serves.contains(b)).cloned().collect();
             }
         }
-        Registry { candidates, serving, config }
+        Registry {
+            candidates,
+            serving,
+            config,
+            #[cfg(target_os = "linux")]
+            isolation: None,
+        }
     }
 
     /// Every candidate, in search order (embedded last).
@@ -488,6 +525,46 @@ impl Registry {
             Status::Listed => candidate.load_listed(&self.config),
             _ => candidate.plugin.clone(),
         }
+    }
+
+    /// Runs plugins in worker processes as `isolation` says: every library-loaded plugin
+    /// ([`Isolation::all`](crate::isolate::Isolation::all)) or those whose manifest asks for it. Only plugins
+    /// known from a manifest and not loaded yet can be isolated; embedded plugins always run here.
+    #[cfg(target_os = "linux")]
+    pub fn with_isolation(mut self, isolation: crate::isolate::Isolation) -> Registry {
+        self.isolation = Some(Arc::new(isolation));
+        self
+    }
+
+    /// How the plugin serving `backend` runs: [`Served::Isolated`] for a listed plugin that the isolation
+    /// settings cover (its library is not loaded here), otherwise [`Registry::for_backend`]'s plugin. A
+    /// plugin whose manifest asks for isolation is never loaded into a host without isolation settings: it
+    /// serves nothing there, and [`Registry::unavailable_for`] says why.
+    pub fn served(&self, backend: &str) -> Option<Served> {
+        let candidate = &self.candidates[*self.serving.get(backend)?];
+        #[cfg(target_os = "linux")]
+        if let (Status::Listed, Some(manifest), Some(path), Some(info)) =
+            (&candidate.status, &candidate.manifest, &candidate.path, &candidate.info)
+        {
+            match &self.isolation {
+                Some(isolation) if isolation.applies(manifest.isolate) => {
+                    return Some(Served::Isolated(crate::isolate::IsolatedPlugin {
+                        library: path.clone(),
+                        info: info.clone(),
+                        isolation: isolation.clone(),
+                    }))
+                }
+                None if manifest.isolate => {
+                    let _ = candidate
+                        .lazy
+                        .set(Err("its manifest asks to run it in a worker process, and this host runs none"
+                            .to_owned()));
+                    return None;
+                }
+                _ => {}
+            }
+        }
+        self.for_backend(backend).map(Served::InProcess)
     }
 
     /// Plugins that offer `backend` but cannot serve it: those that said they cannot run on this machine, and
@@ -745,6 +822,32 @@ mod tests {
             path,
             [(PathBuf::from("/a"), true), (PathBuf::from("/b"), false), (PathBuf::from("/c"), false)]
         );
+    }
+
+    #[test]
+    fn a_plugin_whose_manifest_asks_for_isolation_never_loads_into_a_host_without_workers() {
+        let dir = dir_with_manifest(|m| m.isolate = true);
+        let registry = discover_manifests(dir.path());
+        assert!(registry.served("AbiTestBackend").is_none());
+        assert!(registry.candidates()[0].plugin().is_none(), "the library was not opened");
+        let reasons: Vec<(&str, &str)> = registry.unavailable_for("AbiTestBackend").collect();
+        assert_eq!(
+            reasons,
+            [("abi-test", "its manifest asks to run it in a worker process, and this host runs none")]
+        );
+        // With workers, it is served isolated (still without opening the library here).
+        let isolated = discover_manifests(dir.path())
+            .with_isolation(crate::isolate::Isolation::new("/nonexistent/worker", ["worker"]));
+        match isolated.served("AbiTestBackend") {
+            Some(Served::Isolated(plugin)) => assert_eq!(plugin.info.name, "abi-test"),
+            other => panic!("expected an isolated plugin, got {other:?}"),
+        }
+        assert!(isolated.candidates()[0].plugin().is_none());
+        // Without the manifest's flag, only `all` isolates it.
+        let plain = dir_with_manifest(|_| {});
+        let here = discover_manifests(plain.path())
+            .with_isolation(crate::isolate::Isolation::new("/nonexistent/worker", ["worker"]));
+        assert!(matches!(here.served("AbiTestBackend"), Some(Served::InProcess(_))));
     }
 
     /// A directory with the abi-test plugin and its manifest as the tool writes it; `edit` changes the manifest.

@@ -32,14 +32,14 @@ use std::time::{Duration, Instant};
 use alias_validate::ArgLayout;
 use blob_format::model::{Dim, DisplayShape, Role};
 use blob_format::Blob;
-use delegate_abi::host::{ArgList, Instance, Plugin};
+use delegate_abi::host::{ArgList, Instance};
 use delegate_abi::{Compatibility, DTypeCode, DelegateError, InitContext, MemoryKind};
 use program_manifest::{ArgRef, Location, Manifest, Method, TensorDecl};
 
 use crate::blob_file::BlobFile;
 use crate::buffer::{AllocError, Storage};
 use crate::cuda::{self, Contexts, FeedbackArgs, FeedbackKernel};
-use crate::plugins::Registry;
+use crate::plugins::{Registry, Served};
 
 /// How a buffer-mutation output slot is passed to the delegate.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize)]
@@ -404,7 +404,7 @@ pub(crate) struct Embedded {
 /// A call checked against its blob and plugin, not yet initialised.
 struct PlannedCall {
     file: BlobBytes,
-    plugin: std::sync::Arc<Plugin>,
+    plugin: Served,
     args: Vec<ArgPlan>,
     /// The buffer each copy-back scratch slot mirrors, by scratch index.
     scratch_of: Vec<usize>,
@@ -412,9 +412,31 @@ struct PlannedCall {
     streamed: bool,
 }
 
+/// Where a call's instance runs.
+enum Runner {
+    /// In this process.
+    InProcess(Instance),
+    /// In a worker process; started once its argument list exists (see `Program::load_embedded`).
+    #[cfg(target_os = "linux")]
+    Isolated(Option<Box<crate::isolate::IsolatedCall>>, Box<crate::isolate::IsolatedPlugin>),
+}
+
+impl Runner {
+    fn plugin_name(&self) -> &str {
+        match self {
+            Runner::InProcess(instance) => &instance.plugin().info().name,
+            #[cfg(target_os = "linux")]
+            Runner::Isolated(_, plugin) => &plugin.info.name,
+        }
+    }
+}
+
 struct LoadedCall {
     backend: String,
-    instance: Instance,
+    runner: Runner,
+    /// The blob, kept until an isolated call's worker has it.
+    #[cfg(target_os = "linux")]
+    pending_blob: Option<BlobBytes>,
     args: Vec<ArgPlan>,
     /// The call's arguments, built once at load from the program's storages (whose addresses never change)
     /// and passed as they are to every `execute`: a step pushes nothing and allocates nothing.
@@ -468,7 +490,7 @@ impl LoadedMethod {
                 return Err(format!(
                     "call {index} ({}) is served by plugin '{}', which computes on the host (it does not accept device memory)",
                     call.backend,
-                    call.instance.plugin().info().name
+                    call.runner.plugin_name()
                 ));
             }
             if let Some(&(scratch, _)) = call.writebacks.iter().find(|&&(s, _)| call.scratch[s].host_copied())
@@ -520,9 +542,24 @@ fn abi_memory(kind: program_manifest::MemoryKind) -> MemoryKind {
     }
 }
 
-fn allocate(decl: &TensorDecl, contexts: &mut Contexts) -> Result<Storage, Error> {
+/// Storage for a tensor; host memory in a shared memory file when `shared` (a program with isolated calls).
+fn zeroed(
+    memory: MemoryKind,
+    device: i32,
+    len: usize,
+    contexts: &mut Contexts,
+    shared: bool,
+) -> Result<Storage, AllocError> {
+    match (memory, shared) {
+        #[cfg(target_os = "linux")]
+        (MemoryKind::Host, true) => Ok(Storage::Host(crate::buffer::HostStorage::shared(len)?)),
+        _ => Storage::zeroed(memory, device, len, contexts),
+    }
+}
+
+fn allocate(decl: &TensorDecl, contexts: &mut Contexts, shared: bool) -> Result<Storage, Error> {
     let memory = abi_memory(decl.memory);
-    Storage::zeroed(memory, decl.device, host_size(decl.nbytes()), contexts)
+    zeroed(memory, decl.device, host_size(decl.nbytes()), contexts, shared)
         .map_err(|source| Error::BufferMemory { buffer: decl.name.clone(), memory, source })
 }
 
@@ -531,12 +568,13 @@ fn allocate_io(
     role: IoRole,
     decls: &[TensorDecl],
     contexts: &mut Contexts,
+    shared: bool,
 ) -> Result<Vec<Storage>, Error> {
     decls
         .iter()
         .map(|d| {
             let memory = abi_memory(d.memory);
-            Storage::zeroed(memory, d.device, host_size(d.nbytes()), contexts).map_err(|source| {
+            zeroed(memory, d.device, host_size(d.nbytes()), contexts, shared).map_err(|source| {
                 Error::TensorMemory {
                     method: method.name.clone(),
                     role,
@@ -717,14 +755,19 @@ impl Program {
             planned.push(calls);
         }
         let mut contexts = Contexts::new();
+        // A worker process reads and writes the program's host memory in place: it lives in memory files.
+        #[cfg(target_os = "linux")]
+        let shared = planned.iter().flatten().any(|call| matches!(call.plugin, Served::Isolated(_)));
+        #[cfg(not(target_os = "linux"))]
+        let shared = false;
         let mut buffers = decls
             .iter()
-            .map(|&decl| Ok(Buffer { decl: decl.clone(), storage: allocate(decl, &mut contexts)? }))
+            .map(|&decl| Ok(Buffer { decl: decl.clone(), storage: allocate(decl, &mut contexts, shared)? }))
             .collect::<Result<Vec<Buffer>, Error>>()?;
         let mut io = Vec::with_capacity(manifest.methods.len());
         for method in manifest.methods.values() {
-            let inputs = allocate_io(method, IoRole::Input, &method.inputs, &mut contexts)?;
-            let outputs = allocate_io(method, IoRole::Output, &method.outputs, &mut contexts)?;
+            let inputs = allocate_io(method, IoRole::Input, &method.inputs, &mut contexts, shared)?;
+            let outputs = allocate_io(method, IoRole::Output, &method.outputs, &mut contexts, shared)?;
             io.push((inputs, outputs));
         }
         let gpu = match device {
@@ -740,7 +783,7 @@ impl Program {
         for ((method, planned), (inputs, outputs)) in manifest.methods.values().zip(planned).zip(io) {
             let mut calls = Vec::with_capacity(planned.len());
             for (index, call) in planned.into_iter().enumerate() {
-                calls.push(init_call(method, index, call, &buffers, &mut contexts)?);
+                calls.push(init_call(method, index, call, &buffers, &mut contexts, shared)?);
             }
             let copies = embedded.copies.remove(&method.name).unwrap_or_default();
             methods.push(LoadedMethod { decl: method.clone(), inputs, outputs, calls, copies });
@@ -757,6 +800,10 @@ impl Program {
                             ))
                         })?;
             }
+        }
+        #[cfg(target_os = "linux")]
+        if shared {
+            start_isolated(&mut methods, &buffers)?;
         }
         static NEXT_ID: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
         let id = NEXT_ID.fetch_add(1, Ordering::Relaxed);
@@ -1012,7 +1059,15 @@ impl Program {
                 None => None,
             };
             // The list was built at load from these storages; `&mut self` keeps every other access off them.
-            let result = call.instance.execute(&mut call.arg_list, stream);
+            let result = match &mut call.runner {
+                Runner::InProcess(instance) => instance.execute(&mut call.arg_list, stream),
+                #[cfg(target_os = "linux")]
+                Runner::Isolated(Some(worker), _) => worker.execute(),
+                #[cfg(target_os = "linux")]
+                Runner::Isolated(None, _) => {
+                    Err(DelegateError::internal("the isolated call was never started"))
+                }
+            };
             if let (Some(gpu), Some(_)) = (gpu, stream) {
                 gpu.queued();
             }
@@ -1309,7 +1364,7 @@ fn plan_call(
     }
     let plan = alias_validate::validate_format(header)
         .map_err(|source| Error::Alias { path: call.blob.clone(), source })?;
-    let plugin = registry.for_backend(&call.backend).ok_or_else(|| Error::NoPlugin {
+    let plugin = registry.served(&call.backend).ok_or_else(|| Error::NoPlugin {
         manifest: manifest.path.clone(),
         location: call.location,
         backend: call.backend.clone(),
@@ -1322,8 +1377,14 @@ fn plan_call(
             .map(|(name, reason)| format!("; plugin {name} offers it but is unavailable: {reason}"))
             .collect(),
     })?;
-    // The plugin's own header-only answer, before anything is allocated or initialised.
-    match plugin.compatibility(file.bytes()) {
+    // The plugin's own header-only answer, before anything is allocated or initialised (an isolated plugin
+    // gives it in its worker, before its init).
+    let compatibility = match &plugin {
+        Served::InProcess(plugin) => plugin.compatibility(file.bytes()),
+        #[cfg(target_os = "linux")]
+        Served::Isolated(_) => Ok(Compatibility::Supported),
+    };
+    match compatibility {
         Ok(Compatibility::Supported) => {}
         Ok(Compatibility::RebuildRecommended { reason }) => {
             tracing::warn!(blob = %call.blob.display(), plugin = %plugin.info().name, "rebuild recommended: {reason}");
@@ -1490,12 +1551,64 @@ fn plan_call(
                 ),
             ));
         }
+        #[cfg(target_os = "linux")]
+        if matches!(plugin, Served::Isolated(_)) && memory != MemoryKind::Host {
+            return Err(wrong(
+                at,
+                format!(
+                    "argument {pos} ('{}') is in {memory} memory, but plugin '{}' runs isolated in a worker \
+                     process, which shares host memory only",
+                    binding.name,
+                    plugin.info().name
+                ),
+            ));
+        }
         let dtype = DTypeCode::try_from(decl.dtype).map_err(|err| wrong(at, err.to_string()))?;
         args.push(ArgPlan { source, dtype, shape: decl.shape.iter().map(|&d| d as i64).collect() });
     }
 
-    let streamed = plugin.info().memory_kinds.contains(&MemoryKind::Device);
+    let streamed = match &plugin {
+        Served::InProcess(plugin) => plugin.info().memory_kinds.contains(&MemoryKind::Device),
+        #[cfg(target_os = "linux")]
+        Served::Isolated(_) => false,
+    };
     Ok(PlannedCall { file, plugin, args, scratch_of, streamed })
+}
+
+/// Starts the worker of every isolated call, now that its argument list exists: the worker gets the list's
+/// memory files and rebuilds the list over them.
+#[cfg(target_os = "linux")]
+fn start_isolated(methods: &mut [LoadedMethod], buffers: &[Buffer]) -> Result<(), Error> {
+    use crate::isolate::{IsolatedCall, Region};
+    let mut regions = Vec::new();
+    {
+        let storages = buffers.iter().map(|b| &b.storage).chain(methods.iter().flat_map(|m| {
+            m.inputs.iter().chain(&m.outputs).chain(m.calls.iter().flat_map(|c| c.scratch.iter()))
+        }));
+        for storage in storages {
+            if let Some(region) = Region::of(storage) {
+                regions
+                    .push(region.map_err(|err| {
+                        Error::Usage(format!("cannot share a buffer with a worker: {err}"))
+                    })?);
+            }
+        }
+    }
+    for m in methods {
+        for (index, call) in m.calls.iter_mut().enumerate() {
+            let Runner::Isolated(worker @ None, plugin) = &mut call.runner else { continue };
+            let Some(blob) = call.pending_blob.take() else { continue };
+            let started = IsolatedCall::start((**plugin).clone(), blob.bytes(), &call.arg_list, &regions);
+            *worker = Some(started.map(Box::new).map_err(|source| Error::Delegate {
+                method: m.decl.name.clone(),
+                call: index,
+                backend: call.backend.clone(),
+                stage: "init",
+                source,
+            })?);
+        }
+    }
+    Ok(())
 }
 
 /// Allocates a planned call's copy-back scratch (each of its buffer's memory kind, size and device) and
@@ -1506,14 +1619,34 @@ fn init_call(
     planned: PlannedCall,
     buffers: &[Buffer],
     contexts: &mut Contexts,
+    shared: bool,
 ) -> Result<LoadedCall, Error> {
     let PlannedCall { file, plugin, args, scratch_of, streamed } = planned;
     let backend = method.calls[index].backend.clone();
     let scratch = scratch_of
         .iter()
-        .map(|&b| allocate(&buffers[b].decl, contexts))
+        .map(|&b| allocate(&buffers[b].decl, contexts, shared))
         .collect::<Result<Vec<Storage>, Error>>()?;
     let writebacks = scratch_of.iter().copied().enumerate().collect();
+    let arg_list = ArgList::with_capacity(args.len());
+    let plugin = match plugin {
+        Served::InProcess(plugin) => plugin,
+        #[cfg(target_os = "linux")]
+        Served::Isolated(plugin) => {
+            let runner = Runner::Isolated(None, Box::new(plugin));
+            let pending_blob = Some(file);
+            return Ok(LoadedCall {
+                backend,
+                runner,
+                pending_blob,
+                args,
+                arg_list,
+                scratch,
+                writebacks,
+                streamed,
+            });
+        }
+    };
     let ctx = InitContext { blob: file.bytes(), compile_specs: &[], runtime_specs: &[] };
     let instance = plugin.init(&ctx).map_err(|source| Error::Delegate {
         method: method.name.clone(),
@@ -1522,8 +1655,17 @@ fn init_call(
         stage: "init",
         source,
     })?;
-    let arg_list = ArgList::with_capacity(args.len());
-    Ok(LoadedCall { backend, instance, args, arg_list, scratch, writebacks, streamed })
+    Ok(LoadedCall {
+        backend,
+        runner: Runner::InProcess(instance),
+        #[cfg(target_os = "linux")]
+        pending_blob: None,
+        args,
+        arg_list,
+        scratch,
+        writebacks,
+        streamed,
+    })
 }
 
 #[cfg(test)]

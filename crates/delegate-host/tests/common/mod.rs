@@ -1,5 +1,8 @@
 //! What every CLI test does: run the built binary and read its stdout or its one error line.
+// Each test binary uses a subset of these helpers.
+#![allow(dead_code)]
 
+use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 use serde_json::Value;
@@ -29,4 +32,46 @@ pub fn one_line_error(out: &Output) -> String {
     assert!(lines[0].starts_with("error: "), "{stderr}");
     assert!(!stderr.contains("panicked") && !stderr.contains("RUST_BACKTRACE"), "{stderr}");
     lines[0].to_owned()
+}
+
+/// The directory holding the built test plugins: `cargo xtask test` builds them and says where; a plain
+/// `cargo test` builds them here into a separate target dir (the outer cargo holds the main one's lock).
+pub fn test_plugin_dir() -> PathBuf {
+    if let Some(dir) = std::env::var_os("DELEGATE_TEST_PLUGIN_DIR") {
+        let dir = PathBuf::from(dir);
+        return if dir.is_absolute() {
+            dir
+        } else {
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("../..").join(dir)
+        };
+    }
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let target = root.join("target").join("plugin-tests");
+    let status = Command::new(env!("CARGO"))
+        .args([
+            "build",
+            "-q",
+            "-p",
+            "abi-test",
+            "-p",
+            "abi-test-future",
+            "-p",
+            "crash-on-load",
+            "-p",
+            "misbehave-delegate",
+            "-p",
+            "reference-delegate-dylib",
+            "--target-dir",
+        ])
+        .arg(&target)
+        .current_dir(&root)
+        .status()
+        .expect("cargo starts");
+    assert!(status.success(), "building the test plugins failed");
+    target.join("debug")
+}
+
+/// `libstem.so` (the platform's library file name).
+pub fn dylib(stem: &str) -> String {
+    format!("{}{stem}{}", std::env::consts::DLL_PREFIX, std::env::consts::DLL_SUFFIX)
 }

@@ -1,0 +1,53 @@
+//! After an isolated plugin's worker dies, the host carries on: the failed call is one error, and the next
+//! call starts a new worker that initialises again and computes what an in-process plugin computes.
+//!
+//! Its own test binary: it sets `MISBEHAVE` for the workers it starts, in its own environment.
+
+use host_runtime::isolate::Isolation;
+use host_runtime::plugins::Registry;
+use host_runtime::program::{Mode, Program};
+
+mod common;
+use common::{dylib, host, run, test_plugin_dir};
+
+#[test]
+fn the_call_after_a_worker_dies_starts_a_new_worker_that_decodes_like_the_host() {
+    let plugins = tempfile::tempdir().expect("temp dir");
+    let library = plugins.path().join(dylib("misbehave_delegate"));
+    std::fs::copy(test_plugin_dir().join(dylib("misbehave_delegate")), &library).expect("copy the plugin");
+    assert!(run(host().arg("plugin-manifest").arg(&library)).status.success());
+    let example = tempfile::tempdir().expect("temp dir");
+    let cfg = kv_example::Config::tiny();
+    kv_example::export::reference(&cfg, example.path()).expect("export");
+    let manifest = program_manifest::Manifest::load(&example.path().join("program.toml")).expect("manifest");
+
+    // The first execute of the first worker aborts; every later one behaves.
+    let marker = plugins.path().join("aborted");
+    // SAFETY (of the environment): this test binary runs this one test; nothing reads the environment
+    // concurrently.
+    std::env::set_var("MISBEHAVE", format!("abort-once:{}", marker.display()));
+
+    let dirs = [plugins.path().to_path_buf()];
+    let isolated = Registry::discover_manifests(&dirs, None, true, &Default::default())
+        .with_isolation(Isolation::new(env!("CARGO_BIN_EXE_delegate-host"), ["worker"]).all(true));
+    let mut program = Program::load(manifest.clone(), &isolated, Mode::ZeroCopy).expect("loads");
+    let err = program.execute("prefill").expect_err("the worker aborts");
+    let text = err.to_string();
+    assert!(
+        text.contains("killed by signal 6 (SIGABRT)") && text.contains("the next call starts a new one"),
+        "{text}"
+    );
+    assert_eq!(et_error::HasErrorCode::error_code(&err), et_error::ErrorCode::Internal, "{text}");
+    assert!(marker.exists());
+
+    let isolated_run = host_runtime::generate::generate(&mut program, cfg.max_decode_steps(), |_, _| Ok(()))
+        .expect("the next calls start a new worker");
+    let embedded = Registry::discover_manifests(&[], None, true, &Default::default());
+    let mut here = Program::load(manifest, &embedded, Mode::ZeroCopy).expect("loads");
+    let here_run =
+        host_runtime::generate::generate(&mut here, cfg.max_decode_steps(), |_, _| Ok(())).expect("runs");
+    assert_eq!(isolated_run.tokens, here_run.tokens);
+    for cache in ["k_cache_0", "v_cache_0"] {
+        assert_eq!(program.buffer(cache).expect("cache"), here.buffer(cache).expect("cache"), "{cache}");
+    }
+}

@@ -1,0 +1,737 @@
+//! Isolated plugins: a plugin library run in a worker process of its own, so that a native library that
+//! aborts, crashes or hangs inside a call ends that call, not the host.
+//!
+//! # How a call crosses
+//!
+//! A program with an isolated call allocates its host memory as memory files (`memfd`, see
+//! [`HostStorage::shared`](crate::buffer::HostStorage::shared)). At load, the host starts the worker (the
+//! [`Isolation`]'s command; `delegate-host worker` for the CLI) with one end of a Unix socket as descriptor
+//! [`WORKER_FD`], and sends it, once: the library's path, the blob (in a memory file of its own), the memory
+//! files the call's arguments live in, and each argument as (file, offset, size, dtype, shape, flags). The
+//! worker maps the same pages, loads the library (checked against its manifest), initialises the instance and
+//! builds its argument list once. Each `execute` is then one small message each way; the arguments never
+//! travel: the plugin reads and writes the caller's caches in place, so zero-copy aliasing still holds.
+//!
+//! # Failure
+//!
+//! A worker that dies (a signal, an exit) or does not answer within the per-call deadline (it is then
+//! killed) fails that call as [`ErrorCode::Internal`](delegate_abi::ErrorCode::Internal), naming the signal,
+//! the exit status or the deadline. The host carries on; the next call starts a fresh worker and initialises
+//! it again from the same blob. The caches live in the host's memory, so they survive the worker; what the
+//! plugin kept in its own instance (delegate-owned state) starts over.
+//!
+//! Device memory does not cross (CUDA IPC is not implemented): a call whose arguments are not host memory
+//! is refused at load, naming the argument.
+//!
+//! This module's `unsafe` is the worker's mapping of the host's memory files and the argument list it
+//! builds over them.
+#![allow(unsafe_code)]
+
+use std::ffi::OsString;
+use std::io::{self, Read, Write};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::os::unix::net::UnixStream;
+use std::os::unix::process::ExitStatusExt;
+use std::path::PathBuf;
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use delegate_abi::host::{ArgList, HostConfig, Instance};
+use delegate_abi::{
+    Compatibility, DTypeCode, DelegateError, ErrorCode, ExecStats, InitContext, MemoryKind, PluginInfo,
+    TensorArg,
+};
+use serde::{Deserialize, Serialize};
+
+/// The descriptor number of the socket in the worker process.
+pub const WORKER_FD: i32 = 3;
+
+/// How long one `execute` of an isolated plugin may take before its worker is killed, unless configured.
+pub const DEFAULT_DEADLINE: Duration = Duration::from_secs(10);
+
+/// How long a worker may take to load its library and initialise, whatever the per-call deadline (building
+/// an engine at init can take a while).
+pub const MIN_INIT_DEADLINE: Duration = Duration::from_secs(60);
+
+/// Most memory files one call's arguments may live in.
+const MAX_REGIONS: usize = 64;
+
+/// Largest message the worker accepts (the init request: paths and argument descriptions).
+const MAX_MESSAGE: u32 = 1 << 20;
+
+/// How isolated plugins are run: the worker command, the per-call deadline, and which plugins.
+#[derive(Debug, Clone)]
+pub struct Isolation {
+    program: PathBuf,
+    args: Vec<OsString>,
+    deadline: Duration,
+    all: bool,
+}
+
+impl Isolation {
+    /// Workers run `program args...`, which must serve the socket at [`WORKER_FD`] with [`serve`] (e.g.
+    /// `delegate-host worker`). Plugins whose manifest asks for it (`"isolate": true`) are isolated; the
+    /// deadline is [`DEFAULT_DEADLINE`].
+    pub fn new(
+        program: impl Into<PathBuf>,
+        args: impl IntoIterator<Item = impl Into<OsString>>,
+    ) -> Isolation {
+        Isolation {
+            program: program.into(),
+            args: args.into_iter().map(Into::into).collect(),
+            deadline: DEFAULT_DEADLINE,
+            all: false,
+        }
+    }
+
+    /// Isolates every plugin loaded from a library, not only those whose manifest asks for it.
+    pub fn all(mut self, all: bool) -> Isolation {
+        self.all = all;
+        self
+    }
+
+    /// The per-call deadline.
+    pub fn deadline(mut self, deadline: Duration) -> Isolation {
+        self.deadline = deadline;
+        self
+    }
+
+    /// Whether a plugin with this manifest flag runs isolated.
+    pub(crate) fn applies(&self, manifest_asks: bool) -> bool {
+        self.all || manifest_asks
+    }
+}
+
+/// A plugin library that runs in worker processes: what the host knows of it without loading it.
+#[derive(Debug, Clone)]
+pub struct IsolatedPlugin {
+    /// The library file.
+    pub library: PathBuf,
+    /// What its manifest says it is.
+    pub info: PluginInfo,
+    pub(crate) isolation: Arc<Isolation>,
+}
+
+/// One argument as the worker rebuilds it: where its bytes are in the shared memory files, and its metadata.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct ArgDesc {
+    region: usize,
+    offset: u64,
+    nbytes: u64,
+    dtype: u8,
+    flags: u32,
+    dims: Vec<i64>,
+}
+
+/// The first message to a worker; the blob's and the regions' memory files travel with it.
+#[derive(Debug, Serialize, Deserialize)]
+struct InitRequest {
+    library: PathBuf,
+    blob_len: u64,
+    region_lens: Vec<u64>,
+    args: Vec<ArgDesc>,
+}
+
+const EXECUTE: u8 = b'x';
+const REPLY_OK: u8 = 0;
+const REPLY_ERR: u8 = 1;
+
+/// A shared host storage an argument may live in: its address range and its memory file.
+pub(crate) struct Region {
+    pub(crate) base: usize,
+    pub(crate) len: usize,
+    pub(crate) fd: OwnedFd,
+}
+
+impl Region {
+    /// The region of a shared host storage; `None` for any other storage.
+    pub(crate) fn of(storage: &crate::buffer::Storage) -> Option<io::Result<Region>> {
+        match storage {
+            crate::buffer::Storage::Host(host) => {
+                let fd = host.shared_fd()?;
+                Some(fd.try_clone_to_owned().map(|fd| Region {
+                    base: host.bytes().as_ptr() as usize,
+                    len: host.len(),
+                    fd,
+                }))
+            }
+            _ => None,
+        }
+    }
+}
+
+/// One isolated call's instance: the worker running it, and everything needed to start another.
+pub(crate) struct IsolatedCall {
+    plugin: IsolatedPlugin,
+    blob: OwnedFd,
+    blob_len: u64,
+    regions: Vec<(OwnedFd, u64)>,
+    args: Vec<ArgDesc>,
+    worker: Option<Worker>,
+    reply: Vec<u8>,
+}
+
+struct Worker {
+    child: Child,
+    socket: UnixStream,
+}
+
+impl std::fmt::Debug for IsolatedCall {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("IsolatedCall")
+            .field("library", &self.plugin.library)
+            .field("worker", &self.worker.as_ref().map(|w| w.child.id()))
+            .finish()
+    }
+}
+
+impl IsolatedCall {
+    /// Prepares the call: the blob goes into a memory file (one copy, at load), each argument is located in
+    /// `regions`, and the first worker is started and initialised.
+    pub(crate) fn start(
+        plugin: IsolatedPlugin,
+        blob: &[u8],
+        args: &ArgList<'_>,
+        regions: &[Region],
+    ) -> Result<IsolatedCall, DelegateError> {
+        let internal = |what: &str, err: io::Error| DelegateError::internal(format!("{what}: {err}"));
+        let blob_file = rustix::fs::memfd_create("kv-delegate-blob", rustix::fs::MemfdFlags::CLOEXEC)
+            .map_err(|err| internal("cannot make the blob's memory file", err.into()))?;
+        std::fs::File::from(blob_file.try_clone().map_err(|err| internal("dup", err))?)
+            .write_all(blob)
+            .map_err(|err| internal("cannot copy the blob for the worker", err))?;
+        let mut used: Vec<usize> = Vec::new();
+        let mut descs = Vec::with_capacity(args.len());
+        for (index, arg) in args.as_slice().iter().enumerate() {
+            if arg.memory() != MemoryKind::Host {
+                return Err(DelegateError::not_supported(format!(
+                    "argument {index} is {} memory; an isolated plugin shares host memory only",
+                    arg.memory()
+                )));
+            }
+            let addr = arg.data as usize;
+            let found =
+                regions.iter().position(|r| addr >= r.base && addr + arg.nbytes as usize <= r.base + r.len);
+            let Some(region) = found else {
+                return Err(DelegateError::internal(format!(
+                    "argument {index} is not in shared memory (the program was not loaded for isolation)"
+                )));
+            };
+            let slot = match used.iter().position(|&r| r == region) {
+                Some(slot) => slot,
+                None => {
+                    used.push(region);
+                    used.len() - 1
+                }
+            };
+            descs.push(ArgDesc {
+                region: slot,
+                offset: (addr - regions[region].base) as u64,
+                nbytes: arg.nbytes,
+                dtype: arg.dtype.get(),
+                flags: arg.flags,
+                dims: arg.dims().to_vec(),
+            });
+        }
+        if used.len() > MAX_REGIONS {
+            return Err(DelegateError::not_supported(format!(
+                "the call's arguments live in {} buffers; an isolated call takes at most {MAX_REGIONS}",
+                used.len()
+            )));
+        }
+        let regions = used
+            .iter()
+            .map(|&r| {
+                let fd = regions[r].fd.try_clone().map_err(|err| internal("dup", err))?;
+                Ok((fd, regions[r].len as u64))
+            })
+            .collect::<Result<Vec<_>, DelegateError>>()?;
+        let mut call = IsolatedCall {
+            plugin,
+            blob: blob_file,
+            blob_len: blob.len() as u64,
+            regions,
+            args: descs,
+            worker: None,
+            reply: Vec::with_capacity(256),
+        };
+        call.spawn()?;
+        Ok(call)
+    }
+
+    fn name(&self) -> &str {
+        &self.plugin.info.name
+    }
+
+    /// Starts a worker and initialises the instance in it.
+    fn spawn(&mut self) -> Result<(), DelegateError> {
+        use command_fds::{CommandFdExt, FdMapping};
+        let isolation = self.plugin.isolation.clone();
+        let name = self.plugin.info.name.clone();
+        let internal = |what: String| DelegateError::internal(format!("plugin '{name}': {what}"));
+        let (host, worker) =
+            UnixStream::pair().map_err(|err| internal(format!("cannot make a socket: {err}")))?;
+        let mut cmd = Command::new(&isolation.program);
+        cmd.args(&isolation.args).stdin(Stdio::null());
+        // What the plugin prints is not the host's output: the worker's stdout is the host's stderr.
+        match io::stderr().as_fd().try_clone_to_owned() {
+            Ok(stderr) => cmd.stdout(Stdio::from(stderr)),
+            Err(_) => cmd.stdout(Stdio::null()),
+        };
+        cmd.fd_mappings(vec![FdMapping { parent_fd: worker.into(), child_fd: WORKER_FD }])
+            .map_err(|err| internal(format!("cannot pass the socket: {err}")))?;
+        let child = cmd.spawn().map_err(|err| {
+            internal(format!("cannot start the worker {}: {err}", isolation.program.display()))
+        })?;
+        drop(cmd); // closes the parent's copy of the worker's end, so the worker's death reads as end of file
+        let init_deadline = isolation.deadline.max(MIN_INIT_DEADLINE);
+        host.set_read_timeout(Some(init_deadline))
+            .map_err(|err| internal(format!("cannot set the deadline: {err}")))?;
+        self.worker = Some(Worker { child, socket: host });
+        let request = InitRequest {
+            library: self.plugin.library.clone(),
+            blob_len: self.blob_len,
+            region_lens: self.regions.iter().map(|(_, len)| *len).collect(),
+            args: self.args.clone(),
+        };
+        let payload = serde_json::to_vec(&request).map_err(|err| internal(err.to_string()))?;
+        let mut fds = vec![self.blob.as_fd()];
+        fds.extend(self.regions.iter().map(|(fd, _)| fd.as_fd()));
+        let sent = match &self.worker {
+            Some(worker) => send_frame(worker.socket.as_fd(), &payload, &fds),
+            None => Ok(()),
+        };
+        let result = match sent {
+            Ok(()) => self.answer("init", init_deadline),
+            Err(err) => Err(self.failure("init", err, init_deadline)),
+        };
+        match result {
+            Ok(_) => {
+                let deadline = isolation.deadline;
+                if let Some(worker) = &self.worker {
+                    worker
+                        .socket
+                        .set_read_timeout(Some(deadline))
+                        .map_err(|err| internal(format!("cannot set the deadline: {err}")))?;
+                }
+                Ok(())
+            }
+            Err(err) => {
+                self.stop();
+                Err(err)
+            }
+        }
+    }
+
+    /// Runs the call in the worker, starting one first if the last one died.
+    pub(crate) fn execute(&mut self) -> Result<ExecStats, DelegateError> {
+        if self.worker.is_none() {
+            self.spawn()?;
+        }
+        let deadline = self.plugin.isolation.deadline;
+        let sent = match &self.worker {
+            Some(worker) => send_all(worker.socket.as_fd(), &[1, 0, 0, 0, EXECUTE]),
+            None => Ok(()),
+        };
+        sent.map_err(|err| self.failure("execute", err, deadline))?;
+        self.answer("execute", deadline)
+    }
+
+    /// Reads the worker's answer to one request.
+    fn answer(&mut self, stage: &str, deadline: Duration) -> Result<ExecStats, DelegateError> {
+        let Some(worker) = self.worker.as_mut() else {
+            return Err(DelegateError::internal("no worker"));
+        };
+        let mut header = [0u8; 4];
+        let read = worker.socket.read_exact(&mut header).and_then(|()| {
+            let len = u32::from_le_bytes(header);
+            if len == 0 || len > MAX_MESSAGE {
+                return Err(io::Error::new(io::ErrorKind::InvalidData, format!("a {len}-byte answer")));
+            }
+            self.reply.resize(len as usize, 0);
+            worker.socket.read_exact(&mut self.reply)
+        });
+        read.map_err(|err| self.failure(stage, err, deadline))?;
+        match self.reply.split_first() {
+            Some((&REPLY_OK, rest)) if rest.len() == 16 => {
+                let word = |at: usize| {
+                    let mut bytes = [0u8; 8];
+                    bytes.copy_from_slice(&rest[at..at + 8]);
+                    u64::from_le_bytes(bytes)
+                };
+                Ok(ExecStats { reflect_bytes: word(0), staged_bytes: word(8) })
+            }
+            Some((&REPLY_ERR, rest)) if rest.len() >= 4 => {
+                let code = u32::from_le_bytes([rest[0], rest[1], rest[2], rest[3]]);
+                let message = String::from_utf8_lossy(&rest[4..]).into_owned();
+                Err(DelegateError::new(ErrorCode::from_u32(code), message))
+            }
+            _ => {
+                self.stop();
+                Err(DelegateError::internal(format!(
+                    "plugin '{}' (isolated): the worker answered {stage} with a malformed message; it was stopped",
+                    self.name()
+                )))
+            }
+        }
+    }
+
+    /// The error for a call whose worker failed to answer: it is killed if still running, and reaped.
+    fn failure(&mut self, stage: &str, err: io::Error, deadline: Duration) -> DelegateError {
+        let timed_out = matches!(err.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut);
+        let status = self.stop();
+        let what = match (timed_out, status) {
+            (true, _) => {
+                format!("did not answer {stage} within its {} deadline and was killed", human(deadline))
+            }
+            (false, Some(status)) => format!("died during {stage}: {}", describe_exit(status)),
+            (false, None) => format!("failed during {stage}: {err}"),
+        };
+        DelegateError::internal(format!(
+            "plugin '{}' (isolated, {}): the worker {what}; the next call starts a new one",
+            self.name(),
+            self.plugin.library.display()
+        ))
+    }
+
+    /// Stops the worker (closing its socket, then killing it if it has not exited) and reaps it.
+    fn stop(&mut self) -> Option<ExitStatus> {
+        let Worker { mut child, socket } = self.worker.take()?;
+        drop(socket);
+        let give_up = Instant::now() + Duration::from_millis(200);
+        loop {
+            match child.try_wait() {
+                Ok(Some(status)) => return Some(status),
+                Ok(None) if Instant::now() < give_up => std::thread::sleep(Duration::from_millis(1)),
+                _ => {
+                    let _ = child.kill();
+                    return child.wait().ok();
+                }
+            }
+        }
+    }
+}
+
+impl Drop for IsolatedCall {
+    fn drop(&mut self) {
+        // End of file tells the worker to destroy its instance and exit.
+        if let Some(Worker { mut child, socket }) = self.worker.take() {
+            drop(socket);
+            let give_up = Instant::now() + self.plugin.isolation.deadline;
+            while Instant::now() < give_up {
+                if let Ok(Some(_)) = child.try_wait() {
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+fn human(d: Duration) -> String {
+    if d.as_secs_f64() >= 1.0 {
+        format!("{} s", d.as_secs_f64())
+    } else {
+        format!("{} ms", d.as_millis())
+    }
+}
+
+/// "killed by signal 6 (SIGABRT)", "exited with status 3".
+fn describe_exit(status: ExitStatus) -> String {
+    match (status.signal(), status.code()) {
+        (Some(signal), _) => {
+            let name = match signal {
+                1 => "SIGHUP",
+                2 => "SIGINT",
+                4 => "SIGILL",
+                5 => "SIGTRAP",
+                6 => "SIGABRT",
+                7 => "SIGBUS",
+                8 => "SIGFPE",
+                9 => "SIGKILL",
+                11 => "SIGSEGV",
+                13 => "SIGPIPE",
+                15 => "SIGTERM",
+                _ => "",
+            };
+            if name.is_empty() {
+                format!("killed by signal {signal}")
+            } else {
+                format!("killed by signal {signal} ({name})")
+            }
+        }
+        (None, Some(code)) => format!("exited with status {code}"),
+        (None, None) => "ended".to_owned(),
+    }
+}
+
+/// Writes all of `bytes`; a closed peer is an error, never `SIGPIPE`.
+fn send_all(socket: BorrowedFd<'_>, mut bytes: &[u8]) -> io::Result<()> {
+    while !bytes.is_empty() {
+        let sent = rustix::net::send(socket, bytes, rustix::net::SendFlags::NOSIGNAL)?;
+        bytes = &bytes[sent..];
+    }
+    Ok(())
+}
+
+/// One length-prefixed message, with `fds` attached to its first byte.
+fn send_frame(socket: BorrowedFd<'_>, payload: &[u8], fds: &[BorrowedFd<'_>]) -> io::Result<()> {
+    use rustix::net::{sendmsg, SendAncillaryBuffer, SendAncillaryMessage, SendFlags};
+    let len = u32::try_from(payload.len())
+        .ok()
+        .filter(|&len| len <= MAX_MESSAGE)
+        .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "message too large"))?;
+    let header = len.to_le_bytes();
+    let mut space = vec![std::mem::MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(MAX_REGIONS + 1))];
+    let mut ancillary = SendAncillaryBuffer::new(&mut space);
+    if !ancillary.push(SendAncillaryMessage::ScmRights(fds)) {
+        return Err(io::Error::new(io::ErrorKind::InvalidInput, "too many descriptors"));
+    }
+    let sent = sendmsg(socket, &[io::IoSlice::new(&header)], &mut ancillary, SendFlags::NOSIGNAL)?;
+    send_all(socket, &header[sent..])?;
+    send_all(socket, payload)
+}
+
+/// Why a worker stopped serving.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum WorkerError {
+    /// The socket failed, or the host sent something this worker does not understand.
+    #[error("worker: {0}")]
+    Protocol(String),
+}
+
+/// Serves the host on `socket` (the worker side; `delegate-host worker` calls it with descriptor
+/// [`WORKER_FD`]): initialises the one instance the host asks for, runs each `execute` it sends, and returns
+/// when the host closes the socket (the instance is destroyed first).
+///
+/// # Errors
+/// [`WorkerError::Protocol`] when the socket fails or a message is malformed. A plugin's own failure is sent
+/// to the host as that call's error, not returned.
+pub fn serve(socket: OwnedFd) -> Result<(), WorkerError> {
+    let protocol = |what: String| WorkerError::Protocol(what);
+    let mut stream = UnixStream::from(socket);
+    let (payload, fds) =
+        recv_frame(stream.as_fd()).map_err(|err| protocol(format!("reading init: {err}")))?;
+    let request: InitRequest =
+        serde_json::from_slice(&payload).map_err(|err| protocol(format!("malformed init: {err}")))?;
+    // Declared first, dropped last: the instance and its argument list go before the memory they use.
+    let mapped = match Mapped::new(&request, fds) {
+        Ok(mapped) => mapped,
+        Err(err) => return reply(&mut stream, Err(err)).map_err(|err| protocol(err.to_string())),
+    };
+    let started = init(&request, &mapped);
+    let (mut instance, mut args) = match started {
+        Ok(started) => {
+            reply(&mut stream, Ok(ExecStats::default())).map_err(|err| protocol(err.to_string()))?;
+            started
+        }
+        Err(err) => return reply(&mut stream, Err(err)).map_err(|err| protocol(err.to_string())),
+    };
+    let mut header = [0u8; 5];
+    loop {
+        match stream.read_exact(&mut header) {
+            Ok(()) if header == [1, 0, 0, 0, EXECUTE] => {
+                let result = instance.execute(&mut args, None);
+                reply(&mut stream, result).map_err(|err| protocol(err.to_string()))?;
+            }
+            Ok(()) => return Err(protocol(format!("unexpected message {header:?}"))),
+            Err(err) if err.kind() == io::ErrorKind::UnexpectedEof => return Ok(()),
+            Err(err) => return Err(protocol(err.to_string())),
+        }
+    }
+}
+
+/// [`serve`] on descriptor [`WORKER_FD`], where the host put the socket.
+///
+/// # Errors
+/// [`WorkerError::Protocol`] when descriptor 3 is not a socket (the process was not started by a host), and
+/// as [`serve`].
+pub fn serve_inherited() -> Result<(), WorkerError> {
+    use std::os::fd::FromRawFd;
+    let not_started = || {
+        WorkerError::Protocol(format!(
+            "descriptor {WORKER_FD} is not a socket: a worker is started by a host running an isolated plugin"
+        ))
+    };
+    // SAFETY: only a look at descriptor 3 (no ownership is taken): `fstat` of a closed descriptor fails with
+    // EBADF, which is handled.
+    let stat = rustix::fs::fstat(unsafe { BorrowedFd::borrow_raw(WORKER_FD) }).map_err(|_| not_started())?;
+    if rustix::fs::FileType::from_raw_mode(stat.st_mode) != rustix::fs::FileType::Socket {
+        return Err(not_started());
+    }
+    // SAFETY: descriptor 3 is open and is a socket (checked above); the host handed it to this process for the
+    // worker's exclusive use, and nothing else in the process owns it.
+    serve(unsafe { OwnedFd::from_raw_fd(WORKER_FD) })
+}
+
+fn reply(stream: &mut UnixStream, result: Result<ExecStats, DelegateError>) -> io::Result<()> {
+    let mut message = Vec::with_capacity(32);
+    message.extend_from_slice(&[0; 4]);
+    match result {
+        Ok(stats) => {
+            message.push(REPLY_OK);
+            message.extend_from_slice(&stats.reflect_bytes.to_le_bytes());
+            message.extend_from_slice(&stats.staged_bytes.to_le_bytes());
+        }
+        Err(err) => {
+            message.push(REPLY_ERR);
+            message.extend_from_slice(&err.code.as_u32().to_le_bytes());
+            let text = err.message.as_str();
+            let room = (MAX_MESSAGE as usize).saturating_sub(64).min(text.len());
+            let mut end = room;
+            while !text.is_char_boundary(end) {
+                end -= 1;
+            }
+            message.extend_from_slice(&text.as_bytes()[..end]);
+        }
+    }
+    let len = (message.len() - 4) as u32;
+    message[..4].copy_from_slice(&len.to_le_bytes());
+    send_all(stream.as_fd(), &message)
+}
+
+/// Reads one length-prefixed message and the descriptors attached to it.
+fn recv_frame(socket: BorrowedFd<'_>) -> io::Result<(Vec<u8>, Vec<OwnedFd>)> {
+    use rustix::net::{recvmsg, RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags};
+    let mut header = [0u8; 4];
+    let mut space = vec![std::mem::MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(MAX_REGIONS + 1))];
+    let mut ancillary = RecvAncillaryBuffer::new(&mut space);
+    let got =
+        recvmsg(socket, &mut [io::IoSliceMut::new(&mut header)], &mut ancillary, RecvFlags::CMSG_CLOEXEC)?;
+    let mut fds = Vec::new();
+    for message in ancillary.drain() {
+        if let RecvAncillaryMessage::ScmRights(received) = message {
+            fds.extend(received);
+        }
+    }
+    let mut stream = UnixStream::from(socket.try_clone_to_owned()?);
+    if got.bytes == 0 {
+        return Err(io::ErrorKind::UnexpectedEof.into());
+    }
+    stream.read_exact(&mut header[got.bytes..])?;
+    let len = u32::from_le_bytes(header);
+    if len > MAX_MESSAGE {
+        return Err(io::Error::new(io::ErrorKind::InvalidData, format!("a {len}-byte message")));
+    }
+    let mut payload = vec![0u8; len as usize];
+    stream.read_exact(&mut payload)?;
+    Ok((payload, fds))
+}
+
+/// The host's memory files, mapped in the worker: the blob read-only, the regions read-write.
+struct Mapped {
+    blob: Mapping,
+    regions: Vec<Mapping>,
+}
+
+struct Mapping {
+    ptr: *mut std::ffi::c_void,
+    len: usize,
+}
+
+impl Mapping {
+    fn new(fd: &OwnedFd, len: u64, writable: bool) -> Result<Mapping, DelegateError> {
+        use rustix::mm::{mmap, MapFlags, ProtFlags};
+        let len = usize::try_from(len).map_err(|_| DelegateError::internal("a region larger than memory"))?;
+        let size = len.max(1);
+        let prot = if writable { ProtFlags::READ | ProtFlags::WRITE } else { ProtFlags::READ };
+        let actual = rustix::fs::fstat(fd).map_err(|err| DelegateError::internal(format!("fstat: {err}")))?;
+        if (actual.st_size as u64) < len as u64 {
+            return Err(DelegateError::internal(format!(
+                "a memory file of {} bytes cannot hold {len}",
+                actual.st_size
+            )));
+        }
+        // SAFETY: a fresh mapping (null hint) of `size` bytes of a file at least `len` bytes long (checked
+        // above; a zero-length region maps one page of a file the host sized to one byte or more), unmapped
+        // once, in `Drop`.
+        let ptr =
+            unsafe { mmap(std::ptr::null_mut(), size, prot, MapFlags::SHARED, fd, 0) }.map_err(|err| {
+                DelegateError::new(ErrorCode::MemoryAllocationFailed, format!("mapping {len} bytes: {err}"))
+            })?;
+        Ok(Mapping { ptr, len })
+    }
+}
+
+impl Drop for Mapping {
+    fn drop(&mut self) {
+        // SAFETY: the mapping made in `new`, unmapped once; every borrow of it (the blob slice given to `init`,
+        // the argument list) is gone: `serve` drops them first.
+        let _ = unsafe { rustix::mm::munmap(self.ptr, self.len.max(1)) };
+    }
+}
+
+impl Mapped {
+    fn new(request: &InitRequest, fds: Vec<OwnedFd>) -> Result<Mapped, DelegateError> {
+        if fds.len() != request.region_lens.len() + 1 {
+            return Err(DelegateError::internal(format!(
+                "init came with {} memory files, expected {}",
+                fds.len(),
+                request.region_lens.len() + 1
+            )));
+        }
+        let blob = Mapping::new(&fds[0], request.blob_len, false)?;
+        let regions = fds[1..]
+            .iter()
+            .zip(&request.region_lens)
+            .map(|(fd, &len)| Mapping::new(fd, len, true))
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(Mapped { blob, regions })
+    }
+
+    fn blob(&self) -> &[u8] {
+        // SAFETY: a read-only mapping of `len` readable bytes (the host wrote the blob before sending the file
+        // and never writes it again), alive as long as `self`.
+        unsafe { std::slice::from_raw_parts(self.blob.ptr.cast::<u8>(), self.blob.len) }
+    }
+}
+
+/// Loads the library (checked against its manifest), asks it about the blob, initialises the instance and
+/// builds the argument list over the mapped regions.
+fn init(request: &InitRequest, mapped: &Mapped) -> Result<(Instance, ArgList<'static>), DelegateError> {
+    let manifest_path = crate::plugin_manifest::PluginManifest::path_for(&request.library);
+    let manifest = crate::plugin_manifest::PluginManifest::read(&manifest_path)
+        .map_err(|err| DelegateError::invalid_program(format!("{}: {err}", manifest_path.display())))?;
+    let plugin = crate::plugins::load_checked(&request.library, Some(&manifest), &HostConfig::new())
+        .map_err(|reason| {
+            DelegateError::invalid_program(format!("{}: {reason}", request.library.display()))
+        })?;
+    let blob = mapped.blob();
+    if let Compatibility::Unsupported { reason } = plugin.compatibility(blob)? {
+        return Err(DelegateError::invalid_program(format!(
+            "plugin '{}' does not support the blob: {reason}",
+            plugin.info().name
+        )));
+    }
+    let instance = plugin.init(&InitContext { blob, compile_specs: &[], runtime_specs: &[] })?;
+    let mut args = ArgList::with_capacity(request.args.len());
+    for (index, desc) in request.args.iter().enumerate() {
+        let bad = |why: String| DelegateError::invalid_argument(format!("argument {index}: {why}"));
+        let region = mapped.regions.get(desc.region).ok_or_else(|| bad("no such memory file".into()))?;
+        let end = desc.offset.checked_add(desc.nbytes).ok_or_else(|| bad("overflows".into()))?;
+        if end > region.len as u64 {
+            return Err(bad(format!(
+                "bytes {}..{end} are outside its {}-byte memory file",
+                desc.offset, region.len
+            )));
+        }
+        let dtype = DTypeCode::try_from(desc.dtype).map_err(|err| bad(err.to_string()))?;
+        let mut arg = TensorArg::describe(dtype, &desc.dims, MemoryKind::Host)
+            .ok_or_else(|| bad("rank too large".into()))?;
+        // SAFETY: `offset..end` lies inside the mapping (checked above), so the pointer stays in its allocation.
+        arg.data = unsafe { region.ptr.cast::<u8>().add(desc.offset as usize) }.cast();
+        arg.nbytes = desc.nbytes;
+        arg.flags = desc.flags;
+        // SAFETY: `arg` describes `nbytes` bytes of a shared mapping that lives until after the list and the
+        // instance are dropped (`serve` declares the mapping first). The host lent these bytes to this call
+        // exactly as it lends them to an in-process instance (one list built at load, a writable arg sharing
+        // storage only with its in-place output), and while the worker runs a call the host waits for the
+        // answer without touching them.
+        unsafe { args.push_raw(arg) }.map_err(|err| bad(err.to_string()))?;
+    }
+    Ok((instance, args))
+}
