@@ -43,6 +43,31 @@ PY
       done
     done
   done
+  echo "== isolated CUDA delegate: a worker process, device caches over CUDA IPC"
+  iso="$out/isolated-plugins"
+  mkdir -p "$iso" && cp libcuda_delegate_dylib.so "$iso/"
+  ./delegate-host plugin-manifest --isolate "$iso/libcuda_delegate_dylib.so" > /dev/null || status=1
+  for cfg in a b; do
+    dir="$out/program-$cfg"
+    ./delegate-host run "$dir/program.toml" --plugin-dir "$iso" --json > "$out/run-$cfg-isolated.json" 2> "$out/run-$cfg-isolated.err" || { status=1; cat "$out/run-$cfg-isolated.err"; }
+    python3 - "$out/run-$cfg-isolated.json" "$out/run-$cfg-zero-copy.json" <<'PY' || status=1
+import json, sys
+iso, here = (json.load(open(f)) for f in sys.argv[1:3])
+same = iso["tokens"] == here["tokens"]
+print("isolated tokens equal in-process:", same, "| bytes/step", iso["stats"]["mean_decode_bytes_copied_total"],
+      "| host us/step isolated", iso["stats"]["mean_decode_step_us"], "in-process", here["stats"]["mean_decode_step_us"])
+sys.exit(0 if same else 1)
+PY
+    for isolate in "" "--plugin-dir $iso"; do
+      echo "== bench config $cfg ${isolate:+(isolated)}"
+      ./delegate-host bench "$dir/program.toml" $isolate --steps 20 --runs 6 --json > "$out/bench-iso-$cfg.json" 2> "$out/bench-iso-$cfg.err" || { status=1; cat "$out/bench-iso-$cfg.err"; }
+      python3 - "$out/bench-iso-$cfg.json" <<'PY' || status=1
+import json, sys
+for m in json.load(open(sys.argv[1]))["modes"]:
+    print(f'  {m["mode"]:10} graph={str(m["cuda_graph"]):5} host median {m["median_us"]:8.1f} us  bytes/step {m["bytes_copied_per_step"]}')
+PY
+    done
+  done
 }
 
 run_bench() {

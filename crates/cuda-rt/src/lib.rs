@@ -68,7 +68,7 @@ pub use blas::{Blas, Sgemm};
 pub use context::{Context, Contexts};
 pub use error::{CompileFailure, Error, Result};
 pub use graph::Graph;
-pub use memory::{Allocation, Device, DevicePtr, Managed, MemoryKind, Pinned};
+pub use memory::{Allocation, Device, DevicePtr, IpcHandle, IpcMapping, Managed, MemoryKind, Pinned};
 pub use nvrtc::{compile_ptx, Function, LaunchConfig, Module};
 pub use pointer::{PointerInfo, PointerKind};
 pub use stream::{Event, Stream, StreamRef};

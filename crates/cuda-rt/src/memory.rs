@@ -176,6 +176,22 @@ impl<K: Kind> Allocation<K> {
 }
 
 impl Allocation<Device> {
+    /// A handle another process passes to [`IpcMapping::open`] to address these same bytes (CUDA IPC): how an
+    /// isolated plugin's worker reads and writes the caller's device memory in place.
+    ///
+    /// # Errors
+    /// [`Error::Driver`] when the driver refuses (e.g. on a platform without CUDA IPC).
+    pub fn ipc_handle(&self) -> Result<IpcHandle> {
+        self.ctx.bind()?;
+        let mut handle = sys::CUipcMemHandle_st { reserved: [0; 64] };
+        driver::call("cuIpcGetMemHandle", self.ctx.ordinal(), || {
+            // SAFETY: the context is current; `ptr` is the start of a live `cuMemAlloc` allocation (the only
+            // kind IPC accepts), and `handle` is a local the driver fills.
+            unsafe { sys::cuIpcGetMemHandle(&mut handle, self.ptr) }.result()
+        })?;
+        Ok(IpcHandle(handle.reserved.map(|c| c as u8)))
+    }
+
     /// `len` bytes of device memory whose contents are undefined (for buffers the device writes before
     /// anything reads them, such as staging buffers). The host never reads device memory except through a
     /// driver copy, so undefined bytes are never observed by Rust code.
@@ -377,6 +393,90 @@ impl<K: Kind> Drop for Allocation<K> {
                 self.len,
                 K::KIND
             );
+        }
+    }
+}
+
+/// An opaque CUDA IPC handle of a device allocation ([`Allocation::ipc_handle`]), as bytes that can travel
+/// to another process.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub struct IpcHandle(pub [u8; 64]);
+
+impl std::fmt::Debug for IpcHandle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("IpcHandle(..)")
+    }
+}
+
+/// Another process's device allocation, opened from its [`IpcHandle`] in this process's context: device
+/// memory this process may read and write, not own. Closed on drop.
+pub struct IpcMapping {
+    ptr: DevicePtr,
+    len: usize,
+    ctx: Context,
+}
+
+// SAFETY: a device address is plain data usable from any host thread with the context current (every use
+// binds it); closing from another thread is allowed.
+unsafe impl Send for IpcMapping {}
+
+impl std::fmt::Debug for IpcMapping {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("IpcMapping").field("len", &self.len).field("device", &self.ctx.ordinal()).finish()
+    }
+}
+
+impl IpcMapping {
+    /// Opens `handle` (an allocation of at least `len` bytes, by the exporter's word) in `ctx`.
+    ///
+    /// # Errors
+    /// [`Error::Driver`] when the driver refuses the handle (another device, a closed allocation, the same
+    /// process).
+    pub fn open(ctx: &Context, handle: &IpcHandle, len: usize) -> Result<IpcMapping> {
+        ctx.bind()?;
+        let raw = sys::CUipcMemHandle_st { reserved: handle.0.map(|b| b as std::ffi::c_char) };
+        let mut ptr: DevicePtr = 0;
+        driver::call("cuIpcOpenMemHandle", ctx.ordinal(), || {
+            // SAFETY: the context is current; `ptr` is a local the driver fills; the handle is plain bytes the
+            // driver validates.
+            unsafe {
+                sys::cuIpcOpenMemHandle_v2(
+                    &mut ptr,
+                    raw,
+                    sys::CUipcMem_flags::CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS as std::ffi::c_uint,
+                )
+            }
+            .result()
+        })?;
+        Ok(IpcMapping { ptr, len, ctx: ctx.clone() })
+    }
+
+    /// The address in this process, as a delegate argument carries it.
+    pub fn as_ptr(&self) -> *mut c_void {
+        self.ptr as usize as *mut c_void
+    }
+
+    /// The size the exporter gave.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether it holds no bytes.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The device ordinal.
+    pub fn device(&self) -> i32 {
+        self.ctx.ordinal()
+    }
+}
+
+impl Drop for IpcMapping {
+    fn drop(&mut self) {
+        if self.ctx.bind().is_ok() {
+            // SAFETY: `ptr` came from `cuIpcOpenMemHandle` in this context and is closed once, here.
+            let _ = unsafe { sys::cuIpcCloseMemHandle(self.ptr) };
         }
     }
 }

@@ -39,8 +39,8 @@ use std::time::{Duration, Instant};
 
 use delegate_abi::host::{ArgList, HostConfig, Instance};
 use delegate_abi::{
-    Compatibility, DTypeCode, DelegateError, ErrorCode, ExecStats, InitContext, MemoryKind, PluginInfo,
-    TensorArg,
+    Compatibility, CudaStream, DTypeCode, DelegateError, ErrorCode, ExecStats, InitContext, MemoryKind,
+    PluginInfo, TensorArg,
 };
 use serde::{Deserialize, Serialize};
 
@@ -124,12 +124,21 @@ struct ArgDesc {
     dims: Vec<i64>,
 }
 
-/// The first message to a worker; the blob's and the regions' memory files travel with it.
+/// Where one region of a call's memory is: a host memory file (travelling with the message, in order) or a
+/// device allocation's CUDA IPC handle.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct RegionDesc {
+    len: u64,
+    /// `(device ordinal, IPC handle)` for device memory; `None` for a host memory file.
+    device: Option<(i32, Vec<u8>)>,
+}
+
+/// The first message to a worker; the blob's and the host regions' memory files travel with it.
 #[derive(Debug, Serialize, Deserialize)]
 struct InitRequest {
     library: PathBuf,
     blob_len: u64,
-    region_lens: Vec<u64>,
+    regions: Vec<RegionDesc>,
     args: Vec<ArgDesc>,
 }
 
@@ -137,24 +146,44 @@ const EXECUTE: u8 = b'x';
 const REPLY_OK: u8 = 0;
 const REPLY_ERR: u8 = 1;
 
-/// A shared host storage an argument may live in: its address range and its memory file.
+/// A storage an argument may live in, as a worker reaches it: its address range here, and how.
 pub(crate) struct Region {
     pub(crate) base: usize,
     pub(crate) len: usize,
-    pub(crate) fd: OwnedFd,
+    pub(crate) kind: RegionKind,
+}
+
+/// How a worker reaches a region.
+pub(crate) enum RegionKind {
+    /// A host memory file it maps.
+    Host(OwnedFd),
+    /// A device allocation it opens with CUDA IPC.
+    Device(i32, cuda_rt::IpcHandle),
 }
 
 impl Region {
-    /// The region of a shared host storage; `None` for any other storage.
-    pub(crate) fn of(storage: &crate::buffer::Storage) -> Option<io::Result<Region>> {
+    /// The region of a shared host storage or a device allocation; `None` for any other storage (heap host
+    /// memory, pinned and managed memory: nothing a worker can reach).
+    pub(crate) fn of(storage: &crate::buffer::Storage) -> Option<Result<Region, String>> {
+        use crate::buffer::Storage;
         match storage {
-            crate::buffer::Storage::Host(host) => {
-                let fd = host.shared_fd()?;
-                Some(fd.try_clone_to_owned().map(|fd| Region {
-                    base: host.bytes().as_ptr() as usize,
-                    len: host.len(),
-                    fd,
-                }))
+            Storage::Host(host) => {
+                let fd = host.shared_fd()?.try_clone_to_owned();
+                let base = host.bytes().as_ptr() as usize;
+                Some(
+                    fd.map(|fd| Region { base, len: host.len(), kind: RegionKind::Host(fd) })
+                        .map_err(|e| e.to_string()),
+                )
+            }
+            Storage::Device(device) => {
+                let handle = device.ipc_handle();
+                let base = device.as_ptr() as usize;
+                let kind = |handle| RegionKind::Device(device.device(), handle);
+                Some(
+                    handle
+                        .map(|h| Region { base, len: device.len(), kind: kind(h) })
+                        .map_err(|e| e.to_string()),
+                )
             }
             _ => None,
         }
@@ -166,7 +195,9 @@ pub(crate) struct IsolatedCall {
     plugin: IsolatedPlugin,
     blob: OwnedFd,
     blob_len: u64,
-    regions: Vec<(OwnedFd, u64)>,
+    /// The host regions' memory files, in the order of `regions`' host entries.
+    files: Vec<OwnedFd>,
+    regions: Vec<RegionDesc>,
     args: Vec<ArgDesc>,
     worker: Option<Worker>,
     reply: Vec<u8>,
@@ -204,15 +235,21 @@ impl IsolatedCall {
         let mut used: Vec<usize> = Vec::new();
         let mut descs = Vec::with_capacity(args.len());
         for (index, arg) in args.as_slice().iter().enumerate() {
-            if arg.memory() != MemoryKind::Host {
-                return Err(DelegateError::not_supported(format!(
-                    "argument {index} is {} memory; an isolated plugin shares host memory only",
-                    arg.memory()
-                )));
-            }
+            let device = match arg.memory() {
+                MemoryKind::Host => false,
+                MemoryKind::Device => true,
+                other => {
+                    return Err(DelegateError::not_supported(format!(
+                        "argument {index} is {other} memory; an isolated plugin shares host and device memory only"
+                    )))
+                }
+            };
             let addr = arg.data as usize;
-            let found =
-                regions.iter().position(|r| addr >= r.base && addr + arg.nbytes as usize <= r.base + r.len);
+            let found = regions.iter().position(|r| {
+                matches!(r.kind, RegionKind::Device(..)) == device
+                    && addr >= r.base
+                    && addr + arg.nbytes as usize <= r.base + r.len
+            });
             let Some(region) = found else {
                 return Err(DelegateError::internal(format!(
                     "argument {index} is not in shared memory (the program was not loaded for isolation)"
@@ -240,18 +277,25 @@ impl IsolatedCall {
                 used.len()
             )));
         }
-        let regions = used
-            .iter()
-            .map(|&r| {
-                let fd = regions[r].fd.try_clone().map_err(|err| internal("dup", err))?;
-                Ok((fd, regions[r].len as u64))
-            })
-            .collect::<Result<Vec<_>, DelegateError>>()?;
+        let mut files = Vec::new();
+        let mut region_descs = Vec::with_capacity(used.len());
+        for &r in &used {
+            let region = &regions[r];
+            let device = match &region.kind {
+                RegionKind::Host(fd) => {
+                    files.push(fd.try_clone().map_err(|err| internal("dup", err))?);
+                    None
+                }
+                RegionKind::Device(ordinal, handle) => Some((*ordinal, handle.0.to_vec())),
+            };
+            region_descs.push(RegionDesc { len: region.len as u64, device });
+        }
         let mut call = IsolatedCall {
             plugin,
             blob: blob_file,
             blob_len: blob.len() as u64,
-            regions,
+            files,
+            regions: region_descs,
             args: descs,
             worker: None,
             reply: Vec::with_capacity(256),
@@ -292,12 +336,12 @@ impl IsolatedCall {
         let request = InitRequest {
             library: self.plugin.library.clone(),
             blob_len: self.blob_len,
-            region_lens: self.regions.iter().map(|(_, len)| *len).collect(),
+            regions: self.regions.clone(),
             args: self.args.clone(),
         };
         let payload = serde_json::to_vec(&request).map_err(|err| internal(err.to_string()))?;
         let mut fds = vec![self.blob.as_fd()];
-        fds.extend(self.regions.iter().map(|(fd, _)| fd.as_fd()));
+        fds.extend(self.files.iter().map(|fd| fd.as_fd()));
         let sent = match &self.worker {
             Some(worker) => send_frame(worker.socket.as_fd(), &payload, &fds),
             None => Ok(()),
@@ -535,7 +579,18 @@ pub fn serve(socket: OwnedFd) -> Result<(), WorkerError> {
     loop {
         match stream.read_exact(&mut header) {
             Ok(()) if header == [1, 0, 0, 0, EXECUTE] => {
-                let result = instance.execute(&mut args, None);
+                let result = match &mapped.stream {
+                    None => instance.execute(&mut args, None),
+                    Some(stream) => {
+                        // SAFETY: a stream this worker made in the context of the device memory it opened,
+                        // alive until `mapped` is dropped after the instance; the results are complete when
+                        // the synchronisation below returns, before the host is answered and touches them.
+                        let raw = unsafe { CudaStream::from_raw(stream.as_ref().as_raw()) };
+                        instance.execute(&mut args, raw).and_then(|stats| {
+                            stream.synchronize().map(|()| stats).map_err(DelegateError::from)
+                        })
+                    }
+                };
                 reply(&mut stream, result).map_err(|err| protocol(err.to_string()))?;
             }
             Ok(()) => return Err(protocol(format!("unexpected message {header:?}"))),
@@ -622,10 +677,17 @@ fn recv_frame(socket: BorrowedFd<'_>) -> io::Result<(Vec<u8>, Vec<OwnedFd>)> {
     Ok((payload, fds))
 }
 
-/// The host's memory files, mapped in the worker: the blob read-only, the regions read-write.
+/// The host's memory, reachable from the worker: the blob mapped read-only, host regions mapped read-write,
+/// device regions opened with CUDA IPC (and a stream for the plugin when there are any).
 struct Mapped {
     blob: Mapping,
-    regions: Vec<Mapping>,
+    regions: Vec<Reached>,
+    stream: Option<cuda_rt::Stream>,
+}
+
+enum Reached {
+    Host(Mapping),
+    Device(cuda_rt::IpcMapping),
 }
 
 struct Mapping {
@@ -667,20 +729,42 @@ impl Drop for Mapping {
 
 impl Mapped {
     fn new(request: &InitRequest, fds: Vec<OwnedFd>) -> Result<Mapped, DelegateError> {
-        if fds.len() != request.region_lens.len() + 1 {
+        let host_regions = request.regions.iter().filter(|r| r.device.is_none()).count();
+        if fds.len() != host_regions + 1 {
             return Err(DelegateError::internal(format!(
                 "init came with {} memory files, expected {}",
                 fds.len(),
-                request.region_lens.len() + 1
+                host_regions + 1
             )));
         }
         let blob = Mapping::new(&fds[0], request.blob_len, false)?;
-        let regions = fds[1..]
-            .iter()
-            .zip(&request.region_lens)
-            .map(|(fd, &len)| Mapping::new(fd, len, true))
-            .collect::<Result<Vec<_>, _>>()?;
-        Ok(Mapped { blob, regions })
+        let mut files = fds[1..].iter();
+        let mut regions = Vec::with_capacity(request.regions.len());
+        let mut stream = None;
+        for region in &request.regions {
+            regions.push(match &region.device {
+                None => {
+                    let fd =
+                        files.next().ok_or_else(|| DelegateError::internal("a memory file is missing"))?;
+                    Reached::Host(Mapping::new(fd, region.len, true)?)
+                }
+                Some((ordinal, bytes)) => {
+                    let bytes: [u8; 64] = bytes
+                        .as_slice()
+                        .try_into()
+                        .map_err(|_| DelegateError::internal("a malformed IPC handle"))?;
+                    let len =
+                        usize::try_from(region.len).map_err(|_| DelegateError::internal("a huge region"))?;
+                    let ctx = cuda_rt::Context::open(*ordinal).map_err(DelegateError::from)?;
+                    if stream.is_none() {
+                        stream = Some(cuda_rt::Stream::new(&ctx).map_err(DelegateError::from)?);
+                    }
+                    let mapping = cuda_rt::IpcMapping::open(&ctx, &cuda_rt::IpcHandle(bytes), len);
+                    Reached::Device(mapping.map_err(DelegateError::from)?)
+                }
+            });
+        }
+        Ok(Mapped { blob, regions, stream })
     }
 
     fn blob(&self) -> &[u8] {
@@ -711,26 +795,30 @@ fn init(request: &InitRequest, mapped: &Mapped) -> Result<(Instance, ArgList<'st
     let mut args = ArgList::with_capacity(request.args.len());
     for (index, desc) in request.args.iter().enumerate() {
         let bad = |why: String| DelegateError::invalid_argument(format!("argument {index}: {why}"));
-        let region = mapped.regions.get(desc.region).ok_or_else(|| bad("no such memory file".into()))?;
+        let region = mapped.regions.get(desc.region).ok_or_else(|| bad("no such memory region".into()))?;
+        let (base, len, memory, device) = match region {
+            Reached::Host(mapping) => (mapping.ptr.cast::<u8>(), mapping.len, MemoryKind::Host, 0),
+            Reached::Device(mapping) => {
+                (mapping.as_ptr().cast::<u8>(), mapping.len(), MemoryKind::Device, mapping.device())
+            }
+        };
         let end = desc.offset.checked_add(desc.nbytes).ok_or_else(|| bad("overflows".into()))?;
-        if end > region.len as u64 {
-            return Err(bad(format!(
-                "bytes {}..{end} are outside its {}-byte memory file",
-                desc.offset, region.len
-            )));
+        if end > len as u64 {
+            return Err(bad(format!("bytes {}..{end} are outside its {len}-byte region", desc.offset)));
         }
         let dtype = DTypeCode::try_from(desc.dtype).map_err(|err| bad(err.to_string()))?;
-        let mut arg = TensorArg::describe(dtype, &desc.dims, MemoryKind::Host)
-            .ok_or_else(|| bad("rank too large".into()))?;
-        // SAFETY: `offset..end` lies inside the mapping (checked above), so the pointer stays in its allocation.
-        arg.data = unsafe { region.ptr.cast::<u8>().add(desc.offset as usize) }.cast();
+        let mut arg =
+            TensorArg::describe(dtype, &desc.dims, memory).ok_or_else(|| bad("rank too large".into()))?;
+        // `offset..end` lies inside the region (checked above): plain address arithmetic, no access.
+        arg.data = base.wrapping_add(desc.offset as usize).cast();
         arg.nbytes = desc.nbytes;
         arg.flags = desc.flags;
-        // SAFETY: `arg` describes `nbytes` bytes of a shared mapping that lives until after the list and the
-        // instance are dropped (`serve` declares the mapping first). The host lent these bytes to this call
-        // exactly as it lends them to an in-process instance (one list built at load, a writable arg sharing
-        // storage only with its in-place output), and while the worker runs a call the host waits for the
-        // answer without touching them.
+        arg.device_id = device;
+        // SAFETY: `arg` describes `nbytes` bytes inside a shared host mapping or an IPC-opened device
+        // allocation, both kept until after the list and the instance are dropped (`serve` declares them
+        // first). The host lent these bytes to this call exactly as it lends them to an in-process instance
+        // (one list built at load, a writable arg sharing storage only with its in-place output), and while the
+        // worker runs a call the host waits for the answer, its own stream settled, without touching them.
         unsafe { args.push_raw(arg) }.map_err(|err| bad(err.to_string()))?;
     }
     Ok((instance, args))

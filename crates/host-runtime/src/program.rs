@@ -1552,12 +1552,12 @@ fn plan_call(
             ));
         }
         #[cfg(target_os = "linux")]
-        if matches!(plugin, Served::Isolated(_)) && memory != MemoryKind::Host {
+        if matches!(plugin, Served::Isolated(_)) && !matches!(memory, MemoryKind::Host | MemoryKind::Device) {
             return Err(wrong(
                 at,
                 format!(
                     "argument {pos} ('{}') is in {memory} memory, but plugin '{}' runs isolated in a worker \
-                     process, which shares host memory only",
+                     process, which shares host and device memory only",
                     binding.name,
                     plugin.info().name
                 ),
