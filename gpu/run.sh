@@ -60,7 +60,7 @@ sys.exit(0 if same else 1)
 PY
     for isolate in "" "--plugin-dir $iso"; do
       echo "== bench config $cfg ${isolate:+(isolated)}"
-      ./delegate-host bench "$dir/program.toml" $isolate --steps 20 --runs 6 --json > "$out/bench-iso-$cfg.json" 2> "$out/bench-iso-$cfg.err" || { status=1; cat "$out/bench-iso-$cfg.err"; }
+      ./delegate-host bench "$dir/program.toml" $isolate --steps 12 --runs 6 --json > "$out/bench-iso-$cfg.json" 2> "$out/bench-iso-$cfg.err" || { status=1; cat "$out/bench-iso-$cfg.err"; }
       python3 - "$out/bench-iso-$cfg.json" <<'PY' || status=1
 import json, sys
 for m in json.load(open(sys.argv[1]))["modes"]:

@@ -412,7 +412,11 @@ pub fn bench(path: &Path, runs: usize, dirs: &[PathBuf], args: &RunArgs) -> Resu
         rows.push(bench_row(&mut program, mode, steps, runs, args, false)?);
         // Zero-copy replayed as a CUDA graph, where the device loop runs (the program keeps its generation
         // on the GPU).
-        if mode == Mode::ZeroCopy && device_loop_refusal(&program)?.is_none() {
+        let decode = program.manifest().generate.as_ref().map(|g| g.decode.clone()).unwrap_or_default();
+        if mode == Mode::ZeroCopy
+            && device_loop_refusal(&program)?.is_none()
+            && program.capture_refusal(&decode)?.is_none()
+        {
             rows.push(bench_row(&mut program, mode, steps, runs, args, true)?);
         }
     }

@@ -20,8 +20,10 @@
 //! it again from the same blob. The caches live in the host's memory, so they survive the worker; what the
 //! plugin kept in its own instance (delegate-owned state) starts over.
 //!
-//! Device memory does not cross (CUDA IPC is not implemented): a call whose arguments are not host memory
-//! is refused at load, naming the argument.
+//! Device memory crosses as CUDA IPC handles ([`cuda_rt::IpcHandle`]): the worker opens each device
+//! allocation once at init and hands the plugin its own stream, synchronised before it answers; the host
+//! settles its stream before each call (an isolated call is not streamed). Pinned and managed memory do not
+//! cross: a call with such an argument is refused at load, naming it.
 //!
 //! This module's `unsafe` is the worker's mapping of the host's memory files and the argument list it
 //! builds over them.

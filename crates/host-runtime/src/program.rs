@@ -486,6 +486,14 @@ impl LoadedMethod {
             ));
         }
         for (index, call) in self.calls.iter().enumerate() {
+            #[cfg(target_os = "linux")]
+            if let Runner::Isolated(_, plugin) = &call.runner {
+                return Err(format!(
+                    "call {index} ({}) is served by plugin '{}' in a worker process, which answers each call \
+                     after synchronising its own stream",
+                    call.backend, plugin.info.name
+                ));
+            }
             if !call.streamed {
                 return Err(format!(
                     "call {index} ({}) is served by plugin '{}', which computes on the host (it does not accept device memory)",
@@ -1124,6 +1132,15 @@ impl Program {
     pub fn capture(&mut self, method: &str) -> Result<Captured, Error> {
         let id = self.method_id(method)?;
         self.capture_with(id, None)
+    }
+
+    /// Why `method` cannot be captured into a CUDA graph (a call that computes on the host or in a worker
+    /// process, or copies the host makes), or `None` when it can.
+    ///
+    /// # Errors
+    /// [`Error::Usage`] for an unknown method.
+    pub fn capture_refusal(&self, method: &str) -> Result<Option<String>, Error> {
+        Ok(self.method(method)?.stays_on_stream().err())
     }
 
     /// Captures `method` and, when given, the feedback after it, into one graph.
