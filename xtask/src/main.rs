@@ -11,7 +11,7 @@ mod gpu;
 mod leak_check;
 mod nvrtc_setup;
 mod plot;
-#[allow(dead_code)] // The release tasks (plan, publish, dist) build on this model as they land.
+#[allow(dead_code)] // The release tasks (publish, dist) build on this model as they land.
 mod release;
 mod test;
 mod trt_setup;
@@ -70,6 +70,29 @@ enum Task {
         /// library is installed when missing).
         #[arg(long)]
         tensorrt: bool,
+    },
+    /// The release plan of every publishable crate (writes nothing): last release, commits since, semver check,
+    /// STABILITY.md tier, proposed version and why, dependents bumped. `--execute` applies it (versions,
+    /// `[workspace.dependencies]` requirements, changelogs); `--registry NAME` then publishes.
+    Release {
+        /// Print the plan as JSON.
+        #[arg(long)]
+        json: bool,
+        /// Skip the semver checks: a fast plan whose semver column says "skipped" (never "compatible").
+        #[arg(long)]
+        no_semver: bool,
+        /// Accept a breaking change the semver check finds in CRATE although no commit declares it.
+        #[arg(long, value_name = "CRATE")]
+        accept_breaking: Vec<String>,
+        /// Apply the plan: write the versions and finalise the changelogs.
+        #[arg(long)]
+        execute: bool,
+        /// After applying, publish to this registry (a name from cargo's config).
+        #[arg(long, requires = "execute")]
+        registry: Option<String>,
+        /// The release date, YYYY-MM-DD (default: today, UTC).
+        #[arg(long, requires = "execute")]
+        date: Option<String>,
     },
     /// Write the example decoder's blobs and program manifest into DIR.
     ExportExample {
@@ -186,6 +209,10 @@ fn main() -> anyhow::Result<()> {
         Task::BenchGpu => gpu::bundle(&root, "bench"),
         Task::PlotBench { summary, out } => plot::run(&summary, &out),
         Task::ExportPte { dir, tensorrt } => export_pte::run(&root, &dir, tensorrt),
+        Task::Release { json, no_semver, accept_breaking, execute, registry, date } => release::command::run(
+            &root,
+            &release::command::Args { json, no_semver, accept_breaking, execute, registry, date },
+        ),
         Task::ExportExample { backend: Backend::Reference, dir, big, config, memory } => {
             export_reference_graph(kv_example::Backend::Reference, &dir, big, config, memory)
         }
