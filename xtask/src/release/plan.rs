@@ -204,11 +204,13 @@ pub fn decide(inputs: &[Input], accept_breaking: &BTreeSet<String>) -> anyhow::R
                     }
                 }
                 if semver_bump > Bump::None {
-                    plan.reasons.push(format!(
-                        "{}: semver check ({})",
-                        semver_bump.name(),
-                        input.semver.describe()
-                    ));
+                    let lints = match &input.semver {
+                        Outcome::Major { lints, .. } if !lints.is_empty() => {
+                            format!(": {}", lints.join(", "))
+                        }
+                        _ => String::new(),
+                    };
+                    plan.reasons.push(format!("{}: semver check{lints}", semver_bump.name()));
                 }
                 if semver_bump == Bump::Major && commit_bump < Bump::Major {
                     if accept_breaking.contains(&input.name) {

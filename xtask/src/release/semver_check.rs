@@ -6,8 +6,8 @@
 //!   `cargo install --locked --root` (nothing outside the cache). Later runs use it as it is.
 //! - Baselines: the released commit's tree (`git archive`, so a fresh clone without tags works from
 //!   `releases.toml`'s commit alone) is documented once with `cargo rustdoc --output-format json` and kept as
-//!   `<root>/.cache/semver-baselines/<crate>/<version>/<rustc version>/<lib>.json`: built once per released
-//!   version and toolchain, never again. The current crate is documented on every run (incrementally).
+//!   `<root>/.cache/semver-baselines/<crate>/<version>/<rustc version>/<lib>-<commit>.json`: built once per
+//!   released version and toolchain, never again (the commit in the name guards against an edited record). The current crate is documented on every run (incrementally).
 //! - Both are built with default features, into `<target dir>/semver-checks` (deps shared between them).
 //! - The check runs with `--release-type patch`, so every change cargo-semver-checks classifies as needing a
 //!   major or minor release reports, and its summary (`semver requires new major version`) says which. Exit 0
@@ -71,7 +71,9 @@ impl Outcome {
     pub fn describe(&self) -> String {
         match self {
             Outcome::Compatible => "compatible".into(),
-            Outcome::Minor { summary } | Outcome::Major { summary, .. } => summary.clone(),
+            Outcome::Minor { summary } => summary.clone(),
+            Outcome::Major { summary, lints } if lints.is_empty() => summary.clone(),
+            Outcome::Major { summary, lints } => format!("{summary} ({})", lints.join(", ")),
             Outcome::NoBaseline => "no baseline: first release".into(),
             Outcome::NoRustApi => "no Rust API (cdylib only)".into(),
             Outcome::Skipped => "skipped (--no-semver)".into(),
@@ -98,6 +100,8 @@ pub fn interpret(code: Option<i32>, output: &str) -> anyhow::Result<Outcome> {
                 .filter_map(|l| l.trim().strip_prefix("--- failure "))
                 .filter_map(|l| l.split(':').next())
                 .map(str::to_owned)
+                .collect::<std::collections::BTreeSet<String>>()
+                .into_iter()
                 .collect();
             Ok(Outcome::Major { summary, lints })
         }
@@ -195,7 +199,7 @@ impl<'a> Checker<'a> {
             .join(name)
             .join(last.version.to_string())
             .join(&self.rustc)
-            .join(format!("{lib}.json"));
+            .join(format!("{lib}-{}.json", &last.commit[..last.commit.len().min(12)]));
         if cached.is_file() {
             return Ok(cached);
         }
@@ -213,7 +217,7 @@ impl<'a> Checker<'a> {
     /// `cargo rustdoc -p name --lib` with JSON output in the workspace at `dir`; returns the JSON's path.
     fn rustdoc(&mut self, dir: &Path, name: &str, lib: &str) -> anyhow::Result<PathBuf> {
         let mut cmd = crate::util::cargo();
-        cmd.args(["rustdoc", "--quiet", "--lib", "-p", name, "--manifest-path"])
+        cmd.args(["rustdoc", "--lib", "-p", name, "--manifest-path"])
             .arg(dir.join("Cargo.toml"))
             .args(["--", "-Zunstable-options", "--output-format", "json"])
             .env("RUSTC_BOOTSTRAP", "1")
@@ -340,7 +344,7 @@ mod tests {
             outcome,
             Outcome::Major {
                 summary: "semver requires new major version: 2 major and 0 minor checks failed".into(),
-                lints: vec!["function_missing".into(), "enum_variant_added".into()],
+                lints: vec!["enum_variant_added".into(), "function_missing".into()],
             }
         );
         let minor = "     Summary semver requires new minor version: 0 major and 1 minor checks failed\n";

@@ -87,10 +87,7 @@ fn the_largest_reason_wins_and_breaking_propagates_by_tier() {
     let blob = get(&plan, "blob-format");
     assert_eq!(blob.bump, Bump::Major);
     assert_eq!(blob.proposed, Some(v("0.2.0")));
-    assert_eq!(
-        blob.reasons,
-        ["major: breaking feat in 3f2a1c4", "major: semver check (semver requires new major version)"]
-    );
+    assert_eq!(blob.reasons, ["major: breaking feat in 3f2a1c4", "major: semver check"]);
     let dependents: Vec<(&str, Bump)> = blob.dependents.iter().map(|d| (d.name.as_str(), d.bump)).collect();
     assert_eq!(dependents, [("cuda-rt", Bump::Patch), ("host-runtime", Bump::Major)]);
 
@@ -120,8 +117,10 @@ fn the_largest_reason_wins_and_breaking_propagates_by_tier() {
 
 #[test]
 fn an_undeclared_breaking_fix_stops_the_plan_unless_accepted() {
-    let breaking =
-        Outcome::Major { summary: "semver requires new major version".into(), lints: vec!["x".into()] };
+    let breaking = Outcome::Major {
+        summary: "semver requires new major version".into(),
+        lints: vec!["function_missing".into()],
+    };
     let inputs = vec![input(
         "alias-validate",
         Some("1.2.3"),
@@ -139,6 +138,14 @@ fn an_undeclared_breaking_fix_stops_the_plan_unless_accepted() {
     let plan = decide(&inputs, &accept).expect("accepted");
     let c = get(&plan, "alias-validate");
     assert!(c.accepted_breaking);
+    assert_eq!(
+        c.reasons,
+        [
+            "patch: fix in 4444444",
+            "major: semver check: function_missing",
+            "major: undeclared breaking change accepted (--accept-breaking)"
+        ]
+    );
     assert_eq!(c.proposed, Some(v("2.0.0")));
 
     let typo = BTreeSet::from(["alias-validat".to_owned()]);
