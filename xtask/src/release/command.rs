@@ -62,7 +62,18 @@ pub fn run(root: &Path, args: &Args) -> anyhow::Result<()> {
         Some(date) => date.clone(),
         None => plan::today(),
     };
-    let changed = plan::apply(&ws, &plan, &date)?;
+    let mut changed = plan::apply(&ws, &plan, &date)?;
+    if changed.iter().any(|p| p.ends_with("Cargo.toml")) {
+        // The lock file names every workspace crate's version: bring it along (workspace entries only).
+        let lock = ws.root.join("Cargo.lock");
+        let before = std::fs::read(&lock).ok();
+        let mut cmd = crate::util::cargo();
+        cmd.args(["update", "--workspace"]);
+        crate::util::run_cmd(&ws.root, &mut cmd)?;
+        if std::fs::read(&lock).ok() != before {
+            changed.push(lock);
+        }
+    }
     for path in &changed {
         eprintln!("xtask: wrote {}", path.strip_prefix(&ws.root).unwrap_or(path).display());
     }
