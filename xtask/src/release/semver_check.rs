@@ -168,18 +168,9 @@ impl<'a> Checker<'a> {
         let current_copy = self.target.join("current").join(format!("{lib}.json"));
         copy(&current, &current_copy)?;
         let started = Instant::now();
-        let out = Command::new(&tool)
-            .args(["semver-checks", "--color", "never", "--release-type", "patch", "--baseline-rustdoc"])
-            .arg(&baseline)
-            .arg("--current-rustdoc")
-            .arg(&current_copy)
-            .stdin(Stdio::null())
-            .output()
-            .with_context(|| format!("cannot run {}", tool.display()))?;
-        let text =
-            format!("{}\n{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+        let outcome = compare(&tool, &baseline, &current_copy);
         eprintln!("xtask: semver-checked {name} against {} in {:.1?}", last.version, started.elapsed());
-        interpret(out.status.code(), &text).with_context(|| format!("the semver check of {name}"))
+        outcome.with_context(|| format!("the semver check of {name}"))
     }
 
     fn tool(&mut self) -> anyhow::Result<PathBuf> {
@@ -263,6 +254,20 @@ impl<'a> Checker<'a> {
     }
 }
 
+/// Runs the tool on two rustdoc JSON files (see the module docs for how its answer is read).
+pub fn compare(tool: &Path, baseline: &Path, current: &Path) -> anyhow::Result<Outcome> {
+    let out = Command::new(tool)
+        .args(["semver-checks", "--color", "never", "--release-type", "patch", "--baseline-rustdoc"])
+        .arg(baseline)
+        .arg("--current-rustdoc")
+        .arg(current)
+        .stdin(Stdio::null())
+        .output()
+        .with_context(|| format!("cannot run {}", tool.display()))?;
+    let text = format!("{}\n{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    interpret(out.status.code(), &text)
+}
+
 /// The pinned tool, installed into `.cache/cargo-semver-checks/<VERSION>/` when missing.
 pub fn ensure_tool(root: &Path) -> anyhow::Result<PathBuf> {
     let prefix = root.join(".cache").join("cargo-semver-checks").join(VERSION);
@@ -329,6 +334,46 @@ fn copy(from: &Path, to: &Path) -> anyhow::Result<()> {
 mod tests {
     use super::{interpret, Outcome};
     use crate::release::Bump;
+
+    /// The pinned tool, on two versions of a one-file crate: the flags, exit codes and summaries this module
+    /// relies on. Ignored by default: the first run installs the tool (minutes).
+    #[test]
+    #[ignore = "installs cargo-semver-checks on first use (about 10 minutes on 2 cores); run with --ignored"]
+    fn the_pinned_tool_finds_a_removed_function() {
+        let tool = super::ensure_tool(&crate::util::project_root()).expect("the tool");
+        let dir = tempfile::tempdir().expect("tempdir");
+        let rustdoc = |version: &str, lib: &str| {
+            let src = dir.path().join(version);
+            std::fs::create_dir_all(src.join("src")).expect("mkdir");
+            std::fs::write(
+                src.join("Cargo.toml"),
+                "[package]\nname = \"probe\"\nversion = \"0.1.0\"\nedition = \"2021\"\n\n[workspace]\n",
+            )
+            .expect("manifest");
+            std::fs::write(src.join("src/lib.rs"), lib).expect("lib");
+            let status = crate::util::cargo()
+                .args(["rustdoc", "--quiet", "--lib", "--manifest-path"])
+                .arg(src.join("Cargo.toml"))
+                .args(["--", "-Zunstable-options", "--output-format", "json"])
+                .env("RUSTC_BOOTSTRAP", "1")
+                .env("CARGO_TARGET_DIR", src.join("target"))
+                .status()
+                .expect("cargo rustdoc");
+            assert!(status.success());
+            src.join("target/doc/probe.json")
+        };
+        let old =
+            rustdoc("old", "//! Probe.\n/// Kept.\npub fn kept() {}\n/// Removed.\npub fn removed() {}\n");
+        let new = rustdoc("new", "//! Probe.\n/// Kept.\npub fn kept() {}\n/// Added.\npub fn added() {}\n");
+        match super::compare(&tool, &old, &new).expect("runs") {
+            Outcome::Major { lints, .. } => assert_eq!(lints, ["function_missing"]),
+            other => panic!("a removed function is breaking, got {other:?}"),
+        }
+        assert_eq!(super::compare(&tool, &old, &old).expect("runs"), Outcome::Compatible);
+        let garbage = dir.path().join("garbage.json");
+        std::fs::write(&garbage, "{}").expect("write");
+        assert!(super::compare(&tool, &garbage, &new).is_err(), "a check that cannot run is an error");
+    }
 
     #[test]
     fn the_tool_output_is_read_strictly() {
