@@ -208,6 +208,36 @@ mod tests {
         assert_eq!(finalise(&out, &entry).expect("again"), out);
     }
 
+    proptest::proptest! {
+        /// Whatever the hand-written text, it is kept verbatim under the version, there is one fresh
+        /// `[Unreleased]`, and every commit it does not mention is listed once.
+        #[test]
+        fn hand_written_text_is_kept_and_commits_are_listed(
+            lines in proptest::collection::vec("(### [A-Z][a-z]{1,8}|- [a-z `]{0,30}|)", 0..12),
+            subjects in proptest::collection::vec("(feat|fix|docs)\\(x\\): [a-z ]{1,20}", 0..5),
+        ) {
+            let body = lines.join("\n");
+            let text = format!("# Changelog\n\n## [Unreleased]\n\n{body}\n\n## [0.1.0] - 2026-01-01\n\n- Old.\n");
+            let commits: Vec<Commit> = subjects
+                .iter()
+                .enumerate()
+                .map(|(i, s)| Commit::new(&format!("{i:07x}{}", "9".repeat(33)), s, "", vec![]))
+                .collect();
+            let entry = Entry { version: "0.2.0".into(), date: "2026-12-01".into(), commits: &commits, ..Entry::default() };
+            let out = finalise(&text, &entry).expect("finalise");
+            proptest::prop_assert_eq!(out.matches("## [Unreleased]").count(), 1);
+            proptest::prop_assert_eq!(out.matches("## [0.2.0] - 2026-12-01").count(), 1);
+            proptest::prop_assert!(out.contains(body.trim_matches('\n')));
+            proptest::prop_assert!(out.ends_with("## [0.1.0] - 2026-01-01\n\n- Old.\n"));
+            let released = &out[out.find("## [0.2.0]").expect("heading")..out.find("## [0.1.0]").expect("old")];
+            for commit in &commits {
+                let mentioned = body.contains(commit.short()) || body.contains(commit.subject.as_str());
+                proptest::prop_assert_eq!(released.matches(&format!("(`{}`)", commit.short())).count(), usize::from(!mentioned));
+            }
+            proptest::prop_assert_eq!(finalise(&out, &entry).expect("again"), out);
+        }
+    }
+
     #[test]
     fn a_first_release_keeps_the_text_only() {
         let text = "# Changelog\n\n## [Unreleased]\n\n### Added\n- First release.\n";

@@ -58,6 +58,9 @@ pub fn run(root: &Path, args: &Args) -> anyhow::Result<()> {
         }
         return Ok(());
     }
+    if args.no_semver {
+        eprintln!("xtask: warning: applying a plan without semver checks: the versions rest on commit messages alone");
+    }
     let date = match &args.date {
         Some(date) => date.clone(),
         None => plan::today(),
