@@ -106,7 +106,7 @@ impl Commit {
 
     /// The first 7 characters of the hash.
     pub fn short(&self) -> &str {
-        &self.hash[..self.hash.len().min(7)]
+        self.hash.get(..7).unwrap_or(&self.hash)
     }
 
     /// How the commit is named in a reason: `feat in 3f2a1c4`, `breaking fix in 3f2a1c4`.

@@ -357,7 +357,7 @@ pub fn render(plan: &Plan) -> String {
                 );
             }
             Some(r) => {
-                let short = &r.commit[..r.commit.len().min(7)];
+                let short = r.commit.get(..7).unwrap_or(&r.commit);
                 let _ = writeln!(out, "  last:       {} ({short}, {})", r.version, r.date);
                 let _ = writeln!(out, "  commits:    {} since {}", c.commit_count, r.version);
                 for commit in &c.commits {

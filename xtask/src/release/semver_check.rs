@@ -190,7 +190,7 @@ impl<'a> Checker<'a> {
             .join(name)
             .join(last.version.to_string())
             .join(&self.rustc)
-            .join(format!("{lib}-{}.json", &last.commit[..last.commit.len().min(12)]));
+            .join(format!("{lib}-{}.json", last.commit.get(..12).unwrap_or(&last.commit)));
         if cached.is_file() {
             return Ok(cached);
         }
