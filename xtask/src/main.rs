@@ -75,24 +75,15 @@ enum Task {
     /// STABILITY.md tier, proposed version and why, dependents bumped. `--execute` applies it (versions,
     /// `[workspace.dependencies]` requirements, changelogs); `--registry NAME` then publishes.
     Release {
-        /// Print the plan as JSON.
-        #[arg(long)]
-        json: bool,
-        /// Skip the semver checks: a fast plan whose semver column says "skipped" (never "compatible").
-        #[arg(long)]
-        no_semver: bool,
-        /// Accept a breaking change the semver check finds in CRATE although no commit declares it.
-        #[arg(long, value_name = "CRATE")]
-        accept_breaking: Vec<String>,
-        /// Apply the plan: write the versions and finalise the changelogs.
+        #[command(flatten)]
+        plan: release::command::PlanArgs,
+        /// Apply the plan: write the versions, requirements and Cargo.lock, and finalise the changelogs.
         #[arg(long)]
         execute: bool,
-        /// After applying, publish to this registry (a name from cargo's config).
-        #[arg(long, requires = "execute")]
+        /// Then publish to this registry (a name from cargo's configuration), once the applied plan is
+        /// committed.
+        #[arg(long, requires = "execute", value_name = "NAME")]
         registry: Option<String>,
-        /// The release date, YYYY-MM-DD (default: today, UTC).
-        #[arg(long, requires = "execute")]
-        date: Option<String>,
     },
     /// Write the example decoder's blobs and program manifest into DIR.
     ExportExample {
@@ -209,10 +200,16 @@ fn main() -> anyhow::Result<()> {
         Task::BenchGpu => gpu::bundle(&root, "bench"),
         Task::PlotBench { summary, out } => plot::run(&summary, &out),
         Task::ExportPte { dir, tensorrt } => export_pte::run(&root, &dir, tensorrt),
-        Task::Release { json, no_semver, accept_breaking, execute, registry, date } => release::command::run(
-            &root,
-            &release::command::Args { json, no_semver, accept_breaking, execute, registry, date },
-        ),
+        Task::Release { plan, execute, registry } => {
+            // The publishing step (release::publish, its own task) plugs in here.
+            let publish = |_: &std::path::Path| -> anyhow::Result<()> {
+                anyhow::bail!(
+                    "publishing is not part of this build yet (release::publish); nothing was published"
+                )
+            };
+            let publish: Option<release::command::Publish> = registry.as_ref().map(|_| &publish as _);
+            release::command::run(&root, &plan, execute, publish)
+        }
         Task::ExportExample { backend: Backend::Reference, dir, big, config, memory } => {
             export_reference_graph(kv_example::Backend::Reference, &dir, big, config, memory)
         }

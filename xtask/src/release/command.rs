@@ -1,32 +1,41 @@
 //! `cargo xtask release`: prints the plan (writes nothing); `--execute` applies it; `--execute --registry NAME`
 //! also publishes.
+//!
+//! Publishing is a step [`run`] is handed (`publish`), called after [`plan::apply`] only when applying
+//! changed nothing: the applied plan must be committed first (the release commit is what gets published and
+//! recorded), so the flow is `--execute`, commit, `--execute --registry NAME`. A second `--execute` on a
+//! committed, applied plan writes nothing ([`plan::apply`] is idempotent), so the second call goes straight
+//! to publishing, and after a failed publish, running it again resumes.
 
 use std::collections::BTreeSet;
 use std::path::Path;
 use std::time::Instant;
 
-use anyhow::Context;
+use anyhow::{bail, Context};
 
 use super::plan::{self, Plan};
 use super::record::Record;
 use super::workspace::Workspace;
 
-/// The `release` subcommand's options.
-#[derive(Clone, Debug, Default)]
-pub struct Args {
-    /// Print the plan as JSON instead of the table.
+/// The plan's flags of `cargo xtask release` (`--execute` and `--registry` live with the publishing flags).
+#[derive(clap::Args, Clone, Debug, Default)]
+pub struct PlanArgs {
+    /// Print the plan as JSON.
+    #[arg(long)]
     pub json: bool,
-    /// Skip the semver checks (a fast plan: every released crate says "skipped").
+    /// Skip the semver checks: a fast plan whose semver line says "skipped" (never "compatible").
+    #[arg(long)]
     pub no_semver: bool,
-    /// Crates whose undeclared breaking change (found by the semver check) is accepted.
+    /// Accept a breaking change the semver check finds in CRATE although no commit declares it (repeatable).
+    #[arg(long, value_name = "CRATE")]
     pub accept_breaking: Vec<String>,
-    /// Apply the plan: versions, requirements, changelogs.
-    pub execute: bool,
-    /// After applying, publish to this registry (`--execute` only).
-    pub registry: Option<String>,
-    /// The release date (`YYYY-MM-DD`; default: today, UTC).
+    /// The release date written into the changelogs, YYYY-MM-DD (default: today, UTC).
+    #[arg(long, value_name = "DATE")]
     pub date: Option<String>,
 }
+
+/// The publishing step: publishes the workspace at the given root, whose Cargo.toml files carry the versions.
+pub type Publish<'a> = &'a dyn Fn(&Path) -> anyhow::Result<()>;
 
 /// Computes the plan of the workspace at `root` (nothing is written).
 pub fn compute(
@@ -41,8 +50,9 @@ pub fn compute(
     Ok((ws, plan))
 }
 
-/// Runs the subcommand.
-pub fn run(root: &Path, args: &Args) -> anyhow::Result<()> {
+/// Runs the subcommand: prints the plan; with `execute`, applies it; with `publish` too (`--registry`), then
+/// publishes when applying changed nothing.
+pub fn run(root: &Path, args: &PlanArgs, execute: bool, publish: Option<Publish>) -> anyhow::Result<()> {
     let started = Instant::now();
     let accept: BTreeSet<String> = args.accept_breaking.iter().cloned().collect();
     let (ws, plan) = compute(root, args.no_semver, &accept)?;
@@ -52,7 +62,7 @@ pub fn run(root: &Path, args: &Args) -> anyhow::Result<()> {
         print!("{}", plan::render(&plan));
     }
     eprintln!("xtask: planned in {:.1?}", started.elapsed());
-    if !args.execute {
+    if !execute {
         if !args.json {
             println!("\nNothing written. `cargo xtask release --execute` applies this plan.");
         }
@@ -80,8 +90,17 @@ pub fn run(root: &Path, args: &Args) -> anyhow::Result<()> {
     for path in &changed {
         eprintln!("xtask: wrote {}", path.strip_prefix(&ws.root).unwrap_or(path).display());
     }
-    match &args.registry {
-        Some(registry) => publish(root, &ws, &plan, registry),
+    match publish {
+        Some(_) if !changed.is_empty() => bail!(
+            "applied the plan ({} files changed): commit them (the release commit), then run `cargo xtask release \
+             --execute --registry NAME` again to publish",
+            changed.len()
+        ),
+        Some(publish) => publish(&ws.root),
+        None if changed.is_empty() => {
+            eprintln!("xtask: the plan is already applied; `--registry NAME` publishes it");
+            Ok(())
+        }
         None => {
             eprintln!(
                 "xtask: applied the plan ({} files). Commit it, then `cargo xtask release --execute --registry NAME` \
@@ -91,13 +110,4 @@ pub fn run(root: &Path, args: &Args) -> anyhow::Result<()> {
             Ok(())
         }
     }
-}
-
-/// The publish step, after [`plan::apply`]: the seam for `release::publish` (its own task). Until it lands,
-/// `--registry` applies the plan and stops here with an error, so nothing pretends to have published.
-fn publish(_root: &Path, _ws: &Workspace, _plan: &Plan, registry: &str) -> anyhow::Result<()> {
-    anyhow::bail!(
-        "the plan is applied, but publishing to `{registry}` is not part of this build yet (release::publish lands \
-         with the publish task); nothing was published or recorded"
-    )
 }
