@@ -11,7 +11,7 @@ mod gpu;
 mod leak_check;
 mod nvrtc_setup;
 mod plot;
-#[allow(dead_code)] // The release tasks (plan, publish, dist) build on this model as they land.
+#[allow(dead_code)] // The release tasks (publish, dist) build on this model as they land.
 mod release;
 mod test;
 mod trt_setup;
@@ -70,6 +70,20 @@ enum Task {
         /// library is installed when missing).
         #[arg(long)]
         tensorrt: bool,
+    },
+    /// The release plan of every publishable crate (writes nothing): last release, commits since, semver check,
+    /// STABILITY.md tier, proposed version and why, dependents bumped. `--execute` applies it (versions,
+    /// `[workspace.dependencies]` requirements, changelogs); `--registry NAME` then publishes.
+    Release {
+        #[command(flatten)]
+        plan: release::command::PlanArgs,
+        /// Apply the plan: write the versions, requirements and Cargo.lock, and finalise the changelogs.
+        #[arg(long)]
+        execute: bool,
+        /// Then publish to this registry (a name from cargo's configuration), once the applied plan is
+        /// committed.
+        #[arg(long, requires = "execute", value_name = "NAME")]
+        registry: Option<String>,
     },
     /// Write the example decoder's blobs and program manifest into DIR.
     ExportExample {
@@ -186,6 +200,16 @@ fn main() -> anyhow::Result<()> {
         Task::BenchGpu => gpu::bundle(&root, "bench"),
         Task::PlotBench { summary, out } => plot::run(&summary, &out),
         Task::ExportPte { dir, tensorrt } => export_pte::run(&root, &dir, tensorrt),
+        Task::Release { plan, execute, registry } => {
+            // The publishing step (release::publish, its own task) plugs in here.
+            let publish = |_: &std::path::Path| -> anyhow::Result<()> {
+                anyhow::bail!(
+                    "publishing is not part of this build yet (release::publish); nothing was published"
+                )
+            };
+            let publish: Option<release::command::Publish> = registry.as_ref().map(|_| &publish as _);
+            release::command::run(&root, &plan, execute, publish)
+        }
         Task::ExportExample { backend: Backend::Reference, dir, big, config, memory } => {
             export_reference_graph(kv_example::Backend::Reference, &dir, big, config, memory)
         }

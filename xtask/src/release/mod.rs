@@ -4,8 +4,18 @@
 //!   (read from `cargo metadata`, never listed by hand).
 //! - [`record`]: `releases.toml`, the committed record of every release. Tags (`<crate>-v<version>`) are
 //!   derived from it, so a fresh clone without tags still knows what was released, and from which commit.
+//! - [`plan`]: `cargo xtask release`: the proposed version of every crate and why ([`commits`] classifies
+//!   `git log`, [`semver_check`] runs cargo-semver-checks against cached baselines, [`stability`] reads the
+//!   tiers), and `--execute`'s writes ([`plan::apply`]: versions, requirements, [`changelog`]s).
+//! - [`command`]: the `release` subcommand: plan, print, and with `--execute`, apply and publish.
 
+pub mod changelog;
+pub mod command;
+pub mod commits;
+pub mod plan;
 pub mod record;
+pub mod semver_check;
+pub mod stability;
 pub mod workspace;
 
 /// How much a crate's version must move. Ordered: the plan takes the largest of the reasons it finds.
@@ -46,6 +56,12 @@ impl Bump {
             Bump::Minor => "minor",
             Bump::Major => "major",
         }
+    }
+}
+
+impl serde::Serialize for Bump {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_str(self.name())
     }
 }
 

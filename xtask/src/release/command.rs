@@ -1,0 +1,113 @@
+//! `cargo xtask release`: prints the plan (writes nothing); `--execute` applies it; `--execute --registry NAME`
+//! also publishes.
+//!
+//! Publishing is a step [`run`] is handed (`publish`), called after [`plan::apply`] only when applying
+//! changed nothing: the applied plan must be committed first (the release commit is what gets published and
+//! recorded), so the flow is `--execute`, commit, `--execute --registry NAME`. A second `--execute` on a
+//! committed, applied plan writes nothing ([`plan::apply`] is idempotent), so the second call goes straight
+//! to publishing, and after a failed publish, running it again resumes.
+
+use std::collections::BTreeSet;
+use std::path::Path;
+use std::time::Instant;
+
+use anyhow::{bail, Context};
+
+use super::plan::{self, Plan};
+use super::record::Record;
+use super::workspace::Workspace;
+
+/// The plan's flags of `cargo xtask release` (`--execute` and `--registry` live with the publishing flags).
+#[derive(clap::Args, Clone, Debug, Default)]
+pub struct PlanArgs {
+    /// Print the plan as JSON.
+    #[arg(long)]
+    pub json: bool,
+    /// Skip the semver checks: a fast plan whose semver line says "skipped" (never "compatible").
+    #[arg(long)]
+    pub no_semver: bool,
+    /// Accept a breaking change the semver check finds in CRATE although no commit declares it (repeatable).
+    #[arg(long, value_name = "CRATE")]
+    pub accept_breaking: Vec<String>,
+    /// The release date written into the changelogs, YYYY-MM-DD (default: today, UTC).
+    #[arg(long, value_name = "DATE")]
+    pub date: Option<String>,
+}
+
+/// The publishing step: publishes the workspace at the given root, whose Cargo.toml files carry the versions.
+pub type Publish<'a> = &'a dyn Fn(&Path) -> anyhow::Result<()>;
+
+/// Computes the plan of the workspace at `root` (nothing is written).
+pub fn compute(
+    root: &Path,
+    no_semver: bool,
+    accept_breaking: &BTreeSet<String>,
+) -> anyhow::Result<(Workspace, Plan)> {
+    let ws = Workspace::load(root)?;
+    let record = Record::load(&ws.root)?;
+    let inputs = plan::gather(&ws, &record, &plan::Options { semver: !no_semver })?;
+    let plan = plan::decide(&inputs, accept_breaking)?;
+    Ok((ws, plan))
+}
+
+/// Runs the subcommand: prints the plan; with `execute`, applies it; with `publish` too (`--registry`), then
+/// publishes when applying changed nothing.
+pub fn run(root: &Path, args: &PlanArgs, execute: bool, publish: Option<Publish>) -> anyhow::Result<()> {
+    let started = Instant::now();
+    let accept: BTreeSet<String> = args.accept_breaking.iter().cloned().collect();
+    let (ws, plan) = compute(root, args.no_semver, &accept)?;
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&plan).context("serialising the plan")?);
+    } else {
+        print!("{}", plan::render(&plan));
+    }
+    eprintln!("xtask: planned in {:.1?}", started.elapsed());
+    if !execute {
+        if !args.json {
+            println!("\nNothing written. `cargo xtask release --execute` applies this plan.");
+        }
+        return Ok(());
+    }
+    if args.no_semver {
+        eprintln!("xtask: warning: applying a plan without semver checks: the versions rest on commit messages alone");
+    }
+    let date = match &args.date {
+        Some(date) => date.clone(),
+        None => plan::today(),
+    };
+    let mut changed = plan::apply(&ws, &plan, &date)?;
+    if changed.iter().any(|p| p.ends_with("Cargo.toml")) {
+        // The lock file names every workspace crate's version: bring it along (workspace entries only).
+        let lock = ws.root.join("Cargo.lock");
+        let before = std::fs::read(&lock).ok();
+        let mut cmd = crate::util::cargo();
+        cmd.args(["update", "--workspace"]);
+        crate::util::run_cmd(&ws.root, &mut cmd)?;
+        if std::fs::read(&lock).ok() != before {
+            changed.push(lock);
+        }
+    }
+    for path in &changed {
+        eprintln!("xtask: wrote {}", path.strip_prefix(&ws.root).unwrap_or(path).display());
+    }
+    match publish {
+        Some(_) if !changed.is_empty() => bail!(
+            "applied the plan ({} files changed): commit them (the release commit), then run `cargo xtask release \
+             --execute --registry NAME` again to publish",
+            changed.len()
+        ),
+        Some(publish) => publish(&ws.root),
+        None if changed.is_empty() => {
+            eprintln!("xtask: the plan is already applied; `--registry NAME` publishes it");
+            Ok(())
+        }
+        None => {
+            eprintln!(
+                "xtask: applied the plan ({} files). Commit it, then `cargo xtask release --execute --registry NAME` \
+                 publishes every crate whose version the registry lacks, records it in releases.toml and tags it.",
+                changed.len()
+            );
+            Ok(())
+        }
+    }
+}

@@ -1,0 +1,492 @@
+//! The release plan: which crate gets which version, and why.
+//!
+//! [`gather`] reads the facts (the record, `git log`, STABILITY.md, the semver checks); [`decide`] is the pure
+//! decision over them, and [`apply`] writes a plan into the tree (`--execute`).
+//!
+//! The version rule, per publishable crate, in publish order:
+//! - Never released (no entry in `releases.toml`): a first release at the `Cargo.toml` version; commits are
+//!   counted, not classified, and nothing propagates from it.
+//! - Otherwise the bump is the largest of
+//!   - the commit bump: the largest bump the commits touching the crate's directory since the release's commit
+//!     ask for (see [`super::commits`] for the rule per type);
+//!   - the semver-check bump (major for breaking API changes, minor for minor-level lints);
+//!   - the propagated bump: for each dependency whose plan is a breaking (`major`) release, `major` if this
+//!     crate's STABILITY.md tier is not `internal` (our crates expose their dependencies' types: a stable or
+//!     evolving crate built against a new major of one is a breaking release itself), else `patch` (internal
+//!     crates promise nothing, but they must be republished to build against the new version).
+//!     Propagation is transitive through the order. Minor and patch releases of a dependency propagate
+//!     nothing: the dependents' requirements still accept them.
+//! - The version is the bump applied to the last released version with Cargo's 0.x rule ([`Bump::apply`]),
+//!   or the `Cargo.toml` version when that is already higher (an applied, not yet published plan).
+//! - A breaking change that the semver check finds but no commit declares (`!` or `BREAKING CHANGE`), such as
+//!   a `fix:` that removes a public item, stops the plan, unless the maintainer accepts it by name with
+//!   `--accept-breaking CRATE`.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+
+use anyhow::{bail, Context};
+use semver::Version;
+use serde::Serialize;
+
+use super::changelog;
+use super::commits::{self, Commit};
+use super::record::{Record, Release};
+use super::semver_check::{Checker, Outcome};
+use super::stability::{Tier, Tiers};
+use super::workspace::Workspace;
+use super::Bump;
+
+/// The facts about one crate that the decision needs.
+#[derive(Clone, Debug)]
+pub struct Input {
+    /// The package name.
+    pub name: String,
+    /// Its directory, relative to the workspace root.
+    pub dir: PathBuf,
+    /// The version in its `Cargo.toml`.
+    pub version: Version,
+    /// Its latest release, if any.
+    pub last: Option<Release>,
+    /// The commits touching its directory since that release, newest first (empty for a first release).
+    pub commits: Vec<Commit>,
+    /// For a first release: how many commits of all history touch it.
+    pub history: usize,
+    /// The semver check's outcome.
+    pub semver: Outcome,
+    /// Its STABILITY.md tier.
+    pub tier: Tier,
+    /// The publishable workspace crates it builds with.
+    pub deps: BTreeSet<String>,
+}
+
+/// A dependent that needs a release because of this crate's breaking one.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Dependent {
+    /// The dependent's name.
+    pub name: String,
+    /// The bump it gets from this crate.
+    pub bump: Bump,
+}
+
+/// The plan for one crate.
+#[derive(Clone, Debug, Serialize)]
+pub struct CratePlan {
+    /// The package name.
+    pub name: String,
+    /// Its directory, relative to the workspace root.
+    pub dir: PathBuf,
+    /// Its STABILITY.md tier.
+    pub tier: String,
+    /// The version in its `Cargo.toml` now.
+    pub current: Version,
+    /// The latest release, if any.
+    pub last_release: Option<Release>,
+    /// No release yet: this is its first.
+    pub first_release: bool,
+    /// The commits since the last release, newest first (empty for a first release).
+    pub commits: Vec<Commit>,
+    /// How many commits: since the last release, or in all history for a first release.
+    pub commit_count: usize,
+    /// The largest bump the commits ask for.
+    pub commit_bump: Bump,
+    /// The semver check's outcome.
+    pub semver: Outcome,
+    /// The largest bump propagated from dependencies.
+    pub propagated_bump: Bump,
+    /// `name version` of each dependency whose breaking release propagated here.
+    pub propagated_from: Vec<String>,
+    /// The bump chosen (`none` for a first release, which keeps its version).
+    pub bump: Bump,
+    /// The version to release; `None`: nothing to release.
+    pub proposed: Option<Version>,
+    /// Why: one reason per source, `minor: feat in 3f2a1c4`.
+    pub reasons: Vec<String>,
+    /// A semver-breaking change no commit declares, accepted with `--accept-breaking`.
+    pub accepted_breaking: bool,
+    /// The dependents that need a release because of this one.
+    pub dependents: Vec<Dependent>,
+}
+
+/// The plan for every publishable crate, in publish order.
+#[derive(Clone, Debug, Serialize)]
+pub struct Plan {
+    /// One entry per publishable crate, dependencies first.
+    pub crates: Vec<CratePlan>,
+}
+
+impl Plan {
+    /// The crates the plan releases.
+    pub fn releases(&self) -> impl Iterator<Item = (&CratePlan, &Version)> {
+        self.crates.iter().filter_map(|c| c.proposed.as_ref().map(|v| (c, v)))
+    }
+}
+
+/// Decides the plan. `inputs` must be in publish order (each crate after its dependencies). Fails, naming
+/// every such crate, when a semver check finds a breaking change that no commit declares and the crate is not
+/// in `accept_breaking`.
+pub fn decide(inputs: &[Input], accept_breaking: &BTreeSet<String>) -> anyhow::Result<Plan> {
+    let names: BTreeSet<&str> = inputs.iter().map(|i| i.name.as_str()).collect();
+    if let Some(unknown) = accept_breaking.iter().find(|n| !names.contains(n.as_str())) {
+        bail!("--accept-breaking {unknown}: no publishable crate has that name");
+    }
+    let mut done: BTreeMap<&str, usize> = BTreeMap::new();
+    let mut plans: Vec<CratePlan> = Vec::with_capacity(inputs.len());
+    let mut errors = Vec::new();
+    for input in inputs {
+        let mut propagated_bump = Bump::None;
+        let mut propagated_from = Vec::new();
+        let mut propagated_reasons = Vec::new();
+        for dep in input.deps.iter().filter(|d| names.contains(d.as_str())) {
+            let Some(&at) = done.get(dep.as_str()) else {
+                bail!(
+                    "{} comes before its dependency {dep}: the inputs are not in publish order",
+                    input.name
+                );
+            };
+            let dep_plan = &plans[at];
+            // A first release is built against whatever its dependencies release; nothing to propagate.
+            if input.last.is_none() || dep_plan.first_release || dep_plan.bump != Bump::Major {
+                continue;
+            }
+            let Some(version) = &dep_plan.proposed else { continue };
+            let bump = if input.tier.is_internal() { Bump::Patch } else { Bump::Major };
+            let why = if input.tier.is_internal() { " (internal tier)" } else { "" };
+            propagated_bump = propagated_bump.max(bump);
+            propagated_from.push(format!("{dep} {version}"));
+            propagated_reasons.push(format!("{}: propagated from {dep} {version}{why}", bump.name()));
+        }
+
+        let commit_bump = input.commits.iter().map(Commit::bump).max().unwrap_or(Bump::None);
+        let semver_bump = input.semver.bump();
+        let mut plan = CratePlan {
+            name: input.name.clone(),
+            dir: input.dir.clone(),
+            tier: input.tier.name.clone(),
+            current: input.version.clone(),
+            last_release: input.last.clone(),
+            first_release: input.last.is_none(),
+            commits: input.commits.clone(),
+            commit_count: if input.last.is_none() { input.history } else { input.commits.len() },
+            commit_bump,
+            semver: input.semver.clone(),
+            propagated_bump,
+            propagated_from,
+            bump: Bump::None,
+            proposed: None,
+            reasons: Vec::new(),
+            accepted_breaking: false,
+            dependents: Vec::new(),
+        };
+
+        match &input.last {
+            None => {
+                plan.proposed = Some(input.version.clone());
+                plan.reasons.push(format!("first release at {} (Cargo.toml)", input.version));
+            }
+            Some(last) => {
+                if input.version < last.version {
+                    bail!(
+                        "{}: Cargo.toml says {}, older than the recorded release {}",
+                        input.name,
+                        input.version,
+                        last.version
+                    );
+                }
+                if commit_bump > Bump::None {
+                    let first = input.commits.iter().find(|c| c.bump() == commit_bump);
+                    let more =
+                        input.commits.iter().filter(|c| c.bump() == commit_bump).count().saturating_sub(1);
+                    if let Some(first) = first {
+                        let more = if more > 0 { format!(" (+{more} more)") } else { String::new() };
+                        plan.reasons.push(format!("{}: {}{more}", commit_bump.name(), first.describe()));
+                    }
+                }
+                if semver_bump > Bump::None {
+                    let lints = match &input.semver {
+                        Outcome::Major { lints, .. } if !lints.is_empty() => {
+                            format!(": {}", lints.join(", "))
+                        }
+                        _ => String::new(),
+                    };
+                    plan.reasons.push(format!("{}: semver check{lints}", semver_bump.name()));
+                }
+                if semver_bump == Bump::Major && commit_bump < Bump::Major {
+                    if accept_breaking.contains(&input.name) {
+                        plan.accepted_breaking = true;
+                        plan.reasons
+                            .push("major: undeclared breaking change accepted (--accept-breaking)".into());
+                    } else {
+                        let kinds: Vec<String> = input.commits.iter().map(Commit::describe).collect();
+                        errors.push(format!(
+                            "{}: the semver check finds a breaking change ({}), but no commit since {} declares \
+                             one ({}). Mark the commit breaking (`fix(...)!:` or a `BREAKING CHANGE:` footer), or \
+                             accept it with `--accept-breaking {}`",
+                            input.name,
+                            input.semver.describe(),
+                            last.version,
+                            if kinds.is_empty() { "no commits".to_owned() } else { kinds.join(", ") },
+                            input.name
+                        ));
+                    }
+                }
+                plan.reasons.extend(propagated_reasons);
+                plan.bump = commit_bump.max(semver_bump).max(plan.propagated_bump);
+                let next = plan.bump.apply(&last.version);
+                let proposed = next.clone().max(input.version.clone());
+                if proposed > next {
+                    plan.reasons.push(format!("Cargo.toml already says {proposed} (not released yet)"));
+                }
+                if proposed > last.version {
+                    plan.proposed = Some(proposed);
+                } else if input.commits.is_empty() {
+                    plan.reasons.push(format!("none: no commit since {}", last.version));
+                } else {
+                    plan.reasons.push(format!(
+                        "none: the {} commit(s) since {} need no release",
+                        input.commits.len(),
+                        last.version
+                    ));
+                }
+            }
+        }
+        done.insert(&input.name, plans.len());
+        plans.push(plan);
+    }
+    if !errors.is_empty() {
+        bail!("the plan stops:\n  {}", errors.join("\n  "));
+    }
+    // Who needs a release because of whom.
+    for i in 0..plans.len() {
+        let Some(version) = plans[i].proposed.clone() else { continue };
+        let source = format!("{} {version}", plans[i].name);
+        let dependents: Vec<Dependent> = plans
+            .iter()
+            .filter(|p| p.propagated_from.contains(&source))
+            .map(|p| Dependent {
+                name: p.name.clone(),
+                bump: if p.tier_is_internal() { Bump::Patch } else { Bump::Major },
+            })
+            .collect();
+        plans[i].dependents = dependents;
+    }
+    Ok(Plan { crates: plans })
+}
+
+impl CratePlan {
+    fn tier_is_internal(&self) -> bool {
+        Tier { name: self.tier.clone() }.is_internal()
+    }
+}
+
+/// What [`gather`] should do.
+#[derive(Clone, Debug, Default)]
+pub struct Options {
+    /// Run the semver checks (`--no-semver` turns them off: every released crate says "skipped").
+    pub semver: bool,
+}
+
+/// Reads the facts for every publishable crate, in publish order.
+pub fn gather(ws: &Workspace, record: &Record, options: &Options) -> anyhow::Result<Vec<Input>> {
+    let root = ws.root.as_path();
+    let tiers = Tiers::load(root)?;
+    let mut checker: Option<Checker> = None;
+    let mut inputs = Vec::new();
+    for krate in ws.publish_order()? {
+        let last = record.latest(&krate.name).cloned();
+        let (commits, history) = match &last {
+            Some(release) => (commits::log(root, Some(&release.commit), &krate.dir)?, 0),
+            None => (Vec::new(), commits::count(root, &krate.dir)?),
+        };
+        let semver = match &last {
+            None => Outcome::NoBaseline,
+            Some(_) if !options.semver => Outcome::Skipped,
+            Some(_) if commits.is_empty() => Outcome::Unchanged,
+            Some(release) => {
+                if checker.is_none() {
+                    checker = Some(Checker::new(root, ws)?);
+                }
+                match checker.as_mut() {
+                    Some(checker) => checker.check(&krate.name, release)?,
+                    None => bail!("no semver checker"),
+                }
+            }
+        };
+        inputs.push(Input {
+            name: krate.name.clone(),
+            dir: krate.dir.clone(),
+            version: krate.version.clone(),
+            last,
+            commits,
+            history,
+            semver,
+            tier: tiers.of(&krate.name, &krate.dir),
+            deps: krate.deps.clone(),
+        });
+    }
+    Ok(inputs)
+}
+
+/// The human plan: a summary table, then each crate's facts and reasons.
+pub fn render(plan: &Plan) -> String {
+    let mut out = String::new();
+    let width = plan.crates.iter().map(|c| c.name.len()).max().unwrap_or(5).max(5);
+    let _ = writeln!(out, "{:width$}  {:<9} {:<9} {:<7} tier", "crate", "last", "proposed", "bump");
+    for c in &plan.crates {
+        let last = c.last_release.as_ref().map_or_else(|| "-".to_owned(), |r| r.version.to_string());
+        let proposed = c.proposed.as_ref().map_or_else(|| "-".to_owned(), Version::to_string);
+        let bump = if c.first_release { "first" } else { c.bump.name() };
+        let _ = writeln!(out, "{:width$}  {last:<9} {proposed:<9} {bump:<7} {}", c.name, c.tier);
+    }
+    for c in &plan.crates {
+        let _ = writeln!(out);
+        let target = match &c.proposed {
+            Some(v) if c.first_release => format!("{v} (first release)"),
+            Some(v) => format!("{} -> {v} ({})", c.current, c.bump.name()),
+            None => format!("{} (no release)", c.current),
+        };
+        let _ = writeln!(out, "{}  {target}", c.name);
+        let _ = writeln!(out, "  tier:       {}", c.tier);
+        match &c.last_release {
+            None => {
+                let _ = writeln!(
+                    out,
+                    "  last:       none: first release ({} commits in history)",
+                    c.commit_count
+                );
+            }
+            Some(r) => {
+                let short = r.commit.get(..7).unwrap_or(&r.commit);
+                let _ = writeln!(out, "  last:       {} ({short}, {})", r.version, r.date);
+                let _ = writeln!(out, "  commits:    {} since {}", c.commit_count, r.version);
+                for commit in &c.commits {
+                    let kind =
+                        if commit.breaking { format!("{}!", commit.kind) } else { commit.kind.clone() };
+                    let _ = writeln!(out, "    {kind:<10} {} {}", commit.short(), commit.subject);
+                }
+            }
+        }
+        let _ = writeln!(out, "  semver:     {}", c.semver.describe());
+        let _ = writeln!(out, "  reasons:    {}", c.reasons.join("; "));
+        if !c.dependents.is_empty() {
+            let list: Vec<String> =
+                c.dependents.iter().map(|d| format!("{} ({})", d.name, d.bump.name())).collect();
+            let _ = writeln!(out, "  dependents: {}", list.join(", "));
+        }
+    }
+    out
+}
+
+/// Writes the plan into the workspace: each released crate's `Cargo.toml` version, its requirement in the
+/// root `[workspace.dependencies]`, and its finalised `CHANGELOG.md` (dated `date`, `YYYY-MM-DD`). Idempotent.
+/// Returns the files it changed. Publishing (and recording releases) is the next step's.
+pub fn apply(ws: &Workspace, plan: &Plan, date: &str) -> anyhow::Result<Vec<PathBuf>> {
+    let mut changed = Vec::new();
+    let root_manifest = ws.root.join("Cargo.toml");
+    let mut root_text = read(&root_manifest)?;
+    let root_before = root_text.clone();
+    for (krate, version) in plan.releases() {
+        let dir = ws.root.join(&krate.dir);
+        if *version != krate.current {
+            let manifest = dir.join("Cargo.toml");
+            let text = read(&manifest)?;
+            let new =
+                set_package_version(&text, version).with_context(|| format!("{}", manifest.display()))?;
+            write(&manifest, &text, &new, &mut changed)?;
+        }
+        root_text = set_workspace_dependency(&root_text, &krate.name, version)
+            .with_context(|| format!("{}", root_manifest.display()))?;
+        let path = dir.join("CHANGELOG.md");
+        let text = read(&path)?;
+        let entry = changelog::Entry {
+            version: version.to_string(),
+            date: date.to_owned(),
+            commits: &krate.commits,
+            dependencies: krate.propagated_from.clone(),
+            special: changelog::special(&krate.name),
+        };
+        let new = changelog::finalise(&text, &entry).with_context(|| format!("{}", path.display()))?;
+        write(&path, &text, &new, &mut changed)?;
+    }
+    write(&root_manifest, &root_before, &root_text, &mut changed)?;
+    Ok(changed)
+}
+
+/// Sets `[package] version` (a literal: independently versioned crates never inherit it).
+pub fn set_package_version(text: &str, version: &Version) -> anyhow::Result<String> {
+    let mut doc: toml_edit::DocumentMut = text.parse().context("parsing the manifest")?;
+    let package = doc.get_mut("package").and_then(|p| p.as_table_like_mut()).context("no [package] table")?;
+    match package.get_mut("version") {
+        Some(item) if item.is_str() => {
+            let decor = item.as_value().map(|v| v.decor().clone());
+            let mut value = toml_edit::Value::from(version.to_string());
+            if let Some(decor) = decor {
+                *value.decor_mut() = decor;
+            }
+            *item = toml_edit::Item::Value(value);
+        }
+        Some(_) => {
+            bail!("[package] version is not a literal string (inherited?): each crate has its own version")
+        }
+        None => bail!("[package] has no version"),
+    }
+    Ok(doc.to_string())
+}
+
+/// Sets the `version` requirement of `name` in `[workspace.dependencies]` (left alone when it has none).
+pub fn set_workspace_dependency(text: &str, name: &str, version: &Version) -> anyhow::Result<String> {
+    let mut doc: toml_edit::DocumentMut = text.parse().context("parsing the workspace manifest")?;
+    let Some(dep) = doc
+        .get_mut("workspace")
+        .and_then(|w| w.get_mut("dependencies"))
+        .and_then(|d| d.get_mut(name))
+        .and_then(|d| d.as_table_like_mut())
+    else {
+        return Ok(text.to_owned());
+    };
+    if let Some(item) = dep.get_mut("version") {
+        let decor = item.as_value().map(|v| v.decor().clone());
+        let mut value = toml_edit::Value::from(version.to_string());
+        if let Some(decor) = decor {
+            *value.decor_mut() = decor;
+        }
+        *item = toml_edit::Item::Value(value);
+    }
+    Ok(doc.to_string())
+}
+
+fn read(path: &Path) -> anyhow::Result<String> {
+    std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))
+}
+
+fn write(path: &Path, old: &str, new: &str, changed: &mut Vec<PathBuf>) -> anyhow::Result<()> {
+    if old != new {
+        std::fs::write(path, new).with_context(|| format!("writing {}", path.display()))?;
+        changed.push(path.to_path_buf());
+    }
+    Ok(())
+}
+
+/// Today's date (UTC), `YYYY-MM-DD`.
+pub fn today() -> String {
+    let secs = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
+    civil_date(secs / 86_400)
+}
+
+/// `YYYY-MM-DD` of a day number since 1970-01-01 (Howard Hinnant's `civil_from_days`).
+fn civil_date(days: u64) -> String {
+    let z = days as i64 + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1_460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!("{year:04}-{month:02}-{day:02}")
+}
+
+#[cfg(test)]
+mod tests;
