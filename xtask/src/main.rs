@@ -71,6 +71,13 @@ enum Task {
         #[arg(long)]
         tensorrt: bool,
     },
+    /// Release the workspace's crates. With `--execute --registry NAME`: publish every publishable crate at the
+    /// version its Cargo.toml carries, in dependency order, skipping versions the registry has (a failed run
+    /// resumes), recording each in releases.toml and tagging it `<crate>-v<version>`. Never crates.io.
+    Release {
+        #[command(flatten)]
+        publish: release::publish::PublishArgs,
+    },
     /// Write the example decoder's blobs and program manifest into DIR.
     ExportExample {
         /// Which delegate the blobs are for.
@@ -185,6 +192,13 @@ fn main() -> anyhow::Result<()> {
         Task::GpuTest => gpu::bundle(&root, "test"),
         Task::BenchGpu => gpu::bundle(&root, "bench"),
         Task::PlotBench { summary, out } => plot::run(&summary, &out),
+        Task::Release { publish } => {
+            anyhow::ensure!(
+                publish.execute,
+                "the release plan is not written yet: pass --execute --registry NAME"
+            );
+            release::publish::run(&root, &publish.options()?).map(drop)
+        }
         Task::ExportPte { dir, tensorrt } => export_pte::run(&root, &dir, tensorrt),
         Task::ExportExample { backend: Backend::Reference, dir, big, config, memory } => {
             export_reference_graph(kv_example::Backend::Reference, &dir, big, config, memory)

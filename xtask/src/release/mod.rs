@@ -4,8 +4,14 @@
 //!   (read from `cargo metadata`, never listed by hand).
 //! - [`record`]: `releases.toml`, the committed record of every release. Tags (`<crate>-v<version>`) are
 //!   derived from it, so a fresh clone without tags still knows what was released, and from which commit.
+//! - [`publish`]: `release --execute --registry NAME`, the ordered, resumable publish; [`index`] reads what a
+//!   sparse registry already has; `registry` (tests only) is a loopback sparse registry to publish to.
 
+pub mod index;
+pub mod publish;
 pub mod record;
+#[cfg(test)]
+pub mod registry;
 pub mod workspace;
 
 /// How much a crate's version must move. Ordered: the plan takes the largest of the reasons it finds.

@@ -1,0 +1,273 @@
+//! `cargo xtask release --execute --registry NAME`: publish every publishable crate, in dependency order.
+//!
+//! Each crate's `Cargo.toml` already carries the version to release (the plan wrote it). For each crate of
+//! [`Workspace::publish_order`]:
+//!
+//! 1. if the registry's index already lists that version, nothing is uploaded (a failed run resumes where it
+//!    stopped);
+//! 2. else `cargo publish -p <crate> --registry <NAME>`;
+//! 3. the release is appended to `releases.toml` unless recorded, and the record saved at once, so progress
+//!    survives a crash;
+//! 4. the tag `<crate>-v<version>` is created at the recorded commit (an existing tag must point there).
+//!
+//! It refuses a dirty working tree (`releases.toml` aside, which it writes) unless `--allow-dirty`, and it
+//! never publishes to crates.io: `--registry` is required, `crates-io` and any registry whose index is
+//! crates.io's are refused.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::process::Command;
+
+use anyhow::{bail, Context};
+
+use super::index::{refuse_crates_io, Index};
+use super::record::{Record, Release, FILE};
+use super::workspace::Workspace;
+
+/// `cargo xtask release`'s publishing flags (the plan's flags live beside them).
+#[derive(clap::Args, Clone, Debug, Default)]
+pub struct PublishArgs {
+    /// Publish the versions the crates' Cargo.toml files carry, in dependency order, record them in
+    /// releases.toml and tag them (without it, nothing is published).
+    #[arg(long, requires = "registry")]
+    pub execute: bool,
+    /// The registry to publish to, as cargo's configuration names it (never crates-io).
+    #[arg(long, value_name = "NAME")]
+    pub registry: Option<String>,
+    /// Publish from a working tree with uncommitted changes (passed on to cargo publish).
+    #[arg(long)]
+    pub allow_dirty: bool,
+    /// Skip cargo publish's verification build of each packaged crate.
+    #[arg(long)]
+    pub no_verify: bool,
+}
+
+impl PublishArgs {
+    /// The options of [`run`] these flags ask for.
+    pub fn options(&self) -> anyhow::Result<Options> {
+        let Some(registry) = self.registry.clone() else {
+            bail!("--registry NAME is required: this task publishes only to a registry named explicitly");
+        };
+        Ok(Options {
+            registry,
+            allow_dirty: self.allow_dirty,
+            no_verify: self.no_verify,
+            env: BTreeMap::new(),
+        })
+    }
+}
+
+/// How to publish.
+#[derive(Clone, Debug, Default)]
+pub struct Options {
+    /// The registry's name in cargo's configuration.
+    pub registry: String,
+    /// Publish from a dirty working tree.
+    pub allow_dirty: bool,
+    /// `cargo publish --no-verify`: package without building the packaged crate.
+    pub no_verify: bool,
+    /// Environment variables set for every command this runs, and read (before the process's own) when looking
+    /// for the registry's configuration.
+    pub env: BTreeMap<String, String>,
+}
+
+/// What happened to one crate.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Outcome {
+    /// Uploaded by this run.
+    Published,
+    /// The registry already had this version; nothing was uploaded.
+    AlreadyInRegistry,
+}
+
+/// One crate's line of the run.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Step {
+    /// The package name.
+    pub krate: String,
+    /// The version published.
+    pub version: semver::Version,
+    /// What happened.
+    pub outcome: Outcome,
+}
+
+/// Publishes every publishable crate of the workspace at `root` to `options.registry`, in dependency order;
+/// returns one step per crate, in that order. Stops at the first crate that fails to publish (its dependents
+/// could not resolve it); running again resumes.
+pub fn run(root: &Path, options: &Options) -> anyhow::Result<Vec<Step>> {
+    refuse_crates_io(&options.registry)?;
+    let env = |key: &str| options.env.get(key).cloned().or_else(|| std::env::var(key).ok());
+    let index = Index::for_registry(&options.registry, root, &env)?;
+    if !options.allow_dirty {
+        ensure_clean(root, options)?;
+    }
+    let head = git_output(root, options, &["rev-parse", "HEAD"])?.context("the workspace has no commit")?;
+    let date = today_utc()?;
+    let workspace = Workspace::load(root)?;
+    let order = workspace.publish_order()?;
+    let mut record = Record::load(root)?;
+    println!("publishing {} crates to `{}` ({})", order.len(), options.registry, index.url);
+    let mut steps = Vec::with_capacity(order.len());
+    for krate in order {
+        let (name, version) = (&krate.name, &krate.version);
+        let listed =
+            index.versions(name).with_context(|| format!("asking `{}` for {name}", options.registry))?;
+        let outcome = if listed.contains(version) {
+            Outcome::AlreadyInRegistry
+        } else {
+            if let Err(err) = cargo_publish(root, options, name) {
+                println!("  failed                {name} {version}");
+                return Err(err);
+            }
+            Outcome::Published
+        };
+        let release = match record.releases.iter().find(|r| &r.krate == name && &r.version == version) {
+            Some(release) => release.clone(),
+            None => {
+                let release = Release {
+                    krate: name.clone(),
+                    version: version.clone(),
+                    commit: head.clone(),
+                    date: date.clone(),
+                };
+                record.releases.push(release.clone());
+                record.save(root)?;
+                release
+            }
+        };
+        let tag = ensure_tag(root, options, &release)?;
+        let what = match outcome {
+            Outcome::Published => "published",
+            Outcome::AlreadyInRegistry => "already in registry",
+        };
+        println!("  {what:<21} {name} {version} ({tag})");
+        steps.push(Step { krate: name.clone(), version: version.clone(), outcome });
+    }
+    let published = steps.iter().filter(|s| s.outcome == Outcome::Published).count();
+    println!("{published} published, {} already in `{}`", steps.len() - published, options.registry);
+    if published > 0 {
+        println!("commit {FILE}: it records this release (the tags are derived from it)");
+    }
+    Ok(steps)
+}
+
+/// `cargo publish -p <krate> --registry <NAME>` in the workspace, its output kept for the error.
+fn cargo_publish(root: &Path, options: &Options, krate: &str) -> anyhow::Result<()> {
+    let mut cmd = crate::util::cargo();
+    cmd.args(["publish", "-p", krate, "--registry", &options.registry]).current_dir(root).envs(&options.env);
+    if options.no_verify {
+        cmd.arg("--no-verify");
+    }
+    if options.allow_dirty {
+        cmd.arg("--allow-dirty");
+    }
+    let out = cmd.output().context("running cargo publish")?;
+    if !out.status.success() {
+        bail!(
+            "`cargo publish -p {krate} --registry {}` failed ({}):\n{}",
+            options.registry,
+            out.status,
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    Ok(())
+}
+
+/// Fails on uncommitted changes, untracked files included, except the record this task writes.
+fn ensure_clean(root: &Path, options: &Options) -> anyhow::Result<()> {
+    let status = git_output(root, options, &["status", "--porcelain"])?.unwrap_or_default();
+    let dirty: Vec<&str> = status.lines().filter(|line| line.get(3..) != Some(FILE)).collect();
+    if !dirty.is_empty() {
+        bail!(
+            "the working tree has uncommitted changes (commit them, or pass --allow-dirty):\n{}",
+            dirty.join("\n")
+        );
+    }
+    Ok(())
+}
+
+/// Makes sure `release`'s tag exists and points at its recorded commit; returns the tag.
+fn ensure_tag(root: &Path, options: &Options, release: &Release) -> anyhow::Result<String> {
+    let tag = release.tag();
+    let target =
+        git_output(root, options, &["rev-parse", "-q", "--verify", &format!("refs/tags/{tag}^{{commit}}")])?;
+    match target {
+        Some(commit) if commit == release.commit => {}
+        Some(commit) => bail!(
+            "the tag {tag} points at {commit}, but {FILE} records {} {} at {}: fix the tag or the record",
+            release.krate,
+            release.version,
+            release.commit
+        ),
+        None => {
+            let mut cmd = Command::new("git");
+            cmd.args(["tag", &tag, &release.commit]).envs(&options.env);
+            crate::util::run_cmd(root, &mut cmd)?;
+        }
+    }
+    Ok(tag)
+}
+
+/// A git command's trimmed standard output; `None` when it exits non-zero without printing anything.
+fn git_output(root: &Path, options: &Options, args: &[&str]) -> anyhow::Result<Option<String>> {
+    let out = Command::new("git")
+        .args(args)
+        .current_dir(root)
+        .envs(&options.env)
+        .output()
+        .with_context(|| format!("running git {}", args.join(" ")))?;
+    let stdout = String::from_utf8_lossy(&out.stdout).trim().to_owned();
+    if out.status.success() {
+        return Ok(Some(stdout));
+    }
+    if stdout.is_empty() && out.stderr.iter().all(u8::is_ascii_whitespace) {
+        return Ok(None);
+    }
+    bail!("`git {}` failed ({}): {}", args.join(" "), out.status, String::from_utf8_lossy(&out.stderr).trim())
+}
+
+/// Today's date in UTC, `YYYY-MM-DD`.
+fn today_utc() -> anyhow::Result<String> {
+    let secs = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .context("the clock is before 1970")?
+        .as_secs();
+    Ok(civil_date(secs / 86_400))
+}
+
+/// The proleptic Gregorian date `days` days after 1970-01-01 (Howard Hinnant's `civil_from_days`).
+fn civil_date(days: u64) -> String {
+    let z = days + 719_468;
+    let era = z / 146_097;
+    let doe = z % 146_097;
+    let yoe = (doe - doe / 1_460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + u64::from(month <= 2);
+    format!("{year:04}-{month:02}-{day:02}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn civil_dates_count_from_the_epoch() {
+        assert_eq!(civil_date(0), "1970-01-01");
+        assert_eq!(civil_date(59), "1970-03-01");
+        assert_eq!(civil_date(11_016), "2000-02-29");
+        assert_eq!(civil_date(20_788), "2026-12-01");
+    }
+
+    #[test]
+    fn publishing_needs_a_named_registry_other_than_crates_io() {
+        let none = PublishArgs { execute: true, ..PublishArgs::default() };
+        assert!(none.options().is_err());
+        let crates_io = PublishArgs { registry: Some("crates-io".into()), ..none.clone() };
+        let options = crates_io.options().expect("options");
+        let err = run(&crate::util::project_root(), &options).expect_err("refused");
+        assert!(err.to_string().contains("never publishes to crates.io"), "{err}");
+    }
+}
