@@ -9,6 +9,8 @@
 
 pub mod index;
 pub mod publish;
+#[cfg(test)]
+mod publish_e2e;
 pub mod record;
 #[cfg(test)]
 pub mod registry;

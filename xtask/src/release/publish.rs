@@ -22,7 +22,7 @@ use anyhow::{bail, Context};
 
 use super::index::{refuse_crates_io, Index};
 use super::record::{Record, Release, FILE};
-use super::workspace::Workspace;
+use super::workspace::{Crate, Workspace};
 
 /// `cargo xtask release`'s publishing flags (the plan's flags live beside them).
 #[derive(clap::Args, Clone, Debug, Default)]
@@ -103,8 +103,9 @@ pub fn run(root: &Path, options: &Options) -> anyhow::Result<Vec<Step>> {
     }
     let head = git_output(root, options, &["rev-parse", "HEAD"])?.context("the workspace has no commit")?;
     let date = today_utc()?;
-    let workspace = Workspace::load(root)?;
+    let workspace = Workspace::load_with_env(root, &options.env)?;
     let order = workspace.publish_order()?;
+    check_dev_dependencies(root, options, &order)?;
     let mut record = Record::load(root)?;
     println!("publishing {} crates to `{}` ({})", order.len(), options.registry, index.url);
     let mut steps = Vec::with_capacity(order.len());
@@ -149,6 +150,40 @@ pub fn run(root: &Path, options: &Options) -> anyhow::Result<Vec<Step>> {
         println!("commit {FILE}: it records this release (the tags are derived from it)");
     }
     Ok(steps)
+}
+
+/// Fails before anything is uploaded when a crate has a versioned dev-dependency on a workspace crate that is
+/// not published before it: `cargo publish` keeps versioned dev-dependencies and the registry must resolve
+/// them, so such a crate could never be published (a cycle through a dev-dependency never could). A path-only
+/// dev-dependency is dropped from the package and is fine.
+fn check_dev_dependencies(root: &Path, options: &Options, order: &[&Crate]) -> anyhow::Result<()> {
+    let mut command = cargo_metadata::MetadataCommand::new();
+    command.manifest_path(root.join("Cargo.toml")).no_deps();
+    for (key, value) in &options.env {
+        command.env(key, value);
+    }
+    let meta = command.exec().context("cargo metadata")?;
+    let position = |name: &str| order.iter().position(|c| c.name == name);
+    let mut problems = Vec::new();
+    for pkg in meta.workspace_packages() {
+        let Some(at) = position(pkg.name.as_str()) else { continue };
+        for dep in &pkg.dependencies {
+            let versioned = dep.req != semver::VersionReq::STAR;
+            let internal = meta.workspace_packages().iter().any(|p| p.name.as_str() == dep.name);
+            let later = position(&dep.name).is_none_or(|dep_at| dep_at >= at);
+            if dep.kind == cargo_metadata::DependencyKind::Development && versioned && internal && later {
+                problems.push(format!(
+                    "{} dev-depends on {} with a version, but {} is not published before it: make that \
+                     dev-dependency path-only (`{} = {{ path = \"...\" }}`) so cargo publish drops it",
+                    pkg.name, dep.name, dep.name, dep.name
+                ));
+            }
+        }
+    }
+    if !problems.is_empty() {
+        bail!("these crates cannot be published in order:\n{}", problems.join("\n"));
+    }
+    Ok(())
 }
 
 /// `cargo publish -p <krate> --registry <NAME>` in the workspace, its output kept for the error.
