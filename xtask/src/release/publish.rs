@@ -297,6 +297,38 @@ mod tests {
     }
 
     #[test]
+    fn a_versioned_dev_dependency_on_a_later_crate_stops_the_run_before_any_upload() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let write = |path: &str, text: &str| {
+            let path = dir.path().join(path);
+            std::fs::create_dir_all(path.parent().expect("parent")).expect("mkdir");
+            std::fs::write(path, text).expect("write");
+        };
+        write("Cargo.toml", "[workspace]\nmembers = [\"a\", \"b\"]\nresolver = \"2\"\n");
+        let package =
+            |name: &str| format!("[package]\nname = \"{name}\"\nversion = \"0.1.0\"\nedition = \"2021\"\n");
+        // a <- b (normal), a -> b (dev): a cycle only a path-only dev-dependency can publish.
+        write(
+            "a/Cargo.toml",
+            &(package("a") + "[dev-dependencies]\nb = { path = \"../b\", version = \"0.1.0\" }\n"),
+        );
+        write(
+            "b/Cargo.toml",
+            &(package("b") + "[dependencies]\na = { path = \"../a\", version = \"0.1.0\" }\n"),
+        );
+        write("a/src/lib.rs", "");
+        write("b/src/lib.rs", "");
+        let workspace = Workspace::load(dir.path()).expect("cargo metadata");
+        let order = workspace.publish_order().expect("an order");
+        let options = Options::default();
+        let err = check_dev_dependencies(dir.path(), &options, &order).expect_err("a cannot be published");
+        assert!(err.to_string().contains("a dev-depends on b with a version"), "{err}");
+
+        write("a/Cargo.toml", &(package("a") + "[dev-dependencies]\nb = { path = \"../b\" }\n"));
+        check_dev_dependencies(dir.path(), &options, &order).expect("path-only dev-dependencies are dropped");
+    }
+
+    #[test]
     fn publishing_needs_a_named_registry_other_than_crates_io() {
         let none = PublishArgs { execute: true, ..PublishArgs::default() };
         assert!(none.options().is_err());

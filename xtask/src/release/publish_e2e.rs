@@ -82,6 +82,21 @@ fn the_workspace_publishes_in_order_resumes_and_serves_a_consumer() {
     assert_eq!(registry.published().len(), order.len());
     assert_eq!(Record::load(&scratch).expect("releases.toml"), record);
 
+    // A run that died between the upload and the record: the next one records and tags what it finds.
+    let last = record.releases.last().expect("a release");
+    let mut truncated = record.clone();
+    truncated.releases.pop();
+    truncated.save(&scratch).expect("save");
+    git(&scratch, &["tag", "-d", &last.tag()]);
+    publish::run(&scratch, &options).expect("the run that catches up");
+    let caught_up = Record::load(&scratch).expect("releases.toml");
+    assert_eq!(caught_up.releases.len(), record.releases.len());
+    assert_eq!(
+        caught_up.releases.last().map(|r| (&r.krate, &r.version, &r.commit)),
+        Some((&last.krate, &last.version, &head))
+    );
+    assert_eq!(git(&scratch, &["rev-parse", &format!("{}^{{commit}}", last.tag())]), head);
+
     // A tag pointing elsewhere is an error, not silently moved.
     let first = &record.releases[0];
     git(&scratch, &["commit", "--allow-empty", "-q", "-m", "later"]);
