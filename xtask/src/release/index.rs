@@ -27,6 +27,8 @@ pub struct Index {
     pub url: String,
     /// The token sent when the registry's `config.json` says `auth-required`.
     token: Option<String>,
+    /// The HTTP client, with a timeout so a registry that stops answering fails the run instead of hanging it.
+    agent: ureq::Agent,
 }
 
 impl Index {
@@ -56,14 +58,16 @@ impl Index {
         };
         let url = if url.ends_with('/') { url.to_owned() } else { format!("{url}/") };
         let token = env(&format!("CARGO_REGISTRIES_{env_name}_TOKEN"));
-        Ok(Index { name: name.to_owned(), url, token })
+        let agent =
+            ureq::Agent::config_builder().timeout_global(Some(std::time::Duration::from_secs(60))).build();
+        Ok(Index { name: name.to_owned(), url, token, agent: agent.into() })
     }
 
     /// The versions of `krate` the index lists (yanked ones included: cargo refuses to publish them again).
     pub fn versions(&self, krate: &str) -> anyhow::Result<BTreeSet<semver::Version>> {
         let auth = self.auth_required()?;
         let url = format!("{}{}", self.url, index_path(krate));
-        let mut request = ureq::get(&url);
+        let mut request = self.agent.get(&url);
         if auth {
             if let Some(token) = &self.token {
                 request = request.header("Authorization", token);
@@ -82,7 +86,9 @@ impl Index {
     /// Whether `config.json` asks for the token on every request (`"auth-required": true`).
     fn auth_required(&self) -> anyhow::Result<bool> {
         let url = format!("{}config.json", self.url);
-        let text = ureq::get(&url)
+        let text = self
+            .agent
+            .get(&url)
             .call()
             .and_then(|mut r| r.body_mut().read_to_string())
             .with_context(|| format!("reading registry `{}`'s {url}", self.name))?;

@@ -111,16 +111,21 @@ pub fn run(root: &Path, options: &Options) -> anyhow::Result<Vec<Step>> {
     let mut steps = Vec::with_capacity(order.len());
     for krate in order {
         let (name, version) = (&krate.name, &krate.version);
-        let listed =
-            index.versions(name).with_context(|| format!("asking `{}` for {name}", options.registry))?;
-        let outcome = if listed.contains(version) {
-            Outcome::AlreadyInRegistry
-        } else {
-            if let Err(err) = cargo_publish(root, options, name) {
-                println!("  failed                {name} {version}");
+        let attempt = || -> anyhow::Result<Outcome> {
+            let listed =
+                index.versions(name).with_context(|| format!("asking `{}` for {name}", options.registry))?;
+            if listed.contains(version) {
+                return Ok(Outcome::AlreadyInRegistry);
+            }
+            cargo_publish(root, options, name)?;
+            Ok(Outcome::Published)
+        };
+        let outcome = match attempt() {
+            Ok(outcome) => outcome,
+            Err(err) => {
+                println!("  {:<21} {name} {version}", "failed");
                 return Err(err);
             }
-            Outcome::Published
         };
         let release = match record.releases.iter().find(|r| &r.krate == name && &r.version == version) {
             Some(release) => release.clone(),
