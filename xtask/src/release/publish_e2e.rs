@@ -30,12 +30,30 @@ fn the_workspace_publishes_in_order_resumes_and_serves_a_consumer() {
 
     let options =
         Options { registry: REGISTRY.into(), no_verify: true, env: env.clone(), ..Options::default() };
-    let steps = publish::run(&scratch, &options).expect("the first run publishes");
     let workspace = Workspace::load_with_env(&scratch, &env).expect("cargo metadata");
     let order: Vec<String> =
         workspace.publish_order().expect("an order").iter().map(|c| c.name.clone()).collect();
-    assert_eq!(registry.published(), order, "uploads follow the publish order");
-    assert!(steps.iter().all(|s| s.outcome == Outcome::Published));
+
+    // The first run stops where the registry refuses a crate; what came before is published and recorded.
+    let stop = order.iter().position(|c| c == "kv-example").expect("kv-example is published");
+    registry.refuse(Some("kv-example"));
+    let err = publish::run(&scratch, &options).expect_err("the registry refuses kv-example");
+    assert!(format!("{err:#}").contains("kv-example"), "{err:#}");
+    assert_eq!(
+        registry.published(),
+        order[..stop],
+        "uploads follow the publish order and stop at the failure"
+    );
+    let partial = Record::load(&scratch).expect("releases.toml");
+    assert_eq!(partial.releases.iter().map(|r| r.krate.as_str()).collect::<Vec<_>>(), order[..stop]);
+
+    // The next run resumes: nothing is uploaded twice, the rest in order.
+    registry.refuse(None);
+    let steps = publish::run(&scratch, &options).expect("the resumed run publishes the rest");
+    assert_eq!(registry.published(), order, "uploads follow the publish order, each crate once");
+    let outcomes: Vec<Outcome> = steps.iter().map(|s| s.outcome).collect();
+    assert!(outcomes[..stop].iter().all(|o| *o == Outcome::AlreadyInRegistry), "{steps:?}");
+    assert!(outcomes[stop..].iter().all(|o| *o == Outcome::Published), "{steps:?}");
 
     // The index: every crate, each internal dependency resolved in this registry, third-party ones on crates.io.
     for krate in workspace.publish_order().expect("an order") {

@@ -33,6 +33,8 @@ struct State {
     crates: BTreeMap<(String, String), Vec<u8>>,
     /// The crates published, in the order they were uploaded.
     published: Vec<String>,
+    /// A crate whose uploads are refused, to interrupt a run.
+    refused: Option<String>,
 }
 
 /// A running loopback registry; dropping it stops the server.
@@ -71,6 +73,11 @@ impl TestRegistry {
     /// The crates published so far, in upload order.
     pub fn published(&self) -> Vec<String> {
         self.lock().published.clone()
+    }
+
+    /// Refuses every upload of `krate` (a registry outage, say) until called again with `None`.
+    pub fn refuse(&self, krate: Option<&str>) {
+        self.lock().refused = krate.map(str::to_owned);
     }
 
     /// The index lines of `krate`, one per version.
@@ -162,6 +169,9 @@ fn publish(body: &[u8], state: &Mutex<State>) -> anyhow::Result<()> {
     let vers = meta["vers"].as_str().context("metadata without a version")?.to_owned();
     let mut state = state.lock().unwrap_or_else(PoisonError::into_inner);
     let key = name.to_ascii_lowercase();
+    if state.refused.as_deref() == Some(name.as_str()) {
+        bail!("uploads of {name} are refused for now");
+    }
     if state.index.get(&key).is_some_and(|lines| lines.iter().any(|l| l["vers"] == vers.as_str())) {
         bail!("crate {name}@{vers} already exists");
     }
