@@ -197,7 +197,7 @@ fn main() -> anyhow::Result<()> {
                 publish.execute,
                 "the release plan is not written yet: pass --execute --registry NAME"
             );
-            release::publish::run(&root, &publish.options()?).map(drop)
+            release::publish::run(&root, &publish.options_for(&root)?).map(drop)
         }
         Task::ExportPte { dir, tensorrt } => export_pte::run(&root, &dir, tensorrt),
         Task::ExportExample { backend: Backend::Reference, dir, big, config, memory } => {

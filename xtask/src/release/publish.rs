@@ -48,12 +48,29 @@ impl PublishArgs {
         let Some(registry) = self.registry.clone() else {
             bail!("--registry NAME is required: this task publishes only to a registry named explicitly");
         };
+        refuse_crates_io(&registry)?;
         Ok(Options {
             registry,
             allow_dirty: self.allow_dirty,
             no_verify: self.no_verify,
             env: BTreeMap::new(),
         })
+    }
+
+    /// [`PublishArgs::options`] for the workspace at `root`, with what verification builds need: cargo publish
+    /// builds every packaged crate unless `--no-verify`, and `trt-exec`/`trt-build` need libclang and the
+    /// TensorRT-RTX library, `executorch-bridge` the executorch wheel (installed when missing, as for `test`).
+    pub fn options_for(&self, root: &Path) -> anyhow::Result<Options> {
+        let mut options = self.options()?;
+        if !options.no_verify {
+            options.env.extend(crate::trt_setup::ensure(root)?.vars());
+            let executorch = crate::executorch_setup::ensure(root)?;
+            options.env.insert(
+                crate::executorch_setup::EXECUTORCH_ROOT_ENV.to_owned(),
+                executorch.root.display().to_string(),
+            );
+        }
+        Ok(options)
     }
 }
 
@@ -338,7 +355,9 @@ mod tests {
         let none = PublishArgs { execute: true, ..PublishArgs::default() };
         assert!(none.options().is_err());
         let crates_io = PublishArgs { registry: Some("crates-io".into()), ..none.clone() };
-        let options = crates_io.options().expect("options");
+        let err = crates_io.options().expect_err("refused");
+        assert!(err.to_string().contains("never publishes to crates.io"), "{err}");
+        let options = Options { registry: "crates-io".into(), ..Options::default() };
         let err = run(&crate::util::project_root(), &options).expect_err("refused");
         assert!(err.to_string().contains("never publishes to crates.io"), "{err}");
     }
