@@ -122,7 +122,7 @@ pub fn run(root: &Path, options: &Options) -> anyhow::Result<Vec<Step>> {
     let date = today_utc()?;
     let workspace = Workspace::load_with_env(root, &options.env)?;
     let order = workspace.publish_order()?;
-    check_dev_dependencies(root, options, &order)?;
+    check_dependencies(root, options, &index, &order)?;
     let mut record = Record::load(root)?;
     println!("publishing {} crates to `{}` ({})", order.len(), options.registry, index.url);
     let mut steps = Vec::with_capacity(order.len());
@@ -174,11 +174,14 @@ pub fn run(root: &Path, options: &Options) -> anyhow::Result<Vec<Step>> {
     Ok(steps)
 }
 
-/// Fails before anything is uploaded when a crate has a versioned dev-dependency on a workspace crate that is
-/// not published before it: `cargo publish` keeps versioned dev-dependencies and the registry must resolve
-/// them, so such a crate could never be published (a cycle through a dev-dependency never could). A path-only
-/// dev-dependency is dropped from the package and is fine.
-fn check_dev_dependencies(root: &Path, options: &Options, order: &[&Crate]) -> anyhow::Result<()> {
+/// Fails before anything is uploaded when a dependency between workspace crates would not survive packaging:
+///
+/// - a versioned dev-dependency on a crate not published before it: `cargo publish` keeps versioned
+///   dev-dependencies and the registry must resolve them, so the crate could never be published (nor could a
+///   cycle through a dev-dependency). A path-only dev-dependency is dropped from the package and is fine;
+/// - a kept dependency that does not name the registry (`registry = "NAME"`, in `[workspace.dependencies]`):
+///   packaging would look it up on crates.io, where a crate of the same name may be someone else's.
+fn check_dependencies(root: &Path, options: &Options, index: &Index, order: &[&Crate]) -> anyhow::Result<()> {
     let mut command = cargo_metadata::MetadataCommand::new();
     command.manifest_path(root.join("Cargo.toml")).no_deps();
     for (key, value) in &options.env {
@@ -186,24 +189,43 @@ fn check_dev_dependencies(root: &Path, options: &Options, order: &[&Crate]) -> a
     }
     let meta = command.exec().context("cargo metadata")?;
     let position = |name: &str| order.iter().position(|c| c.name == name);
+    let same_index = |url: &str| {
+        url.trim_start_matches("sparse+").trim_end_matches('/') == index.url.trim_end_matches('/')
+    };
     let mut problems = Vec::new();
     for pkg in meta.workspace_packages() {
         let Some(at) = position(pkg.name.as_str()) else { continue };
         for dep in &pkg.dependencies {
-            let versioned = dep.req != semver::VersionReq::STAR;
             let internal = meta.workspace_packages().iter().any(|p| p.name.as_str() == dep.name);
-            let later = position(&dep.name).is_none_or(|dep_at| dep_at >= at);
-            if dep.kind == cargo_metadata::DependencyKind::Development && versioned && internal && later {
+            let kept = dep.req != semver::VersionReq::STAR
+                || dep.kind != cargo_metadata::DependencyKind::Development;
+            if !internal || !kept {
+                continue;
+            }
+            if dep.kind == cargo_metadata::DependencyKind::Development
+                && position(&dep.name).is_none_or(|dep_at| dep_at >= at)
+            {
                 problems.push(format!(
                     "{} dev-depends on {} with a version, but {} is not published before it: make that \
                      dev-dependency path-only (`{} = {{ path = \"...\" }}`) so cargo publish drops it",
                     pkg.name, dep.name, dep.name, dep.name
                 ));
+            } else if !dep.registry.as_deref().is_some_and(same_index) {
+                problems.push(format!(
+                    "{} depends on {}, which does not name registry `{}`: add `registry = \"{}\"` to its entry \
+                     (packaging would look for {} on {})",
+                    pkg.name,
+                    dep.name,
+                    options.registry,
+                    options.registry,
+                    dep.name,
+                    dep.registry.as_deref().unwrap_or("crates.io")
+                ));
             }
         }
     }
     if !problems.is_empty() {
-        bail!("these crates cannot be published in order:\n{}", problems.join("\n"));
+        bail!("these crates cannot be published to `{}`:\n{}", options.registry, problems.join("\n"));
     }
     Ok(())
 }
@@ -319,35 +341,50 @@ mod tests {
     }
 
     #[test]
-    fn a_versioned_dev_dependency_on_a_later_crate_stops_the_run_before_any_upload() {
+    fn dependencies_that_would_not_survive_packaging_stop_the_run_before_any_upload() {
         let dir = tempfile::tempdir().expect("tempdir");
         let write = |path: &str, text: &str| {
             let path = dir.path().join(path);
             std::fs::create_dir_all(path.parent().expect("parent")).expect("mkdir");
             std::fs::write(path, text).expect("write");
         };
-        write("Cargo.toml", "[workspace]\nmembers = [\"a\", \"b\"]\nresolver = \"2\"\n");
         let package =
             |name: &str| format!("[package]\nname = \"{name}\"\nversion = \"0.1.0\"\nedition = \"2021\"\n");
-        // a <- b (normal), a -> b (dev): a cycle only a path-only dev-dependency can publish.
-        write(
-            "a/Cargo.toml",
-            &(package("a") + "[dev-dependencies]\nb = { path = \"../b\", version = \"0.1.0\" }\n"),
-        );
-        write(
-            "b/Cargo.toml",
-            &(package("b") + "[dependencies]\na = { path = \"../a\", version = \"0.1.0\" }\n"),
-        );
+        let with_deps = |name: &str, a: &str, dev_b: &str| {
+            write(
+                &format!("{name}/Cargo.toml"),
+                &format!("{}[dependencies]\n{a}\n[dev-dependencies]\n{dev_b}\n", package(name)),
+            )
+        };
+        write("Cargo.toml", "[workspace]\nmembers = [\"a\", \"b\"]\nresolver = \"2\"\n");
         write("a/src/lib.rs", "");
         write("b/src/lib.rs", "");
-        let workspace = Workspace::load(dir.path()).expect("cargo metadata");
-        let order = workspace.publish_order().expect("an order");
-        let options = Options::default();
-        let err = check_dev_dependencies(dir.path(), &options, &order).expect_err("a cannot be published");
+        let options = Options {
+            registry: "loc".into(),
+            env: [("CARGO_REGISTRIES_LOC_INDEX".to_owned(), "sparse+http://127.0.0.1:9/index/".to_owned())]
+                .into(),
+            ..Options::default()
+        };
+        let env = |key: &str| options.env.get(key).cloned();
+        let index = Index::for_registry("loc", dir.path(), &env).expect("configured");
+        let check = || {
+            let workspace = Workspace::load_with_env(dir.path(), &options.env).expect("cargo metadata");
+            let order = workspace.publish_order().expect("an order");
+            check_dependencies(dir.path(), &options, &index, &order)
+        };
+
+        // a <- b (normal), a -> b (dev, versioned): a cycle only a path-only dev-dependency can publish.
+        with_deps("a", "", "b = { path = \"../b\", version = \"0.1.0\", registry = \"loc\" }");
+        with_deps("b", "a = { path = \"../a\", version = \"0.1.0\", registry = \"loc\" }", "");
+        let err = check().expect_err("a cannot be published");
         assert!(err.to_string().contains("a dev-depends on b with a version"), "{err}");
 
-        write("a/Cargo.toml", &(package("a") + "[dev-dependencies]\nb = { path = \"../b\" }\n"));
-        check_dev_dependencies(dir.path(), &options, &order).expect("path-only dev-dependencies are dropped");
+        with_deps("a", "", "b = { path = \"../b\" }");
+        check().expect("path-only dev-dependencies are dropped");
+
+        with_deps("b", "a = { path = \"../a\", version = \"0.1.0\" }", "");
+        let err = check().expect_err("b's dependency would be looked up on crates.io");
+        assert!(err.to_string().contains("b depends on a, which does not name registry `loc`"), "{err}");
     }
 
     #[test]
