@@ -29,6 +29,8 @@ pub struct Index {
     token: Option<String>,
     /// The HTTP client, with a timeout so a registry that stops answering fails the run instead of hanging it.
     agent: ureq::Agent,
+    /// `config.json`'s `auth-required`, read once.
+    auth_required: std::sync::OnceLock<bool>,
 }
 
 impl Index {
@@ -60,7 +62,13 @@ impl Index {
         let token = env(&format!("CARGO_REGISTRIES_{env_name}_TOKEN"));
         let agent =
             ureq::Agent::config_builder().timeout_global(Some(std::time::Duration::from_secs(60))).build();
-        Ok(Index { name: name.to_owned(), url, token, agent: agent.into() })
+        Ok(Index {
+            name: name.to_owned(),
+            url,
+            token,
+            agent: agent.into(),
+            auth_required: Default::default(),
+        })
     }
 
     /// The versions of `krate` the index lists (yanked ones included: cargo refuses to publish them again).
@@ -85,6 +93,9 @@ impl Index {
 
     /// Whether `config.json` asks for the token on every request (`"auth-required": true`).
     fn auth_required(&self) -> anyhow::Result<bool> {
+        if let Some(required) = self.auth_required.get() {
+            return Ok(*required);
+        }
         let url = format!("{}config.json", self.url);
         let text = self
             .agent
@@ -94,7 +105,8 @@ impl Index {
             .with_context(|| format!("reading registry `{}`'s {url}", self.name))?;
         let config: serde_json::Value =
             serde_json::from_str(&text).with_context(|| format!("parsing {url}"))?;
-        Ok(config.get("auth-required").and_then(serde_json::Value::as_bool).unwrap_or(false))
+        let required = config.get("auth-required").and_then(serde_json::Value::as_bool).unwrap_or(false);
+        Ok(*self.auth_required.get_or_init(|| required))
     }
 }
 
