@@ -1,6 +1,8 @@
 //! `cargo xtask release --execute --registry NAME`: publish every publishable crate, in dependency order.
 //!
-//! Each crate's `Cargo.toml` already carries the version to release (the plan wrote it). For each crate of
+//! Each crate's `Cargo.toml` already carries the version to release (the plan wrote it). Before uploading
+//! anything, every dependency between workspace crates must survive packaging (it names the registry; a
+//! versioned dev-dependency points at a crate published earlier). Then, for each crate of
 //! [`Workspace::publish_order`]:
 //!
 //! 1. if the registry's index already lists that version, nothing is uploaded (a failed run resumes where it
