@@ -73,17 +73,15 @@ enum Task {
     },
     /// The release plan of every publishable crate (writes nothing): last release, commits since, semver check,
     /// STABILITY.md tier, proposed version and why, dependents bumped. `--execute` applies it (versions,
-    /// `[workspace.dependencies]` requirements, changelogs); `--registry NAME` then publishes.
+    /// `[workspace.dependencies]` requirements, changelogs); `--execute --registry NAME`, on the committed
+    /// applied plan, publishes every publishable crate at the version its Cargo.toml carries, in dependency
+    /// order, skipping versions the registry has (a failed run resumes), recording each in releases.toml and
+    /// tagging it `<crate>-v<version>`. Never crates.io.
     Release {
         #[command(flatten)]
         plan: release::command::PlanArgs,
-        /// Apply the plan: write the versions, requirements and Cargo.lock, and finalise the changelogs.
-        #[arg(long)]
-        execute: bool,
-        /// Then publish to this registry (a name from cargo's configuration), once the applied plan is
-        /// committed.
-        #[arg(long, requires = "execute", value_name = "NAME")]
-        registry: Option<String>,
+        #[command(flatten)]
+        publish: release::publish::PublishArgs,
     },
     /// Write the example decoder's blobs and program manifest into DIR.
     ExportExample {
@@ -200,15 +198,11 @@ fn main() -> anyhow::Result<()> {
         Task::BenchGpu => gpu::bundle(&root, "bench"),
         Task::PlotBench { summary, out } => plot::run(&summary, &out),
         Task::ExportPte { dir, tensorrt } => export_pte::run(&root, &dir, tensorrt),
-        Task::Release { plan, execute, registry } => {
-            // The publishing step (release::publish, its own task) plugs in here.
-            let publish = |_: &std::path::Path| -> anyhow::Result<()> {
-                anyhow::bail!(
-                    "publishing is not part of this build yet (release::publish); nothing was published"
-                )
-            };
-            let publish: Option<release::command::Publish> = registry.as_ref().map(|_| &publish as _);
-            release::command::run(&root, &plan, execute, publish)
+        Task::Release { plan, publish } => {
+            let step =
+                |root: &std::path::Path| release::publish::run(root, &publish.options_for(root)?).map(drop);
+            let step: Option<release::command::Publish> = publish.registry.as_ref().map(|_| &step as _);
+            release::command::run(&root, &plan, publish.execute, step)
         }
         Task::ExportExample { backend: Backend::Reference, dir, big, config, memory } => {
             export_reference_graph(kv_example::Backend::Reference, &dir, big, config, memory)

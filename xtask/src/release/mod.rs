@@ -8,12 +8,20 @@
 //!   `git log`, [`semver_check`] runs cargo-semver-checks against cached baselines, [`stability`] reads the
 //!   tiers), and `--execute`'s writes ([`plan::apply`]: versions, requirements, [`changelog`]s).
 //! - [`command`]: the `release` subcommand: plan, print, and with `--execute`, apply and publish.
+//! - [`publish`]: `release --execute --registry NAME`, the ordered, resumable publish; [`index`] reads what a
+//!   sparse registry already has; `registry` (tests only) is a loopback sparse registry to publish to.
 
 pub mod changelog;
 pub mod command;
 pub mod commits;
+pub mod index;
 pub mod plan;
+pub mod publish;
+#[cfg(test)]
+mod publish_e2e;
 pub mod record;
+#[cfg(test)]
+pub mod registry;
 pub mod semver_check;
 pub mod stability;
 pub mod workspace;

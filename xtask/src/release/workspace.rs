@@ -35,11 +35,18 @@ pub struct Workspace {
 impl Workspace {
     /// Reads the workspace at `root` with `cargo metadata` (no dependency resolution over the network).
     pub fn load(root: &Path) -> anyhow::Result<Workspace> {
-        let meta = MetadataCommand::new()
-            .manifest_path(root.join("Cargo.toml"))
-            .no_deps()
-            .exec()
-            .context("cargo metadata")?;
+        Workspace::load_with_env(root, &BTreeMap::new())
+    }
+
+    /// [`Workspace::load`] with extra environment variables for cargo (a registry's configuration, say, that
+    /// the manifests' `registry = "..."` keys need).
+    pub fn load_with_env(root: &Path, env: &BTreeMap<String, String>) -> anyhow::Result<Workspace> {
+        let mut command = MetadataCommand::new();
+        command.manifest_path(root.join("Cargo.toml")).no_deps();
+        for (key, value) in env {
+            command.env(key, value);
+        }
+        let meta = command.exec().context("cargo metadata")?;
         let members: BTreeSet<String> =
             meta.workspace_packages().iter().map(|p| p.name.to_string()).collect();
         let mut crates = BTreeMap::new();
