@@ -77,6 +77,9 @@ enum Task {
     /// applied plan, publishes every publishable crate at the version its Cargo.toml carries, in dependency
     /// order, skipping versions the registry has (a failed run resumes), recording each in releases.toml and
     /// tagging it `<crate>-v<version>`. Never crates.io.
+    /// Check what `cargo publish` would upload, for every publishable crate: metadata, packaged files, tests
+    /// that read outside their package, dev-dependency cycles (part of `test`).
+    PackageCheck,
     Release {
         #[command(flatten)]
         plan: release::command::PlanArgs,
@@ -198,6 +201,7 @@ fn main() -> anyhow::Result<()> {
         Task::BenchGpu => gpu::bundle(&root, "bench"),
         Task::PlotBench { summary, out } => plot::run(&summary, &out),
         Task::ExportPte { dir, tensorrt } => export_pte::run(&root, &dir, tensorrt),
+        Task::PackageCheck => release::package::run(&root),
         Task::Release { plan, publish } => {
             let step =
                 |root: &std::path::Path| release::publish::run(root, &publish.options_for(root)?).map(drop);

@@ -7,6 +7,8 @@
 //! - [`plan`]: `cargo xtask release`: the proposed version of every crate and why ([`commits`] classifies
 //!   `git log`, [`semver_check`] runs cargo-semver-checks against cached baselines, [`stability`] reads the
 //!   tiers), and `--execute`'s writes ([`plan::apply`]: versions, requirements, [`changelog`]s).
+//! - [`package`]: `cargo xtask package-check`: metadata, packaged files, tests that reach outside the
+//!   package, dev-dependency cycles.
 //! - [`command`]: the `release` subcommand: plan, print, and with `--execute`, apply and publish.
 //! - [`publish`]: `release --execute --registry NAME`, the ordered, resumable publish; [`index`] reads what a
 //!   sparse registry already has; `registry` (tests only) is a loopback sparse registry to publish to.
@@ -15,6 +17,7 @@ pub mod changelog;
 pub mod command;
 pub mod commits;
 pub mod index;
+pub mod package;
 pub mod plan;
 pub mod publish;
 #[cfg(test)]
