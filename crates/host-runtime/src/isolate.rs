@@ -588,9 +588,18 @@ pub fn serve(socket: OwnedFd) -> Result<(), WorkerError> {
                         // alive until `mapped` is dropped after the instance; the results are complete when
                         // the synchronisation below returns, before the host is answered and touches them.
                         let raw = unsafe { CudaStream::from_raw(stream.as_ref().as_raw()) };
-                        instance.execute(&mut args, raw).and_then(|stats| {
+                        let start = Instant::now();
+                        let result = instance.execute(&mut args, raw);
+                        let queued = start.elapsed();
+                        let result = result.and_then(|stats| {
                             stream.synchronize().map(|()| stats).map_err(DelegateError::from)
-                        })
+                        });
+                        tracing::debug!(
+                            queue_us = queued.as_secs_f64() * 1e6,
+                            total_us = start.elapsed().as_secs_f64() * 1e6,
+                            "worker execute"
+                        );
+                        result
                     }
                 };
                 reply(&mut stream, result).map_err(|err| protocol(err.to_string()))?;

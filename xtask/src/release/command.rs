@@ -43,7 +43,17 @@ pub fn compute(
     no_semver: bool,
     accept_breaking: &BTreeSet<String>,
 ) -> anyhow::Result<(Workspace, Plan)> {
-    let ws = Workspace::load(root)?;
+    compute_with_env(root, no_semver, accept_breaking, &std::collections::BTreeMap::new())
+}
+
+/// [`compute`] with extra environment for `cargo metadata` (a registry's index, say).
+pub fn compute_with_env(
+    root: &Path,
+    no_semver: bool,
+    accept_breaking: &BTreeSet<String>,
+    env: &std::collections::BTreeMap<String, String>,
+) -> anyhow::Result<(Workspace, Plan)> {
+    let ws = Workspace::load_with_env(root, env)?;
     let record = Record::load(&ws.root)?;
     let inputs = plan::gather(&ws, &record, &plan::Options { semver: !no_semver })?;
     let plan = plan::decide(&inputs, accept_breaking)?;

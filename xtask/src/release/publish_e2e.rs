@@ -34,6 +34,20 @@ fn the_workspace_publishes_in_order_resumes_and_serves_a_consumer() {
     let order: Vec<String> =
         workspace.publish_order().expect("an order").iter().map(|c| c.name.clone()).collect();
 
+    // Plan and apply first, as a maintainer does: a workspace that never released proposes every publishable
+    // crate as a first release at its Cargo.toml version, in publish order; applying finalises the changelogs.
+    let (planned_ws, plan) =
+        super::command::compute_with_env(&scratch, true, &BTreeSet::new(), &env).expect("the plan");
+    let planned: Vec<String> = plan.releases().map(|(c, _)| c.name.clone()).collect();
+    assert_eq!(planned, order, "the plan releases every publishable crate, in publish order");
+    assert!(plan.crates.iter().all(|c| c.first_release && c.proposed == Some(c.current.clone())));
+    let changed = super::plan::apply(&planned_ws, &plan, "2026-12-01").expect("applying the plan");
+    assert!(changed.iter().any(|p| p.ends_with("crates/blob-format/CHANGELOG.md")), "{changed:?}");
+    let changelog =
+        std::fs::read_to_string(scratch.join("crates/blob-format/CHANGELOG.md")).expect("changelog");
+    assert!(changelog.contains("## [0.1.0] - 2026-12-01"), "{changelog}");
+    git(&scratch, &["commit", "-qam", "chore: release the first versions"]);
+
     // The first run stops where the registry refuses a crate; what came before is published and recorded.
     let stop = order.iter().position(|c| c == "kv-example").expect("kv-example is published");
     registry.refuse(Some("kv-example"));
