@@ -1,0 +1,90 @@
+//! What a plugin library exports, read from the file (never loaded): its defined dynamic symbols, and its
+//! root-module interface version (abi_stable's header, which needs loading: [`root_interface_version`]).
+
+use std::path::Path;
+
+use anyhow::Context;
+use object::{Object, ObjectSymbol};
+
+/// The one symbol a plugin exports: abi_stable's root-module loader, which `delegate_abi::export_delegate!`
+/// writes.
+pub const ENTRY_SYMBOL: &str = abi_stable::library::ROOT_MODULE_LOADER_NAME;
+
+/// The names of the symbols `bytes` (a shared library) defines and exports dynamically, sorted. Imports
+/// (undefined symbols) are not exports.
+///
+/// # Errors
+/// The bytes are not an object file this build reads (ELF).
+pub fn exported_symbols(bytes: &[u8]) -> anyhow::Result<Vec<String>> {
+    let file = object::File::parse(bytes).context("not an object file this build reads")?;
+    let mut names: Vec<String> = file
+        .dynamic_symbols()
+        .filter(|s| s.is_definition() && s.is_global())
+        .filter_map(|s| s.name().ok().filter(|n| !n.is_empty()).map(str::to_owned))
+        .collect();
+    names.sort();
+    names.dedup();
+    Ok(names)
+}
+
+/// Checks that `library` exports exactly [`ENTRY_SYMBOL`].
+///
+/// # Errors
+/// The file cannot be read or parsed, or it exports something else (every name listed).
+pub fn check_entry_symbol(library: &Path) -> anyhow::Result<()> {
+    let bytes = std::fs::read(library).with_context(|| format!("reading {}", library.display()))?;
+    let names = exported_symbols(&bytes).with_context(|| format!("{}", library.display()))?;
+    anyhow::ensure!(
+        names == [ENTRY_SYMBOL],
+        "{} must export exactly the entry symbol {ENTRY_SYMBOL}; it exports [{}]",
+        library.display(),
+        names.join(", ")
+    );
+    Ok(())
+}
+
+/// The root-module interface version a plugin library's abi_stable header records (`1.0.0`). The library is
+/// opened (its header read; no plugin code beyond the loader's constructors runs) and never closed.
+///
+/// # Errors
+/// The library cannot be opened or has no abi_stable header.
+pub fn root_interface_version(library: &Path) -> anyhow::Result<String> {
+    let header = abi_stable::library::lib_header_from_path(library)
+        .map_err(|err| anyhow::anyhow!("{}: {err}", library.display()))?;
+    Ok(header.version_strings().version.as_str().to_owned())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_entry_symbol_is_the_one_delegate_abi_writes() {
+        assert_eq!(ENTRY_SYMBOL, delegate_abi::__private::ROOT_SYMBOL);
+    }
+
+    /// A plugin the tests built (`DELEGATE_TEST_PLUGIN_DIR`, as `cargo xtask test` sets it) exports exactly the
+    /// entry symbol and records the root interface version this build of delegate-abi has; a library that is
+    /// not a plugin (this test binary's neighbour, the host) fails the check.
+    #[test]
+    fn built_plugins_export_exactly_the_entry_symbol() {
+        let Some(dir) = std::env::var_os("DELEGATE_TEST_PLUGIN_DIR").map(std::path::PathBuf::from) else {
+            eprintln!("DELEGATE_TEST_PLUGIN_DIR is not set: skipped (cargo xtask test sets it)");
+            return;
+        };
+        for stem in ["reference_delegate_dylib", "abi_test"] {
+            let library = dir.join(crate::util::dylib_name(stem));
+            check_entry_symbol(&library).expect("exactly the entry symbol");
+            assert_eq!(
+                root_interface_version(&library).expect("header"),
+                delegate_abi::abi::ROOT_INTERFACE_VERSION
+            );
+        }
+        // The host binary exports no entry symbol: the check can fail.
+        let host = dir.join(format!("delegate-host{}", std::env::consts::EXE_SUFFIX));
+        if host.is_file() {
+            let err = check_entry_symbol(&host).expect_err("the host is no plugin");
+            assert!(err.to_string().contains("must export exactly the entry symbol"), "{err}");
+        }
+    }
+}
