@@ -383,7 +383,8 @@ pub fn date_to_epoch(date: &str) -> anyhow::Result<u64> {
     Ok(u64::try_from(days * 86_400)?)
 }
 
-/// The HEAD commit's hash and committer time.
+/// The HEAD commit's hash (with `+dirty` when tracked files differ from it: such a build is not the commit's)
+/// and its committer time.
 pub fn head_commit(root: &Path) -> anyhow::Result<(String, u64)> {
     let out = Command::new("git")
         .args(["log", "-1", "--format=%H %ct", "HEAD"])
@@ -395,7 +396,14 @@ pub fn head_commit(root: &Path) -> anyhow::Result<(String, u64)> {
     }
     let text = String::from_utf8(out.stdout)?;
     let (hash, time) = text.trim().split_once(' ').context("git log printed no hash and time")?;
-    Ok((hash.to_owned(), time.parse()?))
+    let clean = Command::new("git")
+        .args(["diff", "--quiet", "HEAD", "--"])
+        .current_dir(root)
+        .status()
+        .context("running git diff")?
+        .success();
+    let hash = if clean { hash.to_owned() } else { format!("{hash}+dirty") };
+    Ok((hash, time.parse()?))
 }
 
 /// The host triple and version of the rustc that cargo runs (`rustc -vV`).
