@@ -74,6 +74,9 @@ mod tests {
         };
         for stem in ["reference_delegate_dylib", "abi_test"] {
             let library = dir.join(crate::util::dylib_name(stem));
+            if stem == "abi_test" && !library.is_file() {
+                continue; // A dist build directory has the shipped plugins only.
+            }
             check_entry_symbol(&library).expect("exactly the entry symbol");
             assert_eq!(
                 root_interface_version(&library).expect("header"),

@@ -311,7 +311,7 @@ pub fn foreign_paths(built: &Built) -> anyhow::Result<Vec<String>> {
 }
 
 fn contains(haystack: &[u8], needle: &[u8]) -> bool {
-    !needle.is_empty() && haystack.windows(needle.len()).any(|w| w == needle)
+    !needle.is_empty() && memchr::memmem::find(haystack, needle).is_some()
 }
 
 /// Where a bundle's mtime comes from.
