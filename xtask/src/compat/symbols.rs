@@ -1,5 +1,9 @@
 //! What a plugin library exports, read from the file (never loaded): its defined dynamic symbols, and its
 //! root-module interface version (abi_stable's header, which needs loading: [`root_interface_version`]).
+//!
+//! The rule: exactly one plugin entry, [`ENTRY_SYMBOL`]; any other export fails, except the named
+//! [`TOLERATED_PREFIXES`] (today the `cxx` runtime's helpers in the TensorRT plugin, which rustc exports from
+//! every cdylib that links `cxx`).
 
 use std::path::Path;
 
@@ -27,19 +31,50 @@ pub fn exported_symbols(bytes: &[u8]) -> anyhow::Result<Vec<String>> {
     Ok(names)
 }
 
-/// Checks that `library` exports exactly [`ENTRY_SYMBOL`].
+/// Exports a plugin may have besides [`ENTRY_SYMBOL`], by name prefix, each with the reason; nothing else.
+///
+/// - `cxxbridge1$`: the `cxx` runtime (linked by `trtx-sys` into the TensorRT plugin) defines its C++-facing
+///   functions with `#[export_name]`, and rustc exports every such symbol from a cdylib; a linker version
+///   script cannot take them back (rustc's own script lists them as global). They are the C++ bridge's
+///   helpers, not plugin entries: the host never looks them up.
+pub const TOLERATED_PREFIXES: [&str; 1] = ["cxxbridge1$"];
+
+/// The exported names that are neither [`ENTRY_SYMBOL`] nor [`TOLERATED_PREFIXES`], and whether the entry
+/// symbol is there.
+pub fn unexpected_exports(names: &[String]) -> (bool, Vec<&str>) {
+    let has_entry = names.iter().any(|n| n == ENTRY_SYMBOL);
+    let unexpected = names
+        .iter()
+        .map(String::as_str)
+        .filter(|n| *n != ENTRY_SYMBOL && !TOLERATED_PREFIXES.iter().any(|p| n.starts_with(p)))
+        .collect();
+    (has_entry, unexpected)
+}
+
+/// Checks that `library` exports the one entry symbol [`ENTRY_SYMBOL`] and nothing else but the
+/// [`TOLERATED_PREFIXES`] (reported, not failed).
 ///
 /// # Errors
-/// The file cannot be read or parsed, or it exports something else (every name listed).
+/// The file cannot be read or parsed, it lacks the entry symbol, or it exports something else (every name
+/// listed).
 pub fn check_entry_symbol(library: &Path) -> anyhow::Result<()> {
     let bytes = std::fs::read(library).with_context(|| format!("reading {}", library.display()))?;
     let names = exported_symbols(&bytes).with_context(|| format!("{}", library.display()))?;
+    let (has_entry, unexpected) = unexpected_exports(&names);
     anyhow::ensure!(
-        names == [ENTRY_SYMBOL],
+        has_entry && unexpected.is_empty(),
         "{} must export exactly the entry symbol {ENTRY_SYMBOL}; it exports [{}]",
         library.display(),
         names.join(", ")
     );
+    let tolerated = names.len() - 1;
+    if tolerated > 0 {
+        eprintln!(
+            "compat: {} also exports {tolerated} cxx bridge symbols (`cxxbridge1$*`, tolerated: see \
+             TOLERATED_PREFIXES)",
+            library.display()
+        );
+    }
     Ok(())
 }
 
@@ -57,6 +92,17 @@ pub fn root_interface_version(library: &Path) -> anyhow::Result<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_the_entry_symbol_and_the_tolerated_bridge_helpers_pass() {
+        let names = |list: &[&str]| list.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        assert_eq!(unexpected_exports(&names(&[ENTRY_SYMBOL])), (true, vec![]));
+        let with_bridge = names(&[ENTRY_SYMBOL, "cxxbridge1$string$new"]);
+        assert_eq!(unexpected_exports(&with_bridge), (true, vec![]));
+        let extra = names(&[ENTRY_SYMBOL, "my_helper", "cxxbridge1$str$len"]);
+        assert_eq!(unexpected_exports(&extra), (true, vec!["my_helper"]));
+        assert_eq!(unexpected_exports(&names(&["cxxbridge1$str$len"])), (false, vec![]));
+    }
 
     #[test]
     fn the_entry_symbol_is_the_one_delegate_abi_writes() {
