@@ -4,7 +4,9 @@
 
 mod acceptance;
 mod codegen;
+mod compat;
 mod demo;
+mod dist;
 mod executorch_setup;
 mod export_pte;
 mod gpu;
@@ -41,6 +43,31 @@ enum Task {
     /// 1 000 init/execute/destroy cycles of the reference plugin library under valgrind, against a few: the
     /// leak summary must not grow (part of `test`).
     LeakCheck,
+    /// Reproducible release bundles: each plugin library with its manifest, README and SHA256SUMS, and the
+    /// `delegate-host` binary with the docs a plugin author needs, as `.tar.gz` plus `dist-manifest.json`.
+    Dist {
+        /// Output directory (default: `<target>/dist/bundles`).
+        #[arg(long)]
+        out: Option<PathBuf>,
+        /// Leave out the TensorRT plugin (it needs libclang and the TensorRT-RTX wheel to build).
+        #[arg(long)]
+        no_tensorrt: bool,
+        /// Instead of bundling: build a second time in another target directory and compare the binaries
+        /// byte for byte (slow: a second full release build).
+        #[arg(long, conflicts_with = "out")]
+        rebuild_check: bool,
+    },
+    /// The compatibility gate: golden blobs of every wire-format version read to the same model; the previous
+    /// release's plugins (`fixtures/releases/<version>/`) load in the new host and the new plugins in its host;
+    /// one entry symbol per plugin, the root interface unchanged, ABI/wire-format changes in the changelog.
+    Compat {
+        /// This tree's bundles, as `dist --out` wrote them (default: run `dist` first).
+        #[arg(long)]
+        dist: Option<PathBuf>,
+        /// Leave out the TensorRT plugin when building the bundles.
+        #[arg(long)]
+        no_tensorrt: bool,
+    },
     /// Regenerate committed generated code (flatbuffers), or check it is current.
     Codegen {
         /// Fail if the committed code differs from what would be generated.
@@ -196,6 +223,18 @@ fn main() -> anyhow::Result<()> {
         Task::Test => test::run(&root),
         Task::LeakCheck => leak_check::run(&root),
         Task::Codegen { check } => codegen::run(&root, check),
+        Task::Dist { rebuild_check: true, no_tensorrt, .. } => dist::check_rebuild(&root, !no_tensorrt),
+        Task::Dist { out, no_tensorrt, rebuild_check: false } => {
+            let out = match out {
+                Some(out) => std::path::absolute(out)?,
+                None => dist::dist_target_dir(&root)?.join("bundles"),
+            };
+            dist::run(&root, &dist::Options { out, tensorrt: !no_tensorrt }).map(drop)
+        }
+        Task::Compat { dist, no_tensorrt } => {
+            let dist = dist.map(std::path::absolute).transpose()?;
+            compat::run(&root, dist.as_deref(), !no_tensorrt)
+        }
         Task::ExecutorchSetup => executorch_setup::run(&root),
         Task::GpuTest => gpu::bundle(&root, "test"),
         Task::BenchGpu => gpu::bundle(&root, "bench"),

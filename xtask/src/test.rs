@@ -66,6 +66,10 @@ pub fn run(root: &Path) -> anyhow::Result<()> {
             .env("RUST_BACKTRACE", "0"),
     )?;
     tensorrt_smoke(root, &with_trt)?;
+    // Release bundles built once, assembled twice and compared byte for byte; then the compatibility gate on
+    // them (golden blobs, the previous release's plugins and host, symbols, changelog rule).
+    let bundles = crate::dist::check_reproducible(root, true)?;
+    crate::compat::run(root, Some(&bundles), true)?;
     crate::leak_check::run(root)?;
     demo_in_another_target_dir(root)?;
     eprintln!("xtask test: all checks passed");

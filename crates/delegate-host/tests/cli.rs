@@ -901,6 +901,8 @@ fn a_library_that_disagrees_with_its_manifest_is_rejected_naming_the_difference(
         (Some("reference-delegate"), Some("ReferenceBackend"))
     );
     assert_eq!(manifest["sha256"].as_str().map(str::len), Some(64));
+    // The compiler that built the library, as the library records it.
+    assert!(manifest["rustc"].as_str().is_some_and(|r| r.starts_with("rustc version ")), "{manifest}");
 
     let program = tempfile::tempdir().expect("temp dir");
     kv_example::export::reference(&kv_example::Config::tiny(), program.path()).expect("export");

@@ -22,6 +22,7 @@
 //!   "memory_kinds": ["host", "pinned"],
 //!   "binds_aliases_in_place": true,
 //!   "target": "x86_64-linux",
+//!   "rustc": "rustc version 1.95.0 (59807616e 2026-04-14)",
 //!   "isolate": true
 //! }
 //! ```
@@ -71,6 +72,10 @@ pub struct PluginManifest {
     pub binds_aliases_in_place: bool,
     /// The machine it was built for: `<arch>-<os>` (e.g. `x86_64-linux`).
     pub target: String,
+    /// The compiler that built the library, as it records itself in the library (ELF `.comment`:
+    /// `rustc version 1.95.0 (…)`); absent when the library records none, and in older manifests.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rustc: Option<String>,
     /// Whether a host runs this plugin in a worker process of its own (see [`crate::isolate`]): the
     /// deployer's choice for a library it does not trust to stay up, written with `delegate-host
     /// plugin-manifest --isolate`. Not part of the library's self-description.
@@ -153,6 +158,7 @@ impl PluginManifest {
             memory_kinds: info.memory_kinds.iter().map(|k| k.name().to_owned()).collect(),
             binds_aliases_in_place: info.binds_aliases_in_place,
             target: host_target(),
+            rustc: rustc_version(library),
             isolate: false,
         })
     }
@@ -254,6 +260,20 @@ impl PluginManifest {
     }
 }
 
+/// The rustc version a library records about itself: the `rustc version …` entry of its ELF `.comment`
+/// section. `None` for other object formats, a library without one, or one that cannot be read.
+pub fn rustc_version(library: &Path) -> Option<String> {
+    use object::{Object, ObjectSection};
+    let bytes = std::fs::read(library).ok()?;
+    let file = object::File::parse(bytes.as_slice()).ok()?;
+    let comment = file.section_by_name(".comment")?.data().ok()?;
+    comment
+        .split(|&b| b == 0)
+        .filter_map(|entry| std::str::from_utf8(entry).ok())
+        .find(|entry| entry.starts_with("rustc version "))
+        .map(str::to_owned)
+}
+
 /// SHA-256 of a file, lowercase hex, read in chunks.
 ///
 /// # Errors
@@ -270,4 +290,38 @@ pub fn sha256_file(path: &Path) -> std::io::Result<String> {
         hasher.update(&buffer[..n]);
     }
     Ok(hasher.finalize().iter().map(|b| format!("{b:02x}")).collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_rustc_version_is_read_from_the_library_and_optional_in_the_file() {
+        // This test executable was built by rustc, which records itself in `.comment` (ELF).
+        let exe = std::env::current_exe().expect("test executable");
+        if cfg!(target_os = "linux") {
+            let rustc = rustc_version(&exe).expect("an ELF built by rustc records its version");
+            assert!(rustc.starts_with("rustc version 1."), "{rustc}");
+        }
+        let dir = tempfile::tempdir().expect("tempdir");
+        let not_a_library = dir.path().join("libnot.so");
+        std::fs::write(&not_a_library, b"not an object file").expect("write");
+        assert_eq!(rustc_version(&not_a_library), None);
+
+        // A manifest written before `rustc` existed still reads; one without it writes no `rustc` key.
+        let old = format!(
+            r#"{{"manifest_version": 1, "library": "libfoo.so", "sha256": "00", "name": "foo", "version": "0.1.0",
+                "abi": {{"min": 1, "max": 1}}, "backends": ["Foo"], "wire_formats": [], "memory_kinds": ["host"],
+                "binds_aliases_in_place": false, "target": "{}"}}"#,
+            host_target()
+        );
+        let path = dir.path().join("libfoo.plugin.json");
+        std::fs::write(&path, old).expect("write");
+        let manifest = PluginManifest::read(&path).expect("an older manifest reads");
+        assert_eq!(manifest.rustc, None);
+        assert!(!manifest.to_json().contains("rustc"));
+        let with = PluginManifest { rustc: Some("rustc version 1.95.0".into()), ..manifest };
+        assert!(with.to_json().contains(r#""rustc": "rustc version 1.95.0""#));
+    }
 }

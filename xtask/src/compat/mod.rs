@@ -1,0 +1,346 @@
+//! `cargo xtask compat`: the compatibility gate a release must pass.
+//!
+//! 1. Blobs ([`golden`]): every golden blob of every wire-format version still reads, to the same model
+//!    (blob-format's `golden_models` snapshots and `native` tests), and every golden blob a recorded
+//!    blob-format release had is still committed, byte for byte.
+//! 2. Plugins across releases: the previous release's bundles (`fixtures/releases/<version>/`, as `cargo xtask
+//!    dist --out` wrote them) are unpacked; the new host lists their manifests and loads (`--probe`) every old
+//!    plugin whose ABI range overlaps its own; the old host (from its bundle) loads every new plugin whose range
+//!    overlaps the old host's.
+//! 3. Libraries: every plugin library (new and old) exports exactly the entry symbol; its root interface
+//!    version equals the previous release's (and delegate-abi's); a changed ABI or wire-format range needs a
+//!    changelog entry ([`changelog`] states the rule).
+//!
+//! Without release fixtures, step 2 runs the new host against the new plugins only and says so.
+
+pub mod changelog;
+pub mod golden;
+pub mod symbols;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use anyhow::{bail, Context};
+use host_runtime::plugin_manifest::{AbiSpan, PluginManifest};
+use serde_json::Value;
+
+use crate::dist::{self, archive, DistManifest, PluginCrate, HOST, PLUGINS};
+use crate::release::workspace::Workspace;
+
+/// Where earlier releases' bundles are kept: `fixtures/releases/<version>/` (a `dist-manifest.json` and its
+/// archives).
+pub const FIXTURES: &str = "fixtures/releases";
+
+/// `cargo xtask compat`. `dist_dir` holds this tree's bundles (a `cargo xtask dist --out` directory); `None`
+/// builds them first (into `<target>/dist/bundles`).
+pub fn run(root: &Path, dist_dir: Option<&Path>, tensorrt: bool) -> anyhow::Result<()> {
+    let started = std::time::Instant::now();
+    golden::check(root)?;
+    let dist_dir = match dist_dir {
+        Some(dir) => dir.to_path_buf(),
+        None => {
+            let out = dist::dist_target_dir(root)?.join("bundles");
+            dist::run(root, &dist::Options { out: out.clone(), tensorrt })?;
+            out
+        }
+    };
+    let new = DistManifest::load(&dist_dir)?;
+    let scratch = tempfile::Builder::new().prefix("compat").tempdir()?;
+    let new_set = Unpacked::new(&dist_dir, &new, &scratch.path().join("new"))?;
+    for plugin in &new_set.plugins {
+        symbols::check_entry_symbol(&plugin.library)?;
+        let root_version = symbols::root_interface_version(&plugin.library)?;
+        anyhow::ensure!(
+            root_version == delegate_abi::abi::ROOT_INTERFACE_VERSION,
+            "{}: root interface version {root_version}, delegate-abi says {} (it is permanent)",
+            plugin.library.display(),
+            delegate_abi::abi::ROOT_INTERFACE_VERSION
+        );
+    }
+    let new_host = new_set.host.clone().context("this dist has no host bundle")?;
+    let new_range = delegate_abi::abi::AbiRange::CURRENT;
+    let new_span = AbiSpan { min: new_range.min, max: new_range.max };
+    // The new plugins in the new host: the baseline every older host is compared with.
+    expect_loaded(&new_host, new_span, &new_set.plugins, "the new host", "new")?;
+
+    let Some((version, dir)) = previous_release(root)? else {
+        eprintln!(
+            "compat: no previous release fixtures under {FIXTURES}/ yet: old plugins in the new host, new plugins \
+             in the old host and the ABI/wire-format changelog rule are skipped. After recording a release, keep \
+             its bundles with `cargo xtask dist --out {FIXTURES}/<version>` (e.g. {FIXTURES}/0.1.0) and commit them."
+        );
+        eprintln!("compat: passed ({:.0?})", started.elapsed());
+        return Ok(());
+    };
+    eprintln!("compat: previous release {version} ({})", dir.display());
+    let old = DistManifest::load(&dir)?;
+    let old_set = Unpacked::new(&dir, &old, &scratch.path().join("old"))?;
+    for plugin in &old_set.plugins {
+        symbols::check_entry_symbol(&plugin.library)?;
+        let old_root = symbols::root_interface_version(&plugin.library)?;
+        anyhow::ensure!(
+            old_root == delegate_abi::abi::ROOT_INTERFACE_VERSION,
+            "the root interface version changed: release {version}'s {} has {old_root}, this build has {}",
+            plugin.manifest.name,
+            delegate_abi::abi::ROOT_INTERFACE_VERSION
+        );
+    }
+    if let Some(host) = old.artifacts.iter().find_map(|a| a.host.as_ref()) {
+        anyhow::ensure!(
+            host.root_interface_version == delegate_abi::abi::ROOT_INTERFACE_VERSION,
+            "the root interface version changed: release {version}'s host has {}, this build has {}",
+            host.root_interface_version,
+            delegate_abi::abi::ROOT_INTERFACE_VERSION
+        );
+    }
+    // Old plugins in the new host.
+    expect_listed(&new_host, &old_set.plugins)?;
+    expect_loaded(&new_host, new_span, &old_set.plugins, "the new host", &format!("release {version}'s"))?;
+    // New plugins in the old host.
+    let old_host = old_set.host.clone().with_context(|| format!("release {version} has no host bundle"))?;
+    let old_span = old
+        .artifacts
+        .iter()
+        .find_map(|a| a.host.as_ref())
+        .map(|h| AbiSpan { min: h.abi_min, max: h.abi_max })
+        .context("the previous dist-manifest.json does not say which ABI versions its host speaks")?;
+    expect_loaded(&old_host, old_span, &new_set.plugins, &format!("release {version}'s host"), "new")?;
+
+    // ABI and wire-format changes need their changelog entries.
+    let workspace = Workspace::load(root)?;
+    let mut problems = Vec::new();
+    for new_plugin in &new_set.plugins {
+        let Some(old_plugin) = old_set.plugins.iter().find(|p| p.krate == new_plugin.krate) else { continue };
+        let since = semver::Version::parse(&old_plugin.version)?;
+        let mut logs = Vec::new();
+        let spec = PLUGINS.iter().find(|p| p.krate == new_plugin.krate);
+        for krate in
+            [Some(new_plugin.krate.as_str()), spec.map(|p: &PluginCrate| p.library)].into_iter().flatten()
+        {
+            if let Some(c) = workspace.crates.get(krate) {
+                let path = c.dir.join("CHANGELOG.md");
+                let text = std::fs::read_to_string(root.join(&path)).unwrap_or_default();
+                logs.push((path.display().to_string(), text));
+            }
+        }
+        problems.extend(changelog::missing_entries(
+            &old_plugin.manifest,
+            &new_plugin.manifest,
+            &since,
+            &logs,
+        ));
+    }
+    for old_plugin in &old_set.plugins {
+        if !new_set.plugins.iter().any(|p| p.krate == old_plugin.krate) {
+            problems.push(format!("{} (release {version}) is not in this dist", old_plugin.krate));
+        }
+    }
+    if !problems.is_empty() {
+        bail!("compat: {}", problems.join("\n  "));
+    }
+    eprintln!("compat: passed against release {version} ({:.0?})", started.elapsed());
+    Ok(())
+}
+
+/// The newest `fixtures/releases/<version>/` holding a `dist-manifest.json`.
+pub fn previous_release(root: &Path) -> anyhow::Result<Option<(semver::Version, PathBuf)>> {
+    let dir = root.join(FIXTURES);
+    let Ok(entries) = std::fs::read_dir(&dir) else { return Ok(None) };
+    let mut found = Vec::new();
+    for entry in entries {
+        let path = entry?.path();
+        let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+        if let (Ok(version), true) = (semver::Version::parse(&name), path.join(dist::DIST_MANIFEST).is_file())
+        {
+            found.push((version, path));
+        }
+    }
+    found.sort();
+    Ok(found.pop())
+}
+
+/// One unpacked plugin bundle.
+#[derive(Clone, Debug)]
+struct UnpackedPlugin {
+    krate: String,
+    version: String,
+    /// The bundle's top directory: a plugin directory.
+    dir: PathBuf,
+    library: PathBuf,
+    manifest: PluginManifest,
+}
+
+/// A dist unpacked: its plugins and its host binary.
+struct Unpacked {
+    plugins: Vec<UnpackedPlugin>,
+    host: Option<PathBuf>,
+}
+
+impl Unpacked {
+    /// Unpacks every archive `manifest` lists (checking each archive's SHA-256 first) into `into`.
+    fn new(dist_dir: &Path, manifest: &DistManifest, into: &Path) -> anyhow::Result<Unpacked> {
+        let mut plugins = Vec::new();
+        let mut host = None;
+        for artifact in &manifest.artifacts {
+            let path = dist_dir.join(&artifact.name);
+            let bytes = std::fs::read(&path).with_context(|| format!("reading {}", path.display()))?;
+            anyhow::ensure!(
+                archive::sha256_hex(&bytes) == artifact.sha256,
+                "{}: SHA-256 differs from dist-manifest.json",
+                path.display()
+            );
+            archive::unpack(&bytes, into)?;
+            let top = into.join(artifact.name.trim_end_matches(".tar.gz"));
+            if let Some(plugin) = &artifact.plugin {
+                let library = top.join(&plugin.library);
+                let manifest =
+                    PluginManifest::read(&PluginManifest::path_for(&library)).map_err(anyhow::Error::from)?;
+                plugins.push(UnpackedPlugin {
+                    krate: artifact.krate.clone(),
+                    version: artifact.version.clone(),
+                    dir: top,
+                    library,
+                    manifest,
+                });
+            } else if artifact.krate == HOST {
+                host = Some(top.join(format!("{HOST}{}", std::env::consts::EXE_SUFFIX)));
+            }
+        }
+        Ok(Unpacked { plugins, host })
+    }
+}
+
+fn overlaps(a: AbiSpan, b: AbiSpan) -> bool {
+    a.min <= b.max && b.min <= a.max
+}
+
+/// `host plugins --json` over the plugins' directories: the candidates found there.
+fn candidates(host: &Path, plugins: &[UnpackedPlugin], probe: bool) -> anyhow::Result<Vec<Value>> {
+    let mut cmd = Command::new(host);
+    if probe {
+        cmd.arg("--probe");
+    }
+    cmd.args(["plugins", "--json"]);
+    for plugin in plugins {
+        cmd.arg("--plugin-dir").arg(&plugin.dir);
+    }
+    // Only the directories given: no DELEGATE_PLUGIN_PATH from the caller's environment.
+    cmd.env_remove(host_runtime::plugins::PLUGIN_PATH_ENV);
+    let out = cmd.output().with_context(|| format!("running {}", host.display()))?;
+    anyhow::ensure!(
+        out.status.success(),
+        "{} plugins failed ({}): {}",
+        host.display(),
+        out.status,
+        String::from_utf8_lossy(&out.stderr).trim()
+    );
+    let list: Vec<Value> =
+        serde_json::from_slice(&out.stdout).context("plugins --json printed no JSON list")?;
+    Ok(list)
+}
+
+fn candidate_for<'a>(list: &'a [Value], plugin: &UnpackedPlugin) -> Option<&'a Value> {
+    list.iter()
+        .find(|c| c.get("path").and_then(Value::as_str).map(Path::new) == Some(plugin.library.as_path()))
+}
+
+/// Without `--probe`, the host lists every plugin from its manifest (it reads the older manifests).
+fn expect_listed(host: &Path, plugins: &[UnpackedPlugin]) -> anyhow::Result<()> {
+    let list = candidates(host, plugins, false)?;
+    for plugin in plugins {
+        let status = candidate_for(&list, plugin).and_then(|c| c.get("status")).and_then(Value::as_str);
+        anyhow::ensure!(
+            matches!(status, Some("listed" | "shadowed")),
+            "{} does not list {} from its manifest (status {status:?})",
+            host.display(),
+            plugin.library.display()
+        );
+    }
+    Ok(())
+}
+
+/// With `--probe`, the host loads every plugin whose ABI range overlaps `host_span` (it negotiated a version:
+/// `abi_version` is set; a plugin that loads but has no device is `unavailable`, still loaded) and refuses the
+/// others cleanly.
+fn expect_loaded(
+    host: &Path,
+    host_span: AbiSpan,
+    plugins: &[UnpackedPlugin],
+    host_name: &str,
+    plugins_name: &str,
+) -> anyhow::Result<()> {
+    let list = candidates(host, plugins, true)?;
+    for plugin in plugins {
+        let candidate = candidate_for(&list, plugin)
+            .with_context(|| format!("{host_name} does not list {}", plugin.library.display()))?;
+        let status = candidate.get("status").and_then(Value::as_str).unwrap_or("?");
+        let negotiated = candidate.get("abi_version").and_then(Value::as_u64);
+        let span = plugin.manifest.abi;
+        if overlaps(span, host_span) {
+            anyhow::ensure!(
+                negotiated.is_some() && matches!(status, "loaded" | "unavailable" | "shadowed"),
+                "{host_name} (ABI {}..={}) does not load {plugins_name} plugin {} (ABI {}..={}): status {status}, \
+                 reason {}",
+                host_span.min,
+                host_span.max,
+                plugin.manifest.name,
+                span.min,
+                span.max,
+                candidate.get("reason").unwrap_or(&Value::Null)
+            );
+            eprintln!(
+                "compat: {host_name} loads {plugins_name} {} {} (ABI {} negotiated)",
+                plugin.manifest.name,
+                plugin.manifest.version,
+                negotiated.unwrap_or_default()
+            );
+        } else {
+            anyhow::ensure!(
+                status == "rejected",
+                "{host_name} (ABI {}..={}) must refuse {plugins_name} plugin {} (ABI {}..={}); status {status}",
+                host_span.min,
+                host_span.max,
+                plugin.manifest.name,
+                span.min,
+                span.max
+            );
+            eprintln!(
+                "compat: {host_name} refuses {plugins_name} {} (no common ABI version)",
+                plugin.manifest.name
+            );
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn abi_ranges_overlap_when_they_share_a_version() {
+        let s = |min, max| AbiSpan { min, max };
+        assert!(overlaps(s(1, 1), s(1, 1)));
+        assert!(overlaps(s(1, 2), s(2, 3)));
+        assert!(!overlaps(s(1, 1), s(2, 2)));
+        assert!(!overlaps(s(3, 4), s(1, 2)));
+    }
+
+    #[test]
+    fn the_previous_release_is_the_newest_version_directory_with_a_dist_manifest() {
+        let root = tempfile::tempdir().expect("tempdir");
+        assert!(previous_release(root.path()).expect("no fixtures").is_none());
+        for (version, with_manifest) in [("0.1.0", true), ("0.10.0", true), ("0.9.0", true), ("1.0.0", false)]
+        {
+            let dir = root.path().join(FIXTURES).join(version);
+            std::fs::create_dir_all(&dir).expect("dir");
+            if with_manifest {
+                std::fs::write(dir.join(dist::DIST_MANIFEST), "{}").expect("write");
+            }
+        }
+        std::fs::create_dir_all(root.path().join(FIXTURES).join("notes")).expect("dir");
+        let (version, dir) = previous_release(root.path()).expect("read").expect("found");
+        assert_eq!(version, semver::Version::new(0, 10, 0));
+        assert!(dir.ends_with("fixtures/releases/0.10.0"));
+    }
+}
