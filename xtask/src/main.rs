@@ -242,9 +242,15 @@ fn main() -> anyhow::Result<()> {
         Task::ExportPte { dir, tensorrt } => export_pte::run(&root, &dir, tensorrt),
         Task::PackageCheck => release::package::run(&root),
         Task::Release { plan, publish } => {
-            let step =
-                |root: &std::path::Path| release::publish::run(root, &publish.options_for(root)?).map(drop);
-            let step: Option<release::command::Publish> = publish.registry.as_ref().map(|_| &step as _);
+            let step = |root: &std::path::Path| {
+                if publish.record_only {
+                    release::publish::record_only(root, publish.allow_dirty).map(drop)
+                } else {
+                    release::publish::run(root, &publish.options_for(root)?).map(drop)
+                }
+            };
+            let step: Option<release::command::Publish> =
+                (publish.registry.is_some() || publish.record_only).then_some(&step as _);
             release::command::run(&root, &plan, publish.execute, step)
         }
         Task::ExportExample { backend: Backend::Reference, dir, big, config, memory } => {

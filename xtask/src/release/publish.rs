@@ -36,6 +36,10 @@ pub struct PublishArgs {
     /// The registry to publish to, as cargo's configuration names it (never crates-io).
     #[arg(long, value_name = "NAME", requires = "execute")]
     pub registry: Option<String>,
+    /// Record and tag the versions the crates' Cargo.toml files carry as released, without uploading them
+    /// anywhere (a release made before the crates go to a registry).
+    #[arg(long, requires = "execute", conflicts_with = "registry")]
+    pub record_only: bool,
     /// Publish from a working tree with uncommitted changes (passed on to cargo publish).
     #[arg(long)]
     pub allow_dirty: bool,
@@ -174,6 +178,48 @@ pub fn run(root: &Path, options: &Options) -> anyhow::Result<Vec<Step>> {
         println!("commit {FILE}: it records this release (the tags are derived from it)");
     }
     Ok(steps)
+}
+
+/// `release --execute --record-only`: records every publishable crate's current version in `releases.toml`
+/// (at HEAD, today) and tags it, uploading nothing; versions already recorded are left as they are. Returns
+/// the releases recorded now.
+pub fn record_only(root: &Path, allow_dirty: bool) -> anyhow::Result<Vec<Release>> {
+    let options = Options { allow_dirty, ..Options::default() };
+    if !allow_dirty {
+        ensure_clean(root, &options)?;
+    }
+    let head = git_output(root, &options, &["rev-parse", "HEAD"])?.context("the workspace has no commit")?;
+    let date = today_utc()?;
+    let workspace = Workspace::load(root)?;
+    let mut record = Record::load(root)?;
+    let mut recorded = Vec::new();
+    for krate in workspace.publish_order()? {
+        let known = record.releases.iter().find(|r| r.krate == krate.name && r.version == krate.version);
+        let release = match known {
+            Some(release) => release.clone(),
+            None => {
+                let release = Release {
+                    krate: krate.name.clone(),
+                    version: krate.version.clone(),
+                    commit: head.clone(),
+                    date: date.clone(),
+                };
+                record.releases.push(release.clone());
+                record.save(root)?;
+                recorded.push(release.clone());
+                release
+            }
+        };
+        let tag = ensure_tag(root, &options, &release)?;
+        println!("  recorded  {} {} ({tag})", krate.name, krate.version);
+    }
+    if !recorded.is_empty() {
+        println!(
+            "{} releases recorded; commit {FILE}: it records this release (the tags are derived from it)",
+            recorded.len()
+        );
+    }
+    Ok(recorded)
 }
 
 /// Fails before anything is uploaded when a dependency between workspace crates would not survive packaging:
