@@ -41,12 +41,16 @@ fn the_workspace_publishes_in_order_resumes_and_serves_a_consumer() {
     let planned: Vec<String> = plan.releases().map(|(c, _)| c.name.clone()).collect();
     assert_eq!(planned, order, "the plan releases every publishable crate, in publish order");
     assert!(plan.crates.iter().all(|c| c.first_release && c.proposed == Some(c.current.clone())));
+    // This workspace's changelogs already carry 0.1.0 (its first release was cut from them), so applying
+    // leaves them as they are: finalising is idempotent.
     let changed = super::plan::apply(&planned_ws, &plan, "2026-12-01").expect("applying the plan");
-    assert!(changed.iter().any(|p| p.ends_with("crates/blob-format/CHANGELOG.md")), "{changed:?}");
     let changelog =
         std::fs::read_to_string(scratch.join("crates/blob-format/CHANGELOG.md")).expect("changelog");
-    assert!(changelog.contains("## [0.1.0] - 2026-12-01"), "{changelog}");
-    git(&scratch, &["commit", "-qam", "chore: release the first versions"]);
+    assert_eq!(changelog.matches("## [0.1.0] - ").count(), 1, "{changelog}");
+    assert!(changelog.contains("## [Unreleased]"), "{changelog}");
+    if !changed.is_empty() {
+        git(&scratch, &["commit", "-qam", "chore: release the first versions"]);
+    }
 
     // The first run stops where the registry refuses a crate; what came before is published and recorded.
     let stop = order.iter().position(|c| c == "kv-example").expect("kv-example is published");
@@ -189,6 +193,9 @@ fn scratch_copy(root: &Path, to: &Path) {
         }
     }
     std::fs::write(&manifest, doc.to_string()).expect("write Cargo.toml");
+    // The scratch repository has a history of its own, in which the recorded release commits do not exist:
+    // it starts as a workspace that never released.
+    let _ = std::fs::remove_file(to.join(super::record::FILE));
     git(to, &["init", "-q"]);
     git(to, &["add", "-A"]);
     git(to, &["commit", "-q", "-m", "scratch copy"]);
