@@ -47,16 +47,7 @@ pub fn run(root: &Path, dist_dir: Option<&Path>, tensorrt: bool) -> anyhow::Resu
     let new = DistManifest::load(&dist_dir)?;
     let scratch = tempfile::Builder::new().prefix("compat").tempdir()?;
     let new_set = Unpacked::new(&dist_dir, &new, &scratch.path().join("new"))?;
-    for plugin in &new_set.plugins {
-        symbols::check_entry_symbol(&plugin.library)?;
-        let root_version = symbols::root_interface_version(&plugin.library)?;
-        anyhow::ensure!(
-            root_version == delegate_abi::abi::ROOT_INTERFACE_VERSION,
-            "{}: root interface version {root_version}, delegate-abi says {} (it is permanent)",
-            plugin.library.display(),
-            delegate_abi::abi::ROOT_INTERFACE_VERSION
-        );
-    }
+    check_libraries(&new_set.plugins, "this build's")?;
     let new_host = new_set.host.clone().context("this dist has no host bundle")?;
     let new_range = delegate_abi::abi::AbiRange::CURRENT;
     let new_span = AbiSpan { min: new_range.min, max: new_range.max };
@@ -75,16 +66,7 @@ pub fn run(root: &Path, dist_dir: Option<&Path>, tensorrt: bool) -> anyhow::Resu
     eprintln!("compat: previous release {version} ({})", dir.display());
     let old = DistManifest::load(&dir)?;
     let old_set = Unpacked::new(&dir, &old, &scratch.path().join("old"))?;
-    for plugin in &old_set.plugins {
-        symbols::check_entry_symbol(&plugin.library)?;
-        let old_root = symbols::root_interface_version(&plugin.library)?;
-        anyhow::ensure!(
-            old_root == delegate_abi::abi::ROOT_INTERFACE_VERSION,
-            "the root interface version changed: release {version}'s {} has {old_root}, this build has {}",
-            plugin.manifest.name,
-            delegate_abi::abi::ROOT_INTERFACE_VERSION
-        );
-    }
+    check_libraries(&old_set.plugins, &format!("release {version}'s"))?;
     if let Some(host) = old.artifacts.iter().find_map(|a| a.host.as_ref()) {
         anyhow::ensure!(
             host.root_interface_version == delegate_abi::abi::ROOT_INTERFACE_VERSION,
@@ -208,6 +190,22 @@ impl Unpacked {
         }
         Ok(Unpacked { plugins, host })
     }
+}
+
+/// Each plugin library exports the one entry symbol and carries the permanent root interface version.
+fn check_libraries(plugins: &[UnpackedPlugin], whose: &str) -> anyhow::Result<()> {
+    for plugin in plugins {
+        symbols::check_entry_symbol(&plugin.library)?;
+        let root = symbols::root_interface_version(&plugin.library)?;
+        anyhow::ensure!(
+            root == delegate_abi::abi::ROOT_INTERFACE_VERSION,
+            "the root interface version changed: {whose} {} ({}) has {root}, delegate-abi's is {} (it is permanent)",
+            plugin.manifest.name,
+            plugin.library.display(),
+            delegate_abi::abi::ROOT_INTERFACE_VERSION
+        );
+    }
+    Ok(())
 }
 
 fn overlaps(a: AbiSpan, b: AbiSpan) -> bool {

@@ -355,38 +355,12 @@ fn git_output(root: &Path, options: &Options, args: &[&str]) -> anyhow::Result<O
 
 /// Today's date in UTC, `YYYY-MM-DD`.
 fn today_utc() -> anyhow::Result<String> {
-    let secs = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .context("the clock is before 1970")?
-        .as_secs();
-    Ok(civil_date(secs / 86_400))
-}
-
-/// The proleptic Gregorian date `days` days after 1970-01-01 (Howard Hinnant's `civil_from_days`).
-fn civil_date(days: u64) -> String {
-    let z = days + 719_468;
-    let era = z / 146_097;
-    let doe = z % 146_097;
-    let yoe = (doe - doe / 1_460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + u64::from(month <= 2);
-    format!("{year:04}-{month:02}-{day:02}")
+    Ok(super::plan::today())
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn civil_dates_count_from_the_epoch() {
-        assert_eq!(civil_date(0), "1970-01-01");
-        assert_eq!(civil_date(59), "1970-03-01");
-        assert_eq!(civil_date(11_016), "2000-02-29");
-        assert_eq!(civil_date(20_788), "2026-12-01");
-    }
 
     #[test]
     fn dependencies_that_would_not_survive_packaging_stop_the_run_before_any_upload() {

@@ -388,5 +388,7 @@ fn dates_are_civil() {
     assert_eq!(super::civil_date(0), "1970-01-01");
     assert_eq!(super::civil_date(20_454), "2026-01-01");
     assert_eq!(super::civil_date(11_016), "2000-02-29");
+    assert_eq!(super::civil_date(59), "1970-03-01");
+    assert_eq!(super::civil_date(20_788), "2026-12-01");
     assert_eq!(super::today().len(), 10);
 }
