@@ -560,6 +560,7 @@ pub enum WorkerError {
 pub fn serve(socket: OwnedFd) -> Result<(), WorkerError> {
     let protocol = |what: String| WorkerError::Protocol(what);
     let mut stream = UnixStream::from(socket);
+    let mut answer = Vec::with_capacity(64);
     let (payload, fds) =
         recv_frame(stream.as_fd()).map_err(|err| protocol(format!("reading init: {err}")))?;
     let request: InitRequest =
@@ -567,15 +568,20 @@ pub fn serve(socket: OwnedFd) -> Result<(), WorkerError> {
     // Declared first, dropped last: the instance and its argument list go before the memory they use.
     let mapped = match Mapped::new(&request, fds) {
         Ok(mapped) => mapped,
-        Err(err) => return reply(&mut stream, Err(err)).map_err(|err| protocol(err.to_string())),
+        Err(err) => {
+            return reply(&mut stream, &mut answer, Err(err)).map_err(|err| protocol(err.to_string()))
+        }
     };
     let started = init(&request, &mapped);
     let (mut instance, mut args) = match started {
         Ok(started) => {
-            reply(&mut stream, Ok(ExecStats::default())).map_err(|err| protocol(err.to_string()))?;
+            reply(&mut stream, &mut answer, Ok(ExecStats::default()))
+                .map_err(|err| protocol(err.to_string()))?;
             started
         }
-        Err(err) => return reply(&mut stream, Err(err)).map_err(|err| protocol(err.to_string())),
+        Err(err) => {
+            return reply(&mut stream, &mut answer, Err(err)).map_err(|err| protocol(err.to_string()))
+        }
     };
     let mut header = [0u8; 5];
     loop {
@@ -602,7 +608,7 @@ pub fn serve(socket: OwnedFd) -> Result<(), WorkerError> {
                         result
                     }
                 };
-                reply(&mut stream, result).map_err(|err| protocol(err.to_string()))?;
+                reply(&mut stream, &mut answer, result).map_err(|err| protocol(err.to_string()))?;
             }
             Ok(()) => return Err(protocol(format!("unexpected message {header:?}"))),
             Err(err) if err.kind() == io::ErrorKind::UnexpectedEof => return Ok(()),
@@ -634,8 +640,18 @@ pub fn serve_inherited() -> Result<(), WorkerError> {
     serve(unsafe { OwnedFd::from_raw_fd(WORKER_FD) })
 }
 
-fn reply(stream: &mut UnixStream, result: Result<ExecStats, DelegateError>) -> io::Result<()> {
-    let mut message = Vec::with_capacity(32);
+/// Sends one answer, built in `message` (the worker's one buffer: a successful call allocates nothing).
+fn reply(
+    stream: &mut UnixStream,
+    message: &mut Vec<u8>,
+    result: Result<ExecStats, DelegateError>,
+) -> io::Result<()> {
+    build_reply(message, result)?;
+    send_all(stream.as_fd(), message)
+}
+
+fn build_reply(message: &mut Vec<u8>, result: Result<ExecStats, DelegateError>) -> io::Result<()> {
+    message.clear();
     message.extend_from_slice(&[0; 4]);
     match result {
         Ok(stats) => {
@@ -657,7 +673,7 @@ fn reply(stream: &mut UnixStream, result: Result<ExecStats, DelegateError>) -> i
     }
     let len = (message.len() - 4) as u32;
     message[..4].copy_from_slice(&len.to_le_bytes());
-    send_all(stream.as_fd(), &message)
+    Ok(())
 }
 
 /// Reads one length-prefixed message and the descriptors attached to it.
