@@ -31,6 +31,9 @@ fn the_call_after_a_worker_dies_starts_a_new_worker_that_decodes_like_the_host()
     let isolated = Registry::discover_manifests(&dirs, None, true, &Default::default())
         .with_isolation(Isolation::new(env!("CARGO_BIN_EXE_delegate-host"), ["worker"]).all(true));
     let mut program = Program::load(manifest.clone(), &isolated, Mode::ZeroCopy).expect("loads");
+    // A worker answers each call after synchronising: nothing of the method could be captured as a CUDA graph.
+    let refusal = program.capture_refusal("decode").expect("a method").expect("a refusal");
+    assert!(refusal.contains("in a worker process"), "{refusal}");
     let err = program.execute("prefill").expect_err("the worker aborts");
     let text = err.to_string();
     assert!(

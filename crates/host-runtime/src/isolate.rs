@@ -56,6 +56,9 @@ pub const DEFAULT_DEADLINE: Duration = Duration::from_secs(10);
 /// an engine at init can take a while).
 pub const MIN_INIT_DEADLINE: Duration = Duration::from_secs(60);
 
+/// How long a failed or malformed worker gets to exit by itself before it is killed.
+const STOP_GRACE: Duration = Duration::from_millis(200);
+
 /// Most memory files one call's arguments may live in.
 const MAX_REGIONS: usize = 64;
 
@@ -306,7 +309,7 @@ impl IsolatedCall {
         Ok(call)
     }
 
-    fn name(&self) -> &str {
+    pub(crate) fn name(&self) -> &str {
         &self.plugin.info.name
     }
 
@@ -334,7 +337,6 @@ impl IsolatedCall {
         let init_deadline = isolation.deadline.max(MIN_INIT_DEADLINE);
         host.set_read_timeout(Some(init_deadline))
             .map_err(|err| internal(format!("cannot set the deadline: {err}")))?;
-        self.worker = Some(Worker { child, socket: host });
         let request = InitRequest {
             library: self.plugin.library.clone(),
             blob_len: self.blob_len,
@@ -344,30 +346,22 @@ impl IsolatedCall {
         let payload = serde_json::to_vec(&request).map_err(|err| internal(err.to_string()))?;
         let mut fds = vec![self.blob.as_fd()];
         fds.extend(self.files.iter().map(|fd| fd.as_fd()));
-        let sent = match &self.worker {
-            Some(worker) => send_frame(worker.socket.as_fd(), &payload, &fds),
-            None => Ok(()),
-        };
-        let result = match sent {
+        let sent = send_frame(host.as_fd(), &payload, &fds);
+        self.worker = Some(Worker { child, socket: host });
+        let answered = match sent {
             Ok(()) => self.answer("init", init_deadline),
             Err(err) => Err(self.failure("init", err, init_deadline)),
         };
-        match result {
-            Ok(_) => {
-                let deadline = isolation.deadline;
-                if let Some(worker) = &self.worker {
-                    worker
-                        .socket
-                        .set_read_timeout(Some(deadline))
-                        .map_err(|err| internal(format!("cannot set the deadline: {err}")))?;
-                }
-                Ok(())
-            }
-            Err(err) => {
-                self.stop();
-                Err(err)
-            }
+        let ready = answered.and_then(|_| {
+            let socket = self.worker.as_ref().map(|w| &w.socket);
+            socket
+                .map_or(Ok(()), |s| s.set_read_timeout(Some(isolation.deadline)))
+                .map_err(|err| internal(format!("cannot set the deadline: {err}")))
+        });
+        if ready.is_err() {
+            self.stop(STOP_GRACE);
         }
+        ready
     }
 
     /// Runs the call in the worker, starting one first if the last one died.
@@ -376,10 +370,8 @@ impl IsolatedCall {
             self.spawn()?;
         }
         let deadline = self.plugin.isolation.deadline;
-        let sent = match &self.worker {
-            Some(worker) => send_all(worker.socket.as_fd(), &[1, 0, 0, 0, EXECUTE]),
-            None => Ok(()),
-        };
+        let socket = self.worker.as_ref().map(|w| w.socket.as_fd());
+        let sent = socket.map_or(Ok(()), |socket| send_all(socket, &[1, 0, 0, 0, EXECUTE]));
         sent.map_err(|err| self.failure("execute", err, deadline))?;
         self.answer("execute", deadline)
     }
@@ -414,7 +406,7 @@ impl IsolatedCall {
                 Err(DelegateError::new(ErrorCode::from_u32(code), message))
             }
             _ => {
-                self.stop();
+                self.stop(STOP_GRACE);
                 Err(DelegateError::internal(format!(
                     "plugin '{}' (isolated): the worker answered {stage} with a malformed message; it was stopped",
                     self.name()
@@ -426,7 +418,7 @@ impl IsolatedCall {
     /// The error for a call whose worker failed to answer: it is killed if still running, and reaped.
     fn failure(&mut self, stage: &str, err: io::Error, deadline: Duration) -> DelegateError {
         let timed_out = matches!(err.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut);
-        let status = self.stop();
+        let status = self.stop(STOP_GRACE);
         let what = match (timed_out, status) {
             (true, _) => {
                 format!("did not answer {stage} within its {} deadline and was killed", human(deadline))
@@ -441,11 +433,12 @@ impl IsolatedCall {
         ))
     }
 
-    /// Stops the worker (closing its socket, then killing it if it has not exited) and reaps it.
-    fn stop(&mut self) -> Option<ExitStatus> {
+    /// Stops the worker and reaps it: closing its socket (end of file: it destroys its instance and exits),
+    /// then killing it if it has not exited within `grace`.
+    fn stop(&mut self, grace: Duration) -> Option<ExitStatus> {
         let Worker { mut child, socket } = self.worker.take()?;
         drop(socket);
-        let give_up = Instant::now() + Duration::from_millis(200);
+        let give_up = Instant::now() + grace;
         loop {
             match child.try_wait() {
                 Ok(Some(status)) => return Some(status),
@@ -461,19 +454,8 @@ impl IsolatedCall {
 
 impl Drop for IsolatedCall {
     fn drop(&mut self) {
-        // End of file tells the worker to destroy its instance and exit.
-        if let Some(Worker { mut child, socket }) = self.worker.take() {
-            drop(socket);
-            let give_up = Instant::now() + self.plugin.isolation.deadline;
-            while Instant::now() < give_up {
-                if let Ok(Some(_)) = child.try_wait() {
-                    return;
-                }
-                std::thread::sleep(Duration::from_millis(1));
-            }
-            let _ = child.kill();
-            let _ = child.wait();
-        }
+        // A worker going away with its program may take as long as a call to destroy its instance.
+        self.stop(self.plugin.isolation.deadline);
     }
 }
 

@@ -416,9 +416,13 @@ struct PlannedCall {
 enum Runner {
     /// In this process.
     InProcess(Instance),
-    /// In a worker process; started once its argument list exists (see `Program::load_embedded`).
+    /// In a worker process.
     #[cfg(target_os = "linux")]
-    Isolated(Option<Box<crate::isolate::IsolatedCall>>, Box<crate::isolate::IsolatedPlugin>),
+    Isolated(Box<crate::isolate::IsolatedCall>),
+    /// Bound for a worker process that starts once the call's argument list exists (at the end of
+    /// `Program::load_embedded`, which leaves no call in this state): the plugin and the blob to give it.
+    #[cfg(target_os = "linux")]
+    Unstarted(Box<crate::isolate::IsolatedPlugin>, BlobBytes),
 }
 
 impl Runner {
@@ -426,7 +430,9 @@ impl Runner {
         match self {
             Runner::InProcess(instance) => &instance.plugin().info().name,
             #[cfg(target_os = "linux")]
-            Runner::Isolated(_, plugin) => &plugin.info.name,
+            Runner::Isolated(call) => call.name(),
+            #[cfg(target_os = "linux")]
+            Runner::Unstarted(plugin, _) => &plugin.info.name,
         }
     }
 }
@@ -434,9 +440,6 @@ impl Runner {
 struct LoadedCall {
     backend: String,
     runner: Runner,
-    /// The blob, kept until an isolated call's worker has it.
-    #[cfg(target_os = "linux")]
-    pending_blob: Option<BlobBytes>,
     args: Vec<ArgPlan>,
     /// The call's arguments, built once at load from the program's storages (whose addresses never change)
     /// and passed as they are to every `execute`: a step pushes nothing and allocates nothing.
@@ -487,11 +490,12 @@ impl LoadedMethod {
         }
         for (index, call) in self.calls.iter().enumerate() {
             #[cfg(target_os = "linux")]
-            if let Runner::Isolated(_, plugin) = &call.runner {
+            if matches!(call.runner, Runner::Isolated(_) | Runner::Unstarted(..)) {
                 return Err(format!(
                     "call {index} ({}) is served by plugin '{}' in a worker process, which answers each call \
                      after synchronising its own stream",
-                    call.backend, plugin.info.name
+                    call.backend,
+                    call.runner.plugin_name()
                 ));
             }
             if !call.streamed {
@@ -1070,11 +1074,9 @@ impl Program {
             let result = match &mut call.runner {
                 Runner::InProcess(instance) => instance.execute(&mut call.arg_list, stream),
                 #[cfg(target_os = "linux")]
-                Runner::Isolated(Some(worker), _) => worker.execute(),
+                Runner::Isolated(worker) => worker.execute(),
                 #[cfg(target_os = "linux")]
-                Runner::Isolated(None, _) => {
-                    Err(DelegateError::internal("the isolated call was never started"))
-                }
+                Runner::Unstarted(..) => Err(DelegateError::internal("the isolated call was never started")),
             };
             if let (Some(gpu), Some(_)) = (gpu, stream) {
                 gpu.queued();
@@ -1613,16 +1615,15 @@ fn start_isolated(methods: &mut [LoadedMethod], buffers: &[Buffer]) -> Result<()
     }
     for m in methods {
         for (index, call) in m.calls.iter_mut().enumerate() {
-            let Runner::Isolated(worker @ None, plugin) = &mut call.runner else { continue };
-            let Some(blob) = call.pending_blob.take() else { continue };
+            let Runner::Unstarted(plugin, blob) = &call.runner else { continue };
             let started = IsolatedCall::start((**plugin).clone(), blob.bytes(), &call.arg_list, &regions);
-            *worker = Some(started.map(Box::new).map_err(|source| Error::Delegate {
+            call.runner = Runner::Isolated(Box::new(started.map_err(|source| Error::Delegate {
                 method: m.decl.name.clone(),
                 call: index,
                 backend: call.backend.clone(),
                 stage: "init",
                 source,
-            })?);
+            })?));
         }
     }
     Ok(())
@@ -1650,18 +1651,8 @@ fn init_call(
         Served::InProcess(plugin) => plugin,
         #[cfg(target_os = "linux")]
         Served::Isolated(plugin) => {
-            let runner = Runner::Isolated(None, Box::new(plugin));
-            let pending_blob = Some(file);
-            return Ok(LoadedCall {
-                backend,
-                runner,
-                pending_blob,
-                args,
-                arg_list,
-                scratch,
-                writebacks,
-                streamed,
-            });
+            let runner = Runner::Unstarted(Box::new(plugin), file);
+            return Ok(LoadedCall { backend, runner, args, arg_list, scratch, writebacks, streamed });
         }
     };
     let ctx = InitContext { blob: file.bytes(), compile_specs: &[], runtime_specs: &[] };
@@ -1675,8 +1666,6 @@ fn init_call(
     Ok(LoadedCall {
         backend,
         runner: Runner::InProcess(instance),
-        #[cfg(target_os = "linux")]
-        pending_blob: None,
         args,
         arg_list,
         scratch,
