@@ -157,17 +157,8 @@ fn package_list(root: &Path, krate: &Crate) -> anyhow::Result<BTreeSet<PathBuf>>
 }
 
 fn git_files(root: &Path) -> anyhow::Result<BTreeSet<PathBuf>> {
-    let out = std::process::Command::new("git")
-        .current_dir(root)
-        .args(["ls-files", "-z"])
-        .output()
-        .context("git ls-files")?;
-    Ok(out
-        .stdout
-        .split(|&b| b == 0)
-        .filter(|s| !s.is_empty())
-        .map(|s| PathBuf::from(String::from_utf8_lossy(s).into_owned()))
-        .collect())
+    let listed = super::commits::git(root, &["ls-files", "-z"])?;
+    Ok(listed.split('\0').filter(|f| !f.is_empty()).map(PathBuf::from).collect())
 }
 
 #[cfg(test)]

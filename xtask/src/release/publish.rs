@@ -125,7 +125,7 @@ pub fn run(root: &Path, options: &Options) -> anyhow::Result<Vec<Step>> {
         ensure_clean(root, options)?;
     }
     let head = git_output(root, options, &["rev-parse", "HEAD"])?.context("the workspace has no commit")?;
-    let date = today_utc()?;
+    let date = super::plan::today();
     let workspace = Workspace::load_with_env(root, &options.env)?;
     let order = workspace.publish_order()?;
     check_dependencies(root, options, &index, &order)?;
@@ -189,7 +189,7 @@ pub fn record_only(root: &Path, allow_dirty: bool) -> anyhow::Result<Vec<Release
         ensure_clean(root, &options)?;
     }
     let head = git_output(root, &options, &["rev-parse", "HEAD"])?.context("the workspace has no commit")?;
-    let date = today_utc()?;
+    let date = super::plan::today();
     let workspace = Workspace::load(root)?;
     let mut record = Record::load(root)?;
     let mut recorded = Vec::new();
@@ -354,10 +354,6 @@ fn git_output(root: &Path, options: &Options, args: &[&str]) -> anyhow::Result<O
 }
 
 /// Today's date in UTC, `YYYY-MM-DD`.
-fn today_utc() -> anyhow::Result<String> {
-    Ok(super::plan::today())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -20,7 +20,6 @@ use std::thread::JoinHandle;
 
 use anyhow::{bail, Context};
 use serde_json::{json, Value};
-use sha2::Digest;
 
 use super::index::index_path;
 
@@ -202,7 +201,7 @@ fn publish(body: &[u8], state: &Mutex<State>) -> anyhow::Result<()> {
         "name": name,
         "vers": vers,
         "deps": deps,
-        "cksum": hex(&sha2::Sha256::digest(krate)),
+        "cksum": crate::dist::archive::sha256_hex(krate),
         "features": meta.get("features").cloned().unwrap_or_else(|| json!({})),
         "yanked": false,
         "links": meta.get("links").cloned().unwrap_or(Value::Null),
@@ -223,10 +222,6 @@ fn split_length_prefixed(bytes: &[u8]) -> anyhow::Result<(&[u8], &[u8])> {
         bail!("{len} bytes announced, {} sent", rest.len());
     }
     Ok(rest.split_at(len))
-}
-
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 #[cfg(test)]
@@ -281,7 +276,7 @@ mod tests {
         assert_eq!(line["deps"][0]["name"], "renamed");
         assert_eq!(line["deps"][0]["package"], "leaf");
         assert_eq!(line["deps"][0]["req"], "^0.1");
-        assert_eq!(line["cksum"], hex(&sha2::Sha256::digest(b"not really a tarball")).as_str());
+        assert_eq!(line["cksum"], crate::dist::archive::sha256_hex(b"not really a tarball").as_str());
         let download = ureq::get(format!("{base}/dl/top/1.0.0/download"))
             .call()
             .expect("download")
