@@ -420,6 +420,23 @@ mod tests {
         assert_eq!(s.bytes()[99], 0);
     }
 
+    /// What a worker process maps is the storage's own bytes: writes through the storage are in its memory
+    /// file, which starts zeroed.
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn shared_storage_is_its_memory_file() {
+        use std::io::Read;
+        let mut storage = HostStorage::shared(10_000).expect("a memory file");
+        assert!(storage.bytes().iter().all(|&b| b == 0));
+        storage.bytes_mut()[9_999] = 7;
+        let fd = storage.shared_fd().expect("shared").try_clone_to_owned().expect("dup");
+        let mut seen = Vec::new();
+        std::fs::File::from(fd).read_to_end(&mut seen).expect("read the file");
+        assert_eq!(seen.len(), 10_000);
+        assert_eq!(seen[9_999], 7);
+        assert!(HostStorage::zeroed(16).expect("heap").shared_fd().is_none());
+    }
+
     #[test]
     fn host_storage_needs_no_cuda_and_copies_by_size() {
         let mut contexts = Contexts::new();

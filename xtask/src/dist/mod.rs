@@ -362,28 +362,10 @@ pub fn epoch_for(
 
 /// `YYYY-MM-DD` as seconds since the Unix epoch at 00:00 UTC (proleptic Gregorian calendar).
 pub fn date_to_epoch(date: &str) -> anyhow::Result<u64> {
-    let parts: Vec<&str> = date.split('-').collect();
-    let [y, m, d] = parts.as_slice() else { bail!("{date:?} is not YYYY-MM-DD") };
-    let (y, m, d): (i64, i64, i64) = (y.parse()?, m.parse()?, d.parse()?);
-    let days_in_month = match m {
-        1 | 3 | 5 | 7 | 8 | 10 | 12 => 31,
-        4 | 6 | 9 | 11 => 30,
-        2 if (y % 4 == 0 && y % 100 != 0) || y % 400 == 0 => 29,
-        2 => 28,
-        _ => bail!("{date:?}: month {m}"),
-    };
-    if !(1970..=9999).contains(&y) || !(1..=days_in_month).contains(&d) {
-        bail!("{date:?} is not a date from 1970 on");
-    }
-    // Days from civil (H. Hinnant): March-based years put the leap day last.
-    let y = if m <= 2 { y - 1 } else { y };
-    let era = y.div_euclid(400);
-    let yoe = y - era * 400;
-    let mp = (m + 9) % 12;
-    let doy = (153 * mp + 2) / 5 + d - 1;
-    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
-    let days = era * 146_097 + doe - 719_468;
-    Ok(u64::try_from(days * 86_400)?)
+    let day: jiff::civil::Date =
+        date.parse().with_context(|| format!("{date:?} is not a YYYY-MM-DD date"))?;
+    let seconds = day.to_zoned(jiff::tz::TimeZone::UTC)?.timestamp().as_second();
+    u64::try_from(seconds).map_err(|_| anyhow::anyhow!("{date:?} is not a date from 1970 on"))
 }
 
 /// The HEAD commit's hash (with `+dirty` when tracked files differ from it: such a build is not the commit's)

@@ -468,24 +468,9 @@ fn write(path: &Path, old: &str, new: &str, changed: &mut Vec<PathBuf>) -> anyho
     Ok(())
 }
 
-/// Today's date (UTC), `YYYY-MM-DD`.
+/// Today's date in UTC, `YYYY-MM-DD`.
 pub fn today() -> String {
-    let secs = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
-    civil_date(secs / 86_400)
-}
-
-/// `YYYY-MM-DD` of a day number since 1970-01-01 (Howard Hinnant's `civil_from_days`).
-fn civil_date(days: u64) -> String {
-    let z = days as i64 + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1_460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + i64::from(month <= 2);
-    format!("{year:04}-{month:02}-{day:02}")
+    jiff::Timestamp::now().to_zoned(jiff::tz::TimeZone::UTC).date().to_string()
 }
 
 #[cfg(test)]

@@ -384,11 +384,9 @@ fn apply_writes_versions_requirements_and_changelogs() {
 }
 
 #[test]
-fn dates_are_civil() {
-    assert_eq!(super::civil_date(0), "1970-01-01");
-    assert_eq!(super::civil_date(20_454), "2026-01-01");
-    assert_eq!(super::civil_date(11_016), "2000-02-29");
-    assert_eq!(super::civil_date(59), "1970-03-01");
-    assert_eq!(super::civil_date(20_788), "2026-12-01");
-    assert_eq!(super::today().len(), 10);
+fn today_is_the_utc_date_releases_record() {
+    let today = super::today();
+    let date: jiff::civil::Date = today.parse().expect("YYYY-MM-DD");
+    assert_eq!(today.len(), 10, "{today}");
+    assert!(date.year() >= 2026, "{today}");
 }
