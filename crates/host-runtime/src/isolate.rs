@@ -9,7 +9,8 @@
 //! [`WORKER_FD`], and sends it, once: the library's path, the blob (in a memory file of its own), the memory
 //! files the call's arguments live in, and each argument as (file, offset, size, dtype, shape, flags). The
 //! worker maps the same pages, loads the library (checked against its manifest), initialises the instance and
-//! builds its argument list once. Each `execute` is then one small message each way; the arguments never
+//! builds its argument list once. Each `execute` then rings a doorbell in one shared page ([`bell`]): a
+//! counter each way, each side spinning briefly for the other before it sleeps on a futex. The arguments never
 //! travel: the plugin reads and writes the caller's caches in place, so zero-copy aliasing still holds.
 //!
 //! # Failure
@@ -29,6 +30,8 @@
 //! builds over them.
 #![allow(unsafe_code)]
 
+mod bell;
+
 use std::ffi::OsString;
 use std::io::{self, Read, Write};
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
@@ -45,6 +48,8 @@ use delegate_abi::{
     PluginInfo, TensorArg,
 };
 use serde::{Deserialize, Serialize};
+
+use bell::{Bell, Rung, Woken};
 
 /// The descriptor number of the socket in the worker process.
 pub const WORKER_FD: i32 = 3;
@@ -138,16 +143,23 @@ struct RegionDesc {
     device: Option<(i32, Vec<u8>)>,
 }
 
+/// The version of the host-worker protocol. A worker is normally the host's own binary, but a library user
+/// may name another program: one built from another version says so instead of misreading the message.
+/// 2: `execute` rings the doorbell ([`bell`]), whose memory file travels last with init.
+const PROTOCOL: u32 = 2;
+
 /// The first message to a worker; the blob's and the host regions' memory files travel with it.
 #[derive(Debug, Serialize, Deserialize)]
 struct InitRequest {
+    /// [`PROTOCOL`]; absent (0) from hosts before the doorbell.
+    #[serde(default)]
+    protocol: u32,
     library: PathBuf,
     blob_len: u64,
     regions: Vec<RegionDesc>,
     args: Vec<ArgDesc>,
 }
 
-const EXECUTE: u8 = b'x';
 const REPLY_OK: u8 = 0;
 const REPLY_ERR: u8 = 1;
 
@@ -211,6 +223,7 @@ pub(crate) struct IsolatedCall {
 struct Worker {
     child: Child,
     socket: UnixStream,
+    bell: Bell,
 }
 
 impl std::fmt::Debug for IsolatedCall {
@@ -338,16 +351,20 @@ impl IsolatedCall {
         host.set_read_timeout(Some(init_deadline))
             .map_err(|err| internal(format!("cannot set the deadline: {err}")))?;
         let request = InitRequest {
+            protocol: PROTOCOL,
             library: self.plugin.library.clone(),
             blob_len: self.blob_len,
             regions: self.regions.clone(),
             args: self.args.clone(),
         };
         let payload = serde_json::to_vec(&request).map_err(|err| internal(err.to_string()))?;
+        let (bell, bell_file) = Bell::create()?;
+        // The blob, the host regions in order, and the doorbell last.
         let mut fds = vec![self.blob.as_fd()];
         fds.extend(self.files.iter().map(|fd| fd.as_fd()));
+        fds.push(bell_file.as_fd());
         let sent = send_frame(host.as_fd(), &payload, &fds);
-        self.worker = Some(Worker { child, socket: host });
+        self.worker = Some(Worker { child, socket: host, bell });
         let answered = match sent {
             Ok(()) => self.answer("init", init_deadline),
             Err(err) => Err(self.failure("init", err, init_deadline)),
@@ -370,10 +387,16 @@ impl IsolatedCall {
             self.spawn()?;
         }
         let deadline = self.plugin.isolation.deadline;
-        let socket = self.worker.as_ref().map(|w| w.socket.as_fd());
-        let sent = socket.map_or(Ok(()), |socket| send_all(socket, &[1, 0, 0, 0, EXECUTE]));
-        sent.map_err(|err| self.failure("execute", err, deadline))?;
-        self.answer("execute", deadline)
+        let Some(Worker { child, bell, .. }) = self.worker.as_mut() else {
+            return Err(DelegateError::internal("no worker"));
+        };
+        match bell.call(deadline, || matches!(child.try_wait(), Ok(None))) {
+            Rung::Ok(stats) => Ok(stats),
+            // The message came over the socket before the answer: read it there.
+            Rung::Failed => self.answer("execute", deadline),
+            Rung::TimedOut => Err(self.failure("execute", io::ErrorKind::TimedOut.into(), deadline)),
+            Rung::Died => Err(self.failure("execute", io::ErrorKind::UnexpectedEof.into(), deadline)),
+        }
     }
 
     /// Reads the worker's answer to one request.
@@ -433,10 +456,11 @@ impl IsolatedCall {
         ))
     }
 
-    /// Stops the worker and reaps it: closing its socket (end of file: it destroys its instance and exits),
-    /// then killing it if it has not exited within `grace`.
+    /// Stops the worker and reaps it: asking it to finish (it destroys its instance and exits) and closing its
+    /// socket, then killing it if it has not exited within `grace`.
     fn stop(&mut self, grace: Duration) -> Option<ExitStatus> {
-        let Worker { mut child, socket } = self.worker.take()?;
+        let Worker { mut child, socket, bell } = self.worker.take()?;
+        bell.finish();
         drop(socket);
         let give_up = Instant::now() + grace;
         loop {
@@ -547,6 +571,15 @@ pub fn serve(socket: OwnedFd) -> Result<(), WorkerError> {
         recv_frame(stream.as_fd()).map_err(|err| protocol(format!("reading init: {err}")))?;
     let request: InitRequest =
         serde_json::from_slice(&payload).map_err(|err| protocol(format!("malformed init: {err}")))?;
+    if request.protocol != PROTOCOL {
+        return Err(protocol(format!(
+            "the host speaks worker protocol {}, this worker {PROTOCOL}: run the host's own binary as its worker",
+            request.protocol
+        )));
+    }
+    let mut fds = fds;
+    let bell = fds.pop().ok_or_else(|| protocol("init came without its doorbell".to_owned()))?;
+    let bell = Bell::open(bell.as_fd()).map_err(|err| protocol(err.to_string()))?;
     // Declared first, dropped last: the instance and its argument list go before the memory they use.
     let mapped = match Mapped::new(&request, fds) {
         Ok(mapped) => mapped,
@@ -565,37 +598,53 @@ pub fn serve(socket: OwnedFd) -> Result<(), WorkerError> {
             return reply(&mut stream, &mut answer, Err(err)).map_err(|err| protocol(err.to_string()))
         }
     };
-    let mut header = [0u8; 5];
+    let mut last = 0;
     loop {
-        match stream.read_exact(&mut header) {
-            Ok(()) if header == [1, 0, 0, 0, EXECUTE] => {
-                let result = match &mapped.stream {
-                    None => instance.execute(&mut args, None),
-                    Some(stream) => {
-                        // SAFETY: a stream this worker made in the context of the device memory it opened,
-                        // alive until `mapped` is dropped after the instance; the results are complete when
-                        // the synchronisation below returns, before the host is answered and touches them.
-                        let raw = unsafe { CudaStream::from_raw(stream.as_ref().as_raw()) };
-                        let start = Instant::now();
-                        let result = instance.execute(&mut args, raw);
-                        let queued = start.elapsed();
-                        let result = result.and_then(|stats| {
-                            stream.synchronize().map(|()| stats).map_err(DelegateError::from)
-                        });
-                        tracing::debug!(
-                            queue_us = queued.as_secs_f64() * 1e6,
-                            total_us = start.elapsed().as_secs_f64() * 1e6,
-                            "worker execute"
-                        );
-                        result
-                    }
-                };
-                reply(&mut stream, &mut answer, result).map_err(|err| protocol(err.to_string()))?;
+        let seq = match bell.next(last, || host_gone(stream.as_fd())) {
+            Woken::Request(seq) => seq,
+            Woken::Finish => return Ok(()),
+        };
+        last = seq;
+        let result = match &mapped.stream {
+            None => instance.execute(&mut args, None),
+            Some(stream) => {
+                // SAFETY: a stream this worker made in the context of the device memory it opened, alive
+                // until `mapped` is dropped after the instance; the results are complete when the
+                // synchronisation below returns, before the host is answered and touches them.
+                let raw = unsafe { CudaStream::from_raw(stream.as_ref().as_raw()) };
+                let start = Instant::now();
+                let result = instance.execute(&mut args, raw);
+                let queued = start.elapsed();
+                let result = result
+                    .and_then(|stats| stream.synchronize().map(|()| stats).map_err(DelegateError::from));
+                tracing::debug!(
+                    queue_us = queued.as_secs_f64() * 1e6,
+                    total_us = start.elapsed().as_secs_f64() * 1e6,
+                    "worker execute"
+                );
+                result
             }
-            Ok(()) => return Err(protocol(format!("unexpected message {header:?}"))),
-            Err(err) if err.kind() == io::ErrorKind::UnexpectedEof => return Ok(()),
-            Err(err) => return Err(protocol(err.to_string())),
+        };
+        // An error's message goes over the socket first; the doorbell then says which code it has.
+        if result.is_err() {
+            build_reply(&mut answer, &result).map_err(|err| protocol(err.to_string()))?;
+            send_all(stream.as_fd(), &answer).map_err(|err| protocol(err.to_string()))?;
         }
+        bell.answer(seq, &result);
+    }
+}
+
+/// Whether the host's end of the socket is closed (the host went away without ringing): the host never
+/// writes to it after init, so anything readable is its end of file.
+fn host_gone(socket: BorrowedFd<'_>) -> bool {
+    use rustix::event::{poll, PollFd, PollFlags};
+    let mut fds = [PollFd::new(&socket, PollFlags::IN)];
+    let zero = rustix::event::Timespec { tv_sec: 0, tv_nsec: 0 };
+    match poll(&mut fds, Some(&zero)) {
+        Ok(0) => false,
+        Ok(_) => true,
+        Err(rustix::io::Errno::INTR) => false,
+        Err(_) => true,
     }
 }
 
@@ -628,11 +677,11 @@ fn reply(
     message: &mut Vec<u8>,
     result: Result<ExecStats, DelegateError>,
 ) -> io::Result<()> {
-    build_reply(message, result)?;
+    build_reply(message, &result)?;
     send_all(stream.as_fd(), message)
 }
 
-fn build_reply(message: &mut Vec<u8>, result: Result<ExecStats, DelegateError>) -> io::Result<()> {
+fn build_reply(message: &mut Vec<u8>, result: &Result<ExecStats, DelegateError>) -> io::Result<()> {
     message.clear();
     message.extend_from_slice(&[0; 4]);
     match result {
@@ -705,7 +754,7 @@ struct Mapping {
 }
 
 impl Mapping {
-    fn new(fd: &OwnedFd, len: u64, writable: bool) -> Result<Mapping, DelegateError> {
+    fn new(fd: BorrowedFd<'_>, len: u64, writable: bool) -> Result<Mapping, DelegateError> {
         use rustix::mm::{mmap, MapFlags, ProtFlags};
         let len = usize::try_from(len).map_err(|_| DelegateError::internal("a region larger than memory"))?;
         let size = len.max(1);
@@ -746,7 +795,7 @@ impl Mapped {
                 host_regions + 1
             )));
         }
-        let blob = Mapping::new(&fds[0], request.blob_len, false)?;
+        let blob = Mapping::new(fds[0].as_fd(), request.blob_len, false)?;
         let mut files = fds[1..].iter();
         let mut regions = Vec::with_capacity(request.regions.len());
         let mut stream = None;
@@ -755,7 +804,7 @@ impl Mapped {
                 None => {
                     let fd =
                         files.next().ok_or_else(|| DelegateError::internal("a memory file is missing"))?;
-                    Reached::Host(Mapping::new(fd, region.len, true)?)
+                    Reached::Host(Mapping::new(fd.as_fd(), region.len, true)?)
                 }
                 Some((ordinal, bytes)) => {
                     let bytes: [u8; 64] = bytes
@@ -831,4 +880,17 @@ fn init(request: &InitRequest, mapped: &Mapped) -> Result<(Instance, ArgList<'st
         unsafe { args.push_raw(arg) }.map_err(|err| bad(err.to_string()))?;
     }
     Ok((instance, args))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_worker_sees_its_host_gone_when_the_host_end_of_the_socket_closes() {
+        let (host, worker) = UnixStream::pair().expect("a socket pair");
+        assert!(!host_gone(worker.as_fd()), "a host that is there read as gone");
+        drop(host);
+        assert!(host_gone(worker.as_fd()), "a closed host end read as still there");
+    }
 }

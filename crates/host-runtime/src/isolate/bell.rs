@@ -1,0 +1,381 @@
+//! The doorbell an isolated call rings for each `execute`: one page of memory shared by the host and its
+//! worker, holding a request counter, an answer counter and the answer. Each side spins briefly for the other,
+//! then sleeps on a futex, so a call that is answered quickly crosses without entering the kernel at all,
+//! where a socket round trip costs two wake-ups through it.
+//!
+//! The socket stays: init travels over it, an error's message follows it (rare, and of any length), and its
+//! end of file is how a sleeping worker learns that its host is gone.
+
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use delegate_abi::{DelegateError, ExecStats};
+use rustix::thread::futex;
+
+use super::Mapping;
+
+/// How long the host spins for an answer before it sleeps: a call answered sooner never enters the kernel.
+const HOST_SPIN: Duration = Duration::from_micros(100);
+
+/// How long a worker spins for the next request after answering one: a decode loop's next step usually
+/// comes sooner.
+const WORKER_SPIN: Duration = Duration::from_micros(100);
+
+/// The longest the host sleeps before it looks whether its worker is still alive.
+const HOST_SLICE: Duration = Duration::from_millis(10);
+
+/// The longest a worker sleeps before it looks whether its host is still there.
+const WORKER_SLICE: Duration = Duration::from_millis(50);
+
+/// The shared page's words. Host and worker are the same build (the worker is started by the host), so the
+/// layout is private to this module.
+#[repr(C)]
+struct Words {
+    /// Bumped by the host for each request.
+    request: AtomicU32,
+    /// Set by the worker to the request it has answered.
+    answer: AtomicU32,
+    /// 1 while the worker sleeps (or is about to) on `request`.
+    worker_asleep: AtomicU32,
+    /// 1 while the host sleeps (or is about to) on `answer`.
+    host_asleep: AtomicU32,
+    /// Set by the host before its last ring: the worker is to finish.
+    stop: AtomicU32,
+    /// 0: the call succeeded; otherwise the error's code, whose message follows on the socket.
+    code: AtomicU32,
+    reflect_bytes: AtomicU64,
+    staged_bytes: AtomicU64,
+}
+
+const PAGE: u64 = 4096;
+const _: () = assert!(std::mem::size_of::<Words>() as u64 <= PAGE);
+
+/// One side's mapping of the shared page.
+pub(super) struct Bell {
+    mapping: Mapping,
+    /// This side's spin budget: [`HOST_SPIN`] or [`WORKER_SPIN`], adapted.
+    budget: Budget,
+}
+
+// SAFETY: the mapping is memory of the whole process, unmapped only when the `Bell` is dropped, and it is
+// reached only as `&Words`: atomics, which any thread may use at once (the other process already does).
+unsafe impl Send for Bell {}
+// SAFETY: as for `Send`: every access is through atomics.
+unsafe impl Sync for Bell {}
+
+/// How a ring ended, for the host.
+pub(super) enum Rung {
+    /// The call succeeded.
+    Ok(ExecStats),
+    /// The call failed; its code and message are on the socket.
+    Failed,
+    /// No answer within the deadline.
+    TimedOut,
+    /// The worker is gone.
+    Died,
+}
+
+/// What a waiting worker was woken by.
+pub(super) enum Woken {
+    /// A request, to be answered with this number.
+    Request(u32),
+    /// The host asked it to finish, or went away.
+    Finish,
+}
+
+impl Bell {
+    /// The host's side: a fresh page in a memory file, to be sent to the worker at init.
+    pub(super) fn create() -> Result<(Bell, OwnedFd), DelegateError> {
+        let internal = |what: &str, err: rustix::io::Errno| DelegateError::internal(format!("{what}: {err}"));
+        let fd = rustix::fs::memfd_create("kv-delegate-bell", rustix::fs::MemfdFlags::CLOEXEC)
+            .map_err(|err| internal("cannot make the doorbell's memory file", err))?;
+        rustix::fs::ftruncate(&fd, PAGE).map_err(|err| internal("cannot size the doorbell", err))?;
+        let bell = Bell { mapping: Mapping::new(fd.as_fd(), PAGE, true)?, budget: Budget::new(HOST_SPIN) };
+        Ok((bell, fd))
+    }
+
+    /// The worker's side: the page the host sent.
+    pub(super) fn open(fd: BorrowedFd<'_>) -> Result<Bell, DelegateError> {
+        Ok(Bell { mapping: Mapping::new(fd, PAGE, true)?, budget: Budget::new(WORKER_SPIN) })
+    }
+
+    fn words(&self) -> &Words {
+        // SAFETY: the mapping is one page, page-aligned (as `mmap` returns it), readable and writable, and lives
+        // as long as `self`; `Words` fits in it (asserted above) and is all atomics, for which any bit pattern
+        // is valid (a fresh memory file reads as zeros). The other process touches it only through the same
+        // atomics.
+        unsafe { &*self.mapping.ptr.cast::<Words>() }
+    }
+
+    /// Host: rings for one request and waits for its answer until `deadline` has passed, spinning first, then
+    /// sleeping in slices, asking `alive` after each slice whether the worker is still running.
+    pub(super) fn call(&self, deadline: Duration, mut alive: impl FnMut() -> bool) -> Rung {
+        let words = self.words();
+        let start = Instant::now();
+        let seq = words.request.load(Ordering::Relaxed).wrapping_add(1);
+        words.request.store(seq, Ordering::SeqCst);
+        if words.worker_asleep.load(Ordering::SeqCst) != 0 {
+            wake(&words.request);
+        }
+        let answered = |word: u32| word == seq;
+        if !self.budget.spin(|| answered(words.answer.load(Ordering::Acquire))) {
+            loop {
+                let left = deadline.saturating_sub(start.elapsed());
+                if left.is_zero() {
+                    return Rung::TimedOut;
+                }
+                if sleep(&words.answer, &words.host_asleep, left.min(HOST_SLICE), answered) {
+                    break;
+                }
+                if !alive() {
+                    // It may have answered just before it went.
+                    if answered(words.answer.load(Ordering::Acquire)) {
+                        break;
+                    }
+                    return Rung::Died;
+                }
+            }
+        }
+        the_answer(words)
+    }
+
+    /// Host: asks the worker to finish (it destroys its instance and exits).
+    pub(super) fn finish(&self) {
+        let words = self.words();
+        words.stop.store(1, Ordering::SeqCst);
+        words.request.fetch_add(1, Ordering::SeqCst);
+        wake(&words.request);
+    }
+
+    /// Worker: waits for the request after `last`, spinning first, then sleeping in slices, asking `host_gone`
+    /// after each slice whether the host is still there.
+    pub(super) fn next(&self, last: u32, mut host_gone: impl FnMut() -> bool) -> Woken {
+        let words = self.words();
+        let arrived = |word: u32| word != last;
+        if !self.budget.spin(|| arrived(words.request.load(Ordering::Acquire))) {
+            while !sleep(&words.request, &words.worker_asleep, WORKER_SLICE, arrived) {
+                if host_gone() {
+                    return Woken::Finish;
+                }
+            }
+        }
+        if words.stop.load(Ordering::Acquire) != 0 {
+            return Woken::Finish;
+        }
+        Woken::Request(words.request.load(Ordering::Acquire))
+    }
+
+    /// Worker: answers request `seq` (an error's message is to be on the socket already).
+    pub(super) fn answer(&self, seq: u32, result: &Result<ExecStats, DelegateError>) {
+        let words = self.words();
+        let (code, stats) = match result {
+            Ok(stats) => (0, *stats),
+            // An error with code 0 (`Ok`) would read as success: send it as `Internal`.
+            Err(err) => (err.code.as_u32().max(1), ExecStats::default()),
+        };
+        words.code.store(code, Ordering::Relaxed);
+        words.reflect_bytes.store(stats.reflect_bytes, Ordering::Relaxed);
+        words.staged_bytes.store(stats.staged_bytes, Ordering::Relaxed);
+        words.answer.store(seq, Ordering::SeqCst);
+        if words.host_asleep.load(Ordering::SeqCst) != 0 {
+            wake(&words.answer);
+        }
+    }
+}
+
+/// The answer the worker left in the page (read after its `answer` word was seen with `Acquire`).
+fn the_answer(words: &Words) -> Rung {
+    match words.code.load(Ordering::Relaxed) {
+        0 => Rung::Ok(ExecStats {
+            reflect_bytes: words.reflect_bytes.load(Ordering::Relaxed),
+            staged_bytes: words.staged_bytes.load(Ordering::Relaxed),
+        }),
+        _ => Rung::Failed,
+    }
+}
+
+/// Spins until `done` or `budget` has passed; whether it is done.
+fn spin(budget: Duration, done: impl Fn() -> bool) -> bool {
+    let start = Instant::now();
+    loop {
+        for _ in 0..64 {
+            if done() {
+                return true;
+            }
+            std::hint::spin_loop();
+        }
+        if start.elapsed() >= budget {
+            return done();
+        }
+    }
+}
+
+/// One side's spin budget, adapted to how the last waits went. While spinning pays off (the other side runs
+/// on a core of its own and answers within the budget) the full budget; once it did not, no spinning at all
+/// (the two may share a core on a loaded machine, where spinning only keeps the other side from running), with
+/// a short probe every [`Budget::PROBE_EVERY`] waits to find out whether it pays off again.
+struct Budget {
+    full: Duration,
+    /// The budget of the next wait, in microseconds.
+    micros: AtomicU32,
+    /// Waits since the budget went to zero.
+    idle: AtomicU32,
+}
+
+impl Budget {
+    const PROBE: Duration = Duration::from_micros(10);
+    const PROBE_EVERY: u32 = 32;
+
+    fn new(full: Duration) -> Budget {
+        Budget { full, micros: AtomicU32::new(micros(full)), idle: AtomicU32::new(0) }
+    }
+
+    /// Spins for `done` within the budget, then adapts it.
+    fn spin(&self, done: impl Fn() -> bool) -> bool {
+        let budget = Duration::from_micros(u64::from(self.micros.load(Ordering::Relaxed)));
+        let hit = spin(budget, done);
+        let next = if hit {
+            self.full
+        } else if budget.is_zero() && self.idle.fetch_add(1, Ordering::Relaxed) + 1 >= Budget::PROBE_EVERY {
+            self.idle.store(0, Ordering::Relaxed);
+            Budget::PROBE
+        } else {
+            Duration::ZERO
+        };
+        self.micros.store(micros(next), Ordering::Relaxed);
+        hit
+    }
+}
+
+fn micros(d: Duration) -> u32 {
+    u32::try_from(d.as_micros()).unwrap_or(u32::MAX)
+}
+
+/// Sleeps on `word` until `done` holds for it or `slice` has passed, with `asleep` raised so that the other
+/// side, having moved the word, knows to wake the sleeper. Whether `done` holds.
+fn sleep(word: &AtomicU32, asleep: &AtomicU32, slice: Duration, done: impl Fn(u32) -> bool) -> bool {
+    // Raised before the word is read, lowered after: the other side moves the word before it reads `asleep`
+    // (all `SeqCst`), so either this side sees the word moved or that side sees it asleep and wakes it.
+    asleep.store(1, Ordering::SeqCst);
+    let current = word.load(Ordering::SeqCst);
+    if !done(current) {
+        let timeout = futex::Timespec {
+            tv_sec: i64::try_from(slice.as_secs()).unwrap_or(i64::MAX),
+            tv_nsec: i64::from(slice.subsec_nanos()),
+        };
+        // EAGAIN (the word moved before the kernel looked), EINTR and ETIMEDOUT all return here; the word is
+        // looked at again below.
+        let _ = futex::wait(word, futex::Flags::empty(), current, Some(&timeout));
+    }
+    asleep.store(0, Ordering::SeqCst);
+    done(word.load(Ordering::Acquire))
+}
+
+fn wake(word: &AtomicU32) {
+    // Not `PRIVATE`: the word is in memory shared with another process.
+    let _ = futex::wake(word, futex::Flags::empty(), 1);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A host bell and a worker bell over the same page: two mappings of one memory file, as the two
+    /// processes have them.
+    fn pair() -> (Bell, Bell) {
+        let (host, file) = Bell::create().expect("a doorbell");
+        let worker = Bell::open(file.as_fd()).expect("the worker's mapping");
+        (host, worker)
+    }
+
+    fn stats(n: u64) -> ExecStats {
+        ExecStats { reflect_bytes: n, staged_bytes: 2 * n }
+    }
+
+    #[test]
+    fn each_call_gets_the_answer_to_its_own_request_whether_the_sides_spin_or_sleep() {
+        let (host, worker) = pair();
+        let served = std::thread::spawn(move || {
+            let mut last = 0;
+            let mut answered = 0u64;
+            loop {
+                match worker.next(last, || false) {
+                    Woken::Finish => return answered,
+                    Woken::Request(seq) => {
+                        last = seq;
+                        answered += 1;
+                        // Every fourth call outlasts both spin budgets, so both sides also sleep.
+                        if answered % 4 == 0 {
+                            std::thread::sleep(Duration::from_millis(1));
+                        }
+                        worker.answer(seq, &Ok(stats(answered)));
+                    }
+                }
+            }
+        });
+        for n in 1..=200u64 {
+            match host.call(Duration::from_secs(10), || true) {
+                Rung::Ok(got) => assert_eq!(got, stats(n), "call {n} got another call's answer"),
+                _ => panic!("call {n} was not answered"),
+            }
+            if n % 50 == 0 {
+                // The worker has gone to sleep on its futex by now: the next ring must wake it.
+                std::thread::sleep(Duration::from_millis(60));
+            }
+        }
+        host.finish();
+        assert_eq!(served.join().expect("the worker thread"), 200);
+    }
+
+    #[test]
+    fn a_failed_call_says_so_and_an_error_coded_ok_is_not_success() {
+        let (host, worker) = pair();
+        let served = std::thread::spawn(move || {
+            let errors = [
+                DelegateError::invalid_argument("bad"),
+                DelegateError::new(delegate_abi::ErrorCode::Ok, "an error that says Ok"),
+            ];
+            let mut last = 0;
+            for err in errors {
+                let Woken::Request(seq) = worker.next(last, || false) else { panic!("finished early") };
+                last = seq;
+                worker.answer(seq, &Err(err));
+            }
+        });
+        for _ in 0..2 {
+            assert!(matches!(host.call(Duration::from_secs(10), || true), Rung::Failed));
+        }
+        served.join().expect("the worker thread");
+    }
+
+    #[test]
+    fn an_unanswered_call_times_out_at_its_deadline_and_a_dead_worker_is_noticed() {
+        let (host, _worker) = pair();
+        let start = Instant::now();
+        assert!(matches!(host.call(Duration::from_millis(50), || true), Rung::TimedOut));
+        assert!(start.elapsed() >= Duration::from_millis(50));
+        let start = Instant::now();
+        assert!(matches!(host.call(Duration::from_secs(60), || false), Rung::Died));
+        assert!(start.elapsed() < Duration::from_secs(10), "a dead worker was waited for until the deadline");
+    }
+
+    #[test]
+    fn a_sleeping_worker_finishes_when_asked_or_when_its_host_is_gone() {
+        let (host, worker) = pair();
+        let waiting = std::thread::spawn(move || matches!(worker.next(0, || false), Woken::Finish));
+        std::thread::sleep(Duration::from_millis(20));
+        host.finish();
+        assert!(waiting.join().expect("the worker thread"), "a finish rang as a request");
+
+        let (_host, worker) = pair();
+        let gone = std::sync::atomic::AtomicBool::new(false);
+        std::thread::scope(|scope| {
+            let waiting =
+                scope.spawn(|| matches!(worker.next(0, || gone.load(Ordering::SeqCst)), Woken::Finish));
+            std::thread::sleep(Duration::from_millis(20));
+            gone.store(true, Ordering::SeqCst);
+            assert!(waiting.join().expect("the worker thread"));
+        });
+    }
+}
