@@ -4,6 +4,8 @@
 #
 #   bash target/gpu-bundle/run.sh test    # every GPU test; a missing GPU fails them (KV_REQUIRE_GPU=1)
 #   bash target/gpu-bundle/run.sh bench   # the side-by-side benchmark, ours and PyTorch's; JSON to $OUT
+#   bash target/gpu-bundle/run.sh isolated  # only the isolated-plugin runs and benches, then again under
+#                                           # the CUDA Multi-Process Service when the machine has it
 set -uo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 cd "$here"
@@ -43,7 +45,13 @@ PY
       done
     done
   done
-  echo "== isolated CUDA delegate: a worker process, device caches over CUDA IPC"
+  run_isolated
+}
+
+# The CUDA delegate in a worker process (device caches over CUDA IPC) against in-process: tokens, bytes per
+# step, and host time per step. Needs `$out/program-{a,b}` and their in-process `run-*-zero-copy.json`.
+run_isolated() {
+  echo "== isolated CUDA delegate${1:+ ($1)}: a worker process, device caches over CUDA IPC"
   iso="$out/isolated-plugins"
   mkdir -p "$iso" && cp libcuda_delegate_dylib.so "$iso/"
   ./delegate-host plugin-manifest --isolate "$iso/libcuda_delegate_dylib.so" > /dev/null || status=1
@@ -68,6 +76,30 @@ for m in json.load(open(sys.argv[1]))["modes"]:
 PY
     done
   done
+}
+
+# The isolated runs alone, then under MPS (the CUDA Multi-Process Service lets the host's and the worker's
+# contexts share the GPU without time-slicing it between processes). The daemon is this run's own (its pipe
+# and log folders under $out) and is stopped at the end; the GPU's settings are not touched.
+run_isolated_only() {
+  for cfg in a b; do
+    dir="$out/program-$cfg"
+    ./export-example "$cfg" "$dir" --backend cuda --memory device > /dev/null || status=1
+    ./delegate-host run "$dir/program.toml" --json > "$out/run-$cfg-zero-copy.json" 2> "$out/run-$cfg.err" || { status=1; cat "$out/run-$cfg.err"; }
+  done
+  run_isolated
+  if command -v nvidia-cuda-mps-control > /dev/null; then
+    export CUDA_MPS_PIPE_DIRECTORY="$out/mps/pipe" CUDA_MPS_LOG_DIRECTORY="$out/mps/log"
+    mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
+    if nvidia-cuda-mps-control -d; then
+      run_isolated "under MPS"
+      echo quit | nvidia-cuda-mps-control
+    else
+      echo "== MPS: the daemon did not start"
+    fi
+  else
+    echo "== MPS: nvidia-cuda-mps-control is not on this machine"
+  fi
 }
 
 run_bench() {
@@ -105,7 +137,8 @@ PY
 case "${1:-test}" in
   test) run_tests ;;
   bench) run_bench ;;
-  *) echo "usage: run.sh test|bench" >&2; exit 2 ;;
+  isolated) run_isolated_only ;;
+  *) echo "usage: run.sh test|bench|isolated" >&2; exit 2 ;;
 esac
 if [ -n "${OUT:-}" ]; then
   tar czf "$OUT/results-${1:-test}.tgz" --exclude='program-*' -C "$out" .

@@ -1,7 +1,7 @@
 //! The doorbell an isolated call rings for each `execute`: one page of memory shared by the host and its
-//! worker, holding a request counter, an answer counter and the answer. Each side spins briefly for the other,
-//! then sleeps on a futex, so a call that is answered quickly crosses without entering the kernel at all,
-//! where a socket round trip costs two wake-ups through it.
+//! worker, holding a request counter, an answer counter and the answer. Each side spins briefly for the other
+//! while that pays off ([`Budget`]), then sleeps on a futex, so a call answered quickly crosses without
+//! entering the kernel at all, where a socket round trip costs two wake-ups through it.
 //!
 //! The socket stays: init travels over it, an error's message follows it (rare, and of any length), and its
 //! end of file is how a sleeping worker learns that its host is gone.
@@ -16,11 +16,11 @@ use rustix::thread::futex;
 use super::Mapping;
 
 /// How long the host spins for an answer before it sleeps: a call answered sooner never enters the kernel.
-const HOST_SPIN: Duration = Duration::from_micros(100);
+const HOST_SPIN: Duration = Duration::from_micros(50);
 
 /// How long a worker spins for the next request after answering one: a decode loop's next step usually
 /// comes sooner.
-const WORKER_SPIN: Duration = Duration::from_micros(100);
+const WORKER_SPIN: Duration = Duration::from_micros(50);
 
 /// The longest the host sleeps before it looks whether its worker is still alive.
 const HOST_SLICE: Duration = Duration::from_millis(10);
@@ -44,6 +44,8 @@ struct Words {
     stop: AtomicU32,
     /// 0: the call succeeded; otherwise the error's code, whose message follows on the socket.
     code: AtomicU32,
+    /// The CPU the host ran on when it made the page, plus one (0: unknown).
+    host_cpu: AtomicU32,
     reflect_bytes: AtomicU64,
     staged_bytes: AtomicU64,
 }
@@ -92,12 +94,19 @@ impl Bell {
             .map_err(|err| internal("cannot make the doorbell's memory file", err))?;
         rustix::fs::ftruncate(&fd, PAGE).map_err(|err| internal("cannot size the doorbell", err))?;
         let bell = Bell { mapping: Mapping::new(fd.as_fd(), PAGE, true)?, budget: Budget::new(HOST_SPIN) };
+        let cpu = u32::try_from(rustix::thread::sched_getcpu()).map_or(0, |cpu| cpu.saturating_add(1));
+        bell.words().host_cpu.store(cpu, Ordering::Relaxed);
         Ok((bell, fd))
     }
 
-    /// The worker's side: the page the host sent.
+    /// The worker's side: the page the host sent. A worker starts on its host's CPU (where it was forked);
+    /// it steps off it, so that the two spin on CPUs of their own.
     pub(super) fn open(fd: BorrowedFd<'_>) -> Result<Bell, DelegateError> {
-        Ok(Bell { mapping: Mapping::new(fd, PAGE, true)?, budget: Budget::new(WORKER_SPIN) })
+        let bell = Bell { mapping: Mapping::new(fd, PAGE, true)?, budget: Budget::new(WORKER_SPIN) };
+        if let Some(cpu) = bell.words().host_cpu.load(Ordering::Relaxed).checked_sub(1) {
+            step_off(cpu as usize);
+        }
+        Ok(bell)
     }
 
     fn words(&self) -> &Words {
@@ -184,6 +193,22 @@ impl Bell {
     }
 }
 
+/// Moves this thread off `cpu` when it may run elsewhere, then gives its affinity back: the scheduler is
+/// left free to place it from then on (nothing stays pinned), but a worker forked beside its host and then
+/// spinning for it does not wait for the scheduler to notice two busy tasks on one CPU.
+fn step_off(cpu: usize) {
+    use rustix::thread::{sched_getaffinity, sched_setaffinity};
+    let Ok(allowed) = sched_getaffinity(None) else { return };
+    if allowed.count() < 2 || !allowed.is_set(cpu) || rustix::thread::sched_getcpu() != cpu {
+        return;
+    }
+    let mut elsewhere = allowed;
+    elsewhere.unset(cpu);
+    if sched_setaffinity(None, &elsewhere).is_ok() {
+        let _ = sched_setaffinity(None, &allowed);
+    }
+}
+
 /// The answer the worker left in the page (read after its `answer` word was seen with `Acquire`).
 fn the_answer(words: &Words) -> Rung {
     match words.code.load(Ordering::Relaxed) {
@@ -211,45 +236,34 @@ fn spin(budget: Duration, done: impl Fn() -> bool) -> bool {
     }
 }
 
-/// One side's spin budget, adapted to how the last waits went. While spinning pays off (the other side runs
-/// on a core of its own and answers within the budget) the full budget; once it did not, no spinning at all
-/// (the two may share a core on a loaded machine, where spinning only keeps the other side from running), with
-/// a short probe every [`Budget::PROBE_EVERY`] waits to find out whether it pays off again.
+/// One side's spin budget, adapted to how the last waits went. Spinning pays off when the two sides run on
+/// cores of their own: an answer then crosses in well under a microsecond. When they share a core (a loaded
+/// machine, or the scheduler placing a woken worker beside its host) it only keeps the other side from
+/// running; but it is also what lets the scheduler see two busy tasks on one core and move one away. So a side
+/// keeps its full budget through [`Budget::PATIENCE`] misses in a row, then stops spinning, with a full spin
+/// every [`Budget::PROBE_EVERY`] waits to find out whether it pays off again.
 struct Budget {
     full: Duration,
-    /// The budget of the next wait, in microseconds.
-    micros: AtomicU32,
-    /// Waits since the budget went to zero.
-    idle: AtomicU32,
+    /// Misses in a row, and waits since the last probe once spinning has stopped.
+    misses: AtomicU32,
 }
 
 impl Budget {
-    const PROBE: Duration = Duration::from_micros(10);
-    const PROBE_EVERY: u32 = 32;
+    const PATIENCE: u32 = 8;
+    const PROBE_EVERY: u32 = 64;
 
     fn new(full: Duration) -> Budget {
-        Budget { full, micros: AtomicU32::new(micros(full)), idle: AtomicU32::new(0) }
+        Budget { full, misses: AtomicU32::new(0) }
     }
 
     /// Spins for `done` within the budget, then adapts it.
     fn spin(&self, done: impl Fn() -> bool) -> bool {
-        let budget = Duration::from_micros(u64::from(self.micros.load(Ordering::Relaxed)));
-        let hit = spin(budget, done);
-        let next = if hit {
-            self.full
-        } else if budget.is_zero() && self.idle.fetch_add(1, Ordering::Relaxed) + 1 >= Budget::PROBE_EVERY {
-            self.idle.store(0, Ordering::Relaxed);
-            Budget::PROBE
-        } else {
-            Duration::ZERO
-        };
-        self.micros.store(micros(next), Ordering::Relaxed);
+        let misses = self.misses.load(Ordering::Relaxed);
+        let spinning = misses < Budget::PATIENCE || (misses - Budget::PATIENCE) % Budget::PROBE_EVERY == 0;
+        let hit = spin(if spinning { self.full } else { Duration::ZERO }, done);
+        self.misses.store(if hit { 0 } else { misses.saturating_add(1) }, Ordering::Relaxed);
         hit
     }
-}
-
-fn micros(d: Duration) -> u32 {
-    u32::try_from(d.as_micros()).unwrap_or(u32::MAX)
 }
 
 /// Sleeps on `word` until `done` holds for it or `slice` has passed, with `asleep` raised so that the other
