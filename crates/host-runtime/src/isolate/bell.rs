@@ -44,7 +44,7 @@ struct Words {
     stop: AtomicU32,
     /// 0: the call succeeded; otherwise the error's code, whose message follows on the socket.
     code: AtomicU32,
-    /// The CPU the host ran on when it made the page, plus one (0: unknown).
+    /// The CPU the host last rang from, plus one (0: unknown).
     host_cpu: AtomicU32,
     reflect_bytes: AtomicU64,
     staged_bytes: AtomicU64,
@@ -58,6 +58,8 @@ pub(super) struct Bell {
     mapping: Mapping,
     /// This side's spin budget: [`HOST_SPIN`] or [`WORKER_SPIN`], adapted.
     budget: Budget,
+    /// Worker: how often it was woken from sleep (it looks whether it shares its host's CPU every so often).
+    wakes: AtomicU32,
 }
 
 // SAFETY: the mapping is memory of the whole process, unmapped only when the `Bell` is dropped, and it is
@@ -93,19 +95,24 @@ impl Bell {
         let fd = rustix::fs::memfd_create("kv-delegate-bell", rustix::fs::MemfdFlags::CLOEXEC)
             .map_err(|err| internal("cannot make the doorbell's memory file", err))?;
         rustix::fs::ftruncate(&fd, PAGE).map_err(|err| internal("cannot size the doorbell", err))?;
-        let bell = Bell { mapping: Mapping::new(fd.as_fd(), PAGE, true)?, budget: Budget::new(HOST_SPIN) };
-        let cpu = u32::try_from(rustix::thread::sched_getcpu()).map_or(0, |cpu| cpu.saturating_add(1));
-        bell.words().host_cpu.store(cpu, Ordering::Relaxed);
+        let bell = Bell {
+            mapping: Mapping::new(fd.as_fd(), PAGE, true)?,
+            budget: Budget::new(HOST_SPIN),
+            wakes: AtomicU32::new(0),
+        };
+        bell.words().host_cpu.store(this_cpu(), Ordering::Relaxed);
         Ok((bell, fd))
     }
 
     /// The worker's side: the page the host sent. A worker starts on its host's CPU (where it was forked);
     /// it steps off it, so that the two spin on CPUs of their own.
     pub(super) fn open(fd: BorrowedFd<'_>) -> Result<Bell, DelegateError> {
-        let bell = Bell { mapping: Mapping::new(fd, PAGE, true)?, budget: Budget::new(WORKER_SPIN) };
-        if let Some(cpu) = bell.words().host_cpu.load(Ordering::Relaxed).checked_sub(1) {
-            step_off(cpu as usize);
-        }
+        let bell = Bell {
+            mapping: Mapping::new(fd, PAGE, true)?,
+            budget: Budget::new(WORKER_SPIN),
+            wakes: AtomicU32::new(0),
+        };
+        bell.step_off_host();
         Ok(bell)
     }
 
@@ -123,6 +130,7 @@ impl Bell {
         let words = self.words();
         let start = Instant::now();
         let seq = words.request.load(Ordering::Relaxed).wrapping_add(1);
+        words.host_cpu.store(this_cpu(), Ordering::Relaxed);
         words.request.store(seq, Ordering::SeqCst);
         if words.worker_asleep.load(Ordering::SeqCst) != 0 {
             wake(&words.request);
@@ -168,11 +176,23 @@ impl Bell {
                     return Woken::Finish;
                 }
             }
+            // Woken from sleep, perhaps onto its host's CPU (the scheduler likes to keep a pair that wakes each
+            // other together), where neither side's spin can pay off: now and then, step off it.
+            if self.wakes.fetch_add(1, Ordering::Relaxed) % Budget::PROBE_EVERY == 0 {
+                self.step_off_host();
+            }
         }
         if words.stop.load(Ordering::Acquire) != 0 {
             return Woken::Finish;
         }
         Woken::Request(words.request.load(Ordering::Acquire))
+    }
+
+    /// Worker: moves off the CPU its host last rang from, if it is on it.
+    fn step_off_host(&self) {
+        if let Some(cpu) = self.words().host_cpu.load(Ordering::Relaxed).checked_sub(1) {
+            step_off(cpu as usize);
+        }
     }
 
     /// Worker: answers request `seq` (an error's message is to be on the socket already).
@@ -191,6 +211,11 @@ impl Bell {
             wake(&words.answer);
         }
     }
+}
+
+/// The CPU this thread runs on, plus one (0 is "unknown" in the page).
+fn this_cpu() -> u32 {
+    u32::try_from(rustix::thread::sched_getcpu()).map_or(0, |cpu| cpu.saturating_add(1))
 }
 
 /// Moves this thread off `cpu` when it may run elsewhere, then gives its affinity back: the scheduler is
