@@ -116,3 +116,70 @@ fn the_worker_refuses_to_run_without_a_host() {
     let line = one_line_error(&run(host().arg("worker")));
     assert!(line.contains("descriptor 3 is not a socket"), "{line}");
 }
+
+/// The processes whose parent is `parent`, from `/proc`.
+fn children_of(parent: u32) -> Vec<u32> {
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir("/proc").expect("/proc").flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else { continue };
+        let Ok(stat) = std::fs::read_to_string(entry.path().join("stat")) else { continue };
+        // `pid (comm) state ppid ...`: the command name may hold spaces and parentheses, the rest does not.
+        let after = stat.rsplit_once(')').map_or("", |(_, rest)| rest);
+        if after.split_whitespace().nth(1).and_then(|p| p.parse::<u32>().ok()) == Some(parent) {
+            found.push(pid);
+        }
+    }
+    found
+}
+
+/// Whether `pid` still runs (a zombie has ended: it waits only to be reaped by whoever adopted it).
+fn running(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|stat| stat.rsplit_once(')').map(|(_, rest)| rest.trim_start().starts_with('Z')))
+        .is_some_and(|zombie| !zombie)
+}
+
+#[test]
+fn a_worker_stuck_in_its_plugin_ends_when_its_host_is_killed() {
+    let plugins = plugin_dir("misbehave_delegate", false);
+    let (_dir, program) = example();
+    let mut host = host()
+        .arg("run")
+        .arg(&program)
+        .arg("--plugin-dir")
+        .arg(plugins.path())
+        .args(["--isolate", "--deadline-ms", "600000"])
+        .env_remove("DELEGATE_PLUGIN_PATH")
+        .env("MISBEHAVE", "hang")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("delegate-host starts");
+    // One worker per isolated call: the prefill's hangs in the plugin, the decode's waits for its first request.
+    let give_up = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    let workers = loop {
+        let workers = children_of(host.id());
+        if workers.len() == 2 {
+            break workers;
+        }
+        assert!(std::time::Instant::now() < give_up, "the host started {} workers, not 2", workers.len());
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    };
+    // Into the prefill's first `execute`, where the plugin hangs (the deadline is ten minutes away).
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    assert!(workers.iter().all(|&w| running(w)), "a worker ended before its host did");
+    host.kill().expect("kill the host");
+    host.wait().expect("reap the host");
+    let give_up = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    for worker in workers {
+        while running(worker) {
+            if std::time::Instant::now() >= give_up {
+                // Not left behind by a failing test.
+                let _ = std::process::Command::new("kill").args(["-9", &worker.to_string()]).status();
+                panic!("worker {worker} outlived its killed host by 10 s");
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+    }
+}

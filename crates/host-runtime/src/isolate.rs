@@ -579,7 +579,9 @@ pub fn serve(socket: OwnedFd) -> Result<(), WorkerError> {
     }
     let mut fds = fds;
     let bell = fds.pop().ok_or_else(|| protocol("init came without its doorbell".to_owned()))?;
-    let bell = Bell::open(bell.as_fd()).map_err(|err| protocol(err.to_string()))?;
+    let bell = Arc::new(Bell::open(bell.as_fd()).map_err(|err| protocol(err.to_string()))?);
+    watch_host(&stream, Arc::clone(&bell))
+        .map_err(|err| protocol(format!("cannot watch the host: {err}")))?;
     // Declared first, dropped last: the instance and its argument list go before the memory they use.
     let mapped = match Mapped::new(&request, fds) {
         Ok(mapped) => mapped,
@@ -632,6 +634,28 @@ pub fn serve(socket: OwnedFd) -> Result<(), WorkerError> {
         }
         bell.answer(seq, &result);
     }
+}
+
+/// Starts the thread that ends this worker when its host goes away without asking it to finish (killed or
+/// crashed): the main thread may be stuck inside the plugin, where nothing else would notice, and a worker
+/// must not outlive its host. A host that stops its worker rings `finish` before it closes the socket; the
+/// main thread then destroys the instance and exits in its own time.
+fn watch_host(socket: &UnixStream, bell: Arc<Bell>) -> io::Result<()> {
+    let mut watch = socket.try_clone()?;
+    std::thread::Builder::new().name("host-watch".to_owned()).spawn(move || {
+        // The host writes nothing after init: a read returns at its end of file (or on a broken protocol).
+        let mut byte = [0u8; 1];
+        while let Err(err) = watch.read(&mut byte) {
+            if err.kind() != io::ErrorKind::Interrupted {
+                break;
+            }
+        }
+        if !bell.finishing() {
+            use rustix::process::{getpid, kill_process, Signal};
+            let _ = kill_process(getpid(), Signal::KILL);
+        }
+    })?;
+    Ok(())
 }
 
 /// Whether the host's end of the socket is closed (the host went away without ringing): the host never

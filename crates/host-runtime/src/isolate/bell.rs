@@ -165,6 +165,11 @@ impl Bell {
         wake(&words.request);
     }
 
+    /// Worker: whether the host has asked it to finish.
+    pub(super) fn finishing(&self) -> bool {
+        self.words().stop.load(Ordering::SeqCst) != 0
+    }
+
     /// Worker: waits for the request after `last`, spinning first, then sleeping in slices, asking `host_gone`
     /// after each slice whether the host is still there.
     pub(super) fn next(&self, last: u32, mut host_gone: impl FnMut() -> bool) -> Woken {
