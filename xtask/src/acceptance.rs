@@ -34,6 +34,8 @@ fn borrowed(caches: &[(Vec<f32>, Vec<f32>)]) -> Vec<(&[f32], &[f32])> {
 }
 
 fn load(program: &Path, plugin_dirs: &[PathBuf], mode: Mode) -> anyhow::Result<Program> {
+    // Manifests only: a library is opened only when the program needs its backend, and only once its bytes
+    // match its manifest (a build directory also holds fixtures that abort when opened).
     let registry = Registry::discover(plugin_dirs, false, false);
     let manifest = Manifest::load(program)?;
     Ok(Program::load(manifest, &registry, mode)?)
@@ -182,21 +184,28 @@ pub fn run(
 mod tests {
     use super::*;
 
-    /// A directory holding only the built reference plugin dylib (the run probes every library in it, and
-    /// the build directory also holds fixtures that abort when loaded).
+    fn dylib(stem: &str) -> String {
+        format!("{}{stem}{}", std::env::consts::DLL_PREFIX, std::env::consts::DLL_SUFFIX)
+    }
+
+    /// A directory as a build directory is: the built reference plugin dylib with its manifest, beside the
+    /// crash-on-load fixture without one (it aborts the process that opens it, so the check must discover
+    /// by manifests, as `cargo xtask demo` does after `cargo build --release --workspace`).
     fn plugin_dir() -> tempfile::TempDir {
-        let library = format!(
-            "{}reference_delegate_dylib{}",
-            std::env::consts::DLL_PREFIX,
-            std::env::consts::DLL_SUFFIX
-        );
         let dir = tempfile::tempdir().expect("temp dir");
-        std::fs::copy(built_plugin_dir().join(&library), dir.path().join(&library)).expect("built plugin");
+        for stem in ["reference_delegate_dylib", "crash_on_load"] {
+            std::fs::copy(built_plugin_dir().join(dylib(stem)), dir.path().join(dylib(stem))).expect("built");
+        }
+        let library = dir.path().join(dylib("reference_delegate_dylib"));
+        let manifest =
+            host_runtime::plugins::describe_library(&library, &Default::default()).expect("describes");
+        std::fs::write(host_runtime::plugin_manifest::PluginManifest::path_for(&library), manifest.to_json())
+            .expect("write manifest");
         dir
     }
 
-    /// Where the reference plugin dylib is built: `cargo xtask test` builds it and says where; a plain
-    /// `cargo test` builds it here into a separate target dir (the outer cargo holds the main one).
+    /// Where the plugin dylibs are built: `cargo xtask test` builds them and says where; a plain `cargo test`
+    /// builds them here into a separate target dir (the outer cargo holds the main one).
     fn built_plugin_dir() -> PathBuf {
         if let Some(dir) = std::env::var_os("DELEGATE_TEST_PLUGIN_DIR") {
             return dir.into();
@@ -204,7 +213,7 @@ mod tests {
         let root = crate::util::project_root();
         let target = root.join("target").join("plugin-tests");
         let status = crate::util::cargo()
-            .args(["build", "-q", "-p", "reference-delegate-dylib", "--target-dir"])
+            .args(["build", "-q", "-p", "reference-delegate-dylib", "-p", "crash-on-load", "--target-dir"])
             .arg(&target)
             .current_dir(&root)
             .status()

@@ -39,6 +39,8 @@ pub fn run(root: &Path) -> anyhow::Result<()> {
             "-p",
             "misbehave-delegate",
             "-p",
+            "panic-on-info",
+            "-p",
             "tensorrt-delegate-dylib",
             "-p",
             "delegate-host",
@@ -46,7 +48,8 @@ pub fn run(root: &Path) -> anyhow::Result<()> {
     )?;
     let plugin_dir = target_dir(root)?.join("debug");
     // Manifests for the plugins that load (abi-test-future speaks an ABI this host does not, crash-on-load
-    // aborts when opened: those stay without one), written from the libraries just built.
+    // aborts and panic-on-info panics when opened: those stay without one, so no default discovery of this
+    // directory ever opens them), written from the libraries just built.
     let host = plugin_dir.join(format!("delegate-host{}", std::env::consts::EXE_SUFFIX));
     let stems = ["reference_delegate_dylib", "abi_test", "tensorrt_delegate_dylib"];
     write_plugin_manifests(&plugin_dir, &host, &stems, |cmd| {

@@ -141,6 +141,51 @@ impl<'a> Blob<'a> {
     }
 }
 
+/// A blob's header read without its engine ([`parse_header`]): what a tool that shows a blob needs, read from
+/// the blob's first bytes whatever the engine's size.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct HeaderOnly {
+    /// The wire format and version the blob was read from.
+    pub format: Format,
+    /// Everything the blob records besides the engine.
+    pub header: Header,
+    /// The engine's byte offset in the blob.
+    pub engine_offset: u64,
+    /// The engine's size in bytes (checked to lie inside the blob, never read).
+    pub engine_size: u64,
+}
+
+/// How many of a blob's first bytes hold everything [`parse_header`] reads (the prefix and the header or
+/// metadata), from `first`, the blob's first [`HEADER_EXTENT_BYTES`] bytes (or the whole blob when it is
+/// shorter). A reader reads that many bytes, at most the file's length, and parses them.
+///
+/// # Errors
+/// As [`Blob::parse`] for a blob whose first bytes are wrong; an upstream metadata size above
+/// [`upstream::MAX_METADATA_BYTES`] is refused here, before it is read.
+pub fn header_extent(first: &[u8]) -> Result<u64, Error> {
+    match detect(first)? {
+        Format::Native { .. } => native::header_extent(first),
+        Format::Tr01 | Format::Tr02 => upstream::header_extent(first),
+    }
+}
+
+/// The bytes [`header_extent`] needs to see: the longest fixed prefix (32).
+pub const HEADER_EXTENT_BYTES: usize = 32;
+
+/// [`Blob::parse`] without the engine: `head` is the blob's first bytes (at least [`header_extent`] of them,
+/// or the whole blob), `blob_len` the blob's whole length. Every check `Blob::parse` makes is made (the
+/// engine's extent against `blob_len`) except [`Blob::verify_payload`]'s, which reads the engine.
+///
+/// # Errors
+/// As [`Blob::parse`]; [`Error::Truncated`] when `head` ends before the header does.
+pub fn parse_header(head: &[u8], blob_len: u64) -> Result<HeaderOnly, Error> {
+    match detect(head)? {
+        Format::Native { .. } => native::parse_header(head, blob_len),
+        Format::Tr01 | Format::Tr02 => upstream::parse_header(head, blob_len),
+    }
+}
+
 impl std::fmt::Debug for Blob<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Blob")

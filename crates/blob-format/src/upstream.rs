@@ -84,32 +84,48 @@ struct JsonAlias {
 /// malformed-blob errors ([`Error::Truncated`], [`Error::OutOfBounds`], [`Error::ExtentOverflow`],
 /// [`Error::Layout`], [`Error::MetadataUtf8`], [`Error::MetadataJson`], [`Error::InvalidField`]).
 pub fn parse(bytes: &[u8]) -> Result<Blob<'_>, Error> {
-    let format = match crate::detect(bytes)? {
+    let parts = parse_header(bytes, bytes.len() as u64)?;
+    // `parse_header` checked the engine's extent against the blob's length, which is `bytes.len()`.
+    let index = |at: u64| usize::try_from(at).expect("bounded by the slice length");
+    let engine = &bytes[index(parts.engine_offset)..index(parts.engine_offset + parts.engine_size)];
+    Ok(Blob {
+        format: parts.format,
+        header: parts.header,
+        engine,
+        engine_offset: parts.engine_offset,
+        payload_xxh3: None,
+    })
+}
+
+/// The fixed prefix's extents: `(metadata_offset, metadata_size, engine_offset, engine_size)`.
+fn extents(first: &[u8]) -> Result<(Format, [u64; 4]), Error> {
+    let format = match crate::detect(first)? {
         format @ (Format::Tr01 | Format::Tr02) => format,
-        Format::Native { .. } => return Err(crate::unknown_magic(bytes)),
+        Format::Native { .. } => return Err(crate::unknown_magic(first)),
     };
     let prefix: &[u8; PREFIX_LEN] =
-        bytes.get(..PREFIX_LEN).and_then(|p| p.try_into().ok()).ok_or(Error::Truncated {
+        first.get(..PREFIX_LEN).and_then(|p| p.try_into().ok()).ok_or(Error::Truncated {
             what: "TR01/TR02 prefix",
             need: PREFIX_LEN as u64,
-            len: bytes.len() as u64,
+            len: first.len() as u64,
         })?;
     let u32_at = |at: usize| {
         u64::from(u32::from_le_bytes([prefix[at], prefix[at + 1], prefix[at + 2], prefix[at + 3]]))
     };
-    let metadata_offset = u32_at(4);
-    let metadata_size = u32_at(8);
-    let engine_offset = u32_at(12);
     let mut engine_size = [0u8; 8];
     engine_size.copy_from_slice(&prefix[16..24]);
-    let engine_size = u64::from_le_bytes(engine_size);
-    let blob_len = bytes.len() as u64;
+    Ok((format, [u32_at(4), u32_at(8), u32_at(12), u64::from_le_bytes(engine_size)]))
+}
 
-    if metadata_offset < PREFIX_LEN as u64 {
-        return Err(Error::Layout {
-            problem: format!("metadata_offset {metadata_offset} lies inside the {PREFIX_LEN}-byte prefix"),
-        });
-    }
+/// The bytes from the blob's start to its metadata's end, from its prefix; a metadata size above
+/// [`MAX_METADATA_BYTES`] is refused here, before anything is read.
+pub(crate) fn header_extent(first: &[u8]) -> Result<u64, Error> {
+    let (_, [metadata_offset, metadata_size, ..]) = extents(first)?;
+    check_metadata_size(metadata_size)?;
+    Ok(metadata_offset + metadata_size)
+}
+
+fn check_metadata_size(metadata_size: u64) -> Result<(), Error> {
     if metadata_size > MAX_METADATA_BYTES {
         return Err(Error::Layout {
             problem: format!(
@@ -117,6 +133,19 @@ pub fn parse(bytes: &[u8]) -> Result<Blob<'_>, Error> {
             ),
         });
     }
+    Ok(())
+}
+
+/// [`parse`] of the header only: `head` is the blob's first bytes (at least the prefix and the metadata),
+/// `blob_len` its whole length; the engine's extent is checked, never read.
+pub(crate) fn parse_header(head: &[u8], blob_len: u64) -> Result<crate::HeaderOnly, Error> {
+    let (format, [metadata_offset, metadata_size, engine_offset, engine_size]) = extents(head)?;
+    if metadata_offset < PREFIX_LEN as u64 {
+        return Err(Error::Layout {
+            problem: format!("metadata_offset {metadata_offset} lies inside the {PREFIX_LEN}-byte prefix"),
+        });
+    }
+    check_metadata_size(metadata_size)?;
     let metadata_end = checked_end("metadata", metadata_offset, metadata_size, blob_len)?;
     if engine_offset < metadata_end {
         return Err(Error::Layout {
@@ -125,11 +154,13 @@ pub fn parse(bytes: &[u8]) -> Result<Blob<'_>, Error> {
             ),
         });
     }
-    let engine_end = checked_end("engine", engine_offset, engine_size, blob_len)?;
-    // All four bounds are at most `bytes.len()`, so they fit in usize.
-    let index = |at: u64| usize::try_from(at).expect("bounded by the slice length");
-    let metadata = &bytes[index(metadata_offset)..index(metadata_end)];
-    let engine = &bytes[index(engine_offset)..index(engine_end)];
+    checked_end("engine", engine_offset, engine_size, blob_len)?;
+    let range = usize::try_from(metadata_offset).ok().zip(usize::try_from(metadata_end).ok());
+    let metadata = range.and_then(|(start, end)| head.get(start..end)).ok_or(Error::Truncated {
+        what: "TR01/TR02 metadata",
+        need: metadata_end,
+        len: head.len() as u64,
+    })?;
 
     let text = std::str::from_utf8(metadata).map_err(|source| Error::MetadataUtf8 {
         offset: metadata_offset + source.valid_up_to() as u64,
@@ -137,7 +168,7 @@ pub fn parse(bytes: &[u8]) -> Result<Blob<'_>, Error> {
     })?;
     let json: Metadata = serde_json::from_str(text).map_err(|source| Error::MetadataJson { source })?;
     let header = to_model(json)?;
-    Ok(Blob { format, header, engine, engine_offset, payload_xxh3: None })
+    Ok(crate::HeaderOnly { format, header, engine_offset, engine_size })
 }
 
 fn to_model(json: Metadata) -> Result<Header, Error> {

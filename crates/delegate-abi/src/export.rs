@@ -184,6 +184,9 @@ fn module<E: Exported>() -> PluginModuleRef {
 
 extern "C" fn negotiate_entry<E: Exported>(offer: HostOfferRef) -> RResult<Negotiated, Refusal> {
     let plugin_range = E::state().abi;
+    // A panic in `info` is caught below and refuses the handshake: keep its text off stderr too.
+    install_quiet_panic_hook();
+    let previous = IN_PLUGIN_CALL.with(|flag| flag.replace(true));
     let result = catch_unwind(AssertUnwindSafe(|| {
         let version = negotiate(offer.abi(), plugin_range).map_err(|err| err.to_string())?;
         // Metadata first: a plugin whose `info` panics is refused here, before the host sees a table.
@@ -195,6 +198,7 @@ extern "C" fn negotiate_entry<E: Exported>(offer: HostOfferRef) -> RResult<Negot
         tracing::debug!(version, host = %offer.abi(), plugin = %plugin_range, "negotiated the delegate ABI");
         Ok::<_, String>(Negotiated { version, plugin_range, module: module::<E>() })
     }));
+    IN_PLUGIN_CALL.with(|flag| flag.set(previous));
     match result {
         Ok(Ok(negotiated)) => RResult::ROk(negotiated),
         Ok(Err(message)) => RResult::RErr(Refusal { plugin_range, message: message.into() }),

@@ -118,16 +118,45 @@
 //!    delegate_abi::export_delegate!(my_delegate::MyDelegate);     // my-delegate-plugin/src/lib.rs
 //!    ```
 //!
-//! 4. Build and list it:
+//! 4. Build it, write its manifest, and list it:
 //!
 //!    ```text
 //!    cargo build -p my-delegate-plugin                 # target/debug/libmy_delegate_plugin.so
+//!    delegate-host plugin-manifest target/debug/libmy_delegate_plugin.so
+//!                                                      # writes target/debug/libmy_delegate_plugin.plugin.json
 //!    delegate-host plugins --plugin-dir target/debug   # lists it: path, name, version, ABI, backends, status
 //!    ```
 //!
+//!    Hosts open no library on the plugin path until a program needs one of its backends, and then only if
+//!    its bytes are what its **manifest** (`libfoo.plugin.json`, next to `libfoo.so`) says: discovery reads
+//!    the manifest, hashes the library, and runs none of its code before the SHA-256 agrees. So:
+//!    - a library without a manifest is listed `not loaded: no manifest` and serves nothing (`--probe` loads
+//!      every library anyway, for a directory you trust);
+//!    - **after every rebuild, write the manifest again**: a stale one is listed `rejected: sha256: manifest
+//!      ..., library ...`, and the host falls back to the next plugin serving the backend (the embedded
+//!      reference delegate, for `ReferenceBackend`). Both messages name the library and the
+//!      `delegate-host plugin-manifest LIB` command that fixes them;
+//!    - `plugin-manifest` loads the library once, as the host will, and writes what it says about itself
+//!      (the `info()` above) plus the file's SHA-256; never edit a manifest by hand: when the library is
+//!      loaded its self-description is compared with the manifest, and a difference passes it over.
+//!
 //!    A plugin the host cannot use is listed as `rejected: <reason>` (e.g. `plugin speaks ABI 2..=3, host
-//!    1..=1`) and the others still load. Put the directory in `DELEGATE_PLUGIN_PATH` (colon-separated) to
-//!    find it without `--plugin-dir`.
+//!    1..=1`) and the others still load. Among the plugins serving one backend, the highest version wins; the
+//!    listing ends with which plugin serves each backend, where it runs, and why. Put the directory in
+//!    `DELEGATE_PLUGIN_PATH` (colon-separated) to find it without `--plugin-dir`.
+//!
+//! 5. Decide whether it runs isolated. `delegate-host plugin-manifest --isolate LIB` writes `"isolate":
+//!    true`: hosts then never load the library into their own process but run it in a worker process
+//!    (`delegate-host worker`), so a crash or a hang fails one call instead of the host (`--isolate` does
+//!    this for every library plugin). `plugins` (column `RUNS`, key `isolated`) and `run` (a `plugin for
+//!    ...` line, key `plugins`) say where each plugin runs. What it changes for your code:
+//!    - each instance (each `init`, i.e. each delegate call of a program) gets a worker of its own, and a
+//!      worker builds your delegate with `Delegate::new` itself: **plugin-wide state (counters, caches,
+//!      options set with `set_option`) lives once per worker**, not once per host, and starts over when a
+//!      worker is restarted after a failure;
+//!    - your memory is the host's through shared memory files (host memory) or CUDA IPC (device memory):
+//!      pinned and managed arguments are refused for an isolated call;
+//!    - calls have a deadline (`--deadline-ms`); a worker that misses it is killed and the call fails.
 //!
 //! ### Depending on delegate-abi
 //!

@@ -5,10 +5,10 @@ use std::io::Write;
 use std::path::Path;
 
 use blob_format::model::{Alias, Binding, Dim, DisplayShape, Header, Role};
-use blob_format::Blob;
+use blob_format::{Blob, HeaderOnly};
 use clap::ValueEnum;
 use et_error::{ErrorCode, HasErrorCode};
-use host_runtime::blob_file::BlobFile;
+use host_runtime::blob_file::{open_regular, BlobFile};
 use serde_json::json;
 
 use crate::{emit, printable, Failure};
@@ -37,13 +37,90 @@ fn names(header: &Header, role: Role) -> Vec<&str> {
     header.threaded(role).map(|b| b.name.as_str()).collect()
 }
 
-pub fn inspect(path: &Path, json: bool) -> Result<(), Failure> {
-    let file = open(path)?;
-    // An ExecuTorch program (`ET??` at bytes 4..8) is read as one, with each delegate's blob inside it.
-    if pte_format::is_program(file.bytes()) {
-        return crate::pte::inspect(path, file.bytes(), json);
+/// A file `inspect` reads only the parts it shows of: opened once ([`open_regular`]), its length, and its
+/// first bytes. A multi-gigabyte blob or program costs its header in memory, not its size.
+pub(crate) struct Head {
+    file: std::fs::File,
+    /// The file's length.
+    pub(crate) len: u64,
+    /// Its first bytes: enough for a blob's prefix or a program's extended header.
+    pub(crate) first: Vec<u8>,
+}
+
+impl Head {
+    fn open(path: &Path) -> Result<Head, Failure> {
+        let access = |err: std::io::Error| {
+            Failure::coded(ErrorCode::AccessFailed, format!("cannot read {}: {err}", path.display()))
+        };
+        let file = open_regular(path).map_err(access)?;
+        let len = file.metadata().map_err(access)?.len();
+        let first_len = blob_format::HEADER_EXTENT_BYTES.max(pte_format::PROGRAM_EXTENT_BYTES);
+        let mut head = Head { file, len, first: Vec::new() };
+        head.first = head.read_at(0, first_len as u64).map_err(access)?;
+        Ok(head)
     }
-    let blob = parse(path, &file)?;
+
+    /// Up to `len` bytes from `offset` (fewer where the file ends); memory grows with what is read.
+    pub(crate) fn read_at(&self, offset: u64, len: u64) -> std::io::Result<Vec<u8>> {
+        use std::io::{Read, Seek};
+        let mut file = &self.file;
+        file.seek(std::io::SeekFrom::Start(offset))?;
+        let mut bytes = Vec::new();
+        file.take(len).read_to_end(&mut bytes)?;
+        Ok(bytes)
+    }
+
+    /// The header of the blob of `size` bytes at `offset` in the file, read from its first bytes only.
+    pub(crate) fn blob_header(&self, offset: u64, size: u64) -> Result<HeaderOnly, Unread> {
+        let first = self.read_at(offset, size.min(blob_format::HEADER_EXTENT_BYTES as u64))?;
+        let extent = blob_format::header_extent(&first)?;
+        let head = self.read_at(offset, extent.min(size))?;
+        Ok(blob_format::parse_header(&head, size)?)
+    }
+}
+
+/// Why a blob's header was not read: the file, or the blob.
+pub(crate) enum Unread {
+    Io(std::io::Error),
+    Blob(blob_format::Error),
+}
+
+impl Unread {
+    /// The message and the code's name, as `inspect` shows them.
+    pub(crate) fn message_and_code(&self) -> (String, &'static str) {
+        match self {
+            Unread::Io(err) => (format!("cannot read it: {err}"), ErrorCode::AccessFailed.name()),
+            Unread::Blob(err) => (err.to_string(), err.error_code().name()),
+        }
+    }
+}
+
+impl From<std::io::Error> for Unread {
+    fn from(err: std::io::Error) -> Unread {
+        Unread::Io(err)
+    }
+}
+
+impl From<blob_format::Error> for Unread {
+    fn from(err: blob_format::Error) -> Unread {
+        Unread::Blob(err)
+    }
+}
+
+/// Shows what a blob (or a `.pte` program, with each delegate's blob) says, reading only its headers: the
+/// engine (gigabytes, for a real one) is located and sized, never read.
+pub fn inspect(path: &Path, json: bool) -> Result<(), Failure> {
+    let head = Head::open(path)?;
+    // An ExecuTorch program (`ET??` at bytes 4..8) is read as one, with each delegate's blob inside it.
+    if pte_format::is_program(&head.first) {
+        return crate::pte::inspect(path, &head, json);
+    }
+    let blob = head.blob_header(0, head.len).map_err(|err| match err {
+        Unread::Io(err) => {
+            Failure::coded(ErrorCode::AccessFailed, format!("cannot read {}: {err}", path.display()))
+        }
+        Unread::Blob(err) => Failure::coded(err.error_code(), format!("{}: {err}", path.display())),
+    })?;
     let h = &blob.header;
     if json {
         let bindings: Vec<_> = h.bindings.iter().map(binding_json).collect();
@@ -66,8 +143,8 @@ pub fn inspect(path: &Path, json: bool) -> Result<(), Failure> {
             "hardware_compatible": h.hardware_compatible,
             "hardware_target": h.hardware_target,
             "engine_library_version": h.engine_library_version,
-            "engine_offset": blob.engine_offset(),
-            "engine_size": blob.engine.len(),
+            "engine_offset": blob.engine_offset,
+            "engine_size": blob.engine_size,
         });
         return emit(&format!("{value}\n"));
     }
@@ -79,8 +156,8 @@ pub fn inspect(path: &Path, json: bool) -> Result<(), Failure> {
         out,
         "payload:  {} ({} bytes at offset {})",
         printable(h.payload_kind.as_str()),
-        blob.engine.len(),
-        blob.engine_offset()
+        blob.engine_size,
+        blob.engine_offset
     );
     if let Some(p) = &h.producer {
         let _ = writeln!(out, "producer: {} {}", printable(&p.name), printable(&p.version));

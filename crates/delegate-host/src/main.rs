@@ -27,8 +27,8 @@ use crate::run::ModeArg;
 struct Cli {
     #[command(subcommand)]
     command: Command,
-    /// Load every plugin library found now (checking those with a manifest against it), instead of reading
-    /// manifests only and loading a library when a program needs its backend.
+    /// Load every plugin library found now (those with a manifest verified against it first), instead of
+    /// reading manifests only and loading a library when a program needs its backend. Refused with --isolate.
     #[arg(long, global = true)]
     probe: bool,
     /// Run every plugin loaded from a library in a worker process of its own (`delegate-host worker`), as a
@@ -210,7 +210,8 @@ pub(crate) fn failure(message: impl Into<String>) -> Failure {
 fn command_stdout() -> &'static std::sync::Mutex<Option<std::fs::File>> {
     static OUT: std::sync::OnceLock<std::sync::Mutex<Option<std::fs::File>>> = std::sync::OnceLock::new();
     OUT.get_or_init(|| {
-        let private = rustix::io::dup(std::io::stdout()).ok().map(std::fs::File::from);
+        // Close-on-exec: a worker started for an isolated plugin must not inherit it (and write into `--json`).
+        let private = rustix::io::fcntl_dupfd_cloexec(std::io::stdout(), 0).ok().map(std::fs::File::from);
         // Only once the private copy exists may fd 1 be redirected; if either step fails, fd 1 stays stdout.
         if private.is_some() && rustix::stdio::dup2_stdout(std::io::stderr()).is_err() {
             return std::sync::Mutex::new(None);
@@ -290,7 +291,7 @@ fn main() -> ExitCode {
                 isolate: cli.isolate,
                 deadline: std::time::Duration::from_millis(cli.deadline_ms),
             });
-            dispatch(cli.command)
+            plugins::refuse_probe_with_isolate(cli.probe, cli.isolate).and_then(|()| dispatch(cli.command))
         }
         // `--help` and `--version` are not errors: clap prints them as it always does.
         Err(err) if !err.use_stderr() => {

@@ -5,7 +5,7 @@ use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
-use delegate_abi::host::{HostConfig, Plugin};
+use delegate_abi::host::HostConfig;
 use et_error::ErrorCode;
 use host_runtime::plugin_manifest::PluginManifest;
 use host_runtime::plugins::{Candidate, Registry, Status, PLUGIN_PATH_ENV};
@@ -40,9 +40,9 @@ pub fn registry(dirs: &[PathBuf]) -> Registry {
     let config = HostConfig::default();
     let discovery = DISCOVERY.get().copied();
     let registry = if discovery.is_some_and(|d| d.probe) {
-        Registry::discover_with(dirs, env_value.as_ref(), true, &config)
+        Registry::probe_with(dirs, env_value.as_ref(), true, &config)
     } else {
-        Registry::discover_manifests(dirs, env_value.as_ref(), true, &config)
+        Registry::discover_with(dirs, env_value.as_ref(), true, &config)
     };
     // Workers are this very binary (`delegate-host worker`); without knowing where it is, nothing isolates.
     match std::env::current_exe() {
@@ -55,6 +55,19 @@ pub fn registry(dirs: &[PathBuf]) -> Registry {
         // A plugin whose manifest asks for isolation then serves nothing, and says why.
         Err(_) => registry,
     }
+}
+
+/// `--probe` loads every library into this process and `--isolate` keeps every library out of it: asked
+/// together, the run is refused in one line rather than one of them silently dropped.
+pub fn refuse_probe_with_isolate(probe: bool, isolate: bool) -> Result<(), Failure> {
+    if probe && isolate {
+        return Err(Failure::coded(
+            ErrorCode::InvalidArgument,
+            "--probe loads every plugin library into this process, which --isolate forbids: use one or the \
+             other (with --isolate, plugins are listed from their manifests and each runs in a worker)",
+        ));
+    }
+    Ok(())
 }
 
 /// `worker`: serves the host that started this process (see `host_runtime::isolate`).
@@ -85,11 +98,9 @@ pub fn write_manifests(libraries: &[PathBuf], isolate: bool) -> Result<(), Failu
 }
 
 fn describe(library: &Path) -> Result<PluginManifest, Failure> {
-    let plugin = Plugin::load(library, &HostConfig::default())
-        .map_err(|err| Failure::coded(ErrorCode::InvalidArgument, format!("{}: {err}", library.display())))?;
-    PluginManifest::describe(&plugin, library).map_err(|err| {
-        Failure::coded(ErrorCode::AccessFailed, format!("cannot read {}: {err}", library.display()))
-    })
+    // The hash written is of the very bytes loaded and described.
+    host_runtime::plugins::describe_library(library, &HostConfig::default())
+        .map_err(|err| Failure::coded(ErrorCode::InvalidArgument, format!("{}: {err}", library.display())))
 }
 
 /// Lists every candidate that discovery in `dirs` (then `DELEGATE_PLUGIN_PATH`, then the embedded plugin)
@@ -97,15 +108,68 @@ fn describe(library: &Path) -> Result<PluginManifest, Failure> {
 pub fn plugins(dirs: &[PathBuf], json: bool) -> Result<(), Failure> {
     let registry = registry(dirs);
     if json {
-        let list: Vec<Value> = registry.candidates().iter().map(candidate_json).collect();
+        let list: Vec<Value> = registry.candidates().iter().map(|c| candidate_json(&registry, c)).collect();
         emit(&format!("{}\n", Value::Array(list)))
     } else {
-        emit(&table(registry.candidates()))
+        let mut out = table(&registry);
+        out.push_str(&serving_table(&registry));
+        emit(&out)
     }
 }
 
+/// Per backend: which candidate serves it, where it runs, and why it was chosen.
+fn serving_table(registry: &Registry) -> String {
+    let mut out = String::new();
+    for backend in registry.backends() {
+        let (Some(c), Some(why)) = (registry.candidate_for_backend(&backend), registry.why_serves(&backend))
+        else {
+            continue;
+        };
+        let _ = writeln!(
+            out,
+            "{}: served by {} ({}, {}): {}",
+            printable(&backend),
+            printable(&c.location()),
+            c.info.as_ref().map_or("-", |i| i.name.as_str()),
+            placement(registry, c),
+            printable(&why)
+        );
+    }
+    if out.is_empty() {
+        out
+    } else {
+        format!("\n{out}")
+    }
+}
+
+/// Where a candidate's plugin runs: `isolated` (worker processes) or `in process`; `-` for one that cannot
+/// run.
+pub fn placement(registry: &Registry, c: &Candidate) -> &'static str {
+    match c.status {
+        Status::Rejected(_) | Status::NoManifest | Status::Unavailable(_) => "-",
+        _ if registry.runs_isolated(c) => "isolated",
+        _ => "in process",
+    }
+}
+
+/// Per backend a candidate serves, why it was chosen.
+fn serves_why(registry: &Registry, c: &Candidate) -> Value {
+    let map: serde_json::Map<String, Value> = c
+        .serves
+        .iter()
+        .filter_map(|b| {
+            let now = registry.candidate_for_backend(b)?;
+            if !std::ptr::eq(now, c) {
+                return None;
+            }
+            Some((b.clone(), Value::from(registry.why_serves(b)?)))
+        })
+        .collect();
+    Value::Object(map)
+}
+
 /// One candidate as the `--json` object; its keys are part of the CLI's promise (see STABILITY.md).
-fn candidate_json(c: &Candidate) -> Value {
+fn candidate_json(registry: &Registry, c: &Candidate) -> Value {
     let info = c.info.as_ref();
     let status_text;
     let (status, reason, shadowed_by) = match &c.status {
@@ -135,6 +199,8 @@ fn candidate_json(c: &Candidate) -> Value {
         "abi_version": c.abi_version,
         "backends": info.map(|i| i.backends.clone()).unwrap_or_default(),
         "serves": c.serves,
+        "serves_why": serves_why(registry, c),
+        "isolated": registry.runs_isolated(c),
         "wire_formats": info.map(|i| i.wire_formats.iter()
             .map(|w| json!({"format": w.format, "versions": w.versions}))
             .collect::<Vec<_>>()).unwrap_or_default(),
@@ -147,9 +213,11 @@ fn candidate_json(c: &Candidate) -> Value {
 
 /// A human table: one row per candidate, `STATUS` last (it carries the reason). A backend a candidate offers
 /// but does not serve is parenthesised.
-fn table(candidates: &[Candidate]) -> String {
-    const HEADERS: [&str; 7] = ["PATH", "NAME", "VERSION", "ABI", "BACKENDS", "WIRE FORMATS", "STATUS"];
-    let rows: Vec<[String; 7]> = candidates
+fn table(registry: &Registry) -> String {
+    const HEADERS: [&str; 8] =
+        ["PATH", "NAME", "VERSION", "ABI", "BACKENDS", "WIRE FORMATS", "RUNS", "STATUS"];
+    let candidates = registry.candidates();
+    let rows: Vec<[String; 8]> = candidates
         .iter()
         .map(|c| {
             let info = c.info.as_ref();
@@ -173,6 +241,7 @@ fn table(candidates: &[Candidate]) -> String {
                         .collect::<Vec<_>>()
                         .join("; ")
                 })),
+                placement(registry, c).to_owned(),
                 c.status.to_string(),
             ]
             .map(|cell| printable(&cell).into_owned())

@@ -4,22 +4,40 @@
 use std::fmt::Write as _;
 use std::path::Path;
 
-use blob_format::Blob;
-use et_error::HasErrorCode;
-use pte_format::model::{Delegate, DelegateCall, InstructionRef, Method, Tensor, Value};
+use blob_format::HeaderOnly;
+use et_error::{ErrorCode, HasErrorCode};
+use pte_format::model::{Delegate, DelegateCall, DelegateData, InstructionRef, Method, Tensor, Value};
 use pte_format::Program;
 use serde_json::{json, Value as Json};
 
+use crate::blob::{Head, Unread};
 use crate::{emit, printable, Failure};
 
-/// Reads `bytes` (the contents of `path`) as a program and prints it.
-pub fn inspect(path: &Path, bytes: &[u8], json: bool) -> Result<(), Failure> {
-    let program = Program::parse(bytes)
-        .map_err(|err| Failure::coded(err.error_code(), format!("{}: {err}", path.display())))?;
+/// Reads the program at `path` (opened as `head`) and prints it. Only the program data and each delegate
+/// blob's header are read: a payload in a segment is located and sized from the program, its engine never
+/// read, so a multi-gigabyte program costs its metadata in memory.
+pub fn inspect(path: &Path, head: &Head, json: bool) -> Result<(), Failure> {
+    let format =
+        |err: pte_format::Error| Failure::coded(err.error_code(), format!("{}: {err}", path.display()));
+    let extent = pte_format::program_extent(&head.first, head.len).map_err(format)?;
+    let bytes = head.read_at(0, extent).map_err(|err| {
+        Failure::coded(ErrorCode::AccessFailed, format!("cannot read {}: {err}", path.display()))
+    })?;
+    let program = Program::parse_prefix(&bytes, head.len).map_err(format)?;
     if json {
-        emit(&format!("{}\n", program_json(&program)))
+        emit(&format!("{}\n", program_json(head, &program)))
     } else {
-        emit(&program_text(&program))
+        emit(&program_text(head, &program))
+    }
+}
+
+/// The header of a delegate's blob: from the bytes read when the payload is whole among them (inline data),
+/// otherwise from the file at the payload's offset.
+fn blob_header(head: &Head, p: &DelegateData<'_>) -> Result<HeaderOnly, Unread> {
+    if p.data.len() as u64 == p.size {
+        Ok(blob_format::parse_header(p.data, p.size)?)
+    } else {
+        head.blob_header(p.offset, p.size)
     }
 }
 
@@ -45,7 +63,7 @@ fn describe(method: &Method<'_>, value: usize) -> String {
     out
 }
 
-fn program_text(program: &Program<'_>) -> String {
+fn program_text(head: &Head, program: &Program<'_>) -> String {
     let mut out = String::new();
     let _ = writeln!(out, "format:   pte ET12 (schema version {})", program.version);
     match program.extended_header {
@@ -70,12 +88,12 @@ fn program_text(program: &Program<'_>) -> String {
         }
     }
     for method in &program.methods {
-        method_text(&mut out, method);
+        method_text(head, &mut out, method);
     }
     out
 }
 
-fn method_text(out: &mut String, method: &Method<'_>) {
+fn method_text(head: &Head, out: &mut String, method: &Method<'_>) {
     let _ = writeln!(out, "method {}", printable(method.name));
     for (title, values) in [("inputs", &method.inputs), ("outputs", &method.outputs)] {
         let _ = writeln!(out, "  {title}:");
@@ -105,7 +123,7 @@ fn method_text(out: &mut String, method: &Method<'_>) {
     } else {
         let _ = writeln!(out, "  delegate calls:");
         for (at, call) in calls {
-            delegate_call_text(out, method, at, call);
+            delegate_call_text(head, out, method, at, call);
         }
     }
     let kernels: Vec<_> = method.kernel_calls().collect();
@@ -134,7 +152,13 @@ fn method_text(out: &mut String, method: &Method<'_>) {
     }
 }
 
-fn delegate_call_text(out: &mut String, method: &Method<'_>, at: InstructionRef, call: &DelegateCall) {
+fn delegate_call_text(
+    head: &Head,
+    out: &mut String,
+    method: &Method<'_>,
+    at: InstructionRef,
+    call: &DelegateCall,
+) {
     let delegate = &method.delegates[call.delegate];
     let _ = writeln!(out, "    {at}  delegate {}  {}", call.delegate, printable(delegate.id));
     let args: Vec<_> = call.args.iter().map(|&a| v(a)).collect();
@@ -145,15 +169,16 @@ fn delegate_call_text(out: &mut String, method: &Method<'_>, at: InstructionRef,
         "      payload:  {} {}, {} bytes at offset {}",
         p.location.as_str(),
         p.index,
-        p.data.len(),
+        p.size,
         p.offset
     );
     for spec in &delegate.compile_specs {
         let _ = writeln!(out, "      compile spec: {} ({} bytes)", printable(spec.key), spec.value.len());
     }
-    match Blob::parse(p.data) {
+    match blob_header(head, p) {
         Err(err) => {
-            let message = format!("{err} [{}]", err.error_code().name());
+            let (message, code) = err.message_and_code();
+            let message = format!("{message} [{code}]");
             let _ = writeln!(out, "      blob:     not read: {}", printable(&message));
         }
         Ok(blob) => {
@@ -164,7 +189,7 @@ fn delegate_call_text(out: &mut String, method: &Method<'_>, at: InstructionRef,
                 blob.format,
                 printable(&h.backend_id),
                 printable(h.payload_kind.as_str()),
-                blob.engine.len()
+                blob.engine_size
             );
             let threaded = h.bindings.iter().filter(|b| b.threaded).count();
             if threaded != call.args.len() {
@@ -216,11 +241,12 @@ fn value_json(method: &Method<'_>, value: usize) -> Json {
     json!({"value": value, "kind": kind, "tensor": method.tensor(value).map(tensor_json)})
 }
 
-fn blob_json(delegate: &Delegate<'_>, call: &DelegateCall) -> (&'static str, Json) {
-    let blob = match Blob::parse(delegate.processed.data) {
+fn blob_json(head: &Head, delegate: &Delegate<'_>, call: &DelegateCall) -> (&'static str, Json) {
+    let blob = match blob_header(head, &delegate.processed) {
         Ok(blob) => blob,
         Err(err) => {
-            return ("blob_error", json!({"message": err.to_string(), "code": err.error_code().name()}));
+            let (message, code) = err.message_and_code();
+            return ("blob_error", json!({"message": message, "code": code}));
         }
     };
     let h = &blob.header;
@@ -253,13 +279,13 @@ fn blob_json(delegate: &Delegate<'_>, call: &DelegateCall) -> (&'static str, Jso
             "payload_kind": h.payload_kind.as_str(),
             "bindings": bindings,
             "aliases": aliases,
-            "engine_offset": blob.engine_offset(),
-            "engine_size": blob.engine.len(),
+            "engine_offset": blob.engine_offset,
+            "engine_size": blob.engine_size,
         }),
     )
 }
 
-fn method_json(method: &Method<'_>) -> Json {
+fn method_json(head: &Head, method: &Method<'_>) -> Json {
     let buffers: Vec<_> = method
         .mutable_buffers()
         .iter()
@@ -287,7 +313,7 @@ fn method_json(method: &Method<'_>) -> Json {
             let p = &delegate.processed;
             let specs: Vec<_> =
                 delegate.compile_specs.iter().map(|s| json!({"key": s.key, "size": s.value.len()})).collect();
-            let (key, blob) = blob_json(delegate, call);
+            let (key, blob) = blob_json(head, delegate, call);
             let mut entry = json!({
                 "instruction": at.to_string(),
                 "delegate": call.delegate,
@@ -298,7 +324,7 @@ fn method_json(method: &Method<'_>) -> Json {
                     "location": p.location.as_str(),
                     "index": p.index,
                     "offset": p.offset,
-                    "size": p.data.len(),
+                    "size": p.size,
                 },
             });
             entry[key] = blob;
@@ -328,7 +354,7 @@ fn method_json(method: &Method<'_>) -> Json {
     })
 }
 
-fn program_json(program: &Program<'_>) -> Json {
+fn program_json(head: &Head, program: &Program<'_>) -> Json {
     json!({
         "format": "pte",
         "identifier": "ET12",
@@ -340,7 +366,7 @@ fn program_json(program: &Program<'_>) -> Json {
             "segment_base_offset": h.segment_base_offset,
             "segment_data_size": h.segment_data_size,
         })),
-        "segments": program.segments.iter().map(|s| json!({"offset": s.offset, "size": s.data.len()})).collect::<Vec<_>>(),
-        "methods": program.methods.iter().map(method_json).collect::<Vec<_>>(),
+        "segments": program.segments.iter().map(|s| json!({"offset": s.offset, "size": s.size})).collect::<Vec<_>>(),
+        "methods": program.methods.iter().map(|m| method_json(head, m)).collect::<Vec<_>>(),
     })
 }

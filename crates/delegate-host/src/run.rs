@@ -13,7 +13,7 @@ use clap::ValueEnum;
 use host_runtime::generate::{device_loop_refusal, generate_with, Generation, Options};
 use host_runtime::manifest::Manifest;
 use host_runtime::program::{CopyStats, Mode, Program};
-use serde_json::json;
+use serde_json::{json, Value};
 
 use crate::{emit, failure, npy, Failure};
 
@@ -38,17 +38,10 @@ impl From<ModeArg> for Mode {
 /// Whether `path` is an ExecuTorch program: `ET12` at byte 4, or the `.pte` extension when it cannot be read
 /// (the loader then names the problem).
 pub fn is_pte(path: &Path) -> bool {
-    use std::io::Read;
-    let mut head = [0u8; 8];
-    // Only a regular file is opened: a FIFO would block and a device stream; the loaders name those.
-    let regular = std::fs::metadata(path).is_ok_and(|m| m.is_file());
-    let read = if regular {
-        std::fs::File::open(path).and_then(|mut f| f.read_exact(&mut head))
-    } else {
-        Err(std::io::ErrorKind::InvalidInput.into())
-    };
+    // One non-blocking open, checked through its descriptor: a FIFO or device is never read; the loaders name it.
+    let read = host_runtime::blob_file::read_prefix(path, 8);
     match read {
-        Ok(()) if host_runtime::pte::is_pte(&head) => true,
+        Ok(head) if host_runtime::pte::is_pte(&head) => true,
         _ => path.extension().is_some_and(|e| e.eq_ignore_ascii_case("pte")),
     }
 }
@@ -138,7 +131,8 @@ pub fn run_program(path: &Path, mode: Mode, dirs: &[PathBuf], args: &RunArgs) ->
     let registry = crate::plugins::registry(dirs);
     let mut program = load(path, &registry, mode, args)?;
     if !args.inputs.is_empty() || args.method.is_some() || program.manifest().generate.is_none() {
-        return run_once(&mut program, path, mode, args);
+        let used = plugins_used(&program, &registry);
+        return run_once(&mut program, path, mode, args, &used);
     }
     let steps = default_steps(program.manifest(), args.steps, args.position);
     let options = options(steps, args, &program, args.cuda_graph);
@@ -167,7 +161,46 @@ pub fn run_program(path: &Path, mode: Mode, dirs: &[PathBuf], args: &RunArgs) ->
         }
         write_outputs(&program, dir, &methods)?;
     }
-    report(&generation, mode, json)
+    report(&generation, mode, json, &plugins_used(&program, &registry))
+}
+
+/// The plugin serving each backend the program calls: which one, from where, and whether it runs isolated
+/// (item 20 of issue 17: plugin-wide state lives once per worker when it does).
+fn plugins_used(program: &Program, registry: &host_runtime::plugins::Registry) -> Vec<Value> {
+    let backends: std::collections::BTreeSet<&str> = program
+        .manifest()
+        .methods
+        .values()
+        .flat_map(|m| m.calls.iter().map(|c| c.backend.as_str()))
+        .collect();
+    backends
+        .into_iter()
+        .filter_map(|backend| {
+            let c = registry.candidate_for_backend(backend)?;
+            Some(json!({
+                "backend": backend,
+                "name": c.info.as_ref().map(|i| &i.name),
+                "path": c.path,
+                "isolated": registry.runs_isolated(c),
+            }))
+        })
+        .collect()
+}
+
+/// `plugin for B: NAME (PATH), in process|isolated` lines.
+fn plugins_text(used: &[Value]) -> String {
+    let mut out = String::new();
+    for p in used {
+        let _ = writeln!(
+            out,
+            "plugin for {}: {} ({}), {}",
+            p["backend"].as_str().unwrap_or("-"),
+            p["name"].as_str().unwrap_or("-"),
+            p["path"].as_str().unwrap_or("embedded"),
+            if p["isolated"] == true { "isolated" } else { "in process" }
+        );
+    }
+    out
 }
 
 /// The method `--method` names, or the program's only method, or `forward`.
@@ -222,7 +255,13 @@ fn write_outputs(program: &Program, dir: &Path, methods: &[String]) -> Result<Ve
 }
 
 /// Runs one method once with the `--input`s (other inputs zero), then reports it and writes `--output-dir`.
-fn run_once(program: &mut Program, path: &Path, mode: Mode, args: &RunArgs) -> Result<(), Failure> {
+fn run_once(
+    program: &mut Program,
+    path: &Path,
+    mode: Mode,
+    args: &RunArgs,
+    used: &[Value],
+) -> Result<(), Failure> {
     let method = pick_method(program, args.method.as_deref())?;
     let decl = program.manifest().methods[&method].clone();
     for arg in &args.inputs {
@@ -257,6 +296,7 @@ fn run_once(program: &mut Program, path: &Path, mode: Mode, args: &RunArgs) -> R
             "bytes_copied_total": stats.copies.total(),
             "outputs": outputs,
             "written": written,
+            "plugins": used,
         });
         return emit(&format!("{value}\n"));
     }
@@ -272,6 +312,7 @@ fn run_once(program: &mut Program, path: &Path, mode: Mode, args: &RunArgs) -> R
     for path in &written {
         let _ = writeln!(out, "wrote {}", path.display());
     }
+    out.push_str(&plugins_text(used));
     emit(&out)
 }
 
@@ -287,7 +328,7 @@ fn copies_text(copies: &CopyStats) -> String {
     )
 }
 
-fn report(generation: &Generation, mode: Mode, json: bool) -> Result<(), Failure> {
+fn report(generation: &Generation, mode: Mode, json: bool, used: &[Value]) -> Result<(), Failure> {
     let time = generation.mean_decode_time();
     let copies = generation.mean_decode_copies();
     let gpu = generation.mean_decode_gpu_micros();
@@ -308,6 +349,7 @@ fn report(generation: &Generation, mode: Mode, json: bool) -> Result<(), Failure
                 "cuda_graph": generation.cuda_graph,
                 "capture_us": generation.capture_micros,
             },
+            "plugins": used,
         });
         return emit(&format!("{value}\n"));
     }
@@ -332,6 +374,7 @@ fn report(generation: &Generation, mode: Mode, json: bool) -> Result<(), Failure
             generation.host_syncs_per_decode_step()
         );
     }
+    out.push_str(&plugins_text(used));
     emit(&out)
 }
 

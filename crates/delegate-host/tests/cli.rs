@@ -490,9 +490,22 @@ fn plugins_table_and_json_name_every_candidate_with_its_status() {
     let out = listing(false);
     assert!(out.status.success());
     let table = String::from_utf8_lossy(&out.stdout).into_owned();
-    let lines: Vec<&str> = table.lines().collect();
+    let (candidates, serving) = table.split_once("\n\n").expect("candidates, then who serves each backend");
+    let lines: Vec<&str> = candidates.lines().collect();
     assert!(lines[0].starts_with("PATH") && lines[0].trim_end().ends_with("STATUS"), "{table}");
     assert_eq!(lines.len(), 6, "a header and five candidates:\n{table}");
+    // Each backend served: by which candidate, where it runs, and why.
+    let first_copy = first.path().join(&file);
+    assert!(
+        serving.lines().any(|l| l
+            == format!(
+            "AbiTestBackend: served by {} (abi-test, in process): found first of the verified candidates at \
+                 version 0.1.0",
+            first_copy.display()
+        )),
+        "{table}"
+    );
+    assert!(lines[1].contains(" in process "), "the RUNS column: {table}");
     assert!(
         lines[1].contains("abi-test")
             && lines[1].contains(" AbiTestBackend ")
@@ -523,6 +536,11 @@ fn plugins_table_and_json_name_every_candidate_with_its_status() {
     assert_eq!(json[0]["serves"], serde_json::json!(["AbiTestBackend"]));
     assert_eq!(json[0]["wire_formats"], serde_json::json!([{"format": "native", "versions": ">=1.0, <2"}]));
     assert_eq!(json[0]["memory_kinds"], serde_json::json!(["host", "pinned"]));
+    assert_eq!(json[0]["isolated"], false);
+    assert_eq!(
+        json[0]["serves_why"],
+        serde_json::json!({"AbiTestBackend": "found first of the verified candidates at version 0.1.0"})
+    );
     assert_eq!(json[1]["status"], "rejected");
     assert!(json[1]["reason"].as_str().expect("reason").starts_with("not a loadable library"));
     assert_eq!(json[2]["status"], "shadowed");
@@ -834,17 +852,243 @@ fn a_program_naming_a_blob_outside_its_directory_runs_only_when_allowed() {
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
 }
 
-/// A manifest for the crash-on-load fixture, which cannot be loaded to describe itself.
-fn crash_manifest(dir: &Path, library: &str) {
+/// A manifest for a fixture that cannot be loaded to describe itself (crash-on-load, panic-on-info), offering
+/// `backend` at `version`, with the library's own SHA-256 or `sha256`.
+fn fixture_manifest(dir: &Path, library: &str, backend: &str, version: &str, sha256: Option<&str>) {
+    let sha256 = sha256.map_or_else(
+        || host_runtime::plugin_manifest::sha256_file(&dir.join(library)).expect("hashable"),
+        str::to_owned,
+    );
     let manifest = serde_json::json!({
-        "manifest_version": 1, "library": library, "sha256": "00", "name": "crash-on-load", "version": "0.1.0",
-        "abi": {"min": 1, "max": 1}, "backends": ["CrashBackend"],
+        "manifest_version": 1, "library": library, "sha256": sha256, "name": "fixture", "version": version,
+        "abi": {"min": 1, "max": 1}, "backends": [backend],
         "wire_formats": [{"format": "native", "versions": ">=1.0, <2"}], "memory_kinds": ["host"],
         "binds_aliases_in_place": true,
         "target": format!("{}-{}", std::env::consts::ARCH, std::env::consts::OS),
     });
     let stem = library.trim_end_matches(std::env::consts::DLL_SUFFIX);
     std::fs::write(dir.join(format!("{stem}.plugin.json")), manifest.to_string()).expect("write manifest");
+}
+
+/// A manifest for the crash-on-load fixture, its hash right, offering `CrashBackend`.
+fn crash_manifest(dir: &Path, library: &str) {
+    fixture_manifest(dir, library, "CrashBackend", "0.1.0", None);
+}
+
+/// The built fixture `stem`: in the test plugin directory, or built into `target/plugin-tests` (a separate
+/// target dir: the outer cargo holds the main one's lock).
+fn built_fixture(stem: &str, package: &str) -> PathBuf {
+    let path = test_plugin_dir().join(dylib(stem));
+    if path.exists() {
+        return path;
+    }
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let target = root.join("target").join("plugin-tests");
+    let status = std::process::Command::new(env!("CARGO"))
+        .args(["build", "-q", "-p", package, "--target-dir"])
+        .arg(&target)
+        .current_dir(&root)
+        .status()
+        .expect("cargo starts");
+    let path = target.join("debug").join(dylib(stem));
+    assert!(status.success() && path.exists(), "building {package} failed");
+    path
+}
+
+/// The plugins serving the run (its `--json` report's `plugins`), as (backend, path, isolated).
+fn run_plugins(report: &Value) -> Vec<(String, Value, bool)> {
+    report["plugins"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no plugins in {report}"))
+        .iter()
+        .map(|p| {
+            (p["backend"].as_str().unwrap_or_default().to_owned(), p["path"].clone(), p["isolated"] == true)
+        })
+        .collect()
+}
+
+#[test]
+fn a_library_beside_a_manifest_with_a_wrong_sha256_never_runs_and_the_embedded_plugin_serves() {
+    // crash-on-load aborts the process that opens it; its manifest claims a newer ReferenceBackend.
+    let dir = tempfile::tempdir().expect("temp dir");
+    let library = dylib("crash_on_load");
+    std::fs::copy(test_plugin_dir().join(&library), dir.path().join(&library)).expect("built fixture");
+    fixture_manifest(dir.path(), &library, "ReferenceBackend", "9.0.0", Some(&"ab".repeat(32)));
+    for probe in [false, true] {
+        let mut cmd = host();
+        cmd.args(["plugins", "--json", "--plugin-dir"]).arg(dir.path()).env_remove("DELEGATE_PLUGIN_PATH");
+        if probe {
+            cmd.arg("--probe");
+        }
+        let list = stdout_json(&run(&mut cmd));
+        let candidate = &list[0];
+        assert_eq!(candidate["status"], "rejected", "{candidate}");
+        let reason = candidate["reason"].as_str().expect("a reason");
+        assert!(reason.starts_with(&format!("sha256: manifest {}, library ", "ab".repeat(32))), "{reason}");
+        let fix = format!("`delegate-host plugin-manifest {}`", dir.path().join(&library).display());
+        assert!(reason.ends_with(&fix), "{reason}");
+    }
+    let program = tempfile::tempdir().expect("temp dir");
+    kv_example::export::reference(&kv_example::Config::tiny(), program.path()).expect("export");
+    let report = stdout_json(&run(host()
+        .arg("run")
+        .arg(program.path().join("program.toml"))
+        .args(["--steps", "2", "--json", "--plugin-dir"])
+        .arg(dir.path())
+        .env_remove("DELEGATE_PLUGIN_PATH")));
+    assert_eq!(run_plugins(&report), [("ReferenceBackend".to_owned(), Value::Null, false)]);
+}
+
+#[test]
+fn a_plugin_whose_self_description_panics_is_passed_over_quietly_for_the_next_candidate() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let library = dylib("panic_on_info");
+    std::fs::copy(built_fixture("panic_on_info", "panic-on-info"), dir.path().join(&library))
+        .expect("built fixture");
+    fixture_manifest(dir.path(), &library, "ReferenceBackend", "9.0.0", None);
+    let list = stdout_json(&run(host()
+        .args(["plugins", "--json", "--plugin-dir"])
+        .arg(dir.path())
+        .env_remove("DELEGATE_PLUGIN_PATH")));
+    assert_eq!(list[0]["status"], "listed", "{list}");
+    assert_eq!(
+        list[0]["serves_why"],
+        serde_json::json!({"ReferenceBackend": "the highest version (9.0.0) of 2 verified candidates"})
+    );
+    let program = tempfile::tempdir().expect("temp dir");
+    kv_example::export::reference(&kv_example::Config::tiny(), program.path()).expect("export");
+    let out = run(host()
+        .arg("run")
+        .arg(program.path().join("program.toml"))
+        .args(["--steps", "2", "--json", "--plugin-dir"])
+        .arg(dir.path())
+        .env_remove("DELEGATE_PLUGIN_PATH"));
+    let report = stdout_json(&out);
+    assert_eq!(run_plugins(&report), [("ReferenceBackend".to_owned(), Value::Null, false)]);
+    // One log line, naming the library and why; no panic text.
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let lines: Vec<&str> = stderr.lines().filter(|l| !l.trim().is_empty()).collect();
+    assert_eq!(lines.len(), 1, "{stderr}");
+    assert!(lines[0].contains("WARN") && lines[0].contains("passed over"), "{stderr}");
+    assert!(lines[0].contains(&library) && lines[0].contains("plugin refused the handshake"), "{stderr}");
+    assert!(!stderr.contains("panicked at") && !stderr.contains("RUST_BACKTRACE"), "{stderr}");
+}
+
+#[test]
+fn a_pte_program_runs_a_plugin_whose_manifest_asks_for_isolation_in_a_worker_as_a_toml_program_does() {
+    // crash-on-load, its hash right, claiming the newest ReferenceBackend and asking for isolation: every
+    // program path places it in a worker, whose death fails the run in one line; the host never opens it.
+    let dir = tempfile::tempdir().expect("temp dir");
+    let library = dylib("crash_on_load");
+    std::fs::copy(test_plugin_dir().join(&library), dir.path().join(&library)).expect("built fixture");
+    fixture_manifest(dir.path(), &library, "ReferenceBackend", "9.0.0", None);
+    let stem = library.trim_end_matches(std::env::consts::DLL_SUFFIX);
+    let manifest_path = dir.path().join(format!("{stem}.plugin.json"));
+    let mut manifest: Value =
+        serde_json::from_slice(&std::fs::read(&manifest_path).expect("written")).expect("json");
+    manifest["isolate"] = Value::from(true);
+    std::fs::write(&manifest_path, manifest.to_string()).expect("edit");
+
+    let pte = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/executorch/buffers_2m.pte");
+    let toml = tempfile::tempdir().expect("temp dir");
+    kv_example::export::reference(&kv_example::Config::tiny(), toml.path()).expect("export");
+    for program in [pte, toml.path().join("program.toml")] {
+        let out = run(host()
+            .arg("run")
+            .arg(&program)
+            .args(["--prompt", "1,7,3,12", "--steps", "2", "--plugin-dir"])
+            .arg(dir.path())
+            .env_remove("DELEGATE_PLUGIN_PATH"));
+        let line = one_line_error(&out);
+        assert!(line.ends_with("[Internal]"), "{}: {line}", program.display());
+    }
+}
+
+#[test]
+fn plugins_and_run_say_per_plugin_whether_it_runs_isolated() {
+    // The reference delegate as a library whose manifest asks for isolation (it misbehaves only on request).
+    let dir = tempfile::tempdir().expect("temp dir");
+    let library = dir.path().join(dylib("misbehave_delegate"));
+    std::fs::copy(test_plugin_dir().join(dylib("misbehave_delegate")), &library).expect("built fixture");
+    let out = run(host().args(["plugin-manifest", "--isolate"]).arg(&library));
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let list = stdout_json(&run(host()
+        .args(["plugins", "--json", "--plugin-dir"])
+        .arg(dir.path())
+        .env_remove("DELEGATE_PLUGIN_PATH")));
+    let isolated: Vec<(Value, Value)> =
+        list.as_array().expect("a list").iter().map(|c| (c["name"].clone(), c["isolated"].clone())).collect();
+    assert_eq!(isolated[0], (Value::from("misbehave-delegate"), Value::from(true)), "{list}");
+    assert_eq!(isolated[1], (Value::from("reference-delegate"), Value::from(false)), "{list}");
+    let table =
+        run(host().args(["plugins", "--plugin-dir"]).arg(dir.path()).env_remove("DELEGATE_PLUGIN_PATH"));
+    let table = String::from_utf8_lossy(&table.stdout).into_owned();
+    assert!(
+        table.lines().any(|l| l.starts_with(&format!(
+            "ReferenceBackend: served by {} (misbehave-delegate, isolated): ",
+            library.display()
+        ))),
+        "{table}"
+    );
+
+    let program = tempfile::tempdir().expect("temp dir");
+    kv_example::export::reference(&kv_example::Config::tiny(), program.path()).expect("export");
+    let run_it = |json: bool| {
+        let mut cmd = host();
+        cmd.arg("run").arg(program.path().join("program.toml")).args(["--steps", "2", "--plugin-dir"]);
+        cmd.arg(dir.path()).env_remove("DELEGATE_PLUGIN_PATH").env_remove("MISBEHAVE");
+        if json {
+            cmd.arg("--json");
+        }
+        run(&mut cmd)
+    };
+    let path = Value::from(library.display().to_string());
+    assert_eq!(run_plugins(&stdout_json(&run_it(true))), [("ReferenceBackend".to_owned(), path, true)]);
+    let out = run_it(false);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let text = String::from_utf8_lossy(&out.stdout);
+    let line = format!("plugin for ReferenceBackend: misbehave-delegate ({}), isolated", library.display());
+    assert!(text.lines().any(|l| l == line), "{text}");
+}
+
+#[test]
+fn a_backend_nobody_serves_names_each_library_without_a_manifest_and_the_command_that_writes_one() {
+    // A plugin built by following the guide but without its manifest; the program calls CudaBackend, which
+    // the embedded CUDA delegate serves only where a GPU is.
+    let dir = tempfile::tempdir().expect("temp dir");
+    let library = dir.path().join(dylib("abi_test"));
+    std::fs::copy(test_plugin_dir().join(dylib("abi_test")), &library).expect("built plugin");
+    let program = tempfile::tempdir().expect("temp dir");
+    let target = kv_example::export::Target {
+        backend: kv_example::export::Backend::Cuda,
+        memory: program_manifest::MemoryKind::Host,
+    };
+    kv_example::export::program(&kv_example::Config::tiny(), program.path(), &target).expect("export");
+    let out = run(host()
+        .arg("run")
+        .arg(program.path().join("program.toml"))
+        .args(["--steps", "2", "--plugin-dir"])
+        .arg(dir.path())
+        .env_remove("DELEGATE_PLUGIN_PATH"));
+    if std::path::Path::new("/dev/nvidiactl").exists() {
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        return;
+    }
+    let line = one_line_error(&out);
+    assert!(
+        line.contains("no loaded plugin serves backend 'CudaBackend' (loaded: ReferenceBackend)"),
+        "{line}"
+    );
+    let fix = format!("write one with `delegate-host plugin-manifest {}`", library.display());
+    assert!(line.contains(&format!("plugin {}", library.display())) && line.contains(&fix), "{line}");
+}
+
+#[test]
+fn probing_and_isolating_together_are_refused_in_one_line() {
+    let line = one_line_error(&run(host().args(["--probe", "--isolate", "plugins"])));
+    assert!(line
+        .starts_with("error: --probe loads every plugin library into this process, which --isolate forbids"));
+    assert!(line.ends_with("[InvalidArgument]"), "{line}");
 }
 
 #[test]
@@ -915,16 +1159,31 @@ fn a_library_that_disagrees_with_its_manifest_is_rejected_naming_the_difference(
             .env_remove("DELEGATE_PLUGIN_PATH"))
     };
     // As written: the library from disk (found before the embedded copy of the same version) serves.
-    stdout_json(&run_it());
+    assert_eq!(
+        run_plugins(&stdout_json(&run_it())),
+        [("ReferenceBackend".to_owned(), Value::from(library.display().to_string()), false)]
+    );
 
-    // Another library under the same manifest: refused when the program asks for it, naming the difference.
+    // A rebuilt library under the old manifest: rejected from its hash alone, naming the library and the
+    // command that writes its manifest again; the embedded copy serves the program.
     let mut edited = manifest.clone();
     edited["sha256"] = Value::from("0".repeat(64));
+    std::fs::write(&manifest_path, edited.to_string()).expect("edit");
+    let fix = format!("`delegate-host plugin-manifest {}`", library.display());
+    let list = stdout_json(&run(host().args(["plugins", "--json", "--plugin-dir"]).arg(dir.path())));
+    let reason = list[0]["reason"].as_str().unwrap_or_default().to_owned();
+    assert!(reason.starts_with("sha256: manifest 0000") && reason.ends_with(&fix), "{list}");
+    assert_eq!(run_plugins(&stdout_json(&run_it())), [("ReferenceBackend".to_owned(), Value::Null, false)]);
+
+    // Its hash right but its self-description not: passed over when the program asks for it, naming the
+    // difference, and the next candidate (embedded) serves.
+    let mut edited = manifest.clone();
     edited["version"] = Value::from("0.1.1");
     std::fs::write(&manifest_path, edited.to_string()).expect("edit");
-    let line = one_line_error(&run_it());
-    assert!(line.contains("reference-delegate offers it but is unavailable: the library disagrees with its manifest: sha256: manifest 0000"), "{line}");
-    assert!(line.contains("version: manifest 0.1.1, library 0.1.0"), "{line}");
+    let out = run_it();
+    assert_eq!(run_plugins(&stdout_json(&out)), [("ReferenceBackend".to_owned(), Value::Null, false)]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("version: manifest 0.1.1, library 0.1.0") && stderr.contains(&fix), "{stderr}");
     // `--probe` loads it at once and lists the same reason.
     let list =
         stdout_json(&run(host().args(["plugins", "--json", "--probe", "--plugin-dir"]).arg(dir.path())));
@@ -933,5 +1192,105 @@ fn a_library_that_disagrees_with_its_manifest_is_rejected_naming_the_difference(
     assert!(
         candidate["reason"].as_str().is_some_and(|r| r.contains("version: manifest 0.1.1, library 0.1.0")),
         "{candidate}"
+    );
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// Issue 17, items 13-15 (blob files and program manifests): a blob linked out of its program's directory, a
+// FIFO in place of a program file, and `inspect` of multi-gigabyte files reading only their headers.
+
+/// Runs `delegate-host ARGS` with its address space limited to `mib` MiB (`ulimit -v`): a command that
+/// reads a file larger than that into memory fails to allocate it.
+fn host_within(mib: u64, args: &[&std::ffi::OsStr]) -> std::process::Output {
+    let script = format!("ulimit -v {} && exec \"$@\"", mib * 1024);
+    let mut cmd = std::process::Command::new("sh");
+    cmd.arg("-c").arg(script).arg("sh").arg(host().get_program()).args(args);
+    run(&mut cmd)
+}
+
+const GIB: u64 = 1 << 30;
+
+#[test]
+fn inspect_of_a_4_gib_blob_reads_its_header_not_its_engine() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    // The TR02 fixture with its engine_size (bytes 16..24) saying 4 GiB, and the file as long as that
+    // (sparse: no disk is written).
+    let mut bytes = std::fs::read(fixture("tr02_kv_cache.blob")).expect("fixture");
+    let engine_offset = 512;
+    bytes[16..24].copy_from_slice(&(4 * GIB).to_le_bytes());
+    let path = dir.path().join("big.blob");
+    std::fs::write(&path, &bytes).expect("write");
+    let file = std::fs::File::options().write(true).open(&path).expect("open");
+    file.set_len(engine_offset + 4 * GIB).expect("sparse");
+
+    let out = host_within(256, &["inspect".as_ref(), "--json".as_ref(), path.as_os_str()]);
+    let json = stdout_json(&out);
+    assert_eq!((json["engine_offset"].as_u64(), json["engine_size"].as_u64()), (Some(512), Some(4 * GIB)));
+    assert_eq!(json["outputs"], serde_json::json!(["k_cache_out", "logits"]));
+    let text = host_within(256, &["inspect".as_ref(), path.as_os_str()]);
+    assert!(text.status.success(), "{}", String::from_utf8_lossy(&text.stderr));
+    assert!(String::from_utf8_lossy(&text.stdout).contains("(4294967296 bytes at offset 512)"));
+    // Loading still reads the whole blob, into owned memory: under the same limit it fails, naming the file.
+    let line = one_line_error(&host_within(256, &["validate".as_ref(), path.as_os_str()]));
+    assert!(line.contains("big.blob") && line.contains("cannot allocate"), "{line}");
+}
+
+#[test]
+fn inspect_of_a_4_gib_program_reads_its_program_data_and_blob_headers() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = dir.path().join("big.pte");
+    std::fs::copy(pte_fixture("kv_decoder.pte"), &path).expect("copy");
+    let small = stdout_json(&run(host().args(["inspect", "--json"]).arg(&path)));
+    std::fs::File::options().write(true).open(&path).and_then(|f| f.set_len(4 * GIB)).expect("sparse");
+    let big = stdout_json(&host_within(256, &["inspect".as_ref(), "--json".as_ref(), path.as_os_str()]));
+    assert_eq!(big, small, "the same program, its segments and blobs, read from the first bytes only");
+    assert!(big["methods"][0]["delegate_calls"][0]["blob"]["engine_size"].as_u64() > Some(0), "{big}");
+}
+
+#[test]
+fn a_blob_linked_out_of_the_program_directory_is_one_error_line_unless_allowed() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let program = dir.path().join("program");
+    std::fs::create_dir(&program).expect("mkdir");
+    kv_example::export::reference(&kv_example::Config::tiny(), &program).expect("export");
+    std::fs::rename(program.join("decode.blob"), dir.path().join("elsewhere.blob")).expect("move out");
+    std::os::unix::fs::symlink("../elsewhere.blob", program.join("decode.blob")).expect("symlink");
+    let manifest = program.join("program.toml");
+    let line = one_line_error(&run(host().args(["run", "--steps", "2"]).arg(&manifest)));
+    let blob = program.join("decode.blob");
+    assert!(line.contains(&format!("cannot read blob {}: it leads outside", blob.display())), "{line}");
+    assert!(line.contains("--allow-outside-blobs") && line.ends_with("[AccessFailed]"), "{line}");
+    let out = run(host().args(["run", "--steps", "2", "--allow-outside-blobs"]).arg(&manifest));
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+}
+
+#[test]
+fn a_fifo_in_place_of_a_blob_is_refused_at_once_naming_it() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    kv_example::export::reference(&kv_example::Config::tiny(), dir.path()).expect("export");
+    let blob = dir.path().join("decode.blob");
+    std::fs::remove_file(&blob).expect("remove");
+    let made = std::process::Command::new("mkfifo").arg(&blob).status().expect("mkfifo runs");
+    assert!(made.success());
+    // A blocked open would hang the command: it must end by itself, well within the limit.
+    let mut child = host()
+        .args(["run", "--steps", "2"])
+        .arg(dir.path().join("program.toml"))
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("starts");
+    let start = std::time::Instant::now();
+    while child.try_wait().expect("wait").is_none() {
+        if start.elapsed() > std::time::Duration::from_secs(60) {
+            let _ = child.kill();
+            panic!("`run` blocked on a FIFO in place of a blob");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let line = one_line_error(&child.wait_with_output().expect("output"));
+    assert!(
+        line.contains(&format!("cannot read blob {}: not a regular file (it is a FIFO)", blob.display())),
+        "{line}"
     );
 }

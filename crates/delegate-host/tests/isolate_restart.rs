@@ -42,6 +42,11 @@ fn the_call_after_a_worker_dies_starts_a_new_worker_that_decodes_like_the_host()
     );
     assert_eq!(et_error::HasErrorCode::error_code(&err), et_error::ErrorCode::Internal, "{text}");
     assert!(marker.exists());
+    // The killed call may have left the caches half-written: nothing reads them until the caller resets.
+    let torn = host_runtime::generate::generate(&mut program, 1, |_, _| Ok(())).expect_err("torn caches");
+    assert_eq!(et_error::HasErrorCode::error_code(&torn), et_error::ErrorCode::InvalidState, "{torn}");
+    assert!(torn.to_string().contains("buffers 'k_cache_0', 'v_cache_0'"), "{torn}");
+    program.reset().expect("a new sequence");
 
     let isolated_run = host_runtime::generate::generate(&mut program, cfg.max_decode_steps(), |_, _| Ok(()))
         .expect("the next calls start a new worker");

@@ -5,9 +5,17 @@
 // - `kvd_module_*`: `executorch::extension::Module` for the runner (load, execute, copy outputs out).
 //
 // Everything crossing is plain C: numbers, pointers, and the `kvd_*` structs mirrored in `src/ffi.rs`.
+//
+// No C++ exception leaves this file: ExecuTorch is built without exceptions and Rust cannot unwind one, so every
+// `extern "C"` entry and every `BackendInterface` method runs its body under `guard`, which turns an exception
+// into an ExecuTorch code (MemoryAllocationFailed for `std::bad_alloc`, Internal otherwise) and keeps its
+// message per thread for Rust (`kvd_take_exception`).
 
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
+#include <exception>
+#include <limits>
 #include <new>
 #include <string>
 #include <vector>
@@ -68,6 +76,33 @@ struct kvd_tensor {
 
 namespace {
 
+// The message of the last C++ exception `guard` caught on this thread, NUL-terminated, empty when none. Fixed
+// storage: remembering an exception (a `std::bad_alloc` among them) must not allocate.
+thread_local char g_exception[256] = {0};
+
+void remember(const char* where, const char* what) noexcept {
+  std::snprintf(g_exception, sizeof g_exception, "%s threw %s", where, what);
+}
+
+// Runs `body` (returning an ExecuTorch code); a C++ exception it throws becomes a code, its message kept.
+template <typename Body>
+rt::Error guard(const char* where, Body&& body) noexcept {
+  try {
+    return body();
+  } catch (const std::bad_alloc& e) {
+    remember(where, e.what());
+    return rt::Error::MemoryAllocationFailed;
+  } catch (const std::exception& e) {
+    remember(where, e.what());
+    return rt::Error::Internal;
+  } catch (...) {
+    remember(where, "an exception that is not a std::exception");
+    return rt::Error::Internal;
+  }
+}
+
+uint32_t as_code(rt::Error err) noexcept { return static_cast<uint32_t>(err); }
+
 // The handle ExecuTorch holds: the Rust handle, and the processed payload that Rust's handle borrows.
 struct BridgeHandle {
   void* rust;
@@ -80,54 +115,70 @@ class BridgeBackend final : public rt::BackendInterface {
  public:
   explicit BridgeBackend(kvd_callbacks callbacks) : cb_(callbacks) {}
 
-  bool is_available() const override { return cb_.is_available(cb_.ctx); }
+  bool is_available() const override {
+    bool available = false;
+    rt::Error err = guard("is_available", [&] {
+      available = cb_.is_available(cb_.ctx);
+      return rt::Error::Ok;
+    });
+    return err == rt::Error::Ok && available;
+  }
 
   rt::Result<rt::DelegateHandle*> init(rt::BackendInitContext&, rt::FreeableBuffer* processed,
                                        rt::ArrayRef<rt::CompileSpec> compile_specs) const override {
-    std::vector<kvd_spec> specs;
-    specs.reserve(compile_specs.size());
-    for (const auto& spec : compile_specs) {
-      specs.push_back({spec.key, static_cast<const uint8_t*>(spec.value.buffer), spec.value.nbytes});
+    rt::DelegateHandle* made = nullptr;
+    rt::Error err = guard("init", [&] {
+      std::vector<kvd_spec> specs;
+      specs.reserve(compile_specs.size());
+      for (const auto& spec : compile_specs) {
+        specs.push_back({spec.key, static_cast<const uint8_t*>(spec.value.buffer), spec.value.nbytes});
+      }
+      void* rust = nullptr;
+      uint32_t code = cb_.init(cb_.ctx, static_cast<const uint8_t*>(processed->data()), processed->size(),
+                               specs.data(), specs.size(), &rust);
+      if (code != 0) {
+        return static_cast<rt::Error>(code);
+      }
+      made = new (std::nothrow) BridgeHandle{rust, processed};
+      if (made == nullptr) {
+        cb_.destroy(cb_.ctx, rust);
+        return rt::Error::MemoryAllocationFailed;
+      }
+      return rt::Error::Ok;
+    });
+    if (err != rt::Error::Ok) {
+      return err;
     }
-    void* rust = nullptr;
-    uint32_t code = cb_.init(cb_.ctx, static_cast<const uint8_t*>(processed->data()), processed->size(),
-                             specs.data(), specs.size(), &rust);
-    if (code != 0) {
-      return static_cast<rt::Error>(code);
-    }
-    auto* handle = new (std::nothrow) BridgeHandle{rust, processed};
-    if (handle == nullptr) {
-      cb_.destroy(cb_.ctx, rust);
-      return rt::Error::MemoryAllocationFailed;
-    }
-    return handle;
+    return made;
   }
 
   rt::Error execute(rt::BackendExecutionContext&, rt::DelegateHandle* handle,
                     rt::Span<rt::EValue*> args) const override {
-    // Reused per thread: a decode loop allocates nothing here after its first call.
-    thread_local std::vector<kvd_arg> out;
-    out.assign(args.size(), kvd_arg{});
-    for (size_t i = 0; i < args.size(); ++i) {
-      kvd_arg& a = out[i];
-      if (args[i] == nullptr || !args[i]->isTensor()) {
-        continue;  // is_tensor = 0: Rust refuses it with InvalidArgument, naming the position.
+    return guard("execute", [&] {
+      // Reused per thread: a decode loop allocates nothing here after its first call.
+      thread_local std::vector<kvd_arg> out;
+      out.assign(args.size(), kvd_arg{});
+      for (size_t i = 0; i < args.size(); ++i) {
+        kvd_arg& a = out[i];
+        if (args[i] == nullptr || !args[i]->isTensor()) {
+          continue;  // is_tensor = 0: Rust refuses it with InvalidArgument, naming the position.
+        }
+        const auto& t = args[i]->toTensor();
+        a.is_tensor = 1;
+        a.data = t.mutable_data_ptr();
+        a.nbytes = t.nbytes();
+        a.scalar_type = static_cast<int32_t>(t.scalar_type());
+        a.rank = static_cast<uint32_t>(t.dim());
+        if (a.rank > KVD_MAX_RANK) {
+          return rt::Error::InvalidArgument;
+        }
+        for (uint32_t d = 0; d < a.rank; ++d) {
+          a.shape[d] = t.size(d);
+        }
       }
-      const auto& t = args[i]->toTensor();
-      a.is_tensor = 1;
-      a.data = t.mutable_data_ptr();
-      a.nbytes = t.nbytes();
-      a.scalar_type = static_cast<int32_t>(t.scalar_type());
-      a.rank = static_cast<uint32_t>(t.dim());
-      if (a.rank > KVD_MAX_RANK) {
-        return rt::Error::InvalidArgument;
-      }
-      for (uint32_t d = 0; d < a.rank; ++d) {
-        a.shape[d] = t.size(d);
-      }
-    }
-    auto* h = static_cast<BridgeHandle*>(handle);
-    return static_cast<rt::Error>(cb_.execute(cb_.ctx, h->rust, out.data(), out.size()));
+      auto* h = static_cast<BridgeHandle*>(handle);
+      return static_cast<rt::Error>(cb_.execute(cb_.ctx, h->rust, out.data(), out.size()));
+    });
   }
 
   void destroy(rt::DelegateHandle* handle) const override {
@@ -135,7 +186,11 @@ class BridgeBackend final : public rt::BackendInterface {
       return;
     }
     auto* h = static_cast<BridgeHandle*>(handle);
-    cb_.destroy(cb_.ctx, h->rust);
+    // Nothing here throws today (a Rust callback that catches its panics, then `delete`); guarded all the same.
+    guard("destroy", [&] {
+      cb_.destroy(cb_.ctx, h->rust);
+      return rt::Error::Ok;
+    });
     delete h;
   }
 
@@ -150,7 +205,7 @@ namespace {
 void (*g_log)(char level, const char* message, size_t len) = nullptr;
 
 void forward_log(et_timestamp_t, et_pal_log_level_t level, const char*, const char*, size_t, const char* message,
-                 size_t length) {
+                 size_t length) noexcept {
   if (g_log != nullptr) {
     g_log(static_cast<char>(level), message, length);
   }
@@ -158,80 +213,59 @@ void forward_log(et_timestamp_t, et_pal_log_level_t level, const char*, const ch
 
 }  // namespace
 
-extern "C" {
+namespace {
 
-// Sends ExecuTorch's log messages to `log` (Rust's `tracing`) instead of stderr.
-bool kvd_set_log(void (*log)(char level, const char* message, size_t len)) {
-  g_log = log;
-  return rt::register_pal(rt::PalImpl::create(forward_log, __FILE__));
-}
-
-// Registers `name` (which must outlive the process) with `callbacks`. Returns ExecuTorch's code
-// (RegistrationAlreadyRegistered when the id is taken, RegistrationExceedingMaxKernels when the table is full).
-uint32_t kvd_register_backend(const char* name, const kvd_callbacks* callbacks) {
-  // Leaked on purpose: ExecuTorch's registry keeps the pointer for the process's life.
-  auto* backend = new (std::nothrow) BridgeBackend(*callbacks);
-  if (backend == nullptr) {
-    return static_cast<uint32_t>(rt::Error::MemoryAllocationFailed);
+// `in`'s shape as ExecuTorch's sizes, each checked to fit `SizesType` (32 bits), into `sizes`.
+rt::Error sizes_of(const kvd_tensor& in, std::vector<executorch::aten::SizesType>& sizes) {
+  using Size = executorch::aten::SizesType;
+  if (in.rank > KVD_MAX_RANK) {
+    return rt::Error::InvalidArgument;
   }
-  rt::Error err = rt::register_backend({name, backend});
-  if (err != rt::Error::Ok) {
-    delete backend;
+  sizes.clear();
+  for (uint32_t d = 0; d < in.rank; ++d) {
+    if (in.shape[d] < 0 || in.shape[d] > std::numeric_limits<Size>::max()) {
+      return rt::Error::InvalidArgument;
+    }
+    sizes.push_back(static_cast<Size>(in.shape[d]));
   }
-  return static_cast<uint32_t>(err);
+  return rt::Error::Ok;
 }
 
-// Whether ExecuTorch's registry has a backend named `name`.
-bool kvd_backend_registered(const char* name) { return rt::get_backend_class(name) != nullptr; }
-
-// A Module over `path` (mmapped), arenas shared across methods when `share_arenas`.
-void* kvd_module_new(const char* path, bool share_arenas) {
-  return new (std::nothrow)
-      Module(std::string(path), Module::LoadMode::Mmap, nullptr, nullptr, nullptr, share_arenas);
-}
-
-void kvd_module_free(void* module) { delete static_cast<Module*>(module); }
-
-uint32_t kvd_module_load(void* module) { return static_cast<uint32_t>(static_cast<Module*>(module)->load()); }
-
-uint32_t kvd_module_load_method(void* module, const char* method) {
-  return static_cast<uint32_t>(static_cast<Module*>(module)->load_method(method));
-}
-
-// Runs `method` with `inputs` (borrowed, never kept) and copies its tensor outputs into `outputs` (caller
-// memory): up to `n_outputs` of them; `*n_written` receives the method's output count. Outputs that are not
-// tensors, or that do not fit, fail with InvalidArgument.
-uint32_t kvd_module_execute(void* module, const char* method, const kvd_tensor* inputs, size_t n_inputs,
-                            kvd_tensor* outputs, size_t n_outputs, size_t* n_written) {
-  auto* m = static_cast<Module*>(module);
+rt::Error module_execute(Module* m, const char* method, const kvd_tensor* inputs, size_t n_inputs,
+                         kvd_tensor* outputs, size_t n_outputs, size_t* n_written) {
   std::vector<executorch::extension::TensorPtr> tensors;
   std::vector<rt::EValue> values;
   tensors.reserve(n_inputs);
   values.reserve(n_inputs);
   for (size_t i = 0; i < n_inputs; ++i) {
     const kvd_tensor& in = inputs[i];
-    if (in.rank > KVD_MAX_RANK) {
-      return static_cast<uint32_t>(rt::Error::InvalidArgument);
+    std::vector<executorch::aten::SizesType> sizes;
+    rt::Error err = sizes_of(in, sizes);
+    if (err != rt::Error::Ok) {
+      return err;
     }
-    std::vector<executorch::aten::SizesType> sizes(in.shape, in.shape + in.rank);
     tensors.push_back(executorch::extension::from_blob(in.data, std::move(sizes),
                                                        static_cast<executorch::aten::ScalarType>(in.scalar_type)));
+    // The tensor reads exactly shape x dtype bytes: the caller's memory must hold exactly that many.
+    if (tensors.back()->nbytes() != in.nbytes) {
+      return rt::Error::InvalidArgument;
+    }
     values.emplace_back(*tensors.back());
   }
   auto result = m->execute(method, values);
   if (!result.ok()) {
-    return static_cast<uint32_t>(result.error());
+    return result.error();
   }
   const auto& outs = result.get();
   *n_written = outs.size();
   for (size_t i = 0; i < outs.size() && i < n_outputs; ++i) {
     if (!outs[i].isTensor()) {
-      return static_cast<uint32_t>(rt::Error::InvalidArgument);
+      return rt::Error::InvalidArgument;
     }
     const auto& t = outs[i].toTensor();
     kvd_tensor& out = outputs[i];
     if (t.dim() > KVD_MAX_RANK || t.nbytes() > out.capacity) {
-      return static_cast<uint32_t>(rt::Error::InvalidArgument);
+      return rt::Error::InvalidArgument;
     }
     std::memcpy(out.data, t.const_data_ptr(), t.nbytes());
     out.nbytes = t.nbytes();
@@ -241,7 +275,91 @@ uint32_t kvd_module_execute(void* module, const char* method, const kvd_tensor* 
       out.shape[d] = t.size(d);
     }
   }
-  return 0;
+  return rt::Error::Ok;
+}
+
+}  // namespace
+
+extern "C" {
+
+// Copies the message of the last C++ exception caught on this thread (NUL-terminated, cut to `cap`) into `out`
+// and forgets it. Returns its length, 0 when there was none.
+size_t kvd_take_exception(char* out, size_t cap) noexcept {
+  size_t len = std::strlen(g_exception);
+  if (len == 0 || out == nullptr || cap == 0) {
+    return 0;
+  }
+  len = len < cap - 1 ? len : cap - 1;
+  std::memcpy(out, g_exception, len);
+  out[len] = '\0';
+  g_exception[0] = '\0';
+  return len;
+}
+
+// Sends ExecuTorch's log messages to `log` (Rust's `tracing`) instead of stderr.
+bool kvd_set_log(void (*log)(char level, const char* message, size_t len)) noexcept {
+  g_log = log;
+  bool registered = false;
+  guard("kvd_set_log", [&] {
+    registered = rt::register_pal(rt::PalImpl::create(forward_log, __FILE__));
+    return rt::Error::Ok;
+  });
+  return registered;
+}
+
+// Registers `name` (which must outlive the process) with `callbacks`. Returns ExecuTorch's code
+// (RegistrationAlreadyRegistered when the id is taken, RegistrationExceedingMaxKernels when the table is full).
+uint32_t kvd_register_backend(const char* name, const kvd_callbacks* callbacks) noexcept {
+  return as_code(guard("kvd_register_backend", [&] {
+    // Leaked on purpose: ExecuTorch's registry keeps the pointer for the process's life.
+    auto* backend = new BridgeBackend(*callbacks);
+    rt::Error err = rt::register_backend({name, backend});
+    if (err != rt::Error::Ok) {
+      delete backend;
+    }
+    return err;
+  }));
+}
+
+// Whether ExecuTorch's registry has a backend named `name`.
+bool kvd_backend_registered(const char* name) noexcept {
+  bool found = false;
+  guard("kvd_backend_registered", [&] {
+    found = rt::get_backend_class(name) != nullptr;
+    return rt::Error::Ok;
+  });
+  return found;
+}
+
+// A Module over `path` (mmapped), arenas shared across methods when `share_arenas`, into `*module`.
+uint32_t kvd_module_new(const char* path, bool share_arenas, void** module) noexcept {
+  *module = nullptr;
+  return as_code(guard("kvd_module_new", [&] {
+    *module = new Module(std::string(path), Module::LoadMode::Mmap, nullptr, nullptr, nullptr, share_arenas);
+    return rt::Error::Ok;
+  }));
+}
+
+// Destructors do not throw (they are noexcept: an exception there would end the process inside `~Module`).
+void kvd_module_free(void* module) noexcept { delete static_cast<Module*>(module); }
+
+uint32_t kvd_module_load(void* module) noexcept {
+  return as_code(guard("kvd_module_load", [&] { return static_cast<Module*>(module)->load(); }));
+}
+
+uint32_t kvd_module_load_method(void* module, const char* method) noexcept {
+  return as_code(guard("kvd_module_load_method", [&] { return static_cast<Module*>(module)->load_method(method); }));
+}
+
+// Runs `method` with `inputs` (borrowed, never kept; each `nbytes` must be its shape x dtype, each size must fit
+// ExecuTorch's 32-bit sizes) and copies its tensor outputs into `outputs` (caller memory): up to `n_outputs` of
+// them; `*n_written` receives the method's output count. Inputs that do not describe their bytes, outputs that
+// are not tensors, or that do not fit, fail with InvalidArgument.
+uint32_t kvd_module_execute(void* module, const char* method, const kvd_tensor* inputs, size_t n_inputs,
+                            kvd_tensor* outputs, size_t n_outputs, size_t* n_written) noexcept {
+  return as_code(guard("kvd_module_execute", [&] {
+    return module_execute(static_cast<Module*>(module), method, inputs, n_inputs, outputs, n_outputs, n_written);
+  }));
 }
 
 }  // extern "C"

@@ -1,4 +1,4 @@
-//! Our plugins as ExecuTorch backends: one [`BackendSlot`] per backend id, registered once per process in
+//! Our plugins as ExecuTorch backends: one `BackendSlot` per backend id, registered once per process in
 //! ExecuTorch's registry, and the per-handle logic of `init` and `execute` (safe code; the raw pointers are
 //! `ffi`'s).
 
@@ -14,7 +14,7 @@ use delegate_abi::{
     DTypeCode, DelegateError, InitContext, MemoryKind, Spec, TensorArg, ARG_INOUT, ARG_WRITABLE,
 };
 use et_error::ErrorCode;
-use host_runtime::plugins::Registry;
+use host_runtime::plugins::{Registry, Served};
 
 use crate::ffi::{self, KvdArg};
 use crate::BridgeError;
@@ -76,11 +76,15 @@ fn slots() -> &'static Mutex<BTreeMap<String, &'static BackendSlot>> {
 /// its plugin. Returns the ids. Calling it again (another registry) points the ids at the new plugins.
 ///
 /// # Errors
+/// [`BridgeError::Isolated`] when a plugin serving an id must run isolated (the bridge never loads it);
 /// [`BridgeError::Registration`] when ExecuTorch refuses an id (taken by a backend that is not ours, or its
 /// table is full).
 pub fn register(registry: &Registry) -> Result<Vec<String>, BridgeError> {
-    let ids: Vec<String> =
-        registry.backends().into_iter().filter(|id| registry.for_backend(id).is_some()).collect();
+    let ids: Vec<String> = registry
+        .backends()
+        .into_iter()
+        .filter(|id| registry.served(id).is_some() || asks_isolation(registry, id).is_some())
+        .collect();
     register_backends(registry, &ids)
 }
 
@@ -88,6 +92,9 @@ pub fn register(registry: &Registry) -> Result<Vec<String>, BridgeError> {
 /// only when one of them needs it. Returns the ids.
 ///
 /// # Errors
+/// [`BridgeError::Isolated`] when the plugin serving an id must run isolated: its manifest asks for it, or the
+/// registry isolates every library plugin ([`Registry::served`] decides). ExecuTorch runs delegates in this
+/// process over its own planned memory, so such a plugin is never loaded here.
 /// [`BridgeError::PluginUnavailable`] when no usable plugin serves an id (none offers it, or the one that
 /// does failed to load or is unavailable, with its reason); [`BridgeError::Registration`] when ExecuTorch
 /// refuses an id.
@@ -96,21 +103,7 @@ pub fn register_backends(registry: &Registry, ids: &[String]) -> Result<Vec<Stri
     let mut table = slots().lock().unwrap_or_else(|e| e.into_inner());
     for id in ids {
         let id = id.clone();
-        let Some(plugin) = registry.for_backend(&id) else {
-            let reasons: Vec<String> =
-                registry.unavailable_for(&id).map(|(name, why)| format!("plugin {name}: {why}")).collect();
-            let failed: Vec<String> = registry
-                .candidates()
-                .iter()
-                .filter(|c| c.info.as_ref().is_some_and(|i| i.backends.contains(&id)))
-                .filter_map(|c| c.load_failure().map(|why| format!("{}: {why}", c.location())))
-                .collect();
-            let reason = match [reasons, failed].concat() {
-                r if r.is_empty() => "no plugin offers it".to_owned(),
-                r => r.join("; "),
-            };
-            return Err(BridgeError::PluginUnavailable { backend: id, reason });
-        };
+        let plugin = in_process(registry, &id)?;
         match table.get(&id) {
             Some(slot) => *slot.plugin.write().unwrap_or_else(|e| e.into_inner()) = Some(plugin),
             None => {
@@ -124,6 +117,60 @@ pub fn register_backends(registry: &Registry, ids: &[String]) -> Result<Vec<Stri
         registered.push(id);
     }
     Ok(registered)
+}
+
+/// The plugin that serves `id` in this process, as [`Registry::served`] decides; anything else is an error:
+/// a plugin that must run isolated (never loaded here), or none usable.
+pub(crate) fn in_process(registry: &Registry, id: &str) -> Result<Arc<Plugin>, BridgeError> {
+    match registry.served(id) {
+        Some(Served::InProcess(plugin)) => Ok(plugin),
+        Some(isolated) => {
+            let library = registry.candidate_for_backend(id).map_or_else(|| "?".to_owned(), |c| c.location());
+            Err(isolated_error(id, &isolated.info().name, &library))
+        }
+        // A host without isolation settings serves a plugin whose manifest asks for it nowhere.
+        None => Err(asks_isolation(registry, id).unwrap_or_else(|| unavailable(registry, id))),
+    }
+}
+
+/// [`BridgeError::Isolated`] when a library offering `id` asks to be isolated (`"isolate": true`) and was
+/// passed over for it: a registry without isolation settings serves `id` with another plugin or none, never
+/// loading that one here. Asked after [`Registry::served`].
+fn asks_isolation(registry: &Registry, id: &str) -> Option<BridgeError> {
+    let candidate = registry.candidates().iter().find(|c| {
+        c.path.is_some()
+            && c.plugin().is_none()
+            && c.load_failure().is_some()
+            && c.manifest.as_ref().is_some_and(|m| m.isolate)
+            && c.info.as_ref().is_some_and(|i| i.backends.iter().any(|b| b == id))
+    })?;
+    Some(isolated_error(id, &candidate.info.as_ref()?.name, &candidate.location()))
+}
+
+fn isolated_error(id: &str, plugin: &str, library: &str) -> BridgeError {
+    BridgeError::Isolated {
+        backend: id.to_owned(),
+        plugin: plugin.to_owned(),
+        library: library.to_owned(),
+        program: None,
+    }
+}
+
+/// Why no plugin serves `id`: each offering plugin's reason, or that none offers it.
+pub(crate) fn unavailable(registry: &Registry, id: &str) -> BridgeError {
+    let reasons: Vec<String> =
+        registry.unavailable_for(id).map(|(name, why)| format!("plugin {name}: {why}")).collect();
+    let failed: Vec<String> = registry
+        .candidates()
+        .iter()
+        .filter(|c| c.info.as_ref().is_some_and(|i| i.backends.iter().any(|b| b == id)))
+        .filter_map(|c| c.load_failure().map(|why| format!("{}: {why}", c.location())))
+        .collect();
+    let reason = match [reasons, failed].concat() {
+        r if r.is_empty() => "no plugin offers it".to_owned(),
+        r => r.join("; "),
+    };
+    BridgeError::PluginUnavailable { backend: id.to_owned(), reason }
 }
 
 /// Whether ExecuTorch's registry has a backend called `id` (ours or not).

@@ -8,7 +8,10 @@
 //! - **arguments**: `execute` receives each DelegateCall argument as `KvdArg` (the tensor's data pointer,
 //!   byte size, dtype and shape, read from ExecuTorch's `EValue`s); they go into the plugin's argument list
 //!   as they are ([`ArgList::push_raw`]), so the plugin reads and writes ExecuTorch's own memory.
-//! - **errors**: every entry returns an ExecuTorch `Error` value, which our [`ErrorCode`] numbers are.
+//! - **errors**: every entry returns an ExecuTorch `Error` value, which our [`ErrorCode`] numbers are. No C++
+//!   exception crosses: the shim catches each at its boundary as a code (`MemoryAllocationFailed` for
+//!   `std::bad_alloc`, `Internal` otherwise) and keeps its message, which [`RawModule`]'s calls record as this
+//!   thread's last error ([`backend::take_last_error`]).
 #![allow(unsafe_code)]
 
 use std::ffi::{c_char, c_void, CStr, CString};
@@ -70,7 +73,8 @@ extern "C" {
     fn kvd_set_log(log: extern "C" fn(c_char, *const c_char, usize)) -> bool;
     fn kvd_register_backend(name: *const c_char, callbacks: *const KvdCallbacks) -> u32;
     fn kvd_backend_registered(name: *const c_char) -> bool;
-    fn kvd_module_new(path: *const c_char, share_arenas: bool) -> *mut c_void;
+    fn kvd_take_exception(out: *mut c_char, cap: usize) -> usize;
+    fn kvd_module_new(path: *const c_char, share_arenas: bool, module: *mut *mut c_void) -> u32;
     fn kvd_module_free(module: *mut c_void);
     fn kvd_module_load(module: *mut c_void) -> u32;
     fn kvd_module_load_method(module: *mut c_void, method: *const c_char) -> u32;
@@ -90,6 +94,25 @@ fn code(value: u32) -> Result<(), ErrorCode> {
         ErrorCode::Ok => Ok(()),
         other => Err(other),
     }
+}
+
+/// The message of the last C++ exception the shim caught on this thread, if any (and forgets it).
+fn take_exception() -> Option<String> {
+    let mut buf = [0u8; 256];
+    // SAFETY: `buf` is writable for its length; the shim writes at most `cap` bytes, NUL included.
+    let len = unsafe { kvd_take_exception(buf.as_mut_ptr().cast(), buf.len()) };
+    (len > 0).then(|| String::from_utf8_lossy(&buf[..len.min(buf.len())]).into_owned())
+}
+
+/// Runs one call into the shim: an exception the shim caught during it becomes this thread's last error
+/// (the code says only `Internal` or `MemoryAllocationFailed`; the message says what threw).
+fn shim_call(call: impl FnOnce() -> u32) -> Result<(), ErrorCode> {
+    take_exception(); // one left by a call whose code did not report it (`is_available`) is not this call's
+    let result = code(call());
+    if let Some(message) = take_exception() {
+        backend::record_error(format!("ExecuTorch's C++ runtime: {message}"));
+    }
+    result
 }
 
 /// Routes ExecuTorch's log messages (stderr by default) to `tracing`, target `executorch`: once per process.
@@ -133,7 +156,7 @@ pub(crate) fn register(slot: &'static BackendSlot) -> Result<(), ErrorCode> {
     };
     // SAFETY: `name` is a NUL-terminated string that lives forever; `callbacks` is read (copied) during the
     // call; its `ctx` is a `&'static BackendSlot`, which the callbacks below turn back into one.
-    code(unsafe { kvd_register_backend(name.as_ptr(), &callbacks) })
+    shim_call(|| unsafe { kvd_register_backend(name.as_ptr(), &callbacks) })
 }
 
 /// Whether ExecuTorch's registry has a backend called `name`.
@@ -266,21 +289,25 @@ pub(crate) fn write_back(dst: &KvdArg, src: &[u8]) {
 pub(crate) struct RawModule(*mut c_void);
 
 impl RawModule {
-    pub(crate) fn new(path: &CStr, share_arenas: bool) -> Option<RawModule> {
+    pub(crate) fn new(path: &CStr, share_arenas: bool) -> Result<RawModule, ErrorCode> {
         route_logs();
-        // SAFETY: a NUL-terminated path, copied by the Module's constructor.
-        let ptr = unsafe { kvd_module_new(path.as_ptr(), share_arenas) };
-        (!ptr.is_null()).then_some(RawModule(ptr))
+        let mut ptr: *mut c_void = std::ptr::null_mut();
+        // SAFETY: a NUL-terminated path, copied by the Module's constructor; `ptr` is writable for one pointer.
+        shim_call(|| unsafe { kvd_module_new(path.as_ptr(), share_arenas, &mut ptr) })?;
+        if ptr.is_null() {
+            return Err(ErrorCode::MemoryAllocationFailed);
+        }
+        Ok(RawModule(ptr))
     }
 
     pub(crate) fn load(&mut self) -> Result<(), ErrorCode> {
         // SAFETY: `self.0` is a live Module (freed only on drop); `&mut self` keeps calls exclusive.
-        code(unsafe { kvd_module_load(self.0) })
+        shim_call(|| unsafe { kvd_module_load(self.0) })
     }
 
     pub(crate) fn load_method(&mut self, method: &CStr) -> Result<(), ErrorCode> {
         // SAFETY: as in `load`; the name is NUL-terminated and copied.
-        code(unsafe { kvd_module_load_method(self.0, method.as_ptr()) })
+        shim_call(|| unsafe { kvd_module_load_method(self.0, method.as_ptr()) })
     }
 
     /// Runs `method`; the outputs' `data`/`capacity` must describe writable caller memory.
@@ -291,10 +318,12 @@ impl RawModule {
         outputs: &mut [KvdTensor],
     ) -> Result<usize, ErrorCode> {
         let mut written = 0usize;
-        // SAFETY: as in `load`. The inputs point at caller memory of their stated shape, alive for the call
-        // (the Module copies them into its planned inputs); each output's `data` is writable for `capacity`
-        // bytes (the safe wrapper built them from `&mut [u8]`), and the shim writes at most that many.
-        let rc = unsafe {
+        // SAFETY: as in `load`. Each input points at caller memory of `nbytes` bytes, alive for the call (the
+        // Module copies them into its planned inputs); the shim reads an input only when `nbytes` is exactly its
+        // shape x dtype and every size fits ExecuTorch's 32-bit sizes (the safe wrapper checked both, and so does
+        // the shim). Each output's `data` is writable for `capacity` bytes (the safe wrapper built them from
+        // `&mut [u8]`), and the shim writes at most that many.
+        shim_call(|| unsafe {
             kvd_module_execute(
                 self.0,
                 method.as_ptr(),
@@ -304,8 +333,8 @@ impl RawModule {
                 outputs.len(),
                 &mut written,
             )
-        };
-        code(rc).map(|()| written)
+        })
+        .map(|()| written)
     }
 }
 
@@ -313,5 +342,51 @@ impl Drop for RawModule {
     fn drop(&mut self) {
         // SAFETY: the Module made by `kvd_module_new`, freed once, here.
         unsafe { kvd_module_free(self.0) }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Calls the shim's `kvd_module_execute` with `n_inputs` inputs that do not exist: the shim reserves room
+    /// for them before it reads one, so a count no vector can hold makes it throw there.
+    fn execute_with_inputs(n_inputs: usize) -> (Result<(), ErrorCode>, Option<String>) {
+        let module = RawModule::new(c"/nonexistent/never-loaded.pte", true).expect("a Module (loads lazily)");
+        let mut written = 0usize;
+        take_exception();
+        backend::take_last_error();
+        // SAFETY: `module.0` is a live Module. The shim's first use of `inputs` is reserving `n_inputs` entries,
+        // which throws for the counts below before any input is read, so the dangling pointer is never
+        // dereferenced; there are no outputs.
+        let result = shim_call(|| unsafe {
+            kvd_module_execute(
+                module.0,
+                c"forward".as_ptr(),
+                std::ptr::NonNull::<KvdTensor>::dangling().as_ptr(),
+                n_inputs,
+                std::ptr::null_mut(),
+                0,
+                &mut written,
+            )
+        });
+        drop(module);
+        (result, backend::take_last_error())
+    }
+
+    #[test]
+    fn a_cpp_exception_at_the_boundary_is_an_executorch_code_and_its_message_reaches_rust() {
+        // More than the address space: `operator new` throws std::bad_alloc.
+        let (result, message) = execute_with_inputs(1 << 44);
+        assert_eq!(result, Err(ErrorCode::MemoryAllocationFailed));
+        let message = message.expect("the exception's message");
+        assert!(message.contains("kvd_module_execute threw std::bad_alloc"), "{message}");
+        // More than `max_size()`: `reserve` throws std::length_error.
+        let (result, message) = execute_with_inputs(usize::MAX);
+        assert_eq!(result, Err(ErrorCode::Internal));
+        let message = message.expect("the exception's message");
+        assert!(message.contains("kvd_module_execute threw") && message.contains("reserve"), "{message}");
+        // The message is taken once: the next failure does not inherit it.
+        assert_eq!(take_exception(), None);
     }
 }

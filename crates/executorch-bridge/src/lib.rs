@@ -14,12 +14,19 @@
 //!   bound in place: zero bytes move. Otherwise it is a separate output the plugin fills, and the program's
 //!   `copy_` write-back copies it back (counted in [`CopyStats::write_back_bytes`]).
 //! - **errors**: both ways as ExecuTorch's numeric codes (our [`et_error::ErrorCode`] values are ExecuTorch's);
-//!   the message of a plugin failure is kept per thread ([`take_last_error`]).
+//!   the message of a plugin failure is kept per thread ([`take_last_error`]). No C++ exception crosses the
+//!   shim's boundary: each is caught there as `MemoryAllocationFailed` (`std::bad_alloc`) or `Internal`, its
+//!   message kept the same way.
+//! - **isolation**: [`host_runtime::plugins::Registry::served`] decides where a plugin runs. ExecuTorch runs
+//!   delegates inside its own process over its planned memory, so a plugin that must run isolated (its
+//!   manifest says `"isolate": true`, or the registry isolates every library plugin) is never loaded here:
+//!   [`BridgeError::Isolated`] names it, the backend, and `delegate-host run PROGRAM.pte`, which isolates it.
 //!
 //! The runner ([`runner`], binary `et-run`) loads a `.pte` with `share_memory_arenas = true` (methods
 //! sharing mutable buffers see each other's caches; ExecuTorch's `Module` zero-fills its arenas, so caches
 //! start at zero), checks with `pte-format` first that every DelegateCall's backend is served, then runs
-//! prefill and greedy decode steps.
+//! prefill and greedy decode steps. [`runner::Module::execute`] checks each input before the shim sees it:
+//! its slice is exactly shape x dtype bytes, and every size fits ExecuTorch's 32-bit sizes.
 //!
 //! ## Examples
 //!
@@ -56,6 +63,7 @@ pub mod runner;
 
 pub use backend::{is_registered, register, register_backends, take_last_error, take_stats, CopyStats};
 
+use delegate_abi::DTypeCode;
 use et_error::{ErrorCode, HasErrorCode};
 
 /// Why the bridge or the runner failed.
@@ -98,6 +106,26 @@ pub enum BridgeError {
         /// Why, per plugin that offers it.
         reason: String,
     },
+    /// The plugin serving a backend the program calls must run isolated in a worker process (its manifest says
+    /// `"isolate": true`, or the registry isolates every library plugin). ExecuTorch runs delegates inside its
+    /// own process over its planned memory, so the bridge never loads such a plugin;
+    /// `delegate-host run PROGRAM.pte` runs the program with it isolated.
+    #[error(
+        "backend '{backend}' is served by plugin '{plugin}' ({library}), which must run isolated in a worker \
+         process; ExecuTorch runs delegates inside this process over its own memory, so et-run never loads it: \
+         run the program with `delegate-host run {}`, which isolates it",
+        program.as_deref().unwrap_or("PROGRAM.pte")
+    )]
+    Isolated {
+        /// The backend id.
+        backend: String,
+        /// The plugin's name (from its manifest).
+        plugin: String,
+        /// The plugin's library.
+        library: String,
+        /// The program being run, when known.
+        program: Option<String>,
+    },
     /// ExecuTorch refused to register a backend id.
     #[error("ExecuTorch refused to register backend '{backend}': {code}")]
     Registration {
@@ -105,6 +133,18 @@ pub enum BridgeError {
         backend: String,
         /// ExecuTorch's code.
         code: ErrorCode,
+    },
+    /// A method input that does not describe its own bytes (see [`InputProblem`]); nothing was run.
+    #[error("input {index} ({dtype} {shape:?}): {problem}")]
+    Input {
+        /// The input's position in the method's inputs.
+        index: usize,
+        /// Its element type.
+        dtype: DTypeCode,
+        /// Its shape, as given.
+        shape: Vec<i64>,
+        /// What is wrong.
+        problem: InputProblem,
     },
     /// The program does not follow the run protocol (methods, inputs, outputs).
     #[error("{0}")]
@@ -127,9 +167,46 @@ impl HasErrorCode for BridgeError {
             BridgeError::Program { source, .. } => source.error_code(),
             BridgeError::Io { .. } => ErrorCode::AccessFailed,
             BridgeError::UnservedBackend { .. } => ErrorCode::NotFound,
-            BridgeError::PluginUnavailable { .. } => ErrorCode::NotSupported,
+            BridgeError::PluginUnavailable { .. } | BridgeError::Isolated { .. } => ErrorCode::NotSupported,
+            BridgeError::Input { .. } => ErrorCode::InvalidArgument,
             BridgeError::Registration { code, .. } | BridgeError::Runtime { code, .. } => *code,
             BridgeError::Protocol(_) => ErrorCode::InvalidProgram,
         }
     }
+}
+
+/// What is wrong with a method input ([`BridgeError::Input`]).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum InputProblem {
+    /// More dimensions than ExecuTorch's tensors carry.
+    #[error("rank {rank} is more than ExecuTorch's {max}")]
+    Rank {
+        /// The input's rank.
+        rank: usize,
+        /// ExecuTorch's limit.
+        max: usize,
+    },
+    /// A dimension that ExecuTorch's sizes (`SizesType`, 32-bit) cannot carry, or a negative one.
+    #[error("dimension {dim} is {size}, outside ExecuTorch's sizes (0 to {max})")]
+    Size {
+        /// Which dimension.
+        dim: usize,
+        /// Its size, as given.
+        size: i64,
+        /// The largest size ExecuTorch carries.
+        max: i64,
+    },
+    /// The slice's length is not the shape's element count times the dtype's size (or that product does not
+    /// fit 64 bits: `expected` is `None`).
+    #[error(
+        "its shape x dtype is {} bytes, but the slice holds {actual}",
+        expected.map_or_else(|| "more than 2^64".to_owned(), |e| e.to_string())
+    )]
+    Length {
+        /// Bytes the shape and dtype need, when that fits 64 bits.
+        expected: Option<u64>,
+        /// Bytes the slice holds.
+        actual: u64,
+    },
 }

@@ -11,7 +11,7 @@ use pte_format::Program;
 
 use crate::backend::{self, scalar_type_of, CopyStats};
 use crate::ffi::{KvdTensor, RawModule, KVD_MAX_RANK};
-use crate::BridgeError;
+use crate::{BridgeError, InputProblem};
 
 /// What the pre-flight check learned about a program.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -107,9 +107,8 @@ impl Module {
         let display = path.display().to_string();
         let c_path = CString::new(path.as_os_str().as_encoded_bytes())
             .map_err(|_| BridgeError::Protocol(format!("{display}: the path contains a NUL byte")))?;
-        let mut raw = RawModule::new(&c_path, true).ok_or_else(|| {
-            runtime(format!("{display}: creating the Module"), ErrorCode::MemoryAllocationFailed)
-        })?;
+        let mut raw = RawModule::new(&c_path, true)
+            .map_err(|code| runtime(format!("{display}: creating the Module"), code))?;
         raw.load().map_err(|code| runtime(format!("{display}: ExecuTorch cannot load the program"), code))?;
         Ok(Module { raw, path: display })
     }
@@ -130,7 +129,9 @@ impl Module {
     /// enough) and describes them. Returns the method's output count.
     ///
     /// # Errors
-    /// [`BridgeError::Runtime`] with ExecuTorch's code (a plugin's `execute` error keeps its code).
+    /// [`BridgeError::Input`] for an input whose slice is not exactly its shape x dtype bytes, or whose shape
+    /// ExecuTorch cannot carry (nothing runs); [`BridgeError::Runtime`] with ExecuTorch's code (a plugin's
+    /// `execute` error keeps its code).
     pub fn execute(
         &mut self,
         method: &str,
@@ -138,25 +139,11 @@ impl Module {
         outputs: &mut [&mut [u8]],
     ) -> Result<Vec<OutputMeta>, BridgeError> {
         let name = cname(method)?;
-        let mut raw_inputs = Vec::with_capacity(inputs.len());
-        for input in inputs {
-            if input.shape.len() > KVD_MAX_RANK {
-                return Err(BridgeError::Protocol(format!(
-                    "input of rank {} is too large",
-                    input.shape.len()
-                )));
-            }
-            let mut shape = [0i64; KVD_MAX_RANK];
-            shape[..input.shape.len()].copy_from_slice(input.shape);
-            raw_inputs.push(KvdTensor {
-                data: input.data.as_ptr().cast_mut().cast(),
-                capacity: input.data.len() as u64,
-                nbytes: input.data.len() as u64,
-                shape,
-                rank: input.shape.len() as u32,
-                scalar_type: scalar_type_of(input.dtype),
-            });
-        }
+        let raw_inputs = inputs
+            .iter()
+            .enumerate()
+            .map(|(index, input)| raw_input(index, input))
+            .collect::<Result<Vec<_>, _>>()?;
         let mut raw_outputs: Vec<KvdTensor> = outputs
             .iter_mut()
             .map(|buf| KvdTensor {
@@ -183,6 +170,42 @@ impl Module {
             })
             .collect())
     }
+}
+
+/// The largest dimension ExecuTorch's tensors carry (`SizesType` is `int32_t`).
+const MAX_SIZE: i64 = i32::MAX as i64;
+
+/// Checks method input `index` and describes it for the shim: at most [`KVD_MAX_RANK`] dimensions, each one
+/// fitting ExecuTorch's 32-bit sizes, and a slice of exactly shape x dtype bytes (the shim builds the tensor
+/// from the shape and reads that many bytes).
+fn raw_input(index: usize, input: &Input<'_>) -> Result<KvdTensor, BridgeError> {
+    let refuse =
+        |problem| BridgeError::Input { index, dtype: input.dtype, shape: input.shape.to_vec(), problem };
+    let rank = input.shape.len();
+    if rank > KVD_MAX_RANK {
+        return Err(refuse(InputProblem::Rank { rank, max: KVD_MAX_RANK }));
+    }
+    let mut expected = Some(input.dtype.size_bytes() as u64);
+    for (dim, &size) in input.shape.iter().enumerate() {
+        if !(0..=MAX_SIZE).contains(&size) {
+            return Err(refuse(InputProblem::Size { dim, size, max: MAX_SIZE }));
+        }
+        expected = expected.and_then(|bytes| bytes.checked_mul(size as u64));
+    }
+    let actual = input.data.len() as u64;
+    if expected != Some(actual) {
+        return Err(refuse(InputProblem::Length { expected, actual }));
+    }
+    let mut shape = [0i64; KVD_MAX_RANK];
+    shape[..rank].copy_from_slice(input.shape);
+    Ok(KvdTensor {
+        data: input.data.as_ptr().cast_mut().cast(),
+        capacity: actual,
+        nbytes: actual,
+        shape,
+        rank: rank as u32,
+        scalar_type: scalar_type_of(input.dtype),
+    })
 }
 
 fn cname(method: &str) -> Result<CString, BridgeError> {
@@ -248,18 +271,30 @@ pub fn run(path: &Path, registry: &Registry, protocol: &Protocol) -> Result<Repo
     let bytes =
         std::fs::read(path).map_err(|source| BridgeError::Io { path: path.display().to_string(), source })?;
     let served = registry.backends();
-    let summary = check_program(path, &bytes, &served)?;
+    let summary = check_program(path, &bytes, &served).map_err(|err| match err {
+        // Offered, but by plugins that cannot serve it: their reasons say more than "unserved".
+        BridgeError::UnservedBackend { backend, .. }
+            if registry.unavailable_for(&backend).next().is_some() =>
+        {
+            backend::unavailable(registry, &backend)
+        }
+        other => other,
+    })?;
     drop(bytes);
     // Only what the program calls: a plugin listed from its manifest is loaded when a program needs it.
-    crate::register_backends(registry, &summary.backends)?;
-    let served_by = summary
-        .backends
-        .iter()
-        .map(|id| {
-            let at = registry.for_backend(id).and_then(|p| p.path().map(|p| p.display().to_string()));
-            (id.clone(), at.unwrap_or_else(|| "(embedded)".to_owned()))
-        })
-        .collect();
+    // A plugin that must run isolated is refused here, naming this program in the fix.
+    crate::register_backends(registry, &summary.backends).map_err(|err| match err {
+        BridgeError::Isolated { backend, plugin, library, program: None } => {
+            BridgeError::Isolated { backend, plugin, library, program: Some(path.display().to_string()) }
+        }
+        other => other,
+    })?;
+    let mut served_by = Vec::with_capacity(summary.backends.len());
+    for id in &summary.backends {
+        let plugin = backend::in_process(registry, id)?;
+        let at = plugin.path().map_or_else(|| "(embedded)".to_owned(), |p| p.display().to_string());
+        served_by.push((id.clone(), at));
+    }
     let has = |m: &str| summary.methods.iter().any(|n| n == m);
     let (prefill, decode) = if has("prefill") && has("decode") {
         ("prefill", "decode")
@@ -358,6 +393,62 @@ mod tests {
         assert_eq!(argmax(&[0.5, 2.0, 2.0, -1.0]), 1);
         assert_eq!(argmax(&[3.0]), 0);
         assert_eq!(argmax(&[]), 0);
+    }
+
+    fn problem(data: &[u8], dtype: DTypeCode, shape: &[i64]) -> Option<InputProblem> {
+        match raw_input(2, &Input { data, dtype, shape }) {
+            Ok(_) => None,
+            Err(BridgeError::Input { index, dtype: d, shape: s, problem }) => {
+                assert_eq!((index, d, s.as_slice()), (2, dtype, shape), "the error names the input");
+                Some(problem)
+            }
+            Err(other) => panic!("expected an input error, got {other}"),
+        }
+    }
+
+    #[test]
+    fn an_input_must_be_exactly_its_shape_times_its_dtype_and_fit_executorchs_sizes() {
+        // An 8-byte slice declared [4] i64 (32 bytes): the shim would read 24 bytes past it.
+        assert_eq!(
+            problem(&[0; 8], DTypeCode::I64, &[4]),
+            Some(InputProblem::Length { expected: Some(32), actual: 8 })
+        );
+        let err =
+            raw_input(0, &Input { data: &[0; 8], dtype: DTypeCode::I64, shape: &[4] }).expect_err("short");
+        assert_eq!(
+            err.to_string(),
+            "input 0 (i64 [4]): its shape x dtype is 32 bytes, but the slice holds 8"
+        );
+        assert_eq!(et_error::HasErrorCode::error_code(&err), ErrorCode::InvalidArgument);
+        // Too long is refused too: the tensor would not say what the caller handed over.
+        assert_eq!(
+            problem(&[0; 12], DTypeCode::F32, &[2]),
+            Some(InputProblem::Length { expected: Some(8), actual: 12 })
+        );
+        // Sizes are narrowed to ExecuTorch's int32 with a check, never truncated (2^32 + 1 would become 1).
+        assert_eq!(
+            problem(&[0; 8], DTypeCode::I64, &[(1 << 32) + 1]),
+            Some(InputProblem::Size { dim: 0, size: (1 << 32) + 1, max: i64::from(i32::MAX) })
+        );
+        assert_eq!(
+            problem(&[], DTypeCode::I64, &[1, -1]),
+            Some(InputProblem::Size { dim: 1, size: -1, max: i64::from(i32::MAX) })
+        );
+        // A product past 64 bits is a length problem, not an overflow.
+        let huge = [i64::from(i32::MAX); 3];
+        assert_eq!(
+            problem(&[], DTypeCode::I64, &huge),
+            Some(InputProblem::Length { expected: None, actual: 0 })
+        );
+        assert_eq!(
+            problem(&[], DTypeCode::F32, &[0; 17]),
+            Some(InputProblem::Rank { rank: 17, max: KVD_MAX_RANK })
+        );
+        // What fits is described as it is.
+        let raw =
+            raw_input(1, &Input { data: &[0; 24], dtype: DTypeCode::F32, shape: &[2, 3] }).expect("fits");
+        assert_eq!((raw.nbytes, raw.rank, &raw.shape[..2]), (24, 2, &[2i64, 3][..]));
+        assert_eq!(problem(&[0; 8], DTypeCode::I64, &[]), None, "a scalar is one element");
     }
 
     #[test]

@@ -52,8 +52,8 @@ delegate_abi::export_delegate!(@embedded NotInPlace);
 fn a_plugin_that_does_not_bind_in_place_gets_a_separate_output_written_back() {
     let registry =
         Registry::discover(&[], false, false).with_embedded(delegate_root(), &HostConfig::default());
-    let plugin = registry.for_backend(common::BACKEND).expect("served");
-    assert_eq!(plugin.info().name, "not-in-place");
+    let served = registry.served(common::BACKEND).expect("served");
+    assert_eq!(served.in_process().expect("embedded: runs here").info().name, "not-in-place");
     let dir = tempfile::tempdir().expect("temp dir");
     let cases = common::own_cases(dir.path());
     for case in &cases {

@@ -181,19 +181,15 @@ fn et_run(args: &[&std::ffi::OsStr]) -> std::process::Output {
 }
 
 #[test]
-fn et_run_finds_the_dylib_by_its_manifest_and_names_a_plugin_that_no_longer_matches_it() {
+fn et_run_finds_the_dylib_by_its_manifest_and_passes_over_a_plugin_that_no_longer_matches_it() {
     let dir = tempfile::tempdir().expect("temp dir");
     let plugins = dir.path().join("plugins");
     std::fs::create_dir(&plugins).expect("mkdir");
     let name = common::dylib_name("reference_delegate_dylib");
     let library = plugins.join(&name);
     std::fs::copy(common::plugin_dir().join(&name), &library).expect("copy the dylib");
-    let plugin = delegate_abi::host::Plugin::load(&library, &delegate_abi::host::HostConfig::default())
-        .expect("the dylib loads");
-    let manifest =
-        host_runtime::plugin_manifest::PluginManifest::describe(&plugin, &library).expect("describe");
+    let manifest = common::write_manifest(&library, false);
     let manifest_path = host_runtime::plugin_manifest::PluginManifest::path_for(&library);
-    std::fs::write(&manifest_path, manifest.to_json()).expect("write the manifest");
 
     let cases = common::own_cases(dir.path());
     let program = &cases[0].path;
@@ -204,12 +200,174 @@ fn et_run_finds_the_dylib_by_its_manifest_and_names_a_plugin_that_no_longer_matc
     assert_eq!(json["served_by"][common::BACKEND], serde_json::json!(library.display().to_string()));
     assert_eq!(json["tokens"], serde_json::json!(cases[0].tokens));
 
-    // The manifest no longer matches the library: the backend the program calls is named, one line.
+    // The manifest no longer matches the library: the library is passed over, and the embedded reference
+    // plugin, the next candidate, serves.
     let tampered = manifest.to_json().replace(&manifest.sha256, &"0".repeat(manifest.sha256.len()));
     std::fs::write(&manifest_path, tampered).expect("write the manifest");
     let out = et_run(&args);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    assert_eq!(json["served_by"][common::BACKEND], serde_json::json!("(embedded)"));
+    assert_eq!(json["tokens"], serde_json::json!(cases[0].tokens));
+    // With no other candidate, the backend the program calls is named with the library's reason, one error.
+    let registry = host_runtime::plugins::Registry::discover(std::slice::from_ref(&plugins), false, false);
+    let err = runner::run(program, &registry, &protocol()).expect_err("no usable plugin");
+    let line = err.to_string();
+    assert!(
+        matches!(&err, BridgeError::PluginUnavailable { backend, .. } if backend == common::BACKEND),
+        "{line}"
+    );
+    assert!(line.contains("sha256") && line.contains("delegate-host plugin-manifest"), "{line}");
+}
+
+/// Runs et-run with `stdout`, its stderr captured, `PLUGIN_PATH` unset.
+fn et_run_to(args: &[&std::ffi::OsStr], stdout: std::process::Stdio) -> std::process::Child {
+    Command::new(env!("CARGO_BIN_EXE_et-run"))
+        .args(args)
+        .env_remove("DELEGATE_PLUGIN_PATH")
+        .stdout(stdout)
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("et-run starts")
+}
+
+#[test]
+fn et_run_ends_quietly_when_its_reader_goes_away_and_a_full_stdout_is_one_error_line() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let cases = common::own_cases(dir.path());
+    let program = cases[0].path.as_os_str();
+    let plugins = common::reference_only_dir().as_os_str();
+    for json in [false, true] {
+        let mut args = vec![program, "--plugin-dir".as_ref(), plugins];
+        if json {
+            args.push("--json".as_ref());
+        }
+        // `et-run ... | head -0`: the reader is gone before et-run writes (as delegate-host's own test).
+        let mut child = et_run_to(&args, std::process::Stdio::piped());
+        drop(child.stdout.take());
+        let out = child.wait_with_output().expect("ends");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "json {json}: {:?}: {stderr}", out.status);
+        assert!(out.stderr.is_empty(), "json {json}: no panic, no line: {stderr}");
+
+        if let Ok(full) = std::fs::OpenOptions::new().write(true).open("/dev/full") {
+            let out = et_run_to(&args, full.into()).wait_with_output().expect("ends");
+            let stderr = String::from_utf8_lossy(&out.stderr);
+            assert_eq!(out.status.code(), Some(2), "{stderr}");
+            assert_eq!(stderr.trim().lines().count(), 1, "{stderr}");
+            assert!(
+                stderr.starts_with("error: cannot write to stdout")
+                    && stderr.trim_end().ends_with("[AccessFailed]"),
+                "{stderr}"
+            );
+        }
+    }
+}
+
+#[test]
+fn module_execute_refuses_an_input_its_slice_does_not_hold() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let cases = common::own_cases(dir.path());
+    let case = cases.iter().find(|c| c.path.ends_with("buffers_1m_planned.pte")).expect("the planned 1m");
+    executorch_bridge::register(&common::dylib_registry()).expect("registered");
+    let mut module = runner::Module::open(&case.path).expect("opens");
+    module.load_method("forward").expect("loads");
+    let mut logits = vec![0u8; 1 << 16];
+    let pos = 0i64.to_le_bytes();
+    let pos_input = runner::Input { data: &pos, dtype: delegate_abi::DTypeCode::I64, shape: &[1] };
+    // 8 bytes declared [4] i64: the tensor would read 32.
+    let short = [0u8; 8];
+    let tokens = runner::Input { data: &short, dtype: delegate_abi::DTypeCode::I64, shape: &[4] };
+    let err = module.execute("forward", &[tokens, pos_input], &mut [&mut logits]).expect_err("refused");
+    match &err {
+        BridgeError::Input { index, dtype, shape, problem } => {
+            assert_eq!((*index, *dtype, shape.as_slice()), (0, delegate_abi::DTypeCode::I64, &[4i64][..]));
+            assert_eq!(*problem, executorch_bridge::InputProblem::Length { expected: Some(32), actual: 8 });
+        }
+        other => panic!("expected an input error, got {other}"),
+    }
+    assert_eq!(err.error_code(), ErrorCode::InvalidArgument);
+    assert_eq!(err.to_string(), "input 0 (i64 [4]): its shape x dtype is 32 bytes, but the slice holds 8");
+    // A size past ExecuTorch's int32 sizes is refused, not truncated (2^32 + 1 would read as 1).
+    let wide = runner::Input { data: &short, dtype: delegate_abi::DTypeCode::I64, shape: &[(1 << 32) + 1] };
+    let err = module.execute("forward", &[wide, pos_input], &mut [&mut logits]).expect_err("refused");
+    assert!(
+        matches!(
+            &err,
+            BridgeError::Input {
+                index: 0,
+                problem: executorch_bridge::InputProblem::Size { dim: 0, .. },
+                ..
+            }
+        ),
+        "{err}"
+    );
+    // The same module still runs a right input.
+    let one = 1i64.to_le_bytes();
+    let tokens = runner::Input { data: &one, dtype: delegate_abi::DTypeCode::I64, shape: &[1] };
+    module.execute("forward", &[tokens, pos_input], &mut [&mut logits]).expect("runs");
+}
+
+#[test]
+fn a_plugin_that_must_run_isolated_is_never_loaded_and_is_refused_naming_the_plugin_the_backend_and_the_fix()
+{
+    use host_runtime::isolate::Isolation;
+    use host_runtime::plugins::Registry;
+
+    let dir = tempfile::tempdir().expect("temp dir");
+    let cases = common::own_cases(dir.path());
+    let program = &cases[0].path;
+    // The reference dylib, its manifest asking for isolation (`delegate-host plugin-manifest --isolate LIB`).
+    let asks = dir.path().join("asks");
+    std::fs::create_dir(&asks).expect("mkdir");
+    let library = common::link_reference_dylib(&asks);
+    let manifest = common::write_manifest(&library, true);
+    let check = |err: &BridgeError, library: &std::path::Path| match err {
+        BridgeError::Isolated { backend, plugin, library: at, program: p } => {
+            assert_eq!((backend.as_str(), plugin.as_str()), (common::BACKEND, manifest.name.as_str()));
+            assert_eq!(at, &library.display().to_string());
+            assert_eq!(p.as_deref(), Some(program.display().to_string().as_str()));
+            let line = err.to_string();
+            assert!(
+                line.contains(&format!("run the program with `delegate-host run {}`", program.display())),
+                "{line}"
+            );
+            assert_eq!(err.error_code(), ErrorCode::NotSupported);
+        }
+        other => panic!("expected the isolation refusal, got {other}"),
+    };
+
+    // The library API, a registry without isolation settings: the plugin is refused, never loaded.
+    let registry = Registry::discover(std::slice::from_ref(&asks), false, false);
+    let err = runner::run(program, &registry, &protocol()).expect_err("refused");
+    check(&err, &library);
+    assert!(registry.candidates().iter().all(|c| c.plugin().is_none()), "nothing was loaded");
+    // A registry that runs workers: the same (the plugin is served isolated, so the bridge refuses it).
+    let isolating = Registry::discover(std::slice::from_ref(&asks), false, false)
+        .with_isolation(Isolation::new("delegate-host", ["worker"]));
+    check(&runner::run(program, &isolating, &protocol()).expect_err("refused"), &library);
+    assert!(isolating.candidates().iter().all(|c| c.plugin().is_none()), "nothing was loaded");
+
+    // A registry that isolates every library plugin: a plugin whose manifest does not ask is refused too.
+    let all = Registry::discover(&[common::reference_only_dir().to_path_buf()], false, false)
+        .with_isolation(Isolation::new("delegate-host", ["worker"]).all(true));
+    let err = runner::run(program, &all, &protocol()).expect_err("refused");
+    assert!(matches!(&err, BridgeError::Isolated { backend, .. } if backend == common::BACKEND), "{err}");
+
+    // et-run: one line, exit 2, although the embedded reference plugin also offers the backend.
+    let out = et_run(&[program.as_os_str(), "--plugin-dir".as_ref(), asks.as_os_str()]);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(2), "{stderr}");
     assert_eq!(stderr.trim().lines().count(), 1, "{stderr}");
-    assert!(stderr.starts_with("error: backend 'ReferenceBackend' has no usable plugin"), "{stderr}");
+    assert!(
+        stderr.starts_with(&format!(
+            "error: backend '{}' is served by plugin '{}'",
+            common::BACKEND,
+            manifest.name
+        )),
+        "{stderr}"
+    );
+    assert!(stderr.contains(&format!("`delegate-host run {}`", program.display())), "{stderr}");
+    assert!(stderr.trim_end().ends_with("[NotSupported]"), "{stderr}");
+    assert!(out.stdout.is_empty());
 }

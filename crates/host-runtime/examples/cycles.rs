@@ -17,9 +17,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let cycles: usize = args.next().ok_or(usage)?.parse()?;
     let dir = tempfile::tempdir()?;
     let exported = kv_example::export::reference(&kv_example::Config::tiny(), dir.path())?;
-    // Only the library from disk: the embedded copy would take the backend otherwise.
-    let registry = Registry::discover(&[plugin_dir], false, false);
-    if registry.for_backend("ReferenceBackend").is_none() {
+    // Only the library from disk (a directory this example trusts: probed, no manifest needed): the embedded
+    // copy would take the backend otherwise.
+    let registry = Registry::probe(&[plugin_dir], false, false);
+    if registry.served("ReferenceBackend").is_none() {
         return Err(format!(
             "no plugin library serving ReferenceBackend was loaded: {:?}",
             registry.candidates()

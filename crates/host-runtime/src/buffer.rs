@@ -91,18 +91,25 @@ impl HostStorage {
     /// ([`HostStorage::shared_fd`]) maps the same pages: what an isolated plugin's worker reads and writes in
     /// place (see [`crate::isolate`]). Page aligned; pages are zero and materialise on first touch.
     ///
+    /// The file is sealed at its size (`F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL`): whoever else holds it
+    /// can write its bytes but never shrink or grow it, so no page under this storage's mapping can disappear
+    /// (which would be `SIGBUS` here).
+    ///
     /// # Errors
-    /// [`AllocError::Host`] when the file cannot be made or sized, or the mapping is refused.
+    /// [`AllocError::Host`] when the file cannot be made, sized or sealed, or the mapping is refused.
     #[cfg(target_os = "linux")]
     pub fn shared(len: usize) -> Result<HostStorage, AllocError> {
-        use rustix::fs::{ftruncate, memfd_create, MemfdFlags};
+        use rustix::fs::{ftruncate, memfd_create, MemfdFlags, SealFlags};
         use rustix::mm::{mmap, MapFlags, ProtFlags};
         let refused = AllocError::Host { bytes: len };
         let size = len.max(1);
-        let fd = memfd_create("kv-delegate-buffer", MemfdFlags::CLOEXEC).map_err(|_| refused.clone())?;
+        let flags = MemfdFlags::CLOEXEC | MemfdFlags::ALLOW_SEALING;
+        let fd = memfd_create("kv-delegate-buffer", flags).map_err(|_| refused.clone())?;
         ftruncate(&fd, size as u64).map_err(|_| refused.clone())?;
-        // SAFETY: a fresh mapping (null hint: the kernel picks an unused range) of `size` bytes of a file we
-        // just sized to `size`; nothing else maps it yet. It is unmapped once, in `Drop`.
+        seal(&fd, SealFlags::empty()).map_err(|_| refused.clone())?;
+        // SAFETY: a fresh mapping (null hint: the kernel picks an unused range) of `size` bytes of a file just
+        // sized to `size` and sealed against shrinking, so every mapped page stays backed whoever else holds
+        // the file (a worker). It is unmapped once, in `Drop`.
         let ptr = unsafe {
             mmap(std::ptr::null_mut(), size, ProtFlags::READ | ProtFlags::WRITE, MapFlags::SHARED, &fd, 0)
         }
@@ -152,6 +159,18 @@ impl HostStorage {
     pub fn clear(&mut self) {
         self.bytes_mut().fill(0);
     }
+}
+
+/// Seals a memory file (made with `MFD_ALLOW_SEALING`) at its present size: it can no longer shrink or
+/// grow, nor its seals change, plus `extra` (`F_SEAL_WRITE` for a file that must not change at all). A
+/// process it is shared with can then neither cut pages from under another's mapping nor undo the seals.
+///
+/// # Errors
+/// The `fcntl` error.
+#[cfg(target_os = "linux")]
+pub(crate) fn seal(fd: impl std::os::fd::AsFd, extra: rustix::fs::SealFlags) -> rustix::io::Result<()> {
+    use rustix::fs::SealFlags;
+    rustix::fs::fcntl_add_seals(fd, SealFlags::SHRINK | SealFlags::GROW | SealFlags::SEAL | extra)
 }
 
 impl Clone for HostStorage {
@@ -435,6 +454,23 @@ mod tests {
         assert_eq!(seen.len(), 10_000);
         assert_eq!(seen[9_999], 7);
         assert!(HostStorage::zeroed(16).expect("heap").shared_fd().is_none());
+    }
+
+    /// Whoever else holds a shared storage's file (a worker) can neither shrink it (the storage's mapping
+    /// would lose its pages: `SIGBUS` in the host) nor grow it nor lift the seals.
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn shared_storage_cannot_be_resized_by_whoever_holds_its_file() {
+        use rustix::fs::{fcntl_add_seals, fcntl_get_seals, ftruncate, SealFlags};
+        let storage = HostStorage::shared(10_000).expect("a memory file");
+        let fd = storage.shared_fd().expect("shared");
+        assert_eq!(ftruncate(fd, 0), Err(rustix::io::Errno::PERM), "shrunk");
+        assert_eq!(ftruncate(fd, 20_000), Err(rustix::io::Errno::PERM), "grown");
+        assert_eq!(fcntl_add_seals(fd, SealFlags::WRITE), Err(rustix::io::Errno::PERM), "resealed");
+        let seals = fcntl_get_seals(fd).expect("seals");
+        assert!(seals.contains(SealFlags::SHRINK | SealFlags::GROW | SealFlags::SEAL), "{seals:?}");
+        assert!(!seals.contains(SealFlags::WRITE), "the worker writes the caches: {seals:?}");
+        assert_eq!(storage.bytes()[9_999], 0);
     }
 
     #[test]

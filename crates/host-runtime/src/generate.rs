@@ -124,10 +124,7 @@ impl Generation {
         let decode = self.decode_steps();
         let n = decode.len().max(1) as u64;
         let sum = decode.iter().fold(CopyStats::default(), |mut acc, s| {
-            acc.reflect_bytes += s.copies.reflect_bytes;
-            acc.staged_bytes += s.copies.staged_bytes;
-            acc.writeback_bytes += s.copies.writeback_bytes;
-            acc.op_bytes += s.copies.op_bytes;
+            acc.add(s.copies);
             acc
         });
         CopyStats {
@@ -252,7 +249,8 @@ fn refusal(program: &Program, g: &Generate) -> Result<Option<String>, Error> {
 /// # Errors
 /// [`Error::Usage`] when the program has no `[generate]`, when the steps (from the start position) do not
 /// fit the caches, or when a CUDA graph is asked of a program the device loop cannot run; the errors of the
-/// runs themselves.
+/// runs themselves, [`Error::TornBuffers`] among them when an earlier failed run left the caches torn (reset
+/// them with [`Program::reset`] first: a generation starts at position 0).
 pub fn generate_with(
     program: &mut Program,
     options: &Options,

@@ -16,7 +16,7 @@
 //! # Failure
 //!
 //! A worker that dies (a signal, an exit) or does not answer within the per-call deadline (it is then
-//! killed) fails that call as [`ErrorCode::Internal`](delegate_abi::ErrorCode::Internal), naming the signal,
+//! killed) fails that call as [`ErrorCode::Internal`], naming the signal,
 //! the exit status or the deadline. The host carries on; the next call starts a fresh worker and initialises
 //! it again from the same blob. The caches live in the host's memory, so they survive the worker; what the
 //! plugin kept in its own instance (delegate-owned state) starts over.
@@ -25,6 +25,19 @@
 //! allocation once at init and hands the plugin its own stream, synchronised before it answers; the host
 //! settles its stream before each call (an isolated call is not streamed). Pinned and managed memory do not
 //! cross: a call with such an argument is refused at load, naming it.
+//!
+//! # What a worker is trusted with
+//!
+//! Nothing it says is taken on trust beyond what an in-process plugin's answer is at the ABI boundary. The
+//! deadline covers the whole call, however the worker paces its bytes. A failure rings the doorbell first and
+//! sends its message after, while the host reads it, so a message of any length up to [`MAX_ERROR_TEXT`]
+//! arrives (a longer one is cut, saying so). Its code goes through the ABI boundary's rule
+//! ([`RError::into_delegate`](delegate_abi::abi::RError::into_delegate)); a success where the doorbell said
+//! "failed", bytes beyond a failure's one answer, or a malformed message stop the worker and fail the call as
+//! `Internal`. The memory files it is sent are sealed at their size (the blob against writes too), so it
+//! cannot cut pages from under the host's mappings; and it inherits no descriptor of the host's but the
+//! socket (every other one the host makes is close-on-exec). It runs as the host's user: isolation contains
+//! crashes, hangs and abuse of the protocol, it is no sandbox (ARCHITECTURE.md, "Failure model").
 //!
 //! This module's `unsafe` is the worker's mapping of the host's memory files and the argument list it
 //! builds over them.
@@ -67,8 +80,13 @@ const STOP_GRACE: Duration = Duration::from_millis(200);
 /// Most memory files one call's arguments may live in.
 const MAX_REGIONS: usize = 64;
 
-/// Largest message the worker accepts (the init request: paths and argument descriptions).
+/// Largest message either side accepts (the init request: paths and argument descriptions; an answer).
 const MAX_MESSAGE: u32 = 1 << 20;
+
+/// Longest error message a worker sends: a longer one is cut here and says how many bytes were left out.
+pub const MAX_ERROR_TEXT: usize = 512 * 1024;
+const _: () =
+    assert!(MAX_ERROR_TEXT + 64 <= MAX_MESSAGE as usize, "a cut message and its note fit a message");
 
 /// How isolated plugins are run: the worker command, the per-call deadline, and which plugins.
 #[derive(Debug, Clone)]
@@ -101,7 +119,8 @@ impl Isolation {
         self
     }
 
-    /// The per-call deadline.
+    /// The per-call deadline: the whole of each `execute`, from its ring to its answer (a failure's message
+    /// included), however the worker paces its bytes.
     pub fn deadline(mut self, deadline: Duration) -> Isolation {
         self.deadline = deadline;
         self
@@ -245,11 +264,15 @@ impl IsolatedCall {
         regions: &[Region],
     ) -> Result<IsolatedCall, DelegateError> {
         let internal = |what: &str, err: io::Error| DelegateError::internal(format!("{what}: {err}"));
-        let blob_file = rustix::fs::memfd_create("kv-delegate-blob", rustix::fs::MemfdFlags::CLOEXEC)
+        let flags = rustix::fs::MemfdFlags::CLOEXEC | rustix::fs::MemfdFlags::ALLOW_SEALING;
+        let blob_file = rustix::fs::memfd_create("kv-delegate-blob", flags)
             .map_err(|err| internal("cannot make the blob's memory file", err.into()))?;
         std::fs::File::from(blob_file.try_clone().map_err(|err| internal("dup", err))?)
             .write_all(blob)
             .map_err(|err| internal("cannot copy the blob for the worker", err))?;
+        // Written once, here: from now on no one (the worker least) can change, shrink or grow it.
+        crate::buffer::seal(&blob_file, rustix::fs::SealFlags::WRITE)
+            .map_err(|err| internal("cannot seal the blob's memory file", err.into()))?;
         let mut used: Vec<usize> = Vec::new();
         let mut descs = Vec::with_capacity(args.len());
         for (index, arg) in args.as_slice().iter().enumerate() {
@@ -348,8 +371,10 @@ impl IsolatedCall {
         })?;
         drop(cmd); // closes the parent's copy of the worker's end, so the worker's death reads as end of file
         let init_deadline = isolation.deadline.max(MIN_INIT_DEADLINE);
-        host.set_read_timeout(Some(init_deadline))
-            .map_err(|err| internal(format!("cannot set the deadline: {err}")))?;
+        let until = Instant::now() + init_deadline;
+        // Every read and write waits with `poll` for what is left of its call's deadline.
+        host.set_nonblocking(true)
+            .map_err(|err| internal(format!("cannot make the socket non-blocking: {err}")))?;
         let request = InitRequest {
             protocol: PROTOCOL,
             library: self.plugin.library.clone(),
@@ -363,22 +388,19 @@ impl IsolatedCall {
         let mut fds = vec![self.blob.as_fd()];
         fds.extend(self.files.iter().map(|fd| fd.as_fd()));
         fds.push(bell_file.as_fd());
-        let sent = send_frame(host.as_fd(), &payload, &fds);
+        let sent = send_frame(host.as_fd(), &payload, &fds, Some(until));
         self.worker = Some(Worker { child, socket: host, bell });
         let answered = match sent {
-            Ok(()) => self.answer("init", init_deadline),
+            Ok(()) => match self.read_answer("init", until, init_deadline)? {
+                Answer::Ok => Ok(()),
+                Answer::Err(err) => Err(err),
+            },
             Err(err) => Err(self.failure("init", err, init_deadline)),
         };
-        let ready = answered.and_then(|_| {
-            let socket = self.worker.as_ref().map(|w| &w.socket);
-            socket
-                .map_or(Ok(()), |s| s.set_read_timeout(Some(isolation.deadline)))
-                .map_err(|err| internal(format!("cannot set the deadline: {err}")))
-        });
-        if ready.is_err() {
+        if answered.is_err() {
             self.stop(STOP_GRACE);
         }
-        ready
+        answered
     }
 
     /// Runs the call in the worker, starting one first if the last one died.
@@ -387,55 +409,78 @@ impl IsolatedCall {
             self.spawn()?;
         }
         let deadline = self.plugin.isolation.deadline;
+        // One deadline for the whole call: the ring, and the failure's message after it.
+        let until = Instant::now() + deadline;
         let Some(Worker { child, bell, .. }) = self.worker.as_mut() else {
             return Err(DelegateError::internal("no worker"));
         };
-        match bell.call(deadline, || matches!(child.try_wait(), Ok(None))) {
+        match bell.call(until, || matches!(child.try_wait(), Ok(None))) {
             Rung::Ok(stats) => Ok(stats),
-            // The message came over the socket before the answer: read it there.
-            Rung::Failed => self.answer("execute", deadline),
+            // The message follows the ring on the socket: read it there.
+            Rung::Failed => match self.read_answer("execute", until, deadline)? {
+                Answer::Err(err) => match self.pending() {
+                    0 => Err(err),
+                    more => Err(self
+                        .protocol_error(format!("sent {more} more byte(s) after its one answer to execute"))),
+                },
+                Answer::Ok => Err(self.protocol_error(
+                    "answered execute with success after its doorbell said it failed".to_owned(),
+                )),
+            },
             Rung::TimedOut => Err(self.failure("execute", io::ErrorKind::TimedOut.into(), deadline)),
             Rung::Died => Err(self.failure("execute", io::ErrorKind::UnexpectedEof.into(), deadline)),
         }
     }
 
-    /// Reads the worker's answer to one request.
-    fn answer(&mut self, stage: &str, deadline: Duration) -> Result<ExecStats, DelegateError> {
+    /// Reads the worker's one answer on the socket by `until` (the call's `deadline` is named if it passes).
+    /// A worker that misses it, goes away or sends a malformed answer is stopped, and that is the error.
+    fn read_answer(
+        &mut self,
+        stage: &str,
+        until: Instant,
+        deadline: Duration,
+    ) -> Result<Answer, DelegateError> {
         let Some(worker) = self.worker.as_mut() else {
             return Err(DelegateError::internal("no worker"));
         };
         let mut header = [0u8; 4];
-        let read = worker.socket.read_exact(&mut header).and_then(|()| {
+        let read = read_until(&worker.socket, &mut header, until).and_then(|()| {
             let len = u32::from_le_bytes(header);
             if len == 0 || len > MAX_MESSAGE {
                 return Err(io::Error::new(io::ErrorKind::InvalidData, format!("a {len}-byte answer")));
             }
             self.reply.resize(len as usize, 0);
-            worker.socket.read_exact(&mut self.reply)
+            read_until(&worker.socket, &mut self.reply, until)
         });
-        read.map_err(|err| self.failure(stage, err, deadline))?;
-        match self.reply.split_first() {
-            Some((&REPLY_OK, rest)) if rest.len() == 16 => {
-                let word = |at: usize| {
-                    let mut bytes = [0u8; 8];
-                    bytes.copy_from_slice(&rest[at..at + 8]);
-                    u64::from_le_bytes(bytes)
-                };
-                Ok(ExecStats { reflect_bytes: word(0), staged_bytes: word(8) })
+        match read {
+            Ok(()) => {}
+            Err(err) if err.kind() == io::ErrorKind::InvalidData => {
+                return Err(self.protocol_error(format!("announced {err} to {stage}")))
             }
-            Some((&REPLY_ERR, rest)) if rest.len() >= 4 => {
-                let code = u32::from_le_bytes([rest[0], rest[1], rest[2], rest[3]]);
-                let message = String::from_utf8_lossy(&rest[4..]).into_owned();
-                Err(DelegateError::new(ErrorCode::from_u32(code), message))
-            }
-            _ => {
-                self.stop(STOP_GRACE);
-                Err(DelegateError::internal(format!(
-                    "plugin '{}' (isolated): the worker answered {stage} with a malformed message; it was stopped",
-                    self.name()
-                )))
-            }
+            Err(err) => return Err(self.failure(stage, err, deadline)),
         }
+        match parse_answer(&self.reply) {
+            Some(answer) => Ok(answer),
+            None => Err(self.protocol_error(format!("answered {stage} with a malformed message"))),
+        }
+    }
+
+    /// How many bytes wait on the socket now (0 when none, or the worker has gone).
+    fn pending(&self) -> usize {
+        use rustix::net::{recv, RecvFlags};
+        let Some(worker) = self.worker.as_ref() else { return 0 };
+        let mut probe = [0u8; 64];
+        recv(worker.socket.as_fd(), &mut probe, RecvFlags::PEEK | RecvFlags::DONTWAIT).map_or(0, |(n, _)| n)
+    }
+
+    /// Stops a worker that broke the protocol; the error for its call.
+    fn protocol_error(&mut self, what: String) -> DelegateError {
+        self.stop(STOP_GRACE);
+        DelegateError::internal(format!(
+            "plugin '{}' (isolated, {}): the worker {what}; it was stopped and the next call starts a new one",
+            self.name(),
+            self.plugin.library.display()
+        ))
     }
 
     /// The error for a call whose worker failed to answer: it is killed if still running, and reaped.
@@ -520,17 +565,107 @@ fn describe_exit(status: ExitStatus) -> String {
     }
 }
 
-/// Writes all of `bytes`; a closed peer is an error, never `SIGPIPE`.
-fn send_all(socket: BorrowedFd<'_>, mut bytes: &[u8]) -> io::Result<()> {
-    while !bytes.is_empty() {
-        let sent = rustix::net::send(socket, bytes, rustix::net::SendFlags::NOSIGNAL)?;
-        bytes = &bytes[sent..];
+/// A worker's answer on the socket, as the host reads it.
+#[derive(Debug)]
+enum Answer {
+    /// Success: init's only answer on the socket (an `execute` succeeds on the doorbell).
+    Ok,
+    /// Failure, with its code passed through the ABI boundary's rule.
+    Err(DelegateError),
+}
+
+/// Decodes one answer: `REPLY_OK` and two `u64` counters (unused: an `execute`'s travel on the doorbell), or
+/// `REPLY_ERR`, a `u32` code and the message; `None` for anything else. The code is checked exactly as the ABI
+/// boundary checks a plugin's
+/// ([`RError::into_delegate`](delegate_abi::abi::RError::into_delegate)): one that is no error's code
+/// (`Ok`) becomes `Internal`, and the message says what the worker sent.
+fn parse_answer(reply: &[u8]) -> Option<Answer> {
+    match reply.split_first()? {
+        (&REPLY_OK, rest) => (rest.len() == 16).then_some(Answer::Ok),
+        (&REPLY_ERR, rest) => {
+            let (code, text) = rest.split_at_checked(4)?;
+            let sent = ErrorCode::from_u32(u32::from_le_bytes(code.try_into().ok()?));
+            let message = String::from_utf8_lossy(text).into_owned();
+            let err =
+                delegate_abi::abi::RError { code: sent.as_u32(), message: message.into() }.into_delegate();
+            Some(Answer::Err(if err.code == sent {
+                err
+            } else {
+                let message = format!("{} (the worker sent this error with code {sent})", err.message);
+                DelegateError::new(err.code, message)
+            }))
+        }
+        _ => None,
+    }
+}
+
+/// Fills `buf` from the (non-blocking) socket by `until`: `TimedOut` once it has passed, `UnexpectedEof`
+/// when the worker has gone. Each wait is for what is left of the time, so a worker that sends a byte at a
+/// time gains none.
+fn read_until(socket: &UnixStream, buf: &mut [u8], until: Instant) -> io::Result<()> {
+    let mut filled = 0;
+    while filled < buf.len() {
+        match (&*socket).read(&mut buf[filled..]) {
+            Ok(0) => return Err(io::ErrorKind::UnexpectedEof.into()),
+            Ok(n) => filled += n,
+            Err(err) if err.kind() == io::ErrorKind::WouldBlock => {
+                wait_for(socket.as_fd(), rustix::event::PollFlags::IN, Some(until))?
+            }
+            Err(err) if err.kind() == io::ErrorKind::Interrupted => {}
+            Err(err) => return Err(err),
+        }
     }
     Ok(())
 }
 
-/// One length-prefixed message, with `fds` attached to its first byte.
-fn send_frame(socket: BorrowedFd<'_>, payload: &[u8], fds: &[BorrowedFd<'_>]) -> io::Result<()> {
+/// Waits until `socket` is ready for `flags`, or `TimedOut` once `until` has passed (`None`: no limit).
+fn wait_for(
+    socket: BorrowedFd<'_>,
+    flags: rustix::event::PollFlags,
+    until: Option<Instant>,
+) -> io::Result<()> {
+    use rustix::event::{poll, PollFd, Timespec};
+    let timeout = match until {
+        None => None,
+        Some(until) => {
+            let left = until.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Err(io::ErrorKind::TimedOut.into());
+            }
+            Some(Timespec {
+                tv_sec: i64::try_from(left.as_secs()).unwrap_or(i64::MAX),
+                tv_nsec: i64::from(left.subsec_nanos()),
+            })
+        }
+    };
+    let mut fds = [PollFd::new(&socket, flags)];
+    match poll(&mut fds, timeout.as_ref()) {
+        Ok(_) | Err(rustix::io::Errno::INTR) => Ok(()),
+        Err(err) => Err(err.into()),
+    }
+}
+
+/// Writes all of `bytes` by `until` (`None`: a blocking socket, the worker's); a closed peer is an error,
+/// never `SIGPIPE`.
+fn send_all(socket: BorrowedFd<'_>, mut bytes: &[u8], until: Option<Instant>) -> io::Result<()> {
+    while !bytes.is_empty() {
+        match rustix::net::send(socket, bytes, rustix::net::SendFlags::NOSIGNAL) {
+            Ok(sent) => bytes = &bytes[sent..],
+            Err(rustix::io::Errno::AGAIN) => wait_for(socket, rustix::event::PollFlags::OUT, until)?,
+            Err(rustix::io::Errno::INTR) => {}
+            Err(err) => return Err(err.into()),
+        }
+    }
+    Ok(())
+}
+
+/// One length-prefixed message, with `fds` attached to its first byte, sent by `until` (as [`send_all`]).
+fn send_frame(
+    socket: BorrowedFd<'_>,
+    payload: &[u8],
+    fds: &[BorrowedFd<'_>],
+    until: Option<Instant>,
+) -> io::Result<()> {
     use rustix::net::{sendmsg, SendAncillaryBuffer, SendAncillaryMessage, SendFlags};
     let len = u32::try_from(payload.len())
         .ok()
@@ -542,9 +677,16 @@ fn send_frame(socket: BorrowedFd<'_>, payload: &[u8], fds: &[BorrowedFd<'_>]) ->
     if !ancillary.push(SendAncillaryMessage::ScmRights(fds)) {
         return Err(io::Error::new(io::ErrorKind::InvalidInput, "too many descriptors"));
     }
-    let sent = sendmsg(socket, &[io::IoSlice::new(&header)], &mut ancillary, SendFlags::NOSIGNAL)?;
-    send_all(socket, &header[sent..])?;
-    send_all(socket, payload)
+    let sent = loop {
+        match sendmsg(socket, &[io::IoSlice::new(&header)], &mut ancillary, SendFlags::NOSIGNAL) {
+            Ok(sent) => break sent,
+            Err(rustix::io::Errno::AGAIN) => wait_for(socket, rustix::event::PollFlags::OUT, until)?,
+            Err(rustix::io::Errno::INTR) => {}
+            Err(err) => return Err(err.into()),
+        }
+    };
+    send_all(socket, &header[sent..], until)?;
+    send_all(socket, payload, until)
 }
 
 /// Why a worker stopped serving.
@@ -585,9 +727,7 @@ pub fn serve(socket: OwnedFd) -> Result<(), WorkerError> {
     // Declared first, dropped last: the instance and its argument list go before the memory they use.
     let mapped = match Mapped::new(&request, fds) {
         Ok(mapped) => mapped,
-        Err(err) => {
-            return reply(&mut stream, &mut answer, Err(err)).map_err(|err| protocol(err.to_string()))
-        }
+        Err(err) => return delivered(reply(&mut stream, &mut answer, Err(err))),
     };
     let started = init(&request, &mapped);
     let (mut instance, mut args) = match started {
@@ -596,9 +736,7 @@ pub fn serve(socket: OwnedFd) -> Result<(), WorkerError> {
                 .map_err(|err| protocol(err.to_string()))?;
             started
         }
-        Err(err) => {
-            return reply(&mut stream, &mut answer, Err(err)).map_err(|err| protocol(err.to_string()))
-        }
+        Err(err) => return delivered(reply(&mut stream, &mut answer, Err(err))),
     };
     let mut last = 0;
     loop {
@@ -627,12 +765,15 @@ pub fn serve(socket: OwnedFd) -> Result<(), WorkerError> {
                 result
             }
         };
-        // An error's message goes over the socket first; the doorbell then says which code it has.
+        // The doorbell says first that the call failed; the host then reads the error's message while it is
+        // sent (one longer than the socket's buffer would block a worker that sent it before ringing).
+        bell.answer(seq, &result);
         if result.is_err() {
             build_reply(&mut answer, &result).map_err(|err| protocol(err.to_string()))?;
-            send_all(stream.as_fd(), &answer).map_err(|err| protocol(err.to_string()))?;
+            // A host that has stopped listening (it stopped this worker) has its answer already: the next
+            // wait sees it finish.
+            delivered(send_all(stream.as_fd(), &answer, None))?;
         }
-        bell.answer(seq, &result);
     }
 }
 
@@ -695,6 +836,17 @@ pub fn serve_inherited() -> Result<(), WorkerError> {
     serve(unsafe { OwnedFd::from_raw_fd(WORKER_FD) })
 }
 
+/// An answer's delivery as [`serve`] reports it: a host that closed its end (it stopped this worker, or went
+/// away) is no failure of the worker's, and nothing is printed for it.
+fn delivered(sent: io::Result<()>) -> Result<(), WorkerError> {
+    match sent {
+        Err(err) if !matches!(err.kind(), io::ErrorKind::BrokenPipe | io::ErrorKind::ConnectionReset) => {
+            Err(WorkerError::Protocol(err.to_string()))
+        }
+        _ => Ok(()),
+    }
+}
+
 /// Sends one answer, built in `message` (the worker's one buffer: a successful call allocates nothing).
 fn reply(
     stream: &mut UnixStream,
@@ -702,7 +854,7 @@ fn reply(
     result: Result<ExecStats, DelegateError>,
 ) -> io::Result<()> {
     build_reply(message, &result)?;
-    send_all(stream.as_fd(), message)
+    send_all(stream.as_fd(), message, None)
 }
 
 fn build_reply(message: &mut Vec<u8>, result: &Result<ExecStats, DelegateError>) -> io::Result<()> {
@@ -718,12 +870,14 @@ fn build_reply(message: &mut Vec<u8>, result: &Result<ExecStats, DelegateError>)
             message.push(REPLY_ERR);
             message.extend_from_slice(&err.code.as_u32().to_le_bytes());
             let text = err.message.as_str();
-            let room = (MAX_MESSAGE as usize).saturating_sub(64).min(text.len());
-            let mut end = room;
+            let mut end = MAX_ERROR_TEXT.min(text.len());
             while !text.is_char_boundary(end) {
                 end -= 1;
             }
             message.extend_from_slice(&text.as_bytes()[..end]);
+            if end < text.len() {
+                message.extend_from_slice(format!("... [truncated {} bytes]", text.len() - end).as_bytes());
+            }
         }
     }
     let len = (message.len() - 4) as u32;
@@ -792,7 +946,8 @@ impl Mapping {
         }
         // SAFETY: a fresh mapping (null hint) of `size` bytes of a file at least `len` bytes long (checked
         // above; a zero-length region maps one page of a file the host sized to one byte or more), unmapped
-        // once, in `Drop`.
+        // once, in `Drop`. The host sealed every file it sends against shrinking before sending it (see
+        // `crate::buffer::seal`), so no process, this one included, can take mapped pages away (`SIGBUS`).
         let ptr =
             unsafe { mmap(std::ptr::null_mut(), size, prot, MapFlags::SHARED, fd, 0) }.map_err(|err| {
                 DelegateError::new(ErrorCode::MemoryAllocationFailed, format!("mapping {len} bytes: {err}"))
@@ -850,8 +1005,9 @@ impl Mapped {
     }
 
     fn blob(&self) -> &[u8] {
-        // SAFETY: a read-only mapping of `len` readable bytes (the host wrote the blob before sending the file
-        // and never writes it again), alive as long as `self`.
+        // SAFETY: a read-only mapping of `len` readable bytes, alive as long as `self`. The host wrote the blob
+        // before sending the file and sealed it against writes, shrinking and growing: its bytes cannot change
+        // while they are borrowed.
         unsafe { std::slice::from_raw_parts(self.blob.ptr.cast::<u8>(), self.blob.len) }
     }
 }
@@ -909,6 +1065,74 @@ fn init(request: &InitRequest, mapped: &Mapped) -> Result<(Instance, ArgList<'st
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn failure(message: &str) -> Vec<u8> {
+        let mut reply = Vec::new();
+        build_reply(&mut reply, &Err(DelegateError::invalid_argument(message))).expect("built");
+        reply
+    }
+
+    #[test]
+    fn an_error_message_past_the_cap_is_cut_at_a_character_and_says_how_much_was_left_out() {
+        let whole = "é".repeat(MAX_ERROR_TEXT / 2);
+        let reply = failure(&whole);
+        let Some(Answer::Err(err)) = parse_answer(&reply[4..]) else { panic!("not a failure") };
+        assert_eq!(err.message, whole, "a message at the cap arrives whole");
+        let longer = format!("a{whole}");
+        let reply = failure(&longer);
+        let Some(Answer::Err(err)) = parse_answer(&reply[4..]) else { panic!("not a failure") };
+        // The cap falls inside the last `é`: cut before it.
+        assert_eq!(err.message, format!("a{}... [truncated 2 bytes]", "é".repeat(MAX_ERROR_TEXT / 2 - 1)));
+        assert_eq!(err.code, ErrorCode::InvalidArgument);
+        assert_eq!(u32::from_le_bytes(reply[..4].try_into().expect("4 bytes")) as usize, reply.len() - 4);
+    }
+
+    #[test]
+    fn a_worker_s_answer_is_checked_as_the_abi_boundary_checks_a_plugin_s() {
+        let coded = |code: u32, text: &str| {
+            let mut reply = vec![REPLY_ERR];
+            reply.extend_from_slice(&code.to_le_bytes());
+            reply.extend_from_slice(text.as_bytes());
+            match parse_answer(&reply) {
+                Some(Answer::Err(err)) => err,
+                other => panic!("{other:?}"),
+            }
+        };
+        let err = coded(0, "says Ok");
+        assert_eq!(err.code, ErrorCode::Internal);
+        assert_eq!(err.message, "says Ok (the worker sent this error with code Ok (0x00))");
+        let err = coded(ErrorCode::NotFound.as_u32(), "gone");
+        assert_eq!((err.code, err.message.as_str()), (ErrorCode::NotFound, "gone"));
+        // A code this build does not know crosses as the ABI boundary lets it: `Unknown`, with its value.
+        assert_eq!(coded(0x77, "?").code, ErrorCode::Unknown(0x77));
+        assert!(matches!(parse_answer(&[REPLY_OK; 17]), Some(Answer::Ok)));
+        for malformed in [&[][..], &[REPLY_OK; 5], &[REPLY_ERR, 1, 0], &[7, 0, 0, 0, 0]] {
+            assert!(parse_answer(malformed).is_none(), "{malformed:?}");
+        }
+    }
+
+    #[test]
+    fn a_read_ends_at_its_deadline_however_the_bytes_trickle_in() {
+        let (host, worker) = UnixStream::pair().expect("a socket pair");
+        host.set_nonblocking(true).expect("non-blocking");
+        let trickle = std::thread::spawn(move || {
+            let mut worker = worker;
+            // A byte every 20 ms for about 2 s, much longer than the read may take.
+            for _ in 0..100 {
+                if worker.write_all(b"x").is_err() {
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        });
+        let start = Instant::now();
+        let mut buf = [0u8; 1000];
+        let err = read_until(&host, &mut buf, start + Duration::from_millis(200)).expect_err("a trickle");
+        assert_eq!(err.kind(), io::ErrorKind::TimedOut);
+        assert!(start.elapsed() < Duration::from_millis(1000), "{:?}", start.elapsed());
+        drop(host);
+        trickle.join().expect("the trickling thread");
+    }
 
     #[test]
     fn a_worker_sees_its_host_gone_when_the_host_end_of_the_socket_closes() {

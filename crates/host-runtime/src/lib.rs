@@ -8,6 +8,8 @@
 //! ```no_run
 //! use host_runtime::{manifest::Manifest, plugins::Registry, program::{Mode, Program}};
 //!
+//! // Manifests only: no library's code runs until a program needs its backend and its bytes match its
+//! // manifest (`Registry::probe` loads every library instead).
 //! let registry = Registry::discover(&[], true, true);
 //! let manifest = Manifest::load("example/program.toml".as_ref())?;
 //! let mut program = Program::load(manifest, &registry, Mode::ZeroCopy)?;

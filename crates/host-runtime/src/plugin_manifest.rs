@@ -30,8 +30,11 @@
 //! `isolate` (optional, default `false`) asks hosts to run the library in a worker process
 //! ([`crate::isolate`]). It is written from the built library, never by hand: `delegate-host plugin-manifest LIB` loads the library
 //! once and writes what it says about itself plus the file's SHA-256 (`cargo xtask` does this for the plugins
-//! it builds). When the host does load a library, it compares it with its manifest; a library whose bytes or
-//! self-description differ is rejected with every difference named.
+//! it builds). Discovery hashes every library it lists and rejects one whose bytes differ from its manifest
+//! without running any of its code (`rejected: sha256: ...`, naming the command that writes the manifest
+//! again: a rebuilt library needs its manifest rewritten). When the host does load a library, it loads exactly
+//! the bytes it hashed and compares the library's self-description with its manifest; a library that differs
+//! is rejected with every difference named, and the next candidate for its backend serves.
 
 use std::io::Read;
 use std::path::{Path, PathBuf};
@@ -140,12 +143,18 @@ impl PluginManifest {
     /// # Errors
     /// The library file cannot be read (to hash it).
     pub fn describe(plugin: &Plugin, library: &Path) -> std::io::Result<PluginManifest> {
+        Ok(PluginManifest::describe_loaded(plugin, library, sha256_file(library)?))
+    }
+
+    /// The manifest of a loaded plugin whose library's bytes hashed to `sha256` (the bytes that were loaded;
+    /// see [`crate::plugins::describe_library`]).
+    pub fn describe_loaded(plugin: &Plugin, library: &Path, sha256: String) -> PluginManifest {
         let info = plugin.info();
         let abi = plugin.abi_range();
-        Ok(PluginManifest {
+        PluginManifest {
             manifest_version: MANIFEST_VERSION,
             library: library.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default(),
-            sha256: sha256_file(library)?,
+            sha256,
             name: info.name.clone(),
             version: info.version.clone(),
             abi: AbiSpan { min: abi.min, max: abi.max },
@@ -160,7 +169,7 @@ impl PluginManifest {
             target: host_target(),
             rustc: rustc_version(library),
             isolate: false,
-        })
+        }
     }
 
     /// Reads and checks a manifest: a regular file of at most [`MAX_MANIFEST_BYTES`], of a version this build
@@ -171,21 +180,15 @@ impl PluginManifest {
     pub fn read(path: &Path) -> Result<PluginManifest, ManifestError> {
         let io = |source| ManifestError::Io { path: path.to_owned(), source };
         let invalid = |problem: String| ManifestError::Invalid { path: path.to_owned(), problem };
-        let metadata = std::fs::metadata(path).map_err(io)?;
-        if !metadata.is_file() {
-            return Err(invalid(format!(
-                "not a regular file (it is {})",
-                crate::blob_file::file_kind(&metadata.file_type())
-            )));
+        // One non-blocking open, checked through its descriptor: a FIFO swapped in cannot block discovery.
+        let text =
+            crate::blob_file::read_prefix(path, MAX_MANIFEST_BYTES + 1).map_err(|err| match err.kind() {
+                std::io::ErrorKind::InvalidInput => invalid(err.to_string()),
+                _ => io(err),
+            })?;
+        if text.len() as u64 > MAX_MANIFEST_BYTES {
+            return Err(invalid(format!("more than the {MAX_MANIFEST_BYTES} bytes a manifest may have")));
         }
-        if metadata.len() > MAX_MANIFEST_BYTES {
-            return Err(invalid(format!(
-                "{} bytes, more than the {MAX_MANIFEST_BYTES} a manifest may have",
-                metadata.len()
-            )));
-        }
-        let mut text = Vec::new();
-        std::fs::File::open(path).map_err(io)?.take(MAX_MANIFEST_BYTES).read_to_end(&mut text).map_err(io)?;
         let manifest: PluginManifest =
             serde_json::from_slice(&text).map_err(|err| invalid(format!("not a plugin manifest: {err}")))?;
         if manifest.manifest_version != MANIFEST_VERSION {

@@ -1,5 +1,5 @@
-//! Plugin discovery: every candidate library in the search path, which ones loaded, which backend each
-//! serves, and why the others did not.
+//! Plugin discovery: every candidate library in the search path, which one serves each backend and why, and
+//! why the others do not.
 //!
 //! # Search order
 //!
@@ -13,28 +13,38 @@
 //! missing or unreadable explicit directory is listed as rejected; a missing `DELEGATE_PLUGIN_PATH` entry is
 //! skipped.
 //!
+//! # Verify first, then load
+//!
+//! A library's constructors run the moment the dynamic loader opens it, so no library is opened before it is
+//! known to be what its [manifest](crate::plugin_manifest) says. [`Registry::discover`] (the default, and what
+//! `delegate-host` uses) reads each library's manifest and hashes the library's bytes; it runs no library
+//! code. A library whose SHA-256 differs from its manifest's is `rejected: sha256 ...` (naming the command that
+//! writes the manifest again); one without a manifest is `not loaded: no manifest` and serves nothing. A
+//! verified library is `listed` and loaded only when a program asks for a backend it serves
+//! ([`Registry::served`]): its bytes are read once, hashed again, and exactly those bytes are loaded (see
+//! `verify`), then its self-description is compared with the manifest.
+//!
+//! [`Registry::probe`] is the explicitly named exception: it loads every library now (those with a manifest
+//! still verified first), for callers that trust their directories and for `delegate-host --probe`. Even a
+//! probe leaves a library whose manifest asks for isolation unloaded.
+//!
 //! # Which plugin serves a backend
 //!
-//! Plugins are keyed by (backend id, plugin version). For each backend id, the loaded plugin with the
-//! **highest version** (semver order) serves it; among equal versions, the **first found** in search order
-//! wins. A plugin that serves none of its backends is listed as `shadowed by <path>` (the plugin serving its
-//! first backend). So a newer reference plugin dropped in `--plugin-dir` replaces the embedded one, and a
-//! copy of the same version in `--plugin-dir` is preferred to the embedded one.
+//! Plugins are keyed by (backend id, plugin version). For each backend id the verified candidates (loaded,
+//! or listed with a matching hash) are ranked: **highest version** first (semver order), among equal versions
+//! the **first found** in search order. The first that can serve, serves; one that fails when it is loaded
+//! (it cannot be opened, its self-description differs from its manifest or panics, it says it cannot run
+//! here, or it must run isolated in a host that runs no workers) is passed over with one log line, and the
+//! next serves. A plugin that serves none of its backends is listed as `shadowed by <path>`.
+//! [`Registry::why_serves`] says which candidate serves a backend and why. So a newer reference plugin
+//! dropped in `--plugin-dir` replaces the embedded one, a copy of the same version there is preferred to the
+//! embedded one, and a stray or tampered one changes nothing.
 //!
-//! A file that is not a plugin, or a plugin whose ABI the host cannot speak, is listed as
-//! `rejected: <reason>`; the others still load.
+//! # Isolation
 //!
-//! # Manifests: discovery without loading
-//!
-//! A library's constructors run when it is opened, so opening every library on the plugin path lets any one
-//! of them take the host down. [`Registry::discover_manifests`] (what `delegate-host` uses) reads each
-//! library's [manifest](crate::plugin_manifest) instead and opens nothing: candidates are `listed` with what
-//! their manifest says, the duplicate rule runs on the manifests' versions, and a library is loaded only when
-//! a program asks for a backend it serves ([`Registry::for_backend`]). Loading checks the library against its
-//! manifest (SHA-256 and self-description) and rejects it naming every difference. A library without a
-//! manifest is listed `not loaded: no manifest` and serves nothing. [`Registry::discover`] and
-//! [`Registry::discover_with`] *probe* instead: they load every library now (checking those that have a
-//! manifest), for callers that trust their directories and for `delegate-host --probe`.
+//! [`Registry::served`] is the one place that decides whether a plugin runs in this process or in a worker
+//! ([`Registry::with_isolation`]); every path that runs a program asks it. A plugin whose manifest asks for
+//! isolation is never loaded into this process, not even by a probe.
 //!
 //! # Libraries are never unloaded
 //!
@@ -57,6 +67,8 @@ use delegate_abi::{MemoryKind, PluginInfo, WireFormatSupport};
 
 use crate::plugin_manifest::PluginManifest;
 
+mod verify;
+
 /// Environment variable with extra plugin directories.
 pub const PLUGIN_PATH_ENV: &str = "DELEGATE_PLUGIN_PATH";
 
@@ -76,7 +88,8 @@ pub enum Status {
         /// The winner's path; `None` when the winner is the embedded plugin.
         by: Option<PathBuf>,
     },
-    /// Known from its manifest, not loaded: it loads when a program needs a backend it serves.
+    /// Known from its manifest, its bytes verified, not loaded: it loads when a program needs a backend it
+    /// serves.
     Listed,
     /// A library without a manifest, not loaded (discovery without probing opens no library).
     NoManifest,
@@ -91,7 +104,9 @@ impl fmt::Display for Status {
             Status::Shadowed { by: Some(path) } => write!(f, "shadowed by {}", path.display()),
             Status::Shadowed { by: None } => f.write_str("shadowed by (embedded)"),
             Status::Listed => f.write_str("listed (from its manifest; loads when a program needs it)"),
-            Status::NoManifest => f.write_str("not loaded: no manifest (--probe loads it)"),
+            Status::NoManifest => f.write_str(
+                "not loaded: no manifest (write one with `delegate-host plugin-manifest LIB`; --probe loads it)",
+            ),
         }
     }
 }
@@ -103,11 +118,12 @@ pub struct Candidate {
     pub path: Option<PathBuf>,
     /// What became of it.
     pub status: Status,
-    /// Its metadata, when the handshake succeeded.
+    /// Its metadata, when the handshake succeeded (or what its manifest says, for one not loaded).
     pub info: Option<PluginInfo>,
     /// The negotiated ABI version, when the handshake succeeded.
     pub abi_version: Option<u32>,
-    /// Backend ids it serves (a subset of `info.backends`; empty unless loaded or listed).
+    /// Backend ids it serves (a subset of `info.backends`; empty unless loaded or listed), as decided at
+    /// discovery; [`Registry::candidate_for_backend`] says who serves now.
     pub serves: Vec<String>,
     /// Its manifest, when it has one.
     pub manifest: Option<PluginManifest>,
@@ -122,7 +138,7 @@ impl Candidate {
         self.plugin.as_ref().or_else(|| self.lazy.get().and_then(|r| r.as_ref().ok()))
     }
 
-    /// Why a listed candidate could not serve when it was asked to load (rejected or unavailable), if so.
+    /// Why a listed candidate could not serve when it was asked to (rejected or unavailable), if so.
     pub fn load_failure(&self) -> Option<&str> {
         self.lazy.get().and_then(|r| r.as_ref().err()).map(String::as_str)
     }
@@ -183,31 +199,52 @@ impl Candidate {
         }
     }
 
+    /// A library with a manifest, refused without loading it: what the manifest says is kept for display.
+    fn refused(path: PathBuf, manifest: PluginManifest, reason: String) -> Candidate {
+        Candidate { status: Status::Rejected(reason), ..Candidate::listed(path, manifest) }
+    }
+
     fn no_manifest(path: PathBuf) -> Candidate {
         Candidate { status: Status::NoManifest, ..Candidate::rejected(Some(path), String::new()) }
     }
 
-    /// Loads a library now: checked against its manifest when it has one.
+    /// Loads a library now: verified against its manifest first when it has one.
     fn load(path: PathBuf, manifest: Option<PluginManifest>, config: &HostConfig) -> Candidate {
         match load_checked(&path, manifest.as_ref(), config) {
             Ok(plugin) => Candidate { manifest, ..Candidate::loaded(Some(path), plugin) },
             Err(reason) => {
                 tracing::debug!(path = %path.display(), "plugin rejected: {reason}");
-                Candidate { manifest, ..Candidate::rejected(Some(path), reason) }
+                match manifest {
+                    Some(manifest) => Candidate::refused(path, manifest, reason),
+                    None => Candidate::rejected(Some(path), reason),
+                }
             }
         }
     }
 
-    /// A listed candidate's plugin, loading it on first use; `None` when it cannot serve (the reason is kept).
+    /// A listed candidate's plugin, loading it on first use; `None` when it cannot serve (the reason is kept,
+    /// and logged once).
     fn load_listed(&self, config: &HostConfig) -> Option<Arc<Plugin>> {
-        let (Some(path), Status::Listed) = (&self.path, &self.status) else { return None };
+        let path = self.path.as_ref().filter(|_| self.is_lazy())?;
         let result = self.lazy.get_or_init(|| {
-            let plugin = load_checked(path, self.manifest.as_ref(), config)?;
-            plugin.availability().map_err(|err| format!("unavailable: {}", err.message))?;
-            tracing::debug!(path = %path.display(), "loaded on demand");
-            Ok(Arc::new(plugin))
+            let loaded = load_checked(path, self.manifest.as_ref(), config).and_then(|plugin| {
+                plugin.availability().map_err(|err| format!("unavailable: {}", err.message))?;
+                tracing::debug!(path = %path.display(), "loaded on demand");
+                Ok(Arc::new(plugin))
+            });
+            if let Err(reason) = &loaded {
+                tracing::warn!(path = %path.display(), "plugin passed over, the next candidate serves: {reason}");
+            }
+            loaded
         });
         result.as_ref().ok().cloned()
+    }
+
+    /// Records that a listed candidate cannot serve here (logged once), without loading it.
+    fn refuse_listed(&self, reason: &str) {
+        if self.lazy.set(Err(reason.to_owned())).is_ok() {
+            tracing::warn!(path = %self.location(), "plugin passed over, the next candidate serves: {reason}");
+        }
     }
 
     fn loaded(path: Option<PathBuf>, plugin: Plugin) -> Candidate {
@@ -230,7 +267,8 @@ impl Candidate {
         }
     }
 
-    /// The plugin's metadata when it may serve backends: loaded and available, or listed from a manifest.
+    /// The plugin's metadata when it may serve backends: loaded and available, or listed (verified) from a
+    /// manifest.
     fn usable(&self) -> Option<&PluginInfo> {
         match self.status {
             Status::Unavailable(_) | Status::Rejected(_) | Status::NoManifest => None,
@@ -238,31 +276,68 @@ impl Candidate {
             _ => self.plugin.as_ref().map(|p| p.info()),
         }
     }
+
+    /// Whether it is a library known from its (verified) manifest and not loaded by discovery: listed, or
+    /// listed and shadowed by a better candidate. It loads on first use.
+    fn is_lazy(&self) -> bool {
+        self.path.is_some()
+            && self.plugin.is_none()
+            && self.manifest.is_some()
+            && matches!(self.status, Status::Listed | Status::Shadowed { .. })
+    }
+
+    /// Whether it has failed to serve since discovery (a listed one that could not load, or was refused).
+    fn failed(&self) -> bool {
+        self.load_failure().is_some()
+    }
 }
 
-/// Loads the library at `path` and, when it has a manifest, checks the library against it.
+/// Loads the library at `path`, its bytes read once and, when it has a manifest, checked against the
+/// manifest's SHA-256 **before** the loader sees them; then its self-description is compared with the
+/// manifest. No code of the library runs when the hash differs.
 pub(crate) fn load_checked(
     path: &Path,
     manifest: Option<&PluginManifest>,
     config: &HostConfig,
 ) -> Result<Plugin, String> {
-    let plugin = Plugin::load(path, config).map_err(|err| err.to_string())?;
+    let bytes = verify::LibraryBytes::read(path)?;
     if let Some(manifest) = manifest {
-        let actual = PluginManifest::describe(&plugin, path)
-            .map_err(|err| format!("cannot hash the library: {err}"))?;
+        bytes.check(path, &manifest.sha256)?;
+    }
+    let plugin = bytes.load(path, config)?;
+    if let Some(manifest) = manifest {
+        let actual = PluginManifest::describe_loaded(&plugin, path, bytes.sha256.clone());
         let differences = manifest.differences(&actual);
         if !differences.is_empty() {
-            return Err(format!("the library disagrees with its manifest: {}", differences.join("; ")));
+            return Err(format!(
+                "the library disagrees with its manifest: {}; if you trust it, write its manifest again with \
+                 `delegate-host plugin-manifest {}`",
+                differences.join("; "),
+                path.display()
+            ));
         }
     }
     Ok(plugin)
 }
 
-/// Every candidate found, and which plugin serves each backend id.
+/// Loads the library at `path` (the bytes hashed are the bytes loaded) and describes it as its manifest
+/// would: what `delegate-host plugin-manifest` writes.
+///
+/// # Errors
+/// The file cannot be read, or it is not a plugin this host can load (the reason, one line).
+pub fn describe_library(path: &Path, config: &HostConfig) -> Result<PluginManifest, String> {
+    let bytes = verify::LibraryBytes::read(path)?;
+    let plugin = bytes.load(path, config)?;
+    Ok(PluginManifest::describe_loaded(&plugin, path, bytes.sha256))
+}
+
+/// Every candidate found, and which plugins may serve each backend id, best first.
 #[derive(Debug, Clone, Default)]
 pub struct Registry {
     candidates: Vec<Candidate>,
-    serving: BTreeMap<String, usize>,
+    /// Per backend, the verified candidates offering it, in preference order (highest version, then first
+    /// found).
+    serving: BTreeMap<String, Vec<usize>>,
     /// How listed candidates are loaded when asked for.
     config: HostConfig,
     /// How plugins run in worker processes; `None`: every plugin runs in this process.
@@ -289,6 +364,20 @@ impl Served {
             #[cfg(target_os = "linux")]
             Served::Isolated(plugin) => &plugin.info,
         }
+    }
+
+    /// The plugin, when it runs in this process; `None` when it runs in a worker.
+    pub fn in_process(&self) -> Option<&Arc<Plugin>> {
+        match self {
+            Served::InProcess(plugin) => Some(plugin),
+            #[cfg(target_os = "linux")]
+            Served::Isolated(_) => None,
+        }
+    }
+
+    /// Whether it runs in a worker process.
+    pub fn is_isolated(&self) -> bool {
+        self.in_process().is_none()
     }
 }
 
@@ -324,11 +413,38 @@ fn is_library(path: &Path) -> bool {
     path.extension().is_some_and(|ext| ext == std::env::consts::DLL_EXTENSION)
 }
 
+/// A library with a manifest, discovered without loading: refused when its ABI range misses the host's or
+/// its bytes differ from the manifest's hash; otherwise listed (verified).
+fn from_manifest(path: PathBuf, manifest: PluginManifest, config: &HostConfig) -> Candidate {
+    let abi = delegate_abi::abi::AbiRange { min: manifest.abi.min, max: manifest.abi.max };
+    if let Err(err) = delegate_abi::abi::negotiate(config.abi_range, abi) {
+        return Candidate::refused(path, manifest, err.to_string());
+    }
+    let verified = verify::LibraryBytes::read(&path).and_then(|bytes| bytes.check(&path, &manifest.sha256));
+    match verified {
+        Ok(()) => Candidate::listed(path, manifest),
+        Err(reason) => {
+            tracing::debug!(path = %path.display(), "plugin rejected: {reason}");
+            Candidate::refused(path, manifest, reason)
+        }
+    }
+}
+
+/// How discovery treats the libraries it finds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    /// Manifests only: verify, list, load on demand.
+    Manifests,
+    /// Load every library now (verified first when it has a manifest).
+    Probe,
+}
+
 impl Registry {
     /// Discovers plugins in `dirs`, then (if `use_env`) in `DELEGATE_PLUGIN_PATH`, then (if
-    /// `include_embedded`) the embedded reference and CUDA plugins, **probing**: every library is loaded now
-    /// (those with a manifest are checked against it). Never fails: problems are listed per candidate. For
-    /// directories the caller trusts; see [`Registry::discover_manifests`] for discovery that opens nothing.
+    /// `include_embedded`) the embedded reference and CUDA plugins, **without running any library's code**:
+    /// each library is listed from its manifest and its bytes checked against the manifest's SHA-256; it is
+    /// loaded only when [`Registry::served`] asks for a backend it serves. Never fails: problems are listed per
+    /// candidate. [`Registry::probe`] loads every library instead.
     pub fn discover(dirs: &[PathBuf], use_env: bool, include_embedded: bool) -> Registry {
         let env_value = if use_env { std::env::var_os(PLUGIN_PATH_ENV) } else { None };
         Registry::discover_with(dirs, env_value.as_ref(), include_embedded, &HostConfig::default())
@@ -341,19 +457,37 @@ impl Registry {
         include_embedded: bool,
         config: &HostConfig,
     ) -> Registry {
-        Registry::search(dirs, env_value, include_embedded, config, true)
+        Registry::search(dirs, env_value, include_embedded, config, Mode::Manifests)
     }
 
-    /// Discovery that opens no library: candidates are listed from their manifests (a library without one is
-    /// listed and serves nothing), and a library is loaded, and checked against its manifest, only when
-    /// [`Registry::for_backend`] asks for a backend it serves. The embedded plugins are loaded as always.
+    /// The same as [`Registry::discover_with`] (discovery has read manifests by default since issue 17); kept
+    /// for callers written before.
     pub fn discover_manifests(
         dirs: &[PathBuf],
         env_value: Option<&OsString>,
         include_embedded: bool,
         config: &HostConfig,
     ) -> Registry {
-        Registry::search(dirs, env_value, include_embedded, config, false)
+        Registry::discover_with(dirs, env_value, include_embedded, config)
+    }
+
+    /// Discovers like [`Registry::discover`] but **loads every library now** (`delegate-host --probe`): for
+    /// directories the caller trusts, and for libraries without a manifest. A library with a manifest is still
+    /// verified before it is loaded, and one whose manifest asks for isolation is only listed. Any library
+    /// that crashes when opened takes this process with it.
+    pub fn probe(dirs: &[PathBuf], use_env: bool, include_embedded: bool) -> Registry {
+        let env_value = if use_env { std::env::var_os(PLUGIN_PATH_ENV) } else { None };
+        Registry::probe_with(dirs, env_value.as_ref(), include_embedded, &HostConfig::default())
+    }
+
+    /// [`Registry::probe`] with the environment value and host configuration given explicitly.
+    pub fn probe_with(
+        dirs: &[PathBuf],
+        env_value: Option<&OsString>,
+        include_embedded: bool,
+        config: &HostConfig,
+    ) -> Registry {
+        Registry::search(dirs, env_value, include_embedded, config, Mode::Probe)
     }
 
     fn search(
@@ -361,7 +495,7 @@ impl Registry {
         env_value: Option<&OsString>,
         include_embedded: bool,
         config: &HostConfig,
-        probe: bool,
+        mode: Mode,
     ) -> Registry {
         let mut candidates = Vec::new();
         let mut seen = HashSet::new();
@@ -385,46 +519,9 @@ impl Registry {
             files.sort();
             for path in files {
                 let key = std::fs::canonicalize(&path).unwrap_or_else(|_| path.clone());
-                if !seen.insert(key) {
-                    continue;
+                if seen.insert(key) {
+                    candidates.push(Registry::consider(path, config, mode));
                 }
-                // Named like a library but not one: listed with the reason, never opened (a FIFO would
-                // block the loader).
-                let not_a_file = match std::fs::metadata(&path) {
-                    Ok(metadata) if metadata.is_file() => None,
-                    Ok(metadata) => Some(format!(
-                        "not a regular file (it is {})",
-                        crate::blob_file::file_kind(&metadata.file_type())
-                    )),
-                    Err(err) => Some(format!("cannot read it: {err} (a dangling symbolic link?)")),
-                };
-                if let Some(reason) = not_a_file {
-                    candidates.push(Candidate::rejected(Some(path), reason));
-                    continue;
-                }
-                let manifest = match manifest_of(&path) {
-                    Ok(manifest) => manifest,
-                    Err(reason) => {
-                        candidates.push(Candidate::rejected(Some(path), reason));
-                        continue;
-                    }
-                };
-                candidates.push(match (probe, manifest) {
-                    (true, manifest) => Candidate::load(path, manifest, config),
-                    (false, Some(manifest)) => {
-                        // A plugin whose ABI range misses the host's is refused from its manifest alone.
-                        let abi =
-                            delegate_abi::abi::AbiRange { min: manifest.abi.min, max: manifest.abi.max };
-                        match delegate_abi::abi::negotiate(config.abi_range, abi) {
-                            Ok(_) => Candidate::listed(path, manifest),
-                            Err(err) => Candidate {
-                                manifest: Some(manifest),
-                                ..Candidate::rejected(Some(path), err.to_string())
-                            },
-                        }
-                    }
-                    (false, None) => Candidate::no_manifest(path),
-                });
             }
         }
         if include_embedded {
@@ -438,6 +535,37 @@ impl Registry {
             }
         }
         Registry::from_candidates(candidates, config.clone())
+    }
+
+    /// One file named like a library.
+    fn consider(path: PathBuf, config: &HostConfig, mode: Mode) -> Candidate {
+        // Named like a library but not one: listed with the reason, never opened (a FIFO would block the
+        // loader).
+        let not_a_file = match std::fs::metadata(&path) {
+            Ok(metadata) if metadata.is_file() => None,
+            Ok(metadata) => Some(format!(
+                "not a regular file (it is {})",
+                crate::blob_file::file_kind(&metadata.file_type())
+            )),
+            Err(err) => Some(format!("cannot read it: {err} (a dangling symbolic link?)")),
+        };
+        if let Some(reason) = not_a_file {
+            return Candidate::rejected(Some(path), reason);
+        }
+        let manifest = match manifest_of(&path) {
+            Ok(manifest) => manifest,
+            Err(reason) => return Candidate::rejected(Some(path), reason),
+        };
+        match (mode, manifest) {
+            // Isolation is the manifest's promise that this process never runs the library: not even a probe
+            // loads it.
+            (Mode::Probe, Some(manifest)) if !manifest.isolate => {
+                Candidate::load(path, Some(manifest), config)
+            }
+            (Mode::Probe, None) => Candidate::load(path, None, config),
+            (_, Some(manifest)) => from_manifest(path, manifest, config),
+            (Mode::Manifests, None) => Candidate::no_manifest(path),
+        }
     }
 
     /// Adds a plugin linked into this binary, from the `delegate_root()` of its library crate (e.g.
@@ -465,32 +593,28 @@ impl Registry {
         registry
     }
 
-    /// Applies the duplicate rule (highest version, then first found) to candidates in search order.
+    /// Ranks the verified candidates of each backend (highest version, then first found) and marks those that
+    /// serve nothing as shadowed.
     fn from_candidates(mut candidates: Vec<Candidate>, config: HostConfig) -> Registry {
-        let mut serving: BTreeMap<String, usize> = BTreeMap::new();
+        let mut serving: BTreeMap<String, Vec<usize>> = BTreeMap::new();
         for (index, candidate) in candidates.iter().enumerate() {
             let Some(info) = candidate.usable() else { continue };
             for backend in &info.backends {
-                match serving.get(backend) {
-                    Some(&current) => {
-                        if candidate.version() > candidates[current].version() {
-                            serving.insert(backend.clone(), index);
-                        }
-                    }
-                    None => {
-                        serving.insert(backend.clone(), index);
-                    }
-                }
+                serving.entry(backend.clone()).or_default().push(index);
             }
         }
-        for (backend, &index) in &serving {
-            candidates[index].serves.push(backend.clone());
+        for order in serving.values_mut() {
+            // Stable: equal versions keep search order.
+            order.sort_by(|&a, &b| candidates[b].version().cmp(&candidates[a].version()));
+        }
+        for (backend, order) in &serving {
+            candidates[order[0]].serves.push(backend.clone());
         }
         for index in 0..candidates.len() {
             let candidate = &candidates[index];
             let Some(info) = candidate.usable() else { continue };
             if candidate.serves.is_empty() {
-                let winner = info.backends.first().and_then(|b| serving.get(b)).copied();
+                let winner = info.backends.first().and_then(|b| serving.get(b)).map(|order| order[0]);
                 let by = winner.and_then(|w| candidates[w].path.clone());
                 candidates[index].status = Status::Shadowed { by };
             }
@@ -516,79 +640,167 @@ impl Registry {
         &self.candidates
     }
 
-    /// The plugin serving `backend`, if any (a shared handle; the library stays loaded regardless). A
-    /// candidate listed from its manifest is loaded now, once, and checked against its manifest; when that
-    /// fails it serves nothing and [`Registry::unavailable_for`] says why.
+    /// The plugin serving `backend` when it runs in this process.
+    #[deprecated(
+        note = "use `Registry::served`, the one function that decides whether a plugin runs in this process or \
+                isolated; this returns `None` for an isolated plugin"
+    )]
     pub fn for_backend(&self, backend: &str) -> Option<Arc<Plugin>> {
-        let candidate = &self.candidates[*self.serving.get(backend)?];
-        match candidate.status {
-            Status::Listed => candidate.load_listed(&self.config),
-            _ => candidate.plugin.clone(),
-        }
+        self.served(backend).and_then(|served| served.in_process().cloned())
     }
 
     /// Runs plugins in worker processes as `isolation` says: every library-loaded plugin
     /// ([`Isolation::all`](crate::isolate::Isolation::all)) or those whose manifest asks for it. Only plugins
-    /// known from a manifest and not loaded yet can be isolated; embedded plugins always run here.
+    /// known from a manifest and not loaded yet can be isolated; embedded plugins always run here, and a
+    /// library a probe already loaded into this process is refused when `all` asks to isolate it.
     #[cfg(target_os = "linux")]
     pub fn with_isolation(mut self, isolation: crate::isolate::Isolation) -> Registry {
         self.isolation = Some(Arc::new(isolation));
         self
     }
 
-    /// How the plugin serving `backend` runs: [`Served::Isolated`] for a listed plugin that the isolation
-    /// settings cover (its library is not loaded here), otherwise [`Registry::for_backend`]'s plugin. A
-    /// plugin whose manifest asks for isolation is never loaded into a host without isolation settings: it
-    /// serves nothing there, and [`Registry::unavailable_for`] says why.
+    /// How the plugin serving `backend` runs — the one decision every path that runs a program (TOML, `.pte`,
+    /// the ExecuTorch bridge, the library API) takes here: [`Served::Isolated`] for a listed plugin that the
+    /// isolation settings cover (its library is not loaded here), otherwise the plugin loaded into this
+    /// process (a listed one now, once, verified against its manifest). The verified candidates are tried best
+    /// first; one that cannot serve is passed over (one log line) and [`Registry::unavailable_for`] says why.
+    /// A plugin whose manifest asks for isolation is never loaded into a host without isolation settings.
     pub fn served(&self, backend: &str) -> Option<Served> {
-        let candidate = &self.candidates[*self.serving.get(backend)?];
-        #[cfg(target_os = "linux")]
-        if let (Status::Listed, Some(manifest), Some(path), Some(info)) =
-            (&candidate.status, &candidate.manifest, &candidate.path, &candidate.info)
-        {
-            match &self.isolation {
-                Some(isolation) if isolation.applies(manifest.isolate) => {
-                    return Some(Served::Isolated(crate::isolate::IsolatedPlugin {
-                        library: path.clone(),
-                        info: info.clone(),
-                        isolation: isolation.clone(),
-                    }))
-                }
-                None if manifest.isolate => {
-                    let _ = candidate
-                        .lazy
-                        .set(Err("its manifest asks to run it in a worker process, and this host runs none"
-                            .to_owned()));
-                    return None;
-                }
-                _ => {}
-            }
-        }
-        self.for_backend(backend).map(Served::InProcess)
+        self.serving.get(backend)?.iter().find_map(|&index| self.try_serve(&self.candidates[index]))
     }
 
-    /// Plugins that offer `backend` but cannot serve it: those that said they cannot run on this machine, and
-    /// listed ones that failed to load or disagreed with their manifest: (name, reason).
-    pub fn unavailable_for<'r>(&'r self, backend: &'r str) -> impl Iterator<Item = (&'r str, &'r str)> + 'r {
-        self.candidates.iter().filter_map(move |c| {
-            let info = c.info.as_ref().filter(|info| info.backends.iter().any(|b| b == backend))?;
-            match (&c.status, c.load_failure()) {
-                (Status::Unavailable(reason), _) => Some((info.name.as_str(), reason.as_str())),
-                (Status::Listed, Some(reason)) => Some((info.name.as_str(), reason)),
-                _ => None,
+    /// `candidate` serving, or `None` (the reason recorded) when it cannot.
+    fn try_serve(&self, candidate: &Candidate) -> Option<Served> {
+        if candidate.failed() {
+            return None;
+        }
+        match self.placement(candidate) {
+            Placement::Isolated => self.isolated(candidate),
+            Placement::Refused(reason) => {
+                candidate.refuse_listed(reason);
+                None
             }
+            Placement::InProcess if candidate.is_lazy() => {
+                candidate.load_listed(&self.config).map(Served::InProcess)
+            }
+            Placement::InProcess => candidate.plugin.clone().map(Served::InProcess),
+        }
+    }
+
+    #[cfg(target_os = "linux")]
+    fn isolated(&self, candidate: &Candidate) -> Option<Served> {
+        let (Some(isolation), Some(path), Some(info)) = (&self.isolation, &candidate.path, &candidate.info)
+        else {
+            return None;
+        };
+        Some(Served::Isolated(crate::isolate::IsolatedPlugin {
+            library: path.clone(),
+            info: info.clone(),
+            isolation: isolation.clone(),
+        }))
+    }
+
+    #[cfg(not(target_os = "linux"))]
+    fn isolated(&self, _candidate: &Candidate) -> Option<Served> {
+        None
+    }
+
+    /// Where `candidate` runs under this registry's isolation settings.
+    fn placement(&self, candidate: &Candidate) -> Placement {
+        let asks = candidate.manifest.as_ref().is_some_and(|m| m.isolate);
+        #[cfg(target_os = "linux")]
+        let isolation = self.isolation.as_ref().map(|i| i.applies(asks));
+        #[cfg(not(target_os = "linux"))]
+        let isolation: Option<bool> = None;
+        match (candidate.is_lazy(), &candidate.path, isolation) {
+            // Embedded plugins are our own code: always here.
+            (_, None, _) => Placement::InProcess,
+            (true, Some(_), Some(true)) => Placement::Isolated,
+            (true, Some(_), None) if asks => {
+                Placement::Refused("its manifest asks to run it in a worker process, and this host runs none")
+            }
+            (true, Some(_), _) => Placement::InProcess,
+            // Loaded into this process by a probe.
+            (false, Some(_), Some(true)) => Placement::Refused(
+                "a probe loaded it into this process, so it cannot run isolated (probing and isolating every \
+                 plugin exclude each other)",
+            ),
+            _ => Placement::InProcess,
+        }
+    }
+
+    /// Whether `candidate` runs in a worker process under this registry's isolation settings.
+    pub fn runs_isolated(&self, candidate: &Candidate) -> bool {
+        matches!(self.placement(candidate), Placement::Isolated)
+    }
+
+    /// Plugins that offer `backend` but cannot serve it — those that said they cannot run on this machine,
+    /// listed ones that failed to load, disagreed with their manifest or must run isolated, libraries whose
+    /// bytes differ from their manifest — and libraries without a manifest (which may offer it): (plugin name,
+    /// or the library for one without a manifest; the reason).
+    pub fn unavailable_for<'r>(&'r self, backend: &'r str) -> impl Iterator<Item = (String, String)> + 'r {
+        self.candidates.iter().filter_map(move |c| {
+            if c.status == Status::NoManifest {
+                let path = c.path.as_deref()?.display().to_string();
+                let reason = format!(
+                    "it has no manifest, so this host does not know what it serves and never opens it; write \
+                     one with `delegate-host plugin-manifest {path}`"
+                );
+                return Some((path, reason));
+            }
+            let info = c.info.as_ref().filter(|info| info.backends.iter().any(|b| b == backend))?;
+            let reason = match (&c.status, c.load_failure()) {
+                (Status::Unavailable(reason), _) => reason,
+                (Status::Rejected(reason), _) if c.manifest.is_some() => reason,
+                (_, Some(reason)) => reason,
+                _ => return None,
+            };
+            Some((info.name.clone(), reason.to_owned()))
         })
     }
 
-    /// The candidate serving `backend`, if any.
+    /// The candidate serving `backend` now: the best verified one that has not failed to serve. Loads
+    /// nothing (a listed candidate not asked for yet is taken to serve).
     pub fn candidate_for_backend(&self, backend: &str) -> Option<&Candidate> {
-        self.serving.get(backend).map(|&i| &self.candidates[i])
+        let order = self.serving.get(backend)?;
+        order.iter().map(|&i| &self.candidates[i]).find(|c| !c.failed())
     }
 
-    /// Every backend id served, sorted.
-    pub fn backends(&self) -> Vec<String> {
-        self.serving.keys().cloned().collect()
+    /// Why [`Registry::candidate_for_backend`] serves `backend`, one phrase: the only candidate, the highest
+    /// version, the first found among equal versions, and any better candidate passed over with its reason.
+    pub fn why_serves(&self, backend: &str) -> Option<String> {
+        let order: Vec<&Candidate> =
+            self.serving.get(backend)?.iter().map(|&i| &self.candidates[i]).collect();
+        let at = order.iter().position(|c| !c.failed())?;
+        let winner = order[at];
+        let version = winner.version().map_or_else(|| "?".to_owned(), |v| v.to_string());
+        let rest = &order[at + 1..];
+        let mut why = match rest.first() {
+            None if at == 0 => "the only verified candidate that offers it".to_owned(),
+            None => "the last verified candidate that offers it".to_owned(),
+            Some(next) if next.version() < winner.version() => {
+                format!("the highest version ({version}) of {} verified candidates", rest.len() + 1)
+            }
+            Some(_) => format!("found first of the verified candidates at version {version}"),
+        };
+        for passed in &order[..at] {
+            let reason = passed.load_failure().unwrap_or("failed");
+            why.push_str(&format!("; {} was passed over: {reason}", passed.location()));
+        }
+        Some(why)
     }
+
+    /// Every backend id served, sorted (a backend whose every candidate failed to serve is not).
+    pub fn backends(&self) -> Vec<String> {
+        self.serving.keys().filter(|b| self.candidate_for_backend(b).is_some()).cloned().collect()
+    }
+}
+
+/// Where a candidate runs.
+enum Placement {
+    InProcess,
+    Isolated,
+    Refused(&'static str),
 }
 
 #[cfg(test)]
@@ -597,31 +809,48 @@ mod tests {
     use std::process::Command;
     use std::sync::OnceLock;
 
+    fn in_process(registry: &Registry, backend: &str) -> Option<Arc<Plugin>> {
+        registry.served(backend).and_then(|served| served.in_process().cloned())
+    }
+
     fn dylib_name(stem: &str) -> String {
         format!("{}{stem}{}", std::env::consts::DLL_PREFIX, std::env::consts::DLL_SUFFIX)
     }
 
-    /// The built `abi-test` plugin: `$DELEGATE_TEST_PLUGIN_DIR`, else built once into `target/plugin-tests`.
+    /// The built `abi-test` plugin.
     fn abi_test_plugin() -> &'static Path {
         static PATH: OnceLock<PathBuf> = OnceLock::new();
-        PATH.get_or_init(|| {
-            let dir = match std::env::var_os("DELEGATE_TEST_PLUGIN_DIR") {
-                // Relative to the workspace root (tests run in the crate directory).
-                Some(dir) => Path::new(env!("CARGO_MANIFEST_DIR")).join("../..").join(dir),
-                None => {
-                    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
-                    let target = root.join("target/plugin-tests");
-                    let status = Command::new(env!("CARGO"))
-                        .current_dir(&root)
-                        .args(["build", "--quiet", "-p", "abi-test", "--target-dir"])
-                        .arg(&target)
-                        .status()
-                        .expect("cargo runs");
-                    assert!(status.success(), "building abi-test failed");
-                    target.join("debug")
-                }
-            };
-            dir.join(dylib_name("abi_test"))
+        PATH.get_or_init(|| test_plugin_dir().join(dylib_name("abi_test")))
+    }
+
+    /// The built test plugins: `$DELEGATE_TEST_PLUGIN_DIR`, else built once into `target/plugin-tests`.
+    fn test_plugin_dir() -> &'static Path {
+        static DIR: OnceLock<PathBuf> = OnceLock::new();
+        DIR.get_or_init(|| match std::env::var_os("DELEGATE_TEST_PLUGIN_DIR") {
+            // Relative to the workspace root (tests run in the crate directory).
+            Some(dir) => Path::new(env!("CARGO_MANIFEST_DIR")).join("../..").join(dir),
+            None => {
+                let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+                let target = root.join("target/plugin-tests");
+                let status = Command::new(env!("CARGO"))
+                    .current_dir(&root)
+                    .args([
+                        "build",
+                        "--quiet",
+                        "-p",
+                        "abi-test",
+                        "-p",
+                        "crash-on-load",
+                        "-p",
+                        "panic-on-info",
+                    ])
+                    .arg("--target-dir")
+                    .arg(&target)
+                    .status()
+                    .expect("cargo runs");
+                assert!(status.success(), "building the test plugins failed");
+                target.join("debug")
+            }
         })
     }
 
@@ -660,8 +889,7 @@ mod tests {
         let real = dylib_name("abi_test");
         let dir =
             dir_with(&[(&fake, Some(b"not a library\n")), (&real, None), ("README.txt", Some(b"ignored"))]);
-        let registry =
-            Registry::discover_with(&[dir.path().to_path_buf()], None, true, &HostConfig::default());
+        let registry = Registry::probe_with(&[dir.path().to_path_buf()], None, true, &HostConfig::default());
         let statuses = statuses(&registry);
         assert_eq!(statuses.len(), 4, "{statuses:?}");
         assert_eq!(statuses[0].0, real);
@@ -673,10 +901,10 @@ mod tests {
         assert_eq!(statuses[3].0, "(embedded)");
         assert!(statuses[3].1 == "loaded" || statuses[3].1.starts_with("unavailable: "), "{}", statuses[3].1);
 
-        let plugin = registry.for_backend("AbiTestBackend").expect("served");
+        let plugin = in_process(&registry, "AbiTestBackend").expect("served");
         assert_eq!(plugin.info().name, "abi-test");
-        assert!(registry.for_backend("ReferenceBackend").is_some(), "{:?}", registry.backends());
-        assert!(registry.for_backend("Nope").is_none());
+        assert!(in_process(&registry, "ReferenceBackend").is_some(), "{:?}", registry.backends());
+        assert!(in_process(&registry, "Nope").is_none());
         assert!(registry.backends().contains(&"AbiTestBackend".to_string()));
     }
 
@@ -690,8 +918,7 @@ mod tests {
         let fifo = dir.path().join(dylib_name("c_fifo"));
         let made = Command::new("mkfifo").arg(&fifo).status().expect("mkfifo runs");
         assert!(made.success());
-        let registry =
-            Registry::discover_with(&[dir.path().to_path_buf()], None, false, &HostConfig::default());
+        let registry = Registry::probe_with(&[dir.path().to_path_buf()], None, false, &HostConfig::default());
         let statuses = statuses(&registry);
         assert_eq!(statuses.len(), 3, "{statuses:?}");
         assert_eq!(statuses[0].1, "rejected: not a regular file (it is a directory)");
@@ -706,14 +933,14 @@ mod tests {
         let second = dir_with(&[(&dylib_name("abi_test_b"), None)]);
         let env = std::env::join_paths([second.path()]).expect("joins");
         let registry =
-            Registry::discover_with(&[first.path().to_path_buf()], Some(&env), false, &HostConfig::default());
+            Registry::probe_with(&[first.path().to_path_buf()], Some(&env), false, &HostConfig::default());
         let winner = first.path().join(dylib_name("abi_test_a"));
         assert_eq!(registry.candidates()[0].status, Status::Loaded);
         assert_eq!(registry.candidates()[0].serves, ["AbiTestBackend"]);
         assert_eq!(registry.candidates()[1].status, Status::Shadowed { by: Some(winner.clone()) });
         assert_eq!(registry.candidates()[1].status.to_string(), format!("shadowed by {}", winner.display()));
         assert_eq!(
-            registry.for_backend("AbiTestBackend").and_then(|p| p.path().map(Path::to_path_buf)),
+            in_process(&registry, "AbiTestBackend").and_then(|p| p.path().map(Path::to_path_buf)),
             Some(winner)
         );
     }
@@ -723,7 +950,7 @@ mod tests {
         let dir = dir_with(&[(&dylib_name("abi_test"), None)]);
         let missing = dir.path().join("does-not-exist");
         let env = std::env::join_paths([dir.path(), missing.as_path()]).expect("joins");
-        let registry = Registry::discover_with(
+        let registry = Registry::probe_with(
             &[dir.path().to_path_buf(), missing.clone()],
             Some(&env),
             false,
@@ -740,7 +967,7 @@ mod tests {
     fn an_incompatible_abi_is_rejected_with_both_ranges() {
         let dir = dir_with(&[(&dylib_name("abi_test"), None)]);
         let config = HostConfig::default().with_abi_range(delegate_abi::abi::AbiRange::new(2, 3));
-        let registry = Registry::discover_with(&[dir.path().to_path_buf()], None, false, &config);
+        let registry = Registry::probe_with(&[dir.path().to_path_buf()], None, false, &config);
         assert_eq!(
             registry.candidates()[0].status,
             Status::Rejected("plugin speaks ABI 1..=1, host 2..=3".into())
@@ -782,9 +1009,9 @@ mod tests {
         ];
         let registry = Registry::from_candidates(candidates, HostConfig::default());
         // 1.10.0 > 1.2.0 in semver order (not in string order).
-        assert_eq!(registry.for_backend("X").map(|p| p.info().name.clone()).as_deref(), Some("V1_10"));
+        assert_eq!(in_process(&registry, "X").map(|p| p.info().name.clone()).as_deref(), Some("V1_10"));
         // The oldest still serves the backend nobody else offers.
-        assert_eq!(registry.for_backend("Y").map(|p| p.info().name.clone()).as_deref(), Some("V1_0"));
+        assert_eq!(in_process(&registry, "Y").map(|p| p.info().name.clone()).as_deref(), Some("V1_0"));
         let c = registry.candidates();
         assert_eq!((c[0].status.clone(), c[0].serves.clone()), (Status::Loaded, vec!["Y".to_string()]));
         assert_eq!((c[1].status.clone(), c[1].serves.clone()), (Status::Loaded, vec!["X".to_string()]));
@@ -810,7 +1037,7 @@ mod tests {
         assert_eq!(c[0].status, Status::Shadowed { by: None });
         assert_eq!(c[1].serves, ["Y"]);
         assert_eq!((c[2].status.clone(), c[2].serves.clone()), (Status::Loaded, vec!["X".to_string()]));
-        assert_eq!(registry.for_backend("X").map(|p| p.info().name.clone()).as_deref(), Some("V1_10"));
+        assert_eq!(in_process(&registry, "X").map(|p| p.info().name.clone()).as_deref(), Some("V1_10"));
         assert_eq!(registry.candidates().len(), 3);
     }
 
@@ -830,10 +1057,13 @@ mod tests {
         let registry = discover_manifests(dir.path());
         assert!(registry.served("AbiTestBackend").is_none());
         assert!(registry.candidates()[0].plugin().is_none(), "the library was not opened");
-        let reasons: Vec<(&str, &str)> = registry.unavailable_for("AbiTestBackend").collect();
+        let reasons: Vec<(String, String)> = registry.unavailable_for("AbiTestBackend").collect();
         assert_eq!(
             reasons,
-            [("abi-test", "its manifest asks to run it in a worker process, and this host runs none")]
+            [(
+                "abi-test".to_owned(),
+                "its manifest asks to run it in a worker process, and this host runs none".to_owned()
+            )]
         );
         // With workers, it is served isolated (still without opening the library here).
         let isolated = discover_manifests(dir.path())
@@ -874,11 +1104,11 @@ mod tests {
         assert_eq!(candidate.status, Status::Listed);
         assert_eq!(candidate.serves, ["AbiTestBackend"], "the duplicate rule runs on the manifest");
         assert!(candidate.plugin().is_none() && candidate.abi_version.is_none(), "nothing loaded yet");
-        let plugin = registry.for_backend("AbiTestBackend").expect("loads on demand");
+        let plugin = in_process(&registry, "AbiTestBackend").expect("loads on demand");
         assert_eq!(plugin.info().name, "abi-test");
         assert!(registry.candidates()[0].plugin().is_some(), "kept for the next caller");
         assert!(
-            Arc::ptr_eq(&plugin, &registry.for_backend("AbiTestBackend").expect("served")),
+            Arc::ptr_eq(&plugin, &in_process(&registry, "AbiTestBackend").expect("served")),
             "loaded once"
         );
     }
@@ -904,7 +1134,7 @@ mod tests {
                 "{:?} lacks {reason}",
                 candidate.status
             );
-            assert!(registry.for_backend("AbiTestBackend").is_none());
+            assert!(in_process(&registry, "AbiTestBackend").is_none());
         }
     }
 
@@ -912,18 +1142,20 @@ mod tests {
     fn a_library_that_differs_from_its_manifest_serves_nothing_and_says_why() {
         let dir = dir_with_manifest(|m| m.backends.push("ExtraBackend".into()));
         let registry = discover_manifests(dir.path());
-        assert!(registry.for_backend("AbiTestBackend").is_none(), "refused when loaded");
-        let reasons: Vec<(&str, &str)> = registry.unavailable_for("AbiTestBackend").collect();
-        assert_eq!(
-            reasons,
-            [("abi-test", "the library disagrees with its manifest: backends: manifest AbiTestBackend,ExtraBackend, library AbiTestBackend")]
+        assert!(in_process(&registry, "AbiTestBackend").is_none(), "refused when loaded");
+        // Not listed as served once it failed (a run's error said "loaded: AbiTestBackend").
+        assert!(!registry.backends().contains(&"AbiTestBackend".to_owned()), "{:?}", registry.backends());
+        let reasons: Vec<(String, String)> = registry.unavailable_for("AbiTestBackend").collect();
+        let library = dir.path().join(dylib_name("abi_test"));
+        let expected = format!(
+            "the library disagrees with its manifest: backends: manifest AbiTestBackend,ExtraBackend, library \
+             AbiTestBackend; if you trust it, write its manifest again with `delegate-host plugin-manifest {}`",
+            library.display()
         );
+        assert_eq!(reasons, [("abi-test".to_owned(), expected.clone())]);
         // Probing loads it at once and rejects it for the same reason.
-        let probed =
-            Registry::discover_with(&[dir.path().to_path_buf()], None, false, &HostConfig::default());
-        assert!(
-            matches!(&probed.candidates()[0].status, Status::Rejected(r) if r.ends_with("library AbiTestBackend"))
-        );
+        let probed = Registry::probe_with(&[dir.path().to_path_buf()], None, false, &HostConfig::default());
+        assert_eq!(probed.candidates()[0].status, Status::Rejected(expected));
     }
 
     #[test]
@@ -931,9 +1163,169 @@ mod tests {
         let dir = dir_with(&[(&dylib_name("abi_test"), None)]);
         let registry = discover_manifests(dir.path());
         assert_eq!(registry.candidates()[0].status, Status::NoManifest);
-        assert!(registry.for_backend("AbiTestBackend").is_none());
-        let probed =
-            Registry::discover_with(&[dir.path().to_path_buf()], None, false, &HostConfig::default());
+        assert!(in_process(&registry, "AbiTestBackend").is_none());
+        let probed = Registry::probe_with(&[dir.path().to_path_buf()], None, false, &HostConfig::default());
         assert_eq!(probed.candidates()[0].status, Status::Loaded);
+    }
+
+    /// Copies the built `stem` into `dir` beside a manifest claiming `ReferenceBackend` at 9.0.0, with the
+    /// given SHA-256 (`None`: the copy's own); returns the copy's path.
+    fn claims_reference_9(dir: &Path, stem: &str, sha256: Option<&str>) -> PathBuf {
+        let library = dir.join(dylib_name(stem));
+        std::fs::copy(test_plugin_dir().join(dylib_name(stem)), &library).expect("built fixture");
+        let sha256 = match sha256 {
+            Some(sha) => sha.to_owned(),
+            None => crate::plugin_manifest::sha256_file(&library).expect("hashable"),
+        };
+        let manifest = PluginManifest {
+            manifest_version: crate::plugin_manifest::MANIFEST_VERSION,
+            library: dylib_name(stem),
+            sha256,
+            name: stem.into(),
+            version: "9.0.0".into(),
+            abi: crate::plugin_manifest::AbiSpan { min: 1, max: 1 },
+            backends: vec!["ReferenceBackend".into()],
+            wire_formats: vec![],
+            memory_kinds: vec!["host".into()],
+            binds_aliases_in_place: true,
+            target: crate::plugin_manifest::host_target(),
+            rustc: None,
+            isolate: false,
+        };
+        std::fs::write(PluginManifest::path_for(&library), manifest.to_json()).expect("write manifest");
+        library
+    }
+
+    fn served_by_embedded(registry: &Registry) {
+        let served = in_process(registry, "ReferenceBackend").expect("the embedded plugin serves");
+        assert_eq!((served.path(), served.info().name.as_str()), (None, "reference-delegate"));
+        assert_eq!(registry.candidate_for_backend("ReferenceBackend").map(|c| c.path.clone()), Some(None));
+        assert!(registry.backends().contains(&"ReferenceBackend".to_owned()));
+    }
+
+    #[test]
+    fn a_library_whose_bytes_differ_from_its_manifest_never_runs_and_the_embedded_plugin_serves() {
+        // crash-on-load aborts this test process the moment any of its code runs.
+        let dir = tempfile::tempdir().expect("temp dir");
+        let wrong = "ab".repeat(32);
+        let library = claims_reference_9(dir.path(), "crash_on_load", Some(&wrong));
+        let dirs = [dir.path().to_path_buf()];
+        let config = HostConfig::default();
+        for registry in [
+            Registry::discover_with(&dirs, None, true, &config),
+            Registry::probe_with(&dirs, None, true, &config),
+        ] {
+            let candidate = &registry.candidates()[0];
+            let status = candidate.status.to_string();
+            assert!(status.starts_with(&format!("rejected: sha256: manifest {wrong}, library ")), "{status}");
+            assert!(
+                status.ends_with(&format!("`delegate-host plugin-manifest {}`", library.display())),
+                "{status}"
+            );
+            assert!(candidate.plugin().is_none() && candidate.serves.is_empty());
+            served_by_embedded(&registry);
+            let reasons: Vec<(String, String)> = registry.unavailable_for("ReferenceBackend").collect();
+            assert_eq!(reasons.len(), 1, "{reasons:?}");
+            assert_eq!(reasons[0].0, "crash_on_load");
+            assert!(reasons[0].1.starts_with("sha256: manifest "), "{reasons:?}");
+        }
+    }
+
+    #[test]
+    fn a_winner_that_fails_when_loaded_is_passed_over_for_the_next_verified_candidate() {
+        // Both hash right and claim 9.0.0, so each wins on paper; loading finds abi-test disagreeing with the
+        // manifest, and panic-on-info's self-description panicking.
+        for (stem, failure) in [
+            (
+                "abi_test",
+                "the library disagrees with its manifest: name: manifest abi_test, library abi-test",
+            ),
+            ("panic_on_info", "plugin refused the handshake: "),
+        ] {
+            let dir = tempfile::tempdir().expect("temp dir");
+            let library = claims_reference_9(dir.path(), stem, None);
+            let registry =
+                Registry::discover_with(&[dir.path().to_path_buf()], None, true, &HostConfig::default());
+            assert_eq!(registry.candidates()[0].status, Status::Listed);
+            assert_eq!(registry.candidates()[0].serves, ["ReferenceBackend"]);
+            assert_eq!(
+                registry.why_serves("ReferenceBackend").as_deref(),
+                Some("the highest version (9.0.0) of 2 verified candidates")
+            );
+            served_by_embedded(&registry);
+            let reason = registry.candidates()[0].load_failure().expect("recorded").to_owned();
+            assert!(reason.starts_with(failure), "{reason}");
+            let why = registry.why_serves("ReferenceBackend").expect("served");
+            assert_eq!(
+                why,
+                format!(
+                    "the last verified candidate that offers it; {} was passed over: {reason}",
+                    library.display()
+                )
+            );
+        }
+    }
+
+    #[test]
+    fn a_probe_never_loads_a_library_whose_manifest_asks_for_isolation() {
+        let asks = dir_with_manifest(|m| m.isolate = true);
+        let config = HostConfig::default();
+        let probed = Registry::probe_with(&[asks.path().to_path_buf()], None, false, &config);
+        assert_eq!(probed.candidates()[0].status, Status::Listed);
+        assert!(probed.candidates()[0].plugin().is_none());
+        assert!(probed.served("AbiTestBackend").is_none(), "no workers here");
+        let isolated = Registry::probe_with(&[asks.path().to_path_buf()], None, false, &config)
+            .with_isolation(crate::isolate::Isolation::new("/nonexistent/worker", ["worker"]));
+        assert!(isolated.served("AbiTestBackend").is_some_and(|s| s.is_isolated()));
+        assert!(isolated.runs_isolated(&isolated.candidates()[0]));
+    }
+
+    #[test]
+    fn isolating_every_plugin_refuses_one_a_probe_already_loaded() {
+        let plain = dir_with_manifest(|_| {});
+        let registry =
+            Registry::probe_with(&[plain.path().to_path_buf()], None, false, &HostConfig::default())
+                .with_isolation(crate::isolate::Isolation::new("/nonexistent/worker", ["worker"]).all(true));
+        assert_eq!(registry.candidates()[0].status, Status::Loaded);
+        assert!(registry.served("AbiTestBackend").is_none(), "never silently in process");
+        let reasons: Vec<(String, String)> = registry.unavailable_for("AbiTestBackend").collect();
+        assert_eq!(reasons.len(), 1);
+        assert!(reasons[0].1.starts_with("a probe loaded it into this process"), "{reasons:?}");
+    }
+
+    #[test]
+    fn a_library_without_a_manifest_is_named_with_the_command_that_writes_one() {
+        let dir = dir_with(&[(&dylib_name("abi_test"), None)]);
+        let registry = discover_manifests(dir.path());
+        let library = dir.path().join(dylib_name("abi_test"));
+        let reasons: Vec<(String, String)> = registry.unavailable_for("AnyBackend").collect();
+        assert_eq!(reasons.len(), 1);
+        assert_eq!(reasons[0].0, library.display().to_string());
+        assert!(
+            reasons[0]
+                .1
+                .ends_with(&format!("write one with `delegate-host plugin-manifest {}`", library.display())),
+            "{reasons:?}"
+        );
+    }
+
+    #[test]
+    fn a_shadowed_library_serves_when_the_better_one_fails_when_loaded() {
+        // Both hash right; the first claims a newer version than the library says, so it fails when loaded.
+        let newer = dir_with_manifest(|m| m.version = "9.0.0".into());
+        let plain = dir_with_manifest(|_| {});
+        let dirs = [newer.path().to_path_buf(), plain.path().to_path_buf()];
+        let registry = Registry::discover_with(&dirs, None, false, &HostConfig::default());
+        let second = plain.path().join(dylib_name("abi_test"));
+        assert!(matches!(registry.candidates()[1].status, Status::Shadowed { .. }));
+        let served = in_process(&registry, "AbiTestBackend").expect("the shadowed one serves");
+        assert_eq!(served.path(), Some(second.as_path()));
+        assert_eq!(
+            registry.candidate_for_backend("AbiTestBackend").and_then(|c| c.path.clone()),
+            Some(second)
+        );
+        assert!(registry.candidates()[0]
+            .load_failure()
+            .is_some_and(|r| r.contains("version: manifest 9.0.0")));
     }
 }

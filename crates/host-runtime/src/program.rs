@@ -227,6 +227,18 @@ pub enum Error {
         /// What CUDA said.
         source: cuda::Error,
     },
+    /// A method reads buffers (KV caches) that an earlier call which writes them failed partway through, so
+    /// they may be half-written (`InvalidState`); the method runs again once they are reset
+    /// ([`Program::reset`] or [`Program::reset_buffers`]).
+    #[error("method '{method}' reads {buffers}, which {failed} may have left half-written when it failed; start a new sequence with Program::reset (or zero them with Program::reset_buffers) before running it again")]
+    TornBuffers {
+        /// The method refused.
+        method: String,
+        /// The torn buffers it reads, as `buffer 'k'` or `buffers 'k', 'v'`.
+        buffers: String,
+        /// The call that failed first, as `method 'decode', call 0 (ReferenceBackend)`.
+        failed: String,
+    },
     /// A method, input, output or buffer named by the caller does not exist or has the wrong size.
     #[error("{0}")]
     Usage(String),
@@ -260,6 +272,7 @@ impl et_error::HasErrorCode for Error {
             Error::Stream { source, .. } => source.error_code(),
             Error::Memory { .. } => ErrorCode::InvalidArgument,
             Error::BufferAccess { source, .. } => source.error_code(),
+            Error::TornBuffers { .. } => ErrorCode::InvalidState,
             Error::Usage(_) => ErrorCode::InvalidArgument,
         }
     }
@@ -303,12 +316,13 @@ impl CopyStats {
         self.reflect_bytes + self.staged_bytes + self.writeback_bytes + self.op_bytes
     }
 
-    /// Adds `other`'s bytes, kind by kind.
+    /// Adds `other`'s bytes, kind by kind, saturating: the counters come from plugins (and their workers),
+    /// which may report anything.
     pub fn add(&mut self, other: CopyStats) {
-        self.reflect_bytes += other.reflect_bytes;
-        self.staged_bytes += other.staged_bytes;
-        self.writeback_bytes += other.writeback_bytes;
-        self.op_bytes += other.op_bytes;
+        self.reflect_bytes = self.reflect_bytes.saturating_add(other.reflect_bytes);
+        self.staged_bytes = self.staged_bytes.saturating_add(other.staged_bytes);
+        self.writeback_bytes = self.writeback_bytes.saturating_add(other.writeback_bytes);
+        self.op_bytes = self.op_bytes.saturating_add(other.op_bytes);
     }
 }
 
@@ -463,6 +477,29 @@ struct LoadedMethod {
 }
 
 impl LoadedMethod {
+    /// Whether a call or host copy of the method reads buffer `b` (as an input, in place or by a copy).
+    fn reads(&self, b: usize) -> bool {
+        let by_call = self.calls.iter().flat_map(|c| &c.args).any(|a| match a.source {
+            ArgSource::BufferRead(x) | ArgSource::BufferInOut(x) | ArgSource::BufferInPlace(x) => x == b,
+            _ => false,
+        });
+        by_call || self.copies.iter().any(|c| c.from == Slot::Buffer(b))
+    }
+
+    /// The buffers a run of the method may write: in place, by a write-back, or by a host copy.
+    fn writes(&self) -> std::collections::BTreeSet<usize> {
+        let in_place = self.calls.iter().flat_map(|c| &c.args).filter_map(|a| match a.source {
+            ArgSource::BufferInOut(b) | ArgSource::BufferInPlace(b) => Some(b),
+            _ => None,
+        });
+        let written_back = self.calls.iter().flat_map(|c| c.writebacks.iter().map(|&(_, b)| b));
+        let copied = self.copies.iter().filter_map(|c| match c.to {
+            Slot::Buffer(b) => Some(b),
+            _ => None,
+        });
+        in_place.chain(written_back).chain(copied).collect()
+    }
+
     fn input_index(&self, input: &str) -> Result<usize, Error> {
         self.decl
             .inputs
@@ -642,7 +679,25 @@ fn program_device(manifest: &Manifest) -> Result<Option<i32>, Error> {
     Ok(first.map(|(_, device)| device).or(any_pinned.then_some(0)))
 }
 
+/// Buffers that a failed method run may have left half-written: the host cannot tell how far a call got
+/// before its plugin failed or its worker was killed, so every buffer the method writes is suspect until the
+/// caller resets ([`Program::reset`]).
+#[derive(Debug, Clone)]
+struct Torn {
+    buffers: std::collections::BTreeSet<usize>,
+    /// The first failed call, as `method 'decode', call 0 (ReferenceBackend)`.
+    failed: String,
+}
+
 /// A program ready to run: buffers allocated and zeroed, every call's delegate initialised.
+///
+/// ## Torn buffers
+///
+/// A run that fails (a plugin error, a worker killed at its deadline or by a signal, a failed write-back or
+/// host copy) may leave the buffers it writes half-written, and the host cannot tell how far it got: even a
+/// call its plugin refused before writing anything counts. Those buffers are marked torn, and every later run of a method that reads one is refused with [`Error::TornBuffers`]
+/// (`InvalidState`) until the caller starts a new sequence with [`Program::reset`] (or zeroes the buffers
+/// with [`Program::reset_buffers`]): a program never decodes silently from a torn cache.
 pub struct Program {
     /// Unique in the process: ties a [`Captured`] graph (whose addresses are this program's) to it.
     id: u64,
@@ -651,6 +706,8 @@ pub struct Program {
     buffers: Vec<Buffer>,
     methods: Vec<LoadedMethod>,
     gpu: Option<Gpu>,
+    /// Buffers a failed run may have left half-written, until [`Program::reset`].
+    torn: Option<Torn>,
 }
 
 fn shape_fits(declared: &[Dim], actual: &[u64]) -> bool {
@@ -819,7 +876,7 @@ impl Program {
         }
         static NEXT_ID: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
         let id = NEXT_ID.fetch_add(1, Ordering::Relaxed);
-        Ok(Program { id, manifest, mode, buffers, methods, gpu })
+        Ok(Program { id, manifest, mode, buffers, methods, gpu, torn: None })
     }
 
     /// The manifest it was loaded from.
@@ -877,7 +934,8 @@ impl Program {
         self.buffers.iter().find(|b| b.decl.name == name).map(|b| b.storage.memory())
     }
 
-    /// Zeroes every buffer, of every memory kind (a fresh sequence). Waits for queued work first.
+    /// Zeroes every buffer, of every memory kind (a fresh sequence), which also clears the torn mark
+    /// ([`Program::reset`]). Waits for queued work first.
     pub fn reset_buffers(&mut self) -> Result<(), Error> {
         self.synchronize()?;
         for buffer in &mut self.buffers {
@@ -887,7 +945,80 @@ impl Program {
                 source,
             })?;
         }
+        self.torn = None;
         Ok(())
+    }
+
+    /// Starts a new sequence: clears the torn mark a failed run left ([`Error::TornBuffers`]) and, for a
+    /// token generator, zeroes the `[generate]` position input of its prefill and decode methods, so the next
+    /// token is at position 0. Waits for queued work first.
+    ///
+    /// The buffers themselves are not touched, and need not be: a causal decoder run from position 0 writes
+    /// each cache row before it reads it, and rows past the current position are masked from attention, so
+    /// whatever a failed call left there is never read (no cache traffic; [`Program::reset_buffers`] zeroes
+    /// them when wanted). The caller's part: the next run starts at position 0 ([`crate::generate`] does).
+    ///
+    /// # Errors
+    /// [`Error::Stream`] when waiting for queued work or zeroing a device position input fails.
+    pub fn reset(&mut self) -> Result<(), Error> {
+        self.synchronize()?;
+        if let Some(g) = &self.manifest.generate {
+            for method in [&g.prefill, &g.decode] {
+                let Some(m) = self.methods.iter_mut().find(|m| &m.decl.name == method) else { continue };
+                if let Ok(index) = m.input_index(&g.position_input) {
+                    m.inputs[index].clear().map_err(|source| Error::Stream {
+                        action: "zeroing a position input through",
+                        source,
+                    })?;
+                }
+            }
+        }
+        self.torn = None;
+        Ok(())
+    }
+
+    /// The buffers a failed run may have left half-written, by name (empty unless a run failed since the last
+    /// [`Program::reset`] or [`Program::reset_buffers`]).
+    pub fn torn_buffers(&self) -> Vec<&str> {
+        self.torn.iter().flat_map(|t| &t.buffers).map(|&b| self.buffers[b].decl.name.as_str()).collect()
+    }
+
+    /// Refuses a run of `method` that would read a torn buffer.
+    fn refuse_torn(&self, method: MethodId) -> Result<(), Error> {
+        let (Some(torn), Some(m)) = (&self.torn, self.methods.get(method.0)) else { return Ok(()) };
+        let read: Vec<String> = torn
+            .buffers
+            .iter()
+            .filter(|&&b| m.reads(b))
+            .map(|&b| format!("'{}'", self.buffers[b].decl.name))
+            .collect();
+        if read.is_empty() {
+            return Ok(());
+        }
+        Err(Error::TornBuffers {
+            method: m.decl.name.clone(),
+            buffers: format!("{} {}", if read.len() == 1 { "buffer" } else { "buffers" }, read.join(", ")),
+            failed: torn.failed.clone(),
+        })
+    }
+
+    /// Marks the buffers `method` writes as torn after a run of it failed at call `at` (`None`: before its
+    /// first call).
+    fn tear(&mut self, method: MethodId, at: Option<usize>) {
+        let Some(m) = self.methods.get(method.0) else { return };
+        let written = m.writes();
+        if written.is_empty() {
+            return;
+        }
+        let name = &m.decl.name;
+        let failed = match at.and_then(|i| m.calls.get(i).map(|c| (i, c))) {
+            Some((i, call)) => format!("method '{name}', call {i} ({})", call.backend),
+            None => format!("method '{name}'"),
+        };
+        match &mut self.torn {
+            Some(torn) => torn.buffers.extend(written),
+            None => self.torn = Some(Torn { buffers: written, failed }),
+        }
     }
 
     /// The method `name`, for the `_id` variants of the run and I/O functions.
@@ -1035,11 +1166,18 @@ impl Program {
     }
 
     /// Runs `method` once, complete on return: [`Program::enqueue`], then [`Program::synchronize`].
+    ///
+    /// # Errors
+    /// As [`Program::enqueue_id`]; work that fails on the stream after it was queued tears the buffers the
+    /// method writes too.
     pub fn execute(&mut self, method: &str) -> Result<RunStats, Error> {
         let start = Instant::now();
         let id = self.method_id(method)?;
         let copies = self.enqueue_id(id)?.copies;
-        self.synchronize()?;
+        if let Err(err) = self.synchronize() {
+            self.tear(id, None);
+            return Err(err);
+        }
         Ok(RunStats { elapsed: start.elapsed(), copies })
     }
 
@@ -1053,7 +1191,22 @@ impl Program {
     }
 
     /// [`Program::enqueue`] of a method looked up once.
+    ///
+    /// # Errors
+    /// [`Error::TornBuffers`] when the method reads a buffer a failed run left torn (see [`Program`]); a
+    /// run that fails itself marks the buffers the method writes as torn.
     pub fn enqueue_id(&mut self, method: MethodId) -> Result<RunStats, Error> {
+        self.refuse_torn(method)?;
+        let mut at = None;
+        let run = self.run_method(method, &mut at);
+        if run.is_err() {
+            self.tear(method, at);
+        }
+        run
+    }
+
+    /// Queues the method's calls, write-backs and host copies; `at` is the call reached.
+    fn run_method(&mut self, method: MethodId, at: &mut Option<usize>) -> Result<RunStats, Error> {
         let start = Instant::now();
         let buffers = &mut self.buffers;
         let gpu = self.gpu.as_ref();
@@ -1062,6 +1215,7 @@ impl Program {
         let LoadedMethod { decl, inputs, outputs, calls, copies: host_copies } = m;
         run_host_copies(host_copies, None, buffers, inputs, outputs, gpu, &mut copies)?;
         for (index, call) in calls.iter_mut().enumerate() {
+            *at = Some(index);
             let stream = match gpu {
                 Some(gpu) if call.streamed => Some(cuda::abi_stream(&gpu.stream)),
                 Some(gpu) => {
@@ -1155,10 +1309,12 @@ impl Program {
         let capture_error = |reason: String| Error::Capture { method: name.clone(), reason };
         let gpu = self.gpu("capturing a CUDA graph")?;
         self.methods[method.0].stays_on_stream().map_err(capture_error)?;
+        self.refuse_torn(method)?;
         gpu.stream
             .begin_capture()
             .map_err(|source| Error::Stream { action: "beginning a capture on", source })?;
-        let mut run = self.enqueue_id(method);
+        // Captured, not run: a failure here writes nothing, so it tears nothing.
+        let mut run = self.run_method(method, &mut None);
         if let (Ok(_), Some((link, device))) = (&run, feedback) {
             if let Err(err) = self.feedback(link, device) {
                 run = Err(err);
@@ -1184,6 +1340,7 @@ impl Program {
                 "the graph was captured by another program, whose memory it uses".into(),
             ));
         }
+        self.refuse_torn(captured.method)?;
         let gpu = self.gpu("replaying a CUDA graph")?;
         cuda::replay(&captured.graph, &gpu.stream)
             .map_err(|source| Error::Stream { action: "replaying a graph on", source })?;
@@ -1364,9 +1521,12 @@ fn plan_call(
     };
     let file = match blob {
         Some(bytes) => bytes,
-        None => BlobFile::open(&call.blob)
-            .map(BlobBytes::File)
-            .map_err(|source| Error::BlobIo { path: call.blob.clone(), source })?,
+        None => match &call.blob_root {
+            Some(root) => BlobFile::open_beneath(root, &call.blob),
+            None => BlobFile::open(&call.blob),
+        }
+        .map(BlobBytes::File)
+        .map_err(|source| Error::BlobIo { path: call.blob.clone(), source })?,
     };
     let blob = Blob::parse(file.bytes()).map_err(|source| Error::Blob { path: call.blob.clone(), source })?;
     let header = &blob.header;

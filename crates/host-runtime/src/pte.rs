@@ -228,6 +228,16 @@ pub enum Problem {
         /// The sizes.
         sizes: Vec<i32>,
     },
+    /// A tensor's size in bytes overflows (`InvalidProgram`): the manifest's checked product refused it.
+    #[error("{what} (value {value}): {source}")]
+    TooLarge {
+        /// What the tensor is.
+        what: String,
+        /// The value index.
+        value: usize,
+        /// The tensor and its shape.
+        source: program_manifest::TooLarge,
+    },
     /// An instruction reads a value nothing wrote (a constant or a value of a skipped instruction:
     /// `NotSupported`).
     #[error(
@@ -287,6 +297,7 @@ impl HasErrorCode for Problem {
             | Problem::Unbound { .. }
             | Problem::Operands { .. } => ErrorCode::NotSupported,
             Problem::Sizes { .. }
+            | Problem::TooLarge { .. }
             | Problem::ArgCount { .. }
             | Problem::BufferMismatch { .. }
             | Problem::Duplicate { .. } => ErrorCode::InvalidProgram,
@@ -363,7 +374,8 @@ fn decl(
         .map(|&s| u64::try_from(s))
         .collect::<Result<Vec<u64>, _>>()
         .map_err(|_| Problem::Sizes { what: what.to_owned(), value, sizes: tensor.sizes.clone() })?;
-    Ok(TensorDecl { name: name.to_owned(), dtype, shape, memory: MemoryKind::Host, device: 0 })
+    let too_large = |source| Problem::TooLarge { what: what.to_owned(), value, source };
+    TensorDecl::new(name, dtype, shape, MemoryKind::Host).map_err(too_large)
 }
 
 fn describe(d: &TensorDecl) -> String {
@@ -424,7 +436,7 @@ fn map_program(
                 }
                 Instruction::Delegate(call) => {
                     let backend = method.delegates[call.delegate].id;
-                    if registry.for_backend(backend).is_none() {
+                    if registry.served(backend).is_none() {
                         return Err(Error::NoPlugin {
                             path: path.to_owned(),
                             method: method.name.to_owned(),
@@ -632,6 +644,7 @@ fn map_program(
                             path.display(),
                             At(at)
                         )),
+                        blob_root: None,
                         backend: backend.to_owned(),
                         args,
                         location: Location::default(),

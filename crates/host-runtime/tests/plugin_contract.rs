@@ -144,7 +144,7 @@ fn an_unavailable_plugin_is_listed_with_its_reason_and_serves_nothing() {
         candidate.status,
         Status::Unavailable("no frobnicator on this machine; install one".to_owned())
     );
-    assert!(registry.for_backend("SlotBackend").is_none());
+    assert!(registry.served("SlotBackend").is_none());
     assert_eq!(registry.unavailable_for("SlotBackend").count(), 1);
 
     let dir = tempfile::tempdir().expect("temp dir");

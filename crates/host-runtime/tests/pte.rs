@@ -170,3 +170,37 @@ fn a_clone_that_cannot_be_elided_runs_as_a_host_copy_and_is_counted() {
     assert_eq!(first, program.read_output("forward", "1").expect("1").into_owned());
     assert_eq!(first, program.read_output("forward", "%v6").expect("%v6").into_owned());
 }
+
+/// An `aten::copy_` that is no aliased write-back (a method input copied into a mutable buffer of its own)
+/// runs as a host copy: the buffer holds the input after every run, and the copy is counted.
+#[test]
+fn a_copy_into_a_buffer_that_no_alias_elides_changes_the_buffer() {
+    use pte_format::model::ScalarType;
+    use pte_format::testing::{TensorSpec, ValueSpec};
+    let dir = tempfile::tempdir().expect("temp dir");
+    let mut spec = kv_pte::spec(false);
+    let cache_bytes = kv_pte::config().cache_shape().iter().product::<usize>() as u64 * 4;
+    let forward = &mut spec.methods[0];
+    // Value 11: a buffer `last_token` planned after the two caches; `copy_(last_token, tokens)` after the
+    // delegate call (the same operands as ExecuTorch's write-backs: self, src, non_blocking, out = self).
+    let last = forward.values.len() as i32;
+    forward.values.push(ValueSpec::Tensor(
+        TensorSpec::planned(ScalarType::Long, &[1], 2, 2 * cache_bytes).named("last_token"),
+    ));
+    forward.non_const_buffer_sizes[2] += 8;
+    forward
+        .instructions
+        .insert(1, InstructionSpec::Kernel { op: 0, args: vec![last, kv_pte::TOKENS, 10, last] });
+    let path = write(dir.path(), "copy.pte", &spec);
+    let mut program = pte::load(&path, &registry(), Mode::ZeroCopy, None).expect("loads");
+    assert!(program.manifest().buffers.contains_key("last_token"));
+    assert_eq!(program.buffer("last_token").expect("buffer").as_ref(), 0i64.to_le_bytes());
+    for (position, token) in [(0i64, 5i64), (1, 9)] {
+        program.write_input("forward", "0", &token.to_le_bytes()).expect("token");
+        program.write_input("forward", "1", &position.to_le_bytes()).expect("position");
+        let stats = program.execute("forward").expect("runs");
+        assert_eq!(program.buffer("last_token").expect("buffer").as_ref(), token.to_le_bytes());
+        assert_eq!(stats.copies.writeback_bytes, 8, "the copy into the buffer is counted as a write-back");
+    }
+    assert!(program.buffer("k_cache_0").expect("cache").iter().any(|&b| b != 0), "the caches still update");
+}

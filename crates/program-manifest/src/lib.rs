@@ -148,7 +148,9 @@
 //!   buffers. Device-resident inputs and outputs let a host keep a whole generation on the GPU.
 //! - `[[methods.NAME.calls]]` (array of tables, at least one): the delegate calls the method makes, in order.
 //!   - `blob` (string): the delegate blob's path, relative to the manifest's directory and inside it (an
-//!     absolute path or one through `..` is refused unless the host allows it: [`BlobPaths`]).
+//!     absolute path or one through `..` is refused unless the host allows it: [`BlobPaths`]; a host opens
+//!     the blob beneath the directory ([`Call::blob_root`]), so a symbolic link that leads out is refused
+//!     too).
 //!   - `backend` (string, not empty): the ExecuTorch backend id that runs it (a loaded plugin must serve it,
 //!     and the blob must name the same id).
 //!   - `args` (array of strings): what each delegate argument binds to, one entry per *threaded* binding of
@@ -213,13 +215,17 @@
 #![deny(missing_docs)]
 #![forbid(unsafe_code)]
 
+mod file;
 mod manifest;
 mod spec;
 
 use std::fmt;
 use std::path::PathBuf;
 
-pub use manifest::{ArgRef, BlobPaths, Call, Generate, Manifest, Method, TensorDecl, MAX_MANIFEST_BYTES};
+pub use manifest::{
+    checked_nbytes, ArgRef, BlobPaths, Call, Generate, Manifest, Method, TensorDecl, TooLarge,
+    MAX_MANIFEST_BYTES,
+};
 pub use spec::{BufferSpec, CallSpec, GenerateSpec, MethodSpec, ProgramSpec, TensorSpec};
 
 /// The manifest format version this build reads and writes.

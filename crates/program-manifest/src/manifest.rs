@@ -10,6 +10,7 @@ use blob_format::model::DType;
 use toml::de::{DeTable, DeValue};
 use toml::Spanned;
 
+use crate::file::open_regular;
 use crate::spec::{GenerateSpec, MethodSpec, ProgramSpec};
 use crate::{Error, Location, MemoryKind, FORMAT};
 
@@ -42,15 +43,57 @@ pub struct TensorDecl {
 }
 
 impl TensorDecl {
-    /// Number of elements.
-    pub fn numel(&self) -> u64 {
-        self.shape.iter().product()
+    /// A host tensor's declaration, its size checked: the one way every reader (the TOML manifest, a `.pte`
+    /// program mapped onto a manifest) builds one, so a shape whose size in bytes overflows is refused where
+    /// it is read, naming the tensor, and never reaches an allocation.
+    ///
+    /// # Errors
+    /// [`TooLarge`] when `dtype` × `shape` bytes overflow 64 bits or this host's address space.
+    pub fn new(
+        name: &str,
+        dtype: DType,
+        shape: Vec<u64>,
+        memory: MemoryKind,
+    ) -> Result<TensorDecl, TooLarge> {
+        if checked_nbytes(dtype, &shape).is_none() {
+            return Err(TooLarge { name: name.to_owned(), dtype, shape });
+        }
+        Ok(TensorDecl { name: name.to_owned(), dtype, shape, memory, device: 0 })
     }
 
-    /// Size in bytes.
-    pub fn nbytes(&self) -> u64 {
-        self.numel() * self.dtype.size_bytes() as u64
+    /// Number of elements; `u64::MAX` for a declaration built by hand whose product overflows
+    /// ([`TensorDecl::new`] and the readers refuse those).
+    pub fn numel(&self) -> u64 {
+        self.shape.iter().try_fold(1u64, |acc, &d| acc.checked_mul(d)).unwrap_or(u64::MAX)
     }
+
+    /// Size in bytes; `u64::MAX`, which no allocation satisfies, for a declaration built by hand whose size
+    /// overflows ([`TensorDecl::new`] and the readers refuse those).
+    pub fn nbytes(&self) -> u64 {
+        checked_nbytes(self.dtype, &self.shape).unwrap_or(u64::MAX)
+    }
+}
+
+/// The size in bytes of a `dtype` tensor of `shape`, when it fits in 64 bits and in this host's address
+/// space (`usize`): the one checked product behind [`TensorDecl::new`], [`TensorDecl::nbytes`] and the
+/// manifest reader.
+pub fn checked_nbytes(dtype: DType, shape: &[u64]) -> Option<u64> {
+    shape
+        .iter()
+        .try_fold(dtype.size_bytes() as u64, |acc, &d| acc.checked_mul(d))
+        .filter(|&bytes| usize::try_from(bytes).is_ok())
+}
+
+/// A tensor whose size in bytes overflows 64 bits or this host's address space ([`TensorDecl::new`]).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("'{name}' ({dtype} {shape:?}) is too large to allocate: its size in bytes overflows")]
+pub struct TooLarge {
+    /// The tensor's name.
+    pub name: String,
+    /// Its element type.
+    pub dtype: DType,
+    /// Its shape.
+    pub shape: Vec<u64>,
 }
 
 /// One method: its user inputs and outputs and the delegate calls it makes, in order.
@@ -71,6 +114,11 @@ pub struct Method {
 pub struct Call {
     /// The blob file (resolved against the manifest's directory).
     pub blob: PathBuf,
+    /// The directory `blob` must stay inside once symbolic links are resolved: the manifest's directory
+    /// under [`BlobPaths::WithinProgram`], whose reader opens the blob relative to it and refuses a link that
+    /// leads out (the path text alone cannot tell); `None` when the caller allows blobs anywhere
+    /// ([`BlobPaths::Anywhere`]) or the blob is not a file.
+    pub blob_root: Option<PathBuf>,
     /// The backend id that must serve it.
     pub backend: String,
     /// What each delegate argument position binds to.
@@ -187,8 +235,10 @@ pub const MAX_MANIFEST_BYTES: u64 = 1 << 20;
 impl Manifest {
     /// Reads and checks a manifest file.
     ///
-    /// Only a regular file of at most [`MAX_MANIFEST_BYTES`] is read: a FIFO or device is refused before it is
-    /// opened (reading one could block or never end), and a larger file is refused without reading it all.
+    /// Only a regular file of at most [`MAX_MANIFEST_BYTES`] is read. The file is opened once, non-blocking,
+    /// and its type checked through the open descriptor: a FIFO or device is refused before a byte is read
+    /// (reading one could block or never end), even one swapped in for the file meanwhile, and a larger file
+    /// is refused without reading it all.
     pub fn load(path: &Path) -> Result<Manifest, Error> {
         Manifest::load_with(path, BlobPaths::WithinProgram)
     }
@@ -198,16 +248,18 @@ impl Manifest {
         use std::io::Read as _;
         let io = |source| Error::Io { path: path.to_owned(), source };
         let refuse = |message: String| io(std::io::Error::new(std::io::ErrorKind::InvalidInput, message));
-        let metadata = std::fs::metadata(path).map_err(io)?;
-        if !metadata.is_file() {
-            return Err(refuse("not a regular file".to_owned()));
+        let file = open_regular(path).map_err(io)?;
+        let too_large = |len: u64| {
+            refuse(format!(
+                "larger than {MAX_MANIFEST_BYTES} bytes, the most a manifest may be ({len} bytes)"
+            ))
+        };
+        let len = file.metadata().map_err(io)?.len();
+        if len > MAX_MANIFEST_BYTES {
+            return Err(too_large(len));
         }
         let mut text = String::new();
-        std::fs::File::open(path)
-            .map_err(io)?
-            .take(MAX_MANIFEST_BYTES + 1)
-            .read_to_string(&mut text)
-            .map_err(io)?;
+        file.take(MAX_MANIFEST_BYTES + 1).read_to_string(&mut text).map_err(io)?;
         if text.len() as u64 > MAX_MANIFEST_BYTES {
             return Err(refuse(format!(
                 "larger than {MAX_MANIFEST_BYTES} bytes, the most a manifest may be"
@@ -333,14 +385,7 @@ fn tensor_decl(
             }
         }
     }
-    let bytes = dims
-        .iter()
-        .try_fold(parsed.size_bytes() as u64, |acc, &d| acc.checked_mul(d))
-        .filter(|&b| usize::try_from(b).is_ok());
-    if bytes.is_none() {
-        return src.error(at("shape"), format!("'{name}' is too large to allocate"));
-    }
-    Ok(TensorDecl { name: name.to_owned(), dtype: parsed, shape: dims, memory, device: 0 })
+    TensorDecl::new(name, parsed, dims, memory).or_else(|err| src.error(at("shape"), err.to_string()))
 }
 
 fn check_method(
@@ -430,6 +475,7 @@ fn check_method(
         }
         calls.push(Call {
             blob: base.join(&call.blob),
+            blob_root: (blobs == BlobPaths::WithinProgram).then(|| base.to_owned()),
             backend: call.backend.clone(),
             args,
             location,
@@ -588,12 +634,43 @@ logits_output = "logits"
     }
 
     #[test]
+    fn a_tensor_whose_size_overflows_is_refused_by_the_one_checked_product() {
+        let huge = GOOD.replace("shape = [2, 4]", "shape = [4294967296, 4294967296]");
+        assert_eq!(
+            error(&huge),
+            "dir/program.toml:4:9: 'k' (f32 [4294967296, 4294967296]) is too large to allocate: its size in bytes \
+             overflows"
+        );
+        // The same refusal for every reader that builds a declaration (a `.pte` mapped onto a manifest).
+        let err = TensorDecl::new("k_cache", DType::F32, vec![1 << 31, 1 << 31, 1 << 31], MemoryKind::Host)
+            .expect_err("2^93 elements");
+        assert_eq!(err.name, "k_cache");
+        assert_eq!(checked_nbytes(DType::F32, &[1 << 62]), None, "elements fit, bytes do not");
+        assert_eq!(checked_nbytes(DType::F32, &[2, 4]), Some(32));
+        assert_eq!(checked_nbytes(DType::I64, &[]), Some(8), "a scalar");
+        // A declaration built by hand never panics: it reports a size no allocation satisfies.
+        let by_hand = TensorDecl { shape: vec![u64::MAX, 2], ..small_decl() };
+        assert_eq!((by_hand.numel(), by_hand.nbytes()), (u64::MAX, u64::MAX));
+    }
+
+    fn small_decl() -> TensorDecl {
+        TensorDecl::new("t", DType::F32, vec![1], MemoryKind::Host).expect("small")
+    }
+
+    #[test]
     fn blobs_outside_the_program_load_only_when_allowed() {
         let text = GOOD.replace("blob = \"decode.blob\"", "blob = \"../shared/decode.blob\"");
         assert!(parse(&text).is_err());
         let m =
             Manifest::parse_with(Path::new("dir/program.toml"), &text, BlobPaths::Anywhere).expect("allowed");
         assert_eq!(m.methods["decode"].calls[0].blob, Path::new("dir/../shared/decode.blob"));
+        assert_eq!(m.methods["decode"].calls[0].blob_root, None, "no directory to stay inside");
+        let within = parse(GOOD).expect("valid manifest");
+        assert_eq!(
+            within.methods["decode"].calls[0].blob_root.as_deref(),
+            Some(Path::new("dir")),
+            "the reader opens the blob beneath the manifest's directory, links resolved"
+        );
         let inside = GOOD.replace("blob = \"decode.blob\"", "blob = \"./blobs/decode.blob\"");
         assert_eq!(
             parse(&inside).expect("inside").methods["decode"].calls[0].blob,

@@ -87,5 +87,32 @@ pub fn check_pte(data: &[u8]) -> bool {
     let debug = format!("{program:?}");
     let again = Program::parse(data).map(|p| format!("{p:?}"));
     assert_eq!(again.as_ref(), Ok(&debug), "reading is deterministic");
+    check_prefix(data, &program);
     true
+}
+
+/// The program read from its first bytes only (what `delegate-host inspect` reads) is the program read
+/// whole, each payload located and sized the same and holding a prefix of its bytes.
+fn check_prefix(data: &[u8], program: &Program<'_>) {
+    let file_len = data.len() as u64;
+    let first = &data[..data.len().min(pte_format::PROGRAM_EXTENT_BYTES)];
+    let extent = pte_format::program_extent(first, file_len).expect("an accepted program has its extent");
+    assert_eq!(extent, program.program_size);
+    let head = &data[..usize::try_from(extent).expect("inside the input")];
+    let prefix = Program::parse_prefix(head, file_len).expect("the program data reads alone");
+    assert_eq!(prefix.segments.len(), program.segments.len());
+    for (cut, whole) in prefix.segments.iter().zip(&program.segments) {
+        assert_eq!((cut.offset, cut.size), (whole.offset, whole.size));
+        assert_eq!(whole.size, whole.data.len() as u64, "a whole read holds every byte");
+        assert!(whole.data.starts_with(cut.data));
+    }
+    assert_eq!(prefix.methods.len(), program.methods.len());
+    for (cut, whole) in prefix.methods.iter().zip(&program.methods) {
+        assert_eq!(format!("{:?}", cut.values), format!("{:?}", whole.values));
+        for (c, w) in cut.delegates.iter().zip(&whole.delegates) {
+            let (c, w) = (&c.processed, &w.processed);
+            assert_eq!((c.location, c.index, c.offset, c.size), (w.location, w.index, w.offset, w.size));
+            assert!(w.data.starts_with(c.data));
+        }
+    }
 }

@@ -52,13 +52,14 @@ fn u64_at(bytes: &[u8], at: usize) -> u64 {
     u64::from_le_bytes(raw)
 }
 
-pub(crate) fn layout(bytes: &[u8]) -> Result<Layout, Error> {
-    let file_len = bytes.len() as u64;
+/// The layout of a file of `file_len` bytes whose first bytes are `bytes` (all of them, or at least the
+/// identifier and the extended header).
+pub(crate) fn layout(bytes: &[u8], file_len: u64) -> Result<Layout, Error> {
     if bytes.len() < 8 {
         return Err(Error::Truncated {
             what: "the flatbuffer root offset and file identifier",
             need: 8,
-            len: file_len,
+            len: bytes.len() as u64,
         });
     }
     let identifier = &bytes[4..8];

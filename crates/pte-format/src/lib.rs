@@ -88,6 +88,19 @@ pub use container::{
     is_program, EXTENDED_HEADER_LEN, EXTENDED_HEADER_MAGIC, EXTENDED_HEADER_OFFSET, IDENTIFIER,
 };
 pub use error::Error;
+
+/// How many of a file's first bytes hold its program data (the extended header's program size, or the whole
+/// file without one), from `first`, the file's first [`PROGRAM_EXTENT_BYTES`] bytes (or all of it when it is
+/// shorter), `file_len` being its length: what [`Program::parse_prefix`] needs.
+///
+/// # Errors
+/// The container errors of [`Program::parse`] (identifier, extended header, program size, segment area).
+pub fn program_extent(first: &[u8], file_len: u64) -> Result<u64, Error> {
+    Ok(container::layout(first, file_len)?.program_size)
+}
+
+/// The bytes [`program_extent`] needs to see: the identifier and the extended header (40).
+pub const PROGRAM_EXTENT_BYTES: usize = 40;
 use model::{ExtendedHeader, Method, NamedData, Segment, SubsegmentOffsets};
 
 /// The newest `Program.version` this build reads (ExecuTorch 1.5.1's `kMaxSupportedSchemaVersion`).
@@ -123,10 +136,23 @@ impl<'a> Program<'a> {
     /// [`Error::UnsupportedIdentifier`] and [`Error::NewerSchema`] (`NotSupported`) for ExecuTorch versions
     /// this build does not read; every other [`Error`] (`InvalidProgram`) names what is malformed and where.
     pub fn parse(bytes: &'a [u8]) -> Result<Program<'a>, Error> {
-        let layout = container::layout(bytes)?;
-        // `layout` checked `program_size <= bytes.len()`.
+        Program::parse_prefix(bytes, bytes.len() as u64)
+    }
+
+    /// [`Program::parse`] from the first bytes of a file of `file_len` bytes: `prefix` holds at least the
+    /// program data ([`program_extent`] bytes), and every extent is checked against `file_len`. Segments and
+    /// delegate payloads outside `prefix` are located and sized but their [`Segment::data`] and
+    /// [`DelegateData::data`](model::DelegateData::data) hold only the bytes inside it: what a tool that
+    /// shows a program reads, whatever the size of its payloads.
+    ///
+    /// # Errors
+    /// As [`Program::parse`]; [`Error::Truncated`] when `prefix` ends inside the program data.
+    pub fn parse_prefix(prefix: &'a [u8], file_len: u64) -> Result<Program<'a>, Error> {
+        let bytes = prefix;
+        let layout = container::layout(bytes, file_len)?;
+        // `layout` checked `program_size <= file_len`; the prefix must hold the program data.
         let program_bytes = usize::try_from(layout.program_size).ok().and_then(|n| bytes.get(..n)).ok_or(
-            Error::ProgramSize { program_size: layout.program_size, min: 8, file_len: bytes.len() as u64 },
+            Error::Truncated { what: "the program data", need: layout.program_size, len: bytes.len() as u64 },
         )?;
         let root = generated::et::root_as_program_with_opts(&read::verifier_options(), program_bytes)
             .map_err(|err| Error::Flatbuffer {

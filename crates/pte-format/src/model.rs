@@ -29,13 +29,16 @@ pub struct ExtendedHeader {
 pub struct Segment<'a> {
     /// File offset of the segment (the segment base offset plus the recorded, relative offset).
     pub offset: u64,
-    /// The segment's bytes: a sub-slice of the input, never a copy.
+    /// The segment's size in bytes, as recorded (checked to lie inside the file).
+    pub size: u64,
+    /// The segment's bytes: a sub-slice of the input, never a copy. All [`Segment::size`] of them, except
+    /// from [`Program::parse_prefix`](crate::Program::parse_prefix), which gives those inside the prefix.
     pub data: &'a [u8],
 }
 
 impl fmt::Debug for Segment<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Segment").field("offset", &self.offset).field("size", &self.data.len()).finish()
+        f.debug_struct("Segment").field("offset", &self.offset).field("size", &self.size).finish()
     }
 }
 
@@ -265,7 +268,11 @@ pub struct DelegateData<'a> {
     pub index: usize,
     /// File offset of the payload's first byte.
     pub offset: u64,
-    /// The payload: a sub-slice of the input, never a copy.
+    /// The payload's size in bytes.
+    pub size: u64,
+    /// The payload: a sub-slice of the input, never a copy. All [`DelegateData::size`] bytes, except from
+    /// [`Program::parse_prefix`](crate::Program::parse_prefix), which gives those inside the prefix (a
+    /// payload in a segment may be cut short or empty; inline data lies in the program data and is whole).
     pub data: &'a [u8],
 }
 

@@ -66,7 +66,7 @@ pub(crate) fn segments<'a>(
             }
             // ExecuTorch lists an empty constant segment even when it writes no segment data (and so no
             // extended header): nothing to locate, it reads as empty at offset 0.
-            out.push(Segment { offset: 0, data: &bytes[..0] });
+            out.push(Segment { offset: 0, size: 0, data: &bytes[..0] });
             continue;
         };
         let what = || format!("segments[{i}]");
@@ -76,9 +76,10 @@ pub(crate) fn segments<'a>(
             size: segment.offset(),
         })?;
         let end = checked_end(&what(), start, size, area.limit, area.limit_what)?;
-        // `end <= area.limit <= bytes.len()`, so both fit in usize.
-        let data = &bytes[to_usize(start)?..to_usize(end)?];
-        out.push(Segment { offset: start, data });
+        // `end <= area.limit <= file_len`; the bytes given may stop short of it (`Program::parse_prefix`).
+        let have = bytes.len() as u64;
+        let data = &bytes[to_usize(start.min(have))?..to_usize(end.min(have))?];
+        out.push(Segment { offset: start, size, data });
     }
     Ok(out)
 }
@@ -300,6 +301,7 @@ fn delegate<'a>(
                 location: DataLocation::Inline,
                 index: i,
                 offset: offset_in(parts.bytes, data),
+                size: data.len() as u64,
                 data,
             }
         }
@@ -310,6 +312,7 @@ fn delegate<'a>(
                 location: DataLocation::Segment,
                 index: i,
                 offset: segment.offset,
+                size: segment.size,
                 data: segment.data,
             }
         }

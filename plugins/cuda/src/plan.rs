@@ -517,6 +517,45 @@ mod tests {
             .all(|s| !matches!(s, Step::Gemv { mats, .. } if mats.iter().any(|m| m.y == o))));
     }
 
+    /// Each layer's attention step, for a decode step (1 row) and a prefill (the prompt's rows): its query,
+    /// the layer's updated caches and the position input, and its shape (rows, heads, cache length, head
+    /// size, rows per block, threads per row) with the scratch it needs. The shape is the same at every
+    /// position: the kernel reads the position from device memory and attends to rows `0..=position + t`
+    /// for query row `t` (pinned on the GPU by `tests/gpu.rs`, `rows_past_the_position_are_never_read`).
+    #[test]
+    fn attention_steps_have_the_layers_shape_and_scratch() {
+        // Every extent distinct (and the cache longer than one block of rows), so a swap or an off-by-one
+        // in any of them shows.
+        let cfg = Config { layers: 2, heads: 3, head_dim: 16, max_len: 300, ..Config::tiny() };
+        let weights = Weights::generate(&cfg);
+        for rows in [1, cfg.prompt.len()] {
+            let graph = model::build_graph(&cfg, &weights, rows).expect("graph");
+            let plan = Plan::new(&graph).expect("lowered");
+            let find = |name: &str| graph.find(name).expect("tensor");
+            let attention: Vec<_> =
+                plan.steps.iter().filter(|s| matches!(s, Step::Attention { .. })).collect();
+            assert_eq!(attention.len(), cfg.layers, "one attention step per layer");
+            for (layer, step) in attention.into_iter().enumerate() {
+                let Step::Attention { q, k, v, position, out, rows: r, heads, len, head_dim, chunk, tpr } =
+                    *step
+                else {
+                    unreachable!()
+                };
+                assert_eq!(q, find(&format!("layer{layer}.q")));
+                assert_eq!((k, v), (find(&model::k_cache_out(layer)), find(&model::v_cache_out(layer))));
+                assert_eq!(position, find(model::INPUT_POS));
+                assert_eq!(out, find(&format!("layer{layer}.attn")));
+                assert_eq!(
+                    (r, heads, len, head_dim, chunk, tpr),
+                    (rows as u32, 3, 300, 16, ATTN_THREADS, 1),
+                    "layer {layer}, {rows} rows"
+                );
+            }
+            // Partial outputs and (max, sum) pairs per (row, head, block of 256 cache rows): 300 rows take 2.
+            assert_eq!(plan.attn_scratch, (rows * 3 * 2 * 16, rows * 3 * 2 * 2), "{rows} rows");
+        }
+    }
+
     #[test]
     fn delegate_owned_state_is_refused_naming_the_cache() {
         let mut b = ref_graph::GraphBuilder::new();

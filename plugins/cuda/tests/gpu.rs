@@ -97,6 +97,23 @@ impl Caches {
         floats(&bytes, self.f16())
     }
 
+    /// Fills every cache with `byte` (0xff: NaN in f32 and f16).
+    fn fill(&mut self, byte: u8) {
+        match self {
+            Caches::Device(c, _) => {
+                for cache in c {
+                    let bytes = vec![byte; cache.len()];
+                    cache.write(&bytes).expect("write");
+                }
+            }
+            Caches::Managed(c, _) => {
+                for cache in c {
+                    cache.host_bytes_mut().expect("host bytes").fill(byte);
+                }
+            }
+        }
+    }
+
     fn f16(&self) -> bool {
         matches!(self, Caches::Device(_, true) | Caches::Managed(_, true))
     }
@@ -220,9 +237,18 @@ fn try_call(
     Ok((floats(&logits, cfg.dtype == ElemType::F16), has_next.then_some(next[0]), stats))
 }
 
+/// The largest difference; a NaN counts as infinitely far (`f64::max` would drop it).
 fn max_diff(actual: &[f32], expected: &[f64]) -> f64 {
     assert_eq!(actual.len(), expected.len());
-    actual.iter().zip(expected).map(|(&a, &e)| (a as f64 - e).abs()).fold(0.0, f64::max)
+    let diff = |(&a, &e): (&f32, &f64)| {
+        let d = (a as f64 - e).abs();
+        if d.is_nan() {
+            f64::INFINITY
+        } else {
+            d
+        }
+    };
+    actual.iter().zip(expected).map(diff).fold(0.0, f64::max)
 }
 
 fn argmax(row: &[f32]) -> i64 {
@@ -254,12 +280,27 @@ fn generate(ctx: &Context, cfg: &Config, managed: bool, copy_back: bool, with_st
 }
 
 fn generate_run(ctx: &Context, cfg: &Config, managed: bool, copy_back: bool, with_stream: bool) -> Run {
+    generate_from(ctx, cfg, managed, copy_back, with_stream, None)
+}
+
+/// [`generate_run`] from caches filled with `poison` (zeroed when `None`).
+fn generate_from(
+    ctx: &Context,
+    cfg: &Config,
+    managed: bool,
+    copy_back: bool,
+    with_stream: bool,
+    poison: Option<u8>,
+) -> Run {
     let weights = Weights::generate(cfg);
     let plugin = plugin();
     let device = ctx.ordinal();
     let mut prefill = instance(&plugin, &blob_on(cfg, &weights, cfg.prompt_len(), device));
     let mut decode = instance(&plugin, &blob_on(cfg, &weights, 1, device));
     let mut caches = Caches::new(ctx, cfg, managed);
+    if let Some(byte) = poison {
+        caches.fill(byte);
+    }
     let bytes = cfg.cache_len() * elem(cfg);
     let mut slots = copy_back.then(|| {
         Slots((0..2 * cfg.layers).map(|_| Allocation::<Device>::zeroed(ctx, bytes).expect("slot")).collect())
@@ -342,6 +383,24 @@ fn upstream_example_on_device_caches_matches_the_oracle() {
     // The CPU reference delegate's tokens for this model (its tests pin the same list).
     assert_eq!(a.tokens, [52, 19, 9, 6, 53, 30, 29, 53, 26, 44, 20, 63, 13]);
     eprintln!("tokens: {:?}; worst {:?}", a.tokens, a.worst);
+}
+
+/// The valid-row boundary of attention: every cache row is NaN before prefill, so a query at position `p`
+/// that read row `p + 1` (or any row the call has not written) would turn its logits NaN, and one that
+/// skipped row `p` would miss the row it just wrote; either fails the oracle check at that step. 300
+/// positions cross the boundary between two blocks of 256 cache rows (positions 255 and 256), in f32 and
+/// f16, through the ABI and (device memory) in place.
+#[test]
+#[ignore = "needs an NVIDIA GPU and driver: `cargo xtask gpu-test` runs it on one (--include-ignored, KV_REQUIRE_GPU=1)"]
+fn rows_past_the_position_are_never_read() {
+    let Some(ctx) = gpu() else { return };
+    for dtype in [ElemType::F32, ElemType::F16] {
+        let cfg = Config { max_len: 300, dtype, ..Config::tiny() };
+        let poisoned = generate_from(&ctx, &cfg, false, false, true, Some(0xff));
+        assert!(poisoned.logits.iter().flatten().all(|v| v.is_finite()), "{dtype}: a NaN row was read");
+        let zeroed = generate_run(&ctx, &cfg, false, false, true);
+        assert_eq!(poisoned.logits, zeroed.logits, "{dtype}: what lies past the position changed the logits");
+    }
 }
 
 #[test]

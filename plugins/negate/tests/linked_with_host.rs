@@ -82,9 +82,13 @@ fn two_plugin_rlibs_are_embedded_side_by_side_in_a_host_runtime_application_and_
     assert_eq!(registry.backends(), ["NegateBackend", "ReferenceBackend"]);
 
     let blob = doubling_blob();
-    let reference = registry.for_backend(reference_delegate::BACKEND_ID).expect("served");
+    let reference = registry
+        .served(reference_delegate::BACKEND_ID)
+        .and_then(|s| s.in_process().cloned())
+        .expect("served");
     assert_eq!(run(&reference, &blob, [1.5, -2.0]).expect("reference executes"), [3.0, -4.0]);
-    let negate = registry.for_backend(negate_delegate::BACKEND).expect("served");
+    let negate =
+        registry.served(negate_delegate::BACKEND).and_then(|s| s.in_process().cloned()).expect("served");
     assert_eq!(run(&negate, b"", [1.5, -2.0]).expect("negate executes"), [-1.5, 2.0]);
 
     // Each routes only its own calls: the reference delegate refuses a blob that is not its own.

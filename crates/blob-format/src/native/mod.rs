@@ -106,6 +106,29 @@ pub fn parse(bytes: &[u8]) -> Result<Blob<'_>, Error> {
     }
 }
 
+/// [`parse`] of the header only: `head` is the blob's first bytes (at least the prefix and the header,
+/// [`crate::header_extent`]), `blob_len` its whole length; the payload's extent is checked, never read.
+pub(crate) fn parse_header(head: &[u8], blob_len: u64) -> Result<crate::HeaderOnly, Error> {
+    let prefix = Prefix::read(head)?;
+    let (header, location) = match prefix.major {
+        0 => return Err(Error::UnknownVersion { major: prefix.major, minor: prefix.minor }),
+        1 => v1::read_header(head, blob_len, &prefix)?,
+        major => return Err(Error::NewerMajor { major, minor: prefix.minor }),
+    };
+    Ok(crate::HeaderOnly {
+        format: format_of(prefix.major, prefix.minor),
+        header,
+        engine_offset: location.offset,
+        engine_size: location.size,
+    })
+}
+
+/// The bytes from the blob's start to its header's end, from its prefix.
+pub(crate) fn header_extent(first: &[u8]) -> Result<u64, Error> {
+    let prefix = Prefix::read(first)?;
+    Ok(u64::from(prefix.header_offset) + u64::from(prefix.header_len))
+}
+
 /// The largest native header this crate writes: 16 MiB of FlatBuffers, room for about a hundred thousand
 /// bindings. [`check_header`] refuses a larger one before anything is built, so a header read from an
 /// untrusted upstream blob (whose metadata is itself bounded) can never reach FlatBuffers' 2 GiB panic.

@@ -22,7 +22,26 @@ fn verifier_options() -> VerifierOptions {
 }
 
 pub(super) fn read<'a>(bytes: &'a [u8], prefix: &Prefix) -> Result<Blob<'a>, Error> {
-    let blob_len = bytes.len() as u64;
+    let (header, location) = read_header(bytes, bytes.len() as u64, prefix)?;
+    // `read_header` checked the payload's extent against the blob's length, which is `bytes.len()`.
+    let payload_end = location.offset + location.size;
+    let engine = &bytes[to_usize(location.offset)?..to_usize(payload_end)?];
+    Ok(Blob {
+        format: format_of(prefix.major, prefix.minor),
+        header,
+        engine,
+        engine_offset: location.offset,
+        payload_xxh3: Some(location.xxh3),
+    })
+}
+
+/// Reads the header from `head`, the first bytes of a blob of `blob_len` bytes (all of them, or at least the
+/// prefix and the header), checking the payload's extent against `blob_len` without touching it.
+pub(super) fn read_header(
+    head: &[u8],
+    blob_len: u64,
+    prefix: &Prefix,
+) -> Result<(Header, PayloadLocation), Error> {
     let header_offset = u64::from(prefix.header_offset);
     let header_len = u64::from(prefix.header_len);
     if header_offset < PREFIX_LEN as u64 {
@@ -31,7 +50,11 @@ pub(super) fn read<'a>(bytes: &'a [u8], prefix: &Prefix) -> Result<Blob<'a>, Err
         });
     }
     let header_end = checked_end("native header", header_offset, header_len, blob_len)?;
-    let header_bytes = &bytes[to_usize(header_offset)?..to_usize(header_end)?];
+    let header_bytes = head.get(to_usize(header_offset)?..to_usize(header_end)?).ok_or(Error::Truncated {
+        what: "native header",
+        need: header_end,
+        len: head.len() as u64,
+    })?;
     let computed = xxh3_64(header_bytes);
     if computed != prefix.header_xxh3 {
         return Err(Error::HeaderChecksum { stored: prefix.header_xxh3, computed });
@@ -66,17 +89,8 @@ pub(super) fn read<'a>(bytes: &'a [u8], prefix: &Prefix) -> Result<Blob<'a>, Err
             ),
         });
     }
-    let payload_end = checked_end("engine payload", location.offset, location.size, blob_len)?;
-    let engine = &bytes[to_usize(location.offset)?..to_usize(payload_end)?];
-
-    let header = to_model(&root)?;
-    Ok(Blob {
-        format: format_of(prefix.major, prefix.minor),
-        header,
-        engine,
-        engine_offset: location.offset,
-        payload_xxh3: Some(location.xxh3),
-    })
+    checked_end("engine payload", location.offset, location.size, blob_len)?;
+    Ok((to_model(&root)?, location))
 }
 
 /// A blob offset as an index; it is at most the blob's length, so it fits on every platform.

@@ -44,12 +44,18 @@ impl Plugin {
     /// Loads the plugin library at `path`, checks its root module, negotiates the ABI version and reads
     /// its metadata. Runs no plugin `init` (nor `Delegate::new`).
     pub fn load(path: &Path, config: &HostConfig) -> Result<Plugin, LoadError> {
+        Plugin::load_as(path, path, config)
+    }
+
+    /// [`Plugin::load`] of a library the dynamic loader opens as `open` (e.g. `/proc/self/fd/N`, a file the
+    /// caller has already read and checked), recorded, and named in errors, as `path`.
+    pub fn load_as(open: &Path, path: &Path, config: &HostConfig) -> Result<Plugin, LoadError> {
         // The loader's own words for a library of another architecture are misleading ("No such file or
         // directory" for a file that exists), so an ELF header is read first and a mismatch named.
-        if let Some(reason) = foreign_elf(path) {
+        if let Some(reason) = foreign_elf(open) {
             return Err(LoadError::NotALibrary { path: path.to_path_buf(), reason });
         }
-        let header = lib_header_from_path(path).map_err(|e| map_library_error(path, e, None))?;
+        let header = lib_header_from_path(open).map_err(|e| map_library_error(path, e, None))?;
         let plugin_layout = header.layout().map(defining_crate);
         let root: DelegateRootRef = header
             .init_root_module::<DelegateRootRef>()

@@ -3,14 +3,17 @@
 //!
 //! Plugins: the embedded reference delegate, plus the libraries in `--plugin-dir` and `DELEGATE_PLUGIN_PATH`
 //! (the same discovery as `delegate-host`: by their manifests, a library loaded only when the program calls
-//! its backend; `--probe` loads them all). Every failure is one `error:` line and exit status 2.
+//! its backend; `--probe` loads them all). A plugin whose manifest asks for isolation is never loaded: the run
+//! is refused, naming `delegate-host run PROGRAM.pte`, which isolates it. Every failure is one `error:` line and exit status 2; a reader of
+//! stdout that went away (`et-run ... | head -1`) ends it quietly with success, as `delegate-host`.
 
+use std::io::Write;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::Parser;
-use delegate_abi::host::HostConfig;
 use executorch_bridge::runner::{self, Protocol};
+use host_runtime::isolate::Isolation;
 use host_runtime::plugins::Registry;
 
 /// Runs a .pte inside ExecuTorch's runtime through our delegate plugins.
@@ -48,11 +51,14 @@ fn main() -> ExitCode {
         .init();
     let args = Args::parse();
     let registry = if args.probe {
-        Registry::discover(&args.plugin_dirs, true, true)
+        Registry::probe(&args.plugin_dirs, true, true)
     } else {
-        let env_value = std::env::var_os(host_runtime::plugins::PLUGIN_PATH_ENV);
-        Registry::discover_manifests(&args.plugin_dirs, env_value.as_ref(), true, &HostConfig::default())
+        Registry::discover(&args.plugin_dirs, true, true)
     };
+    // Isolation requests are honoured, never dropped: `Registry::served` decides which plugins run in a worker
+    // (those whose manifest asks), and the bridge refuses each of them, naming `delegate-host run`. et-run
+    // starts no worker, so the worker command is never run.
+    let registry = registry.with_isolation(Isolation::new("delegate-host", ["worker"]));
     let protocol = Protocol { prompt: args.prompt.clone(), steps: args.steps };
     let report = match runner::run(&args.program, &registry, &protocol) {
         Ok(report) => report,
@@ -62,7 +68,7 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    if args.json {
+    let text = if args.json {
         let json = serde_json::json!({
             "program": args.program.display().to_string(),
             "runtime": "executorch 1.5.1",
@@ -78,12 +84,25 @@ fn main() -> ExitCode {
             "measured": "per DelegateCall, for every KV output whose data pointer differs from its buffer input's, \
                          the output's nbytes (what the copy_ write-back then copies); equal pointers copy nothing",
         });
-        println!("{json:#}");
+        format!("{json:#}\n")
     } else {
         let tokens: Vec<String> = report.tokens.iter().map(i64::to_string).collect();
-        println!("tokens: {}", tokens.join(" "));
         let per_step: Vec<String> = report.decode.iter().map(|s| s.write_back_bytes.to_string()).collect();
-        println!("write-back bytes per decode step: {}", per_step.join(" "));
+        format!("tokens: {}\nwrite-back bytes per decode step: {}\n", tokens.join(" "), per_step.join(" "))
+    };
+    emit(&text)
+}
+
+/// Writes the whole output to stdout. A reader that went away (`| head -1`) ends the program quietly with
+/// success, as `delegate-host` does; any other write failure (a full disk) is one `error:` line.
+fn emit(text: &str) -> ExitCode {
+    let mut stdout = std::io::stdout().lock();
+    match stdout.write_all(text.as_bytes()).and_then(|()| stdout.flush()) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(err) if err.kind() == std::io::ErrorKind::BrokenPipe => ExitCode::SUCCESS,
+        Err(err) => {
+            eprintln!("error: cannot write to stdout: {err} [{}]", et_error::ErrorCode::AccessFailed.name());
+            ExitCode::from(2)
+        }
     }
-    ExitCode::SUCCESS
 }

@@ -7,6 +7,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::OnceLock;
 
+use delegate_abi::host::HostConfig;
 use host_runtime::plugins::Registry;
 use kv_example::{Config, Oracle, Weights};
 use pte_format::model::{DataLocation, ScalarType};
@@ -51,25 +52,45 @@ pub fn plugin_dir() -> &'static Path {
     })
 }
 
-/// A directory holding only (a link to) `libreference_delegate_dylib.so`: the shared plugin directory also
-/// holds libraries that must never be probed (`crash-on-load` aborts the process that opens it).
+/// A directory holding only (a link to) `libreference_delegate_dylib.so` and its manifest (written here,
+/// from the library): the shared plugin directory also holds libraries that must never be probed
+/// (`crash-on-load` aborts the process that opens it).
 pub fn reference_only_dir() -> &'static Path {
     static DIR: OnceLock<tempfile::TempDir> = OnceLock::new();
     DIR.get_or_init(|| {
         let dir = tempfile::tempdir().expect("temp dir");
-        let name = dylib_name("reference_delegate_dylib");
-        std::os::unix::fs::symlink(plugin_dir().join(&name), dir.path().join(&name)).expect("link the dylib");
+        let library = link_reference_dylib(dir.path());
+        write_manifest(&library, false);
         dir
     })
     .path()
 }
 
-/// Plugins from a directory holding only the reference dylib (no embedded plugin), every library loaded now:
-/// `ReferenceBackend` is served by the dylib loaded from disk.
+/// Links the reference dylib into `dir`; returns the link.
+pub fn link_reference_dylib(dir: &Path) -> PathBuf {
+    let name = dylib_name("reference_delegate_dylib");
+    let library = dir.join(&name);
+    std::os::unix::fs::symlink(plugin_dir().join(&name), &library).expect("link the dylib");
+    library
+}
+
+/// Writes `library`'s manifest next to it, as `delegate-host plugin-manifest [--isolate] LIB` does.
+pub fn write_manifest(library: &Path, isolate: bool) -> host_runtime::plugin_manifest::PluginManifest {
+    let described = host_runtime::plugins::describe_library(library, &HostConfig::default())
+        .unwrap_or_else(|err| panic!("{}: {err}", library.display()));
+    let manifest = host_runtime::plugin_manifest::PluginManifest { isolate, ..described };
+    let path = host_runtime::plugin_manifest::PluginManifest::path_for(library);
+    std::fs::write(&path, manifest.to_json()).expect("write the manifest");
+    manifest
+}
+
+/// Plugins from a directory holding only the reference dylib (no embedded plugin), found by its manifest:
+/// `ReferenceBackend` is served in this process by the dylib loaded from disk.
 pub fn dylib_registry() -> Registry {
     let dir = reference_only_dir();
     let registry = Registry::discover(&[dir.to_path_buf()], false, false);
-    let plugin = registry.for_backend(BACKEND).expect("the reference dylib serves ReferenceBackend");
+    let served = registry.served(BACKEND).expect("the reference dylib serves ReferenceBackend");
+    let plugin = served.in_process().expect("runs in this process");
     let path = plugin.path().expect("loaded from a file, not embedded");
     assert_eq!(
         path.file_name().and_then(|n| n.to_str()),

@@ -3,8 +3,13 @@
 //! while that pays off ([`Budget`]), then sleeps on a futex, so a call answered quickly crosses without
 //! entering the kernel at all, where a socket round trip costs two wake-ups through it.
 //!
-//! The socket stays: init travels over it, an error's message follows it (rare, and of any length), and its
-//! end of file is how a sleeping worker learns that its host is gone.
+//! The socket stays: init travels over it, an error's message follows the ring that says the call failed (rare,
+//! and of any length up to a cap: the host reads it while the worker writes it), and its end of file is how a
+//! sleeping worker learns that its host is gone.
+//!
+//! The page's memory file is sealed at one page before the worker gets it, so a worker cannot shrink it
+//! from under the host's mapping; what it writes into the page is read by the host as untrusted words (the
+//! host keeps its own request number, and an answer is one code and two counters, checked by the caller).
 
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
@@ -56,6 +61,8 @@ const _: () = assert!(std::mem::size_of::<Words>() as u64 <= PAGE);
 /// One side's mapping of the shared page.
 pub(super) struct Bell {
     mapping: Mapping,
+    /// Host: the last request it rang (its own count, not the page's, which the worker can write).
+    rung: AtomicU32,
     /// This side's spin budget: [`HOST_SPIN`] or [`WORKER_SPIN`], adapted.
     budget: Budget,
     /// Worker: how often it was woken from sleep (it looks whether it shares its host's CPU every so often).
@@ -92,11 +99,15 @@ impl Bell {
     /// The host's side: a fresh page in a memory file, to be sent to the worker at init.
     pub(super) fn create() -> Result<(Bell, OwnedFd), DelegateError> {
         let internal = |what: &str, err: rustix::io::Errno| DelegateError::internal(format!("{what}: {err}"));
-        let fd = rustix::fs::memfd_create("kv-delegate-bell", rustix::fs::MemfdFlags::CLOEXEC)
+        let flags = rustix::fs::MemfdFlags::CLOEXEC | rustix::fs::MemfdFlags::ALLOW_SEALING;
+        let fd = rustix::fs::memfd_create("kv-delegate-bell", flags)
             .map_err(|err| internal("cannot make the doorbell's memory file", err))?;
         rustix::fs::ftruncate(&fd, PAGE).map_err(|err| internal("cannot size the doorbell", err))?;
+        crate::buffer::seal(&fd, rustix::fs::SealFlags::empty())
+            .map_err(|err| internal("cannot seal the doorbell", err))?;
         let bell = Bell {
             mapping: Mapping::new(fd.as_fd(), PAGE, true)?,
+            rung: AtomicU32::new(0),
             budget: Budget::new(HOST_SPIN),
             wakes: AtomicU32::new(0),
         };
@@ -109,6 +120,7 @@ impl Bell {
     pub(super) fn open(fd: BorrowedFd<'_>) -> Result<Bell, DelegateError> {
         let bell = Bell {
             mapping: Mapping::new(fd, PAGE, true)?,
+            rung: AtomicU32::new(0),
             budget: Budget::new(WORKER_SPIN),
             wakes: AtomicU32::new(0),
         };
@@ -118,18 +130,19 @@ impl Bell {
 
     fn words(&self) -> &Words {
         // SAFETY: the mapping is one page, page-aligned (as `mmap` returns it), readable and writable, and lives
-        // as long as `self`; `Words` fits in it (asserted above) and is all atomics, for which any bit pattern
-        // is valid (a fresh memory file reads as zeros). The other process touches it only through the same
-        // atomics.
+        // as long as `self`; its file is sealed at one page by the host before the worker gets it, so neither
+        // side can shrink it from under the other's mapping. `Words` fits in it (asserted above) and is all
+        // atomics, for which any bit pattern is valid (a fresh memory file reads as zeros): whatever the other
+        // process writes into it (through the same atomics or not) is a value, never undefined behaviour.
         unsafe { &*self.mapping.ptr.cast::<Words>() }
     }
 
-    /// Host: rings for one request and waits for its answer until `deadline` has passed, spinning first, then
-    /// sleeping in slices, asking `alive` after each slice whether the worker is still running.
-    pub(super) fn call(&self, deadline: Duration, mut alive: impl FnMut() -> bool) -> Rung {
+    /// Host: rings for one request and waits for its answer until `until`, spinning first, then sleeping in
+    /// slices, asking `alive` after each slice whether the worker is still running.
+    pub(super) fn call(&self, until: Instant, mut alive: impl FnMut() -> bool) -> Rung {
         let words = self.words();
-        let start = Instant::now();
-        let seq = words.request.load(Ordering::Relaxed).wrapping_add(1);
+        let seq = self.rung.load(Ordering::Relaxed).wrapping_add(1);
+        self.rung.store(seq, Ordering::Relaxed);
         words.host_cpu.store(this_cpu(), Ordering::Relaxed);
         words.request.store(seq, Ordering::SeqCst);
         if words.worker_asleep.load(Ordering::SeqCst) != 0 {
@@ -138,7 +151,7 @@ impl Bell {
         let answered = |word: u32| word == seq;
         if !self.budget.spin(|| answered(words.answer.load(Ordering::Acquire))) {
             loop {
-                let left = deadline.saturating_sub(start.elapsed());
+                let left = until.saturating_duration_since(Instant::now());
                 if left.is_zero() {
                     return Rung::TimedOut;
                 }
@@ -161,7 +174,9 @@ impl Bell {
     pub(super) fn finish(&self) {
         let words = self.words();
         words.stop.store(1, Ordering::SeqCst);
-        words.request.fetch_add(1, Ordering::SeqCst);
+        let seq = self.rung.load(Ordering::Relaxed).wrapping_add(1);
+        self.rung.store(seq, Ordering::Relaxed);
+        words.request.store(seq, Ordering::SeqCst);
         wake(&words.request);
     }
 
@@ -200,7 +215,7 @@ impl Bell {
         }
     }
 
-    /// Worker: answers request `seq` (an error's message is to be on the socket already).
+    /// Worker: answers request `seq` (an error's message is to follow on the socket).
     pub(super) fn answer(&self, seq: u32, result: &Result<ExecStats, DelegateError>) {
         let words = self.words();
         let (code, stats) = match result {
@@ -359,7 +374,7 @@ mod tests {
             }
         });
         for n in 1..=200u64 {
-            match host.call(Duration::from_secs(10), || true) {
+            match host.call(Instant::now() + Duration::from_secs(10), || true) {
                 Rung::Ok(got) => assert_eq!(got, stats(n), "call {n} got another call's answer"),
                 _ => panic!("call {n} was not answered"),
             }
@@ -388,7 +403,7 @@ mod tests {
             }
         });
         for _ in 0..2 {
-            assert!(matches!(host.call(Duration::from_secs(10), || true), Rung::Failed));
+            assert!(matches!(host.call(Instant::now() + Duration::from_secs(10), || true), Rung::Failed));
         }
         served.join().expect("the worker thread");
     }
@@ -397,11 +412,26 @@ mod tests {
     fn an_unanswered_call_times_out_at_its_deadline_and_a_dead_worker_is_noticed() {
         let (host, _worker) = pair();
         let start = Instant::now();
-        assert!(matches!(host.call(Duration::from_millis(50), || true), Rung::TimedOut));
+        assert!(matches!(host.call(Instant::now() + Duration::from_millis(50), || true), Rung::TimedOut));
         assert!(start.elapsed() >= Duration::from_millis(50));
         let start = Instant::now();
-        assert!(matches!(host.call(Duration::from_secs(60), || false), Rung::Died));
+        assert!(matches!(host.call(Instant::now() + Duration::from_secs(60), || false), Rung::Died));
         assert!(start.elapsed() < Duration::from_secs(10), "a dead worker was waited for until the deadline");
+    }
+
+    #[test]
+    fn a_worker_can_neither_resize_the_doorbell_nor_move_the_host_off_its_own_count() {
+        let (host, file) = Bell::create().expect("a doorbell");
+        // Shrunk, the page would be gone from under the host's mapping: SIGBUS at its next look.
+        assert_eq!(rustix::fs::ftruncate(&file, 0), Err(rustix::io::Errno::PERM));
+        assert_eq!(rustix::fs::ftruncate(&file, 2 * PAGE), Err(rustix::io::Errno::PERM));
+        let worker = Bell::open(file.as_fd()).expect("the worker's mapping");
+        // A worker that writes the request word (here: answers a request far ahead and says so) does not
+        // change which request the host rings next: the host waits for the answer to its own.
+        worker.words().request.store(1000, Ordering::SeqCst);
+        worker.answer(1000, &Ok(stats(1)));
+        assert!(matches!(host.call(Instant::now() + Duration::from_millis(30), || true), Rung::TimedOut));
+        assert_eq!(worker.words().request.load(Ordering::SeqCst), 1);
     }
 
     #[test]

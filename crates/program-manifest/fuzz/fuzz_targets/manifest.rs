@@ -19,6 +19,14 @@ libfuzzer_sys::fuzz_target!(|data: &[u8]| {
             assert_eq!(again.buffers, manifest.buffers);
             for call in manifest.methods.values().flat_map(|m| &m.calls) {
                 assert!(call.blob.starts_with("fuzz"), "{}", call.blob.display());
+                // Opened beneath the program's directory, links resolved (issue 17, item 13).
+                assert_eq!(call.blob_root.as_deref(), Some(Path::new("fuzz")));
+            }
+            // Every accepted tensor's size passed the one checked product (issue 17, item 12).
+            let methods = manifest.methods.values();
+            let io = methods.flat_map(|m| m.inputs.iter().chain(&m.outputs));
+            for decl in manifest.buffers.values().chain(io) {
+                assert!(program_manifest::checked_nbytes(decl.dtype, &decl.shape).is_some(), "{decl:?}");
             }
         }
         Err(err) => {

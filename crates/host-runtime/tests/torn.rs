@@ -1,0 +1,165 @@
+//! A run that fails partway leaves the caches it writes torn: the next run that reads them is refused with one
+//! typed line naming the caches and the failed call, until the caller resets them; then it runs again.
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use blob_format::model::{Alias, AliasKind, Binding, DType, Dim, Header, PayloadKind, Role};
+use delegate_abi::host::HostConfig;
+use delegate_abi::testing::{self, Fixture, Scripted};
+use delegate_abi::{DelegateError, ExecuteArgs, PluginInfo};
+use et_error::{ErrorCode, HasErrorCode};
+use host_runtime::manifest::Manifest;
+use host_runtime::plugins::Registry;
+use host_runtime::program::{Error, Mode, Program};
+
+/// Adds 1 to each float of the cache in place; when [`FAIL`] is set it updates the first half only and then
+/// fails, as a plugin that dies mid-call leaves a cache.
+mod half_writer {
+    use super::*;
+
+    pub static FAIL: AtomicBool = AtomicBool::new(false);
+
+    pub struct HalfWriter;
+    impl Fixture for HalfWriter {
+        fn info() -> PluginInfo {
+            testing::info("half-writer", "HalfBackend")
+        }
+        fn execute(args: &mut ExecuteArgs<'_>) -> Result<(), DelegateError> {
+            let ([], [cache]) = args.borrow_typed::<f32, 0, 1>([], [1])?;
+            let fail = FAIL.load(Ordering::SeqCst);
+            let updated = if fail { cache.len() / 2 } else { cache.len() };
+            for value in &mut cache[..updated] {
+                *value += 1.0;
+            }
+            if fail {
+                return Err(DelegateError::internal("half-writer: failed halfway, as asked"));
+            }
+            Ok(())
+        }
+    }
+    delegate_abi::export_delegate!(@embedded Scripted<HalfWriter>);
+}
+
+/// A program of one 4-float cache updated in place by one call (method `step`), and a method `other` whose
+/// call reads and writes a second cache only.
+fn program(dir: &Path) -> PathBuf {
+    let binding = |name: &str, role| Binding {
+        name: name.to_owned(),
+        role,
+        dtype: Some(DType::F32),
+        shape: Some(vec![Dim::Static(4)]),
+        threaded: true,
+    };
+    let header = Header::new(
+        "HalfBackend",
+        PayloadKind::Other("test".to_owned()),
+        vec![binding("cache", Role::Input), binding("cache_out", Role::Output)],
+        vec![Alias {
+            output: "cache_out".to_owned(),
+            input: "cache".to_owned(),
+            kind: AliasKind::KvCacheUpdate,
+        }],
+    );
+    std::fs::write(dir.join("half.blob"), blob_format::native::to_vec(&header, b"payload")).expect("blob");
+    let manifest = dir.join("program.toml");
+    std::fs::write(
+        &manifest,
+        r#"format = 1
+[buffers.cache]
+dtype = "f32"
+shape = [4]
+[buffers.other_cache]
+dtype = "f32"
+shape = [4]
+[methods.step]
+[[methods.step.calls]]
+blob = "half.blob"
+backend = "HalfBackend"
+args = ["buffer:cache", "buffer:cache"]
+[methods.other]
+[[methods.other.calls]]
+blob = "half.blob"
+backend = "HalfBackend"
+args = ["buffer:other_cache", "buffer:other_cache"]
+"#,
+    )
+    .expect("manifest");
+    manifest
+}
+
+fn cache(program: &Program) -> Vec<f32> {
+    let bytes = program.buffer("cache").expect("buffer");
+    bytes.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect()
+}
+
+#[test]
+fn a_failed_call_tears_its_caches_until_the_caller_resets_them() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let registry = Registry::discover_manifests(&[], None, false, &HostConfig::default())
+        .with_embedded(half_writer::delegate_root(), &HostConfig::default());
+    let mut program =
+        Program::load(Manifest::load(&program(dir.path())).expect("manifest"), &registry, Mode::ZeroCopy)
+            .expect("loads");
+    program.execute("step").expect("runs");
+    assert_eq!(cache(&program), [1.0; 4]);
+    assert!(program.torn_buffers().is_empty());
+
+    half_writer::FAIL.store(true, Ordering::SeqCst);
+    let err = program.execute("step").expect_err("fails halfway");
+    assert_eq!(err.error_code(), ErrorCode::Internal, "{err}");
+    half_writer::FAIL.store(false, Ordering::SeqCst);
+    assert_eq!(cache(&program), [2.0, 2.0, 1.0, 1.0], "the cache is half-written");
+    assert_eq!(program.torn_buffers(), ["cache"]);
+
+    // Every later run that reads the torn cache is refused, in one line, and changes nothing.
+    for _ in 0..2 {
+        let err = program.execute("step").expect_err("the cache is torn");
+        assert!(matches!(err, Error::TornBuffers { .. }), "{err:?}");
+        assert_eq!(err.error_code(), ErrorCode::InvalidState);
+        assert_eq!(
+            err.to_string(),
+            "method 'step' reads buffer 'cache', which method 'step', call 0 (HalfBackend) may have left \
+             half-written when it failed; start a new sequence with Program::reset (or zero them with \
+             Program::reset_buffers) before running it again"
+        );
+        assert!(!err.to_string().contains('\n'));
+        assert_eq!(cache(&program), [2.0, 2.0, 1.0, 1.0], "a refused run touches nothing");
+    }
+    // A method that does not read the torn cache still runs.
+    program.execute("other").expect("reads another cache");
+
+    // reset clears the mark without touching the cache; then the method runs again.
+    program.reset().expect("reset");
+    assert!(program.torn_buffers().is_empty());
+    assert_eq!(cache(&program), [2.0, 2.0, 1.0, 1.0], "reset moves no cache bytes");
+    program.execute("step").expect("runs after the reset");
+    assert_eq!(cache(&program), [3.0, 3.0, 2.0, 2.0]);
+
+    // reset_buffers clears the mark too (and zeroes the caches).
+    half_writer::FAIL.store(true, Ordering::SeqCst);
+    program.execute("step").expect_err("fails halfway");
+    half_writer::FAIL.store(false, Ordering::SeqCst);
+    assert!(program.execute("step").is_err(), "torn again");
+    program.reset_buffers().expect("zeroes");
+    program.execute("step").expect("runs after zeroing");
+    assert_eq!(cache(&program), [1.0; 4]);
+}
+
+#[test]
+fn reset_starts_a_token_generator_at_position_zero() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    kv_example::export::reference(&kv_example::Config::tiny(), dir.path()).expect("export");
+    let registry = Registry::discover_manifests(&[], None, true, &HostConfig::default());
+    let manifest = Manifest::load(&dir.path().join("program.toml")).expect("manifest");
+    let g = manifest.generate.clone().expect("a token generator");
+    let mut program = Program::load(manifest, &registry, Mode::ZeroCopy).expect("loads");
+    for method in [&g.prefill, &g.decode] {
+        program.write_input(method, &g.position_input, &7i64.to_le_bytes()).expect("position");
+    }
+    program.reset().expect("reset");
+    for method in [&g.prefill, &g.decode] {
+        let position = program.input_mut(method, &g.position_input).expect("host memory");
+        assert_eq!(position, 0i64.to_le_bytes(), "method '{method}'");
+    }
+}
