@@ -36,12 +36,10 @@
 //! the bytes it hashed and compares the library's self-description with its manifest; a library that differs
 //! is rejected with every difference named, and the next candidate for its backend serves.
 
-use std::io::Read;
 use std::path::{Path, PathBuf};
 
 use delegate_abi::host::Plugin;
 use serde::{Deserialize, Serialize};
-use sha2::{Digest, Sha256};
 
 /// The manifest format this build writes and reads.
 pub const MANIFEST_VERSION: u32 = 1;
@@ -277,22 +275,12 @@ pub fn rustc_version(library: &Path) -> Option<String> {
         .map(str::to_owned)
 }
 
-/// SHA-256 of a file, lowercase hex, read in chunks.
+/// SHA-256 of a regular file, lowercase hex: the hash discovery and loading compare with a manifest's.
 ///
 /// # Errors
-/// The file cannot be read.
+/// The file cannot be opened or read, or is not a regular file (the reason).
 pub fn sha256_file(path: &Path) -> std::io::Result<String> {
-    let mut file = std::fs::File::open(path)?;
-    let mut hasher = Sha256::new();
-    let mut buffer = vec![0u8; 1 << 16];
-    loop {
-        let n = file.read(&mut buffer)?;
-        if n == 0 {
-            break;
-        }
-        hasher.update(&buffer[..n]);
-    }
-    Ok(hasher.finalize().iter().map(|b| format!("{b:02x}")).collect())
+    crate::plugins::verify::sha256(path).map_err(std::io::Error::other)
 }
 
 #[cfg(test)]

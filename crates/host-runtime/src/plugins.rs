@@ -67,7 +67,7 @@ use delegate_abi::{MemoryKind, PluginInfo, WireFormatSupport};
 
 use crate::plugin_manifest::PluginManifest;
 
-mod verify;
+pub(crate) mod verify;
 
 /// Environment variable with extra plugin directories.
 pub const PLUGIN_PATH_ENV: &str = "DELEGATE_PLUGIN_PATH";
@@ -304,9 +304,10 @@ pub(crate) fn load_checked(
     if let Some(manifest) = manifest {
         bytes.check(path, &manifest.sha256)?;
     }
+    let sha256 = bytes.sha256.clone();
     let plugin = bytes.load(path, config)?;
     if let Some(manifest) = manifest {
-        let actual = PluginManifest::describe_loaded(&plugin, path, bytes.sha256.clone());
+        let actual = PluginManifest::describe_loaded(&plugin, path, sha256);
         let differences = manifest.differences(&actual);
         if !differences.is_empty() {
             return Err(format!(
@@ -327,8 +328,9 @@ pub(crate) fn load_checked(
 /// The file cannot be read, or it is not a plugin this host can load (the reason, one line).
 pub fn describe_library(path: &Path, config: &HostConfig) -> Result<PluginManifest, String> {
     let bytes = verify::LibraryBytes::read(path)?;
+    let sha256 = bytes.sha256.clone();
     let plugin = bytes.load(path, config)?;
-    Ok(PluginManifest::describe_loaded(&plugin, path, bytes.sha256))
+    Ok(PluginManifest::describe_loaded(&plugin, path, sha256))
 }
 
 /// Every candidate found, and which plugins may serve each backend id, best first.
@@ -420,7 +422,7 @@ fn from_manifest(path: PathBuf, manifest: PluginManifest, config: &HostConfig) -
     if let Err(err) = delegate_abi::abi::negotiate(config.abi_range, abi) {
         return Candidate::refused(path, manifest, err.to_string());
     }
-    let verified = verify::LibraryBytes::read(&path).and_then(|bytes| bytes.check(&path, &manifest.sha256));
+    let verified = verify::sha256(&path).and_then(|sha256| verify::check(&path, &manifest.sha256, &sha256));
     match verified {
         Ok(()) => Candidate::listed(path, manifest),
         Err(reason) => {
