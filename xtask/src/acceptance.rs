@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use anyhow::Context;
 use host_runtime::generate::generate;
 use host_runtime::manifest::Manifest;
-use host_runtime::plugins::Registry;
+use host_runtime::plugins::{Discovery, Registry};
 use host_runtime::program::{Mode, Program};
 use kv_example::check::{max_abs_diff, Report, Verifier, AB_MIN_DIFF};
 use kv_example::Config;
@@ -35,8 +35,9 @@ fn borrowed(caches: &[(Vec<f32>, Vec<f32>)]) -> Vec<(&[f32], &[f32])> {
 
 fn load(program: &Path, plugin_dirs: &[PathBuf], mode: Mode) -> anyhow::Result<Program> {
     // Manifests only: a library is opened only when the program needs its backend, and only once its bytes
-    // match its manifest (a build directory also holds fixtures that abort when opened).
-    let registry = Registry::discover(plugin_dirs, false, false);
+    // match its manifest (a build directory also holds fixtures that abort when opened). No plugin is embedded:
+    // the check is of the library loaded from disk.
+    let registry = Registry::discover(Discovery::new().dirs(plugin_dirs));
     let manifest = Manifest::load(program)?;
     Ok(Program::load(manifest, &registry, mode)?)
 }

@@ -1,11 +1,14 @@
 //! `export-pte DIR`: exports the example decoder as ExecuTorch `.pte` programs for `ReferenceBackend`, every
 //! variant (`python/kv_delegate`), plus torch eager's tokens and logits: what `fixtures/executorch/` holds.
 //!
-//! Sets up `.cache/export-venv` on first use: a venv that reuses the torch of `.cache/torch-venv` when that
-//! exists (same Python; a `.pth` file points at its site-packages, saving a 5 GB install) and installs torch
-//! from PyPI otherwise, then `executorch==1.5.1` without its dependencies (its pinned torch would replace ours)
-//! and the few packages its exporter imports. Builds the packer `delegate-pack` and runs
-//! `python -m kv_delegate.export DIR` with it.
+//! Sets up `.cache/export-venv` on first use: a venv with torch [`TORCH_VERSION`] (reused from
+//! `.cache/torch-venv` when that has this very version, same Python: a `.pth` file points at its
+//! site-packages, saving a 5 GB install; installed from PyPI otherwise), then `executorch==1.5.1` without its
+//! dependencies (its pinned torch would replace ours) and the few packages its exporter imports. A venv whose
+//! torch is another version gets the pinned one installed: the export's bytes depend on torch's version (the
+//! delegate's argument order changed between 2.13 and 2.15), so the fixtures are reproducible only with it.
+//! Then [`TRANSFORMERS`] (pinned beside torch; its models' exports depend on its version too). Builds the packer
+//! `delegate-pack` and runs `python -m kv_delegate.export DIR` with it.
 //!
 //! `--tensorrt` exports the `TensorRTBackend` programs instead (`tensorrt_buffers_*.pte`): it also installs the
 //! TensorRT-RTX library (`trt_setup`), builds kv-example-trt's `trt_pack` (the same spec built into an engine,
@@ -24,8 +27,15 @@ pub const VENV: &str = ".cache/export-venv";
 const TORCH_VENV: &str = ".cache/torch-venv";
 /// The ExecuTorch release the fixtures are made with.
 const EXECUTORCH: &str = "executorch==1.5.1";
-/// torch from PyPI when no torch venv can be reused (ExecuTorch 1.5.1's own runtime is built against it).
-const TORCH: &str = "torch==2.13.0";
+/// The torch the fixtures are exported with (`fixtures/executorch/README.md`); PyPI's wheel, run on the CPU.
+/// ExecuTorch 1.5.1's Python runtime (`executorch.runtime`) is built against 2.13 and does not load with it;
+/// the export does not need that runtime (`et-run` runs the programs).
+const TORCH_VERSION: &str = "2.15.0";
+/// [`TORCH_VERSION`] as a pip requirement.
+const TORCH: &str = "torch==2.15.0";
+/// Hugging Face transformers, for exporting its models with its own ExecuTorch recipe
+/// (`transformers.integrations.executorch`; `docs/real-models.md`).
+const TRANSFORMERS: &str = "transformers==5.24.0";
 /// What `executorch.exir` and its exporter import beyond torch's own dependencies.
 const EXPORT_DEPS: [&str; 6] = ["numpy", "ruamel.yaml", "pyyaml", "flatbuffers", "tabulate", "packaging"];
 
@@ -64,6 +74,14 @@ fn imports(python: &Path, module: &str) -> bool {
         .is_ok_and(|out| out.status.success())
 }
 
+/// The version of the torch `python` imports, without a local suffix (`2.15.0+cu130` -> `2.15.0`).
+fn torch_version(python: &Path) -> Option<String> {
+    let out = Command::new(python).args(["-c", "import torch; print(torch.__version__)"]).output().ok()?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    let version = text.trim().split('+').next()?.to_owned();
+    (out.status.success() && !version.is_empty()).then_some(version)
+}
+
 /// `python`'s site-packages directory.
 fn site_packages(python: &Path) -> anyhow::Result<PathBuf> {
     let out = Command::new(python)
@@ -84,7 +102,7 @@ fn ensure_venv(root: &Path) -> anyhow::Result<PathBuf> {
         eprintln!("xtask: creating {}", venv.display());
         util::run_cmd(root, Command::new("python3").args(["-m", "venv"]).arg(&venv))?;
         let torch_python = root.join(TORCH_VENV).join("bin").join("python");
-        if imports(&torch_python, "torch") {
+        if torch_version(&torch_python).as_deref() == Some(TORCH_VERSION) {
             let theirs = site_packages(&torch_python)?;
             let ours = site_packages(&python)?;
             if theirs.file_name().is_some()
@@ -101,16 +119,24 @@ fn ensure_venv(root: &Path) -> anyhow::Result<PathBuf> {
         cmd.args(["-m", "pip", "install", "--disable-pip-version-check", "--quiet"]).args(args);
         util::run_cmd(root, &mut cmd)
     };
-    if !imports(&python, "torch") {
-        eprintln!(
-            "xtask: installing {TORCH} from PyPI (about 5 GB with its CUDA wheels; it runs on the CPU)"
-        );
-        pip(&[TORCH])?;
+    match torch_version(&python) {
+        Some(v) if v == TORCH_VERSION => {}
+        found => {
+            let was = found.map(|v| format!(" (replacing torch {v})")).unwrap_or_default();
+            eprintln!(
+                "xtask: installing {TORCH} from PyPI{was} (about 5 GB with its CUDA wheels; it runs on the CPU)"
+            );
+            pip(&[TORCH])?;
+        }
     }
     if !imports(&python, "executorch.exir") {
         eprintln!("xtask: installing {EXECUTORCH} (without dependencies) and what its exporter imports");
         pip(&["--no-deps", EXECUTORCH])?;
         pip(&EXPORT_DEPS)?;
+    }
+    if !imports(&python, "transformers") {
+        eprintln!("xtask: installing {TRANSFORMERS}");
+        pip(&[TRANSFORMERS])?;
     }
     if !imports(&python, "executorch.exir") {
         bail!("{} cannot import executorch.exir after the install", python.display());

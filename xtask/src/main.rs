@@ -13,7 +13,6 @@ mod gpu;
 mod leak_check;
 mod nvrtc_setup;
 mod plot;
-#[allow(dead_code)] // The release tasks (publish, dist) build on this model as they land.
 mod release;
 mod test;
 mod trt_setup;
@@ -103,16 +102,17 @@ enum Task {
     /// `[workspace.dependencies]` requirements, changelogs); `--execute --registry NAME`, on the committed
     /// applied plan, publishes every publishable crate at the version its Cargo.toml carries, in dependency
     /// order, skipping versions the registry has (a failed run resumes), recording each in releases.toml and
-    /// tagging it `<crate>-v<version>`. Never crates.io.
-    /// Check what `cargo publish` would upload, for every publishable crate: metadata, packaged files, tests
-    /// that read outside their package, dev-dependency cycles (part of `test`).
-    PackageCheck,
+    /// tagging it `<crate>-v<version>`. Never crates.io. What the tools it runs print goes to stderr, so
+    /// stdout holds the plan (`--json`: as JSON) and the publish report.
     Release {
         #[command(flatten)]
         plan: release::command::PlanArgs,
         #[command(flatten)]
         publish: release::publish::PublishArgs,
     },
+    /// Check what `cargo publish` would upload, for every publishable crate: metadata, packaged files, tests
+    /// that read outside their package, dev-dependency cycles (part of `test`).
+    PackageCheck,
     /// Write the example decoder's blobs and program manifest into DIR.
     ExportExample {
         /// Which delegate the blobs are for.

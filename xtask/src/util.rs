@@ -1,4 +1,10 @@
 //! Helpers shared by tasks.
+//!
+//! xtask's standard output carries only what a task answers (`release --json`'s plan, `executorch-setup`'s
+//! `EXECUTORCH_ROOT` line, a report); what the tools it runs print is a log and goes to its standard error, so
+//! `cargo xtask release --json | jq` parses on a fresh clone too. [`run_cmd`], [`apt_install`] and
+//! [`pip_wheel`] send every child's stdout there; on `release`'s path, a command started another way either
+//! captures its output or goes through [`stdout_to_stderr`] (`tar` in the semver baselines).
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -41,12 +47,15 @@ fn parse_target_dir(metadata: &[u8]) -> anyhow::Result<PathBuf> {
 
 /// Installs a Debian package with apt-get (needs root), retrying once after `apt-get update`.
 pub fn apt_install(package: &str) -> anyhow::Result<()> {
-    let install =
-        || Command::new("apt-get").args(["install", "-y", "--no-install-recommends", package]).status();
+    let install = || {
+        stdout_to_stderr(Command::new("apt-get").args(["install", "-y", "--no-install-recommends", package]))
+            .status()
+    };
     if install().map(|s| s.success()).unwrap_or(false) {
         return Ok(());
     }
-    let update = Command::new("apt-get").arg("update").status().context("running apt-get update")?;
+    let update =
+        stdout_to_stderr(Command::new("apt-get").arg("update")).status().context("running apt-get update")?;
     if !update.success() {
         bail!("apt-get update failed ({update}); install {package} by hand (needs root)");
     }
@@ -84,15 +93,22 @@ pub fn cargo() -> Command {
     Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()))
 }
 
-/// Runs a command in `dir`, echoing it, failing with its exit status.
+/// Runs a command in `dir`, echoing it, failing with its exit status. What it prints goes to xtask's stderr
+/// (see the module docs).
 pub fn run_cmd(dir: &Path, cmd: &mut Command) -> anyhow::Result<()> {
-    cmd.current_dir(dir);
+    stdout_to_stderr(cmd.current_dir(dir));
     eprintln!("$ {}", display(cmd));
     let status = cmd.status().with_context(|| format!("cannot start {}", display(cmd)))?;
     if !status.success() {
         bail!("`{}` failed with {status}", display(cmd));
     }
     Ok(())
+}
+
+/// Sends `cmd`'s standard output to xtask's standard error: a child's log never mixes with what a task
+/// prints as its answer.
+pub fn stdout_to_stderr(cmd: &mut Command) -> &mut Command {
+    cmd.stdout(std::io::stderr())
 }
 
 fn display(cmd: &Command) -> String {
@@ -117,6 +133,8 @@ pub fn pip_wheel(
     if wanted.is_file() {
         return Ok(());
     }
+    // The tools run in `cache`: a relative path would mean another directory to them.
+    let cache = &std::path::absolute(cache).with_context(|| format!("resolving {}", cache.display()))?;
     std::fs::create_dir_all(cache).with_context(|| format!("creating {}", cache.display()))?;
     let find = || -> anyhow::Result<Option<PathBuf>> {
         let entries = std::fs::read_dir(cache).with_context(|| format!("reading {}", cache.display()))?;
@@ -131,22 +149,19 @@ pub fn pip_wheel(
         Some(wheel) => wheel,
         None => {
             eprintln!("xtask: downloading {requirement} into {}", cache.display());
-            let status = Command::new("python3")
-                .args([
-                    "-m",
-                    "pip",
-                    "download",
-                    "--no-deps",
-                    "--disable-pip-version-check",
-                    requirement,
-                    "-d",
-                ])
-                .arg(cache)
-                .status()
-                .context("running python3 -m pip download (is python3 with pip installed?)")?;
-            if !status.success() {
-                bail!("python3 -m pip download {requirement} failed ({status})");
-            }
+            let mut pip = Command::new("python3");
+            pip.args([
+                "-m",
+                "pip",
+                "download",
+                "--no-deps",
+                "--disable-pip-version-check",
+                requirement,
+                "-d",
+            ])
+            .arg(cache);
+            run_cmd(cache, &mut pip)
+                .with_context(|| format!("downloading {requirement} (is python3 with pip installed?)"))?;
             find()?.with_context(|| format!("pip reported success but no wheel is in {}", cache.display()))?
         }
     };
@@ -154,15 +169,9 @@ pub fn pip_wheel(
     if partial.exists() {
         std::fs::remove_dir_all(&partial).with_context(|| format!("removing {}", partial.display()))?;
     }
-    let status = Command::new("python3")
-        .args(["-m", "zipfile", "-e"])
-        .arg(&wheel)
-        .arg(&partial)
-        .status()
-        .context("running python3 -m zipfile")?;
-    if !status.success() {
-        bail!("unpacking {} failed ({status})", wheel.display());
-    }
+    let mut unzip = Command::new("python3");
+    unzip.args(["-m", "zipfile", "-e"]).arg(&wheel).arg(&partial);
+    run_cmd(cache, &mut unzip).with_context(|| format!("unpacking {}", wheel.display()))?;
     if unpacked.exists() {
         std::fs::remove_dir_all(unpacked).with_context(|| format!("removing {}", unpacked.display()))?;
     }
@@ -190,5 +199,82 @@ mod tests {
             .expect("cargo metadata runs");
         assert!(out.status.success());
         assert_eq!(parse_target_dir(&out.stdout).expect("target_directory"), elsewhere.path());
+    }
+
+    /// Set in the copy of this test binary that [`child_output_reaches_stderr_never_stdout`] starts: the
+    /// scratch directory to work in.
+    const PROBE: &str = "XTASK_STDOUT_PROBE_DIR";
+
+    /// `cargo xtask release --json` on a fresh clone downloads the executorch wheel with `pip_wheel`; pip's log
+    /// once came out on stdout ahead of the JSON. This test binary runs itself as a child (whose stdout is the
+    /// one a child of a child would inherit) doing `run_cmd` and `pip_wheel` (with a stand-in `python3` that
+    /// prints like pip), and checks that nothing they printed reached its stdout and all of it its stderr.
+    #[test]
+    fn child_output_reaches_stderr_never_stdout() {
+        if let Some(dir) = std::env::var_os(PROBE) {
+            return run_children_that_print(Path::new(&dir));
+        }
+        let scratch = tempfile::tempdir().expect("temp dir");
+        let (stdout, stderr) = (scratch.path().join("stdout"), scratch.path().join("stderr"));
+        let mut child = Command::new(std::env::current_exe().expect("the test binary"))
+            .args(["--exact", "util::tests::child_output_reaches_stderr_never_stdout", "--test-threads=1"])
+            .env(PROBE, scratch.path())
+            .stdin(std::process::Stdio::null())
+            .stdout(std::fs::File::create(&stdout).expect("stdout file"))
+            .stderr(std::fs::File::create(&stderr).expect("stderr file"))
+            .spawn()
+            .expect("the test binary starts");
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+        let status = loop {
+            if let Some(status) = child.try_wait().expect("waiting for the child") {
+                break status;
+            }
+            if std::time::Instant::now() > deadline {
+                let _ = child.kill();
+                panic!("the child test did not finish in 60 s");
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        };
+        let (stdout, stderr) = (read(&stdout), read(&stderr));
+        assert!(status.success(), "the child test failed ({status}):\n{stdout}\n{stderr}");
+        assert!(stdout.contains("test result: ok. 1 passed"), "the child ran no test:\n{stdout}");
+        for printed in
+            ["run_cmd-child-42", "python3-stand-in: -m pip download", "python3-stand-in: -m zipfile"]
+        {
+            assert!(!stdout.contains(printed), "{printed:?} reached xtask's stdout:\n{stdout}");
+            assert!(stderr.contains(printed), "{printed:?} is missing from xtask's stderr:\n{stderr}");
+        }
+    }
+
+    fn read(path: &Path) -> String {
+        std::fs::read_to_string(path).unwrap_or_else(|e| panic!("reading {}: {e}", path.display()))
+    }
+
+    /// The child's half: a command through `run_cmd`, and a wheel through `pip_wheel` with `python3` a script
+    /// that prints like pip and writes what pip and zipfile would.
+    fn run_children_that_print(dir: &Path) {
+        // The arguments differ from what is printed, so run_cmd's echo of the command cannot be mistaken for it.
+        run_cmd(dir, Command::new("sh").args(["-c", "echo run_cmd-child-$((6 * 7))"])).expect("sh runs");
+        let bin = dir.join("bin");
+        std::fs::create_dir_all(&bin).expect("bin dir");
+        let python = bin.join("python3");
+        std::fs::write(
+            &python,
+            "#!/bin/sh\necho \"python3-stand-in: $*\"\ncase \"$2\" in\n\
+             pip) for last; do :; done; : > \"$last/probe-1.0-py3-none-any.whl\" ;;\n\
+             zipfile) mkdir -p \"$5/probe\" && : > \"$5/probe/lib.so\" ;;\nesac\n",
+        )
+        .expect("python3 stand-in");
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&python, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+        let path = std::env::join_paths(
+            std::iter::once(bin).chain(std::env::split_paths(&std::env::var_os("PATH").unwrap_or_default())),
+        )
+        .expect("PATH");
+        // This process is the child test alone (`--exact`, one thread): nothing else reads PATH meanwhile.
+        std::env::set_var("PATH", path);
+        let unpacked = dir.join("unpacked");
+        pip_wheel(&dir.join("cache"), "probe==1.0", "probe-1.0", &unpacked, &unpacked.join("probe/lib.so"))
+            .expect("the stand-in wheel unpacks");
     }
 }

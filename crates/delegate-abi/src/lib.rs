@@ -182,7 +182,8 @@
 //! it binds, its role, and (when recorded) its dtype and shape. An unthreaded binding (e.g. an aliased
 //! output whose cache is not a registered buffer) takes no position: bind it to its aliased input's storage
 //! yourself. Resolve every position to your engine's tensor **by that name** once, in `init`, and check each
-//! call's arguments against it.
+//! call's arguments against it: [`check`] has the count, dtype, shape, size and writability checks and their
+//! errors (what the reference and CUDA delegates use).
 //!
 //! Why by name: upstream's runtime bound by position, and positions do not survive lowering reliably.
 //! TensorRT appends aliased KV-cache outputs after the user outputs while ExecuTorch may move
@@ -225,6 +226,7 @@
 #![deny(missing_docs)]
 
 pub mod abi;
+pub mod check;
 mod conv;
 pub mod delegate;
 #[doc(hidden)]

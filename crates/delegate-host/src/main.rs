@@ -96,12 +96,8 @@ enum Command {
     /// feeding back the argmax token; any other program, or one given --input or --method, runs one method
     /// once.
     Run {
-        /// The program: a manifest (TOML) or an ExecuTorch program (.pte).
-        program: PathBuf,
-        /// The prompt's token ids, e.g. 1,7,3,12 (needed to generate with a .pte, which carries none;
-        /// replaces a manifest's [generate] prompt).
-        #[arg(long, value_delimiter = ',', num_args = 1..)]
-        prompt: Option<Vec<i64>>,
+        #[command(flatten)]
+        common: ProgramArgs,
         /// Run this method once instead of generating [default: the only method, or forward].
         #[arg(long)]
         method: Option<String>,
@@ -113,67 +109,76 @@ enum Command {
         /// value (buffer.<name>.npy) into this directory.
         #[arg(long)]
         output_dir: Option<PathBuf>,
-        /// Decode steps after prefill [default: as many as the caches hold, or 15 when the program does not
-        /// say]
-        #[arg(long)]
-        steps: Option<usize>,
         /// How buffer-mutation outputs are passed.
         #[arg(long, value_enum, default_value = "zero-copy")]
         mode: ModeArg,
-        /// Start decode steps at this position (written into the position input after prefill; decoding
-        /// goes on with whatever the caches hold) [default: right after the prompt]
-        #[arg(long)]
-        position: Option<i64>,
         /// Capture one decode step into a CUDA graph and replay it (needs the device loop: a
         /// `next_token_output` and the decode method's tokens, position and next token in device or
         /// managed memory).
         #[arg(long)]
         cuda_graph: bool,
-        /// Decode every step at --position, overwriting one cache row: a steady state at one cache fill
-        /// (the tokens are then not a generation).
-        #[arg(long, requires = "position")]
-        hold_position: bool,
-        /// Load blobs the program names outside its own directory (absolute paths, paths through `..`).
-        #[arg(long)]
-        allow_outside_blobs: bool,
-        /// Directories to search for plugins before `DELEGATE_PLUGIN_PATH`.
-        #[arg(long = "plugin-dir")]
-        plugin_dirs: Vec<PathBuf>,
-        /// Print one JSON object (per-step summaries and stats) instead of text.
-        #[arg(long)]
-        json: bool,
     },
     /// Measure decode steps of a program in both modes, side by side: time per step and bytes copied per step;
     /// with CUDA memory also GPU time per step, host synchronisations per step, and zero-copy as a CUDA graph.
     Bench {
-        /// The program: a manifest (TOML) or an ExecuTorch program (.pte, with --prompt).
-        program: PathBuf,
-        /// The prompt's token ids, e.g. 1,7,3,12 (needed for a .pte).
-        #[arg(long, value_delimiter = ',', num_args = 1..)]
-        prompt: Option<Vec<i64>>,
-        /// Decode steps per run, each from zeroed caches [default: as many as the caches hold, or 15]
-        #[arg(long)]
-        steps: Option<usize>,
+        #[command(flatten)]
+        common: ProgramArgs,
         /// Runs per mode; the first is a warm-up and is not counted.
         #[arg(long, default_value_t = 5)]
         runs: usize,
-        /// Start decode steps at this position (e.g. max/2 or max-1), with whatever the caches hold.
-        #[arg(long)]
-        position: Option<i64>,
-        /// Decode every step at --position, overwriting one cache row (how PyTorch's decode anchors
-        /// measure a step at one cache fill).
-        #[arg(long, requires = "position")]
-        hold_position: bool,
-        /// Load blobs the program names outside its own directory (absolute paths, paths through `..`).
-        #[arg(long)]
-        allow_outside_blobs: bool,
-        /// Directories to search for plugins before `DELEGATE_PLUGIN_PATH`.
-        #[arg(long = "plugin-dir")]
-        plugin_dirs: Vec<PathBuf>,
-        /// Print one JSON object instead of a table.
-        #[arg(long)]
-        json: bool,
     },
+}
+
+/// What `run` and `bench` both take: the program, how to generate, where its blobs and plugins may come from,
+/// and the output format.
+#[derive(clap::Args)]
+struct ProgramArgs {
+    /// The program: a manifest (TOML) or an ExecuTorch program (.pte).
+    program: PathBuf,
+    /// The prompt's token ids, e.g. 1,7,3,12 (needed to generate with a .pte, which carries none;
+    /// replaces a manifest's [generate] prompt).
+    #[arg(long, value_delimiter = ',', num_args = 1..)]
+    prompt: Option<Vec<i64>>,
+    /// Decode steps after prefill (bench: per run, each from zeroed caches) [default: as many as the caches
+    /// hold, or 15 when the program does not say]
+    #[arg(long)]
+    steps: Option<usize>,
+    /// Start decode steps at this position, e.g. max/2 or max-1 (written into the position input after
+    /// prefill; decoding goes on with whatever the caches hold) [default: right after the prompt]
+    #[arg(long)]
+    position: Option<i64>,
+    /// Decode every step at --position, overwriting one cache row: a steady state at one cache fill, as
+    /// PyTorch's decode anchors measure a step (the tokens are then not a generation).
+    #[arg(long, requires = "position")]
+    hold_position: bool,
+    /// Load blobs the program names outside its own directory (absolute paths, paths through `..`).
+    #[arg(long)]
+    allow_outside_blobs: bool,
+    /// Directories to search for plugins before `DELEGATE_PLUGIN_PATH`.
+    #[arg(long = "plugin-dir")]
+    plugin_dirs: Vec<PathBuf>,
+    /// Print one JSON object instead of text (run: per-step summaries and stats; bench: the table's figures).
+    #[arg(long)]
+    json: bool,
+}
+
+impl ProgramArgs {
+    /// The options `run` and `bench` share; `run`'s own are set by the caller.
+    fn run_args(self) -> (PathBuf, Vec<PathBuf>, run::RunArgs) {
+        let args = run::RunArgs {
+            steps: self.steps,
+            position: self.position,
+            cuda_graph: false,
+            hold_position: self.hold_position,
+            allow_outside_blobs: self.allow_outside_blobs,
+            json: self.json,
+            prompt: self.prompt,
+            inputs: Vec::new(),
+            method: None,
+            output_dir: None,
+        };
+        (self.program, self.plugin_dirs, args)
+    }
 }
 
 /// A failure the CLI reports in one line, with the ExecuTorch code where one applies.
@@ -286,7 +291,7 @@ fn main() -> ExitCode {
             // output keeps the real stdout to itself.
             #[cfg(unix)]
             let _ = command_stdout();
-            plugins::set_discovery(plugins::Discovery {
+            plugins::set_flags(plugins::PluginFlags {
                 probe: cli.probe,
                 isolate: cli.isolate,
                 deadline: std::time::Duration::from_millis(cli.deadline_ms),
@@ -322,59 +327,72 @@ fn dispatch(command: Command) -> Result<(), Failure> {
         Command::Plugins { plugin_dirs, json } => plugins::plugins(&plugin_dirs, json),
         Command::PluginManifest { libraries, isolate } => plugins::write_manifests(&libraries, isolate),
         Command::Worker => plugins::worker(),
-        Command::Run {
-            program,
-            prompt,
-            method,
-            inputs,
-            output_dir,
-            steps,
-            mode,
-            position,
-            cuda_graph,
-            hold_position,
-            allow_outside_blobs,
-            plugin_dirs,
-            json,
-        } => {
-            let args = run::RunArgs {
-                steps,
-                position,
-                cuda_graph,
-                hold_position,
-                allow_outside_blobs,
-                json,
-                prompt,
-                inputs,
-                method,
-                output_dir,
-            };
+        Command::Run { common, method, inputs, output_dir, mode, cuda_graph } => {
+            let (program, plugin_dirs, args) = common.run_args();
+            let args = run::RunArgs { cuda_graph, inputs, method, output_dir, ..args };
             run::run_program(&program, mode.into(), &plugin_dirs, &args)
         }
-        Command::Bench {
-            program,
-            prompt,
-            steps,
-            runs,
-            position,
-            hold_position,
-            allow_outside_blobs,
-            plugin_dirs,
-            json,
-        } => {
-            let args = run::RunArgs {
-                steps,
-                position,
-                cuda_graph: false,
-                hold_position,
-                allow_outside_blobs,
-                json,
-                prompt,
-                inputs: Vec::new(),
-                method: None,
-                output_dir: None,
-            };
+        Command::Bench { common, runs } => {
+            let (program, plugin_dirs, args) = common.run_args();
             run::bench(&program, runs, &plugin_dirs, &args)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory;
+
+    use super::*;
+
+    fn parse(args: &[&str]) -> Result<Command, clap::Error> {
+        Cli::try_parse_from([&["delegate-host"], args].concat()).map(|cli| cli.command)
+    }
+
+    #[test]
+    fn the_cli_is_well_formed() {
+        Cli::command().debug_assert();
+    }
+
+    /// `run` and `bench` take the same program arguments, with the same names and rules.
+    #[test]
+    fn run_and_bench_share_their_program_arguments() {
+        let shared = [
+            "p.toml",
+            "--prompt",
+            "1,2",
+            "--steps",
+            "3",
+            "--position",
+            "4",
+            "--hold-position",
+            "--allow-outside-blobs",
+            "--plugin-dir",
+            "plugins",
+            "--json",
+        ];
+        for command in ["run", "bench"] {
+            let parsed = parse(&[&[command][..], &shared].concat()).expect("parses");
+            let (Command::Run { common, .. } | Command::Bench { common, .. }) = parsed else {
+                panic!("{command} parsed as another command");
+            };
+            let (program, plugin_dirs, args) = common.run_args();
+            assert_eq!(program, PathBuf::from("p.toml"));
+            assert_eq!(plugin_dirs, [PathBuf::from("plugins")]);
+            assert_eq!(
+                (
+                    args.prompt,
+                    args.steps,
+                    args.position,
+                    args.hold_position,
+                    args.allow_outside_blobs,
+                    args.json
+                ),
+                (Some(vec![1, 2]), Some(3), Some(4), true, true, true),
+                "{command}"
+            );
+            let err = parse(&[command, "p.toml", "--hold-position"]).err().expect("needs --position");
+            assert_eq!(err.kind(), clap::error::ErrorKind::MissingRequiredArgument, "{command}");
         }
     }
 }

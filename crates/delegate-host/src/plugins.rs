@@ -8,17 +8,17 @@ use std::sync::OnceLock;
 use delegate_abi::host::HostConfig;
 use et_error::ErrorCode;
 use host_runtime::plugin_manifest::PluginManifest;
-use host_runtime::plugins::{Candidate, Registry, Status, PLUGIN_PATH_ENV};
+use host_runtime::plugins::{Candidate, Discovery, Registry, Status};
 use serde_json::{json, Value};
 
 use crate::{emit, printable, Failure};
 
 /// How this run discovers and runs plugins; set once by `main`.
-static DISCOVERY: OnceLock<Discovery> = OnceLock::new();
+static FLAGS: OnceLock<PluginFlags> = OnceLock::new();
 
 /// The global plugin flags.
 #[derive(Debug, Clone, Copy)]
-pub struct Discovery {
+pub struct PluginFlags {
     /// `--probe`: load every library now instead of reading manifests only.
     pub probe: bool,
     /// `--isolate`: every library-loaded plugin runs in a worker process.
@@ -28,33 +28,37 @@ pub struct Discovery {
 }
 
 /// Records the global plugin flags for every discovery of this run.
-pub fn set_discovery(discovery: Discovery) {
-    let _ = DISCOVERY.set(discovery);
+pub fn set_flags(flags: PluginFlags) {
+    let _ = FLAGS.set(flags);
 }
 
-/// The registry of this run: plugins in `dirs`, then `DELEGATE_PLUGIN_PATH`, then the embedded ones. Without
-/// `--probe` no library is opened until a program needs its backend (manifests only); with it, every library
-/// is loaded now and checked against its manifest when it has one.
+/// The registry of this run: plugins in `dirs`, then `DELEGATE_PLUGIN_PATH`, then the plugins this binary
+/// embeds (the reference and CUDA delegates; host-runtime links none itself). Without `--probe` no library
+/// is opened until a program needs its backend (manifests only); with it, every library is loaded now and
+/// checked against its manifest when it has one.
 pub fn registry(dirs: &[PathBuf]) -> Registry {
-    let env_value = std::env::var_os(PLUGIN_PATH_ENV);
-    let config = HostConfig::default();
-    let discovery = DISCOVERY.get().copied();
-    let registry = if discovery.is_some_and(|d| d.probe) {
-        Registry::probe_with(dirs, env_value.as_ref(), true, &config)
-    } else {
-        Registry::discover_with(dirs, env_value.as_ref(), true, &config)
+    let flags = FLAGS.get().copied();
+    let discovery = Discovery::new().dirs(dirs).use_env(true).probe(flags.is_some_and(|f| f.probe));
+    // Workers are this very binary (`delegate-host worker`); without knowing where it is, nothing isolates
+    // (a plugin whose manifest asks for isolation then serves nothing, and says why).
+    let discovery = match std::env::current_exe() {
+        Ok(exe) => discovery.isolation(
+            host_runtime::isolate::Isolation::new(exe, ["worker"])
+                .all(flags.is_some_and(|f| f.isolate))
+                .deadline(flags.map_or(host_runtime::isolate::DEFAULT_DEADLINE, |f| f.deadline)),
+        ),
+        Err(_) => discovery,
     };
-    // Workers are this very binary (`delegate-host worker`); without knowing where it is, nothing isolates.
-    match std::env::current_exe() {
-        Ok(exe) => {
-            let isolation = host_runtime::isolate::Isolation::new(exe, ["worker"])
-                .all(discovery.is_some_and(|d| d.isolate))
-                .deadline(discovery.map_or(host_runtime::isolate::DEFAULT_DEADLINE, |d| d.deadline));
-            registry.with_isolation(isolation)
-        }
-        // A plugin whose manifest asks for isolation then serves nothing, and says why.
-        Err(_) => registry,
-    }
+    embed_shipped(Registry::discover(discovery))
+}
+
+/// The plugins `delegate-host` ships inside its binary, after every library found: the reference delegate
+/// (CPU) and the CUDA delegate (listed unavailable, with the reason, on a machine without a GPU).
+fn embed_shipped(registry: Registry) -> Registry {
+    let config = HostConfig::default();
+    registry
+        .with_embedded(reference_delegate::delegate_root(), &config)
+        .with_embedded(cuda_delegate::delegate_root(), &config)
 }
 
 /// `--probe` loads every library into this process and `--isolate` keeps every library out of it: asked
@@ -103,7 +107,7 @@ fn describe(library: &Path) -> Result<PluginManifest, Failure> {
         .map_err(|err| Failure::coded(ErrorCode::InvalidArgument, format!("{}: {err}", library.display())))
 }
 
-/// Lists every candidate that discovery in `dirs` (then `DELEGATE_PLUGIN_PATH`, then the embedded plugin)
+/// Lists every candidate that discovery in `dirs` (then `DELEGATE_PLUGIN_PATH`, then the embedded plugins)
 /// finds.
 pub fn plugins(dirs: &[PathBuf], json: bool) -> Result<(), Failure> {
     let registry = registry(dirs);

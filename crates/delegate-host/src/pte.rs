@@ -164,14 +164,7 @@ fn delegate_call_text(
     let args: Vec<_> = call.args.iter().map(|&a| v(a)).collect();
     let _ = writeln!(out, "      args:     {}", args.join(" "));
     let p = &delegate.processed;
-    let _ = writeln!(
-        out,
-        "      payload:  {} {}, {} bytes at offset {}",
-        p.location.as_str(),
-        p.index,
-        p.size,
-        p.offset
-    );
+    let _ = writeln!(out, "      payload:  {}, {} bytes at offset {}", p.label(), p.size, p.offset);
     for spec in &delegate.compile_specs {
         let _ = writeln!(out, "      compile spec: {} ({} bytes)", printable(spec.key), spec.value.len());
     }

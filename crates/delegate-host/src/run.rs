@@ -73,14 +73,24 @@ fn load(
 }
 
 /// `--steps`, or as many decode steps as the program's caches hold (from `--position` when given), or 15.
-fn default_steps(manifest: &Manifest, steps: Option<usize>, position: Option<i64>) -> usize {
+///
+/// The caches hold `[generate] max_positions` (a `.pte`'s `max_seq_len` compile spec). A `.pte` that does not
+/// say (`pte` true) holds as many as its shortest mutable buffer's sequence axis, the second to last (`[H, L,
+/// Dh]`, ExecuTorch's and transformers' `[B, H, L, Dh]`), so the default never runs past a cache.
+fn default_steps(manifest: &Manifest, steps: Option<usize>, position: Option<i64>, pte: bool) -> usize {
     steps
         .or_else(|| {
             let g = manifest.generate.as_ref()?;
-            match position {
-                Some(p) => g.max_positions.map(|max| usize::try_from(max as i64 - p).unwrap_or(0)),
-                None => g.max_decode_steps(),
-            }
+            let rows = || {
+                let seq = manifest
+                    .buffers
+                    .values()
+                    .filter_map(|b| b.shape.len().checked_sub(2).map(|a| b.shape[a]));
+                seq.min().filter(|_| pte)
+            };
+            let max = g.max_positions.or_else(rows)?;
+            let from = position.unwrap_or(g.prompt.len() as i64);
+            Some(usize::try_from(i64::try_from(max).unwrap_or(i64::MAX).saturating_sub(from)).unwrap_or(0))
         })
         .unwrap_or(15)
 }
@@ -134,7 +144,7 @@ pub fn run_program(path: &Path, mode: Mode, dirs: &[PathBuf], args: &RunArgs) ->
         let used = plugins_used(&program, &registry);
         return run_once(&mut program, path, mode, args, &used);
     }
-    let steps = default_steps(program.manifest(), args.steps, args.position);
+    let steps = default_steps(program.manifest(), args.steps, args.position, is_pte(path));
     let options = options(steps, args, &program, args.cuda_graph);
     let bar = if std::io::stderr().is_terminal() && !json {
         let bar = indicatif::ProgressBar::new(steps as u64 + 1);
@@ -448,7 +458,7 @@ pub fn bench(path: &Path, runs: usize, dirs: &[PathBuf], args: &RunArgs) -> Resu
                 if is_pte(path) { " until given --prompt" } else { " (it has no [generate] section)" }
             )));
         }
-        steps = default_steps(program.manifest(), args.steps, args.position);
+        steps = default_steps(program.manifest(), args.steps, args.position, is_pte(path));
         if steps == 0 || runs < 2 {
             return Err(failure("bench needs --steps >= 1 and --runs >= 2 (the first run is a warm-up)"));
         }

@@ -259,6 +259,16 @@ fn plugins_lists_a_non_plugin_as_rejected_while_the_reference_plugin_loads() {
     assert!(loaded.iter().any(|c| c.to_string().contains("ReferenceBackend")), "{list}");
 }
 
+/// kv-example's tiny decoder exported for the reference backend into a fresh directory: the directory (kept
+/// alive by the caller), its config and its `program.toml`.
+fn tiny_reference() -> (tempfile::TempDir, kv_example::Config, PathBuf) {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let cfg = kv_example::Config::tiny();
+    kv_example::export::reference(&cfg, dir.path()).expect("export");
+    let program = dir.path().join("program.toml");
+    (dir, cfg, program)
+}
+
 fn run_json(program: &Path, mode: &str, steps: usize) -> Value {
     stdout_json(&run(host()
         .arg("run")
@@ -269,10 +279,7 @@ fn run_json(program: &Path, mode: &str, steps: usize) -> Value {
 
 #[test]
 fn run_decodes_with_zero_copies_and_copy_back_agrees() {
-    let dir = tempfile::tempdir().expect("temp dir");
-    let cfg = kv_example::Config::tiny();
-    kv_example::export::reference(&cfg, dir.path()).expect("export");
-    let program = dir.path().join("program.toml");
+    let (_dir, cfg, program) = tiny_reference();
     let steps = cfg.max_decode_steps();
     let zero = run_json(&program, "zero-copy", steps);
     let back = run_json(&program, "copy-back", steps);
@@ -379,10 +386,7 @@ fn device_caches_are_refused_before_allocation_by_a_plugin_that_reads_host_memor
 
 #[test]
 fn run_fills_the_caches_by_default_and_refuses_steps_that_do_not_fit() {
-    let dir = tempfile::tempdir().expect("temp dir");
-    let cfg = kv_example::Config::tiny();
-    kv_example::export::reference(&cfg, dir.path()).expect("export");
-    let program = dir.path().join("program.toml");
+    let (_dir, cfg, program) = tiny_reference();
 
     let full =
         stdout_json(&run(host().arg("run").arg(&program).arg("--json").env_remove("DELEGATE_PLUGIN_PATH")));
@@ -442,12 +446,10 @@ fn what_a_plugin_prints_goes_to_stderr_and_json_stays_clean() {
 
 #[test]
 fn bench_reports_both_modes_with_their_copies() {
-    let dir = tempfile::tempdir().expect("temp dir");
-    let cfg = kv_example::Config::tiny();
-    kv_example::export::reference(&cfg, dir.path()).expect("export");
+    let (_dir, cfg, program) = tiny_reference();
     let report = stdout_json(&run(host()
         .arg("bench")
-        .arg(dir.path().join("program.toml"))
+        .arg(&program)
         .args(["--json", "--steps", "3", "--runs", "2"])
         .env_remove("DELEGATE_PLUGIN_PATH")));
     let modes = report["modes"].as_array().expect("modes");
@@ -772,10 +774,7 @@ fn a_manifest_larger_than_the_limit_is_refused_without_reading_it_all() {
 
 #[test]
 fn run_and_bench_start_at_a_position_and_a_cuda_graph_without_the_device_loop_is_one_error_line() {
-    let dir = tempfile::tempdir().expect("temp dir");
-    let cfg = kv_example::Config::tiny();
-    kv_example::export::reference(&cfg, dir.path()).expect("export");
-    let program = dir.path().join("program.toml");
+    let (_dir, cfg, program) = tiny_reference();
     let max = cfg.max_len as u64;
 
     // --position P: decode steps run at P, P+1, ...; by default as many as fit from P.
@@ -795,7 +794,7 @@ fn run_and_bench_start_at_a_position_and_a_cuda_graph_without_the_device_loop_is
     let line = one_line_error(&run(host().arg("run").arg(&program).arg("--cuda-graph")));
     assert_eq!(
         line,
-        "error: a CUDA graph needs the device loop, which cannot run: input 'tokens' of method 'decode' is in host memory, not device or managed memory [InvalidArgument]"
+        "error: a CUDA graph needs the device loop, which cannot run: input 'tokens' of method 'decode' is in host memory, not device or managed memory [NotSupported]"
     );
 
     let report = stdout_json(&run(host()

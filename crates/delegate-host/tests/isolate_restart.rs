@@ -4,11 +4,16 @@
 //! Its own test binary: it sets `MISBEHAVE` for the workers it starts, in its own environment.
 
 use host_runtime::isolate::Isolation;
-use host_runtime::plugins::Registry;
+use host_runtime::plugins::{Discovery, Registry};
 use host_runtime::program::{Mode, Program};
 
 mod common;
 use common::{dylib, host, run, test_plugin_dir};
+
+/// The registry `discovery` finds, with the reference delegate embedded as `delegate-host` ships it.
+fn with_reference(discovery: Discovery) -> Registry {
+    Registry::discover(discovery).with_embedded(reference_delegate::delegate_root(), &Default::default())
+}
 
 #[test]
 fn the_call_after_a_worker_dies_starts_a_new_worker_that_decodes_like_the_host() {
@@ -27,9 +32,8 @@ fn the_call_after_a_worker_dies_starts_a_new_worker_that_decodes_like_the_host()
     // concurrently.
     std::env::set_var("MISBEHAVE", format!("abort-once:{}", marker.display()));
 
-    let dirs = [plugins.path().to_path_buf()];
-    let isolated = Registry::discover_manifests(&dirs, None, true, &Default::default())
-        .with_isolation(Isolation::new(env!("CARGO_BIN_EXE_delegate-host"), ["worker"]).all(true));
+    let isolation = Isolation::new(env!("CARGO_BIN_EXE_delegate-host"), ["worker"]).all(true);
+    let isolated = with_reference(Discovery::new().dirs([plugins.path()]).isolation(isolation));
     let mut program = Program::load(manifest.clone(), &isolated, Mode::ZeroCopy).expect("loads");
     // A worker answers each call after synchronising: nothing of the method could be captured as a CUDA graph.
     let refusal = program.capture_refusal("decode").expect("a method").expect("a refusal");
@@ -50,7 +54,7 @@ fn the_call_after_a_worker_dies_starts_a_new_worker_that_decodes_like_the_host()
 
     let isolated_run = host_runtime::generate::generate(&mut program, cfg.max_decode_steps(), |_, _| Ok(()))
         .expect("the next calls start a new worker");
-    let embedded = Registry::discover_manifests(&[], None, true, &Default::default());
+    let embedded = with_reference(Discovery::new());
     let mut here = Program::load(manifest, &embedded, Mode::ZeroCopy).expect("loads");
     let here_run =
         host_runtime::generate::generate(&mut here, cfg.max_decode_steps(), |_, _| Ok(())).expect("runs");

@@ -223,7 +223,7 @@ fn inputs_and_outputs_round_trip_through_npy_for_a_manifest_and_a_pte() {
             .expect("npy")
             .into_vec::<i64>()
             .expect("i64");
-    assert_eq!(next, [kv_example::argmax(&toml_logits)]);
+    assert_eq!(next, [kv_example::argmax(&toml_logits) as i64]);
     for cache in ["k_cache_0", "v_cache_0"] {
         let (shape, from_toml) = read_npy_f32(&toml_out.join(format!("buffer.{cache}.npy")));
         assert_eq!(shape, cfg.cache_shape().map(|d| d as u64));

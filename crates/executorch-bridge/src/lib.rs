@@ -32,9 +32,11 @@
 //!
 //! ```no_run
 //! use executorch_bridge::runner::{self, Protocol};
-//! use host_runtime::plugins::Registry;
+//! use host_runtime::plugins::{Discovery, Registry};
 //!
-//! let registry = Registry::discover(&[], true, true); // embedded reference delegate + DELEGATE_PLUGIN_PATH
+//! // DELEGATE_PLUGIN_PATH's libraries, then the reference delegate linked into this application.
+//! let registry = Registry::discover(Discovery::new().use_env(true))
+//!     .with_embedded(reference_delegate::delegate_root(), &Default::default());
 //! let report = runner::run(std::path::Path::new("model.pte"), &registry, &Protocol::default())?;
 //! println!("{:?}", report.tokens);
 //! # Ok::<(), executorch_bridge::BridgeError>(())

@@ -246,15 +246,13 @@ pub struct Report {
     pub decode: Vec<CopyStats>,
 }
 
-/// Argmax, first of equals.
-pub fn argmax(row: &[f32]) -> i64 {
-    let mut best: Option<(usize, f32)> = None;
-    for (i, &v) in row.iter().enumerate() {
-        if best.is_none_or(|(_, b)| v > b) {
-            best = Some((i, v));
-        }
+impl Report {
+    /// Records one step's last logits row and its greedy token, [`ref_graph::argmax`] (first of equals, NaN
+    /// never wins: the rule of every delegate's `next_token` and of host-runtime's generation).
+    fn record(&mut self, row: Vec<f32>) {
+        self.tokens.push(ref_graph::argmax(&row) as i64);
+        self.logits.push(row);
     }
-    best.map_or(0, |(i, _)| i as i64)
 }
 
 /// Runs the protocol on the program at `path` with `registry`'s plugins (the backends it calls are registered
@@ -371,14 +369,12 @@ pub fn run(path: &Path, registry: &Registry, protocol: &Protocol) -> Result<Repo
         }
         last
     };
-    report.tokens.push(argmax(&row));
-    report.logits.push(row);
+    report.record(row);
     report.prefill = stats;
     for i in 0..protocol.steps {
         let previous = *report.tokens.last().unwrap_or(&0);
         let (row, stats) = step(decode, &[previous], (protocol.prompt.len() + i) as i64)?;
-        report.tokens.push(argmax(&row));
-        report.logits.push(row);
+        report.record(row);
         report.decode.push(stats);
     }
     Ok(report)
@@ -389,10 +385,22 @@ mod tests {
     use super::*;
 
     #[test]
-    fn argmax_takes_the_first_of_equals() {
-        assert_eq!(argmax(&[0.5, 2.0, 2.0, -1.0]), 1);
-        assert_eq!(argmax(&[3.0]), 0);
-        assert_eq!(argmax(&[]), 0);
+    fn the_token_recorded_is_the_first_largest_and_never_a_nan() {
+        let mut report = Report {
+            methods: vec![],
+            served_by: vec![],
+            tokens: vec![],
+            logits: vec![],
+            prefill: CopyStats::default(),
+            decode: vec![],
+        };
+        for row in [vec![0.5, 2.0, 2.0, -1.0], vec![f32::NAN, 1.0, 0.5], vec![f32::NAN, f32::NAN], vec![3.0]]
+        {
+            report.record(row);
+        }
+        // A NaN first value never wins; an all-NaN row gives its last index, as `ref_graph::argmax`.
+        assert_eq!(report.tokens, [1, 1, 1, 0]);
+        assert_eq!(report.logits.len(), 4);
     }
 
     fn problem(data: &[u8], dtype: DTypeCode, shape: &[i64]) -> Option<InputProblem> {

@@ -7,7 +7,7 @@ mod common;
 use delegate_abi::host::HostConfig;
 use delegate_abi::{Compatibility, Delegate, DelegateError, ExecuteArgs, InitContext, PluginInfo};
 use executorch_bridge::runner::{self, Protocol};
-use host_runtime::plugins::Registry;
+use host_runtime::plugins::{Discovery, Registry};
 use reference_delegate::{ReferenceDelegate, ReferenceHandle};
 
 /// The reference delegate, declaring that it does not bind aliased outputs in place.
@@ -51,7 +51,7 @@ delegate_abi::export_delegate!(@embedded NotInPlace);
 #[test]
 fn a_plugin_that_does_not_bind_in_place_gets_a_separate_output_written_back() {
     let registry =
-        Registry::discover(&[], false, false).with_embedded(delegate_root(), &HostConfig::default());
+        Registry::discover(Discovery::new()).with_embedded(delegate_root(), &HostConfig::default());
     let served = registry.served(common::BACKEND).expect("served");
     assert_eq!(served.in_process().expect("embedded: runs here").info().name, "not-in-place");
     let dir = tempfile::tempdir().expect("temp dir");

@@ -210,7 +210,8 @@ fn et_run_finds_the_dylib_by_its_manifest_and_passes_over_a_plugin_that_no_longe
     assert_eq!(json["served_by"][common::BACKEND], serde_json::json!("(embedded)"));
     assert_eq!(json["tokens"], serde_json::json!(cases[0].tokens));
     // With no other candidate, the backend the program calls is named with the library's reason, one error.
-    let registry = host_runtime::plugins::Registry::discover(std::slice::from_ref(&plugins), false, false);
+    let registry =
+        host_runtime::plugins::Registry::discover(host_runtime::plugins::Discovery::new().dirs([&plugins]));
     let err = runner::run(program, &registry, &protocol()).expect_err("no usable plugin");
     let line = err.to_string();
     assert!(
@@ -312,7 +313,7 @@ fn module_execute_refuses_an_input_its_slice_does_not_hold() {
 fn a_plugin_that_must_run_isolated_is_never_loaded_and_is_refused_naming_the_plugin_the_backend_and_the_fix()
 {
     use host_runtime::isolate::Isolation;
-    use host_runtime::plugins::Registry;
+    use host_runtime::plugins::{Discovery, Registry};
 
     let dir = tempfile::tempdir().expect("temp dir");
     let cases = common::own_cases(dir.path());
@@ -338,19 +339,23 @@ fn a_plugin_that_must_run_isolated_is_never_loaded_and_is_refused_naming_the_plu
     };
 
     // The library API, a registry without isolation settings: the plugin is refused, never loaded.
-    let registry = Registry::discover(std::slice::from_ref(&asks), false, false);
+    let registry = Registry::discover(Discovery::new().dirs([&asks]));
     let err = runner::run(program, &registry, &protocol()).expect_err("refused");
     check(&err, &library);
     assert!(registry.candidates().iter().all(|c| c.plugin().is_none()), "nothing was loaded");
     // A registry that runs workers: the same (the plugin is served isolated, so the bridge refuses it).
-    let isolating = Registry::discover(std::slice::from_ref(&asks), false, false)
-        .with_isolation(Isolation::new("delegate-host", ["worker"]));
+    let isolating = Registry::discover(
+        Discovery::new().dirs([&asks]).isolation(Isolation::new("delegate-host", ["worker"])),
+    );
     check(&runner::run(program, &isolating, &protocol()).expect_err("refused"), &library);
     assert!(isolating.candidates().iter().all(|c| c.plugin().is_none()), "nothing was loaded");
 
     // A registry that isolates every library plugin: a plugin whose manifest does not ask is refused too.
-    let all = Registry::discover(&[common::reference_only_dir().to_path_buf()], false, false)
-        .with_isolation(Isolation::new("delegate-host", ["worker"]).all(true));
+    let all = Registry::discover(
+        Discovery::new()
+            .dirs([common::reference_only_dir()])
+            .isolation(Isolation::new("delegate-host", ["worker"]).all(true)),
+    );
     let err = runner::run(program, &all, &protocol()).expect_err("refused");
     assert!(matches!(&err, BridgeError::Isolated { backend, .. } if backend == common::BACKEND), "{err}");
 

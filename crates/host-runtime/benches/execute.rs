@@ -11,7 +11,7 @@ use criterion::Criterion;
 use delegate_abi::host::HostConfig;
 use delegate_abi::testing::Scripted;
 use host_runtime::manifest::Manifest;
-use host_runtime::plugins::Registry;
+use host_runtime::plugins::{Discovery, Registry};
 use host_runtime::program::{Mode, Program};
 
 delegate_abi::export_delegate!(@embedded Scripted<wide::Noop>);
@@ -20,7 +20,7 @@ fn main() {
     let dir = tempfile::tempdir().expect("temp dir");
     let mut criterion = Criterion::default().configure_from_args();
     let config = HostConfig::default();
-    let registry = Registry::discover_with(&[], None, false, &config).with_embedded(delegate_root(), &config);
+    let registry = Registry::discover(Discovery::new()).with_embedded(delegate_root(), &config);
     for (caches, reads) in [(3, 0), (32, 32)] {
         let (path, args) = wide::write(dir.path(), caches, reads);
         let mut program = Program::load(Manifest::load(&path).expect("manifest"), &registry, Mode::ZeroCopy)

@@ -7,7 +7,7 @@ use std::path::PathBuf;
 
 use host_runtime::generate::generate;
 use host_runtime::manifest::Manifest;
-use host_runtime::plugins::Registry;
+use host_runtime::plugins::{Discovery, Registry};
 use host_runtime::program::{Mode, Program};
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -17,9 +17,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let cycles: usize = args.next().ok_or(usage)?.parse()?;
     let dir = tempfile::tempdir()?;
     let exported = kv_example::export::reference(&kv_example::Config::tiny(), dir.path())?;
-    // Only the library from disk (a directory this example trusts: probed, no manifest needed): the embedded
-    // copy would take the backend otherwise.
-    let registry = Registry::probe(&[plugin_dir], false, false);
+    // Only the library from disk (a directory this example trusts: probed, no manifest needed), no plugin
+    // embedded.
+    let registry = Registry::discover(Discovery::new().dirs([plugin_dir]).probe(true));
     if registry.served("ReferenceBackend").is_none() {
         return Err(format!(
             "no plugin library serving ReferenceBackend was loaded: {:?}",

@@ -7,9 +7,9 @@
 //! context on first use, and a machine without a driver or without the device gets a typed [`Error`]
 //! (`NotSupported`), never a panic.
 //!
-//! It also holds what the program's stream needs: the stream as the ABI carries it ([`abi_stream`]),
-//! device-to-device copies queued on it ([`copy_async`]), the generation loop's feedback kernel
-//! ([`FeedbackKernel`]) and graph replays ([`replay`]). Their soundness rests on the program's stream
+//! It also holds what the program's stream needs: the stream as the ABI carries it (`abi_stream`),
+//! device-to-device copies queued on it (`copy_async`), the generation loop's feedback kernel
+//! ([`FeedbackKernel`]) and graph replays (`replay`). Their soundness rests on the program's stream
 //! invariant (`crate::program`'s docs): the [`crate::program::Program`] owns every storage it queues work on,
 //! frees none before that work completes (a CUDA allocation synchronises its context before it is freed; the
 //! program synchronises its stream when dropped), and touches none from the host before synchronising.
@@ -301,10 +301,13 @@ impl FeedbackKernel {
 
     /// Queues the kernel on the program's `stream`.
     ///
-    /// Only `Program` calls this, with addresses of its own device or managed storages (eight bytes each at
-    /// least: the manifest declares the tokens, positions and next-token tensors `i64`) and of the
-    /// generation loop's history (`capacity` tokens) and length; the program's stream invariant keeps them
-    /// alive and untouched by the host until the stream has run the kernel.
+    /// Only the generation loop calls this (`generate`'s `DeviceLoop::feedback`, through
+    /// `Program::queue_on_stream`), on a program's stream, with addresses of that program's own device or
+    /// managed storages (eight bytes each at least: the manifest declares the tokens, positions and
+    /// next-token tensors `i64`), resolved once when its `FeedbackLink` was made (a storage keeps its address
+    /// for the program's life; the link's program is checked at every launch), and of the loop's history
+    /// (`capacity` tokens) and length, made on that program's device; the program's stream invariant keeps
+    /// them alive and untouched by the host until the stream has run the kernel.
     pub(crate) fn launch(&self, stream: &Stream, args: FeedbackArgs) -> Result<(), Error> {
         let FeedbackArgs {
             mut next_token,

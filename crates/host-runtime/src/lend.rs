@@ -15,16 +15,49 @@ use delegate_abi::{DTypeCode, TensorArg, ARG_INOUT, ARG_WRITABLE};
 
 use crate::buffer::Storage;
 use crate::cuda::Access;
-use crate::program::{ArgPlan, ArgSource, Buffer};
+
+/// How one delegate argument is filled, decided at load (by `program`'s planning).
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum ArgSource {
+    /// A user input of the method.
+    Input(usize),
+    /// A user output of the method.
+    Output(usize),
+    /// A buffer the delegate only reads.
+    BufferRead(usize),
+    /// A buffer an output aliases: the delegate updates it in place.
+    BufferInOut(usize),
+    /// A buffer-mutation output slot that is the buffer itself (zero-copy).
+    BufferInPlace(usize),
+    /// A buffer-mutation output slot in scratch storage of the buffer's memory kind, written back into the
+    /// buffer after the call (copy-back).
+    BufferScratch(usize),
+}
+
+/// One delegate argument as the call's argument list describes it.
+#[derive(Debug, Clone)]
+pub(crate) struct ArgPlan {
+    pub(crate) source: ArgSource,
+    pub(crate) dtype: DTypeCode,
+    pub(crate) shape: Vec<i64>,
+}
+
+/// The storages a call's arguments are lent from, indexed as [`ArgSource`] indexes them: the program's
+/// buffers (anything that holds a [`Storage`]), the method's inputs and outputs, the call's copy-back
+/// scratch.
+pub(crate) struct Storages<'a, B> {
+    pub(crate) buffers: &'a mut [B],
+    pub(crate) inputs: &'a mut [Storage],
+    pub(crate) outputs: &'a mut [Storage],
+    pub(crate) scratch: &'a mut [Storage],
+}
 
 /// The argument list of one call, from its load-time plan.
-pub(crate) fn arg_list(
+pub(crate) fn arg_list<B: AsMut<Storage>>(
     plan: &[ArgPlan],
-    buffers: &mut [Buffer],
-    inputs: &mut [Storage],
-    outputs: &mut [Storage],
-    scratch: &mut [Storage],
+    storages: Storages<'_, B>,
 ) -> Result<ArgList<'static>, ArgError> {
+    let Storages { buffers, inputs, outputs, scratch } = storages;
     let mut list = ArgList::with_capacity(plan.len());
     let mut slots: Vec<Option<Slot>> = vec![None; buffers.len()];
     for arg in plan {
@@ -36,12 +69,10 @@ pub(crate) fn arg_list(
             ArgSource::Input(i) => lend(&mut list, &mut inputs[i], dtype, shape, Access::Read).map(drop),
             ArgSource::Output(i) => lend(&mut list, &mut outputs[i], dtype, shape, Access::Write).map(drop),
             ArgSource::BufferRead(b) => {
-                lend(&mut list, &mut buffers[b].storage, dtype, shape, Access::Read).map(drop)
+                lend(&mut list, buffers[b].as_mut(), dtype, shape, Access::Read).map(drop)
             }
-            ArgSource::BufferInOut(b) => {
-                lend(&mut list, &mut buffers[b].storage, dtype, shape, Access::InOut)
-                    .map(|slot| slots[b] = Some(slot))
-            }
+            ArgSource::BufferInOut(b) => lend(&mut list, buffers[b].as_mut(), dtype, shape, Access::InOut)
+                .map(|slot| slots[b] = Some(slot)),
             ArgSource::BufferInPlace(b) => {
                 list.push_output_in_place(slots[b].ok_or_else(missing)?, dtype, shape)
             }

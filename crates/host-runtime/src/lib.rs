@@ -3,14 +3,27 @@
 //! wrote. It is the library an application embeds; the `delegate-host` command line is its own crate
 //! (`crates/delegate-host`) on top of it.
 //!
+//! ## Embedding
+//!
+//! This crate links no plugin: it depends on the plugin ABI (`delegate-abi`), never on a plugin crate, so an
+//! application carries only the plugins it chooses. Plugin libraries are found by
+//! [`plugins::Registry::discover`], given a [`plugins::Discovery`] (directories, `DELEGATE_PLUGIN_PATH`,
+//! probing, isolation); a plugin linked into the application is registered with
+//! [`plugins::Registry::with_embedded`] from its library crate's `delegate_root()`. `delegate-host` and
+//! `et-run` embed the reference and CUDA delegates this way; `examples/embed.rs` is an application with the
+//! reference delegate alone (`cargo run -p host-runtime --example embed`).
+//!
 //! ## Examples
 //!
 //! ```no_run
-//! use host_runtime::{manifest::Manifest, plugins::Registry, program::{Mode, Program}};
+//! use delegate_abi::host::HostConfig;
+//! use host_runtime::{manifest::Manifest, plugins::{Discovery, Registry}, program::{Mode, Program}};
 //!
 //! // Manifests only: no library's code runs until a program needs its backend and its bytes match its
-//! // manifest (`Registry::probe` loads every library instead).
-//! let registry = Registry::discover(&[], true, true);
+//! // manifest (`Discovery::probe` loads every library instead). The reference delegate is linked into this
+//! // application and registered as an embedded plugin.
+//! let registry = Registry::discover(Discovery::new().use_env(true))
+//!     .with_embedded(reference_delegate::delegate_root(), &HostConfig::default());
 //! let manifest = Manifest::load("example/program.toml".as_ref())?;
 //! let mut program = Program::load(manifest, &registry, Mode::ZeroCopy)?;
 //! let generation = host_runtime::generate::generate(&mut program, 15, |_, _| Ok(()))?;

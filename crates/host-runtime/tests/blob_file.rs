@@ -42,8 +42,9 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+use delegate_abi::host::HostConfig;
 use host_runtime::manifest::{BlobPaths, Manifest};
-use host_runtime::plugins::Registry;
+use host_runtime::plugins::{Discovery, Registry};
 use host_runtime::program::{Mode, Program};
 
 fn mkfifo(path: &Path) {
@@ -59,13 +60,15 @@ fn program_with_decode_linked_out(dir: &Path, absolute: bool) -> PathBuf {
     kv_example::export::reference(&kv_example::Config::tiny(), &program).expect("export");
     let outside = dir.join("outside.blob");
     std::fs::rename(program.join("decode.blob"), &outside).expect("move the blob out");
-    let target = if absolute { outside } else { PathBuf::from("../outside.blob") };
+    // Relative: up out of `program/` to the blob beside it (inside the temporary directory).
+    let target = if absolute { outside } else { Path::new("..").join("outside.blob") };
     std::os::unix::fs::symlink(target, program.join("decode.blob")).expect("symlink");
     program.join("program.toml")
 }
 
 fn load(manifest: &Path, blobs: BlobPaths) -> Result<Program, host_runtime::program::Error> {
-    let registry = Registry::discover(&[], false, true);
+    let registry = Registry::discover(Discovery::new())
+        .with_embedded(reference_delegate::delegate_root(), &HostConfig::default());
     Program::load(Manifest::load_with(manifest, blobs).expect("manifest"), &registry, Mode::ZeroCopy)
 }
 
@@ -105,9 +108,12 @@ fn open_beneath_names_what_leads_out_and_refuses_what_is_not_under_the_root() {
     std::fs::create_dir(&root).expect("mkdir");
     std::fs::write(dir.path().join("secret"), b"outside").expect("write");
     std::os::unix::fs::symlink(dir.path().join("secret"), root.join("abs.blob")).expect("symlink");
-    std::os::unix::fs::symlink("../secret", root.join("rel.blob")).expect("symlink");
-    for name in ["abs.blob", "rel.blob", "../secret"] {
-        let err = BlobFile::open_beneath(&root, &root.join(name)).err().expect("refused");
+    // Up out of `root/` to `secret` beside it, inside the temporary directory.
+    let up_to_secret = Path::new("..").join("secret");
+    std::os::unix::fs::symlink(&up_to_secret, root.join("rel.blob")).expect("symlink");
+    for name in [Path::new("abs.blob"), Path::new("rel.blob"), up_to_secret.as_path()] {
+        let name = name.display().to_string();
+        let err = BlobFile::open_beneath(&root, &root.join(&name)).err().expect("refused");
         assert_eq!(err.kind(), std::io::ErrorKind::InvalidInput, "{name}");
         assert!(
             err.to_string().starts_with(&format!("it leads outside {}", root.display())),

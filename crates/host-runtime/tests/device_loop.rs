@@ -19,7 +19,7 @@ use delegate_abi::{
 use et_error::{ErrorCode, HasErrorCode};
 use host_runtime::generate::{device_loop_refusal, generate_with, Options};
 use host_runtime::manifest::Manifest;
-use host_runtime::plugins::Registry;
+use host_runtime::plugins::{Discovery, Registry};
 use host_runtime::program::{Error, Mode, Program};
 
 const BACKEND: &str = "CountingBackend";
@@ -201,7 +201,7 @@ fn write_program(dir: &Path, memory: &str) -> std::path::PathBuf {
 
 fn load(path: &Path, mode: Mode) -> Result<Program, Error> {
     let config = HostConfig::default();
-    let registry = Registry::discover_with(&[], None, true, &config).with_embedded(delegate_root(), &config);
+    let registry = Registry::discover(Discovery::new()).with_embedded(delegate_root(), &config);
     Program::load(Manifest::load(path).expect("manifest"), &registry, mode)
 }
 

@@ -7,7 +7,7 @@ mod wide;
 use delegate_abi::host::HostConfig;
 use delegate_abi::testing::Scripted;
 use host_runtime::manifest::Manifest;
-use host_runtime::plugins::Registry;
+use host_runtime::plugins::{Discovery, Registry};
 use host_runtime::program::{Mode, Program};
 
 #[global_allocator]
@@ -21,7 +21,7 @@ fn a_step_of_a_64_buffer_call_allocates_nothing_in_either_mode() {
     let (path, args) = wide::write(dir.path(), 32, 32);
     assert_eq!(args, 98);
     let config = HostConfig::default();
-    let registry = Registry::discover_with(&[], None, false, &config).with_embedded(delegate_root(), &config);
+    let registry = Registry::discover(Discovery::new()).with_embedded(delegate_root(), &config);
     for mode in [Mode::ZeroCopy, Mode::CopyBack] {
         let mut program =
             Program::load(Manifest::load(&path).expect("manifest"), &registry, mode).expect("loads");

@@ -10,7 +10,7 @@ use delegate_abi::testing::{self, Fixture, Scripted};
 use delegate_abi::{Compatibility, DelegateError, ExecuteArgs, PluginInfo};
 use et_error::{ErrorCode, HasErrorCode};
 use host_runtime::manifest::Manifest;
-use host_runtime::plugins::{Registry, Status};
+use host_runtime::plugins::{Discovery, Registry, Status};
 use host_runtime::program::{Error, Mode, Program};
 
 /// Reads the cache (argument 0) and writes `cache + 1` into its output slot (argument 1) only, never into
@@ -111,7 +111,7 @@ args = ["buffer:cache", "buffer:cache"]
 }
 
 fn registry_with(root: delegate_abi::abi::DelegateRootRef) -> Registry {
-    Registry::discover(&[], false, false).with_embedded(root, &HostConfig::default())
+    Registry::discover(Discovery::new()).with_embedded(root, &HostConfig::default())
 }
 
 fn cache(program: &Program) -> Vec<f32> {

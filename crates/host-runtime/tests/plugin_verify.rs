@@ -10,7 +10,7 @@ use std::sync::OnceLock;
 use delegate_abi::host::HostConfig;
 use host_runtime::generate::generate;
 use host_runtime::plugin_manifest::{host_target, sha256_file, AbiSpan, PluginManifest, MANIFEST_VERSION};
-use host_runtime::plugins::{Registry, Status};
+use host_runtime::plugins::{Discovery, Registry, Status};
 use host_runtime::program::Mode;
 
 const CRASH: &str = "crash_on_load";
@@ -69,6 +69,11 @@ fn buffers_2m() -> PathBuf {
 }
 
 /// Loads and runs `buffers_2m.pte` for two steps; which plugin served it.
+/// The registry `discovery` finds, with the reference delegate embedded (as `delegate-host` ships it).
+fn with_reference(discovery: Discovery) -> Registry {
+    Registry::discover(discovery).with_embedded(reference_delegate::delegate_root(), &HostConfig::default())
+}
+
 fn run_pte(registry: &Registry) -> Result<Option<PathBuf>, host_runtime::pte::Error> {
     let mut program = host_runtime::pte::load(&buffers_2m(), registry, Mode::ZeroCopy, Some(&[1, 7, 3, 12]))?;
     generate(&mut program, 2, |_, _| Ok(())).expect("generates");
@@ -79,11 +84,8 @@ fn run_pte(registry: &Registry) -> Result<Option<PathBuf>, host_runtime::pte::Er
 fn a_library_whose_hash_differs_from_its_manifest_is_rejected_before_any_of_its_code_runs() {
     let wrong = "ab".repeat(32);
     let (dir, library) = crash_claiming_reference(Some(&wrong), false);
-    let dirs = [dir.path().to_path_buf()];
-    for registry in [
-        Registry::discover(&dirs, false, true),
-        Registry::probe_with(&dirs, None, true, &HostConfig::default()),
-    ] {
+    for probe in [false, true] {
+        let registry = with_reference(Discovery::new().dirs([dir.path()]).probe(probe));
         let candidate = &registry.candidates()[0];
         assert_eq!(candidate.path.as_deref(), Some(library.as_path()));
         match &candidate.status {
@@ -103,15 +105,14 @@ fn a_pte_program_never_loads_a_plugin_whose_manifest_asks_for_isolation_into_the
     // Its hash is right and it claims the newest ReferenceBackend: the `.pte` path must ask the same one
     // function as a TOML program does, which never loads it here.
     let (dir, _) = crash_claiming_reference(None, true);
-    let dirs = [dir.path().to_path_buf()];
     // Without workers it cannot serve, so the embedded plugin does.
-    let registry = Registry::discover(&dirs, false, true);
+    let registry = with_reference(Discovery::new().dirs([dir.path()]));
     assert_eq!(registry.candidates()[0].status, Status::Listed);
     assert_eq!(run_pte(&registry).expect("runs"), None);
     assert!(registry.candidates()[0].plugin().is_none());
     // With workers (here one that cannot start), it is placed in a worker and the load fails cleanly.
-    let isolated = Registry::discover(&dirs, false, true)
-        .with_isolation(host_runtime::isolate::Isolation::new("/nonexistent/worker", ["worker"]));
+    let isolation = host_runtime::isolate::Isolation::new("/nonexistent/worker", ["worker"]);
+    let isolated = with_reference(Discovery::new().dirs([dir.path()]).isolation(isolation));
     assert!(isolated.served("ReferenceBackend").is_some_and(|s| s.is_isolated()));
     assert!(run_pte(&isolated).is_err(), "the worker cannot start");
     assert!(isolated.candidates()[0].plugin().is_none());

@@ -3,12 +3,13 @@
 
 use std::path::{Path, PathBuf};
 
+use delegate_abi::host::HostConfig;
 use delegate_abi::MemoryKind;
 use et_error::{ErrorCode, HasErrorCode};
 use host_runtime::buffer::AllocError;
 use host_runtime::generate::generate;
 use host_runtime::manifest::Manifest;
-use host_runtime::plugins::Registry;
+use host_runtime::plugins::{Discovery, Registry};
 use host_runtime::program::{Error, Mode, Program};
 
 fn export(dir: &Path, memory: &str) -> PathBuf {
@@ -21,7 +22,8 @@ fn export(dir: &Path, memory: &str) -> PathBuf {
 }
 
 fn load(path: &Path, mode: Mode) -> Result<Program, Error> {
-    let registry = Registry::discover(&[], false, true);
+    let registry = Registry::discover(Discovery::new())
+        .with_embedded(reference_delegate::delegate_root(), &HostConfig::default());
     Program::load(Manifest::load(path).expect("manifest"), &registry, mode)
 }
 

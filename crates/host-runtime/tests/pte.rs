@@ -7,9 +7,10 @@ mod kv_pte;
 
 use std::path::{Path, PathBuf};
 
+use delegate_abi::host::HostConfig;
 use et_error::{ErrorCode, HasErrorCode};
 use host_runtime::generate::{generate, Generation};
-use host_runtime::plugins::Registry;
+use host_runtime::plugins::{Discovery, Registry};
 use host_runtime::program::Mode;
 use host_runtime::pte;
 use pte_format::testing::{InstructionSpec, ProgramSpec};
@@ -23,7 +24,8 @@ fn write(dir: &Path, name: &str, spec: &ProgramSpec) -> PathBuf {
 }
 
 fn registry() -> Registry {
-    Registry::discover(&[], false, true)
+    Registry::discover(Discovery::new())
+        .with_embedded(reference_delegate::delegate_root(), &HostConfig::default())
 }
 
 fn run(path: &Path, mode: Mode) -> Generation {
@@ -203,4 +205,36 @@ fn a_copy_into_a_buffer_that_no_alias_elides_changes_the_buffer() {
         assert_eq!(stats.copies.writeback_bytes, 8, "the copy into the buffer is counted as a write-back");
     }
     assert!(program.buffer("k_cache_0").expect("cache").iter().any(|&b| b != 0), "the caches still update");
+}
+
+#[test]
+fn each_call_names_its_payload_by_the_place_pte_format_reports() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = write(dir.path(), "p.pte", &kv_pte::spec(true));
+    let bytes = std::fs::read(&path).expect("read");
+    let read = pte_format::Program::parse(&bytes).expect("parses");
+    let program = pte::load(&path, &registry(), Mode::ZeroCopy, None).expect("loads");
+    for method in &read.methods {
+        let calls = &program.manifest().methods[method.name].calls;
+        let delegates: Vec<_> = method.delegate_calls().map(|(_, c)| &method.delegates[c.delegate]).collect();
+        assert_eq!(calls.len(), delegates.len(), "method {}", method.name);
+        for (call, delegate) in calls.iter().zip(delegates) {
+            let program_manifest::BlobSource::Payload(payload) = &call.blob else {
+                panic!("a .pte call's blob is a payload of the file: {:?}", call.blob)
+            };
+            assert_eq!(payload.program, path);
+            assert_eq!(
+                (payload.label.as_str(), payload.range.clone()),
+                (delegate.processed.label().as_str(), delegate.processed.range())
+            );
+            let (start, end) = (payload.range.start as usize, payload.range.end as usize);
+            assert_eq!(&bytes[start..end], delegate.processed.data, "the range holds the payload");
+            assert!(call.blob.path().is_none(), "no blob file to open");
+            assert!(
+                call.blob.to_string().contains(&format!("method '{}' instruction", method.name)),
+                "{}",
+                call.blob
+            );
+        }
+    }
 }

@@ -7,8 +7,9 @@ mod kv_pte;
 
 use blob_format::model::Dim;
 use blob_format::Blob;
+use delegate_abi::host::HostConfig;
 use et_error::{ErrorCode, HasErrorCode};
-use host_runtime::plugins::Registry;
+use host_runtime::plugins::{Discovery, Registry};
 use host_runtime::program::Mode;
 use host_runtime::pte;
 use pte_format::testing::{ProgramSpec, ValueSpec};
@@ -31,9 +32,15 @@ fn huge(value: usize, binding: &str) -> ProgramSpec {
     spec
 }
 
+/// The reference delegate embedded, as `delegate-host` ships it.
+fn registry() -> Registry {
+    Registry::discover(Discovery::new())
+        .with_embedded(reference_delegate::delegate_root(), &HostConfig::default())
+}
+
 #[test]
 fn a_tensor_whose_size_overflows_is_refused_naming_it() {
-    let registry = Registry::discover(&[], false, true);
+    let registry = registry();
     for (value, binding, what) in [
         (0, "tokens", "input 0 (value 0): '0' (i64 [65536, 65536, 65536, 65536])"),
         (6, "logits", "output 0 (value 8): '0' (f32 [65536, 65536, 65536, 65536])"),
@@ -66,8 +73,7 @@ fn a_buffer_whose_size_overflows_is_refused_naming_it() {
     let dir = tempfile::tempdir().expect("tempdir");
     let path = dir.path().join("huge.pte");
     std::fs::write(&path, spec.to_bytes()).expect("write");
-    let err =
-        pte::load(&path, &Registry::discover(&[], false, true), Mode::ZeroCopy, None).err().expect("refused");
+    let err = pte::load(&path, &registry(), Mode::ZeroCopy, None).err().expect("refused");
     assert_eq!(
         err.to_string(),
         format!(

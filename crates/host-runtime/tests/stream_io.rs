@@ -5,12 +5,13 @@
 
 use std::path::{Path, PathBuf};
 
+use delegate_abi::host::HostConfig;
 use delegate_abi::MemoryKind;
 use et_error::{ErrorCode, HasErrorCode};
 use host_runtime::buffer::AllocError;
 use host_runtime::generate::{device_loop_refusal, generate, generate_with, Options};
 use host_runtime::manifest::Manifest;
-use host_runtime::plugins::Registry;
+use host_runtime::plugins::{Discovery, Registry};
 use host_runtime::program::{Error, IoRole, Mode, Program};
 
 fn export(dir: &Path) -> (kv_example::Config, PathBuf) {
@@ -44,7 +45,8 @@ fn io_in(memory: &str) -> impl Fn(String) -> String + '_ {
 }
 
 fn load(path: &Path, mode: Mode) -> Result<Program, Error> {
-    let registry = Registry::discover(&[], false, true);
+    let registry = Registry::discover(Discovery::new())
+        .with_embedded(reference_delegate::delegate_root(), &HostConfig::default());
     Program::load(Manifest::load(path).expect("manifest"), &registry, mode)
 }
 
@@ -197,7 +199,7 @@ fn a_cuda_graph_needs_the_device_loop_and_says_why_it_cannot_run() {
         err.to_string(),
         "a CUDA graph needs the device loop, which cannot run: input 'tokens' of method 'decode' is in host memory, not device or managed memory"
     );
-    assert_eq!(err.error_code(), ErrorCode::InvalidArgument);
+    assert_eq!(err.error_code(), ErrorCode::NotSupported, "the program cannot, whatever the caller asks");
 }
 
 #[test]

@@ -10,7 +10,7 @@ use delegate_abi::testing::{self, Fixture, Scripted};
 use delegate_abi::{DelegateError, ExecuteArgs, PluginInfo};
 use et_error::{ErrorCode, HasErrorCode};
 use host_runtime::manifest::Manifest;
-use host_runtime::plugins::Registry;
+use host_runtime::plugins::{Discovery, Registry};
 use host_runtime::program::{Error, Mode, Program};
 
 /// Adds 1 to each float of the cache in place; when [`FAIL`] is set it updates the first half only and then
@@ -96,7 +96,7 @@ fn cache(program: &Program) -> Vec<f32> {
 #[test]
 fn a_failed_call_tears_its_caches_until_the_caller_resets_them() {
     let dir = tempfile::tempdir().expect("temp dir");
-    let registry = Registry::discover_manifests(&[], None, false, &HostConfig::default())
+    let registry = Registry::discover(Discovery::new())
         .with_embedded(half_writer::delegate_root(), &HostConfig::default());
     let mut program =
         Program::load(Manifest::load(&program(dir.path())).expect("manifest"), &registry, Mode::ZeroCopy)
@@ -150,7 +150,8 @@ fn a_failed_call_tears_its_caches_until_the_caller_resets_them() {
 fn reset_starts_a_token_generator_at_position_zero() {
     let dir = tempfile::tempdir().expect("temp dir");
     kv_example::export::reference(&kv_example::Config::tiny(), dir.path()).expect("export");
-    let registry = Registry::discover_manifests(&[], None, true, &HostConfig::default());
+    let registry = Registry::discover(Discovery::new())
+        .with_embedded(reference_delegate::delegate_root(), &HostConfig::default());
     let manifest = Manifest::load(&dir.path().join("program.toml")).expect("manifest");
     let g = manifest.generate.clone().expect("a token generator");
     let mut program = Program::load(manifest, &registry, Mode::ZeroCopy).expect("loads");

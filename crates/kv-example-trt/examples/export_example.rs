@@ -75,16 +75,9 @@ fn export(dir: &Path, big: bool) -> Result<(), Box<dyn std::error::Error>> {
         let (header, blob, built) = decoder_blob(&cfg, &weights, rows, &options)?;
         // The blob binds what the reference program's calls thread, in the same order, so kv-example's
         // manifest `args` apply unchanged.
-        let reference = kv_example::export::header(&cfg, rows);
         let ours: Vec<&str> =
             header.bindings.iter().filter(|b| b.threaded).map(|b| b.name.as_str()).collect();
-        // Less kv-example's `next_token`: this network computes the logits only (the host takes the argmax).
-        let theirs: Vec<&str> = reference
-            .bindings
-            .iter()
-            .map(|b| b.name.as_str())
-            .filter(|&n| n != kv_example::model::NEXT_TOKEN)
-            .collect();
+        let theirs = kv_example_trt::reference_order(&cfg, rows);
         if ours != theirs {
             return Err(
                 format!("{method}: argument order {ours:?} differs from kv-example's {theirs:?}").into()

@@ -21,25 +21,8 @@ use kv_example::model::RMS_EPS;
 use kv_example::{Config, Weights};
 use trt_build::{BinaryOp, BuildOptions, BuiltEngine, Error, NetworkDesc, Node, Op, Result, UnaryOp};
 
-/// `k_cache_{layer}`.
-pub fn k_cache(layer: usize) -> String {
-    format!("k_cache_{layer}")
-}
-
-/// `v_cache_{layer}`.
-pub fn v_cache(layer: usize) -> String {
-    format!("v_cache_{layer}")
-}
-
-/// `k_cache_out_{layer}`.
-pub fn k_cache_out(layer: usize) -> String {
-    format!("k_cache_out_{layer}")
-}
-
-/// `v_cache_out_{layer}`.
-pub fn v_cache_out(layer: usize) -> String {
-    format!("v_cache_out_{layer}")
-}
+/// The cache names are kv-example's (one definition, so both examples' blobs bind the same tensors).
+pub use kv_example::model::{k_cache, k_cache_out, v_cache, v_cache_out};
 
 /// The blob's delegate-argument order (kv-example's): `tokens`, `input_pos`, every layer's k and v cache,
 /// every layer's k and v cache output, then `logits` (buffer mutations before user outputs, as ExecuTorch
@@ -54,6 +37,18 @@ pub fn arg_order(cfg: &Config) -> Vec<String> {
     }
     order.push("logits".to_owned());
     order
+}
+
+/// kv-example's argument order for a call of `rows` tokens (its blob's bindings), less its `next_token`
+/// output, which this network does not compute (the host takes the argmax of the logits): what a blob built
+/// here must bind, in this order, for kv-example's manifest `args` to apply unchanged.
+pub fn reference_order(cfg: &Config, rows: usize) -> Vec<String> {
+    kv_example::export::header(cfg, rows)
+        .bindings
+        .into_iter()
+        .map(|b| b.name)
+        .filter(|n| n != kv_example::model::NEXT_TOKEN)
+        .collect()
 }
 
 fn f32_bytes(values: &[f32]) -> Vec<u8> {

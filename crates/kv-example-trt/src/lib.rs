@@ -35,5 +35,7 @@
 mod decoder;
 mod from_graph;
 
-pub use decoder::{arg_order, decoder_blob, decoder_network, k_cache, k_cache_out, v_cache, v_cache_out};
+pub use decoder::{
+    arg_order, decoder_blob, decoder_network, k_cache, k_cache_out, reference_order, v_cache, v_cache_out,
+};
 pub use from_graph::network_from_graph;

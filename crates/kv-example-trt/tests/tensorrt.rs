@@ -148,14 +148,11 @@ fn kv_examples_tiny_model_builds_as_prefill_and_decode_blobs() {
         );
         let reference = kv_example::export::header(&c, rows);
         let ours: Vec<&str> = header.bindings.iter().map(|b| b.name.as_str()).collect();
-        // kv-example's blobs also output `next_token`; this network computes the logits only.
-        let theirs: Vec<&str> = reference
-            .bindings
-            .iter()
-            .map(|b| b.name.as_str())
-            .filter(|&n| n != kv_example::model::NEXT_TOKEN)
-            .collect();
-        assert_eq!(ours, theirs, "same argument order as the reference blob");
+        assert_eq!(
+            ours,
+            kv_example_trt::reference_order(&c, rows),
+            "same argument order as the reference blob"
+        );
         assert_eq!(header.aliases, reference.aliases, "same alias table as the reference blob");
         assert_eq!(Blob::parse(&blob).expect("parses").engine, built.plan.as_slice());
     }

@@ -50,10 +50,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let prompt = oracle.prefill(&cfg.prompt)?;
     let last = prompt.last().ok_or("empty prompt")?;
     let as_f32 = |l: &[f64]| l.iter().map(|&x| x as f32).collect::<Vec<_>>();
-    let mut token = argmax(&as_f32(last));
+    let mut token = argmax(&as_f32(last)) as i64;
     let mut tokens = vec![token];
     for position in cfg.prompt.len()..cfg.prompt.len() + steps {
-        token = argmax(&as_f32(&oracle.decode(token, position)?));
+        token = argmax(&as_f32(&oracle.decode(token, position)?)) as i64;
         tokens.push(token);
     }
     println!("oracle tokens: {tokens:?}");

@@ -86,7 +86,7 @@ fn main() {
             let e = k[l].iter().zip(ek).chain(v[l].iter().zip(ev)).map(|(a, e)| (f64::from(*a) - e).abs());
             worst_cache = worst_cache.max(e.fold(0.0, f64::max));
         }
-        token = kv_example::argmax(&logits);
+        token = kv_example::argmax(&logits) as i64;
     }
     println!(
         "config {}: {} positions, max |logits - oracle| = {worst_logits:.3e}, max |caches - oracle| = {worst_cache:.3e}",

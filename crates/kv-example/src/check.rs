@@ -80,16 +80,9 @@ pub fn max_abs_diff(a: &[f32], b: &[f32]) -> Option<f64> {
     Some(a.iter().zip(b).map(|(&x, &y)| (f64::from(x) - f64::from(y)).abs()).fold(0.0, f64::max))
 }
 
-/// Index of the largest value (the first on ties; NaN never wins), as a token id.
-pub fn argmax(logits: &[f32]) -> i64 {
-    let mut best = 0;
-    for (i, &x) in logits.iter().enumerate() {
-        if x > logits[best] || logits[best].is_nan() {
-            best = i;
-        }
-    }
-    best as i64
-}
+/// The greedy token rule, [`ref_graph::argmax`] (first of equals, NaN never wins): re-exported so the example's
+/// checks and its users pick tokens as every delegate and host does.
+pub use ref_graph::argmax;
 
 /// One named check and its outcome.
 #[derive(Debug, Clone, PartialEq)]

@@ -25,7 +25,7 @@ pub const INPUT_POS: &str = "input_pos";
 /// Name of the logits output, `[rows, vocab]` of [`Config::dtype`].
 pub const LOGITS: &str = "logits";
 /// Name of the next-token output, `i64 [1]`: the argmax of the last row of the logits (ref-graph's
-/// `argmax`, host-runtime's rule), so a host can feed the token back without reading the logits.
+/// `Op::Argmax`, whose rule is `ref_graph::argmax`), so a host can feed the token back without reading the logits.
 pub const NEXT_TOKEN: &str = "next_token";
 
 /// Name of layer `layer`'s key cache (`"k_cache_{layer}"`): a graph input and a caller-owned buffer.

@@ -79,7 +79,7 @@ fn manifest_matches_the_schema_and_round_trips() {
     assert_eq!(parsed, program.manifest);
     // And a host's checked reading accepts it, blob paths resolved next to the manifest.
     let checked = Manifest::parse(&program.manifest_path, &text).expect("checks");
-    assert_eq!(checked.methods["decode"].calls[0].blob, program.decode_blob);
+    assert_eq!(checked.methods["decode"].calls[0].blob.path(), Some(program.decode_blob.as_path()));
     assert_eq!(checked.generate.and_then(|g| g.max_positions), Some(cfg.max_len as u64));
 
     // Also readable as plain TOML by a host with its own structs.

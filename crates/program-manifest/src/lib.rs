@@ -67,7 +67,7 @@
 //! assert_eq!(manifest.buffers["k_cache_0"].nbytes(), 4 * 2 * 16 * 16);
 //! assert_eq!(manifest.buffers["v_cache_0"].memory, MemoryKind::Host);
 //! let decode = &manifest.methods["decode"].calls[0];
-//! assert_eq!(decode.blob, Path::new("example/decode.blob"));
+//! assert_eq!(decode.blob.path(), Some(Path::new("example/decode.blob")));
 //! assert_eq!(decode.args[4], ArgRef::Buffer("k_cache_0".into()));
 //! assert_eq!(manifest.generate.as_ref().and_then(|g| g.max_decode_steps()), Some(12));
 //!
@@ -149,7 +149,7 @@
 //! - `[[methods.NAME.calls]]` (array of tables, at least one): the delegate calls the method makes, in order.
 //!   - `blob` (string): the delegate blob's path, relative to the manifest's directory and inside it (an
 //!     absolute path or one through `..` is refused unless the host allows it: [`BlobPaths`]; a host opens
-//!     the blob beneath the directory ([`Call::blob_root`]), so a symbolic link that leads out is refused
+//!     the blob beneath the directory ([`BlobSource::File`]'s `root`), so a symbolic link that leads out is refused
 //!     too).
 //!   - `backend` (string, not empty): the ExecuTorch backend id that runs it (a loaded plugin must serve it,
 //!     and the blob must name the same id).
@@ -215,6 +215,7 @@
 #![deny(missing_docs)]
 #![forbid(unsafe_code)]
 
+mod blob_source;
 mod file;
 mod manifest;
 mod spec;
@@ -222,6 +223,7 @@ mod spec;
 use std::fmt;
 use std::path::PathBuf;
 
+pub use blob_source::{BlobSource, Payload};
 pub use manifest::{
     checked_nbytes, ArgRef, BlobPaths, Call, Generate, Manifest, Method, TensorDecl, TooLarge,
     MAX_MANIFEST_BYTES,

@@ -12,7 +12,7 @@ use toml::Spanned;
 
 use crate::file::open_regular;
 use crate::spec::{GenerateSpec, MethodSpec, ProgramSpec};
-use crate::{Error, Location, MemoryKind, FORMAT};
+use crate::{BlobSource, Error, Location, MemoryKind, FORMAT};
 
 /// A parsed, checked manifest.
 #[derive(Debug, Clone)]
@@ -112,13 +112,8 @@ pub struct Method {
 /// One delegate call.
 #[derive(Debug, Clone)]
 pub struct Call {
-    /// The blob file (resolved against the manifest's directory).
-    pub blob: PathBuf,
-    /// The directory `blob` must stay inside once symbolic links are resolved: the manifest's directory
-    /// under [`BlobPaths::WithinProgram`], whose reader opens the blob relative to it and refuses a link that
-    /// leads out (the path text alone cannot tell); `None` when the caller allows blobs anywhere
-    /// ([`BlobPaths::Anywhere`]) or the blob is not a file.
-    pub blob_root: Option<PathBuf>,
+    /// Where its blob is: a file (a manifest's call) or a payload inside a program file (a `.pte`'s call).
+    pub blob: BlobSource,
     /// The backend id that must serve it.
     pub backend: String,
     /// What each delegate argument position binds to.
@@ -474,8 +469,10 @@ fn check_method(
             );
         }
         calls.push(Call {
-            blob: base.join(&call.blob),
-            blob_root: (blobs == BlobPaths::WithinProgram).then(|| base.to_owned()),
+            blob: BlobSource::File {
+                path: base.join(&call.blob),
+                root: (blobs == BlobPaths::WithinProgram).then(|| base.to_owned()),
+            },
             backend: call.backend.clone(),
             args,
             location,
@@ -622,7 +619,7 @@ logits_output = "logits"
         assert_eq!((io.inputs[0].memory, io.inputs[0].device), (MemoryKind::Device, 1));
         assert_eq!((io.inputs[1].memory, io.outputs[0].memory), (MemoryKind::Host, MemoryKind::Managed));
         let call = &m.methods["decode"].calls[0];
-        assert_eq!(call.blob, Path::new("dir/decode.blob"));
+        assert_eq!(call.blob.path(), Some(Path::new("dir/decode.blob")));
         assert_eq!(call.args[2], ArgRef::Buffer("k".into()));
         assert_eq!(call.arg_locations[0], Location { line: 12, column: 9 });
         assert_eq!(
@@ -663,19 +660,17 @@ logits_output = "logits"
         assert!(parse(&text).is_err());
         let m =
             Manifest::parse_with(Path::new("dir/program.toml"), &text, BlobPaths::Anywhere).expect("allowed");
-        assert_eq!(m.methods["decode"].calls[0].blob, Path::new("dir/../shared/decode.blob"));
-        assert_eq!(m.methods["decode"].calls[0].blob_root, None, "no directory to stay inside");
+        let anywhere = BlobSource::file("dir/../shared/decode.blob");
+        assert_eq!(m.methods["decode"].calls[0].blob, anywhere, "no directory to stay inside");
         let within = parse(GOOD).expect("valid manifest");
         assert_eq!(
-            within.methods["decode"].calls[0].blob_root.as_deref(),
-            Some(Path::new("dir")),
+            within.methods["decode"].calls[0].blob,
+            BlobSource::File { path: "dir/decode.blob".into(), root: Some("dir".into()) },
             "the reader opens the blob beneath the manifest's directory, links resolved"
         );
         let inside = GOOD.replace("blob = \"decode.blob\"", "blob = \"./blobs/decode.blob\"");
-        assert_eq!(
-            parse(&inside).expect("inside").methods["decode"].calls[0].blob,
-            Path::new("dir/./blobs/decode.blob")
-        );
+        let call = &parse(&inside).expect("inside").methods["decode"].calls[0];
+        assert_eq!(call.blob.path(), Some(Path::new("dir/./blobs/decode.blob")));
     }
 
     #[test]

@@ -53,6 +53,8 @@ pub fn check_pte(data: &[u8]) -> bool {
         }
         for delegate in &method.delegates {
             assert_borrowed(data, delegate.processed.data, delegate.processed.offset, delegate.id);
+            let range = delegate.processed.range();
+            assert_eq!(data.get(range.start as usize..range.end as usize), Some(delegate.processed.data));
         }
         for chain in &method.chains {
             assert!(chain.inputs.iter().chain(&chain.outputs).all(|&v| v < n));

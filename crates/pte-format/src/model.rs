@@ -276,6 +276,20 @@ pub struct DelegateData<'a> {
     pub data: &'a [u8],
 }
 
+impl DelegateData<'_> {
+    /// The payload's byte range in the file: [`DelegateData::offset`] to its end, [`DelegateData::size`]
+    /// bytes (checked to lie inside the file when the program was read).
+    pub fn range(&self) -> std::ops::Range<u64> {
+        self.offset..self.offset.saturating_add(self.size)
+    }
+
+    /// Where the payload is stored, as messages name it: `segment 1` or `inline 0` (the
+    /// [`DelegateData::location`] and its [`DelegateData::index`]).
+    pub fn label(&self) -> String {
+        format!("{} {}", self.location.as_str(), self.index)
+    }
+}
+
 impl fmt::Debug for DelegateData<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("DelegateData")

@@ -89,6 +89,10 @@ fn kv_decoder_delegate_call_carries_a_native_blob_from_its_segment() {
     assert_eq!(delegate.processed.location, DataLocation::Segment);
     assert_eq!(delegate.processed.index, 1);
     assert_borrowed(&bytes, delegate.processed.data, delegate.processed.offset);
+    // The payload reports its own place: the bytes of `range()` are the payload.
+    let range = delegate.processed.range();
+    assert_eq!(&bytes[range.start as usize..range.end as usize], delegate.processed.data);
+    assert_eq!(delegate.processed.label(), "segment 1");
 
     let calls: Vec<_> = forward.delegate_calls().collect();
     assert_eq!(calls.len(), 1);
@@ -235,6 +239,9 @@ fn inline_delegate_data_is_borrowed_from_the_flatbuffer() {
     assert_eq!(processed.data, common::kv_blob().as_slice());
     assert_borrowed(&bytes, processed.data, processed.offset);
     assert!(processed.offset < program.program_size);
+    let range = processed.range();
+    assert_eq!(&bytes[range.start as usize..range.end as usize], processed.data);
+    assert_eq!(processed.label(), "inline 1");
     Blob::parse(processed.data).expect("the inline payload is a blob");
 }
 

@@ -19,14 +19,24 @@ use crate::{Data, ElemType, Error, Graph, Op, TensorDecl, TensorId};
 /// assert_eq!(graph.tensor(y).shape, [1, 3]);
 /// # Ok::<(), ref_graph::Error>(())
 /// ```
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct GraphBuilder {
-    tensors: Vec<TensorDecl>,
-    inputs: Vec<TensorId>,
-    outputs: Vec<TensorId>,
-    constants: BTreeMap<TensorId, Data>,
-    state: Vec<TensorId>,
-    ops: Vec<Op<TensorId>>,
+    /// The graph so far, never observed outside this builder until [`GraphBuilder::finish`] validates it.
+    graph: Graph,
+}
+
+impl Default for GraphBuilder {
+    fn default() -> GraphBuilder {
+        let graph = Graph {
+            tensors: Vec::new(),
+            inputs: Vec::new(),
+            outputs: Vec::new(),
+            constants: BTreeMap::new(),
+            state: Vec::new(),
+            ops: Vec::new(),
+        };
+        GraphBuilder { graph }
+    }
 }
 
 impl GraphBuilder {
@@ -39,19 +49,19 @@ impl GraphBuilder {
         if name.is_empty() {
             return Err(Error::BadTensorName { name: String::new(), problem: "empty" });
         }
-        if self.tensors.iter().any(|t| t.name == name) {
+        if self.graph.tensors.iter().any(|t| t.name == name) {
             return Err(Error::BadTensorName { name: name.to_owned(), problem: "declared twice" });
         }
         let decl = TensorDecl { name: name.to_owned(), dtype, shape: shape.to_vec() };
         crate::check_shape(&decl)?;
-        self.tensors.push(decl);
-        Ok(TensorId(self.tensors.len() - 1))
+        self.graph.tensors.push(decl);
+        Ok(TensorId(self.graph.tensors.len() - 1))
     }
 
     /// Declares a graph input. Callers bind it by `name`.
     pub fn input(&mut self, name: &str, dtype: ElemType, shape: &[u64]) -> Result<TensorId, Error> {
         let id = self.declare(name, dtype, shape)?;
-        self.inputs.push(id);
+        self.graph.inputs.push(id);
         Ok(id)
     }
 
@@ -61,7 +71,7 @@ impl GraphBuilder {
     /// [`GraphBuilder::kv_cache_update`], whose output may not be a graph output.
     pub fn state(&mut self, name: &str, dtype: ElemType, shape: &[u64]) -> Result<TensorId, Error> {
         let id = self.declare(name, dtype, shape)?;
-        self.state.push(id);
+        self.graph.state.push(id);
         Ok(id)
     }
 
@@ -87,47 +97,50 @@ impl GraphBuilder {
 
     fn constant(&mut self, name: &str, shape: &[u64], data: Data) -> Result<TensorId, Error> {
         let id = self.declare(name, data.dtype(), shape)?;
-        let decl = &self.tensors[id.0];
+        let decl = &self.graph.tensors[id.0];
         if decl.numel() != data.len() {
             let nbytes = (data.len() * data.dtype().size_bytes()) as u64;
             let problem = format!("has {} values but shape {shape:?} needs {}", data.len(), decl.numel());
-            self.tensors.pop();
+            self.graph.tensors.pop();
             return Err(Error::BadConstant { name: name.to_owned(), offset: 0, nbytes, problem });
         }
-        self.constants.insert(id, data);
+        self.graph.constants.insert(id, data);
         Ok(id)
     }
 
     /// Marks `id` as a graph output. Callers bind it by its name.
     pub fn output(&mut self, id: TensorId) -> Result<(), Error> {
-        if id.0 >= self.tensors.len() {
+        if id.0 >= self.graph.tensors.len() {
             return Err(Error::DanglingTensor {
                 context: "graph outputs".to_owned(),
                 name: format!("#{}", id.0),
             });
         }
-        self.outputs.push(id);
+        self.graph.outputs.push(id);
         Ok(())
     }
 
     /// Adds an op whose output is a new tensor `name`; `make` receives the output's id.
     fn op(&mut self, name: &str, make: impl FnOnce(TensorId) -> Op<TensorId>) -> Result<TensorId, Error> {
-        let out = TensorId(self.tensors.len());
+        let out = TensorId(self.graph.tensors.len());
         let op = make(out);
-        let index = self.ops.len();
+        let index = self.graph.ops.len();
         for operand in op.operands() {
-            if operand.0 >= self.tensors.len() {
+            if operand.0 >= self.graph.tensors.len() {
                 return Err(Error::DanglingTensor {
                     context: format!("op {index} ({})", op.name()),
                     name: format!("#{}", operand.0),
                 });
             }
         }
-        let (dtype, shape) =
-            op.infer(&self.tensors).map_err(|detail| Error::OpMismatch { index, op: op.name(), detail })?;
+        let (dtype, shape) = op.infer(&self.graph.tensors).map_err(|detail| Error::OpMismatch {
+            index,
+            op: op.name(),
+            detail,
+        })?;
         let id = self.declare(name, dtype, &shape)?;
         debug_assert_eq!(id, out);
-        self.ops.push(op);
+        self.graph.ops.push(op);
         Ok(id)
     }
 
@@ -192,6 +205,7 @@ impl GraphBuilder {
 
     /// Validates and returns the graph.
     pub fn finish(self) -> Result<Graph, Error> {
-        Graph::from_parts(self.tensors, self.inputs, self.outputs, self.constants, self.state, self.ops)
+        self.graph.validate()?;
+        Ok(self.graph)
     }
 }

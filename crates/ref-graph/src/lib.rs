@@ -113,7 +113,7 @@ use serde::{Deserialize, Serialize};
 pub use builder::GraphBuilder;
 /// The `half` crate, whose [`half::f16`] is the element of [`Data::F16`].
 pub use half;
-pub use ops::Op;
+pub use ops::{argmax, Op};
 pub use payload::{
     CONSTANT_ALIGN, PAYLOAD_MAGIC, PAYLOAD_MINOR_WITHOUT_STATE, PAYLOAD_VERSION_MAJOR, PAYLOAD_VERSION_MINOR,
 };
@@ -509,20 +509,6 @@ impl Graph {
             Op::KvCacheUpdate { cache, out, .. } => Some((out, cache)),
             _ => None,
         })
-    }
-
-    /// Assembles and validates a graph from its parts (names already resolved to ids).
-    pub(crate) fn from_parts(
-        tensors: Vec<TensorDecl>,
-        inputs: Vec<TensorId>,
-        outputs: Vec<TensorId>,
-        constants: BTreeMap<TensorId, Data>,
-        state: Vec<TensorId>,
-        ops: Vec<Op<TensorId>>,
-    ) -> Result<Graph, Error> {
-        let graph = Graph { tensors, inputs, outputs, constants, state, ops };
-        graph.validate()?;
-        Ok(graph)
     }
 
     /// Checks every rule in the crate docs: names, shapes, definitions, op typing, constants, and the

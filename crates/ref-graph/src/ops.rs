@@ -4,6 +4,33 @@ use serde::{Deserialize, Serialize};
 
 use crate::{ElemType, Error, TensorDecl, TensorId};
 
+/// The index of the largest value of `values`: the rule of [`Op::Argmax`], and the one greedy decoding uses
+/// wherever it picks a token (the reference and CUDA delegates, host-runtime's generation loop, the
+/// ExecuTorch bridge's runner, kv-example's checks).
+///
+/// Scanning left to right, a value becomes the best when it is greater than the best so far or the best so far
+/// is NaN. So:
+/// - the result is the **first** index of the largest value (ties go to the lower index; `-inf` is a value);
+/// - a NaN never wins over a number, wherever it stands (a NaN first value is passed over);
+/// - a row that is all NaN gives its **last** index, `len - 1`;
+/// - an empty row gives 0.
+///
+/// ```
+/// assert_eq!(ref_graph::argmax(&[0.5, 2.0, 2.0, -1.0]), 1);
+/// assert_eq!(ref_graph::argmax(&[f32::NAN, 1.0, 0.5]), 1);
+/// assert_eq!(ref_graph::argmax(&[f32::NAN, f32::NAN]), 1);
+/// assert_eq!(ref_graph::argmax(&[]), 0);
+/// ```
+pub fn argmax(values: &[f32]) -> usize {
+    let mut best = 0;
+    for (i, &v) in values.iter().enumerate() {
+        if v > values[best] || values[best].is_nan() {
+            best = i;
+        }
+    }
+    best
+}
+
 /// One op. `T` names tensors: [`TensorId`] in a [`crate::Graph`], `String` in the payload's JSON.
 ///
 /// Shapes below use `T` for the number of rows processed in one call (the prompt length for prefill, 1 for
@@ -96,10 +123,9 @@ pub enum Op<T> {
     /// `float [M, N]`, `out` `i64 [1]`. The next token of greedy decoding, computed where the logits are
     /// (payload version 1.1).
     ///
-    /// The rule is host-runtime's `generate::argmax`, exactly: scanning left to right, a value becomes the
-    /// best when it is greater than the best so far or the best so far is NaN. So the result is the first
-    /// index of the largest non-NaN value (ties go to the lower index, `-inf` counts as a value), and only a
-    /// row that is all NaN gives its last index, `N - 1`.
+    /// The rule is [`argmax`](crate::argmax)'s, the one every executor and host uses: the first index of
+    /// the largest non-NaN value (ties go to the lower index, `-inf` counts as a value), and only a row that
+    /// is all NaN gives its last index, `N - 1`.
     Argmax {
         /// The rows (e.g. logits, one row per position).
         input: T,

@@ -198,7 +198,9 @@ impl Description {
             let op = named.try_map_ref(|name| resolve(&context, name))?;
             ops.push(op);
         }
-        Graph::from_parts(self.tensors, inputs, outputs, constants, state, ops)
+        let graph = Graph { tensors: self.tensors, inputs, outputs, constants, state, ops };
+        graph.validate()?;
+        Ok(graph)
     }
 }
 

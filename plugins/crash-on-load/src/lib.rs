@@ -1,6 +1,6 @@
 //! A shared library that aborts the process the moment the dynamic loader opens it, before any plugin entry
 //! could be looked up: a constructor in `.init_array`, as native libraries have. It is the fixture for
-//! discovery without loading (`host_runtime::plugins::Registry::discover_manifests`): listing plugins, and
+//! discovery without loading (`host_runtime::plugins::Registry::discover`): listing plugins, and
 //! running a program that does not need this library, must not open it.
 //!
 //! ```text

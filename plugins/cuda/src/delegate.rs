@@ -20,22 +20,23 @@
 //! instance's own stream runs the call and `execute` waits for it.
 #![forbid(unsafe_code)]
 
-use blob_format::model::Role;
-use blob_format::Blob;
+use delegate_abi::check::{check_arg, check_count, ArgError};
 use delegate_abi::{
     Compatibility, Delegate, DelegateError, ExecuteArgs, InitContext, MemoryKind, PluginInfo, TensorArg,
-    WireFormatSupport,
 };
 use et_error::{ErrorCode, HasErrorCode};
-use ref_graph::{Graph, TensorId};
-use reference_delegate::delegate::{header_mismatch, payload_compatibility, ArgSpec, BindingPlan};
+use ref_graph::TensorId;
+use reference_delegate::delegate::{
+    blob_compatibility, read_blob, reference_graph_info, ArgSpec, BindingPlan,
+};
 
 use crate::engine::Engine;
 use crate::plan::{Plan, Unsupported};
 use crate::BACKEND_ID;
 
-/// The native wire-format versions this delegate reads.
-pub const WIRE_FORMAT_VERSIONS: &str = ">=1.0, <2";
+/// The native wire-format versions this delegate reads: the reference delegate's, whose header checks it
+/// shares.
+pub const WIRE_FORMAT_VERSIONS: &str = reference_delegate::delegate::WIRE_FORMAT_VERSIONS;
 
 /// Memory kinds the delegate accepts. Caches must be device or managed memory (the residency gate); host
 /// and pinned inputs and outputs are staged through device buffers.
@@ -50,42 +51,19 @@ pub struct CudaDelegate;
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
-    /// The blob does not parse.
-    #[error("{0}")]
-    Blob(#[from] blob_format::Error),
-    /// The blob is not a native reference-graph blob for `CudaBackend`. `DelegateInvalidCompatibility`.
-    #[error("{0}")]
-    Incompatible(String),
-    /// The payload is not a valid graph. `InvalidProgram`.
-    #[error("reference graph: {0}")]
-    Graph(#[from] ref_graph::Error),
-    /// The blob's bindings or aliases do not fit the graph (the reference delegate's binding plan, which
-    /// every executor of reference graphs shares).
+    /// The blob does not parse, is not a native reference-graph blob for `CudaBackend`
+    /// (`DelegateInvalidCompatibility`), its payload is not a valid graph (`InvalidProgram`), or its bindings
+    /// or aliases do not fit the graph: the reference delegate's blob reading and binding plan, which every
+    /// executor of reference graphs shares.
     #[error("{0}")]
     Plan(#[from] reference_delegate::delegate::Error),
     /// A valid graph this delegate cannot run. `NotSupported`.
     #[error("{0}")]
     Unsupported(#[from] Unsupported),
-    /// The call has the wrong number of arguments. `InvalidArgument`.
-    #[error("the call has {found} arguments, but this blob binds {expected}: {names}")]
-    ArgCount {
-        /// Arguments the blob binds.
-        expected: usize,
-        /// Arguments given.
-        found: usize,
-        /// The bound tensor names, in argument order.
-        names: String,
-    },
-    /// One argument does not fit its binding. `InvalidArgument`.
-    #[error("argument {position} ('{tensor}'): {problem}")]
-    Arg {
-        /// The argument position.
-        position: usize,
-        /// The graph tensor it binds.
-        tensor: String,
-        /// What is wrong.
-        problem: String,
-    },
+    /// The call's arguments do not fit the blob's bindings (count, dtype, shape, size, writability, memory):
+    /// delegate-abi's shared argument checks and their error. `InvalidArgument`.
+    #[error("{0}")]
+    Args(#[from] ArgError),
     /// An aliased input failed the residency gate. `InvalidArgument`.
     #[error("argument {position}: {source}")]
     Residency {
@@ -120,12 +98,10 @@ pub enum Error {
 impl HasErrorCode for Error {
     fn error_code(&self) -> ErrorCode {
         match self {
-            Error::Blob(err) => err.error_code(),
-            Error::Incompatible(_) => ErrorCode::DelegateInvalidCompatibility,
-            Error::Graph(err) => err.error_code(),
             Error::Plan(err) => err.error_code(),
             Error::Unsupported(_) => ErrorCode::NotSupported,
-            Error::ArgCount { .. } | Error::Arg { .. } | Error::Kernel { .. } => ErrorCode::InvalidArgument,
+            Error::Args(err) => err.error_code(),
+            Error::Kernel { .. } => ErrorCode::InvalidArgument,
             Error::Residency { source, .. } => source.error_code(),
             Error::Cuda { source, .. } => source.error_code(),
             Error::Abi(err) => err.code,
@@ -136,29 +112,11 @@ impl HasErrorCode for Error {
 /// Checks a call's arguments against the plan: count, dtype, shape, size, writability. Memory kinds and
 /// devices are checked with the driver by the engine when an address changes.
 fn check(specs: &[ArgSpec], args: &[TensorArg]) -> Result<(), Error> {
-    if args.len() != specs.len() {
-        let names = specs.iter().map(|a| a.name.as_str()).collect::<Vec<_>>().join(", ");
-        return Err(Error::ArgCount { expected: specs.len(), found: args.len(), names });
-    }
+    check_count(specs.iter().map(|a| a.name.as_str()), args.len())?;
     for (position, (spec, arg)) in specs.iter().zip(args).enumerate() {
-        let bad = |problem: String| Error::Arg { position, tensor: spec.name.clone(), problem };
-        if arg.dtype() != spec.dtype || arg.dims() != spec.shape.as_slice() {
-            return Err(bad(format!(
-                "is {} {:?}, expected {} {:?}",
-                arg.dtype(),
-                arg.dims(),
-                spec.dtype,
-                spec.shape
-            )));
-        }
-        if arg.nbytes != spec.nbytes {
-            return Err(bad(format!("has {} bytes, expected {}", arg.nbytes, spec.nbytes)));
-        }
-        if (spec.role == Role::Output || spec.aliased_input) && !arg.is_writable() {
-            return Err(bad("is read-only, but the delegate writes it".to_owned()));
-        }
+        check_arg(position, &spec.expected(), arg)?;
         if arg.nbytes > 0 && arg.data.is_null() {
-            return Err(bad("is a null pointer".to_owned()));
+            return Err(ArgError::arg(position, &spec.name, "is a null pointer").into());
         }
     }
     Ok(())
@@ -188,12 +146,7 @@ const DELEGATE: &str = "the CUDA delegate";
 
 impl CudaDelegate {
     fn init_blob(&self, bytes: &[u8]) -> Result<CudaHandle, Error> {
-        let blob = Blob::parse(bytes)?;
-        if let Some(reason) = header_mismatch(&blob, BACKEND_ID, DELEGATE) {
-            return Err(Error::Incompatible(reason));
-        }
-        blob.verify_payload()?;
-        let graph = Graph::decode(blob.engine)?;
+        let (blob, graph) = read_blob(bytes, BACKEND_ID, DELEGATE)?;
         let plan_args = BindingPlan::new(&blob, &graph)?;
         let specs = plan_args.args().to_vec();
         let plan = Plan::new(&graph)?;
@@ -222,17 +175,7 @@ impl Delegate for CudaDelegate {
     }
 
     fn info() -> PluginInfo {
-        PluginInfo {
-            name: "cuda-delegate".to_owned(),
-            version: env!("CARGO_PKG_VERSION").to_owned(),
-            backends: vec![BACKEND_ID.to_owned()],
-            wire_formats: vec![WireFormatSupport {
-                format: "native".to_owned(),
-                versions: WIRE_FORMAT_VERSIONS.to_owned(),
-            }],
-            memory_kinds: MEMORY_KINDS.to_vec(),
-            binds_aliases_in_place: true,
-        }
+        reference_graph_info("cuda-delegate", env!("CARGO_PKG_VERSION"), BACKEND_ID, &MEMORY_KINDS)
     }
 
     fn availability(&self) -> Result<(), DelegateError> {
@@ -240,14 +183,7 @@ impl Delegate for CudaDelegate {
     }
 
     fn compatibility(&self, blob: &[u8]) -> Compatibility {
-        let parsed = match Blob::parse(blob) {
-            Ok(parsed) => parsed,
-            Err(err) => return Compatibility::Unsupported { reason: err.to_string() },
-        };
-        if let Some(reason) = header_mismatch(&parsed, BACKEND_ID, DELEGATE) {
-            return Compatibility::Unsupported { reason };
-        }
-        payload_compatibility(parsed.engine)
+        blob_compatibility(blob, BACKEND_ID, DELEGATE, |_| None)
     }
 
     fn init(&self, ctx: InitContext<'_>) -> Result<CudaHandle, DelegateError> {

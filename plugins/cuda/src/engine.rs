@@ -3,6 +3,7 @@
 
 use alias_validate::residency::{DirectAccess, Residency};
 use cuda_rt::{Allocation, Context, Device, DevicePtr, LaunchConfig, Pinned, PointerKind, Stream, StreamRef};
+use delegate_abi::check::ArgError;
 use delegate_abi::{ExecuteArgs, MemoryKind, TensorArg};
 use ref_graph::{Data, Graph, TensorId};
 
@@ -166,7 +167,7 @@ impl Engine {
             PointerKind::Host => Residency::PinnedHost,
             _ => Residency::Host,
         };
-        let bad = |problem: String| Error::Arg { position, tensor: spec.name.clone(), problem };
+        let bad = |problem: String| Error::from(ArgError::arg(position, &spec.name, problem));
         if spec.aliased_input {
             self.access
                 .check(&spec.name, residency, arg.nbytes)
@@ -211,10 +212,12 @@ impl Engine {
                 self.ptrs[spec.tensor.0] = arg.data as DevicePtr;
                 continue;
             }
-            let home = self.io_home[spec.tensor.0].ok_or_else(|| Error::Arg {
-                position,
-                tensor: spec.name.clone(),
-                problem: format!("is {} memory, which this tensor cannot be staged from", arg.memory()),
+            let home = self.io_home[spec.tensor.0].ok_or_else(|| {
+                ArgError::arg(
+                    position,
+                    &spec.name,
+                    format!("is {} memory, which this tensor cannot be staged from", arg.memory()),
+                )
             })?;
             self.ptrs[spec.tensor.0] = home;
             if spec.role == blob_format::model::Role::Input {

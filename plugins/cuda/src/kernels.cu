@@ -543,7 +543,7 @@ extern "C" __global__ void attn_combine(AttnP p) {
 
 // ---------------------------------------------------------------------------------------------------------
 // out[0] = index of the largest value of x's last row (the first of equals; NaN never wins, but a row of NaN
-// only gives the last index, as the host's argmax does). One block.
+// only gives the last index, as `ref_graph::argmax` does). One block.
 
 struct ArgmaxP {
     const T* x;
@@ -578,6 +578,6 @@ extern "C" __global__ void argmax(ArgmaxP p) {
         }
         __syncthreads();
     }
-    // A row of NaN only: the last index, as the host's argmax (each NaN replaces the one before).
+    // A row of NaN only: the last index, as `ref_graph::argmax` (each NaN replaces the one before).
     if (threadIdx.x == 0) p.out[0] = best_i[0] == 0x7fffffff ? p.N - 1 : best_i[0];
 }

@@ -139,18 +139,6 @@ fn floats(bytes: &[u8], f16: bool) -> Vec<f32> {
 struct Slots(Vec<Allocation<Device>>);
 
 /// One call through the ABI: host tokens, position and logits; caches bound by name from the blob's bindings.
-fn call(
-    instance: &mut Instance,
-    cfg: &Config,
-    caches: &mut Caches,
-    slots: Option<&mut Slots>,
-    tokens: &[i64],
-    position: i64,
-    stream: Option<&Stream>,
-) -> (Vec<f32>, Option<i64>, ExecStats) {
-    try_call(instance, cfg, caches, slots, tokens, position, stream).expect("execute")
-}
-
 fn try_call(
     instance: &mut Instance,
     cfg: &Config,
@@ -251,10 +239,6 @@ fn max_diff(actual: &[f32], expected: &[f64]) -> f64 {
     actual.iter().zip(expected).map(diff).fold(0.0, f64::max)
 }
 
-fn argmax(row: &[f32]) -> i64 {
-    host_runtime::generate::argmax(row) as i64
-}
-
 /// What a generation on the GPU produced.
 struct Run {
     tokens: Vec<i64>,
@@ -312,14 +296,15 @@ fn generate_from(
     let mut all_logits = Vec::new();
 
     let (logits, next, stats) =
-        call(&mut prefill, cfg, &mut caches, slots.as_mut(), &cfg.prompt, 0, stream.as_ref());
+        try_call(&mut prefill, cfg, &mut caches, slots.as_mut(), &cfg.prompt, 0, stream.as_ref())
+            .expect("execute");
     let expected = oracle.prefill(&cfg.prompt).expect("oracle");
     let flat: Vec<f64> = expected.concat();
     worst.0 = max_diff(&logits, &flat);
     assert!(worst.0 < tolerance, "prefill logits differ by {}", worst.0);
     let reflect = |stats: &ExecStats| stats.reflect_bytes;
     assert_eq!(reflect(&stats), if copy_back { (2 * cfg.layers * bytes) as u64 } else { 0 });
-    let mut token = argmax(&logits[logits.len() - cfg.vocab..]);
+    let mut token = ref_graph::argmax(&logits[logits.len() - cfg.vocab..]) as i64;
     if let Some(next) = next {
         assert_eq!(next, token, "the delegate's argmax is the logits' argmax");
     }
@@ -334,14 +319,22 @@ fn generate_from(
     };
     write_back(&mut caches, &slots);
     for position in cfg.prompt_len()..cfg.max_len {
-        let (logits, next, _) =
-            call(&mut decode, cfg, &mut caches, slots.as_mut(), &[token], position as i64, stream.as_ref());
+        let (logits, next, _) = try_call(
+            &mut decode,
+            cfg,
+            &mut caches,
+            slots.as_mut(),
+            &[token],
+            position as i64,
+            stream.as_ref(),
+        )
+        .expect("execute");
         write_back(&mut caches, &slots);
         let expected = oracle.decode(token, position).expect("oracle");
         let diff = max_diff(&logits, &expected);
         worst.0 = worst.0.max(diff);
         assert!(diff < tolerance, "decode at position {position}: logits differ by {diff}");
-        token = argmax(&logits);
+        token = ref_graph::argmax(&logits) as i64;
         if let Some(next) = next {
             assert_eq!(next, token, "position {position}");
         }

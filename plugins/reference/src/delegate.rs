@@ -26,6 +26,7 @@ use alias_validate::residency::DirectAccess;
 use alias_validate::{validate_with_engine, ArgLayout, ValidKind};
 use blob_format::model::{DType, Format, PayloadKind, Role};
 use blob_format::Blob;
+use delegate_abi::check::{check_arg, check_count, ArgError, Expected};
 use delegate_abi::{
     Compatibility, DTypeCode, Delegate, DelegateError, ExecuteArgs, InitContext, MemoryKind, PluginInfo,
     TensorArg, WireFormatSupport,
@@ -85,26 +86,10 @@ pub enum Error {
         /// What is wrong.
         problem: String,
     },
-    /// The call has the wrong number of arguments. `InvalidArgument`.
-    #[error("the call has {found} arguments, but this blob binds {expected}: {names}")]
-    ArgCount {
-        /// Arguments the blob binds.
-        expected: usize,
-        /// Arguments given.
-        found: usize,
-        /// The bound tensor names, in argument order.
-        names: String,
-    },
-    /// One argument does not fit its binding. `InvalidArgument`.
-    #[error("argument {position} ('{tensor}'): {problem}")]
-    Arg {
-        /// The argument position.
-        position: usize,
-        /// The graph tensor it binds.
-        tensor: String,
-        /// What is wrong and what was expected.
-        problem: String,
-    },
+    /// The call's arguments do not fit the blob's bindings (count, dtype, shape, size, writability, memory):
+    /// delegate-abi's shared argument checks and their error. `InvalidArgument`.
+    #[error("{0}")]
+    Args(#[from] ArgError),
     /// An aliased input failed the residency gate. `InvalidArgument`.
     #[error("argument {position}: {source}")]
     Residency {
@@ -128,7 +113,7 @@ impl HasErrorCode for Error {
             Error::Alias(err) => err.error_code(),
             Error::UserAlias { .. } => ErrorCode::NotSupported,
             Error::Binding { .. } => ErrorCode::InvalidProgram,
-            Error::ArgCount { .. } | Error::Arg { .. } => ErrorCode::InvalidArgument,
+            Error::Args(err) => err.error_code(),
             Error::Residency { source, .. } => source.error_code(),
             Error::Exec(err) => err.error_code(),
         }
@@ -154,6 +139,20 @@ pub struct ArgSpec {
     pub aliased_input: bool,
     /// For an aliased output slot, the argument position of the input it aliases.
     pub aliases_arg: Option<usize>,
+}
+
+impl ArgSpec {
+    /// What a call's argument at this position must be, for delegate-abi's [`check_arg`]: written when it is
+    /// an output or an input the graph updates in place.
+    pub fn expected(&self) -> Expected<'_> {
+        Expected {
+            name: &self.name,
+            dtype: self.dtype,
+            shape: &self.shape,
+            nbytes: self.nbytes,
+            written: self.role == Role::Output || self.aliased_input,
+        }
+    }
 }
 
 /// The binding plan computed once at `init`: every argument position resolved to a graph tensor by name.
@@ -235,12 +234,9 @@ impl BindingPlan {
 
     /// Checks every argument of a call against the plan, before anything runs.
     fn check(&self, args: &[TensorArg]) -> Result<(), Error> {
-        if args.len() != self.args.len() {
-            let names = self.args.iter().map(|a| a.name.as_str()).collect::<Vec<_>>().join(", ");
-            return Err(Error::ArgCount { expected: self.args.len(), found: args.len(), names });
-        }
+        check_count(self.args.iter().map(|a| a.name.as_str()), args.len())?;
         for (position, (spec, arg)) in self.args.iter().zip(args).enumerate() {
-            let bad = |problem: String| Error::Arg { position, tensor: spec.name.clone(), problem };
+            let bad = |problem: String| Error::from(ArgError::arg(position, &spec.name, problem));
             if spec.aliased_input {
                 // This delegate computes on the CPU: host-visible memory is the storage it updates in place.
                 // The gate also refuses a zero-byte cache, which would make the update land nowhere.
@@ -248,27 +244,13 @@ impl BindingPlan {
                     .check(&spec.name, arg.memory().into(), arg.nbytes)
                     .map_err(|source| Error::Residency { position, source })?;
             }
-            if arg.dtype() != spec.dtype || arg.dims() != spec.shape.as_slice() {
-                return Err(bad(format!(
-                    "is {} {:?}, expected {} {:?}",
-                    arg.dtype(),
-                    arg.dims(),
-                    spec.dtype,
-                    spec.shape
-                )));
-            }
-            if arg.nbytes != spec.nbytes {
-                return Err(bad(format!("has {} bytes, expected {}", arg.nbytes, spec.nbytes)));
-            }
+            check_arg(position, &spec.expected(), arg)?;
             if !arg.memory().is_host_visible() {
                 return Err(bad(format!(
                     "is {} memory; the reference delegate computes on the CPU and reads host, pinned or \
                      managed memory",
                     arg.memory()
                 )));
-            }
-            if (spec.role == Role::Output || spec.aliased_input) && !arg.is_writable() {
-                return Err(bad("is read-only, but the delegate writes it".to_owned()));
             }
             if spec.aliased_input && (arg.data as usize) % std::mem::align_of::<f32>() != 0 {
                 return Err(bad(
@@ -365,6 +347,62 @@ pub fn header_mismatch(blob: &Blob<'_>, backend: &str, delegate: &str) -> Option
 /// How the reference delegate names itself in reasons.
 const DELEGATE: &str = "the reference delegate";
 
+/// Reads a blob for an executor of reference graphs that serves `backend` (named `delegate` in reasons): the
+/// blob parsed, its header fit for it ([`header_mismatch`], else [`Error::Incompatible`]), its payload verified
+/// and decoded into a valid graph. Shared with the CUDA delegate, so both refuse a blob at `init` for the same
+/// reasons.
+pub fn read_blob<'a>(bytes: &'a [u8], backend: &str, delegate: &str) -> Result<(Blob<'a>, Graph), Error> {
+    let blob = Blob::parse(bytes)?;
+    if let Some(reason) = header_mismatch(&blob, backend, delegate) {
+        return Err(Error::Incompatible(reason));
+    }
+    blob.verify_payload()?;
+    let graph = Graph::decode(blob.engine)?;
+    Ok((blob, graph))
+}
+
+/// Whether an executor of reference graphs that serves `backend` (named `delegate` in reasons) can take
+/// `blob`: a native blob for that backend ([`header_mismatch`]), then the executor's own `refuse` reason if it
+/// has one, then the payload's major version ([`payload_compatibility`]). Shared with the CUDA delegate, so
+/// both answer `compatibility` by one rule.
+pub fn blob_compatibility(
+    blob: &[u8],
+    backend: &str,
+    delegate: &str,
+    refuse: impl FnOnce(&Blob<'_>) -> Option<String>,
+) -> Compatibility {
+    let parsed = match Blob::parse(blob) {
+        Ok(parsed) => parsed,
+        Err(err) => return Compatibility::Unsupported { reason: err.to_string() },
+    };
+    if let Some(reason) = header_mismatch(&parsed, backend, delegate).or_else(|| refuse(&parsed)) {
+        return Compatibility::Unsupported { reason };
+    }
+    payload_compatibility(parsed.engine)
+}
+
+/// The self-description of an executor of reference graphs: `name` at `version` serving `backend`, native
+/// blobs of [`WIRE_FORMAT_VERSIONS`], arguments in `memory_kinds`, aliased outputs bound in place. Shared with
+/// the CUDA delegate.
+pub fn reference_graph_info(
+    name: &str,
+    version: &str,
+    backend: &str,
+    memory_kinds: &[MemoryKind],
+) -> PluginInfo {
+    PluginInfo {
+        name: name.to_owned(),
+        version: version.to_owned(),
+        backends: vec![backend.to_owned()],
+        wire_formats: vec![WireFormatSupport {
+            format: "native".to_owned(),
+            versions: WIRE_FORMAT_VERSIONS.to_owned(),
+        }],
+        memory_kinds: memory_kinds.to_vec(),
+        binds_aliases_in_place: true,
+    }
+}
+
 /// Whether `payload` is a reference graph of a major version this build reads, from its first six bytes.
 pub fn payload_compatibility(payload: &[u8]) -> Compatibility {
     match payload.get(..6) {
@@ -386,12 +424,7 @@ pub fn payload_compatibility(payload: &[u8]) -> Compatibility {
 
 impl ReferenceDelegate {
     fn init_blob(&self, bytes: &[u8]) -> Result<ReferenceHandle, Error> {
-        let blob = Blob::parse(bytes)?;
-        if let Some(reason) = header_mismatch(&blob, BACKEND_ID, DELEGATE) {
-            return Err(Error::Incompatible(reason));
-        }
-        blob.verify_payload()?;
-        let graph = Graph::decode(blob.engine)?;
+        let (blob, graph) = read_blob(bytes, BACKEND_ID, DELEGATE)?;
         // Refused before anything else is planned: this delegate computes f32 (see the module docs).
         if let Some(tensor) = exec::first_f16_tensor(&graph) {
             return Err(exec::Error::F16 { tensor: tensor.to_owned() }.into());
@@ -435,29 +468,11 @@ impl Delegate for ReferenceDelegate {
     }
 
     fn info() -> PluginInfo {
-        PluginInfo {
-            name: "reference-delegate".to_owned(),
-            version: env!("CARGO_PKG_VERSION").to_owned(),
-            backends: vec![BACKEND_ID.to_owned()],
-            wire_formats: vec![WireFormatSupport {
-                format: "native".to_owned(),
-                versions: WIRE_FORMAT_VERSIONS.to_owned(),
-            }],
-            memory_kinds: MEMORY_KINDS.to_vec(),
-            binds_aliases_in_place: true,
-        }
+        reference_graph_info("reference-delegate", env!("CARGO_PKG_VERSION"), BACKEND_ID, &MEMORY_KINDS)
     }
 
     fn compatibility(&self, blob: &[u8]) -> Compatibility {
-        let parsed = match Blob::parse(blob) {
-            Ok(parsed) => parsed,
-            Err(err) => return Compatibility::Unsupported { reason: err.to_string() },
-        };
-        if let Some(reason) = header_mismatch(&parsed, BACKEND_ID, DELEGATE).or_else(|| f16_bindings(&parsed))
-        {
-            return Compatibility::Unsupported { reason };
-        }
-        payload_compatibility(parsed.engine)
+        blob_compatibility(blob, BACKEND_ID, DELEGATE, f16_bindings)
     }
 
     fn init(&self, ctx: InitContext<'_>) -> Result<ReferenceHandle, DelegateError> {

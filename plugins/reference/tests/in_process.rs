@@ -181,6 +181,27 @@ fn run_list(
     Ok(stats)
 }
 
+/// Pushes the one-row graph's two inputs: `tokens` and `input_pos`, each `i64 [1]` in host memory.
+fn push_tokens<'a>(list: &mut ArgList<'a>, tokens: &'a [i64; 1], pos: &'a [i64; 1]) {
+    list.push_input(bytemuck::cast_slice(tokens), DTypeCode::I64, &[1], MemoryKind::Host).expect("sized");
+    list.push_input(bytemuck::cast_slice(pos), DTypeCode::I64, &[1], MemoryKind::Host).expect("sized");
+}
+
+/// Pushes what follows the caches in a one-row call: separate k and v output slots, then the logits.
+fn push_slots_and_logits<'a>(
+    list: &mut ArgList<'a>,
+    k: &'a mut [f32],
+    v: &'a mut [f32],
+    logits: &'a mut [f32],
+) {
+    for slot in [k, v] {
+        list.push_output(bytemuck::cast_slice_mut(slot), DTypeCode::F32, &CACHE, MemoryKind::Host)
+            .expect("sized");
+    }
+    list.push_output(bytemuck::cast_slice_mut(logits), DTypeCode::F32, &[1, VOCAB as i64], MemoryKind::Host)
+        .expect("sized");
+}
+
 fn row(cache: &[f32], r: usize) -> &[f32] {
     &cache[r * HEAD_DIM as usize..(r + 1) * HEAD_DIM as usize]
 }
@@ -320,12 +341,7 @@ fn bad_calls_are_refused_before_anything_runs() {
         list.push_inout(bytemuck::cast_slice_mut(cache), DTypeCode::F32, &CACHE, MemoryKind::Host)
             .expect("ok");
     }
-    for slot in [&mut state.k_slot, &mut state.v_slot] {
-        list.push_output(bytemuck::cast_slice_mut(slot), DTypeCode::F32, &CACHE, MemoryKind::Host)
-            .expect("ok");
-    }
-    list.push_output(bytemuck::cast_slice_mut(&mut state.logits), DTypeCode::F32, &[1, 5], MemoryKind::Host)
-        .expect("ok");
+    push_slots_and_logits(&mut list, &mut state.k_slot, &mut state.v_slot, &mut state.logits);
     expect_code(
         run_list(&delegate, &mut handle, &list),
         ErrorCode::InvalidArgument,
@@ -335,17 +351,11 @@ fn bad_calls_are_refused_before_anything_runs() {
 
     // A read-only cache cannot be updated in place.
     let mut list = ArgList::new();
-    list.push_input(bytemuck::cast_slice(&tokens), DTypeCode::I64, &[1], MemoryKind::Host).expect("sized");
-    list.push_input(bytemuck::cast_slice(&pos), DTypeCode::I64, &[1], MemoryKind::Host).expect("sized");
+    push_tokens(&mut list, &tokens, &pos);
     list.push_input(bytemuck::cast_slice(&state.k), DTypeCode::F32, &CACHE, MemoryKind::Host).expect("ok");
     list.push_inout(bytemuck::cast_slice_mut(&mut state.v), DTypeCode::F32, &CACHE, MemoryKind::Host)
         .expect("ok");
-    for slot in [&mut state.k_slot, &mut state.v_slot] {
-        list.push_output(bytemuck::cast_slice_mut(slot), DTypeCode::F32, &CACHE, MemoryKind::Host)
-            .expect("ok");
-    }
-    list.push_output(bytemuck::cast_slice_mut(&mut state.logits), DTypeCode::F32, &[1, 5], MemoryKind::Host)
-        .expect("ok");
+    push_slots_and_logits(&mut list, &mut state.k_slot, &mut state.v_slot, &mut state.logits);
     expect_code(
         run_list(&delegate, &mut handle, &list),
         ErrorCode::InvalidArgument,
@@ -366,8 +376,7 @@ fn a_cache_in_device_memory_fails_the_residency_gate() {
     let mut state = State::new(1);
     let (tokens, pos) = ([1i64], [0i64]);
     let mut list = ArgList::new();
-    list.push_input(bytemuck::cast_slice(&tokens), DTypeCode::I64, &[1], MemoryKind::Host).expect("sized");
-    list.push_input(bytemuck::cast_slice(&pos), DTypeCode::I64, &[1], MemoryKind::Host).expect("sized");
+    push_tokens(&mut list, &tokens, &pos);
     let mut k =
         delegate_abi::TensorArg::describe(DTypeCode::F32, &CACHE, MemoryKind::Device).expect("rank 3");
     k.nbytes = 4 * CACHE_ELEMS as u64;
@@ -378,12 +387,7 @@ fn a_cache_in_device_memory_fails_the_residency_gate() {
     unsafe { list.push_raw(k) }.expect("sized");
     list.push_inout(bytemuck::cast_slice_mut(&mut state.v), DTypeCode::F32, &CACHE, MemoryKind::Host)
         .expect("ok");
-    for slot in [&mut state.k_slot, &mut state.v_slot] {
-        list.push_output(bytemuck::cast_slice_mut(slot), DTypeCode::F32, &CACHE, MemoryKind::Host)
-            .expect("ok");
-    }
-    list.push_output(bytemuck::cast_slice_mut(&mut state.logits), DTypeCode::F32, &[1, 5], MemoryKind::Host)
-        .expect("ok");
+    push_slots_and_logits(&mut list, &mut state.k_slot, &mut state.v_slot, &mut state.logits);
     let err = run_list(&delegate, &mut handle, &list).expect_err("device cache");
     assert_eq!(err.code, ErrorCode::InvalidArgument, "{err}");
     // The gate's own words (a later argument check would refuse the same argument with the same code, so
@@ -540,7 +544,7 @@ fn argmax_gives_the_index_of_the_largest_value_of_the_last_row() {
         ([nan, 1.0, 0.5, 0.75], 1), // a NaN never wins
         ([1.0, nan, 3.0, nan], 2),  // not even after the best
         ([-1.0, -2.0, f32::NEG_INFINITY, -0.5], 3),
-        ([nan, nan, nan, nan], 3), // all NaN: the last index, as host-runtime's argmax
+        ([nan, nan, nan, nan], 3), // all NaN: the last index, as `ref_graph::argmax`
     ] {
         // The first row is larger everywhere: only the last row counts.
         let x_values = [[100.0f32; 4], last_row].concat();

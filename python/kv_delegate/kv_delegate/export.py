@@ -4,7 +4,8 @@ torch eager's tokens and logits: the fixtures of ``fixtures/executorch/``.
     python -m kv_delegate.export DIR [--backend reference|tensorrt] [--only NAME ...]
 
 Writes ``DIR/<design>_<methods>[_planned].pte``, ``DIR/expected.json`` and ``DIR/logits.npy`` (the contract is
-in fixtures/executorch/README.md). Needs torch, executorch 1.5.1 and the packer (``$KV_DELEGATE_PACK``).
+in fixtures/executorch/README.md), and ``DIR/outside/gelu_1m.pte`` with ``DIR/outside/expected.json`` and
+``DIR/outside/logits.npy``: the decoder with a GeLU MLP, whose ``aten.gelu`` stays outside the delegate. Needs torch, executorch 1.5.1 and the packer (``$KV_DELEGATE_PACK``).
 ``--backend tensorrt`` writes ``tensorrt_buffers_*.pte`` instead (TensorRT-RTX engines built by ``$KV_TRT_PACK``;
 no owned variant), and its ``expected.json`` gives each program's ``backend``.
 """
@@ -25,7 +26,7 @@ from importlib.metadata import version as dist_version
 from executorch.exir import ExecutorchBackendConfig, to_edge_transform_and_lower
 from executorch.exir.passes import MemoryPlanningPass
 
-from .model import TINY, Decoder, greedy
+from .model import TINY, Decoder, GeluDecoder, greedy
 from .partitioner import ReferencePartitioner, TensorRTPartitioner
 from .planning import KvAliasMemoryPlanningPass
 
@@ -69,6 +70,39 @@ def _export(model: Decoder, rows: int) -> torch.export.ExportedProgram:
     tokens = torch.zeros(rows, dtype=torch.int64)
     input_pos = torch.zeros(1, dtype=torch.int64)
     return torch.export.export(model, (tokens, input_pos), strict=False)
+
+
+#: The program with an operator outside the delegate (``aten.gelu``, on ExecuTorch's kernel).
+OUTSIDE_FILE = "gelu_1m.pte"
+#: The subdirectory of the programs with operators outside the delegate (their own ``expected.json``).
+OUTSIDE_DIR = "outside"
+
+
+def export_outside(dir: Path) -> Dict[str, object]:
+    """Writes ``outside/``: :data:`OUTSIDE_FILE` (:class:`~kv_delegate.model.GeluDecoder`, one method,
+    planned), ``logits.npy`` and ``expected.json`` (eager's tokens, what stayed outside and why)."""
+    dir = dir / OUTSIDE_DIR
+    dir.mkdir(parents=True, exist_ok=True)
+    model = GeluDecoder(TINY).eval()
+    tokens, logits = greedy(model, STEPS)
+    data, summary = export_variant(model, Variant("buffers", False, True))
+    (dir / OUTSIDE_FILE).write_bytes(data)
+    np.save(dir / "logits.npy", logits.numpy().astype(np.float32))
+    outside = [o._asdict() for o in summary["unsupported"]]
+    expected = {
+        "torch": torch.__version__,
+        "executorch": dist_version("executorch"),
+        "prompt": list(TINY["prompt"]),
+        "steps": STEPS,
+        "tokens": tokens,
+        "logits": "logits.npy",
+        "programs": {OUTSIDE_FILE: {"design": "buffers", "methods": ["forward"], "planned": True,
+                                    "outside": outside}},
+    }
+    (dir / "expected.json").write_text(json.dumps(expected, indent=2) + "\n")
+    print(f"kv_delegate: wrote {OUTSIDE_DIR}/{OUTSIDE_FILE} ({len(data)} bytes; eager tokens {tokens}; outside the delegate: "
+          f"{[str(o) for o in summary['unsupported']]})")
+    return expected
 
 
 def export_variant(model: Decoder, variant: Variant) -> Tuple[bytes, Dict[str, object]]:
@@ -125,6 +159,9 @@ def main(argv: List[str] | None = None) -> int:
         programs[variant.file] = {"design": variant.design, "methods": variant.methods, "planned": variant.planned}
         if variant.backend == "tensorrt":
             programs[variant.file]["backend"] = "TensorRTBackend"
+
+    if args.backend == "reference" and (not args.only or OUTSIDE_FILE in args.only):
+        export_outside(args.dir)
 
     np.save(args.dir / "logits.npy", logits.numpy().astype(np.float32))
     expected = {

@@ -12,9 +12,10 @@ one reference-graph op when consumed (the position range, a head-split view, the
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, List, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
+from torch._subclasses.fake_tensor import FakeTensor
 from torch.export import ExportedProgram
 from torch.export.graph_signature import InputKind, OutputKind
 
@@ -26,7 +27,28 @@ _DTYPES = {torch.float32: "f32", torch.float16: "f16", torch.int64: "i64"}
 
 
 class LoweringError(ValueError):
-    """The subgraph holds something the reference graph cannot express; the message names the node."""
+    """The subgraph holds something the reference graph cannot express; the message names the node.
+
+    ``node`` is the name of the fx node that does not lower (when known) and ``reason`` says why in the user's
+    words (operands by node name, operator, dtype and shape), so the partitioner can leave that node outside.
+    """
+
+    def __init__(self, message: str, node: Optional[str] = None, reason: Optional[str] = None) -> None:
+        super().__init__(message)
+        self.node = node
+        self.reason = reason or message
+
+
+def describe(value: Any) -> str:
+    """An operand in the user's words: ``'q' (aten.mm.default, f32 [1, 32])``, or the Python value."""
+    if not isinstance(value, torch.fx.Node):
+        return repr(value)
+    val = value.meta.get("val")
+    kind = op_name(value) if value.op == "call_function" else ("a delegate input" if value.op == "placeholder" else value.op)
+    if isinstance(val, torch.Tensor):
+        dtype = _DTYPES.get(val.dtype, str(val.dtype).replace("torch.", ""))
+        return f"'{value.name}' ({kind}, {dtype} {list(val.shape)})"
+    return f"'{value.name}' ({kind})"
 
 
 def op_name(node: torch.fx.Node) -> str:
@@ -98,6 +120,10 @@ class Description:
     ops: List[Dict[str, Any]] = field(default_factory=list)
     data: bytearray = field(default_factory=bytearray)
     shapes: Dict[str, Tuple[str, Tuple[int, ...]]] = field(default_factory=dict)
+    #: The fx node each op was lowered from, by op index (to name the node when the packer refuses an op).
+    op_nodes: List[Optional[str]] = field(default_factory=list)
+    #: The fx node being lowered.
+    producer: Optional[str] = None
 
     def declare(self, name: str, dtype: str, shape: Sequence[int]) -> str:
         """Declares tensor ``name``; a name declared twice is a bug of the lowering."""
@@ -115,8 +141,12 @@ class Description:
             raise LoweringError(f"constant '{name}' is {value.dtype}; the reference graph holds f32, f16, i64")
         self.declare(name, dtype, value.shape)
         self.data.extend(b"\0" * (-len(self.data) % CONSTANT_ALIGN))
-        array = value.detach().contiguous().cpu().numpy()
-        raw = array.astype(array.dtype.newbyteorder("<"), copy=False).tobytes()
+        if isinstance(value, FakeTensor):
+            # The partitioner's dry run sees ExecuTorch's fake copy of the program: the bytes do not matter there.
+            raw = bytes(value.numel() * value.element_size())
+        else:
+            array = value.detach().contiguous().cpu().numpy()
+            raw = array.astype(array.dtype.newbyteorder("<"), copy=False).tobytes()
         self.constants.append({"tensor": name, "offset": len(self.data), "nbytes": len(raw)})
         self.data.extend(raw)
         return name
@@ -125,6 +155,7 @@ class Description:
         """Appends op ``op`` whose output ``out`` is a new tensor of ``dtype`` ``shape``."""
         self.declare(out, dtype, shape)
         self.ops.append({"op": op, **operands, "out": out})
+        self.op_nodes.append(self.producer)
         return Tensor(out)
 
     def json(self) -> Dict[str, Any]:
@@ -155,6 +186,24 @@ class Lowered:
 
     description: Description
     bindings: List[Binding]
+
+
+def _kind(value: Any) -> str:
+    """What the lowering made of a value, in the user's words (never an internal class name)."""
+    if isinstance(value, Tensor):
+        return f"tensor '{value.name}'"
+    if isinstance(value, Range):
+        return f"a static index range arange({value.start}, {value.end}) of shape {list(value.shape)}"
+    if isinstance(value, Positions):
+        return f"the positions input_pos + arange({value.count}) of shape {list(value.shape)}"
+    if isinstance(value, CausalMask):
+        return f"a causal mask of {value.count} x {value.rows}"
+    if isinstance(value, HeadView):
+        order = "[H, T, Dh]" if value.heads_first else "[T, H, Dh]"
+        return f"'{value.source}' seen as {order} with H = {value.heads}, Dh = {value.head_dim}"
+    if value is None:
+        return "a value computed outside this delegate or not a tensor"
+    return type(value).__name__
 
 
 def _meta_shape(node: torch.fx.Node) -> Tuple[str, Tuple[int, ...]]:
@@ -203,7 +252,8 @@ class _Lowerer:
         if isinstance(value, Positions) and len(value.shape) == 1:
             return self.positions(value)
         raise LoweringError(
-            f"'{user.name}' ({op_name(user)}): operand {what} is {value!r}, not a tensor the reference graph has"
+            f"'{user.name}' ({op_name(user)}): operand {what} is {describe(node)}, which the reference graph "
+            f"cannot take as a tensor here ({_kind(value)})"
         )
 
     def positions(self, value: Positions) -> str:
@@ -220,7 +270,7 @@ class _Lowerer:
 
     def position_of(self, value: Value, node: torch.fx.Node, what: str) -> Positions:
         if not isinstance(value, Positions):
-            raise LoweringError(f"'{node.name}' ({op_name(node)}): {what} is {value!r}, not input_pos + arange(T)")
+            raise LoweringError(f"'{node.name}' ({op_name(node)}): {what} is {_kind(value)}, not input_pos + arange(T)")
         return value
 
     # -- rules ---------------------------------------------------------------------------------------------
@@ -277,13 +327,18 @@ class _Lowerer:
             dtype, src_shape = self.desc.shapes[value.source]
             if shape == src_shape:
                 return Tensor(value.source)
-        raise LoweringError(f"'{node.name}': view_copy of {value!r} to {list(shape)} does not fold")
+        raise LoweringError(
+            f"'{node.name}': view_copy of {describe(src)} to {list(shape)} does not fold ({_kind(value)})"
+        )
 
     def permute(self, node: torch.fx.Node) -> Value:
         value, dims = self.values.get(node.args[0]), list(node.args[1])
         if isinstance(value, HeadView) and dims == [1, 0, 2]:
             return HeadView(value.source, value.heads, value.head_dim, not value.heads_first)
-        raise LoweringError(f"'{node.name}': permute_copy {dims} of {value!r} does not fold")
+        raise LoweringError(
+            f"'{node.name}': permute_copy {dims} of {describe(node.args[0])} does not fold ({_kind(value)}; "
+            "only the head split [T, H, Dh] <-> [H, T, Dh] does)"
+        )
 
     def clone(self, node: torch.fx.Node) -> Value:
         # A copy changes layout at most; values are the reference graph's business.
@@ -296,7 +351,10 @@ class _Lowerer:
             and isinstance(pos, Positions) and pos.shape == (pos.count, 1)
         ):
             return CausalMask(pos.position, pos.count, rows.end)
-        raise LoweringError(f"'{node.name}': le({rows!r}, {pos!r}) is not a causal mask")
+        raise LoweringError(
+            f"'{node.name}': le({describe(node.args[0])}, {describe(node.args[1])}) is not the causal mask "
+            "arange(L)[None, :] <= (input_pos + arange(T))[:, None]"
+        )
 
     def mm(self, node: torch.fx.Node) -> Value:
         return self.out(node, "mat_mul", a=self.tensor(node.args[0], "self", node),
@@ -318,7 +376,8 @@ class _Lowerer:
         pos = self.position_of(self.values.get(index), node, "the row index")
         if not (isinstance(upd, HeadView) and upd.heads_first):
             raise LoweringError(
-                f"'{node.name}': the cache update's values {upd!r} are not [T, H*Dh] seen as [H, T, Dh]"
+                f"'{node.name}': the cache update's values {describe(update)} are not [T, H*Dh] seen as [H, T, Dh] "
+                f"({_kind(upd)})"
             )
         return self.out(node, "kv_cache_update", cache=self.tensor(cache, "cache", node), update=upd.source,
                         position=pos.position)
@@ -345,14 +404,26 @@ class _Lowerer:
         if rest.get("dropout_p", 0.0) != 0.0 or rest.get("is_causal", False) or rest.get("scale") is not None:
             raise LoweringError(f"'{node.name}': attention with dropout, is_causal or an explicit scale")
         if not (isinstance(q, HeadView) and q.heads_first):
-            raise LoweringError(f"'{node.name}': the queries {q!r} are not [T, H*Dh] seen as [H, T, Dh]")
+            raise LoweringError(
+                f"'{node.name}': the queries {describe(node.args[0])} are not [T, H*Dh] seen as [H, T, Dh] ({_kind(q)})"
+            )
         if not isinstance(m, CausalMask):
-            raise LoweringError(f"'{node.name}': the mask {m!r} is not the causal mask over the cache")
-        for what, cache in (("key", k), ("value", v)):
+            raise LoweringError(
+                f"'{node.name}': the mask {describe(mask)} is not the causal mask over the cache ({_kind(m)})"
+            )
+        for what, cache, arg in (("key", k, node.args[1]), ("value", v, node.args[2])):
             if not isinstance(cache, Tensor) or not any(
                 o["op"] == "kv_cache_update" and o["out"] == cache.name for o in self.desc.ops
             ):
-                raise LoweringError(f"'{node.name}': the {what} {cache!r} is not a cache update's output")
+                raise LoweringError(
+                    f"'{node.name}': the {what} {describe(arg)} is not a cache update's output in this delegate"
+                )
+        if self.desc.shapes[k.name][1][0] != q.heads:
+            raise LoweringError(
+                f"'{node.name}': the queries have {q.heads} heads but the caches "
+                f"{list(self.desc.shapes[k.name][1])} have {self.desc.shapes[k.name][1][0]} (grouped-query "
+                "attention is not lowered)"
+            )
         if self.desc.shapes[k.name][1][1] != m.rows:
             cache_shape = self.desc.shapes[k.name][1]
             raise LoweringError(f"'{node.name}': the mask covers {m.rows} rows, the cache is {cache_shape}")
@@ -395,12 +466,33 @@ class _Lowerer:
             elif node.op == "call_function":
                 rule = self.rules.get(op_name(node))
                 if rule is None:
-                    raise LoweringError(f"'{node.name}': {op_name(node)} is not supported by the reference graph")
-                self.values[node] = rule(node)
+                    raise LoweringError(
+                        f"'{node.name}': {op_name(node)} is not supported by the reference graph",
+                        node=node.name,
+                        reason=f"{op_name(node)} is not an operator the reference graph runs",
+                    )
+                self.desc.producer = node.name
+                try:
+                    self.values[node] = rule(node)
+                except LoweringError as err:
+                    if err.node is not None:
+                        raise
+                    raise LoweringError(str(err), node=node.name, reason=str(err)) from err
+                except Exception as err:  # a form the rule does not expect: this node does not lower
+                    message = f"'{node.name}' ({op_name(node)}): not lowered ({type(err).__name__}: {err})"
+                    raise LoweringError(message, node=node.name) from err
             elif node.op == "output":
                 outputs = node.args[0]
                 for out_spec, arg in zip(sig.output_specs, outputs):
-                    name = self.tensor(arg, f"output '{out_spec.arg.name}'", node)
+                    try:
+                        name = self.tensor(arg, f"output '{out_spec.arg.name}'", node)
+                    except LoweringError as err:
+                        culprit = arg.name if isinstance(arg, torch.fx.Node) else None
+                        reason = (
+                            f"its value is used outside the delegate, but it is "
+                            f"{_kind(self.values.get(arg))}, which only folds into a consumer"
+                        )
+                        raise LoweringError(str(err), node=culprit, reason=reason) from err
                     if out_spec.kind == OutputKind.BUFFER_MUTATION and out_spec.target in mutated and any(
                         s.kind == InputKind.BUFFER and s.target == out_spec.target for s in sig.input_specs
                     ):

@@ -139,3 +139,44 @@ def greedy(model: Decoder, steps: int) -> tuple[List[int], torch.Tensor]:
     model.reset_caches()
     stacked = torch.stack(rows)
     return [int(r.argmax()) for r in rows], stacked
+
+
+class GeluDecoder(Decoder):
+    """The decoder with a GeLU MLP after each layer's attention, ``x + gelu(rms_norm(x) @ w_up) @ w_down``:
+    ``aten.gelu``, which the reference graph does not run, so an export leaves it outside the delegate (it runs
+    on ExecuTorch's kernel) and delegates the rest. ``w_up`` ``[dim, 2 dim]`` and ``w_down`` ``[2 dim, dim]``
+    are seeded (``torch.Generator``, seed ``cfg["seed"]``), scaled by 0.1."""
+
+    def __init__(self, cfg: Dict[str, Any] = TINY) -> None:
+        super().__init__(cfg)
+        gen = torch.Generator().manual_seed(int(cfg["seed"]))
+        for layer in range(self.layers):
+            for name, shape in (("mlp_norm", (self.dim,)), ("w_up", (self.dim, 2 * self.dim)),
+                                ("w_down", (2 * self.dim, self.dim))):
+                values = 1.0 + 0.1 * torch.randn(shape, generator=gen) if name == "mlp_norm" else \
+                    0.1 * torch.randn(shape, generator=gen)
+                self.register_parameter(f"layer{layer}_{name}", torch.nn.Parameter(values, requires_grad=False))
+
+    def forward(self, tokens: torch.Tensor, input_pos: torch.Tensor) -> torch.Tensor:
+        """As :meth:`Decoder.forward`, with the GeLU MLP after each layer's attention."""
+        t, heads, head_dim = tokens.shape[0], self.heads, self.head_dim
+        positions = input_pos + torch.arange(t, dtype=torch.int64)
+        x = F.embedding(tokens, self.weight("tok_emb")) + F.embedding(positions, self.weight("pos_emb"))
+        rows = torch.arange(self.max_len, dtype=torch.int64)
+        visible = rows.view(1, self.max_len) <= positions.view(t, 1)
+        for layer in range(self.layers):
+            p = f"layer{layer}."
+            h = F.rms_norm(x, (self.dim,), self.weight(p + "norm"), self.eps)
+            q, k, v = (torch.mm(h, self.weight(p + w)) for w in ("wq", "wk", "wv"))
+            k_cache = getattr(self, k_cache_name(layer))
+            v_cache = getattr(self, v_cache_name(layer))
+            k_cache.index_copy_(1, positions, k.view(t, heads, head_dim).transpose(0, 1))
+            v_cache.index_copy_(1, positions, v.view(t, heads, head_dim).transpose(0, 1))
+            qh = q.view(t, heads, head_dim).transpose(0, 1)
+            a = F.scaled_dot_product_attention(qh, k_cache, v_cache, attn_mask=visible)
+            merged = a.transpose(0, 1).clone(memory_format=torch.contiguous_format).view(t, self.dim)
+            x = x + torch.mm(merged, self.weight(p + "wo"))
+            h = F.rms_norm(x, (self.dim,), self.weight(p + "mlp_norm"), self.eps)
+            x = x + torch.mm(F.gelu(torch.mm(h, self.weight(p + "w_up"))), self.weight(p + "w_down"))
+        h = F.rms_norm(x, (self.dim,), self.weight("final_norm"), self.eps)
+        return torch.mm(h, self.weight("w_out"))

@@ -1,12 +1,24 @@
-"""``ReferencePartitioner``: tags the nodes the reference delegate runs and reports the ones it leaves out."""
+"""``ReferencePartitioner``: tags the nodes the reference delegate runs, as the lowering decides, and reports the
+ones it leaves outside with the reason.
+
+One source of truth: a node is claimed only when the lowering (:mod:`kv_delegate.lowering`) takes it in that
+exact form. The partitioner proposes the connected groups of nodes whose operator has a lowering rule, then
+dry-runs each group as ExecuTorch will hand it to ``preprocess`` (the same subprogram, built by ExecuTorch's own
+``create_submodule_from_nodes`` / ``create_exported_program_from_submodule`` on a copy of the program), lowers it
+and has the packer check it. A node the lowering or the packer refuses leaves the claim with the reason, and the
+groups are proposed again, until every group lowers. So an export never fails because of a node claimed here;
+what is left outside runs on ExecuTorch's kernels.
+"""
 
 from __future__ import annotations
 
+import copy
 import logging
 import re
-from typing import Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, NamedTuple, Optional, Sequence, Set, Tuple
 
 import torch
+from executorch.exir.backend.compile_spec_schema import CompileSpec
 from executorch.exir.backend.partitioner import DelegationSpec, Partitioner, PartitionResult
 from executorch.exir.backend.utils import tag_constant_data, tag_mutated_buffer
 from torch.export import ExportedProgram
@@ -14,12 +26,14 @@ from torch.export.graph_signature import OutputKind
 from torch.fx.passes.infra.partitioner import CapabilityBasedPartitioner
 from torch.fx.passes.operator_support import OperatorSupportBase
 
-from .lowering import op_name
+from .lowering import _DTYPES, LoweringError, lower, op_name
 from .names import CACHE_META, OUTPUT_NAME_META, REFERENCE_BACKEND, TENSORRT_BACKEND
+from .pack import PackError, pack, packer
 
 log = logging.getLogger("kv_delegate")
 
-#: Edge operators the lowering folds into reference-graph ops (see lowering.py for the patterns).
+#: Edge operators the lowering has a rule for (see lowering.py for the forms each rule takes). Having a rule
+#: makes a node a candidate; the dry run decides whether it is claimed.
 SUPPORTED_OPS: Dict[str, str] = {
     "aten.embedding.default": "gather",
     "aten.index_select.default": "gather",
@@ -39,6 +53,23 @@ SUPPORTED_OPS: Dict[str, str] = {
     "aten.scaled_dot_product_attention.default": "causal_attention",
 }
 
+#: The most dry-run rounds before the partitioner gives up claiming anything (each round leaves at least one
+#: more node outside, so this bounds the work on a pathological graph).
+MAX_ROUNDS = 256
+
+
+class Outside(NamedTuple):
+    """A node left outside the delegate: its name, operator, value (dtype and shape) and why, in the user's
+    words."""
+
+    node: str
+    op: str
+    value: str
+    reason: str
+
+    def __str__(self) -> str:
+        return f"'{self.node}' ({self.op}, {self.value}): {self.reason}"
+
 
 def cache_out_name(cache: str) -> str:
     """The reference-graph name of a cache's updated value: ``k_cache_0`` -> ``k_cache_out_0`` (kv-example's)."""
@@ -46,21 +77,89 @@ def cache_out_name(cache: str) -> str:
     return f"{match.group(1)}_out_{match.group(2)}" if match else f"{cache}_out"
 
 
-class _Support(OperatorSupportBase):
-    """Node support: the op is in :data:`SUPPORTED_OPS`; records every rejection."""
+def _value(node: torch.fx.Node) -> str:
+    val = node.meta.get("val")
+    if isinstance(val, torch.Tensor):
+        return f"{_DTYPES.get(val.dtype, str(val.dtype).replace('torch.', ''))} {list(val.shape)}"
+    if isinstance(val, (list, tuple)):
+        return "(" + ", ".join(_value_of(v) for v in val) + ")"
+    return "no tensor value"
 
-    def __init__(self, rejected: List[Tuple[str, str]]) -> None:
+
+def _value_of(val: object) -> str:
+    if isinstance(val, torch.Tensor):
+        return f"{_DTYPES.get(val.dtype, str(val.dtype).replace('torch.', ''))} {list(val.shape)}"
+    return type(val).__name__
+
+
+class _Support(OperatorSupportBase):
+    """Node support: the op has a lowering rule and no dry run has refused the node."""
+
+    def __init__(self, refused: Dict[str, str]) -> None:
         super().__init__()
-        self.rejected = rejected
+        self.refused = refused
 
     def is_node_supported(self, submodules: object, node: torch.fx.Node) -> bool:
-        if node.op != "call_function":
-            return False
+        return node.op == "call_function" and op_name(node) in SUPPORTED_OPS and node.name not in self.refused
+
+
+def _producer(node: object, skip: Tuple[str, ...] = ("aten.alias", "aten.clone", "aten.view", "aten._to_copy",
+                                                     "aten.contiguous", "aten.expand")) -> Optional[torch.fx.Node]:
+    """The first producer of ``node`` that is not a copy or view (aten graph, before decomposition)."""
+    for _ in range(8):
+        if not isinstance(node, torch.fx.Node) or node.op != "call_function":
+            return node if isinstance(node, torch.fx.Node) else None
         name = op_name(node)
-        if name in SUPPORTED_OPS:
-            return True
-        self.rejected.append((node.name, name))
+        if not any(name.startswith(s + ".") for s in skip):
+            return node
+        node = node.args[0]
+    return None
+
+
+def _keep_sdpa(node: torch.fx.Node) -> bool:
+    """Whether ``aten.scaled_dot_product_attention`` has the one form the lowering takes: ``q`` a head split
+    ``[H, T, Dh]``, ``k``/``v`` cache updates with as many heads, the explicit causal mask ``le(...)``, no
+    dropout, no ``is_causal``, no scale, no GQA flag, f32 or f16."""
+    args = list(node.args)
+    mask = args[3] if len(args) > 3 else node.kwargs.get("attn_mask")
+    extra = dict(zip(("dropout_p", "is_causal", "scale", "enable_gqa"), args[4:]))
+    extra.update({k: v for k, v in node.kwargs.items() if k != "attn_mask"})
+    if (
+        not isinstance(mask, torch.fx.Node)
+        or extra.get("dropout_p", 0.0) != 0.0
+        or extra.get("is_causal", False)
+        or extra.get("scale") is not None
+        or extra.get("enable_gqa", False)
+    ):
         return False
+    vals = [a.meta.get("val") if isinstance(a, torch.fx.Node) else None for a in args[:3]]
+    if not all(isinstance(v, torch.Tensor) and v.dim() == 3 for v in vals):
+        return False
+    q, k, v = vals
+    if q.dtype not in (torch.float32, torch.float16) or not (q.shape[0] == k.shape[0] == v.shape[0]):
+        return False
+    for cache in args[1:3]:
+        update = _producer(cache)
+        if update is None or not op_name(update).startswith(("aten.index_put", "aten.index_copy")):
+            return False
+    producer = _producer(mask)
+    if producer is None or not op_name(producer).startswith("aten.le."):
+        return False
+    split = _producer(args[0], skip=("aten.alias", "aten.clone", "aten._to_copy", "aten.contiguous"))
+    return split is not None and op_name(split).startswith(("aten.permute.", "aten.transpose."))
+
+
+def _keep_rms_norm(node: torch.fx.Node) -> bool:
+    """Whether ``aten.rms_norm`` has the form the lowering takes: a weight, an explicit eps, over the last axis."""
+    args = list(node.args)
+    if len(args) < 4 or args[2] is None or args[3] is None:
+        return False
+    val = args[0].meta.get("val") if isinstance(args[0], torch.fx.Node) else None
+    return (
+        isinstance(val, torch.Tensor)
+        and val.dtype in (torch.float32, torch.float16)
+        and list(args[1]) == [val.shape[-1]]
+    )
 
 
 class ReferencePartitioner(Partitioner):
@@ -81,33 +180,28 @@ class ReferencePartitioner(Partitioner):
         self.owned_state = owned_state
         self.output_names = list(output_names)
         self.delegation_spec = DelegationSpec(self.backend_id, [])
-        self._rejected: List[Tuple[str, str]] = []
+        self._outside: List[Outside] = []
 
     def ops_to_not_decompose(
         self, ep: ExportedProgram
     ) -> Tuple[List[torch._ops.OpOverload], Optional[Callable[[torch.fx.Node], bool]]]:
-        """Keeps ``aten.rms_norm`` and ``aten.scaled_dot_product_attention`` whole (one reference-graph op each),
-        when they have the form the lowering takes (a weight and eps; a mask, no causal flag, no dropout)."""
+        """Keeps ``aten.rms_norm`` and ``aten.scaled_dot_product_attention`` whole (one reference-graph op each)
+        only when they have the exact form the lowering takes (:func:`_keep_rms_norm`, :func:`_keep_sdpa`);
+        any other is decomposed by ExecuTorch and its parts are partitioned like any node."""
 
         def keep(node: torch.fx.Node) -> bool:
             if node.target == torch.ops.aten.rms_norm.default:
-                return len(node.args) >= 4 and node.args[2] is not None and node.args[3] is not None
+                return _keep_rms_norm(node)
             if node.target == torch.ops.aten.scaled_dot_product_attention.default:
-                mask = node.args[3] if len(node.args) > 3 else node.kwargs.get("attn_mask")
-                return (
-                    mask is not None
-                    and not node.kwargs.get("is_causal", False)
-                    and node.kwargs.get("dropout_p", 0.0) == 0.0
-                    and node.kwargs.get("scale") is None
-                    and len(node.args) <= 4
-                )
+                return _keep_sdpa(node)
             return True
 
         return ([torch.ops.aten.rms_norm.default, torch.ops.aten.scaled_dot_product_attention.default], keep)
 
-    def unsupported(self) -> List[Tuple[str, str]]:
-        """``(node, operator)`` of every node the last :meth:`partition` left outside the delegate."""
-        return list(self._rejected)
+    def unsupported(self) -> List[Outside]:
+        """Every node the last :meth:`partition` left outside the delegate: ``(node, op, value, reason)``
+        (:class:`Outside`; ``str()`` of one is the sentence the log shows)."""
+        return list(self._outside)
 
     def _annotate(self, ep: ExportedProgram) -> None:
         """Names the caches after their buffers and the user outputs after ``output_names``."""
@@ -125,29 +219,145 @@ class ReferencePartitioner(Partitioner):
             if isinstance(arg, torch.fx.Node):
                 arg.meta[OUTPUT_NAME_META] = name
 
-    def partition(self, exported_program: ExportedProgram) -> PartitionResult:
-        """Tags every supported node (connected groups become one delegate each), then the constants they
-        read, then (``owned_state``) the caches; logs the nodes left outside."""
-        self._rejected = []
-        self._annotate(exported_program)
-        support = _Support(self._rejected)
+    def _propose(self, ep: ExportedProgram, refused: Dict[str, str]) -> Dict[str, List[str]]:
+        """Connected groups of candidate nodes (not refused), by tag: node names."""
         partitions = CapabilityBasedPartitioner(
-            exported_program.graph_module, support, allows_single_node_partition=True
+            ep.graph_module, _Support(refused), allows_single_node_partition=True
         ).propose_partitions()
-        tags: Dict[str, DelegationSpec] = {}
-        for partition in partitions:
-            tag = f"{self.backend_id}_{partition.id}"
-            for node in partition.nodes:
-                node.meta["delegation_tag"] = tag
-            tags[tag] = self.delegation_spec
-        tag_constant_data(exported_program)
+        return {f"{self.backend_id}_{p.id}": [n.name for n in p.nodes] for p in partitions}
+
+    def _dry_run(self, ep: ExportedProgram, groups: Dict[str, List[str]]) -> Dict[str, str]:
+        """Builds every group's subprogram as ExecuTorch will (on a copy of ``ep``), lowers it and has the packer
+        check it: ``{node: reason}`` of the nodes that must leave the claim (empty when every group lowers)."""
+        from executorch.exir.backend.backend_api import _get_node_list_with_same_tag
+        from executorch.exir.lowered_backend_module import (
+            create_exported_program_from_submodule,
+            create_submodule_from_nodes,
+        )
+
+        # The weights are shared, not copied: the dry run only reads them.
+        memo: Dict[int, object] = {}
+        for tensor in list(ep.state_dict.values()) + list(ep.constants.values()):
+            memo[id(tensor)] = tensor
+        copied: ExportedProgram = copy.deepcopy(ep, memo)
+        tag_of = {name: tag for tag, names in groups.items() for name in names}
+        for node in copied.graph.nodes:
+            node.meta.pop("delegation_tag", None)
+            if node.name in tag_of:
+                node.meta["delegation_tag"] = tag_of[node.name]
+        tag_constant_data(copied)
         if self.owned_state:
-            tag_mutated_buffer(exported_program)
-        for node, op in self._rejected:
-            log.warning("kv_delegate: not delegated to %s: %s (%s)", self.backend_id, node, op)
+            tag_mutated_buffer(copied)
+        try:
+            tool: Optional[str] = packer()
+        except PackError:
+            tool = None  # no packer here: the lowering alone decides (preprocess will need one)
+        refused: Dict[str, str] = {}
+        gm = copied.graph_module
+        for tag, names in groups.items():
+            try:
+                nodes = _get_node_list_with_same_tag(gm, tag, copied)
+                with gm._set_replace_hook(copied.graph_signature.get_replace_hook()):
+                    submodule, call = create_submodule_from_nodes(gm, nodes, tag)
+                sub, _, _ = create_exported_program_from_submodule(submodule, copied, tag, call, False)
+            except Exception as err:  # ExecuTorch cannot cut this group out: claim none of it
+                for name in names:
+                    refused[name] = f"its group of {len(names)} nodes cannot be cut out of the program ({err})"
+                continue
+            try:
+                lowered = lower(sub)
+            except LoweringError as err:
+                if err.node is not None and err.node in tag_of:
+                    refused[err.node] = err.reason
+                else:
+                    for name in names:
+                        refused[name] = f"its group does not lower: {err.reason}"
+                continue
+            except Exception as err:  # noqa: BLE001 - whatever the lowering trips on, the group is not claimed
+                for name in names:
+                    refused[name] = f"its group does not lower ({type(err).__name__}: {err})"
+                continue
+            if not lowered.description.ops:
+                for name in names:
+                    refused[name] = "only layout changes and index arithmetic: nothing for the delegate to compute"
+                continue
+            if tool is None:
+                continue
+            try:
+                # The reference packer checks the graph every delegate of this family runs (TensorRT's too).
+                pack(lowered, REFERENCE_BACKEND, tool=tool)
+            except PackError as err:
+                culprit = _culprit(str(err), lowered.description.op_nodes)
+                detail = re.sub(r"^(error: )?(the graph: )?", "", str(err).split(": ", 1)[-1])
+                detail = re.sub(r" \[\w+\]$", "", detail)  # the error code's name
+                reason = f"the reference graph refuses it: {detail}"
+                if culprit is not None and culprit in tag_of:
+                    refused[culprit] = reason
+                else:
+                    for name in names:
+                        refused[name] = reason
+        return refused
+
+    def partition(self, exported_program: ExportedProgram) -> PartitionResult:
+        """Claims what lowers (module docs), tags the constants the claimed nodes read and (``owned_state``)
+        the caches; logs every node left outside with the reason."""
+        ep = exported_program
+        self._annotate(ep)
+        self.delegation_spec = DelegationSpec(self.backend_id, _compile_specs(ep))
+        refused: Dict[str, str] = {}
+        groups: Dict[str, List[str]] = {}
+        for _ in range(MAX_ROUNDS):
+            groups = self._propose(ep, refused)
+            new = {k: v for k, v in self._dry_run(ep, groups).items() if k not in refused}
+            if not new:
+                break
+            refused.update(new)
+        else:
+            for names in groups.values():
+                refused.update({n: f"not claimed: no stable partition after {MAX_ROUNDS} rounds" for n in names})
+            groups = {}
+        claimed: Set[str] = {name for names in groups.values() for name in names}
+        tags: Dict[str, DelegationSpec] = {}
+        tag_of = {name: tag for tag, names in groups.items() for name in names}
+        self._outside = []
+        for node in ep.graph.nodes:
+            if node.name in tag_of:
+                node.meta["delegation_tag"] = tag_of[node.name]
+                tags[tag_of[node.name]] = self.delegation_spec
+            elif node.op == "call_function" and node.name not in claimed:
+                op = op_name(node)
+                if op == "_operator.getitem":
+                    continue
+                reason = refused.get(node.name) or f"{op} is not an operator the reference graph runs"
+                self._outside.append(Outside(node.name, op, _value(node), reason))
+        tag_constant_data(ep)
+        if self.owned_state:
+            tag_mutated_buffer(ep)
+        for outside in self._outside:
+            log.warning("kv_delegate: not delegated to %s: %s", self.backend_id, outside)
         log.info("kv_delegate: %d partition(s) for %s, %d node(s) left outside", len(tags), self.backend_id,
-                 len(self._rejected))
-        return PartitionResult(tagged_exported_program=exported_program, partition_tags=tags)
+                 len(self._outside))
+        return PartitionResult(tagged_exported_program=ep, partition_tags=tags)
+
+
+def _compile_specs(ep: ExportedProgram) -> List[CompileSpec]:
+    """``max_seq_len``: the positions the caches hold (the shortest cache's row axis, ``[H, L, Dh]``), so a
+    runtime knows how far a generation may run (``delegate-host`` reads it as ``max_positions``)."""
+    rows = []
+    for node in ep.graph.nodes:
+        cache = node.args[0] if node.meta.get(CACHE_META) and node.args else None
+        val = cache.meta.get("val") if isinstance(cache, torch.fx.Node) else None
+        if isinstance(val, torch.Tensor) and val.dim() >= 2:
+            rows.append(int(val.shape[-2]))
+    return [CompileSpec("max_seq_len", str(min(rows)).encode())] if rows else []
+
+
+def _culprit(message: str, op_nodes: Sequence[Optional[str]]) -> Optional[str]:
+    """The fx node behind the reference-graph op a packer message names (``op 3 (add): ...``)."""
+    match = re.search(r"\bop (\d+)\b", message)
+    if match and int(match.group(1)) < len(op_nodes):
+        return op_nodes[int(match.group(1))]
+    return None
 
 
 class TensorRTPartitioner(ReferencePartitioner):

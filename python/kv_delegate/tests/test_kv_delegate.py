@@ -45,7 +45,8 @@ class KvDelegateTest(unittest.TestCase):
     def test_an_unsupported_operator_stays_outside_and_is_reported(self) -> None:
         partitioner = ReferencePartitioner(output_names=["logits"])
         edge = _lower(TanhHead(), partitioner)
-        self.assertEqual([op for _, op in partitioner.unsupported()], ["aten.tanh.default"])
+        self.assertEqual([o.op for o in partitioner.unsupported()], ["aten.tanh.default"])
+        self.assertEqual(partitioner.unsupported()[0].value, "f32 [1, 64]")
         ops = [op_name(n) for n in edge.exported_program().graph.nodes if n.op == "call_function"]
         self.assertIn("aten.tanh.default", ops)
         self.assertEqual(sum(1 for op in ops if op.endswith("executorch_call_delegate")), 1)

@@ -155,11 +155,6 @@ pub fn count(root: &Path, dir: &Path) -> anyhow::Result<usize> {
     out.trim().parse().with_context(|| format!("`git rev-list --count` printed {out:?}"))
 }
 
-/// The full hash of `HEAD`.
-pub fn head(root: &Path) -> anyhow::Result<String> {
-    Ok(git(root, &["rev-parse", "HEAD"])?.trim().to_owned())
-}
-
 fn ensure_commit(root: &Path, commit: &str) -> anyhow::Result<()> {
     let spec = format!("{commit}^{{commit}}");
     git(root, &["rev-parse", "--verify", "--quiet", &spec]).with_context(|| {

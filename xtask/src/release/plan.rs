@@ -22,7 +22,7 @@
 //!   a `fix:` that removes a public item, stops the plan, unless the maintainer accepts it by name with
 //!   `--accept-breaking CRATE`.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
@@ -37,6 +37,9 @@ use super::semver_check::{Checker, Outcome};
 use super::stability::{Tier, Tiers};
 use super::workspace::Workspace;
 use super::Bump;
+
+mod decide;
+pub use decide::decide;
 
 /// The facts about one crate that the decision needs.
 #[derive(Clone, Debug)]
@@ -120,163 +123,6 @@ impl Plan {
     /// The crates the plan releases.
     pub fn releases(&self) -> impl Iterator<Item = (&CratePlan, &Version)> {
         self.crates.iter().filter_map(|c| c.proposed.as_ref().map(|v| (c, v)))
-    }
-}
-
-/// Decides the plan. `inputs` must be in publish order (each crate after its dependencies). Fails, naming
-/// every such crate, when a semver check finds a breaking change that no commit declares and the crate is not
-/// in `accept_breaking`.
-pub fn decide(inputs: &[Input], accept_breaking: &BTreeSet<String>) -> anyhow::Result<Plan> {
-    let names: BTreeSet<&str> = inputs.iter().map(|i| i.name.as_str()).collect();
-    if let Some(unknown) = accept_breaking.iter().find(|n| !names.contains(n.as_str())) {
-        bail!("--accept-breaking {unknown}: no publishable crate has that name");
-    }
-    let mut done: BTreeMap<&str, usize> = BTreeMap::new();
-    let mut plans: Vec<CratePlan> = Vec::with_capacity(inputs.len());
-    let mut errors = Vec::new();
-    for input in inputs {
-        let mut propagated_bump = Bump::None;
-        let mut propagated_from = Vec::new();
-        let mut propagated_reasons = Vec::new();
-        for dep in input.deps.iter().filter(|d| names.contains(d.as_str())) {
-            let Some(&at) = done.get(dep.as_str()) else {
-                bail!(
-                    "{} comes before its dependency {dep}: the inputs are not in publish order",
-                    input.name
-                );
-            };
-            let dep_plan = &plans[at];
-            // A first release is built against whatever its dependencies release; nothing to propagate.
-            if input.last.is_none() || dep_plan.first_release || dep_plan.bump != Bump::Major {
-                continue;
-            }
-            let Some(version) = &dep_plan.proposed else { continue };
-            let bump = if input.tier.is_internal() { Bump::Patch } else { Bump::Major };
-            let why = if input.tier.is_internal() { " (internal tier)" } else { "" };
-            propagated_bump = propagated_bump.max(bump);
-            propagated_from.push(format!("{dep} {version}"));
-            propagated_reasons.push(format!("{}: propagated from {dep} {version}{why}", bump.name()));
-        }
-
-        let commit_bump = input.commits.iter().map(Commit::bump).max().unwrap_or(Bump::None);
-        let semver_bump = input.semver.bump();
-        let mut plan = CratePlan {
-            name: input.name.clone(),
-            dir: input.dir.clone(),
-            tier: input.tier.name.clone(),
-            current: input.version.clone(),
-            last_release: input.last.clone(),
-            first_release: input.last.is_none(),
-            commits: input.commits.clone(),
-            commit_count: if input.last.is_none() { input.history } else { input.commits.len() },
-            commit_bump,
-            semver: input.semver.clone(),
-            propagated_bump,
-            propagated_from,
-            bump: Bump::None,
-            proposed: None,
-            reasons: Vec::new(),
-            accepted_breaking: false,
-            dependents: Vec::new(),
-        };
-
-        match &input.last {
-            None => {
-                plan.proposed = Some(input.version.clone());
-                plan.reasons.push(format!("first release at {} (Cargo.toml)", input.version));
-            }
-            Some(last) => {
-                if input.version < last.version {
-                    bail!(
-                        "{}: Cargo.toml says {}, older than the recorded release {}",
-                        input.name,
-                        input.version,
-                        last.version
-                    );
-                }
-                if commit_bump > Bump::None {
-                    let first = input.commits.iter().find(|c| c.bump() == commit_bump);
-                    let more =
-                        input.commits.iter().filter(|c| c.bump() == commit_bump).count().saturating_sub(1);
-                    if let Some(first) = first {
-                        let more = if more > 0 { format!(" (+{more} more)") } else { String::new() };
-                        plan.reasons.push(format!("{}: {}{more}", commit_bump.name(), first.describe()));
-                    }
-                }
-                if semver_bump > Bump::None {
-                    let lints = match &input.semver {
-                        Outcome::Major { lints, .. } if !lints.is_empty() => {
-                            format!(": {}", lints.join(", "))
-                        }
-                        _ => String::new(),
-                    };
-                    plan.reasons.push(format!("{}: semver check{lints}", semver_bump.name()));
-                }
-                if semver_bump == Bump::Major && commit_bump < Bump::Major {
-                    if accept_breaking.contains(&input.name) {
-                        plan.accepted_breaking = true;
-                        plan.reasons
-                            .push("major: undeclared breaking change accepted (--accept-breaking)".into());
-                    } else {
-                        let kinds: Vec<String> = input.commits.iter().map(Commit::describe).collect();
-                        errors.push(format!(
-                            "{}: the semver check finds a breaking change ({}), but no commit since {} declares \
-                             one ({}). Mark the commit breaking (`fix(...)!:` or a `BREAKING CHANGE:` footer), or \
-                             accept it with `--accept-breaking {}`",
-                            input.name,
-                            input.semver.describe(),
-                            last.version,
-                            if kinds.is_empty() { "no commits".to_owned() } else { kinds.join(", ") },
-                            input.name
-                        ));
-                    }
-                }
-                plan.reasons.extend(propagated_reasons);
-                plan.bump = commit_bump.max(semver_bump).max(plan.propagated_bump);
-                let next = plan.bump.apply(&last.version);
-                let proposed = next.clone().max(input.version.clone());
-                if proposed > next {
-                    plan.reasons.push(format!("Cargo.toml already says {proposed} (not released yet)"));
-                }
-                if proposed > last.version {
-                    plan.proposed = Some(proposed);
-                } else if input.commits.is_empty() {
-                    plan.reasons.push(format!("none: no commit since {}", last.version));
-                } else {
-                    plan.reasons.push(format!(
-                        "none: the {} commit(s) since {} need no release",
-                        input.commits.len(),
-                        last.version
-                    ));
-                }
-            }
-        }
-        done.insert(&input.name, plans.len());
-        plans.push(plan);
-    }
-    if !errors.is_empty() {
-        bail!("the plan stops:\n  {}", errors.join("\n  "));
-    }
-    // Who needs a release because of whom.
-    for i in 0..plans.len() {
-        let Some(version) = plans[i].proposed.clone() else { continue };
-        let source = format!("{} {version}", plans[i].name);
-        let dependents: Vec<Dependent> = plans
-            .iter()
-            .filter(|p| p.propagated_from.contains(&source))
-            .map(|p| Dependent {
-                name: p.name.clone(),
-                bump: if p.tier_is_internal() { Bump::Patch } else { Bump::Major },
-            })
-            .collect();
-        plans[i].dependents = dependents;
-    }
-    Ok(Plan { crates: plans })
-}
-
-impl CratePlan {
-    fn tier_is_internal(&self) -> bool {
-        Tier { name: self.tier.clone() }.is_internal()
     }
 }
 

@@ -315,8 +315,9 @@ fn extract(root: &Path, commit: &str, dir: &Path) -> anyhow::Result<()> {
         .spawn()
         .context("running git archive")?;
     let stdout = archive.stdout.take().context("git archive's output")?;
-    let tar =
-        Command::new("tar").arg("-x").arg("-C").arg(dir).stdin(stdout).status().context("running tar -x")?;
+    let mut tar = Command::new("tar");
+    tar.arg("-x").arg("-C").arg(dir).stdin(stdout);
+    let tar = crate::util::stdout_to_stderr(&mut tar).status().context("running tar -x")?;
     let git = archive.wait().context("waiting for git archive")?;
     anyhow::ensure!(git.success() && tar.success(), "extracting {commit} failed (git {git}, tar {tar})");
     Ok(())

@@ -17,10 +17,8 @@ pub struct Crate {
     pub dir: PathBuf,
     /// Whether `cargo publish` may publish it (`publish = false` says no).
     pub publishable: bool,
-    /// Workspace crates it needs to build (normal and build dependencies).
+    /// Workspace crates it needs to build (normal and build dependencies; dev-dependencies are left out).
     pub deps: BTreeSet<String>,
-    /// Workspace crates only its tests, examples and benches need.
-    pub dev_deps: BTreeSet<String>,
 }
 
 /// Every crate of the workspace, by name.
@@ -57,25 +55,16 @@ impl Workspace {
                 .strip_prefix(meta.workspace_root.as_std_path())
                 .unwrap_or(manifest_dir.as_std_path())
                 .to_path_buf();
-            let mut deps = BTreeSet::new();
-            let mut dev_deps = BTreeSet::new();
-            for dep in pkg.dependencies.iter().filter(|d| members.contains(d.name.as_str())) {
-                match dep.kind {
-                    DependencyKind::Development => dev_deps.insert(dep.name.to_string()),
-                    _ => deps.insert(dep.name.to_string()),
-                };
-            }
+            let deps: BTreeSet<String> = pkg
+                .dependencies
+                .iter()
+                .filter(|d| members.contains(d.name.as_str()) && d.kind != DependencyKind::Development)
+                .map(|d| d.name.to_string())
+                .collect();
             let publishable = pkg.publish.as_ref().is_none_or(|registries| !registries.is_empty());
             crates.insert(
                 pkg.name.to_string(),
-                Crate {
-                    name: pkg.name.to_string(),
-                    version: pkg.version.clone(),
-                    dir,
-                    publishable,
-                    deps,
-                    dev_deps,
-                },
+                Crate { name: pkg.name.to_string(), version: pkg.version.clone(), dir, publishable, deps },
             );
         }
         Ok(Workspace { root: meta.workspace_root.into_std_path_buf(), crates })
@@ -111,11 +100,6 @@ impl Workspace {
             }
         }
         Ok(order)
-    }
-
-    /// The workspace crates that depend on `name` (normal or build dependencies), directly.
-    pub fn dependents<'a>(&'a self, name: &'a str) -> impl Iterator<Item = &'a Crate> + 'a {
-        self.crates.values().filter(move |c| c.deps.contains(name))
     }
 }
 

@@ -1,7 +1,8 @@
 //! `et-run PROGRAM.pte`: runs a `.pte` inside ExecuTorch 1.5.1's own runtime (`Module` API, arenas shared
 //! across methods) with our plugins registered as its backends: prefill the prompt, then greedy decode steps.
 //!
-//! Plugins: the embedded reference delegate, plus the libraries in `--plugin-dir` and `DELEGATE_PLUGIN_PATH`
+//! Plugins: the libraries in `--plugin-dir` and `DELEGATE_PLUGIN_PATH`, then the reference and CUDA delegates
+//! this binary embeds (registered with `Registry::with_embedded`; host-runtime links no plugin)
 //! (the same discovery as `delegate-host`: by their manifests, a library loaded only when the program calls
 //! its backend; `--probe` loads them all). A plugin whose manifest asks for isolation is never loaded: the run
 //! is refused, naming `delegate-host run PROGRAM.pte`, which isolates it. Every failure is one `error:` line and exit status 2; a reader of
@@ -12,9 +13,10 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::Parser;
+use delegate_abi::host::HostConfig;
 use executorch_bridge::runner::{self, Protocol};
 use host_runtime::isolate::Isolation;
-use host_runtime::plugins::Registry;
+use host_runtime::plugins::{Discovery, Registry};
 
 /// Runs a .pte inside ExecuTorch's runtime through our delegate plugins.
 #[derive(Debug, Parser)]
@@ -41,6 +43,22 @@ struct Args {
     json: bool,
 }
 
+/// The plugins `args` asks for, then those this binary embeds.
+fn registry(args: &Args) -> Registry {
+    // Isolation requests are honoured, never dropped: `Registry::served` decides which plugins run in a worker
+    // (those whose manifest asks), and the bridge refuses each of them, naming `delegate-host run`. et-run
+    // starts no worker, so the worker command is never run.
+    let discovery = Discovery::new()
+        .dirs(&args.plugin_dirs)
+        .use_env(true)
+        .probe(args.probe)
+        .isolation(Isolation::new("delegate-host", ["worker"]));
+    let config = HostConfig::default();
+    Registry::discover(discovery)
+        .with_embedded(reference_delegate::delegate_root(), &config)
+        .with_embedded(cuda_delegate::delegate_root(), &config)
+}
+
 fn main() -> ExitCode {
     tracing_subscriber::fmt()
         .with_env_filter(
@@ -50,15 +68,7 @@ fn main() -> ExitCode {
         .with_writer(std::io::stderr)
         .init();
     let args = Args::parse();
-    let registry = if args.probe {
-        Registry::probe(&args.plugin_dirs, true, true)
-    } else {
-        Registry::discover(&args.plugin_dirs, true, true)
-    };
-    // Isolation requests are honoured, never dropped: `Registry::served` decides which plugins run in a worker
-    // (those whose manifest asks), and the bridge refuses each of them, naming `delegate-host run`. et-run
-    // starts no worker, so the worker command is never run.
-    let registry = registry.with_isolation(Isolation::new("delegate-host", ["worker"]));
+    let registry = registry(&args);
     let protocol = Protocol { prompt: args.prompt.clone(), steps: args.steps };
     let report = match runner::run(&args.program, &registry, &protocol) {
         Ok(report) => report,

@@ -8,7 +8,7 @@ use std::process::Command;
 use std::sync::OnceLock;
 
 use delegate_abi::host::HostConfig;
-use host_runtime::plugins::Registry;
+use host_runtime::plugins::{Discovery, Registry};
 use kv_example::{Config, Oracle, Weights};
 use pte_format::model::{DataLocation, ScalarType};
 use pte_format::testing::{DelegateSpec, InstructionSpec, MethodSpec, ProgramSpec, TensorSpec, ValueSpec};
@@ -88,7 +88,7 @@ pub fn write_manifest(library: &Path, isolate: bool) -> host_runtime::plugin_man
 /// `ReferenceBackend` is served in this process by the dylib loaded from disk.
 pub fn dylib_registry() -> Registry {
     let dir = reference_only_dir();
-    let registry = Registry::discover(&[dir.to_path_buf()], false, false);
+    let registry = Registry::discover(Discovery::new().dirs([dir]));
     let served = registry.served(BACKEND).expect("the reference dylib serves ReferenceBackend");
     let plugin = served.in_process().expect("runs in this process");
     let path = plugin.path().expect("loaded from a file, not embedded");
@@ -187,11 +187,11 @@ fn oracle(cfg: &Config) -> (Vec<i64>, Vec<Vec<f32>>) {
     let rows = oracle.prefill(&PROMPT).expect("oracle prefill");
     let to_f32 = |row: &[f64]| row.iter().map(|&v| v as f32).collect::<Vec<f32>>();
     let mut logits = vec![to_f32(rows.last().expect("a row"))];
-    let mut tokens = vec![kv_example::argmax(logits.last().expect("a row"))];
+    let mut tokens = vec![kv_example::argmax(logits.last().expect("a row")) as i64];
     for i in 0..STEPS {
         let row = oracle.decode(*tokens.last().expect("a token"), PROMPT.len() + i).expect("oracle decode");
         logits.push(to_f32(&row));
-        tokens.push(kv_example::argmax(logits.last().expect("a row")));
+        tokens.push(kv_example::argmax(logits.last().expect("a row")) as i64);
     }
     (tokens, logits)
 }

@@ -10,6 +10,7 @@
 //! The page's memory file is sealed at one page before the worker gets it, so a worker cannot shrink it
 //! from under the host's mapping; what it writes into the page is read by the host as untrusted words (the
 //! host keeps its own request number, and an answer is one code and two counters, checked by the caller).
+#![allow(unsafe_code)]
 
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
@@ -18,7 +19,7 @@ use std::time::{Duration, Instant};
 use delegate_abi::{DelegateError, ExecStats};
 use rustix::thread::futex;
 
-use super::Mapping;
+use super::mapping::Mapping;
 
 /// How long the host spins for an answer before it sleeps: a call answered sooner never enters the kernel.
 const HOST_SPIN: Duration = Duration::from_micros(50);

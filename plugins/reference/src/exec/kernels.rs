@@ -121,19 +121,6 @@ pub fn causal_attention(
     }
 }
 
-/// Index of the largest value: scanning left to right, a value becomes the best when it is greater than the
-/// best so far or the best so far is NaN. The first of equal maxima wins, a NaN never beats a number, and an
-/// all-NaN slice gives its last index (host-runtime's `generate::argmax`, exactly). 0 for an empty slice.
-pub fn argmax(values: &[f32]) -> usize {
-    let mut best = 0;
-    for (i, &v) in values.iter().enumerate() {
-        if v > values[best] || values[best].is_nan() {
-            best = i;
-        }
-    }
-    best
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -172,18 +159,6 @@ mod tests {
         // two rows at position 1: row t = [h0 (2 values), h1 (2 values)]
         kv_cache_update(&mut cache, shape, &[1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0], 1);
         assert_eq!(cache, [9.0, 9.0, 1.0, 2.0, 5.0, 6.0, 9.0, 9.0, 3.0, 4.0, 7.0, 8.0]);
-    }
-
-    #[test]
-    fn argmax_takes_the_first_of_equals_and_never_a_nan() {
-        assert_eq!(argmax(&[0.5, 2.0, 2.0, -1.0]), 1);
-        assert_eq!(argmax(&[f32::NAN, 1.0, 0.5]), 1);
-        assert_eq!(argmax(&[1.0, f32::NAN, 3.0, f32::NAN]), 2);
-        assert_eq!(argmax(&[f32::NEG_INFINITY, f32::NAN, f32::NEG_INFINITY]), 0);
-        assert_eq!(argmax(&[-3.0, f32::INFINITY, f32::INFINITY]), 1);
-        assert_eq!(argmax(&[f32::NAN, f32::NAN, f32::NAN]), 2, "all NaN: the last index");
-        assert_eq!(argmax(&[3.0]), 0);
-        assert_eq!(argmax(&[]), 0);
     }
 
     #[test]

@@ -219,18 +219,12 @@ impl Executor {
                 Store::Constant | Store::InPlace { .. } | Store::State { .. } => {}
             }
         }
-        let staged = args
-            .inputs
-            .iter()
-            .copied()
-            .filter(|(id, _)| !matches!(stores[id.0], Store::InPlace { .. }))
-            .collect();
-        let outputs = args
-            .outputs
-            .iter()
-            .copied()
-            .filter(|(id, _)| !matches!(stores[id.0], Store::InPlace { .. }))
-            .collect();
+        // Arguments bound to a cache in place are neither staged nor copied out.
+        let not_in_place = |bound: &[(TensorId, usize)]| -> Vec<(TensorId, usize)> {
+            bound.iter().copied().filter(|(id, _)| !matches!(stores[id.0], Store::InPlace { .. })).collect()
+        };
+        let staged = not_in_place(&args.inputs);
+        let outputs = not_in_place(&args.outputs);
         let longest_cache = graph
             .ops()
             .iter()
@@ -449,7 +443,7 @@ impl Executor {
                 let cols = graph.tensor(input).shape[1] as usize;
                 let values = self.f32s(graph, input);
                 let last_row = &values[values.len().saturating_sub(cols)..];
-                out.fill(kernels::argmax(last_row) as i64);
+                out.fill(ref_graph::argmax(last_row) as i64);
                 Ok(())
             }
             _ => Err(Error::Internal(format!(

@@ -181,7 +181,7 @@ pub fn acceptance(
     let (prompt_logits, mut next) = caches.call(&mut prefill, &cfg.prompt, 0, mode)?;
     verifier.prefill(&cfg.prompt, &prompt_logits, &caches.layers())?;
     let last_row = cfg.prompt_len().saturating_sub(1) * cfg.vocab;
-    let mut token = argmax(&prompt_logits[last_row..]);
+    let mut token = argmax(&prompt_logits[last_row..]) as i64;
     let mut next_token_agrees = next == token;
     let mut tokens = Vec::with_capacity(steps);
     let mut logits = vec![prompt_logits];
@@ -191,7 +191,7 @@ pub fn acceptance(
         (step_logits, next) = caches.call(&mut decode, &[token], position as i64, mode)?;
         verifier.decode(token, position, &step_logits, &caches.layers())?;
         tokens.push(token);
-        token = argmax(&step_logits);
+        token = argmax(&step_logits) as i64;
         next_token_agrees &= next == token;
         logits.push(step_logits);
     }

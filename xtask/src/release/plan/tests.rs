@@ -356,7 +356,6 @@ fn apply_writes_versions_requirements_and_changelogs() {
         dir: "crates/a".into(),
         publishable: true,
         deps: BTreeSet::new(),
-        dev_deps: BTreeSet::new(),
     };
     let ws = Workspace { root: root.to_path_buf(), crates: [("a".to_owned(), krate)].into_iter().collect() };
     let inputs = vec![input(

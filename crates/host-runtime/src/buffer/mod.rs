@@ -2,7 +2,8 @@
 //! pinned memory (see [`crate::cuda`]) when a buffer declares it. The memory kind a delegate is told is
 //! always the kind the storage really is.
 //!
-//! This module owns host allocations through raw pointers (`HostStorage`), its only `unsafe` code.
+//! This module owns host allocations through raw pointers (`HostStorage`; `shared.rs` the memory-file
+//! mappings a worker process shares, Linux only), its only `unsafe` code.
 #![allow(unsafe_code)]
 
 use std::borrow::Cow;
@@ -11,6 +12,11 @@ use std::alloc::Layout;
 use std::ptr::NonNull;
 
 use delegate_abi::MemoryKind;
+
+#[cfg_attr(not(target_os = "linux"), path = "shared_disabled.rs")]
+mod shared;
+#[cfg(target_os = "linux")]
+pub(crate) use shared::seal;
 
 use crate::cuda::{
     self, Contexts, DevicePtr, DeviceStorage, ManagedStorage, PinnedStorage, RawInput, RawMemory,
@@ -24,9 +30,8 @@ use crate::cuda::{
 pub struct HostStorage {
     ptr: NonNull<u8>,
     len: usize,
-    /// The memory file behind a shared storage ([`HostStorage::shared`]); `None` for heap memory.
-    #[cfg(target_os = "linux")]
-    shared: Option<std::os::fd::OwnedFd>,
+    /// The memory file behind a shared storage (`HostStorage::shared`, Linux); none for heap memory.
+    file: shared::File,
 }
 
 // SAFETY: the allocation is owned by this value alone (no other handle exists); `&self` only reads it.
@@ -79,50 +84,7 @@ impl HostStorage {
         // SAFETY: `layout` has a non-zero size (at least one line).
         let ptr = unsafe { std::alloc::alloc_zeroed(layout) };
         let ptr = NonNull::new(ptr).ok_or(refused)?;
-        Ok(HostStorage {
-            ptr,
-            len,
-            #[cfg(target_os = "linux")]
-            shared: None,
-        })
-    }
-
-    /// `len` zero bytes in a memory file (`memfd`) mapped shared, so that another process given the file
-    /// ([`HostStorage::shared_fd`]) maps the same pages: what an isolated plugin's worker reads and writes in
-    /// place (see [`crate::isolate`]). Page aligned; pages are zero and materialise on first touch.
-    ///
-    /// The file is sealed at its size (`F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL`): whoever else holds it
-    /// can write its bytes but never shrink or grow it, so no page under this storage's mapping can disappear
-    /// (which would be `SIGBUS` here).
-    ///
-    /// # Errors
-    /// [`AllocError::Host`] when the file cannot be made, sized or sealed, or the mapping is refused.
-    #[cfg(target_os = "linux")]
-    pub fn shared(len: usize) -> Result<HostStorage, AllocError> {
-        use rustix::fs::{ftruncate, memfd_create, MemfdFlags, SealFlags};
-        use rustix::mm::{mmap, MapFlags, ProtFlags};
-        let refused = AllocError::Host { bytes: len };
-        let size = len.max(1);
-        let flags = MemfdFlags::CLOEXEC | MemfdFlags::ALLOW_SEALING;
-        let fd = memfd_create("kv-delegate-buffer", flags).map_err(|_| refused.clone())?;
-        ftruncate(&fd, size as u64).map_err(|_| refused.clone())?;
-        seal(&fd, SealFlags::empty()).map_err(|_| refused.clone())?;
-        // SAFETY: a fresh mapping (null hint: the kernel picks an unused range) of `size` bytes of a file just
-        // sized to `size` and sealed against shrinking, so every mapped page stays backed whoever else holds
-        // the file (a worker). It is unmapped once, in `Drop`.
-        let ptr = unsafe {
-            mmap(std::ptr::null_mut(), size, ProtFlags::READ | ProtFlags::WRITE, MapFlags::SHARED, &fd, 0)
-        }
-        .map_err(|_| refused.clone())?;
-        let ptr = NonNull::new(ptr.cast::<u8>()).ok_or(refused)?;
-        Ok(HostStorage { ptr, len, shared: Some(fd) })
-    }
-
-    /// The memory file of a [`HostStorage::shared`] storage; `None` for heap memory.
-    #[cfg(target_os = "linux")]
-    pub fn shared_fd(&self) -> Option<std::os::fd::BorrowedFd<'_>> {
-        use std::os::fd::AsFd;
-        self.shared.as_ref().map(|fd| fd.as_fd())
+        Ok(HostStorage { ptr, len, file: shared::NO_FILE })
     }
 
     /// Size in bytes.
@@ -161,18 +123,6 @@ impl HostStorage {
     }
 }
 
-/// Seals a memory file (made with `MFD_ALLOW_SEALING`) at its present size: it can no longer shrink or
-/// grow, nor its seals change, plus `extra` (`F_SEAL_WRITE` for a file that must not change at all). A
-/// process it is shared with can then neither cut pages from under another's mapping nor undo the seals.
-///
-/// # Errors
-/// The `fcntl` error.
-#[cfg(target_os = "linux")]
-pub(crate) fn seal(fd: impl std::os::fd::AsFd, extra: rustix::fs::SealFlags) -> rustix::io::Result<()> {
-    use rustix::fs::SealFlags;
-    rustix::fs::fcntl_add_seals(fd, SealFlags::SHRINK | SealFlags::GROW | SealFlags::SEAL | extra)
-}
-
 impl Clone for HostStorage {
     fn clone(&self) -> HostStorage {
         let mut copy = HostStorage::zeroed(self.len).unwrap_or_else(|_| {
@@ -185,13 +135,9 @@ impl Clone for HostStorage {
 
 impl Drop for HostStorage {
     fn drop(&mut self) {
-        #[cfg(target_os = "linux")]
-        if self.shared.is_some() {
-            // SAFETY: `ptr` is the start of the `max(len, 1)`-byte mapping made in `shared`, unmapped once, here;
-            // no borrow of it outlives `self`.
-            if let Err(err) = unsafe { rustix::mm::munmap(self.ptr.as_ptr().cast(), self.len.max(1)) } {
-                tracing::warn!("unmapping a shared buffer failed: {err}");
-            }
+        // SAFETY: `ptr` and `len` are this storage's, whose `file` is the one its mapping (if any) was made of;
+        // it is dropped once, here, and no borrow of its bytes outlives `self`.
+        if unsafe { shared::unmap(self.ptr, self.len, &self.file) } {
             return;
         }
         if let Some(layout) = layout(self.len) {
@@ -437,40 +383,6 @@ mod tests {
         assert_eq!(s.bytes()[99], 7);
         s.clear();
         assert_eq!(s.bytes()[99], 0);
-    }
-
-    /// What a worker process maps is the storage's own bytes: writes through the storage are in its memory
-    /// file, which starts zeroed.
-    #[cfg(target_os = "linux")]
-    #[test]
-    fn shared_storage_is_its_memory_file() {
-        use std::io::Read;
-        let mut storage = HostStorage::shared(10_000).expect("a memory file");
-        assert!(storage.bytes().iter().all(|&b| b == 0));
-        storage.bytes_mut()[9_999] = 7;
-        let fd = storage.shared_fd().expect("shared").try_clone_to_owned().expect("dup");
-        let mut seen = Vec::new();
-        std::fs::File::from(fd).read_to_end(&mut seen).expect("read the file");
-        assert_eq!(seen.len(), 10_000);
-        assert_eq!(seen[9_999], 7);
-        assert!(HostStorage::zeroed(16).expect("heap").shared_fd().is_none());
-    }
-
-    /// Whoever else holds a shared storage's file (a worker) can neither shrink it (the storage's mapping
-    /// would lose its pages: `SIGBUS` in the host) nor grow it nor lift the seals.
-    #[cfg(target_os = "linux")]
-    #[test]
-    fn shared_storage_cannot_be_resized_by_whoever_holds_its_file() {
-        use rustix::fs::{fcntl_add_seals, fcntl_get_seals, ftruncate, SealFlags};
-        let storage = HostStorage::shared(10_000).expect("a memory file");
-        let fd = storage.shared_fd().expect("shared");
-        assert_eq!(ftruncate(fd, 0), Err(rustix::io::Errno::PERM), "shrunk");
-        assert_eq!(ftruncate(fd, 20_000), Err(rustix::io::Errno::PERM), "grown");
-        assert_eq!(fcntl_add_seals(fd, SealFlags::WRITE), Err(rustix::io::Errno::PERM), "resealed");
-        let seals = fcntl_get_seals(fd).expect("seals");
-        assert!(seals.contains(SealFlags::SHRINK | SealFlags::GROW | SealFlags::SEAL), "{seals:?}");
-        assert!(!seals.contains(SealFlags::WRITE), "the worker writes the caches: {seals:?}");
-        assert_eq!(storage.bytes()[9_999], 0);
     }
 
     #[test]

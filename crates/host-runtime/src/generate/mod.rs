@@ -13,13 +13,18 @@
 //!   With [`Options::cuda_graph`] the decode step (every delegate call of the method, its device
 //!   write-backs and the feedback kernel) is captured once into a CUDA graph and replayed per step.
 
-use std::time::{Duration, Instant};
+mod device;
+mod host;
+
+use std::time::Duration;
 
 use blob_format::model::DType;
 use program_manifest::Generate;
 
 use crate::cuda;
 use crate::program::{CopyStats, Error, Program};
+use device::device_loop;
+use host::host_loop;
 
 /// How to generate.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -136,17 +141,6 @@ impl Generation {
     }
 }
 
-/// Index of the largest value (the first of equals); NaN never wins.
-pub fn argmax(values: &[f32]) -> usize {
-    let mut best = 0;
-    for (i, &v) in values.iter().enumerate() {
-        if v > values[best] || values[best].is_nan() {
-            best = i;
-        }
-    }
-    best
-}
-
 fn i64_bytes(values: &[i64]) -> Vec<u8> {
     values.iter().flat_map(|v| v.to_le_bytes()).collect()
 }
@@ -202,11 +196,9 @@ fn on_device(memory: delegate_abi::MemoryKind) -> bool {
 /// Why the device loop cannot run `program`'s generation, or `None` when it can (see the module docs).
 ///
 /// # Errors
-/// [`Error::Usage`] when the program has no `[generate]`.
+/// [`Error::NotAGenerator`] when the program has no `[generate]`.
 pub fn device_loop_refusal(program: &Program) -> Result<Option<String>, Error> {
-    let g = program.manifest().generate.clone().ok_or_else(|| {
-        Error::Usage("the program has no [generate] section, so `run` cannot drive it".into())
-    })?;
+    let g = program.manifest().generate.clone().ok_or(Error::NotAGenerator)?;
     refusal(program, &g)
 }
 
@@ -247,8 +239,9 @@ fn refusal(program: &Program, g: &Generate) -> Result<Option<String>, Error> {
 /// [`Options::host_loop`] for that).
 ///
 /// # Errors
-/// [`Error::Usage`] when the program has no `[generate]`, when the steps (from the start position) do not
-/// fit the caches, or when a CUDA graph is asked of a program the device loop cannot run; the errors of the
+/// [`Error::NotAGenerator`] when the program has no `[generate]`, [`Error::Usage`] when the steps (from the
+/// start position) do not fit the caches, [`Error::GraphNeedsDeviceLoop`] when a CUDA graph is asked of a
+/// program the device loop cannot run; the errors of the
 /// runs themselves, [`Error::TornBuffers`] among them when an earlier failed run left the caches torn (reset
 /// them with [`Program::reset`] first: a generation starts at position 0).
 pub fn generate_with(
@@ -256,9 +249,7 @@ pub fn generate_with(
     options: &Options,
     observe: impl FnMut(&Step, &Program) -> Result<(), Error>,
 ) -> Result<Generation, Error> {
-    let g: Generate = program.manifest().generate.clone().ok_or_else(|| {
-        Error::Usage("the program has no [generate] section, so `run` cannot drive it".into())
-    })?;
+    let g: Generate = program.manifest().generate.clone().ok_or(Error::NotAGenerator)?;
     let steps = options.steps;
     let prompt = g.prompt.len() as i64;
     let start = options.start_position.unwrap_or(prompt);
@@ -289,9 +280,7 @@ pub fn generate_with(
         (refusal, _) => {
             if options.cuda_graph {
                 let why = refusal.unwrap_or_else(|| "the host loop was asked for".into());
-                return Err(Error::Usage(format!(
-                    "a CUDA graph needs the device loop, which cannot run: {why}"
-                )));
+                return Err(Error::GraphNeedsDeviceLoop { why });
             }
             host_loop(program, &g, options, observe)
         }
@@ -348,7 +337,7 @@ fn read_token(program: &Program, g: &Generate, method: &str) -> Result<i64, Erro
         let bytes: [u8; 8] = bytes
             .get(..8)
             .and_then(|b| b.try_into().ok())
-            .ok_or_else(|| Error::Usage(format!("output '{next}' of method '{method}' holds no i64")))?;
+            .ok_or_else(|| Error::Generation(format!("output '{next}' of method '{method}' holds no i64")))?;
         return Ok(i64::from_le_bytes(bytes));
     }
     let decl = program.manifest().methods[method]
@@ -358,243 +347,17 @@ fn read_token(program: &Program, g: &Generate, method: &str) -> Result<i64, Erro
         .expect("manifest checked the logits output");
     let vocab = decl.shape.last().copied().unwrap_or(1) as usize;
     let bytes = program.read_output(method, &g.logits_output)?;
-    let row = match decl.dtype {
-        DType::F16 => last_row_f16(&bytes, vocab),
-        _ => last_row(&bytes, vocab),
-    };
-    Ok(argmax(&row) as i64)
+    Ok(logits_token(&bytes, decl.dtype, vocab))
 }
 
-fn host_loop(
-    program: &mut Program,
-    g: &Generate,
-    options: &Options,
-    mut observe: impl FnMut(&Step, &Program) -> Result<(), Error>,
-) -> Result<Generation, Error> {
-    let timing = Timing::new(program, options)?;
-    let mut generation = Generation {
-        tokens: Vec::new(),
-        steps: Vec::new(),
-        device_loop: false,
-        cuda_graph: false,
-        capture_micros: None,
-        host_syncs: 0,
-        readback_host_syncs: 0,
+/// The greedy token of `[T, vocab]` logits: [`ref_graph::argmax`] of the last row (first of equals, NaN never
+/// wins), the rule every delegate's `next_token` follows.
+fn logits_token(bytes: &[u8], dtype: DType, vocab: usize) -> i64 {
+    let row = match dtype {
+        DType::F16 => last_row_f16(bytes, vocab),
+        _ => last_row(bytes, vocab),
     };
-    let mut position = 0i64;
-    let mut feed = g.prompt.clone();
-    let mut syncs_before = 0;
-    for index in 0..=options.steps {
-        let method = if index == 0 { &g.prefill } else { &g.decode };
-        if index == 1 {
-            syncs_before = cuda_rt::stats::thread_host_syncs();
-        }
-        // A prefill method that takes fewer tokens than the prompt (a single-method program's `forward`)
-        // is run over the prompt in chunks of its size first; the last chunk is this step's run.
-        let rows = token_rows(program, g, method).filter(|&rows| rows > 0 && rows < feed.len());
-        let (mut chunk, mut chunk_position) = (feed.as_slice(), position);
-        let mut chunk_stats = crate::program::RunStats::default();
-        if let Some(rows) = rows {
-            if feed.len() % rows != 0 {
-                return Err(Error::Usage(format!(
-                    "method '{method}' takes {rows} tokens per call, which does not divide the prompt of {}",
-                    feed.len()
-                )));
-            }
-            let (head, last) = feed.split_at(feed.len() - rows);
-            for part in head.chunks(rows) {
-                program.write_input(method, &g.token_input, &i64_bytes(part))?;
-                program.write_input(method, &g.position_input, &i64_bytes(&[chunk_position]))?;
-                let stats = program.execute(method)?;
-                chunk_stats.elapsed += stats.elapsed;
-                chunk_stats.copies.add(stats.copies);
-                chunk_position += rows as i64;
-            }
-            chunk = last;
-        }
-        program.write_input(method, &g.token_input, &i64_bytes(chunk))?;
-        program.write_input(method, &g.position_input, &i64_bytes(&[chunk_position]))?;
-        if let Some(timing) = &timing {
-            timing.mark(program, index, false)?;
-        }
-        let mut stats = program.execute(method)?;
-        stats.elapsed += chunk_stats.elapsed;
-        stats.copies.add(chunk_stats.copies);
-        if let Some(timing) = &timing {
-            timing.mark(program, index, true)?;
-        }
-        let token = read_token(program, g, method)?;
-        // The run itself, as before there was a device loop (writing inputs and reading the token are not
-        // part of it).
-        let micros = stats.elapsed.as_secs_f64() * 1e6;
-        let step = Step {
-            index,
-            method: method.clone(),
-            position,
-            input_tokens: feed.clone(),
-            token,
-            micros,
-            gpu_micros: None,
-            copies: stats.copies,
-        };
-        observe(&step, program)?;
-        position = if index == 0 {
-            options.start_position.unwrap_or(feed.len() as i64)
-        } else {
-            position + i64::from(!options.hold_position)
-        };
-        feed = vec![token];
-        generation.tokens.push(token);
-        generation.steps.push(step);
-    }
-    if options.steps > 0 {
-        generation.host_syncs = cuda_rt::stats::thread_host_syncs() - syncs_before;
-    }
-    if let Some(timing) = timing {
-        program.synchronize()?;
-        for (step, micros) in generation.steps.iter_mut().skip(1).zip(timing.step_micros()?) {
-            step.gpu_micros = Some(micros);
-        }
-    }
-    Ok(generation)
-}
-
-fn device_loop(
-    program: &mut Program,
-    g: &Generate,
-    options: &Options,
-    mut observe: impl FnMut(&Step, &Program) -> Result<(), Error>,
-) -> Result<Generation, Error> {
-    let next = g.next_token_output.as_deref().expect("the device loop needs a next-token output");
-    let steps = options.steps;
-    let prompt_len = g.prompt.len() as i64;
-    let capacity = u32::try_from(steps + 1)
-        .map_err(|_| Error::Usage(format!("{steps} decode steps are more than the device loop counts")))?;
-    let device = program.device_loop(capacity)?;
-    let decode_link = program.feedback_link(
-        &g.decode,
-        next,
-        i64::from(!options.hold_position),
-        &g.decode,
-        &g.token_input,
-        &g.position_input,
-    )?;
-    let prefill_link = program
-        .feedback_link(&g.prefill, next, prompt_len, &g.decode, &g.token_input, &g.position_input)
-        .ok();
-    let decode = program.method_id(&g.decode)?;
-    let timing = Timing::new(program, options)?;
-
-    // Prefill: its inputs from the host, then its token and position handed to decode on the device where
-    // its outputs live there, else through the host (once, before the decode steps).
-    let start = Instant::now();
-    program.write_input(&g.prefill, &g.token_input, &i64_bytes(&g.prompt))?;
-    program.write_input(&g.prefill, &g.position_input, &i64_bytes(&[0]))?;
-    let prefill_stats = program.enqueue(&g.prefill)?;
-    let prefill_token_on_host = match &prefill_link {
-        Some(link) => {
-            program.feedback(link, &device)?;
-            None
-        }
-        None => {
-            let token = read_token(program, g, &g.prefill)?;
-            program.write_input(&g.decode, &g.token_input, &i64_bytes(&[token]))?;
-            program.write_input(&g.decode, &g.position_input, &i64_bytes(&[prompt_len]))?;
-            Some(token)
-        }
-    };
-    if let Some(position) = options.start_position {
-        program.write_input(&g.decode, &g.position_input, &i64_bytes(&[position]))?;
-    }
-    let prefill_micros = start.elapsed().as_secs_f64() * 1e6;
-    // Everything before the decode steps is complete before they are counted.
-    program.synchronize()?;
-
-    let mut captured = None;
-    let mut capture_micros = None;
-    let mut step_host = Vec::with_capacity(steps);
-    let mut step_copies = Vec::with_capacity(steps);
-    let syncs_before = cuda_rt::stats::thread_host_syncs();
-    for step in 1..=steps {
-        // The first decode step runs eagerly (delegates finish any lazy set-up outside the capture); with a
-        // graph, the second is captured, and every later one replays it.
-        if options.cuda_graph && step == 2 && captured.is_none() {
-            let start = Instant::now();
-            captured = Some(program.capture_with(decode, Some((&decode_link, &device)))?);
-            capture_micros = Some(start.elapsed().as_secs_f64() * 1e6);
-        }
-        if let Some(timing) = &timing {
-            timing.mark(program, step, false)?;
-        }
-        let start = Instant::now();
-        let copies = match &captured {
-            Some(captured) => program.replay(captured)?,
-            None => {
-                let stats = program.enqueue_id(decode)?;
-                program.feedback(&decode_link, &device)?;
-                stats.copies
-            }
-        };
-        step_host.push(start.elapsed().as_secs_f64() * 1e6);
-        step_copies.push(copies);
-        if let Some(timing) = &timing {
-            timing.mark(program, step, true)?;
-        }
-    }
-    let host_syncs = cuda_rt::stats::thread_host_syncs() - syncs_before;
-
-    let readback_before = cuda_rt::stats::thread_host_syncs();
-    program.synchronize()?;
-    let history = device.tokens()?;
-    let readback_host_syncs = cuda_rt::stats::thread_host_syncs() - readback_before;
-    let gpu_micros = match &timing {
-        Some(timing) => timing.step_micros()?.into_iter().map(Some).collect(),
-        None => vec![None; steps],
-    };
-    let tokens: Vec<i64> = prefill_token_on_host.into_iter().chain(history).collect();
-    if tokens.len() != steps + 1 {
-        return Err(Error::Usage(format!(
-            "the device loop produced {} tokens for {} steps; a feedback launch was lost",
-            tokens.len(),
-            steps + 1
-        )));
-    }
-    let first_decode = options.start_position.unwrap_or(prompt_len);
-    let mut generation = Generation {
-        tokens: tokens.clone(),
-        steps: Vec::with_capacity(steps + 1),
-        device_loop: true,
-        cuda_graph: captured.is_some(),
-        capture_micros,
-        host_syncs,
-        readback_host_syncs,
-    };
-    generation.steps.push(Step {
-        index: 0,
-        method: g.prefill.clone(),
-        position: 0,
-        input_tokens: g.prompt.clone(),
-        token: tokens[0],
-        micros: prefill_micros,
-        gpu_micros: None,
-        copies: prefill_stats.copies,
-    });
-    for step in 1..=steps {
-        generation.steps.push(Step {
-            index: step,
-            method: g.decode.clone(),
-            position: if options.hold_position { first_decode } else { first_decode + step as i64 - 1 },
-            input_tokens: vec![tokens[step - 1]],
-            token: tokens[step],
-            micros: step_host[step - 1],
-            gpu_micros: gpu_micros[step - 1],
-            copies: step_copies[step - 1],
-        });
-    }
-    for step in &generation.steps {
-        observe(step, program)?;
-    }
-    Ok(generation)
+    ref_graph::argmax(&row) as i64
 }
 
 #[cfg(test)]
@@ -602,10 +365,15 @@ mod tests {
     use super::*;
 
     #[test]
-    fn argmax_picks_first_largest_and_ignores_nan() {
-        assert_eq!(argmax(&[0.5, 2.0, 2.0, -1.0]), 1);
-        assert_eq!(argmax(&[f32::NAN, 1.0, 0.5]), 1);
-        assert_eq!(argmax(&[3.0]), 0);
+    fn the_logits_token_is_the_first_largest_of_the_last_row_and_never_a_nan() {
+        let f32s = |v: &[f32]| v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>();
+        // [2, 3]: the first row is larger everywhere, only the last row counts; its NaN first value never wins.
+        let bytes = f32s(&[9.0, 9.0, 9.0, f32::NAN, 1.0, 1.0]);
+        assert_eq!(logits_token(&bytes, DType::F32, 3), 1);
+        assert_eq!(logits_token(&f32s(&[f32::NAN, f32::NAN]), DType::F32, 2), 1, "all NaN: the last index");
+        // f16: NaN (0x7e00), 0.5 (0x3800), 1.0 (0x3c00).
+        let f16s: Vec<u8> = [0x7e00u16, 0x3800, 0x3c00].iter().flat_map(|x| x.to_le_bytes()).collect();
+        assert_eq!(logits_token(&f16s, DType::F16, 3), 2);
     }
 
     #[test]

@@ -1,0 +1,294 @@
+//! The device loop: every method queued on the program's stream, and a one-thread feedback kernel after each
+//! that hands the next token and position to the decode method's inputs and appends the token to a device
+//! history, read back once at the end (see the module docs of [`crate::generate`]).
+
+use std::time::Instant;
+
+use program_manifest::Generate;
+
+use super::{i64_bytes, read_token, Generation, Options, Step, Timing};
+use crate::buffer::{AllocError, Storage};
+use crate::cuda::{Contexts, DevicePtr, FeedbackArgs, FeedbackKernel};
+use crate::program::{Captured, CopyStats, Error, Program, RunStats};
+
+/// The device-side state of a generation loop: the feedback kernel and the token history it appends to.
+pub(crate) struct DeviceLoop {
+    /// The program whose stream and device it was made for ([`Program::id`]).
+    program: u64,
+    kernel: FeedbackKernel,
+    /// `capacity` `i64` tokens, and its address.
+    history: (Storage, DevicePtr),
+    /// The `u32` count of tokens appended (past `capacity` too), and its address.
+    length: (Storage, DevicePtr),
+    capacity: u32,
+}
+
+impl DeviceLoop {
+    /// The feedback kernel (compiled once per process) and a token history of `capacity` tokens, zeroed, on
+    /// the program's device.
+    ///
+    /// # Errors
+    /// [`Error::NoStream`] for a program without CUDA memory, [`Error::Stream`] when the kernel cannot be
+    /// loaded, [`Error::LoopMemory`] when the history cannot be allocated.
+    pub(crate) fn new(program: &Program, capacity: u32) -> Result<DeviceLoop, Error> {
+        let ctx = program.cuda_context().ok_or(Error::NoStream { what: "generating on the device" })?;
+        let kernel = FeedbackKernel::new(ctx)
+            .map_err(|source| Error::Stream { action: "preparing the device loop for", source })?;
+        let mut contexts = Contexts::new();
+        let mut zeroed = |what, bytes: usize| {
+            let storage =
+                Storage::zeroed(delegate_abi::MemoryKind::Device, ctx.ordinal(), bytes, &mut contexts)
+                    .map_err(|source: AllocError| Error::LoopMemory { what, source })?;
+            let address = storage.device_ptr().ok_or(Error::FeedbackAddress { what })?;
+            Ok::<_, Error>((storage, address))
+        };
+        let history = zeroed("token history", capacity as usize * 8)?;
+        let length = zeroed("token count", 4)?;
+        Ok(DeviceLoop { program: program.id(), kernel, history, length, capacity })
+    }
+
+    /// The tokens the feedback kernel appended (one synchronous read of each: the loop's only host
+    /// synchronisations besides the stream's).
+    pub(crate) fn tokens(&self) -> Result<Vec<i64>, Error> {
+        let access = |source| Error::Stream { action: "reading the token history of", source };
+        let length = self.length.0.read().map_err(access)?;
+        let length = u32::from_le_bytes([length[0], length[1], length[2], length[3]]).min(self.capacity);
+        let history = self.history.0.read().map_err(access)?;
+        Ok(history
+            .chunks_exact(8)
+            .take(length as usize)
+            .map(|c| i64::from_le_bytes([c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]]))
+            .collect())
+    }
+
+    /// Queues the feedback kernel for `link` on the program's stream.
+    ///
+    /// # Errors
+    /// [`Error::Usage`] when the link or this loop was made for another program; [`Error::Stream`] when the
+    /// launch fails.
+    pub(crate) fn feedback(&self, program: &Program, link: &FeedbackLink) -> Result<(), Error> {
+        if link.program != program.id() || self.program != program.id() {
+            return Err(Error::Usage("the device loop was prepared for another program".into()));
+        }
+        let args = FeedbackArgs {
+            next_token: link.next_token,
+            position_from: link.position_from,
+            rows: link.rows,
+            token_to: link.token_to,
+            position_to: link.position_to,
+            history: self.history.1,
+            length: self.length.1,
+            capacity: self.capacity,
+        };
+        program.queue_on_stream("generating on the device", "launching the feedback kernel on", |stream| {
+            self.kernel.launch(stream, args)
+        })
+    }
+}
+
+/// The generation loop's device-side feedback between one method's run and the decode method's next one:
+/// the device addresses the token and position come from and go to, resolved once (a program's storages
+/// keep their addresses for its life).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct FeedbackLink {
+    /// The program whose storages the addresses are ([`Program::id`]).
+    program: u64,
+    /// The `from` method's next-token output.
+    next_token: DevicePtr,
+    /// The `from` method's position input.
+    position_from: DevicePtr,
+    /// The rows `from` processed: the next position is `position_from + rows`.
+    rows: i64,
+    /// The `to` method's token input.
+    token_to: DevicePtr,
+    /// The `to` method's position input.
+    position_to: DevicePtr,
+}
+
+impl FeedbackLink {
+    /// Links `from`'s next-token output and position input to `to`'s token and position inputs.
+    ///
+    /// # Errors
+    /// [`Error::Usage`] for an unknown method, input or output; [`Error::Memory`] when one of the four is not
+    /// device or managed memory.
+    pub(crate) fn new(
+        program: &Program,
+        (from, next_token): (&str, &str),
+        rows: i64,
+        to: &str,
+        (token_input, position_input): (&str, &str),
+    ) -> Result<FeedbackLink, Error> {
+        Ok(FeedbackLink {
+            program: program.id(),
+            next_token: program.output_ptr(from, next_token)?,
+            position_from: program.input_ptr(from, position_input)?,
+            rows,
+            token_to: program.input_ptr(to, token_input)?,
+            position_to: program.input_ptr(to, position_input)?,
+        })
+    }
+}
+
+/// What the decode steps of a device loop left: each step's host time and copies, the graph when one was
+/// captured, the host synchronisations they cost.
+struct DecodeRun {
+    step_host: Vec<f64>,
+    step_copies: Vec<CopyStats>,
+    captured: Option<Captured>,
+    capture_micros: Option<f64>,
+    host_syncs: u64,
+}
+
+pub(super) fn device_loop(
+    program: &mut Program,
+    g: &Generate,
+    options: &Options,
+    mut observe: impl FnMut(&Step, &Program) -> Result<(), Error>,
+) -> Result<Generation, Error> {
+    let next = g.next_token_output.as_deref().expect("the device loop needs a next-token output");
+    let steps = options.steps;
+    let capacity = u32::try_from(steps + 1)
+        .map_err(|_| Error::Usage(format!("{steps} decode steps are more than the device loop counts")))?;
+    let device = DeviceLoop::new(program, capacity)?;
+    let inputs = (g.token_input.as_str(), g.position_input.as_str());
+    let rows = i64::from(!options.hold_position);
+    let decode_link = FeedbackLink::new(program, (&g.decode, next), rows, &g.decode, inputs)?;
+    let timing = Timing::new(program, options)?;
+
+    let (prefill_token_on_host, prefill_stats, prefill_micros) = prefill(program, g, options, &device)?;
+    let decode = decode_steps(program, g, options, (&device, &decode_link), timing.as_ref())?;
+
+    let readback_before = cuda_rt::stats::thread_host_syncs();
+    program.synchronize()?;
+    let history = device.tokens()?;
+    let readback_host_syncs = cuda_rt::stats::thread_host_syncs() - readback_before;
+    let gpu_micros = match &timing {
+        Some(timing) => timing.step_micros()?.into_iter().map(Some).collect(),
+        None => vec![None; steps],
+    };
+    let tokens: Vec<i64> = prefill_token_on_host.into_iter().chain(history).collect();
+    if tokens.len() != steps + 1 {
+        return Err(Error::LostFeedback { tokens: tokens.len(), steps: steps + 1 });
+    }
+    let mut generation = Generation {
+        tokens: tokens.clone(),
+        steps: Vec::with_capacity(steps + 1),
+        device_loop: true,
+        cuda_graph: decode.captured.is_some(),
+        capture_micros: decode.capture_micros,
+        host_syncs: decode.host_syncs,
+        readback_host_syncs,
+    };
+    generation.steps.push(Step {
+        index: 0,
+        method: g.prefill.clone(),
+        position: 0,
+        input_tokens: g.prompt.clone(),
+        token: tokens[0],
+        micros: prefill_micros,
+        gpu_micros: None,
+        copies: prefill_stats.copies,
+    });
+    let first_decode = options.start_position.unwrap_or(g.prompt.len() as i64);
+    for step in 1..=steps {
+        generation.steps.push(Step {
+            index: step,
+            method: g.decode.clone(),
+            position: if options.hold_position { first_decode } else { first_decode + step as i64 - 1 },
+            input_tokens: vec![tokens[step - 1]],
+            token: tokens[step],
+            micros: decode.step_host[step - 1],
+            gpu_micros: gpu_micros[step - 1],
+            copies: decode.step_copies[step - 1],
+        });
+    }
+    for step in &generation.steps {
+        observe(step, program)?;
+    }
+    Ok(generation)
+}
+
+/// Prefill: its inputs from the host, then its token and position handed to decode on the device where its
+/// outputs live there, else through the host (once, before the decode steps). Returns the token when it
+/// went through the host, the run's cost and its host microseconds; everything it queued is complete.
+fn prefill(
+    program: &mut Program,
+    g: &Generate,
+    options: &Options,
+    device: &DeviceLoop,
+) -> Result<(Option<i64>, RunStats, f64), Error> {
+    let next = g.next_token_output.as_deref().expect("the device loop needs a next-token output");
+    let prompt_len = g.prompt.len() as i64;
+    let inputs = (g.token_input.as_str(), g.position_input.as_str());
+    let link = FeedbackLink::new(program, (&g.prefill, next), prompt_len, &g.decode, inputs).ok();
+    let start = Instant::now();
+    program.write_input(&g.prefill, &g.token_input, &i64_bytes(&g.prompt))?;
+    program.write_input(&g.prefill, &g.position_input, &i64_bytes(&[0]))?;
+    let stats = program.enqueue(&g.prefill)?;
+    let token_on_host = match &link {
+        Some(link) => {
+            device.feedback(program, link)?;
+            None
+        }
+        None => {
+            let token = read_token(program, g, &g.prefill)?;
+            program.write_input(&g.decode, &g.token_input, &i64_bytes(&[token]))?;
+            program.write_input(&g.decode, &g.position_input, &i64_bytes(&[prompt_len]))?;
+            Some(token)
+        }
+    };
+    if let Some(position) = options.start_position {
+        program.write_input(&g.decode, &g.position_input, &i64_bytes(&[position]))?;
+    }
+    let micros = start.elapsed().as_secs_f64() * 1e6;
+    // Everything before the decode steps is complete before they are counted.
+    program.synchronize()?;
+    Ok((token_on_host, stats, micros))
+}
+
+/// The decode steps, each queued with its feedback: the first eagerly (delegates finish any lazy set-up
+/// outside the capture); with a graph, the second is captured, and every later one replays it.
+fn decode_steps(
+    program: &mut Program,
+    g: &Generate,
+    options: &Options,
+    (device, link): (&DeviceLoop, &FeedbackLink),
+    timing: Option<&Timing>,
+) -> Result<DecodeRun, Error> {
+    let decode = program.method_id(&g.decode)?;
+    let mut run = DecodeRun {
+        step_host: Vec::with_capacity(options.steps),
+        step_copies: Vec::with_capacity(options.steps),
+        captured: None,
+        capture_micros: None,
+        host_syncs: 0,
+    };
+    let syncs_before = cuda_rt::stats::thread_host_syncs();
+    for step in 1..=options.steps {
+        if options.cuda_graph && step == 2 && run.captured.is_none() {
+            let start = Instant::now();
+            let feedback = |program: &Program| device.feedback(program, link);
+            run.captured = Some(program.capture_with(decode, Some(&feedback))?);
+            run.capture_micros = Some(start.elapsed().as_secs_f64() * 1e6);
+        }
+        if let Some(timing) = timing {
+            timing.mark(program, step, false)?;
+        }
+        let start = Instant::now();
+        let copies = match &run.captured {
+            Some(captured) => program.replay(captured)?,
+            None => {
+                let stats = program.enqueue_id(decode)?;
+                device.feedback(program, link)?;
+                stats.copies
+            }
+        };
+        run.step_host.push(start.elapsed().as_secs_f64() * 1e6);
+        run.step_copies.push(copies);
+        if let Some(timing) = timing {
+            timing.mark(program, step, true)?;
+        }
+    }
+    run.host_syncs = cuda_rt::stats::thread_host_syncs() - syncs_before;
+    Ok(run)
+}

@@ -1,0 +1,307 @@
+//! Why a program could not be loaded or run: one variant per cause, each with its ExecuTorch code.
+
+use std::path::PathBuf;
+
+use delegate_abi::host::ArgError;
+use delegate_abi::{DelegateError, MemoryKind};
+use program_manifest::{BlobSource, Location};
+
+use super::IoRole;
+use crate::buffer::AllocError;
+use crate::cuda;
+
+/// Why a program could not be loaded or run.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// The manifest is unreadable or wrong.
+    #[error(transparent)]
+    Manifest(#[from] program_manifest::Error),
+    /// A blob file could not be read.
+    #[error("cannot read blob {blob}: {source}")]
+    BlobIo {
+        /// Where the blob's bytes are: its file, or a payload inside a program file.
+        blob: Box<BlobSource>,
+        /// What the operating system said.
+        source: std::io::Error,
+    },
+    /// A blob file is not a valid blob.
+    #[error("{blob}: {source}")]
+    Blob {
+        /// Where the blob's bytes are: its file, or a payload inside a program file.
+        blob: Box<BlobSource>,
+        /// What is wrong with it.
+        source: blob_format::Error,
+    },
+    /// A blob's alias table breaks the aliasing rules.
+    #[error("{blob}: {source}")]
+    Alias {
+        /// Where the blob's bytes are: its file, or a payload inside a program file.
+        blob: Box<BlobSource>,
+        /// The broken rule.
+        source: alias_validate::Error,
+    },
+    /// A call's arguments do not fit its blob (count, role, dtype, shape, memory kind, aliasing).
+    #[error("{}: method '{method}', call {call}: {message}", at(.manifest, .location))]
+    Arguments {
+        /// The manifest file the program was read from.
+        manifest: PathBuf,
+        /// Where the argument (or call) is declared.
+        location: Location,
+        /// The method's name.
+        method: String,
+        /// The call's index in the method.
+        call: usize,
+        /// What does not fit.
+        message: String,
+    },
+    /// No loaded plugin serves a call's backend.
+    #[error("{}: no loaded plugin serves backend '{backend}' (loaded: {available}){unavailable}; see `delegate-host plugins`", at(.manifest, .location))]
+    NoPlugin {
+        /// The manifest file the program was read from.
+        manifest: PathBuf,
+        /// Where the call is declared.
+        location: Location,
+        /// The backend asked for.
+        backend: String,
+        /// The backends that are served.
+        available: String,
+        /// Plugins that offer the backend but are unavailable, with their reasons (empty, or `; plugin ...`).
+        unavailable: String,
+    },
+    /// The plugin serving a call says it cannot run the call's blob (its header-only compatibility answer).
+    #[error("{blob}: plugin {plugin} cannot run this blob: {reason}")]
+    Incompatible {
+        /// Where the blob's bytes are: its file, or a payload inside a program file.
+        blob: Box<BlobSource>,
+        /// The name the plugin gives itself.
+        plugin: String,
+        /// The plugin's own explanation.
+        reason: String,
+    },
+    /// A delegate refused or failed a call.
+    #[error("method '{method}', call {call} ({backend}): {stage} failed: {source}")]
+    Delegate {
+        /// The method's name.
+        method: String,
+        /// The call's index in the method.
+        call: usize,
+        /// The backend id the call names.
+        backend: String,
+        /// `compatibility`, `init` or `execute`.
+        stage: &'static str,
+        /// The delegate's error, with its ExecuTorch code.
+        source: DelegateError,
+    },
+    /// A buffer's memory could not be had: no CUDA driver or device for a device, managed or pinned buffer
+    /// (`NotSupported`), or the allocation failed (`MemoryAllocationFailed`).
+    #[error("buffer '{buffer}' wants {memory} memory but {source}")]
+    BufferMemory {
+        /// The buffer's name in the manifest.
+        buffer: String,
+        /// The memory kind it declares.
+        memory: MemoryKind,
+        /// What the allocator or CUDA said.
+        source: AllocError,
+    },
+    /// A method's user input or output could not be allocated: no CUDA driver or device for a device,
+    /// managed or pinned one (`NotSupported`), or the allocation failed (`MemoryAllocationFailed`).
+    #[error("method '{method}': {role} '{tensor}' wants {memory} memory but {source}")]
+    TensorMemory {
+        /// The method's name.
+        method: String,
+        /// Input or output.
+        role: IoRole,
+        /// Its name in the method's declaration.
+        tensor: String,
+        /// The memory kind it declares.
+        memory: MemoryKind,
+        /// What the allocator or CUDA said.
+        source: AllocError,
+    },
+    /// The program's CUDA memory is declared on more than one device; a program runs on one
+    /// (`NotSupported`).
+    #[error("{first} is on CUDA device {first_device} but {second} is on device {second_device}; this host runs a program's CUDA memory on one device")]
+    Devices {
+        /// The first tensor declared on a device (`buffer 'k'`, `input 'x' of method 'm'`).
+        first: String,
+        /// Its CUDA device ordinal.
+        first_device: i32,
+        /// A tensor on another device.
+        second: String,
+        /// Its CUDA device ordinal.
+        second_device: i32,
+    },
+    /// The program's CUDA stream could not be created, synchronised or captured, or work queued on it
+    /// failed.
+    #[error("{action} the program's CUDA stream failed: {source}")]
+    Stream {
+        /// `creating`, `synchronising`, `queuing a copy on`, `launching the feedback kernel on`, ...
+        action: &'static str,
+        /// What CUDA said.
+        source: cuda::Error,
+    },
+    /// A method's input or output was accessed in a way its memory kind does not allow: borrowing device
+    /// memory in place (`input_mut`, `output`), or a device address of host memory (`InvalidArgument`).
+    #[error("method '{method}': {role} '{tensor}' is in {memory} memory, {problem}")]
+    Memory {
+        /// The method's name.
+        method: String,
+        /// Input or output.
+        role: IoRole,
+        /// Its name in the method's declaration.
+        tensor: String,
+        /// The memory kind it lives in.
+        memory: MemoryKind,
+        /// What cannot be done and what to do instead.
+        problem: &'static str,
+    },
+    /// Capturing a method into a CUDA graph failed: a delegate synchronised, copied synchronously, touched
+    /// host memory or computed on the host, so its work cannot be replayed (`NotSupported`).
+    #[error("a delegate of method '{method}' did not keep its work on the stream: {reason}")]
+    Capture {
+        /// The method's name.
+        method: String,
+        /// The run's or the driver's error, as text.
+        reason: String,
+    },
+    /// Reading, zeroing or writing back a device or managed buffer failed.
+    #[error("{action} buffer '{buffer}' failed: {source}")]
+    BufferAccess {
+        /// The buffer's name in the manifest.
+        buffer: String,
+        /// `reading`, `zeroing` or `writing back`.
+        action: &'static str,
+        /// What CUDA said.
+        source: cuda::Error,
+    },
+    /// A method reads buffers (KV caches) that an earlier call which writes them failed partway through, so
+    /// they may be half-written (`InvalidState`); the method runs again once they are reset
+    /// ([`Program::reset`](super::Program::reset) or
+    /// [`Program::reset_buffers`](super::Program::reset_buffers)).
+    #[error("method '{method}' reads {buffers}, which {failed} may have left half-written when it failed; start a new sequence with Program::reset (or zero them with Program::reset_buffers) before running it again")]
+    TornBuffers {
+        /// The method refused.
+        method: String,
+        /// The torn buffers it reads, as `buffer 'k'` or `buffers 'k', 'v'`.
+        buffers: String,
+        /// The call that failed first, as `method 'decode', call 0 (ReferenceBackend)`.
+        failed: String,
+    },
+    /// A call's argument list could not be built over the program's storages at load (a rank above the
+    /// ABI's maximum, a shape that overflows: `InvalidProgram`).
+    #[error("method '{method}', call {call}: its arguments cannot be lent to the call: {source}")]
+    Lend {
+        /// The method's name.
+        method: String,
+        /// The call's index in the method.
+        call: usize,
+        /// What the argument list refused.
+        source: Box<ArgError>,
+    },
+    /// A storage of a program with isolated calls could not be shared with the workers: its memory file
+    /// could not be duplicated or its device allocation exported (`AccessFailed`).
+    #[error("cannot share a buffer with a worker process: {reason}")]
+    Share {
+        /// What the system or CUDA said.
+        reason: String,
+    },
+    /// Something that needs the program's CUDA stream (a graph, the device loop) was asked of a program that
+    /// declares no CUDA memory, so has no stream (`NotSupported`).
+    #[error("{what} needs CUDA memory, but the program declares none")]
+    NoStream {
+        /// What was asked, as `capturing a CUDA graph`.
+        what: &'static str,
+    },
+    /// The generation loop's device state could not be allocated (`MemoryAllocationFailed`, or CUDA's code).
+    #[error("allocating the device loop's {what} failed: {source}")]
+    LoopMemory {
+        /// `token history` or `token count`.
+        what: &'static str,
+        /// What the allocator or CUDA said.
+        source: AllocError,
+    },
+    /// A tensor the feedback kernel reads or writes has no device address (`Internal`: the link was checked
+    /// when it was made).
+    #[error("the feedback kernel's {what} has no device address")]
+    FeedbackAddress {
+        /// The tensor, as `decode method's token input`.
+        what: &'static str,
+    },
+    /// The device loop read back fewer (or more) tokens than it ran steps: a feedback launch was lost
+    /// (`Internal`).
+    #[error("the device loop produced {tokens} tokens for {steps} steps; a feedback launch was lost")]
+    LostFeedback {
+        /// Tokens read back (the prefill's included).
+        tokens: usize,
+        /// Steps run (the prefill's included).
+        steps: usize,
+    },
+    /// A program without a `[generate]` section was asked to generate (`InvalidArgument`).
+    #[error("the program has no [generate] section, so `run` cannot drive it")]
+    NotAGenerator,
+    /// The program's generation convention cannot be followed: its next-token output holds no `i64`, or its
+    /// prefill takes the prompt in chunks that do not divide it (`InvalidProgram`).
+    #[error("{0}")]
+    Generation(String),
+    /// A CUDA graph was asked of a generation the device loop cannot run (`NotSupported`).
+    #[error("a CUDA graph needs the device loop, which cannot run: {why}")]
+    GraphNeedsDeviceLoop {
+        /// Why the device loop cannot run.
+        why: String,
+    },
+    /// The caller's own mistake: a method, input, output or buffer that does not exist, data of the wrong
+    /// size, a graph or method id of another program, decode steps that do not fit the caches.
+    #[error("{0}")]
+    Usage(String),
+}
+
+/// `path:line:column`, or `path` alone for a program with no text positions (a `.pte`, whose calls are
+/// described in the path).
+fn at(path: &std::path::Path, location: &Location) -> String {
+    if *location == Location::default() {
+        path.display().to_string()
+    } else {
+        format!("{}:{location}", path.display())
+    }
+}
+
+impl et_error::HasErrorCode for Error {
+    fn error_code(&self) -> et_error::ErrorCode {
+        use et_error::ErrorCode;
+        match self {
+            Error::Manifest(err) => err.error_code(),
+            Error::BlobIo { .. } => ErrorCode::AccessFailed,
+            Error::Blob { source, .. } => source.error_code(),
+            Error::Alias { source, .. } => source.error_code(),
+            Error::Arguments { .. } => ErrorCode::InvalidArgument,
+            Error::NoPlugin { .. } => ErrorCode::NotFound,
+            Error::Incompatible { .. } => ErrorCode::DelegateInvalidCompatibility,
+            Error::Delegate { source, .. } => source.code,
+            Error::BufferMemory { source, .. } => source.error_code(),
+            Error::TensorMemory { source, .. } => source.error_code(),
+            Error::Devices { .. } | Error::Capture { .. } => ErrorCode::NotSupported,
+            Error::Stream { source, .. } => source.error_code(),
+            Error::Memory { .. } => ErrorCode::InvalidArgument,
+            Error::BufferAccess { source, .. } => source.error_code(),
+            Error::TornBuffers { .. } => ErrorCode::InvalidState,
+            Error::Lend { .. } | Error::Generation(_) => ErrorCode::InvalidProgram,
+            Error::Share { .. } => ErrorCode::AccessFailed,
+            Error::NoStream { .. } | Error::GraphNeedsDeviceLoop { .. } => ErrorCode::NotSupported,
+            Error::LoopMemory { source, .. } => source.error_code(),
+            Error::FeedbackAddress { .. } | Error::LostFeedback { .. } => ErrorCode::Internal,
+            Error::NotAGenerator | Error::Usage(_) => ErrorCode::InvalidArgument,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_error_stays_small_enough_to_return_everywhere() {
+        // clippy's `result_large_err` threshold is 128 bytes.
+        assert!(std::mem::size_of::<Error>() < 128, "{} bytes", std::mem::size_of::<Error>());
+    }
+}

@@ -1,0 +1,233 @@
+//! Loading: every call planned first ([`super::plan`]), then the buffers, the methods' inputs and outputs and
+//! the program's stream allocated, each call's delegate initialised, its argument list built over the
+//! program's storages, and the workers of isolated calls started.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+
+use delegate_abi::host::ArgList;
+use delegate_abi::InitContext;
+use program_manifest::{Manifest, Method, TensorDecl};
+
+use super::attached::Attached;
+use super::plan::{plan_call, PlannedCall};
+use super::{
+    abi_memory, isolated, Buffer, CallInstance, Error, Gpu, IoRole, LoadedCall, LoadedMethod, Mode, Program,
+};
+use crate::buffer::{AllocError, Storage};
+use crate::cuda::{self, Contexts};
+use crate::plugins::Registry;
+
+impl Program {
+    /// Loads `manifest`'s program: checks every call against its blob and plugin, allocates and zeroes the
+    /// buffers and the methods' inputs and outputs, and initialises one delegate instance per call (methods
+    /// do not share instances; they share buffers).
+    ///
+    /// Every call is checked before any memory is allocated or any delegate initialised; then the buffers
+    /// are allocated in their declared memory kinds (opening a CUDA context only for device, managed or
+    /// pinned memory), then the inputs and outputs, the program's stream (when it declares CUDA memory),
+    /// and each call's copy-back scratch and delegate instance.
+    ///
+    /// # Errors
+    /// Besides the argument, plugin and allocation errors: [`Error::Devices`] when the program's CUDA memory
+    /// names more than one device.
+    pub fn load(manifest: Manifest, registry: &Registry, mode: Mode) -> Result<Program, Error> {
+        Program::load_attached(manifest, registry, mode, Attached::default())
+    }
+
+    /// [`Program::load`] with blobs and host copies from `attached` (a `.pte` program).
+    pub(crate) fn load_attached(
+        manifest: Manifest,
+        registry: &Registry,
+        mode: Mode,
+        mut attached: Attached,
+    ) -> Result<Program, Error> {
+        let device = program_device(&manifest)?;
+        let planned = plan_calls(&manifest, registry, mode, &mut attached)?;
+        let mut contexts = Contexts::new();
+        let shared = isolated::any_isolated(planned.iter().flatten());
+        let mut buffers = manifest
+            .buffers
+            .values()
+            .map(|decl| Ok(Buffer { decl: decl.clone(), storage: allocate(decl, &mut contexts, shared)? }))
+            .collect::<Result<Vec<Buffer>, Error>>()?;
+        let mut io = Vec::with_capacity(manifest.methods.len());
+        for method in manifest.methods.values() {
+            let inputs = allocate_io(method, IoRole::Input, &method.inputs, &mut contexts, shared)?;
+            let outputs = allocate_io(method, IoRole::Output, &method.outputs, &mut contexts, shared)?;
+            io.push((inputs, outputs));
+        }
+        let gpu = device.map(|device| program_stream(&mut contexts, device)).transpose()?;
+        let mut methods = Vec::with_capacity(manifest.methods.len());
+        for ((method, planned), (inputs, outputs)) in manifest.methods.values().zip(planned).zip(io) {
+            let calls = planned
+                .into_iter()
+                .enumerate()
+                .map(|(index, call)| init_call(method, index, call, &buffers, &mut contexts, shared))
+                .collect::<Result<Vec<_>, Error>>()?;
+            let copies = attached.copies.remove(&method.name).unwrap_or_default();
+            methods.push(LoadedMethod { decl: method.clone(), inputs, outputs, calls, copies });
+        }
+        lend_arguments(&mut methods, &mut buffers)?;
+        if shared {
+            isolated::start(&mut methods, &buffers)?;
+        }
+        static NEXT_ID: AtomicU64 = AtomicU64::new(1);
+        let id = NEXT_ID.fetch_add(1, Ordering::Relaxed);
+        Ok(Program { id, manifest, mode, buffers, methods, gpu, torn: None })
+    }
+}
+
+/// Every call of every method planned, method by method, before anything is allocated.
+fn plan_calls(
+    manifest: &Manifest,
+    registry: &Registry,
+    mode: Mode,
+    attached: &mut Attached,
+) -> Result<Vec<Vec<PlannedCall>>, Error> {
+    let decls: Vec<&TensorDecl> = manifest.buffers.values().collect();
+    manifest
+        .methods
+        .values()
+        .map(|method| {
+            (0..method.calls.len())
+                .map(|index| {
+                    let blob = attached.blobs.remove(&(method.name.clone(), index));
+                    plan_call(manifest, method, index, blob, &decls, registry, mode)
+                })
+                .collect()
+        })
+        .collect()
+}
+
+/// The program's stream, on its one device.
+fn program_stream(contexts: &mut Contexts, device: i32) -> Result<Gpu, Error> {
+    let stream_error = |source| Error::Stream { action: "creating", source };
+    let ctx = contexts.get(device).map_err(stream_error)?;
+    let stream = cuda::Stream::new(&ctx).map_err(stream_error)?;
+    Ok(Gpu { ctx, stream, pending: AtomicBool::new(false) })
+}
+
+/// Builds every call's argument list over the program's storages, once (see [`crate::lend`]).
+fn lend_arguments(methods: &mut [LoadedMethod], buffers: &mut [Buffer]) -> Result<(), Error> {
+    for m in methods {
+        let LoadedMethod { decl, inputs, outputs, calls, .. } = m;
+        for (index, call) in calls.iter_mut().enumerate() {
+            let storages =
+                crate::lend::Storages { buffers: &mut *buffers, inputs, outputs, scratch: &mut call.scratch };
+            call.arg_list = crate::lend::arg_list(&call.args, storages).map_err(|source| Error::Lend {
+                method: decl.name.clone(),
+                call: index,
+                source: Box::new(source),
+            })?;
+        }
+    }
+    Ok(())
+}
+
+fn allocate(decl: &TensorDecl, contexts: &mut Contexts, shared: bool) -> Result<Storage, Error> {
+    let memory = abi_memory(decl.memory);
+    isolated::zeroed(memory, decl.device, host_size(decl.nbytes()), contexts, shared)
+        .map_err(|source| Error::BufferMemory { buffer: decl.name.clone(), memory, source })
+}
+
+fn allocate_io(
+    method: &Method,
+    role: IoRole,
+    decls: &[TensorDecl],
+    contexts: &mut Contexts,
+    shared: bool,
+) -> Result<Vec<Storage>, Error> {
+    decls
+        .iter()
+        .map(|d| {
+            let memory = abi_memory(d.memory);
+            isolated::zeroed(memory, d.device, host_size(d.nbytes()), contexts, shared).map_err(
+                |source: AllocError| Error::TensorMemory {
+                    method: method.name.clone(),
+                    role,
+                    tensor: d.name.clone(),
+                    memory,
+                    source,
+                },
+            )
+        })
+        .collect()
+}
+
+/// A size in bytes as this machine can address it; one it cannot (above `usize::MAX`) asks for `usize::MAX`,
+/// which every allocator refuses with a typed error.
+fn host_size(bytes: u64) -> usize {
+    usize::try_from(bytes).unwrap_or(usize::MAX)
+}
+
+/// The one CUDA device of the program's CUDA memory (device and managed tensors; pinned memory is portable
+/// and counts as device 0 when nothing else names one), or `None` when it declares none.
+///
+/// # Errors
+/// [`Error::Devices`] when two tensors name different devices.
+fn program_device(manifest: &Manifest) -> Result<Option<i32>, Error> {
+    use program_manifest::MemoryKind as M;
+    let buffers = manifest.buffers.values().map(|d| (format!("buffer '{}'", d.name), d));
+    let io = manifest.methods.values().flat_map(|m| {
+        let inputs = m.inputs.iter().map(move |d| (format!("input '{}' of method '{}'", d.name, m.name), d));
+        let outputs =
+            m.outputs.iter().map(move |d| (format!("output '{}' of method '{}'", d.name, m.name), d));
+        inputs.chain(outputs)
+    });
+    let mut first: Option<(String, i32)> = None;
+    let mut any_pinned = false;
+    for (what, decl) in buffers.chain(io) {
+        match decl.memory {
+            M::Host => {}
+            M::Pinned => any_pinned = true,
+            M::Device | M::Managed => match &first {
+                None => first = Some((what, decl.device)),
+                Some((name, device)) if *device != decl.device => {
+                    return Err(Error::Devices {
+                        first: name.clone(),
+                        first_device: *device,
+                        second: what,
+                        second_device: decl.device,
+                    })
+                }
+                Some(_) => {}
+            },
+        }
+    }
+    Ok(first.map(|(_, device)| device).or(any_pinned.then_some(0)))
+}
+
+/// Allocates a planned call's copy-back scratch (each of its buffer's memory kind, size and device) and
+/// initialises its delegate instance; an isolated call's worker starts later ([`isolated::start`]).
+fn init_call(
+    method: &Method,
+    index: usize,
+    planned: PlannedCall,
+    buffers: &[Buffer],
+    contexts: &mut Contexts,
+    shared: bool,
+) -> Result<LoadedCall, Error> {
+    let PlannedCall { file, plugin, args, scratch_of, streamed } = planned;
+    let backend = method.calls[index].backend.clone();
+    let scratch = scratch_of
+        .iter()
+        .map(|&b| allocate(&buffers[b].decl, contexts, shared))
+        .collect::<Result<Vec<Storage>, Error>>()?;
+    let writebacks = scratch_of.iter().copied().enumerate().collect();
+    let arg_list = ArgList::with_capacity(args.len());
+    let instance = match isolated::in_process(plugin, file) {
+        Ok((plugin, file)) => {
+            let ctx = InitContext { blob: file.bytes(), compile_specs: &[], runtime_specs: &[] };
+            let instance = plugin.init(&ctx).map_err(|source| Error::Delegate {
+                method: method.name.clone(),
+                call: index,
+                backend: backend.clone(),
+                stage: "init",
+                source,
+            })?;
+            CallInstance::InProcess(instance)
+        }
+        Err(unstarted) => CallInstance::Unstarted(Box::new(unstarted)),
+    };
+    Ok(LoadedCall { backend, instance, args, arg_list, scratch, writebacks, streamed })
+}

@@ -1,0 +1,352 @@
+//! Argument planning: every call of a program checked against its blob and the plugin serving it, and each
+//! delegate argument's source decided, before any memory is allocated or any delegate initialised.
+//!
+//! The checks, in the order they run: the blob (readable, valid, for the call's backend, aliasing within
+//! the rules), the plugin (one serves the backend and says it can run the blob), the arguments (as many as
+//! the blob threads, each bound to something its role can take) and their memory (dtype, shape and memory
+//! kind the blob and the plugin accept).
+
+use alias_validate::{ArgLayout, ArgSlot};
+use blob_format::model::{Binding, Dim, DisplayShape, Role};
+use blob_format::Blob;
+use delegate_abi::{Compatibility, DTypeCode};
+use program_manifest::{ArgRef, BlobSource, Call, Location, Manifest, Method, TensorDecl};
+
+use super::attached::BlobBytes;
+use super::{abi_memory, isolated, Error, Mode};
+use crate::blob_file::BlobFile;
+use crate::lend::{ArgPlan, ArgSource};
+use crate::plugins::{Registry, Served};
+
+/// A call checked against its blob and plugin, not yet initialised.
+pub(super) struct PlannedCall {
+    pub(super) file: BlobBytes,
+    pub(super) plugin: Served,
+    pub(super) args: Vec<ArgPlan>,
+    /// The buffer each copy-back scratch slot mirrors, by scratch index.
+    pub(super) scratch_of: Vec<usize>,
+    /// Whether the plugin accepts device memory: it runs on the GPU and gets the program's stream.
+    pub(super) streamed: bool,
+}
+
+/// The call being planned: what every refusal names.
+struct CallAt<'a> {
+    manifest: &'a Manifest,
+    method: &'a Method,
+    index: usize,
+    call: &'a Call,
+}
+
+impl CallAt<'_> {
+    fn wrong(&self, location: Location, message: String) -> Error {
+        Error::Arguments {
+            manifest: self.manifest.path.clone(),
+            location,
+            method: self.method.name.clone(),
+            call: self.index,
+            message,
+        }
+    }
+}
+
+/// Checks call `index` of `method` against its blob and the plugin serving it, and plans its arguments.
+/// Allocates no buffer memory and initialises no delegate.
+pub(super) fn plan_call(
+    manifest: &Manifest,
+    method: &Method,
+    index: usize,
+    blob: Option<BlobBytes>,
+    buffers: &[&TensorDecl],
+    registry: &Registry,
+    mode: Mode,
+) -> Result<PlannedCall, Error> {
+    let at = CallAt { manifest, method, index, call: &method.calls[index] };
+    let file = match blob {
+        Some(bytes) => bytes,
+        None => open_blob(at.call)?,
+    };
+    let call = at.call;
+    let blob = Blob::parse(file.bytes())
+        .map_err(|source| Error::Blob { blob: Box::new(call.blob.clone()), source })?;
+    let layout = check_blob(&at, &blob)?;
+    let plugin = serving_plugin(&at, registry, file.bytes())?;
+    // A plugin that does not bind aliased outputs in place gets a separate output slot that the host writes
+    // back (copy-back), whatever the program's mode: an in-place slot would hand it one storage twice.
+    let mode = if plugin.info().binds_aliases_in_place { mode } else { Mode::CopyBack };
+    let (args, scratch_of) = plan_arguments(&at, &blob, &layout, buffers, &plugin, mode)?;
+    let streamed = isolated::streamed(&plugin);
+    Ok(PlannedCall { file, plugin, args, scratch_of, streamed })
+}
+
+/// The call's own blob file, opened beneath the program's directory when the manifest confines it there.
+fn open_blob(call: &Call) -> Result<BlobBytes, Error> {
+    let opened = match &call.blob {
+        BlobSource::File { path, root: Some(root) } => BlobFile::open_beneath(root, path),
+        BlobSource::File { path, root: None } => BlobFile::open(path),
+        _ => Err(std::io::Error::new(
+            std::io::ErrorKind::NotFound,
+            "the program file's bytes were not attached",
+        )),
+    };
+    opened.map(BlobBytes::File).map_err(|source| Error::BlobIo { blob: Box::new(call.blob.clone()), source })
+}
+
+/// The blob's checks: for the call's backend, aliasing within the rules, as many arguments as the call
+/// passes. Returns the blob's argument layout.
+fn check_blob(at: &CallAt<'_>, blob: &Blob<'_>) -> Result<ArgLayout, Error> {
+    let (call, header) = (at.call, &blob.header);
+    if header.backend_id != call.backend {
+        return Err(at.wrong(
+            call.location,
+            format!(
+                "blob {} is for backend '{}', but the call names '{}'",
+                call.blob, header.backend_id, call.backend
+            ),
+        ));
+    }
+    let alias = |source| Error::Alias { blob: Box::new(call.blob.clone()), source };
+    let plan = alias_validate::validate_format(header).map_err(alias)?;
+    let layout = ArgLayout::new(header, &plan).map_err(alias)?;
+    if layout.len() != call.args.len() {
+        let threaded: Vec<String> = layout.slots().iter().map(|s| format!("{} {}", s.role, s.name)).collect();
+        return Err(at.wrong(
+            call.location,
+            format!(
+                "the call passes {} arguments but blob {} threads {} ({})",
+                call.args.len(),
+                call.blob,
+                layout.len(),
+                threaded.join(", ")
+            ),
+        ));
+    }
+    Ok(layout)
+}
+
+/// The plugin serving the call's backend, once it has said it can run the blob (its header-only answer,
+/// before anything is allocated or initialised; an isolated plugin gives it in its worker, before its init).
+fn serving_plugin(at: &CallAt<'_>, registry: &Registry, blob: &[u8]) -> Result<Served, Error> {
+    let call = at.call;
+    let plugin = registry.served(&call.backend).ok_or_else(|| Error::NoPlugin {
+        manifest: at.manifest.path.clone(),
+        location: call.location,
+        backend: call.backend.clone(),
+        available: match registry.backends() {
+            backends if backends.is_empty() => "none".to_owned(),
+            backends => backends.join(", "),
+        },
+        unavailable: registry
+            .unavailable_for(&call.backend)
+            .map(|(name, reason)| format!("; plugin {name} offers it but is unavailable: {reason}"))
+            .collect(),
+    })?;
+    match isolated::compatibility(&plugin, blob) {
+        Ok(Compatibility::Supported) => Ok(plugin),
+        Ok(Compatibility::RebuildRecommended { reason }) => {
+            tracing::warn!(blob = %call.blob, plugin = %plugin.info().name, "rebuild recommended: {reason}");
+            Ok(plugin)
+        }
+        Ok(Compatibility::Unsupported { reason }) => Err(Error::Incompatible {
+            blob: Box::new(call.blob.clone()),
+            plugin: plugin.info().name.clone(),
+            reason,
+        }),
+        Err(source) => Err(Error::Delegate {
+            method: at.method.name.clone(),
+            call: at.index,
+            backend: call.backend.clone(),
+            stage: "compatibility",
+            source,
+        }),
+    }
+}
+
+/// The arguments planned so far: what binding the next one must not repeat.
+struct Planned {
+    args: Vec<ArgPlan>,
+    /// The buffer each copy-back scratch slot mirrors, by scratch index.
+    scratch_of: Vec<usize>,
+    /// (buffer, argument position) of the buffers bound to inputs.
+    input_buffers: Vec<(usize, usize)>,
+}
+
+/// Plans every argument: what it binds (by role) and whether the bound tensor fits the blob and the plugin.
+fn plan_arguments(
+    at: &CallAt<'_>,
+    blob: &Blob<'_>,
+    layout: &ArgLayout,
+    buffers: &[&TensorDecl],
+    plugin: &Served,
+    mode: Mode,
+) -> Result<(Vec<ArgPlan>, Vec<usize>), Error> {
+    let mut planned =
+        Planned { args: Vec::with_capacity(layout.len()), scratch_of: Vec::new(), input_buffers: Vec::new() };
+    for (pos, (slot, arg)) in layout.slots().iter().zip(&at.call.args).enumerate() {
+        let location = at.call.arg_locations[pos];
+        let binding = &blob.header.bindings[slot.binding];
+        let arg_at = ArgAt { pos, slot, binding, layout };
+        let (decl, source) =
+            bind(at, &arg_at, arg, buffers, mode, &planned).map_err(|message| at.wrong(location, message))?;
+        if let ArgSource::BufferRead(b) | ArgSource::BufferInOut(b) = source {
+            planned.input_buffers.push((b, pos));
+        }
+        if let ArgSource::BufferScratch(_) = source {
+            planned.scratch_of.push(buffer_index(buffers, &decl.name));
+        }
+        check_fits(&arg_at, decl, plugin).map_err(|message| at.wrong(location, message))?;
+        let dtype = DTypeCode::try_from(decl.dtype).map_err(|err| at.wrong(location, err.to_string()))?;
+        planned.args.push(ArgPlan { source, dtype, shape: decl.shape.iter().map(|&d| d as i64).collect() });
+    }
+    Ok((planned.args, planned.scratch_of))
+}
+
+/// One argument position of the call, with the blob's view of it.
+struct ArgAt<'a> {
+    pos: usize,
+    slot: &'a ArgSlot,
+    binding: &'a Binding,
+    layout: &'a ArgLayout,
+}
+
+fn buffer_index(buffers: &[&TensorDecl], name: &str) -> usize {
+    buffers.iter().position(|b| b.name == name).expect("manifest checked buffer names")
+}
+
+/// What argument `arg` binds and how it is filled, or why its role cannot take it.
+fn bind<'m>(
+    at: &CallAt<'m>,
+    arg_at: &ArgAt<'_>,
+    arg: &ArgRef,
+    buffers: &[&'m TensorDecl],
+    mode: Mode,
+    planned: &Planned,
+) -> Result<(&'m TensorDecl, ArgSource), String> {
+    let (pos, binding) = (arg_at.pos, &arg_at.binding.name);
+    let method = at.method;
+    match (arg_at.slot.role, arg) {
+        (Role::Input, ArgRef::Input(name)) => {
+            let i = method.inputs.iter().position(|d| d.name == *name).expect("manifest checked input names");
+            if arg_at.slot.is_alias_target() {
+                return Err(format!(
+                    "argument {pos} ('{binding}') is an aliased input: the delegate updates it in place, so it must be bound to a buffer, not to input '{name}'"
+                ));
+            }
+            Ok((&method.inputs[i], ArgSource::Input(i)))
+        }
+        (Role::Output, ArgRef::Output(name)) => {
+            let i =
+                method.outputs.iter().position(|d| d.name == *name).expect("manifest checked output names");
+            if planned.args.iter().any(|a| matches!(a.source, ArgSource::Output(o) if o == i)) {
+                return Err(format!("output '{name}' is bound to more than one argument"));
+            }
+            Ok((&method.outputs[i], ArgSource::Output(i)))
+        }
+        (Role::Input, ArgRef::Buffer(name)) => {
+            let b = buffer_index(buffers, name);
+            if let Some(&(_, other)) = planned.input_buffers.iter().find(|(u, _)| *u == b) {
+                return Err(format!("buffer '{name}' is bound to input arguments {other} and {pos}"));
+            }
+            let source = if arg_at.slot.is_alias_target() {
+                ArgSource::BufferInOut(b)
+            } else {
+                ArgSource::BufferRead(b)
+            };
+            Ok((buffers[b], source))
+        }
+        (Role::Output, ArgRef::Buffer(name)) => {
+            let b = buffer_index(buffers, name);
+            bind_mutation_output(at, arg_at, (b, name), mode, planned).map(|source| (buffers[b], source))
+        }
+        (role, arg) => {
+            Err(format!("argument {pos} binds engine {role} '{binding}', which cannot take '{arg}'"))
+        }
+    }
+}
+
+/// An output bound to buffer `name`: the buffer's mutation, which must alias the input bound to the same
+/// buffer at an earlier argument (the in-place slot refers to that argument, so it is pushed first).
+fn bind_mutation_output(
+    at: &CallAt<'_>,
+    arg_at: &ArgAt<'_>,
+    (b, name): (usize, &str),
+    mode: Mode,
+    planned: &Planned,
+) -> Result<ArgSource, String> {
+    let (pos, binding) = (arg_at.pos, &arg_at.binding.name);
+    let Some(input_arg) = arg_at.slot.in_place_of() else {
+        return Err(format!(
+            "argument {pos} ('{binding}') writes buffer '{name}', but the blob aliases no input to that output, so the buffer would not be updated in place"
+        ));
+    };
+    let bound_there =
+        input_arg < pos && matches!(&at.call.args[input_arg], ArgRef::Buffer(other) if other == name);
+    if !bound_there {
+        return Err(format!(
+            "argument {pos} ('{binding}') is the mutation output of buffer '{name}', so its aliased input '{}' must be bound to buffer '{name}' at an earlier argument",
+            arg_at.layout.slots()[input_arg].name
+        ));
+    }
+    Ok(match mode {
+        Mode::ZeroCopy => ArgSource::BufferInPlace(b),
+        Mode::CopyBack => ArgSource::BufferScratch(planned.scratch_of.len()),
+    })
+}
+
+fn shape_fits(declared: &[Dim], actual: &[u64]) -> bool {
+    declared.len() == actual.len()
+        && declared.iter().zip(actual).all(|(d, &a)| matches!(d, Dim::Dynamic) || *d == Dim::Static(a))
+}
+
+/// Whether the tensor bound to an argument has the dtype and shape the blob declares, in a memory kind the
+/// plugin accepts.
+fn check_fits(arg_at: &ArgAt<'_>, decl: &TensorDecl, plugin: &Served) -> Result<(), String> {
+    let (pos, binding) = (arg_at.pos, arg_at.binding);
+    let name = &binding.name;
+    if let Some(dtype) = binding.dtype.filter(|&dtype| dtype != decl.dtype) {
+        return Err(format!(
+            "argument {pos} ('{name}') is {dtype} in the blob but '{}' is {}",
+            decl.name, decl.dtype
+        ));
+    }
+    if let Some(shape) = binding.shape.as_ref().filter(|shape| !shape_fits(shape, &decl.shape)) {
+        return Err(format!(
+            "argument {pos} ('{name}') has shape {} in the blob but '{}' has shape {:?}",
+            DisplayShape(shape),
+            decl.name,
+            decl.shape
+        ));
+    }
+    let memory = abi_memory(decl.memory);
+    let accepted = &plugin.info().memory_kinds;
+    if !accepted.contains(&memory) {
+        let what = if *name == decl.name {
+            format!("argument {pos} ('{name}')")
+        } else {
+            format!("argument {pos} ('{name}', bound to '{}')", decl.name)
+        };
+        return Err(format!(
+            "{what} is in {memory} memory, but plugin '{}' does not accept {memory} memory (it accepts {})",
+            plugin.info().name,
+            accepted.iter().map(|m| m.name()).collect::<Vec<_>>().join(", ")
+        ));
+    }
+    isolated::check_shared_memory(plugin, memory)
+        .map_err(|why| format!("argument {pos} ('{name}') is in {memory} memory, but {why}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_dynamic_dimension_fits_any_extent_and_ranks_must_match() {
+        assert!(shape_fits(&[Dim::Dynamic, Dim::Static(4)], &[7, 4]));
+        assert!(!shape_fits(&[Dim::Static(3)], &[4]));
+        assert!(!shape_fits(&[Dim::Static(4)], &[4, 1]));
+    }
+
+    #[test]
+    fn memory_kinds_map_one_to_one() {
+        assert_eq!(abi_memory(program_manifest::MemoryKind::Pinned), delegate_abi::MemoryKind::Pinned);
+    }
+}
