@@ -19,6 +19,11 @@ use std::fs::File;
 use std::io::{self, Read};
 use std::path::Path;
 
+/// One non-blocking open, checked on the descriptor: the rule lives in `program-manifest` (the lowest crate that
+/// reads files) and every file the host reads goes through it.
+pub use program_manifest::file::{file_kind, open_regular};
+use program_manifest::file::{only_regular, open_nonblocking};
+
 /// A file's bytes as they were when it was read: a private snapshot, immune to later changes of the file.
 pub struct BlobFile {
     bytes: Vec<u8>,
@@ -78,51 +83,6 @@ pub fn read_prefix(path: &Path, limit: u64) -> io::Result<Vec<u8>> {
     Ok(bytes)
 }
 
-/// Opens `path` for reading exactly once and returns the descriptor only if it is a regular file.
-///
-/// The open is non-blocking (`O_NONBLOCK`, so a FIFO put in a file's place cannot block it until a writer
-/// comes), close-on-exec, and takes no controlling terminal; the type is then read from the open descriptor
-/// (`fstat`), not from the path, so what is checked is what is read. Reads from a regular file are never
-/// affected by `O_NONBLOCK`. Use this for every file the host reads: blobs, programs, manifests.
-///
-/// # Errors
-/// The open's error, or `InvalidInput` with `not a regular file (it is a FIFO)` (a directory, a character
-/// device, ...).
-pub fn open_regular(path: &Path) -> io::Result<File> {
-    only_regular(open_nonblocking(path)?)
-}
-
-/// Refuses an open descriptor that is not a regular file, naming what it is.
-fn only_regular(file: File) -> io::Result<File> {
-    let kind = file.metadata()?.file_type();
-    if kind.is_file() {
-        Ok(file)
-    } else {
-        Err(not_regular(&kind))
-    }
-}
-
-fn not_regular(kind: &std::fs::FileType) -> io::Error {
-    io::Error::new(io::ErrorKind::InvalidInput, format!("not a regular file (it is {})", file_kind(kind)))
-}
-
-#[cfg(target_os = "linux")]
-fn open_nonblocking(path: &Path) -> io::Result<File> {
-    use rustix::fs::{Mode, OFlags};
-    let flags = OFlags::RDONLY | OFlags::NONBLOCK | OFlags::CLOEXEC | OFlags::NOCTTY;
-    Ok(File::from(rustix::fs::open(path, flags, Mode::empty())?))
-}
-
-#[cfg(not(target_os = "linux"))]
-fn open_nonblocking(path: &Path) -> io::Result<File> {
-    // No `O_NONBLOCK` here: the type is checked by path first too, which narrows a FIFO swapped in to a race.
-    let kind = std::fs::metadata(path)?.file_type();
-    if !kind.is_file() {
-        return Err(not_regular(&kind));
-    }
-    File::open(path)
-}
-
 /// [`open_regular`] for `path` under `root`, never resolving outside `root` (see [`BlobFile::open_beneath`]).
 ///
 /// # Errors
@@ -179,33 +139,6 @@ fn open_canonical_beneath(root: &Path, relative: &Path) -> io::Result<File> {
         return Err(escapes(&root));
     }
     open_nonblocking(&resolved)
-}
-
-/// What a file that is not a regular file is, for messages: `a directory`, `a FIFO`, ...
-pub fn file_kind(kind: &std::fs::FileType) -> &'static str {
-    #[cfg(unix)]
-    {
-        use std::os::unix::fs::FileTypeExt;
-        if kind.is_fifo() {
-            return "a FIFO";
-        }
-        if kind.is_char_device() {
-            return "a character device";
-        }
-        if kind.is_block_device() {
-            return "a block device";
-        }
-        if kind.is_socket() {
-            return "a socket";
-        }
-    }
-    if kind.is_dir() {
-        "a directory"
-    } else if kind.is_file() {
-        "a regular file"
-    } else {
-        "not a regular file"
-    }
 }
 
 #[cfg(test)]

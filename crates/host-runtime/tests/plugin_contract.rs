@@ -4,7 +4,6 @@
 
 use std::path::{Path, PathBuf};
 
-use blob_format::model::{Alias, AliasKind, Binding, DType, Dim, Header, PayloadKind, Role};
 use delegate_abi::host::HostConfig;
 use delegate_abi::testing::{self, Fixture, Scripted};
 use delegate_abi::{Compatibility, DelegateError, ExecuteArgs, PluginInfo};
@@ -12,6 +11,9 @@ use et_error::{ErrorCode, HasErrorCode};
 use host_runtime::manifest::Manifest;
 use host_runtime::plugins::{Discovery, Registry, Status};
 use host_runtime::program::{Error, Mode, Program};
+
+#[path = "support/in_place_blob.rs"]
+mod in_place_blob;
 
 /// Reads the cache (argument 0) and writes `cache + 1` into its output slot (argument 1) only, never into
 /// the cache itself: its update reaches the caller only if the host writes the slot back.
@@ -74,40 +76,7 @@ mod picky {
 
 /// A program of one 4-float cache updated by one call whose output aliases it.
 fn program(dir: &Path) -> PathBuf {
-    let binding = |name: &str, role| Binding {
-        name: name.to_owned(),
-        role,
-        dtype: Some(DType::F32),
-        shape: Some(vec![Dim::Static(4)]),
-        threaded: true,
-    };
-    let header = Header::new(
-        "SlotBackend",
-        PayloadKind::Other("test".to_owned()),
-        vec![binding("cache", Role::Input), binding("cache_out", Role::Output)],
-        vec![Alias {
-            output: "cache_out".to_owned(),
-            input: "cache".to_owned(),
-            kind: AliasKind::KvCacheUpdate,
-        }],
-    );
-    std::fs::write(dir.join("slot.blob"), blob_format::native::to_vec(&header, b"payload")).expect("blob");
-    let manifest = dir.join("program.toml");
-    std::fs::write(
-        &manifest,
-        r#"format = 1
-[buffers.cache]
-dtype = "f32"
-shape = [4]
-[methods.step]
-[[methods.step.calls]]
-blob = "slot.blob"
-backend = "SlotBackend"
-args = ["buffer:cache", "buffer:cache"]
-"#,
-    )
-    .expect("manifest");
-    manifest
+    in_place_blob::program(dir, "SlotBackend", &[("step", "cache")])
 }
 
 fn registry_with(root: delegate_abi::abi::DelegateRootRef) -> Registry {

@@ -4,7 +4,6 @@
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use blob_format::model::{Alias, AliasKind, Binding, DType, Dim, Header, PayloadKind, Role};
 use delegate_abi::host::HostConfig;
 use delegate_abi::testing::{self, Fixture, Scripted};
 use delegate_abi::{DelegateError, ExecuteArgs, PluginInfo};
@@ -12,6 +11,9 @@ use et_error::{ErrorCode, HasErrorCode};
 use host_runtime::manifest::Manifest;
 use host_runtime::plugins::{Discovery, Registry};
 use host_runtime::program::{Error, Mode, Program};
+
+#[path = "support/in_place_blob.rs"]
+mod in_place_blob;
 
 /// Adds 1 to each float of the cache in place; when [`FAIL`] is set it updates the first half only and then
 /// fails, as a plugin that dies mid-call leaves a cache.
@@ -44,48 +46,7 @@ mod half_writer {
 /// A program of one 4-float cache updated in place by one call (method `step`), and a method `other` whose
 /// call reads and writes a second cache only.
 fn program(dir: &Path) -> PathBuf {
-    let binding = |name: &str, role| Binding {
-        name: name.to_owned(),
-        role,
-        dtype: Some(DType::F32),
-        shape: Some(vec![Dim::Static(4)]),
-        threaded: true,
-    };
-    let header = Header::new(
-        "HalfBackend",
-        PayloadKind::Other("test".to_owned()),
-        vec![binding("cache", Role::Input), binding("cache_out", Role::Output)],
-        vec![Alias {
-            output: "cache_out".to_owned(),
-            input: "cache".to_owned(),
-            kind: AliasKind::KvCacheUpdate,
-        }],
-    );
-    std::fs::write(dir.join("half.blob"), blob_format::native::to_vec(&header, b"payload")).expect("blob");
-    let manifest = dir.join("program.toml");
-    std::fs::write(
-        &manifest,
-        r#"format = 1
-[buffers.cache]
-dtype = "f32"
-shape = [4]
-[buffers.other_cache]
-dtype = "f32"
-shape = [4]
-[methods.step]
-[[methods.step.calls]]
-blob = "half.blob"
-backend = "HalfBackend"
-args = ["buffer:cache", "buffer:cache"]
-[methods.other]
-[[methods.other.calls]]
-blob = "half.blob"
-backend = "HalfBackend"
-args = ["buffer:other_cache", "buffer:other_cache"]
-"#,
-    )
-    .expect("manifest");
-    manifest
+    in_place_blob::program(dir, "HalfBackend", &[("step", "cache"), ("other", "other_cache")])
 }
 
 fn cache(program: &Program) -> Vec<f32> {

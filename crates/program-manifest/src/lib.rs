@@ -216,7 +216,7 @@
 #![forbid(unsafe_code)]
 
 mod blob_source;
-mod file;
+pub mod file;
 mod manifest;
 mod spec;
 
