@@ -8,6 +8,7 @@
 mod blob;
 mod npy;
 mod plugins;
+mod prompt_cache;
 mod pte;
 mod run;
 
@@ -117,6 +118,10 @@ enum Command {
         /// managed memory).
         #[arg(long)]
         cuda_graph: bool,
+        /// Keep the caches in FILE between runs: reuse the longest saved prefix that matches the prompt,
+        /// feed only the rest, and save the new state to FILE at the end (a safetensors file).
+        #[arg(long, value_name = "FILE")]
+        prompt_cache: Option<PathBuf>,
     },
     /// Measure decode steps of a program in both modes, side by side: time per step and bytes copied per step;
     /// with CUDA memory also GPU time per step, host synchronisations per step, and zero-copy as a CUDA graph.
@@ -160,6 +165,11 @@ struct ProgramArgs {
     /// Print one JSON object instead of text (run: per-step summaries and stats; bench: the table's figures).
     #[arg(long)]
     json: bool,
+    /// Strict zero-copy: refuse at load, naming the method, call, argument and reason, any call that would
+    /// copy cache bytes on every step (staging, a reflect and write-back, a .pte's host copy of a buffer)
+    /// (bench: its zero-copy rows).
+    #[arg(long)]
+    require_zero_copy: bool,
 }
 
 impl ProgramArgs {
@@ -172,10 +182,12 @@ impl ProgramArgs {
             hold_position: self.hold_position,
             allow_outside_blobs: self.allow_outside_blobs,
             json: self.json,
+            require_zero_copy: self.require_zero_copy,
             prompt: self.prompt,
             inputs: Vec::new(),
             method: None,
             output_dir: None,
+            prompt_cache: None,
         };
         (self.program, self.plugin_dirs, args)
     }
@@ -327,10 +339,11 @@ fn dispatch(command: Command) -> Result<(), Failure> {
         Command::Plugins { plugin_dirs, json } => plugins::plugins(&plugin_dirs, json),
         Command::PluginManifest { libraries, isolate } => plugins::write_manifests(&libraries, isolate),
         Command::Worker => plugins::worker(),
-        Command::Run { common, method, inputs, output_dir, mode, cuda_graph } => {
+        Command::Run { common, method, inputs, output_dir, mode, cuda_graph, prompt_cache } => {
             let (program, plugin_dirs, args) = common.run_args();
-            let args = run::RunArgs { cuda_graph, inputs, method, output_dir, ..args };
-            run::run_program(&program, mode.into(), &plugin_dirs, &args)
+            let args = run::RunArgs { cuda_graph, inputs, method, output_dir, prompt_cache, ..args };
+            let mode = run::strict(mode.into(), args.require_zero_copy)?;
+            run::run_program(&program, mode, &plugin_dirs, &args)
         }
         Command::Bench { common, runs } => {
             let (program, plugin_dirs, args) = common.run_args();
@@ -370,6 +383,7 @@ mod tests {
             "--plugin-dir",
             "plugins",
             "--json",
+            "--require-zero-copy",
         ];
         for command in ["run", "bench"] {
             let parsed = parse(&[&[command][..], &shared].concat()).expect("parses");
@@ -391,6 +405,7 @@ mod tests {
                 (Some(vec![1, 2]), Some(3), Some(4), true, true, true),
                 "{command}"
             );
+            assert!(args.require_zero_copy, "{command}");
             let err = parse(&[command, "p.toml", "--hold-position"]).err().expect("needs --position");
             assert_eq!(err.kind(), clap::error::ErrorKind::MissingRequiredArgument, "{command}");
         }

@@ -35,6 +35,18 @@ impl From<ModeArg> for Mode {
     }
 }
 
+/// `mode`, made strict ([`Mode::RequireZeroCopy`]) by `--require-zero-copy`, which `--mode copy-back`
+/// contradicts.
+pub fn strict(mode: Mode, require_zero_copy: bool) -> Result<Mode, Failure> {
+    match (mode, require_zero_copy) {
+        (mode, false) => Ok(mode),
+        (Mode::CopyBack, true) => Err(failure(
+            "--require-zero-copy refuses every copy of cache bytes, but --mode copy-back copies them every step; drop one",
+        )),
+        (_, true) => Ok(Mode::RequireZeroCopy),
+    }
+}
+
 /// Whether `path` is an ExecuTorch program: `ET12` at byte 4, or the `.pte` extension when it cannot be read
 /// (the loader then names the problem).
 pub fn is_pte(path: &Path) -> bool {
@@ -117,6 +129,8 @@ pub struct RunArgs {
     pub allow_outside_blobs: bool,
     /// `--json`.
     pub json: bool,
+    /// `--require-zero-copy`.
+    pub require_zero_copy: bool,
     /// `--prompt`.
     pub prompt: Option<Vec<i64>>,
     /// `--input NAME=FILE.npy`, as given.
@@ -125,6 +139,8 @@ pub struct RunArgs {
     pub method: Option<String>,
     /// `--output-dir`.
     pub output_dir: Option<PathBuf>,
+    /// `--prompt-cache`.
+    pub prompt_cache: Option<PathBuf>,
 }
 
 fn options(steps: usize, args: &RunArgs, program: &Program, cuda_graph: bool) -> Options {
@@ -145,6 +161,15 @@ pub fn run_program(path: &Path, mode: Mode, dirs: &[PathBuf], args: &RunArgs) ->
         return run_once(&mut program, path, mode, args, &used);
     }
     let steps = default_steps(program.manifest(), args.steps, args.position, is_pte(path));
+    if let Some(file) = &args.prompt_cache {
+        if args.position.is_some() || args.hold_position || args.cuda_graph {
+            return Err(failure(
+                "--prompt-cache decodes from the prompt on the host loop: \
+                 it takes no --position, --hold-position or --cuda-graph",
+            ));
+        }
+        return crate::prompt_cache::run(&mut program, file, steps, mode, json);
+    }
     let options = options(steps, args, &program, args.cuda_graph);
     let bar = if std::io::stderr().is_terminal() && !json {
         let bar = indicatif::ProgressBar::new(steps as u64 + 1);
@@ -449,7 +474,7 @@ pub fn bench(path: &Path, runs: usize, dirs: &[PathBuf], args: &RunArgs) -> Resu
     let registry = crate::plugins::registry(dirs);
     let mut rows = Vec::new();
     let mut steps = 0;
-    for mode in [Mode::ZeroCopy, Mode::CopyBack] {
+    for mode in [strict(Mode::ZeroCopy, args.require_zero_copy)?, Mode::CopyBack] {
         let mut program = load(path, &registry, mode, args)?;
         if program.manifest().generate.is_none() {
             return Err(failure(format!(
@@ -466,7 +491,7 @@ pub fn bench(path: &Path, runs: usize, dirs: &[PathBuf], args: &RunArgs) -> Resu
         // Zero-copy replayed as a CUDA graph, where the device loop runs (the program keeps its generation
         // on the GPU).
         let decode = program.manifest().generate.as_ref().map(|g| g.decode.clone()).unwrap_or_default();
-        if mode == Mode::ZeroCopy
+        if mode != Mode::CopyBack
             && device_loop_refusal(&program)?.is_none()
             && program.capture_refusal(&decode)?.is_none()
         {

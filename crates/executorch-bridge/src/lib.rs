@@ -26,7 +26,9 @@
 //! sharing mutable buffers see each other's caches; ExecuTorch's `Module` zero-fills its arenas, so caches
 //! start at zero), checks with `pte-format` first that every DelegateCall's backend is served, then runs
 //! prefill and greedy decode steps. [`runner::Module::execute`] checks each input before the shim sees it:
-//! its slice is exactly shape x dtype bytes, and every size fits ExecuTorch's 32-bit sizes.
+//! its slice is exactly shape x dtype bytes, and every size fits ExecuTorch's 32-bit sizes. With
+//! [`runner::Protocol::require_zero_copy`] (`et-run --require-zero-copy`) a program that would copy cache
+//! bytes per step is refused before ExecuTorch loads it ([`strict`]).
 //!
 //! ## Examples
 //!
@@ -62,6 +64,7 @@
 pub mod backend;
 mod ffi;
 pub mod runner;
+pub mod strict;
 
 pub use backend::{is_registered, register, register_backends, take_last_error, take_stats, CopyStats};
 
@@ -148,6 +151,19 @@ pub enum BridgeError {
         /// What is wrong.
         problem: InputProblem,
     },
+    /// Strict zero-copy ([`runner::Protocol::require_zero_copy`]): a call would copy cache bytes on every
+    /// step, so the program is refused before ExecuTorch loads it (`NotSupported`; see [`strict`]).
+    #[error("method '{method}', {instruction}: {argument} would be copied on every step: {reason}; strict zero-copy (--require-zero-copy) refuses it")]
+    NotZeroCopy {
+        /// The method.
+        method: String,
+        /// The instruction that copies, as `chains[0].instructions[2] (aten::copy_)`.
+        instruction: String,
+        /// The buffer copied, as `buffer 'k_cache_0' (value 3)`.
+        argument: String,
+        /// Why it is copied.
+        reason: String,
+    },
     /// The program does not follow the run protocol (methods, inputs, outputs).
     #[error("{0}")]
     Protocol(String),
@@ -170,6 +186,7 @@ impl HasErrorCode for BridgeError {
             BridgeError::Io { .. } => ErrorCode::AccessFailed,
             BridgeError::UnservedBackend { .. } => ErrorCode::NotFound,
             BridgeError::PluginUnavailable { .. } | BridgeError::Isolated { .. } => ErrorCode::NotSupported,
+            BridgeError::NotZeroCopy { .. } => ErrorCode::NotSupported,
             BridgeError::Input { .. } => ErrorCode::InvalidArgument,
             BridgeError::Registration { code, .. } | BridgeError::Runtime { code, .. } => *code,
             BridgeError::Protocol(_) => ErrorCode::InvalidProgram,

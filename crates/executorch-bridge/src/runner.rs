@@ -59,6 +59,15 @@ pub fn check_program(path: &Path, bytes: &[u8], served: &[String]) -> Result<Pro
     })
 }
 
+/// Strict zero-copy's check of the program in `bytes` ([`crate::strict`]), with the plugins `registry`
+/// serves (a backend no plugin serves was refused before).
+fn refuse_copies(path: &Path, bytes: &[u8], registry: &Registry) -> Result<(), BridgeError> {
+    let program = Program::parse(bytes)
+        .map_err(|source| BridgeError::Program { path: path.display().to_string(), source })?;
+    let binds = |backend: &str| registry.served(backend).is_some_and(|p| p.info().binds_aliases_in_place);
+    crate::strict::zero_copy_refusal(&program, binds).map_or(Ok(()), Err)
+}
+
 /// A method input: caller memory, read (copied into the method's planned input) during the call only.
 #[derive(Debug, Clone, Copy)]
 pub struct Input<'a> {
@@ -220,12 +229,15 @@ pub struct Protocol {
     pub prompt: Vec<i64>,
     /// Decode steps after prefill.
     pub steps: usize,
+    /// Strict zero-copy: refuse, before ExecuTorch loads the program, one whose calls would copy cache bytes
+    /// on every step ([`crate::strict`]).
+    pub require_zero_copy: bool,
 }
 
 impl Default for Protocol {
     /// The example's: prompt `[1, 7, 3, 12]`, 12 steps.
     fn default() -> Protocol {
-        Protocol { prompt: vec![1, 7, 3, 12], steps: 12 }
+        Protocol { prompt: vec![1, 7, 3, 12], steps: 12, require_zero_copy: false }
     }
 }
 
@@ -278,6 +290,9 @@ pub fn run(path: &Path, registry: &Registry, protocol: &Protocol) -> Result<Repo
         }
         other => other,
     })?;
+    if protocol.require_zero_copy {
+        refuse_copies(path, &bytes, registry)?;
+    }
     drop(bytes);
     // Only what the program calls: a plugin listed from its manifest is loaded when a program needs it.
     // A plugin that must run isolated is refused here, naming this program in the fix.

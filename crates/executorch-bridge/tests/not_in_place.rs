@@ -60,7 +60,7 @@ fn a_plugin_that_does_not_bind_in_place_gets_a_separate_output_written_back() {
         let report = runner::run(
             &case.path,
             &registry,
-            &Protocol { prompt: common::PROMPT.to_vec(), steps: common::STEPS },
+            &Protocol { prompt: common::PROMPT.to_vec(), steps: common::STEPS, require_zero_copy: false },
         )
         .unwrap_or_else(|e| panic!("{}: {e}", case.path.display()));
         assert_eq!(report.tokens, case.tokens, "{}", case.path.display());

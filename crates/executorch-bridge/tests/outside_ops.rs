@@ -47,8 +47,12 @@ fn a_program_with_an_op_outside_the_delegate_gives_eager_tokens_in_executorch() 
         assert!(kernels.iter().any(|k| k == "aten::gelu"), "{name}: kernels {kernels:?}");
 
         let registry = common::dylib_registry();
-        let report = runner::run(&path, &registry, &Protocol { prompt: prompt.clone(), steps })
-            .unwrap_or_else(|e| panic!("{name}: {e}"));
+        let report = runner::run(
+            &path,
+            &registry,
+            &Protocol { prompt: prompt.clone(), steps, require_zero_copy: false },
+        )
+        .unwrap_or_else(|e| panic!("{name}: {e}"));
         assert_eq!(report.tokens, tokens, "{name}: eager's tokens");
         assert_eq!(report.logits.len(), steps + 1, "{name}");
         for (step, (got, want)) in report.logits.iter().zip(logits.chunks(width)).enumerate() {

@@ -11,7 +11,7 @@ use executorch_bridge::runner::{self, Protocol};
 use executorch_bridge::BridgeError;
 
 fn protocol() -> Protocol {
-    Protocol { prompt: common::PROMPT.to_vec(), steps: common::STEPS }
+    Protocol { prompt: common::PROMPT.to_vec(), steps: common::STEPS, require_zero_copy: false }
 }
 
 fn check_case(case: &Case) {

@@ -41,6 +41,11 @@ struct Args {
     /// the bytes the program's `copy_` write-backs copy.
     #[arg(long)]
     json: bool,
+    /// Strict zero-copy: refuse, before running, a program whose calls would copy cache bytes on every step
+    /// (a `copy_` write-back the planning pass did not make a self-copy, a plugin that does not bind aliased
+    /// outputs in place), naming the method, instruction, buffer and reason.
+    #[arg(long)]
+    require_zero_copy: bool,
 }
 
 /// The plugins `args` asks for, then those this binary embeds.
@@ -69,7 +74,11 @@ fn main() -> ExitCode {
         .init();
     let args = Args::parse();
     let registry = registry(&args);
-    let protocol = Protocol { prompt: args.prompt.clone(), steps: args.steps };
+    let protocol = Protocol {
+        prompt: args.prompt.clone(),
+        steps: args.steps,
+        require_zero_copy: args.require_zero_copy,
+    };
     let report = match runner::run(&args.program, &registry, &protocol) {
         Ok(report) => report,
         Err(err) => {

@@ -15,6 +15,7 @@
 
 mod device;
 mod host;
+mod resume;
 
 use std::time::Duration;
 
@@ -25,6 +26,7 @@ use crate::cuda;
 use crate::program::{CopyStats, Error, Program};
 use device::device_loop;
 use host::host_loop;
+pub use resume::continue_from;
 
 /// How to generate.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]

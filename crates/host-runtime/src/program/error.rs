@@ -6,7 +6,7 @@ use delegate_abi::host::ArgError;
 use delegate_abi::{DelegateError, MemoryKind};
 use program_manifest::{BlobSource, Location};
 
-use super::IoRole;
+use super::{CopyReason, IoRole};
 use crate::buffer::AllocError;
 use crate::cuda;
 
@@ -250,10 +250,34 @@ pub enum Error {
         /// Why the device loop cannot run.
         why: String,
     },
+    /// Strict zero-copy ([`Mode::RequireZeroCopy`](super::Mode::RequireZeroCopy)): a call would copy cache
+    /// bytes on every step, so the program is refused at load (`NotSupported`).
+    #[error("method '{method}', {call}: {argument} would be copied on every step: {reason}; strict zero-copy (--require-zero-copy) refuses it")]
+    NotZeroCopy {
+        /// The method's name.
+        method: String,
+        /// The call, as `call 0 (ReferenceBackend)`, or the host copy, as `the host copy after call 0`.
+        call: String,
+        /// The argument, as `argument 4 ('k_cache_out', bound to buffer 'k_cache')`, or the buffer a host
+        /// copy reads or writes.
+        argument: String,
+        /// Why it copies.
+        reason: Box<CopyReason>,
+    },
     /// The caller's own mistake: a method, input, output or buffer that does not exist, data of the wrong
     /// size, a graph or method id of another program, decode steps that do not fit the caches.
     #[error("{0}")]
     Usage(String),
+    /// A cache file could not be written or read, or was refused ([`Program::save_cache`](super::Program::save_cache),
+    /// [`Program::restore_cache`](super::Program::restore_cache)): the causes and their codes are
+    /// [`CacheFileProblem`](super::CacheFileProblem)'s.
+    #[error("cache file {}: {problem}", path.display())]
+    CacheFile {
+        /// The file.
+        path: Box<std::path::Path>,
+        /// What was wrong.
+        problem: Box<super::CacheFileProblem>,
+    },
 }
 
 /// `path:line:column`, or `path` alone for a program with no text positions (a `.pte`, whose calls are
@@ -288,9 +312,11 @@ impl et_error::HasErrorCode for Error {
             Error::Lend { .. } | Error::Generation(_) => ErrorCode::InvalidProgram,
             Error::Share { .. } => ErrorCode::AccessFailed,
             Error::NoStream { .. } | Error::GraphNeedsDeviceLoop { .. } => ErrorCode::NotSupported,
+            Error::NotZeroCopy { .. } => ErrorCode::NotSupported,
             Error::LoopMemory { source, .. } => source.error_code(),
             Error::FeedbackAddress { .. } | Error::LostFeedback { .. } => ErrorCode::Internal,
             Error::NotAGenerator | Error::Usage(_) => ErrorCode::InvalidArgument,
+            Error::CacheFile { problem, .. } => problem.error_code(),
         }
     }
 }

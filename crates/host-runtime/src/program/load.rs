@@ -2,16 +2,18 @@
 //! the program's stream allocated, each call's delegate initialised, its argument list built over the
 //! program's storages, and the workers of isolated calls started.
 
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use delegate_abi::host::ArgList;
 use delegate_abi::InitContext;
 use program_manifest::{Manifest, Method, TensorDecl};
 
-use super::attached::Attached;
+use super::attached::{Attached, CopySlot};
 use super::plan::{plan_call, PlannedCall};
 use super::{
-    abi_memory, isolated, Buffer, CallInstance, Error, Gpu, IoRole, LoadedCall, LoadedMethod, Mode, Program,
+    abi_memory, isolated, Buffer, CallInstance, CopyReason, Error, Gpu, IoRole, LoadedCall, LoadedMethod,
+    Mode, Program,
 };
 use crate::buffer::{AllocError, Storage};
 use crate::cuda::{self, Contexts};
@@ -43,6 +45,10 @@ impl Program {
     ) -> Result<Program, Error> {
         let device = program_device(&manifest)?;
         let planned = plan_calls(&manifest, registry, mode, &mut attached)?;
+        let blob_identity = blob_identity(&manifest, &planned);
+        if mode.is_strict() {
+            refuse_cache_copies(&manifest, &attached)?;
+        }
         let mut contexts = Contexts::new();
         let shared = isolated::any_isolated(planned.iter().flatten());
         let mut buffers = manifest
@@ -73,7 +79,7 @@ impl Program {
         }
         static NEXT_ID: AtomicU64 = AtomicU64::new(1);
         let id = NEXT_ID.fetch_add(1, Ordering::Relaxed);
-        Ok(Program { id, manifest, mode, buffers, methods, gpu, torn: None })
+        Ok(Program { id, manifest, mode, buffers, methods, gpu, torn: None, blob_identity })
     }
 }
 
@@ -97,6 +103,48 @@ fn plan_calls(
                 .collect()
         })
         .collect()
+}
+
+/// Each call's blob hash, keyed `method/call index`, taken from the bytes the call was planned and initialised
+/// with (not read again later, so a blob file replaced after load cannot change the program's identity).
+fn blob_identity(manifest: &Manifest, planned: &[Vec<PlannedCall>]) -> BTreeMap<String, String> {
+    manifest
+        .methods
+        .keys()
+        .zip(planned)
+        .flat_map(|(name, calls)| {
+            calls
+                .iter()
+                .enumerate()
+                .map(move |(index, call)| (format!("{name}/{index}"), call.blob_sha256.clone()))
+        })
+        .collect()
+}
+
+/// Strict zero-copy's check of a `.pte` program's host copies: one that reads or writes a buffer copies
+/// cache bytes on every step ([`CopyReason::HostCopy`]).
+fn refuse_cache_copies(manifest: &Manifest, attached: &Attached) -> Result<(), Error> {
+    for (method, copies) in &attached.copies {
+        for copy in copies {
+            let buffer = [copy.to, copy.from].into_iter().find_map(|slot| match slot {
+                CopySlot::Buffer(b) => manifest.buffers.values().nth(b),
+                _ => None,
+            });
+            if let Some(buffer) = buffer {
+                let call = match copy.after {
+                    Some(index) => format!("the host copy after call {index}"),
+                    None => "the host copy before the first call".to_owned(),
+                };
+                return Err(Error::NotZeroCopy {
+                    method: method.clone(),
+                    call,
+                    argument: format!("buffer '{}'", buffer.name),
+                    reason: Box::new(CopyReason::HostCopy),
+                });
+            }
+        }
+    }
+    Ok(())
 }
 
 /// The program's stream, on its one device.
@@ -207,7 +255,7 @@ fn init_call(
     contexts: &mut Contexts,
     shared: bool,
 ) -> Result<LoadedCall, Error> {
-    let PlannedCall { file, plugin, args, scratch_of, streamed } = planned;
+    let PlannedCall { file, plugin, args, scratch_of, streamed, .. } = planned;
     let backend = method.calls[index].backend.clone();
     let scratch = scratch_of
         .iter()

@@ -30,11 +30,13 @@ mod graph;
 mod io;
 #[cfg_attr(not(target_os = "linux"), path = "isolated_disabled.rs")]
 mod isolated;
+mod lifecycle;
 mod load;
 mod plan;
 mod run;
 mod torn;
 
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
@@ -45,6 +47,8 @@ use program_manifest::{Manifest, Method, TensorDecl};
 pub(crate) use attached::{Attached, BlobBytes, CopySlot, HostCopy};
 pub use error::Error;
 pub use graph::Captured;
+pub use lifecycle::{CacheFileProblem, SavedCache, CACHE_FORMAT_VERSION};
+pub use plan::CopyReason;
 
 use crate::buffer::Storage;
 use crate::cuda;
@@ -60,6 +64,13 @@ pub enum Mode {
     ZeroCopy,
     /// Upstream's behaviour: a separate output slot, the delegate reflects into it, the host writes it back.
     CopyBack,
+    /// Strict zero-copy: [`Mode::ZeroCopy`], and the program is refused at load ([`Error::NotZeroCopy`],
+    /// naming the method, call, argument and [`CopyReason`]) when any call would still copy cache bytes on
+    /// every step: a buffer staged because the plugin does not update its memory kind in place, a reflect and
+    /// write-back because the plugin does not bind aliases in place, a `.pte`'s host copy into or out of a
+    /// buffer. Copies of method inputs and outputs (a token staged to the GPU) are not cache bytes and stay
+    /// allowed; [`CopyStats`] still counts them.
+    RequireZeroCopy,
 }
 
 impl Mode {
@@ -68,7 +79,13 @@ impl Mode {
         match self {
             Mode::ZeroCopy => "zero-copy",
             Mode::CopyBack => "copy-back",
+            Mode::RequireZeroCopy => "require-zero-copy",
         }
+    }
+
+    /// Whether a call that would copy cache bytes per step is refused at load ([`Mode::RequireZeroCopy`]).
+    pub fn is_strict(self) -> bool {
+        self == Mode::RequireZeroCopy
     }
 }
 
@@ -250,7 +267,8 @@ fn abi_memory(kind: program_manifest::MemoryKind) -> MemoryKind {
 /// host copy) may leave the buffers it writes half-written, and the host cannot tell how far it got: even a
 /// call its plugin refused before writing anything counts. Those buffers are marked torn, and every later run of a method that reads one is refused with [`Error::TornBuffers`]
 /// (`InvalidState`) until the caller starts a new sequence with [`Program::reset`] (or zeroes the buffers
-/// with [`Program::reset_buffers`]): a program never decodes silently from a torn cache.
+/// with [`Program::reset_buffers`]), rewinds to a position the failed run did not pass ([`Program::rewind`])
+/// or restores saved caches ([`Program::restore_cache`]): a program never decodes silently from a torn cache.
 pub struct Program {
     /// Unique in the process: ties a [`Captured`] graph (whose addresses are this program's) to it.
     id: u64,
@@ -261,6 +279,8 @@ pub struct Program {
     gpu: Option<Gpu>,
     /// Buffers a failed run may have left half-written, until [`Program::reset`].
     torn: Option<Torn>,
+    /// SHA-256 of each call's blob (`method/call index`), hashed once at load: what a cache file is tied to.
+    blob_identity: BTreeMap<String, String>,
 }
 
 /// A method of a loaded program, looked up once ([`Program::method_id`]) so a loop does not look it up by name

@@ -9,8 +9,9 @@
 use alias_validate::{ArgLayout, ArgSlot};
 use blob_format::model::{Binding, Dim, DisplayShape, Role};
 use blob_format::Blob;
-use delegate_abi::{Compatibility, DTypeCode};
+use delegate_abi::{Compatibility, DTypeCode, MemoryKind, PluginInfo};
 use program_manifest::{ArgRef, BlobSource, Call, Location, Manifest, Method, TensorDecl};
+use sha2::{Digest, Sha256};
 
 use super::attached::BlobBytes;
 use super::{abi_memory, isolated, Error, Mode};
@@ -21,6 +22,8 @@ use crate::plugins::{Registry, Served};
 /// A call checked against its blob and plugin, not yet initialised.
 pub(super) struct PlannedCall {
     pub(super) file: BlobBytes,
+    /// SHA-256 of the blob's bytes, lowercase hex: the call's part of the program's identity (cache files).
+    pub(super) blob_sha256: String,
     pub(super) plugin: Served,
     pub(super) args: Vec<ArgPlan>,
     /// The buffer each copy-back scratch slot mirrors, by scratch index.
@@ -70,12 +73,10 @@ pub(super) fn plan_call(
         .map_err(|source| Error::Blob { blob: Box::new(call.blob.clone()), source })?;
     let layout = check_blob(&at, &blob)?;
     let plugin = serving_plugin(&at, registry, file.bytes())?;
-    // A plugin that does not bind aliased outputs in place gets a separate output slot that the host writes
-    // back (copy-back), whatever the program's mode: an in-place slot would hand it one storage twice.
-    let mode = if plugin.info().binds_aliases_in_place { mode } else { Mode::CopyBack };
     let (args, scratch_of) = plan_arguments(&at, &blob, &layout, buffers, &plugin, mode)?;
     let streamed = isolated::streamed(&plugin);
-    Ok(PlannedCall { file, plugin, args, scratch_of, streamed })
+    let blob_sha256 = Sha256::digest(file.bytes()).iter().map(|b| format!("{b:02x}")).collect();
+    Ok(PlannedCall { file, blob_sha256, plugin, args, scratch_of, streamed })
 }
 
 /// The call's own blob file, opened beneath the program's directory when the manifest confines it there.
@@ -185,8 +186,9 @@ fn plan_arguments(
         let location = at.call.arg_locations[pos];
         let binding = &blob.header.bindings[slot.binding];
         let arg_at = ArgAt { pos, slot, binding, layout };
-        let (decl, source) =
-            bind(at, &arg_at, arg, buffers, mode, &planned).map_err(|message| at.wrong(location, message))?;
+        let in_place = plugin.info().binds_aliases_in_place;
+        let (decl, source) = bind(at, &arg_at, arg, buffers, (mode, in_place), &planned)
+            .map_err(|message| at.wrong(location, message))?;
         if let ArgSource::BufferRead(b) | ArgSource::BufferInOut(b) = source {
             planned.input_buffers.push((b, pos));
         }
@@ -194,6 +196,9 @@ fn plan_arguments(
             planned.scratch_of.push(buffer_index(buffers, &decl.name));
         }
         check_fits(&arg_at, decl, plugin).map_err(|message| at.wrong(location, message))?;
+        if let Some(reason) = step_copy(source, decl, plugin.info()).filter(|_| mode.is_strict()) {
+            return Err(not_zero_copy(at, &arg_at, decl, reason));
+        }
         let dtype = DTypeCode::try_from(decl.dtype).map_err(|err| at.wrong(location, err.to_string()))?;
         planned.args.push(ArgPlan { source, dtype, shape: decl.shape.iter().map(|&d| d as i64).collect() });
     }
@@ -218,7 +223,7 @@ fn bind<'m>(
     arg_at: &ArgAt<'_>,
     arg: &ArgRef,
     buffers: &[&'m TensorDecl],
-    mode: Mode,
+    (mode, plugin_binds_in_place): (Mode, bool),
     planned: &Planned,
 ) -> Result<(&'m TensorDecl, ArgSource), String> {
     let (pos, binding) = (arg_at.pos, &arg_at.binding.name);
@@ -255,6 +260,7 @@ fn bind<'m>(
         }
         (Role::Output, ArgRef::Buffer(name)) => {
             let b = buffer_index(buffers, name);
+            let mode = slot_mode(mode, plugin_binds_in_place);
             bind_mutation_output(at, arg_at, (b, name), mode, planned).map(|source| (buffers[b], source))
         }
         (role, arg) => {
@@ -287,9 +293,102 @@ fn bind_mutation_output(
         ));
     }
     Ok(match mode {
-        Mode::ZeroCopy => ArgSource::BufferInPlace(b),
+        Mode::ZeroCopy | Mode::RequireZeroCopy => ArgSource::BufferInPlace(b),
         Mode::CopyBack => ArgSource::BufferScratch(planned.scratch_of.len()),
     })
+}
+
+/// How a mutation output slot is passed to a plugin: a plugin that does not bind aliased outputs in place
+/// gets a separate output slot that the host writes back (copy-back), whatever the program's mode, since an
+/// in-place slot would hand it one storage twice. Strict zero-copy then refuses the call ([`step_copy`]).
+fn slot_mode(mode: Mode, plugin_binds_in_place: bool) -> Mode {
+    if plugin_binds_in_place {
+        mode
+    } else {
+        Mode::CopyBack
+    }
+}
+
+/// Why an argument's cache bytes are copied on every step of a call.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum CopyReason {
+    /// The buffer lives in a memory kind the plugin does not update in place: it stages the buffer into its
+    /// own memory (and back) each step.
+    Staging {
+        /// The buffer's memory kind.
+        memory: MemoryKind,
+        /// The plugin's name.
+        plugin: String,
+    },
+    /// The plugin does not bind aliased outputs in place: it reflects the updated cache into a separate
+    /// output slot, which the host writes back into the buffer.
+    WriteBack {
+        /// The plugin's name.
+        plugin: String,
+    },
+    /// A `.pte` program's host copy (an `aten::copy_` or `aten::clone.out` no binding elides) reads or
+    /// writes the buffer.
+    HostCopy,
+}
+
+impl std::fmt::Display for CopyReason {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            CopyReason::Staging { memory, plugin } => write!(
+                f,
+                "a staging copy, because plugin '{plugin}' does not update {memory} memory in place (put the buffer in memory it does)"
+            ),
+            CopyReason::WriteBack { plugin } => write!(
+                f,
+                "a reflect and a write-back, because plugin '{plugin}' does not bind aliased outputs in place"
+            ),
+            CopyReason::HostCopy => f.write_str(
+                "a host copy of the program (a write-back no delegate output aliases away, or a clone)",
+            ),
+        }
+    }
+}
+
+/// The memory kinds a plugin updates in place: those of a GPU (device and managed memory) when it accepts
+/// device memory, else those of the CPU (host, pinned and managed memory), as
+/// `alias_validate::residency::DirectAccess` gates them.
+fn updates_in_place(info: &PluginInfo, memory: MemoryKind) -> bool {
+    let gpu = info.memory_kinds.contains(&MemoryKind::Device);
+    match memory {
+        MemoryKind::Managed => true,
+        MemoryKind::Device => gpu,
+        MemoryKind::Host | MemoryKind::Pinned => !gpu,
+    }
+}
+
+/// The one rule of whether an argument copies cache bytes on every step, and why: a buffer in memory the
+/// plugin does not update in place is staged; a buffer's copy-back slot (the host's write-backs, counted in
+/// [`super::CopyStats::writeback_bytes`], are exactly these slots) is reflected into and written back.
+/// Method inputs and outputs are not cache bytes. [`Mode::RequireZeroCopy`] refuses any `Some`.
+pub(super) fn step_copy(source: ArgSource, decl: &TensorDecl, info: &PluginInfo) -> Option<CopyReason> {
+    let plugin = || info.name.clone();
+    match source {
+        ArgSource::Input(_) | ArgSource::Output(_) => None,
+        ArgSource::BufferScratch(_) => Some(CopyReason::WriteBack { plugin: plugin() }),
+        ArgSource::BufferRead(_) | ArgSource::BufferInOut(_) | ArgSource::BufferInPlace(_) => {
+            let memory = abi_memory(decl.memory);
+            (!updates_in_place(info, memory)).then(|| CopyReason::Staging { memory, plugin: plugin() })
+        }
+    }
+}
+
+/// Strict zero-copy's refusal of argument `arg_at` of the call, bound to `decl`.
+fn not_zero_copy(at: &CallAt<'_>, arg_at: &ArgAt<'_>, decl: &TensorDecl, reason: CopyReason) -> Error {
+    Error::NotZeroCopy {
+        method: at.method.name.clone(),
+        call: format!("call {} ({})", at.index, at.call.backend),
+        argument: format!(
+            "argument {} ('{}', bound to buffer '{}')",
+            arg_at.pos, arg_at.binding.name, decl.name
+        ),
+        reason: Box::new(reason),
+    }
 }
 
 fn shape_fits(declared: &[Dim], actual: &[u64]) -> bool {
@@ -343,6 +442,20 @@ mod tests {
         assert!(shape_fits(&[Dim::Dynamic, Dim::Static(4)], &[7, 4]));
         assert!(!shape_fits(&[Dim::Static(3)], &[4]));
         assert!(!shape_fits(&[Dim::Static(4)], &[4, 1]));
+    }
+
+    #[test]
+    fn a_gpu_plugin_updates_device_and_managed_memory_in_place_and_a_cpu_plugin_host_pinned_and_managed() {
+        use delegate_abi::testing::info;
+        let cpu =
+            PluginInfo { memory_kinds: vec![MemoryKind::Host, MemoryKind::Managed], ..info("cpu", "B") };
+        let gpu = PluginInfo { memory_kinds: vec![MemoryKind::Device, MemoryKind::Host], ..info("gpu", "B") };
+        let in_place = |info: &PluginInfo| {
+            [MemoryKind::Host, MemoryKind::Pinned, MemoryKind::Managed, MemoryKind::Device]
+                .map(|memory| updates_in_place(info, memory))
+        };
+        assert_eq!(in_place(&cpu), [true, true, true, false]);
+        assert_eq!(in_place(&gpu), [false, false, true, true]);
     }
 
     #[test]

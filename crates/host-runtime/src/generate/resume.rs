@@ -1,0 +1,56 @@
+//! Continuing a sequence from a position (after [`Program::rewind`] or [`Program::restore_cache`]): the
+//! tokens fed one by one through the decode method, then greedy decode steps, on the host loop.
+
+use program_manifest::Generate;
+
+use super::{i64_bytes, read_token};
+use crate::program::{Error, Program};
+
+/// Feeds `feed` at positions `position..` through the decode method (the tokens at those positions: after a
+/// rewind to `p`, the token that was at `p`; after a restored prompt prefix, the rest of the prompt), then
+/// runs `steps` decode steps feeding back each token. Returns the token after the last fed one, then one per
+/// step. The caches must hold positions `0..position` ([`Program::rewind`], [`Program::restore_cache`]).
+///
+/// # Errors
+/// [`Error::NotAGenerator`] when the program has no `[generate]`; [`Error::Usage`] when `feed` is empty or
+/// the positions do not fit the caches; the errors of the runs, [`Error::TornBuffers`] among them.
+pub fn continue_from(
+    program: &mut Program,
+    position: u64,
+    feed: &[i64],
+    steps: usize,
+) -> Result<Vec<i64>, Error> {
+    let g: Generate = program.manifest().generate.clone().ok_or(Error::NotAGenerator)?;
+    if feed.is_empty() {
+        return Err(Error::Usage("continuing needs the token at the position to feed".into()));
+    }
+    let end = position.saturating_add((feed.len() + steps) as u64);
+    if let Some(max) = g.max_positions.filter(|&max| end > max) {
+        return Err(Error::Usage(format!(
+            "{} tokens fed and {steps} decode steps from position {position} do not fit: the caches hold {max} positions",
+            feed.len()
+        )));
+    }
+    let mut position = i64::try_from(position).map_err(|_| Error::Usage(format!("position {position}")))?;
+    let mut tokens = Vec::with_capacity(steps + 1);
+    let mut token = 0;
+    for &fed in feed {
+        token = step(program, &g, fed, position)?;
+        position += 1;
+    }
+    tokens.push(token);
+    for _ in 0..steps {
+        token = step(program, &g, token, position)?;
+        position += 1;
+        tokens.push(token);
+    }
+    Ok(tokens)
+}
+
+/// One decode step: `token` at `position`, run to completion, the next token read back.
+fn step(program: &mut Program, g: &Generate, token: i64, position: i64) -> Result<i64, Error> {
+    program.write_input(&g.decode, &g.token_input, &i64_bytes(&[token]))?;
+    program.write_input(&g.decode, &g.position_input, &i64_bytes(&[position]))?;
+    program.execute(&g.decode)?;
+    read_token(program, g, &g.decode)
+}
