@@ -14,6 +14,9 @@ use host_runtime::manifest::Manifest;
 use host_runtime::plugins::{Discovery, Registry};
 use host_runtime::program::{Error, Mode, Program};
 
+#[path = "support/kv_pte.rs"]
+mod kv_pte;
+
 #[path = "support/in_place_blob.rs"]
 mod in_place_blob;
 
@@ -257,14 +260,15 @@ fn managed_caches_rewind_save_and_restore_as_host_caches_do() {
 /// original did.
 #[test]
 fn a_pte_programs_whole_caches_restore_into_a_new_program() {
-    let pte = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/executorch/buffers_2m.pte");
+    let dir = tempfile::tempdir().expect("temp dir");
+    let pte = dir.path().join("kv.pte");
+    std::fs::write(&pte, kv_pte::bytes(true)).expect("write the program");
     let registry = Registry::discover(Discovery::new())
         .with_embedded(reference_delegate::delegate_root(), &HostConfig::default());
     let prompt = kv_example::Config::tiny().prompt;
     let load = || host_runtime::pte::load(&pte, &registry, Mode::ZeroCopy, Some(&prompt)).expect("loads");
     let mut original = load();
     let (fed, tokens) = fresh_run(&mut original);
-    let dir = tempfile::tempdir().expect("temp dir");
     let file = dir.path().join("cache.safetensors");
     original.save_cache(&file, 6, &fed[..6]).expect("saves");
     let bytes = std::fs::read(&file).expect("read");
