@@ -142,3 +142,34 @@ fn a_blob_the_plugin_calls_incompatible_is_refused_before_init() {
         .ends_with("plugin picky cannot run this blob: the engine was built for another GPU"));
     assert!(!picky::INITIALISED.load(std::sync::atomic::Ordering::SeqCst), "refused before init");
 }
+
+/// A library found without a manifest is never opened, so nobody knows whether it serves the backend a
+/// program asks for: the refusal names it and the command that writes its manifest.
+#[test]
+fn a_backend_nobody_serves_names_each_library_without_a_manifest_and_the_fix() {
+    let plugins = tempfile::tempdir().expect("temp dir");
+    // Never opened: any bytes do.
+    let library = plugins.path().join(format!(
+        "{}unknown{}",
+        std::env::consts::DLL_PREFIX,
+        std::env::consts::DLL_SUFFIX
+    ));
+    std::fs::write(&library, b"not opened").expect("library");
+    let registry = Registry::discover(Discovery::new().dirs(vec![plugins.path().to_path_buf()]));
+    assert_eq!(registry.without_manifest().collect::<Vec<_>>(), [library.as_path()]);
+    assert_eq!(registry.unavailable_for("SlotBackend").count(), 0, "nothing is known to offer it");
+
+    let dir = tempfile::tempdir().expect("temp dir");
+    let manifest = Manifest::load(&program(dir.path())).expect("manifest");
+    let err = Program::load(manifest, &registry, Mode::ZeroCopy).err().expect("no plugin serves it");
+    assert_eq!(err.error_code(), ErrorCode::NotFound);
+    assert!(
+        err.to_string().contains(&format!(
+            "; library {} has no manifest, so this host never opens it and does not know whether it serves \
+             'SlotBackend' (write one with `delegate-host plugin-manifest {}`)",
+            library.display(),
+            library.display()
+        )),
+        "{err}"
+    );
+}

@@ -366,8 +366,10 @@ fn sealed_blob(blob: &[u8]) -> Result<OwnedFd, DelegateError> {
     std::fs::File::from(blob_file.try_clone().map_err(|err| io_internal("dup", err))?)
         .write_all(blob)
         .map_err(|err| io_internal("cannot copy the blob for the worker", err))?;
-    // Written once, here: from now on no one (the worker least) can change, shrink or grow it.
-    crate::buffer::seal(&blob_file, rustix::fs::SealFlags::WRITE)
+    // Written once, here: from now on no one (the worker least) can change, shrink or grow it. `FUTURE_WRITE`
+    // refuses every later `write` and writable shared mapping without `WRITE`'s wait for every page reference
+    // to drop, which fails with EBUSY on the freshly written pages of a large blob.
+    crate::buffer::seal(&blob_file, rustix::fs::SealFlags::FUTURE_WRITE)
         .map_err(|err| io_internal("cannot seal the blob's memory file", err.into()))?;
     Ok(blob_file)
 }

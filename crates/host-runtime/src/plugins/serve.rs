@@ -122,18 +122,10 @@ impl Registry {
 
     /// Plugins that offer `backend` but cannot serve it — those that said they cannot run on this machine,
     /// listed ones that failed to load, disagreed with their manifest or must run isolated, libraries whose
-    /// bytes differ from their manifest — and libraries without a manifest (which may offer it): (plugin name,
-    /// or the library for one without a manifest; the reason).
+    /// bytes differ from their manifest: (plugin name, the reason). Libraries without a manifest, which may
+    /// offer any backend, are [`Registry::without_manifest`].
     pub fn unavailable_for<'r>(&'r self, backend: &'r str) -> impl Iterator<Item = (String, String)> + 'r {
         self.candidates.iter().filter_map(move |c| {
-            if c.status == Status::NoManifest {
-                let path = c.path.as_deref()?.display().to_string();
-                let reason = format!(
-                    "it has no manifest, so this host does not know what it serves and never opens it; write \
-                     one with `delegate-host plugin-manifest {path}`"
-                );
-                return Some((path, reason));
-            }
             let info = c.info.as_ref().filter(|info| info.backends.iter().any(|b| b == backend))?;
             let reason = match (&c.status, c.load_failure()) {
                 (Status::Unavailable(reason), _) => reason,
@@ -143,6 +135,12 @@ impl Registry {
             };
             Some((info.name.clone(), reason.to_owned()))
         })
+    }
+
+    /// Libraries found without a manifest: never opened, so what they serve is unknown; each may offer a
+    /// backend nobody serves (`delegate-host plugin-manifest LIB` writes one).
+    pub fn without_manifest(&self) -> impl Iterator<Item = &std::path::Path> + '_ {
+        self.candidates.iter().filter(|c| c.status == Status::NoManifest).filter_map(|c| c.path.as_deref())
     }
 
     /// The candidate serving `backend` now: the best verified one that has not failed to serve. Loads

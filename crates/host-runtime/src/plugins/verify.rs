@@ -125,7 +125,9 @@ mod copy {
     }
 
     pub(super) fn seal(copy: &std::fs::File) -> Result<(), String> {
-        fcntl_add_seals(copy, SealFlags::SHRINK | SealFlags::GROW | SealFlags::WRITE | SealFlags::SEAL)
+        // `FUTURE_WRITE`, not `WRITE`: no write through any descriptor from now on, without `WRITE`'s wait for
+        // every page reference to drop (which fails with EBUSY on freshly written pages of a large library).
+        fcntl_add_seals(copy, SealFlags::SHRINK | SealFlags::GROW | SealFlags::FUTURE_WRITE | SealFlags::SEAL)
             .map_err(failed)
     }
 

@@ -139,6 +139,15 @@ fn serving_plugin(at: &CallAt<'_>, registry: &Registry, blob: &[u8]) -> Result<S
         unavailable: registry
             .unavailable_for(&call.backend)
             .map(|(name, reason)| format!("; plugin {name} offers it but is unavailable: {reason}"))
+            .chain(registry.without_manifest().map(|library| {
+                format!(
+                    "; library {} has no manifest, so this host never opens it and does not know whether it \
+                     serves '{}' (write one with `delegate-host plugin-manifest {}`)",
+                    library.display(),
+                    call.backend,
+                    library.display()
+                )
+            }))
             .collect(),
     })?;
     match isolated::compatibility(&plugin, blob) {
