@@ -194,12 +194,13 @@ impl Program {
     }
 
     /// Continues from `position`: the caches keep positions `0..position` and the next token is decoded at
-    /// `position` (for a token generator, its decode method's position input is set to it); clears the torn
-    /// mark. Waits for queued work first.
+    /// `position` (for a token generator, its decode method's position input is set to it). Waits for queued
+    /// work first. A torn program stays torn: a failed run may have written any row, so only
+    /// [`Program::reset`] (start over from position 0) or [`Program::restore_cache`] (rows from a file) end
+    /// it.
     ///
     /// Nothing is copied and nothing need be: as for [`Program::reset`], a causal decoder writes each cache
-    /// row before it reads it and masks the rows past the position, so whatever later steps (or a failed run
-    /// at `position` or after) left there is never read. The caller's part: `position` is at most the
+    /// row before it reads it and masks the rows past the position, so whatever later steps left there is never read. The caller's part: `position` is at most the
     /// position the caches were filled to (a failed run does not advance it), and the next token fed is the
     /// one at `position` ([`crate::generate::continue_from`] feeds it).
     ///
@@ -214,7 +215,6 @@ impl Program {
                 i64::try_from(position).map_err(|_| Error::Usage(format!("position {position}")))?;
             self.write_input(&g.decode, &g.position_input, &position.to_le_bytes())?;
         }
-        self.torn = None;
         Ok(())
     }
 

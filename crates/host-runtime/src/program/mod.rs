@@ -267,8 +267,8 @@ fn abi_memory(kind: program_manifest::MemoryKind) -> MemoryKind {
 /// host copy) may leave the buffers it writes half-written, and the host cannot tell how far it got: even a
 /// call its plugin refused before writing anything counts. Those buffers are marked torn, and every later run of a method that reads one is refused with [`Error::TornBuffers`]
 /// (`InvalidState`) until the caller starts a new sequence with [`Program::reset`] (or zeroes the buffers
-/// with [`Program::reset_buffers`]), rewinds to a position the failed run did not pass ([`Program::rewind`])
-/// or restores saved caches ([`Program::restore_cache`]): a program never decodes silently from a torn cache.
+/// with [`Program::reset_buffers`]) or restores saved caches ([`Program::restore_cache`]); a rewind does not
+/// end it (the failed run may have written any row): a program never decodes silently from a torn cache.
 pub struct Program {
     /// Unique in the process: ties a [`Captured`] graph (whose addresses are this program's) to it.
     id: u64,
