@@ -1033,9 +1033,8 @@ fn plugins_and_run_say_per_plugin_whether_it_runs_isolated() {
     let program = tempfile::tempdir().expect("temp dir");
     kv_example::export::reference(&kv_example::Config::tiny(), program.path()).expect("export");
     let run_it = |json: bool| {
-        let mut cmd = host();
-        cmd.arg("run").arg(program.path().join("program.toml")).args(["--steps", "2", "--plugin-dir"]);
-        cmd.arg(dir.path()).env_remove("DELEGATE_PLUGIN_PATH").env_remove("MISBEHAVE");
+        let mut cmd = two_steps_with_plugins(program.path(), dir.path());
+        cmd.env_remove("MISBEHAVE");
         if json {
             cmd.arg("--json");
         }
@@ -1063,12 +1062,7 @@ fn a_backend_nobody_serves_names_each_library_without_a_manifest_and_the_command
         memory: program_manifest::MemoryKind::Host,
     };
     kv_example::export::program(&kv_example::Config::tiny(), program.path(), &target).expect("export");
-    let out = run(host()
-        .arg("run")
-        .arg(program.path().join("program.toml"))
-        .args(["--steps", "2", "--plugin-dir"])
-        .arg(dir.path())
-        .env_remove("DELEGATE_PLUGIN_PATH"));
+    let out = run(&mut two_steps_with_plugins(program.path(), dir.path()));
     if std::path::Path::new("/dev/nvidiactl").exists() {
         assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
         return;
@@ -1120,12 +1114,7 @@ fn plugins_and_run_never_open_a_library_they_do_not_need() {
     // A program that needs only the embedded reference delegate runs with them on the plugin path.
     let program = tempfile::tempdir().expect("temp dir");
     kv_example::export::reference(&kv_example::Config::tiny(), program.path()).expect("export");
-    let out = run(host()
-        .arg("run")
-        .arg(program.path().join("program.toml"))
-        .args(["--steps", "2", "--plugin-dir"])
-        .arg(dir.path())
-        .env_remove("DELEGATE_PLUGIN_PATH"));
+    let out = run(&mut two_steps_with_plugins(program.path(), dir.path()));
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
 }
 
@@ -1293,4 +1282,12 @@ fn a_fifo_in_place_of_a_blob_is_refused_at_once_naming_it() {
         line.contains(&format!("cannot read blob {}: not a regular file (it is a FIFO)", blob.display())),
         "{line}"
     );
+}
+
+/// `delegate-host run DIR/program.toml --steps 2 --plugin-dir PLUGINS`, with no `DELEGATE_PLUGIN_PATH`.
+fn two_steps_with_plugins(program: &std::path::Path, plugins: &std::path::Path) -> std::process::Command {
+    let mut cmd = host();
+    cmd.arg("run").arg(program.join("program.toml")).args(["--steps", "2", "--plugin-dir"]).arg(plugins);
+    cmd.env_remove("DELEGATE_PLUGIN_PATH");
+    cmd
 }

@@ -11,8 +11,6 @@ use std::process::Command;
 
 use kv_example::export::{Backend, Target};
 use program_manifest::MemoryKind;
-use pte_format::model::ScalarType;
-use pte_format::testing::{InstructionSpec, TensorSpec, ValueSpec};
 
 mod common;
 use common::{one_line_error, run, stdout_json};
@@ -77,17 +75,7 @@ fn the_flag_contradicts_copy_back_mode() {
 #[test]
 fn a_host_copy_into_a_buffer_is_refused_naming_it() {
     let dir = tempfile::tempdir().expect("temp dir");
-    let mut spec = kv_pte::spec(false);
-    let cache_bytes = kv_pte::config().cache_shape().iter().product::<usize>() as u64 * 4;
-    let forward = &mut spec.methods[0];
-    let last = forward.values.len() as i32;
-    forward.values.push(ValueSpec::Tensor(
-        TensorSpec::planned(ScalarType::Long, &[1], 2, 2 * cache_bytes).named("last_token"),
-    ));
-    forward.non_const_buffer_sizes[2] += 8;
-    forward
-        .instructions
-        .insert(1, InstructionSpec::Kernel { op: 0, args: vec![last, kv_pte::TOKENS, 10, last] });
+    let spec = kv_pte::spec_with_token_copy();
     let path = dir.path().join("copy.pte");
     std::fs::write(&path, spec.to_bytes()).expect("write");
 

@@ -3,11 +3,9 @@
 //! one line naming the difference; a restore clears the torn mark, a rewind does not.
 
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::Ordering;
 
 use delegate_abi::host::HostConfig;
-use delegate_abi::testing::{self, Fixture, Scripted};
-use delegate_abi::{DelegateError, ExecuteArgs, PluginInfo};
 use et_error::{ErrorCode, HasErrorCode};
 use host_runtime::generate::{continue_from, generate};
 use host_runtime::manifest::Manifest;
@@ -121,11 +119,7 @@ fn the_cache_file_is_plain_safetensors_with_the_documented_metadata() {
     let (fed, _) = fresh_run(&mut program);
     let file = dir.path().join("cache.safetensors");
     program.save_cache(&file, 6, &fed[..6]).expect("saves");
-    // Read as the safetensors spec says, with nothing of this project: u64 LE header length, JSON header,
-    // then the data, each tensor at its offsets.
-    let bytes = std::fs::read(&file).expect("read");
-    let n = u64::from_le_bytes(bytes[..8].try_into().expect("8 bytes")) as usize;
-    let header: serde_json::Value = serde_json::from_slice(&bytes[8..8 + n]).expect("JSON header");
+    let (bytes, n, header) = safetensors_header(&file);
     let meta = &header["__metadata__"];
     assert_eq!(meta["format"], "kv-delegate-cache");
     assert_eq!(meta["format_version"], "1");
@@ -148,32 +142,8 @@ fn the_cache_file_is_plain_safetensors_with_the_documented_metadata() {
     assert_eq!(&data[6 * 8 * 4..], &cache[16 * 8 * 4..22 * 8 * 4], "head 1's rows follow");
 }
 
-/// Adds 1 to each float of its cache in place; fails halfway when [`FAIL`] is set (tests/torn.rs's fixture).
-mod half_writer {
-    use super::*;
-
-    pub static FAIL: AtomicBool = AtomicBool::new(false);
-
-    pub struct HalfWriter;
-    impl Fixture for HalfWriter {
-        fn info() -> PluginInfo {
-            testing::info("half-writer", "HalfBackend")
-        }
-        fn execute(args: &mut ExecuteArgs<'_>) -> Result<(), DelegateError> {
-            let ([], [cache]) = args.borrow_typed::<f32, 0, 1>([], [1])?;
-            let fail = FAIL.load(Ordering::SeqCst);
-            let updated = if fail { cache.len() / 2 } else { cache.len() };
-            for value in &mut cache[..updated] {
-                *value += 1.0;
-            }
-            if fail {
-                return Err(DelegateError::internal("half-writer: failed halfway, as asked"));
-            }
-            Ok(())
-        }
-    }
-    delegate_abi::export_delegate!(@embedded Scripted<HalfWriter>);
-}
+#[path = "support/half_writer.rs"]
+mod half_writer;
 
 #[test]
 fn a_restore_ends_a_torn_state_and_a_rewind_does_not() {
@@ -269,12 +239,19 @@ fn a_pte_programs_whole_caches_restore_into_a_new_program() {
     let (fed, tokens) = fresh_run(&mut original);
     let file = dir.path().join("cache.safetensors");
     original.save_cache(&file, 6, &fed[..6]).expect("saves");
-    let bytes = std::fs::read(&file).expect("read");
-    let n = u64::from_le_bytes(bytes[..8].try_into().expect("8 bytes")) as usize;
-    let header: serde_json::Value = serde_json::from_slice(&bytes[8..8 + n]).expect("JSON header");
+    let (_, _, header) = safetensors_header(&file);
     assert_eq!(header["k_cache_0"]["shape"], serde_json::json!([2, 16, 16]), "saved whole: {header}");
 
     let mut restored = load();
     assert_eq!(restored.restore_cache(&file).expect("restores").position, 6);
     assert_eq!(continue_from(&mut restored, 6, &fed[6..7], 5).expect("continues"), tokens[3..9]);
+}
+
+/// A safetensors file read as its spec says, with nothing of this project: a u64 LE header length, the JSON
+/// header, then the data, each tensor at its offsets. The file's bytes, the header's length and the header.
+fn safetensors_header(file: &Path) -> (Vec<u8>, usize, serde_json::Value) {
+    let bytes = std::fs::read(file).expect("read");
+    let n = u64::from_le_bytes(bytes[..8].try_into().expect("8 bytes")) as usize;
+    let header = serde_json::from_slice(&bytes[8..8 + n]).expect("JSON header");
+    (bytes, n, header)
 }

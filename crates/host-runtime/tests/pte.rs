@@ -177,22 +177,8 @@ fn a_clone_that_cannot_be_elided_runs_as_a_host_copy_and_is_counted() {
 /// runs as a host copy: the buffer holds the input after every run, and the copy is counted.
 #[test]
 fn a_copy_into_a_buffer_that_no_alias_elides_changes_the_buffer() {
-    use pte_format::model::ScalarType;
-    use pte_format::testing::{TensorSpec, ValueSpec};
     let dir = tempfile::tempdir().expect("temp dir");
-    let mut spec = kv_pte::spec(false);
-    let cache_bytes = kv_pte::config().cache_shape().iter().product::<usize>() as u64 * 4;
-    let forward = &mut spec.methods[0];
-    // Value 11: a buffer `last_token` planned after the two caches; `copy_(last_token, tokens)` after the
-    // delegate call (the same operands as ExecuTorch's write-backs: self, src, non_blocking, out = self).
-    let last = forward.values.len() as i32;
-    forward.values.push(ValueSpec::Tensor(
-        TensorSpec::planned(ScalarType::Long, &[1], 2, 2 * cache_bytes).named("last_token"),
-    ));
-    forward.non_const_buffer_sizes[2] += 8;
-    forward
-        .instructions
-        .insert(1, InstructionSpec::Kernel { op: 0, args: vec![last, kv_pte::TOKENS, 10, last] });
+    let spec = kv_pte::spec_with_token_copy();
     let path = write(dir.path(), "copy.pte", &spec);
     let mut program = pte::load(&path, &registry(), Mode::ZeroCopy, None).expect("loads");
     assert!(program.manifest().buffers.contains_key("last_token"));

@@ -116,20 +116,8 @@ fn a_buffer_in_memory_the_plugin_does_not_update_in_place_is_refused_for_its_sta
 /// every step (see tests/pte.rs).
 #[test]
 fn a_pte_host_copy_into_a_buffer_is_refused() {
-    use pte_format::model::ScalarType;
-    use pte_format::testing::{InstructionSpec, TensorSpec, ValueSpec};
     let dir = tempfile::tempdir().expect("temp dir");
-    let mut spec = kv_pte::spec(false);
-    let cache_bytes = kv_pte::config().cache_shape().iter().product::<usize>() as u64 * 4;
-    let forward = &mut spec.methods[0];
-    let last = forward.values.len() as i32;
-    forward.values.push(ValueSpec::Tensor(
-        TensorSpec::planned(ScalarType::Long, &[1], 2, 2 * cache_bytes).named("last_token"),
-    ));
-    forward.non_const_buffer_sizes[2] += 8;
-    forward
-        .instructions
-        .insert(1, InstructionSpec::Kernel { op: 0, args: vec![last, kv_pte::TOKENS, 10, last] });
+    let spec = kv_pte::spec_with_token_copy();
     let path = dir.path().join("copy.pte");
     std::fs::write(&path, spec.to_bytes()).expect("write");
 

@@ -2,11 +2,9 @@
 //! typed line naming the caches and the failed call, until the caller resets them; then it runs again.
 
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::Ordering;
 
 use delegate_abi::host::HostConfig;
-use delegate_abi::testing::{self, Fixture, Scripted};
-use delegate_abi::{DelegateError, ExecuteArgs, PluginInfo};
 use et_error::{ErrorCode, HasErrorCode};
 use host_runtime::manifest::Manifest;
 use host_runtime::plugins::{Discovery, Registry};
@@ -15,33 +13,8 @@ use host_runtime::program::{Error, Mode, Program};
 #[path = "support/in_place_blob.rs"]
 mod in_place_blob;
 
-/// Adds 1 to each float of the cache in place; when [`FAIL`] is set it updates the first half only and then
-/// fails, as a plugin that dies mid-call leaves a cache.
-mod half_writer {
-    use super::*;
-
-    pub static FAIL: AtomicBool = AtomicBool::new(false);
-
-    pub struct HalfWriter;
-    impl Fixture for HalfWriter {
-        fn info() -> PluginInfo {
-            testing::info("half-writer", "HalfBackend")
-        }
-        fn execute(args: &mut ExecuteArgs<'_>) -> Result<(), DelegateError> {
-            let ([], [cache]) = args.borrow_typed::<f32, 0, 1>([], [1])?;
-            let fail = FAIL.load(Ordering::SeqCst);
-            let updated = if fail { cache.len() / 2 } else { cache.len() };
-            for value in &mut cache[..updated] {
-                *value += 1.0;
-            }
-            if fail {
-                return Err(DelegateError::internal("half-writer: failed halfway, as asked"));
-            }
-            Ok(())
-        }
-    }
-    delegate_abi::export_delegate!(@embedded Scripted<HalfWriter>);
-}
+#[path = "support/half_writer.rs"]
+mod half_writer;
 
 /// A program of one 4-float cache updated in place by one call (method `step`), and a method `other` whose
 /// call reads and writes a second cache only.

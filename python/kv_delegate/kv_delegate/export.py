@@ -78,6 +78,19 @@ OUTSIDE_FILE = "gelu_1m.pte"
 OUTSIDE_DIR = "outside"
 
 
+def expected_json(tokens: List[int], programs: Dict[str, object]) -> Dict[str, object]:
+    """``expected.json``: the versions that exported, the prompt and eager's tokens, and each program."""
+    return {
+        "torch": torch.__version__,
+        "executorch": dist_version("executorch"),
+        "prompt": list(TINY["prompt"]),
+        "steps": STEPS,
+        "tokens": tokens,
+        "logits": "logits.npy",
+        "programs": programs,
+    }
+
+
 def export_outside(dir: Path) -> Dict[str, object]:
     """Writes ``outside/``: :data:`OUTSIDE_FILE` (:class:`~kv_delegate.model.GeluDecoder`, one method,
     planned), ``logits.npy`` and ``expected.json`` (eager's tokens, what stayed outside and why)."""
@@ -89,16 +102,8 @@ def export_outside(dir: Path) -> Dict[str, object]:
     (dir / OUTSIDE_FILE).write_bytes(data)
     np.save(dir / "logits.npy", logits.numpy().astype(np.float32))
     outside = [o._asdict() for o in summary["unsupported"]]
-    expected = {
-        "torch": torch.__version__,
-        "executorch": dist_version("executorch"),
-        "prompt": list(TINY["prompt"]),
-        "steps": STEPS,
-        "tokens": tokens,
-        "logits": "logits.npy",
-        "programs": {OUTSIDE_FILE: {"design": "buffers", "methods": ["forward"], "planned": True,
-                                    "outside": outside}},
-    }
+    expected = expected_json(tokens, {OUTSIDE_FILE: {"design": "buffers", "methods": ["forward"], "planned": True,
+                                                     "outside": outside}})
     (dir / "expected.json").write_text(json.dumps(expected, indent=2) + "\n")
     print(f"kv_delegate: wrote {OUTSIDE_DIR}/{OUTSIDE_FILE} ({len(data)} bytes; eager tokens {tokens}; outside the delegate: "
           f"{[str(o) for o in summary['unsupported']]})")
@@ -164,15 +169,7 @@ def main(argv: List[str] | None = None) -> int:
         export_outside(args.dir)
 
     np.save(args.dir / "logits.npy", logits.numpy().astype(np.float32))
-    expected = {
-        "torch": torch.__version__,
-        "executorch": dist_version("executorch"),
-        "prompt": list(TINY["prompt"]),
-        "steps": STEPS,
-        "tokens": tokens,
-        "logits": "logits.npy",
-        "programs": programs,
-    }
+    expected = expected_json(tokens, programs)
     (args.dir / "expected.json").write_text(json.dumps(expected, indent=2) + "\n")
     print(f"kv_delegate: wrote expected.json and logits.npy {tuple(logits.shape)} into {args.dir}")
     return 0

@@ -111,8 +111,13 @@ class Decoder(torch.nn.Module):
             # An explicit contiguous copy before the view: sdpa's output strides differ between tracing passes.
             merged = a.transpose(0, 1).clone(memory_format=torch.contiguous_format).view(t, self.dim)
             x = x + torch.mm(merged, self.weight(p + "wo"))
+            x = self.mlp(x, p)
         h = F.rms_norm(x, (self.dim,), self.weight("final_norm"), self.eps)
         return torch.mm(h, self.weight("w_out"))
+
+    def mlp(self, x: torch.Tensor, prefix: str) -> torch.Tensor:
+        """What follows a layer's attention (``prefix`` is ``layer{N}.``): nothing in this decoder."""
+        return x
 
     def reset_caches(self) -> None:
         """Zeroes every cache (a fresh program's buffers)."""
@@ -157,26 +162,7 @@ class GeluDecoder(Decoder):
                     0.1 * torch.randn(shape, generator=gen)
                 self.register_parameter(f"layer{layer}_{name}", torch.nn.Parameter(values, requires_grad=False))
 
-    def forward(self, tokens: torch.Tensor, input_pos: torch.Tensor) -> torch.Tensor:
-        """As :meth:`Decoder.forward`, with the GeLU MLP after each layer's attention."""
-        t, heads, head_dim = tokens.shape[0], self.heads, self.head_dim
-        positions = input_pos + torch.arange(t, dtype=torch.int64)
-        x = F.embedding(tokens, self.weight("tok_emb")) + F.embedding(positions, self.weight("pos_emb"))
-        rows = torch.arange(self.max_len, dtype=torch.int64)
-        visible = rows.view(1, self.max_len) <= positions.view(t, 1)
-        for layer in range(self.layers):
-            p = f"layer{layer}."
-            h = F.rms_norm(x, (self.dim,), self.weight(p + "norm"), self.eps)
-            q, k, v = (torch.mm(h, self.weight(p + w)) for w in ("wq", "wk", "wv"))
-            k_cache = getattr(self, k_cache_name(layer))
-            v_cache = getattr(self, v_cache_name(layer))
-            k_cache.index_copy_(1, positions, k.view(t, heads, head_dim).transpose(0, 1))
-            v_cache.index_copy_(1, positions, v.view(t, heads, head_dim).transpose(0, 1))
-            qh = q.view(t, heads, head_dim).transpose(0, 1)
-            a = F.scaled_dot_product_attention(qh, k_cache, v_cache, attn_mask=visible)
-            merged = a.transpose(0, 1).clone(memory_format=torch.contiguous_format).view(t, self.dim)
-            x = x + torch.mm(merged, self.weight(p + "wo"))
-            h = F.rms_norm(x, (self.dim,), self.weight(p + "mlp_norm"), self.eps)
-            x = x + torch.mm(F.gelu(torch.mm(h, self.weight(p + "w_up"))), self.weight(p + "w_down"))
-        h = F.rms_norm(x, (self.dim,), self.weight("final_norm"), self.eps)
-        return torch.mm(h, self.weight("w_out"))
+    def mlp(self, x: torch.Tensor, prefix: str) -> torch.Tensor:
+        """The GeLU MLP after each layer's attention."""
+        h = F.rms_norm(x, (self.dim,), self.weight(prefix + "mlp_norm"), self.eps)
+        return x + torch.mm(F.gelu(torch.mm(h, self.weight(prefix + "w_up"))), self.weight(prefix + "w_down"))

@@ -32,6 +32,15 @@ def packer(env: str = PACKER_ENV, program: str = "delegate-pack") -> str:
     return path
 
 
+def have_packer() -> bool:
+    """Whether :func:`packer` finds the packer."""
+    try:
+        packer()
+    except PackError:
+        return False
+    return True
+
+
 def spec(lowered: Lowered, backend: str, constants_file: str) -> Dict[str, object]:
     """The packer's SPEC.json for ``lowered``: graph description, constants file, bindings in order."""
     return {

@@ -12,15 +12,7 @@ from executorch.exir import ExecutorchBackendConfig, to_edge_transform_and_lower
 from kv_delegate import KvAliasMemoryPlanningPass, ReferencePartitioner
 from kv_delegate.lowering import op_name
 from kv_delegate.model import TINY, Decoder
-from kv_delegate.pack import PackError, packer
-
-
-def _have_packer() -> bool:
-    try:
-        packer()
-    except PackError:
-        return False
-    return True
+from kv_delegate.pack import have_packer
 
 
 class TanhHead(torch.nn.Module):
@@ -40,7 +32,7 @@ def _lower(model: torch.nn.Module, partitioner: ReferencePartitioner):
         return to_edge_transform_and_lower(torch.export.export(model, args), partitioner=[partitioner])
 
 
-@unittest.skipUnless(_have_packer(), "delegate-pack not found (set KV_DELEGATE_PACK)")
+@unittest.skipUnless(have_packer(), "delegate-pack not found (set KV_DELEGATE_PACK)")
 class KvDelegateTest(unittest.TestCase):
     def test_an_unsupported_operator_stays_outside_and_is_reported(self) -> None:
         partitioner = ReferencePartitioner(output_names=["logits"])

@@ -30,7 +30,7 @@ from executorch.exir import ExecutorchBackendConfig, to_edge_transform_and_lower
 from kv_delegate import KvAliasMemoryPlanningPass, ReferencePartitioner
 from kv_delegate.lowering import op_name
 from kv_delegate.model import TINY, Decoder, GeluDecoder, greedy
-from kv_delegate.pack import PackError, packer
+from kv_delegate.pack import have_packer
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from llama_style import LlamaStyle  # noqa: E402
@@ -41,14 +41,6 @@ PROMPT = [1, 7, 3, 12]
 STEPS = 12
 #: What an internal value of the lowering looks like when printed; a reason never shows one.
 INTERNAL = re.compile(r"\b(HeadView|Range|Positions|CausalMask|Tensor)\(")
-
-
-def _have_packer() -> bool:
-    try:
-        packer()
-    except PackError:
-        return False
-    return True
 
 
 def et_run() -> Optional[Path]:
@@ -102,7 +94,7 @@ def exported(name: str) -> Tuple[bytes, Tuple, Tuple[str, ...], Tuple[int, ...]]
     return pte, tuple(partitioner.unsupported()), tuple(ops), tuple(tokens)
 
 
-@unittest.skipUnless(_have_packer(), "delegate-pack not found (set KV_DELEGATE_PACK)")
+@unittest.skipUnless(have_packer(), "delegate-pack not found (set KV_DELEGATE_PACK)")
 class PartitionerTest(unittest.TestCase):
     def setUp(self) -> None:
         import tempfile

@@ -178,15 +178,7 @@ impl Program {
     /// # Errors
     /// [`Error::Usage`] for an unknown method or input, [`Error::Memory`] for host or pinned memory.
     pub fn input_ptr(&self, method: &str, input: &str) -> Result<cuda::DevicePtr, Error> {
-        let m = self.method(method)?;
-        let storage = &m.inputs[m.input_index(input)?];
-        storage.device_ptr().ok_or_else(|| Error::Memory {
-            method: method.to_owned(),
-            role: IoRole::Input,
-            tensor: input.to_owned(),
-            memory: storage.memory(),
-            problem: "which has no device address",
-        })
+        self.io_device_ptr(method, IoRole::Input, input)
     }
 
     /// The device address of a method's output in device or managed memory.
@@ -194,12 +186,20 @@ impl Program {
     /// # Errors
     /// As [`Program::input_ptr`].
     pub fn output_ptr(&self, method: &str, output: &str) -> Result<cuda::DevicePtr, Error> {
+        self.io_device_ptr(method, IoRole::Output, output)
+    }
+
+    /// The device address of a method's input or output, or [`Error::Memory`] naming it.
+    fn io_device_ptr(&self, method: &str, role: IoRole, name: &str) -> Result<cuda::DevicePtr, Error> {
         let m = self.method(method)?;
-        let storage = &m.outputs[m.output_index(output)?];
+        let storage = match role {
+            IoRole::Input => &m.inputs[m.input_index(name)?],
+            IoRole::Output => &m.outputs[m.output_index(name)?],
+        };
         storage.device_ptr().ok_or_else(|| Error::Memory {
             method: method.to_owned(),
-            role: IoRole::Output,
-            tensor: output.to_owned(),
+            role,
+            tensor: name.to_owned(),
             memory: storage.memory(),
             problem: "which has no device address",
         })

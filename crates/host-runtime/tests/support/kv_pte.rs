@@ -119,3 +119,19 @@ pub fn oracle_tokens(steps: usize) -> Vec<i64> {
     }
     tokens
 }
+
+/// [`spec`]`(false)` with a mutable buffer `last_token` (i64 `[1]`, planned after the two caches) that an
+/// `aten::copy_(last_token, tokens)` after the delegate call fills: a copy that is no aliased write-back (the
+/// same operands as ExecuTorch's write-backs: self, src, non_blocking, out = self).
+pub fn spec_with_token_copy() -> ProgramSpec {
+    let mut spec = spec(false);
+    let cache_bytes = config().cache_shape().iter().product::<usize>() as u64 * 4;
+    let forward = &mut spec.methods[0];
+    let last = forward.values.len() as i32;
+    forward.values.push(ValueSpec::Tensor(
+        TensorSpec::planned(ScalarType::Long, &[1], 2, 2 * cache_bytes).named("last_token"),
+    ));
+    forward.non_const_buffer_sizes[2] += 8;
+    forward.instructions.insert(1, InstructionSpec::Kernel { op: 0, args: vec![last, TOKENS, 10, last] });
+    spec
+}
