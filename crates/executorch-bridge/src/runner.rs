@@ -267,17 +267,13 @@ impl Report {
     }
 }
 
-/// Runs the protocol on the program at `path` with `registry`'s plugins (the backends it calls are registered
-/// here, see [`crate::register_backends`]). Single-method programs (`forward`, T = 1) are fed the prompt one token per call;
-/// two-method programs run `prefill` once (T = prompt length), then `decode`.
-///
-/// # Errors
-/// Everything [`check_program`], [`Module`] and [`crate::register`] return; [`BridgeError::Protocol`] when
-/// the program has neither `forward` nor `prefill` + `decode`, or its first output is not f32 logits.
-pub fn run(path: &Path, registry: &Registry, protocol: &Protocol) -> Result<Report, BridgeError> {
-    if protocol.prompt.is_empty() {
-        return Err(BridgeError::Protocol("the prompt is empty".to_owned()));
-    }
+/// Reads and checks the program at `path` (strict zero-copy's refusals included), registers the backends it
+/// calls, and says which plugin serves each: (the summary, (backend, plugin location) per backend).
+fn prepare(
+    path: &Path,
+    registry: &Registry,
+    protocol: &Protocol,
+) -> Result<(ProgramSummary, Vec<(String, String)>), BridgeError> {
     let bytes =
         std::fs::read(path).map_err(|source| BridgeError::Io { path: path.display().to_string(), source })?;
     let served = registry.backends();
@@ -308,18 +304,41 @@ pub fn run(path: &Path, registry: &Registry, protocol: &Protocol) -> Result<Repo
         let at = plugin.path().map_or_else(|| "(embedded)".to_owned(), |p| p.display().to_string());
         served_by.push((id.clone(), at));
     }
+    Ok((summary, served_by))
+}
+
+/// The run protocol's methods: `prefill` and `decode`, or `forward` for both.
+fn generation_methods(
+    path: &Path,
+    summary: &ProgramSummary,
+) -> Result<(&'static str, &'static str), BridgeError> {
     let has = |m: &str| summary.methods.iter().any(|n| n == m);
-    let (prefill, decode) = if has("prefill") && has("decode") {
-        ("prefill", "decode")
+    if has("prefill") && has("decode") {
+        Ok(("prefill", "decode"))
     } else if has("forward") {
-        ("forward", "forward")
+        Ok(("forward", "forward"))
     } else {
-        return Err(BridgeError::Protocol(format!(
+        Err(BridgeError::Protocol(format!(
             "{}: the program has methods {:?}; the run protocol needs 'forward', or 'prefill' and 'decode'",
             path.display(),
             summary.methods
-        )));
-    };
+        )))
+    }
+}
+
+/// Runs the protocol on the program at `path` with `registry`'s plugins (the backends it calls are registered
+/// here, see [`crate::register_backends`]). Single-method programs (`forward`, T = 1) are fed the prompt one token per call;
+/// two-method programs run `prefill` once (T = prompt length), then `decode`.
+///
+/// # Errors
+/// Everything [`check_program`], [`Module`] and [`crate::register`] return; [`BridgeError::Protocol`] when
+/// the program has neither `forward` nor `prefill` + `decode`, or its first output is not f32 logits.
+pub fn run(path: &Path, registry: &Registry, protocol: &Protocol) -> Result<Report, BridgeError> {
+    if protocol.prompt.is_empty() {
+        return Err(BridgeError::Protocol("the prompt is empty".to_owned()));
+    }
+    let (summary, served_by) = prepare(path, registry, protocol)?;
+    let (prefill, decode) = generation_methods(path, &summary)?;
     let mut module = Module::open(path)?;
     for method in [prefill, decode] {
         module.load_method(method)?;
