@@ -117,9 +117,15 @@ impl Builder<'_> {
                 let position = self.name(position);
                 self.ew(out, &position, &iota, BinaryOp::Add);
             }
-            RefOp::MatMul { a, b, .. } => {
+            RefOp::MatMul { a, b, transpose_b, bias, .. } => {
+                if bias.is_some() || self.shape(a).len() != 2 {
+                    return Err(bad(
+                        &out,
+                        "mat_mul with a bias or batched rows has no TensorRT translation here",
+                    ));
+                }
                 let (a, b) = (self.name(a), self.name(b));
-                self.add(out, Op::MatMul { a, transpose_a: false, b, transpose_b: false });
+                self.add(out, Op::MatMul { a, transpose_a: false, b, transpose_b });
             }
             RefOp::Add { a, b, .. } => {
                 let (a, b) = (self.name(a), self.name(b));
@@ -140,13 +146,28 @@ impl Builder<'_> {
             }
             RefOp::KvCacheUpdate { cache, update, position, .. } => {
                 let shape = self.shape(cache);
+                if shape.len() != 3 || self.shape(update).len() != 2 {
+                    return Err(bad(
+                        &out,
+                        "only [H, L, Dh] caches with token-major updates translate to TensorRT",
+                    ));
+                }
                 let update = self.heads(format!("{out}.update"), update, shape[0], shape[2]);
                 let write_indices = self.write_index(position);
                 let cache = self.name(cache);
                 self.add(out, Op::KvCacheUpdate { cache, update, write_indices });
             }
-            RefOp::CausalAttention { q, k, v, position, .. } => {
+            RefOp::CausalAttention { q, k, v, position, scale, .. } => {
                 let cache = self.graph.tensor(k).shape.clone();
+                if cache.len() != 3
+                    || self.shape(q).len() != 2
+                    || self.graph.tensor(q).shape[1] != cache[0] * cache[2]
+                {
+                    return Err(bad(
+                        &out,
+                        "only token-major queries with one KV head per query head translate to TensorRT",
+                    ));
+                }
                 let (h, l, hd) = (dims(&cache)[0], dims(&cache)[1], dims(&cache)[2]);
                 let rows = self.shape(q)[0];
                 let qh = self.heads(format!("{out}.q"), q, h, hd);
@@ -155,8 +176,11 @@ impl Builder<'_> {
                     format!("{out}.scores_raw"),
                     Op::MatMul { a: qh, transpose_a: false, b: k, transpose_b: true },
                 );
-                let scale =
-                    self.f32_const(format!("{out}.scale"), &[1.0 / (hd as f32).sqrt()], vec![1, 1, 1, 1]);
+                let scale = self.f32_const(
+                    format!("{out}.scale"),
+                    &[scale.unwrap_or(1.0 / (hd as f32).sqrt())],
+                    vec![1, 1, 1, 1],
+                );
                 let scaled = self.ew(format!("{out}.scores"), &raw, &scale, BinaryOp::Mul);
                 // -1e9 where column j > position + t.
                 let cols: Vec<f32> = (0..l).map(|j| j as f32).collect();
@@ -180,7 +204,9 @@ impl Builder<'_> {
                 );
                 self.shuffle(out, &attn, Some(vec![0, 2, 1, 3]), vec![rows, h * hd], None);
             }
-            RefOp::Argmax { .. } => return Err(bad(&out, "argmax has no TensorRT translation here")),
+            ref other => {
+                return Err(bad(&out, format!("{} has no TensorRT translation here", other.name())));
+            }
         }
         Ok(())
     }

@@ -156,7 +156,7 @@ impl GraphBuilder {
 
     /// `a b`, see [`Op::MatMul`].
     pub fn mat_mul(&mut self, name: &str, a: TensorId, b: TensorId) -> Result<TensorId, Error> {
-        self.op(name, |out| Op::MatMul { a, b, out })
+        self.op(name, |out| Op::MatMul { a, b, transpose_b: false, bias: None, out })
     }
 
     /// `a + b`, see [`Op::Add`].
@@ -195,7 +195,7 @@ impl GraphBuilder {
         v: TensorId,
         position: TensorId,
     ) -> Result<TensorId, Error> {
-        self.op(name, |out| Op::CausalAttention { q, k, v, position, out })
+        self.op(name, |out| Op::CausalAttention { q, k, v, position, scale: None, out })
     }
 
     /// The index of the largest value of `input`'s last row, as `i64 [1]`; see [`Op::Argmax`].

@@ -113,7 +113,7 @@ use serde::{Deserialize, Serialize};
 pub use builder::GraphBuilder;
 /// The `half` crate, whose [`half::f16`] is the element of [`Data::F16`].
 pub use half;
-pub use ops::{argmax, Op};
+pub use ops::{argmax, Op, UnaryFn};
 pub use payload::{
     CONSTANT_ALIGN, PAYLOAD_MAGIC, PAYLOAD_MINOR_WITHOUT_STATE, PAYLOAD_VERSION_MAJOR, PAYLOAD_VERSION_MINOR,
 };
@@ -130,6 +130,8 @@ pub enum ElemType {
     F32,
     /// 16-bit float (IEEE 754 binary16, [`half::f16`]). Payload version 1.1 and later.
     F16,
+    /// 16-bit brain float ([`half::bf16`]: f32's exponent, 8 bits of mantissa). Payload version 1.3 and later.
+    Bf16,
     /// Signed 64-bit integer.
     I64,
 }
@@ -139,7 +141,7 @@ impl ElemType {
     pub const fn size_bytes(self) -> usize {
         match self {
             ElemType::F32 => 4,
-            ElemType::F16 => 2,
+            ElemType::F16 | ElemType::Bf16 => 2,
             ElemType::I64 => 8,
         }
     }
@@ -149,13 +151,14 @@ impl ElemType {
         match self {
             ElemType::F32 => DType::F32,
             ElemType::F16 => DType::F16,
+            ElemType::Bf16 => DType::BF16,
             ElemType::I64 => DType::I64,
         }
     }
 
-    /// Whether this is a float type (`f32` or `f16`), the types float ops compute in.
+    /// Whether this is a float type (`f32`, `f16` or `bf16`), the types float ops compute in.
     pub const fn is_float(self) -> bool {
-        matches!(self, ElemType::F32 | ElemType::F16)
+        matches!(self, ElemType::F32 | ElemType::F16 | ElemType::Bf16)
     }
 
     /// `"f32"`, `"f16"` or `"i64"`.
@@ -205,6 +208,8 @@ pub enum Data {
     F32(Vec<f32>),
     /// `f16` values.
     F16(Vec<half::f16>),
+    /// `bf16` values.
+    Bf16(Vec<half::bf16>),
     /// `i64` values.
     I64(Vec<i64>),
 }
@@ -215,6 +220,7 @@ impl Data {
         match self {
             Data::F32(_) => ElemType::F32,
             Data::F16(_) => ElemType::F16,
+            Data::Bf16(_) => ElemType::Bf16,
             Data::I64(_) => ElemType::I64,
         }
     }
@@ -224,6 +230,7 @@ impl Data {
         match self {
             Data::F32(v) => v.len(),
             Data::F16(v) => v.len(),
+            Data::Bf16(v) => v.len(),
             Data::I64(v) => v.len(),
         }
     }
@@ -234,6 +241,7 @@ impl Data {
         match self {
             Data::F32(v) => v.iter().for_each(|x| out.extend_from_slice(&x.to_le_bytes())),
             Data::F16(v) => v.iter().for_each(|x| out.extend_from_slice(&x.to_le_bytes())),
+            Data::Bf16(v) => v.iter().for_each(|x| out.extend_from_slice(&x.to_le_bytes())),
             Data::I64(v) => v.iter().for_each(|x| out.extend_from_slice(&x.to_le_bytes())),
         }
         out

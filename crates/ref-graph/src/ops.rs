@@ -39,8 +39,9 @@ pub fn argmax(values: &[f32]) -> usize {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "op", rename_all = "snake_case")]
 pub enum Op<T> {
-    /// `out[t, :] = table[indices[t], :]`. `table` `float [N, D]`, `indices` `i64 [T]`, `out` `float [T, D]`.
-    /// An index outside `0..N` fails the call with `InvalidArgument`.
+    /// `out[i.., :] = table[indices[i..], :]`. `table` `float [N, D]`, `indices` `i64` of any rank (`[T]`, or
+    /// `[1, T]` as Hugging Face passes `input_ids`), `out` `float [indices.., D]`. An index outside `0..N`
+    /// fails the call with `InvalidArgument`.
     Gather {
         /// The rows.
         table: T,
@@ -58,16 +59,26 @@ pub enum Op<T> {
         /// The positions.
         out: T,
     },
-    /// `out = a b`. `a` `float [M, K]`, `b` `float [K, N]`, `out` `float [M, N]`.
+    /// `out = a b (+ bias)`. `a` `float [.., M, K]` (rank at least 2; leading axes are more rows), `b`
+    /// `float [K, N]`, or `[N, K]` with `transpose_b` (a `torch.nn.Linear` weight as the user stores it: row
+    /// `n` holds output `n`'s inputs), optional `bias` `float [N]` added to every row; `out` `float [.., M, N]`.
+    /// Payload 1.3 added `transpose_b` and `bias` (both absent means the 1.0 op).
     MatMul {
         /// Left operand.
         a: T,
         /// Right operand (typically a weight).
         b: T,
+        /// Whether `b` is stored `[N, K]`.
+        #[serde(default, skip_serializing_if = "is_false")]
+        transpose_b: bool,
+        /// Added to every output row.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        bias: Option<T>,
         /// The product.
         out: T,
     },
-    /// `out = a + b`, elementwise, same shapes, `float`.
+    /// `out = a + b`, elementwise with broadcasting (NumPy's rule: shapes aligned at the last axis, an extent
+    /// of 1 or a missing axis stretches), `float`. Before payload 1.3 the shapes had to be equal.
     Add {
         /// Left operand.
         a: T,
@@ -76,8 +87,109 @@ pub enum Op<T> {
         /// The sum.
         out: T,
     },
+    /// `out = a - b`, elementwise with broadcasting as [`Op::Add`]. Payload 1.3.
+    Sub {
+        /// Left operand.
+        a: T,
+        /// Right operand.
+        b: T,
+        /// The difference.
+        out: T,
+    },
+    /// `out = a * b`, elementwise with broadcasting as [`Op::Add`]. Payload 1.3.
+    Mul {
+        /// Left operand.
+        a: T,
+        /// Right operand.
+        b: T,
+        /// The product.
+        out: T,
+    },
+    /// `out = a / b`, elementwise with broadcasting as [`Op::Add`] (IEEE division: `x / 0` is infinite or NaN).
+    /// Payload 1.3.
+    Div {
+        /// Left operand.
+        a: T,
+        /// Right operand.
+        b: T,
+        /// The quotient.
+        out: T,
+    },
+    /// `out = func(input)`, elementwise, `float`, same shape. Payload 1.3.
+    Unary {
+        /// The function.
+        func: UnaryFn,
+        /// The values.
+        input: T,
+        /// The results.
+        out: T,
+    },
+    /// The mean over the last axis, kept as an axis of 1: `out[.., 0] = mean(input[.., :])`. `input`
+    /// `float [.., D]`, `out` `float [.., 1]`. Payload 1.3.
+    Mean {
+        /// The values.
+        input: T,
+        /// The means.
+        out: T,
+    },
+    /// `input` converted to `dtype` (float to float rounds to nearest even; `i64` to float rounds to nearest;
+    /// float to `i64` truncates toward zero, NaN and out-of-range values saturate). Same shape. Payload 1.3.
+    Cast {
+        /// The values.
+        input: T,
+        /// The element type of `out`.
+        dtype: ElemType,
+        /// The converted values.
+        out: T,
+    },
+    /// The same elements in the same (row-major) order, seen as `shape`: any element type, equal element
+    /// counts. An executor may give `out` the storage of `input`. Payload 1.3.
+    Reshape {
+        /// The values.
+        input: T,
+        /// The shape of `out`.
+        shape: Vec<u64>,
+        /// The reshaped tensor.
+        out: T,
+    },
+    /// Axes reordered: `out`'s axis `i` is `input`'s axis `dims[i]` (`dims` a permutation of `0..rank`), any
+    /// element type. Payload 1.3.
+    Permute {
+        /// The values.
+        input: T,
+        /// The permutation.
+        dims: Vec<u64>,
+        /// The permuted tensor.
+        out: T,
+    },
+    /// `out = input[.., start..end, ..]` along `axis` (step 1, `start < end <= extent`), any element type.
+    /// Payload 1.3.
+    Slice {
+        /// The values.
+        input: T,
+        /// The axis cut.
+        axis: u64,
+        /// First index kept.
+        start: u64,
+        /// One past the last index kept.
+        end: u64,
+        /// The slice.
+        out: T,
+    },
+    /// `a` and `b` joined along `axis` (every other extent equal, one element type). Payload 1.3.
+    Concat {
+        /// First part.
+        a: T,
+        /// Second part.
+        b: T,
+        /// The axis joined along.
+        axis: u64,
+        /// The joined tensor.
+        out: T,
+    },
     /// Root-mean-square norm over the last axis: `out[m, :] = x[m, :] / sqrt(mean(x[m, :]^2) + eps) * weight`.
-    /// `input` `float [M, D]`, `weight` `float [D]`, `out` `float [M, D]`.
+    /// `input` `float [.., D]` (rank at least 1; rank 2 before payload 1.3), `weight` `float [D]`, `out` the
+    /// input's shape.
     RmsNorm {
         /// The rows to normalise.
         input: T,
@@ -90,8 +202,10 @@ pub enum Op<T> {
     },
     /// Writes `update` into rows `position[0] .. position[0] + T` of every head of `cache`, **in place**:
     /// `cache[h, position + t, :] = update[t, h * Dh .. (h + 1) * Dh]`. `out` is the updated cache and is
-    /// the same storage as `cache` (TensorRT's `IKVCacheUpdateLayer`). `cache` `float [H, L, Dh]`, `update`
-    /// `float [T, H * Dh]`, `position` `i64 [1]`, `out` `float [H, L, Dh]`. A position with `position + T > L` or
+    /// the same storage as `cache` (TensorRT's `IKVCacheUpdateLayer`). `cache` `float [H, L, Dh]` (or
+    /// `[1, H, L, Dh]`, Hugging Face's StaticCache layout, payload 1.3), `update` token-major `float [T, H * Dh]`
+    /// or head-major `float [H, T, Dh]` / `[1, H, T, Dh]` (`cache[h, position + t, :] = update[h, t, :]`,
+    /// payload 1.3), `position` `i64 [1]`, `out` the cache's shape. A position with `position + T > L` or
     /// `position < 0` fails the call with `InvalidArgument`.
     KvCacheUpdate {
         /// The cache to update (a graph input: caller-owned storage).
@@ -104,11 +218,13 @@ pub enum Op<T> {
         out: T,
     },
     /// Causal multi-head attention of `T` queries over a cache: query `t` sits at position `p = position + t`
-    /// and attends to cache rows `0 ..= p` of its head with `softmax(q k^T / sqrt(Dh)) v`. `q`
-    /// `float [T, H * Dh]`, `k`, `v` `float [H, L, Dh]` (outputs of a `KvCacheUpdate`), `position` `i64 [1]`,
-    /// `out` `float [T, H * Dh]`.
+    /// and attends to cache rows `0 ..= p` of its KV head with `softmax(q k^T * scale) v`. `q` token-major
+    /// `float [T, Hq * Dh]` or head-major `[Hq, T, Dh]` / `[1, Hq, T, Dh]` (payload 1.3), `k`, `v`
+    /// `float [Hkv, L, Dh]` or `[1, Hkv, L, Dh]` (outputs of a `KvCacheUpdate`), `position` `i64 [1]`, `out`
+    /// the shape of `q`. Grouped-query attention (payload 1.3): `Hq` is a multiple of `Hkv` and query head `h`
+    /// reads KV head `h / (Hq / Hkv)`; the repeated keys and values are never materialised.
     CausalAttention {
-        /// Queries, heads side by side.
+        /// Queries.
         q: T,
         /// Key cache.
         k: T,
@@ -116,12 +232,15 @@ pub enum Op<T> {
         v: T,
         /// Position of the first query.
         position: T,
-        /// Attention output, heads side by side.
+        /// The score scale; absent means `1 / sqrt(Dh)` (payload 1.3 added it).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        scale: Option<f32>,
+        /// Attention output, in the layout of `q`.
         out: T,
     },
-    /// The index of the largest value of the **last** row: `out[0] = argmax_n input[M - 1, n]`. `input`
-    /// `float [M, N]`, `out` `i64 [1]`. The next token of greedy decoding, computed where the logits are
-    /// (payload version 1.1).
+    /// The index of the largest value of the **last** row: `out[0] = argmax_n input[.., M - 1, n]`. `input`
+    /// `float [.., M, N]` (rank at least 2; exactly 2 before payload 1.3), `out` `i64 [1]`. The next token of
+    /// greedy decoding, computed where the logits are (payload version 1.1).
     ///
     /// The rule is [`argmax`](crate::argmax)'s, the one every executor and host uses: the first index of
     /// the largest non-NaN value (ties go to the lower index, `-inf` counts as a value), and only a row that
@@ -135,8 +254,86 @@ pub enum Op<T> {
 }
 
 /// Every op name, as spelled in the payload.
-pub(crate) const OP_NAMES: [&str; 8] =
-    ["gather", "positions", "mat_mul", "add", "rms_norm", "kv_cache_update", "causal_attention", "argmax"];
+pub(crate) const OP_NAMES: [&str; 18] = [
+    "gather",
+    "positions",
+    "mat_mul",
+    "add",
+    "sub",
+    "mul",
+    "div",
+    "unary",
+    "mean",
+    "cast",
+    "reshape",
+    "permute",
+    "slice",
+    "concat",
+    "rms_norm",
+    "kv_cache_update",
+    "causal_attention",
+    "argmax",
+];
+
+/// The function of an [`Op::Unary`], as spelled in the payload (`"func": "rsqrt"`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum UnaryFn {
+    /// `-x`.
+    Neg,
+    /// `1 / sqrt(x)`.
+    Rsqrt,
+    /// `sqrt(x)`.
+    Sqrt,
+    /// `x * x`.
+    Square,
+    /// `1 / x`.
+    Reciprocal,
+    /// `e^x`.
+    Exp,
+    /// `cos(x)` (radians).
+    Cos,
+    /// `sin(x)` (radians).
+    Sin,
+    /// `tanh(x)`.
+    Tanh,
+    /// `1 / (1 + e^-x)`.
+    Sigmoid,
+    /// `x * sigmoid(x)` (SiLU, the gate of SwiGLU).
+    Silu,
+    /// `x * Phi(x)` with the exact normal CDF, `0.5 x (1 + erf(x / sqrt 2))` (`torch.nn.GELU()`).
+    Gelu,
+    /// The tanh approximation `0.5 x (1 + tanh(sqrt(2 / pi) (x + 0.044715 x^3)))` (`approximate="tanh"`).
+    GeluTanh,
+}
+
+impl UnaryFn {
+    /// The function applied to one value, computed in `f32` (the definition every executor matches).
+    pub fn apply(self, x: f32) -> f32 {
+        match self {
+            UnaryFn::Neg => -x,
+            UnaryFn::Rsqrt => 1.0 / x.sqrt(),
+            UnaryFn::Sqrt => x.sqrt(),
+            UnaryFn::Square => x * x,
+            UnaryFn::Reciprocal => 1.0 / x,
+            UnaryFn::Exp => x.exp(),
+            UnaryFn::Cos => x.cos(),
+            UnaryFn::Sin => x.sin(),
+            UnaryFn::Tanh => x.tanh(),
+            UnaryFn::Sigmoid => 1.0 / (1.0 + (-x).exp()),
+            UnaryFn::Silu => x / (1.0 + (-x).exp()),
+            UnaryFn::Gelu => 0.5 * x * (1.0 + libm::erff(x / std::f32::consts::SQRT_2)),
+            UnaryFn::GeluTanh => {
+                let c = (2.0 / std::f32::consts::PI).sqrt();
+                0.5 * x * (1.0 + (c * (x + 0.044_715 * x * x * x)).tanh())
+            }
+        }
+    }
+}
+
+fn is_false(value: &bool) -> bool {
+    !*value
+}
 
 impl<T: Copy> Op<T> {
     /// The op's name as spelled in the payload, e.g. `"mat_mul"`.
@@ -146,6 +343,16 @@ impl<T: Copy> Op<T> {
             Op::Positions { .. } => "positions",
             Op::MatMul { .. } => "mat_mul",
             Op::Add { .. } => "add",
+            Op::Sub { .. } => "sub",
+            Op::Mul { .. } => "mul",
+            Op::Div { .. } => "div",
+            Op::Unary { .. } => "unary",
+            Op::Mean { .. } => "mean",
+            Op::Cast { .. } => "cast",
+            Op::Reshape { .. } => "reshape",
+            Op::Permute { .. } => "permute",
+            Op::Slice { .. } => "slice",
+            Op::Concat { .. } => "concat",
             Op::RmsNorm { .. } => "rms_norm",
             Op::KvCacheUpdate { .. } => "kv_cache_update",
             Op::CausalAttention { .. } => "causal_attention",
@@ -160,6 +367,16 @@ impl<T: Copy> Op<T> {
             | Op::Positions { out, .. }
             | Op::MatMul { out, .. }
             | Op::Add { out, .. }
+            | Op::Sub { out, .. }
+            | Op::Mul { out, .. }
+            | Op::Div { out, .. }
+            | Op::Unary { out, .. }
+            | Op::Mean { out, .. }
+            | Op::Cast { out, .. }
+            | Op::Reshape { out, .. }
+            | Op::Permute { out, .. }
+            | Op::Slice { out, .. }
+            | Op::Concat { out, .. }
             | Op::RmsNorm { out, .. }
             | Op::KvCacheUpdate { out, .. }
             | Op::CausalAttention { out, .. }
@@ -172,7 +389,22 @@ impl<T: Copy> Op<T> {
         match *self {
             Op::Gather { table, indices, .. } => vec![("table", table), ("indices", indices)],
             Op::Positions { position, .. } => vec![("position", position)],
-            Op::MatMul { a, b, .. } | Op::Add { a, b, .. } => vec![("a", a), ("b", b)],
+            Op::MatMul { a, b, bias, .. } => {
+                let mut operands = vec![("a", a), ("b", b)];
+                operands.extend(bias.map(|bias| ("bias", bias)));
+                operands
+            }
+            Op::Add { a, b, .. }
+            | Op::Sub { a, b, .. }
+            | Op::Mul { a, b, .. }
+            | Op::Div { a, b, .. }
+            | Op::Concat { a, b, .. } => vec![("a", a), ("b", b)],
+            Op::Unary { input, .. }
+            | Op::Mean { input, .. }
+            | Op::Cast { input, .. }
+            | Op::Reshape { input, .. }
+            | Op::Permute { input, .. }
+            | Op::Slice { input, .. } => vec![("input", input)],
             Op::RmsNorm { input, weight, .. } => vec![("input", input), ("weight", weight)],
             Op::KvCacheUpdate { cache, update, position, .. } => {
                 vec![("cache", cache), ("update", update), ("position", position)]
@@ -188,39 +420,116 @@ impl<T: Copy> Op<T> {
     pub fn operands(&self) -> Vec<T> {
         self.named_operands().into_iter().map(|(_, t)| t).collect()
     }
+}
 
+impl<T> Op<T> {
     /// The same op with every tensor reference mapped through `f` (given the role name; `"out"` for the
     /// output).
-    pub fn try_map<U, E>(&self, mut f: impl FnMut(&'static str, T) -> Result<U, E>) -> Result<Op<U>, E> {
-        Ok(match *self {
-            Op::Gather { table, indices, out } => {
-                Op::Gather { table: f("table", table)?, indices: f("indices", indices)?, out: f("out", out)? }
+    pub fn try_map<U, E>(&self, mut f: impl FnMut(&'static str, &T) -> Result<U, E>) -> Result<Op<U>, E> {
+        let (a, b) = match self {
+            Op::Add { a, b, .. }
+            | Op::Sub { a, b, .. }
+            | Op::Mul { a, b, .. }
+            | Op::Div { a, b, .. }
+            | Op::Concat { a, b, .. } => (f("a", a)?, f("b", b)?),
+            other => return other.try_map_other(f),
+        };
+        let out = f("out", self.output_ref())?;
+        Ok(match self {
+            Op::Add { .. } => Op::Add { a, b, out },
+            Op::Sub { .. } => Op::Sub { a, b, out },
+            Op::Mul { .. } => Op::Mul { a, b, out },
+            Op::Div { .. } => Op::Div { a, b, out },
+            Op::Concat { axis, .. } => Op::Concat { a, b, axis: *axis, out },
+            _ => unreachable!("matched above"),
+        })
+    }
+
+    /// The tensor the op defines, by reference.
+    fn output_ref(&self) -> &T {
+        match self {
+            Op::Gather { out, .. }
+            | Op::Positions { out, .. }
+            | Op::MatMul { out, .. }
+            | Op::Add { out, .. }
+            | Op::Sub { out, .. }
+            | Op::Mul { out, .. }
+            | Op::Div { out, .. }
+            | Op::Unary { out, .. }
+            | Op::Mean { out, .. }
+            | Op::Cast { out, .. }
+            | Op::Reshape { out, .. }
+            | Op::Permute { out, .. }
+            | Op::Slice { out, .. }
+            | Op::Concat { out, .. }
+            | Op::RmsNorm { out, .. }
+            | Op::KvCacheUpdate { out, .. }
+            | Op::CausalAttention { out, .. }
+            | Op::Argmax { out, .. } => out,
+        }
+    }
+
+    /// [`Op::try_map`] of every op whose operands are not `a` and `b`.
+    fn try_map_other<U, E>(&self, mut f: impl FnMut(&'static str, &T) -> Result<U, E>) -> Result<Op<U>, E> {
+        let out = |f: &mut dyn FnMut(&'static str, &T) -> Result<U, E>| f("out", self.output_ref());
+        Ok(match self {
+            Op::Gather { table, indices, .. } => {
+                Op::Gather { table: f("table", table)?, indices: f("indices", indices)?, out: out(&mut f)? }
             }
-            Op::Positions { position, count, out } => {
-                Op::Positions { position: f("position", position)?, count, out: f("out", out)? }
+            Op::Positions { position, count, .. } => {
+                Op::Positions { position: f("position", position)?, count: *count, out: out(&mut f)? }
             }
-            Op::MatMul { a, b, out } => Op::MatMul { a: f("a", a)?, b: f("b", b)?, out: f("out", out)? },
-            Op::Add { a, b, out } => Op::Add { a: f("a", a)?, b: f("b", b)?, out: f("out", out)? },
-            Op::RmsNorm { input, weight, eps, out } => Op::RmsNorm {
+            Op::MatMul { a, b, transpose_b, bias, .. } => Op::MatMul {
+                a: f("a", a)?,
+                b: f("b", b)?,
+                transpose_b: *transpose_b,
+                bias: bias.as_ref().map(|bias| f("bias", bias)).transpose()?,
+                out: out(&mut f)?,
+            },
+            Op::Unary { func, input, .. } => {
+                Op::Unary { func: *func, input: f("input", input)?, out: out(&mut f)? }
+            }
+            Op::Mean { input, .. } => Op::Mean { input: f("input", input)?, out: out(&mut f)? },
+            Op::Cast { input, dtype, .. } => {
+                Op::Cast { input: f("input", input)?, dtype: *dtype, out: out(&mut f)? }
+            }
+            Op::Reshape { input, shape, .. } => {
+                Op::Reshape { input: f("input", input)?, shape: shape.clone(), out: out(&mut f)? }
+            }
+            Op::Permute { input, dims, .. } => {
+                Op::Permute { input: f("input", input)?, dims: dims.clone(), out: out(&mut f)? }
+            }
+            Op::Slice { input, axis, start, end, .. } => Op::Slice {
+                input: f("input", input)?,
+                axis: *axis,
+                start: *start,
+                end: *end,
+                out: out(&mut f)?,
+            },
+            Op::RmsNorm { input, weight, eps, .. } => Op::RmsNorm {
                 input: f("input", input)?,
                 weight: f("weight", weight)?,
-                eps,
-                out: f("out", out)?,
+                eps: *eps,
+                out: out(&mut f)?,
             },
-            Op::KvCacheUpdate { cache, update, position, out } => Op::KvCacheUpdate {
+            Op::KvCacheUpdate { cache, update, position, .. } => Op::KvCacheUpdate {
                 cache: f("cache", cache)?,
                 update: f("update", update)?,
                 position: f("position", position)?,
-                out: f("out", out)?,
+                out: out(&mut f)?,
             },
-            Op::CausalAttention { q, k, v, position, out } => Op::CausalAttention {
+            Op::CausalAttention { q, k, v, position, scale, .. } => Op::CausalAttention {
                 q: f("q", q)?,
                 k: f("k", k)?,
                 v: f("v", v)?,
                 position: f("position", position)?,
-                out: f("out", out)?,
+                scale: *scale,
+                out: out(&mut f)?,
             },
-            Op::Argmax { input, out } => Op::Argmax { input: f("input", input)?, out: f("out", out)? },
+            Op::Argmax { input, .. } => Op::Argmax { input: f("input", input)?, out: out(&mut f)? },
+            Op::Add { .. } | Op::Sub { .. } | Op::Mul { .. } | Op::Div { .. } | Op::Concat { .. } => {
+                unreachable!("Op::try_map maps the ops of operands a and b")
+            }
         })
     }
 }
@@ -339,6 +648,7 @@ impl Op<TensorId> {
                 floats.operand("input", input, 2)?;
                 Ok((ElemType::I64, vec![1]))
             }
+            _ => Err(format!("op '{}' is not typed yet", self.name())),
         }
     }
 

@@ -69,7 +69,7 @@ impl Graph {
             .ops
             .iter()
             .map(|op| {
-                let named = op.try_map(|_, id| Ok::<_, std::convert::Infallible>(name(id)));
+                let named = op.try_map(|_, id| Ok::<_, std::convert::Infallible>(name(*id)));
                 let named = match named {
                     Ok(named) => named,
                     Err(never) => match never {},
@@ -195,40 +195,12 @@ impl Description {
                 source,
             })?;
             let context = || format!("op {index} ({op_name})");
-            let op = named.try_map_ref(|name| resolve(&context, name))?;
+            let op = named.try_map(|_, name| resolve(&context, name))?;
             ops.push(op);
         }
         let graph = Graph { tensors: self.tensors, inputs, outputs, constants, state, ops };
         graph.validate()?;
         Ok(graph)
-    }
-}
-
-impl Op<String> {
-    fn try_map_ref<E>(&self, mut f: impl FnMut(&str) -> Result<TensorId, E>) -> Result<Op<TensorId>, E> {
-        Ok(match self {
-            Op::Gather { table, indices, out } => {
-                Op::Gather { table: f(table)?, indices: f(indices)?, out: f(out)? }
-            }
-            Op::Positions { position, count, out } => {
-                Op::Positions { position: f(position)?, count: *count, out: f(out)? }
-            }
-            Op::MatMul { a, b, out } => Op::MatMul { a: f(a)?, b: f(b)?, out: f(out)? },
-            Op::Add { a, b, out } => Op::Add { a: f(a)?, b: f(b)?, out: f(out)? },
-            Op::RmsNorm { input, weight, eps, out } => {
-                Op::RmsNorm { input: f(input)?, weight: f(weight)?, eps: *eps, out: f(out)? }
-            }
-            Op::KvCacheUpdate { cache, update, position, out } => Op::KvCacheUpdate {
-                cache: f(cache)?,
-                update: f(update)?,
-                position: f(position)?,
-                out: f(out)?,
-            },
-            Op::CausalAttention { q, k, v, position, out } => {
-                Op::CausalAttention { q: f(q)?, k: f(k)?, v: f(v)?, position: f(position)?, out: f(out)? }
-            }
-            Op::Argmax { input, out } => Op::Argmax { input: f(input)?, out: f(out)? },
-        })
     }
 }
 
@@ -262,6 +234,12 @@ fn read_constant(constant: &ConstantRef, decl: &TensorDecl, data: &[u8]) -> Resu
             bytes
                 .chunks_exact(2)
                 .map(|c| half::f16::from_le_bytes(c.try_into().expect("chunks_exact yields 2 bytes")))
+                .collect(),
+        ),
+        ElemType::Bf16 => Data::Bf16(
+            bytes
+                .chunks_exact(2)
+                .map(|c| half::bf16::from_le_bytes(c.try_into().expect("chunks_exact yields 2 bytes")))
                 .collect(),
         ),
         ElemType::I64 => Data::I64(

@@ -55,6 +55,7 @@ fn data_bytes(data: &Data) -> &[u8] {
     match data {
         Data::F32(v) => bytemuck::cast_slice(v),
         Data::F16(v) => bytemuck::cast_slice(v),
+        Data::Bf16(v) => bytemuck::cast_slice(v),
         Data::I64(v) => bytemuck::cast_slice(v),
     }
 }

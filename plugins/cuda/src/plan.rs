@@ -275,14 +275,14 @@ impl Plan {
                         eps,
                     });
                 }
-                Op::MatMul { a, b, out } => {
+                Op::MatMul { a, b, transpose_b: false, bias: None, out } => {
                     let (m, k) = (u32_of(shape(a)[0], "rows")?, u32_of(shape(a)[1], "inner extent")?);
                     let n = u32_of(shape(b)[1], "columns")?;
                     let mut mats = vec![GemvMat { w: b, y: out, residual: None, cache: None }];
                     // Siblings: the next MatMuls reading the same `a` with weights of the same shape.
                     while mats.len() < 3 {
                         match ops.get(i + 1) {
-                            Some(&Op::MatMul { a: a2, b: b2, out: out2 })
+                            Some(&Op::MatMul { a: a2, b: b2, transpose_b: false, bias: None, out: out2 })
                                 if a2 == a && shape(b2) == shape(b) =>
                             {
                                 mats.push(GemvMat { w: b2, y: out2, residual: None, cache: None });
@@ -369,7 +369,7 @@ impl Plan {
                     }
                     steps.push(Step::KvUpdate { caches, position, rows, heads, len, head_dim });
                 }
-                Op::CausalAttention { q, k, v, position, out } => {
+                Op::CausalAttention { q, k, v, position, scale: None, out } => {
                     let c = shape(k);
                     let (heads, len, head_dim) =
                         (u32_of(c[0], "heads")?, u32_of(c[1], "cache length")?, u32_of(c[2], "head size")?);
@@ -408,6 +408,7 @@ impl Plan {
                         n: u32_of(s[1], "columns")?,
                     });
                 }
+                ref other => return Err(Unsupported(format!("op '{}' is not run yet", other.name()))),
             }
             i += 1;
         }
@@ -422,6 +423,7 @@ fn float_of(graph: &Graph) -> Result<Float, Unsupported> {
         let this = match t.dtype {
             ElemType::F32 => Float::F32,
             ElemType::F16 => Float::F16,
+            ElemType::Bf16 => return Err(Unsupported(format!("tensor '{}' is bf16", t.name))),
             ElemType::I64 => continue,
         };
         match found {

@@ -174,7 +174,7 @@ impl Executor {
                 match decl.dtype {
                     ElemType::F32 => Store::F32(Vec::new()),
                     ElemType::I64 => Store::I64(Vec::new()),
-                    ElemType::F16 => return Err(Error::F16 { tensor: decl.name.clone() }),
+                    ElemType::F16 | ElemType::Bf16 => return Err(Error::F16 { tensor: decl.name.clone() }),
                 }
             };
             stores.push(store);
