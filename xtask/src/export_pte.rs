@@ -8,7 +8,8 @@
 //! torch is another version gets the pinned one installed: the export's bytes depend on torch's version (the
 //! delegate's argument order changed between 2.13 and 2.15), so the fixtures are reproducible only with it.
 //! Then [`TRANSFORMERS`] (pinned beside torch; its models' exports depend on its version too). Builds the packer
-//! `delegate-pack` and runs `python -m kv_delegate.export DIR` with it.
+//! `delegate-pack` and runs `python -m kv_delegate.export DIR` with it, then `python -m kv_delegate.export_real
+//! DIR/real` (the Hugging Face Llama and Qwen2 models and the hand-written Llama-style decoder, issue 18).
 //!
 //! `--tensorrt` exports the `TensorRTBackend` programs instead (`tensorrt_buffers_*.pte`): it also installs the
 //! TensorRT-RTX library (`trt_setup`), builds kv-example-trt's `trt_pack` (the same spec built into an engine,
@@ -62,7 +63,16 @@ pub fn run(root: &Path, dir: &Path, tensorrt: bool) -> anyhow::Result<()> {
         util::run_cmd(root, build.args(["build", "-p", "kv-example-trt", "--example", "trt_pack"]))?;
         trt.apply(&mut cmd);
         cmd.args(["--backend", "tensorrt"]).env("KV_TRT_PACK", debug.join("examples").join("trt_pack"));
+        return util::run_cmd(root, &mut cmd);
     }
+    util::run_cmd(root, &mut cmd)?;
+    let real = dir.join("real");
+    eprintln!("xtask: exporting the real models into {}", real.display());
+    let mut cmd = Command::new(&python);
+    cmd.args(["-m", "kv_delegate.export_real"])
+        .arg(&real)
+        .env("PYTHONPATH", root.join("python").join("kv_delegate"))
+        .env("KV_DELEGATE_PACK", &packer);
     util::run_cmd(root, &mut cmd)
 }
 

@@ -15,6 +15,7 @@ pub fn run(root: &Path) -> anyhow::Result<()> {
     let trt = trt_setup::ensure(root)?;
     let nvrtc = nvrtc_setup::ensure(root)?;
     // `executorch-bridge` is a workspace member (not a default one): `--workspace` builds it, against the wheel.
+    // So is `executorch-capi`, whose tests build the C++ example (`c++`) against its libraries and run it.
     let executorch = executorch_setup::ensure(root)?;
     let with_trt = |mut cmd: Command| {
         trt.apply(&mut cmd);

@@ -10,7 +10,8 @@
 //!  └─ DelegateRoot            prefix type, PERMANENT: only `negotiate`
 //!      └─ negotiate(HostOffer) -> Negotiated { version, plugin_range, module }
 //!                                  └─ PluginModule   prefix type, append-only
-//!                                      ├─ info() -> PluginInfoRecord (prefix type, append-only)
+//!                                      ├─ info() -> PluginInfoRecord (prefix type, append-only; the
+//!                                      │    capabilities appended after 0.1.0 are guarded)
 //!                                      ├─ is_available, compatibility, init
 //!                                      ├─ execute, destroy (unsafe: they take a RawHandle and raw memory)
 //!                                      ├─ set_option, get_option
@@ -22,7 +23,12 @@
 //! - `DelegateRoot` never changes. [`ROOT_INTERFACE_VERSION`] stays `1.0.0` forever; the ABI version that
 //!   matters is the one agreed by [`negotiate`].
 //! - Every prefix type only grows at the end. A field after `#[sabi(last_prefix_field)]` is read through an
-//!   accessor returning `Option`, and the host additionally guards it by the negotiated version.
+//!   accessor returning `Option`, and the host additionally guards it by the negotiated version (or, for a
+//!   field appended within a version, takes `None` as the field's documented default).
+//! - abi_stable's own layout check refuses a library whose prefix types have fewer fields than the host's
+//!   ("too many fields"); the host's loader (`host::root`) accepts such an older plugin when its layout is
+//!   exactly a prefix of the host's, so appending really keeps old plugins loading. Release 0.1.0's plugins
+//!   (`fixtures/releases/0.1.0`) are loaded by the tests to prove it.
 //! - A change that cannot be expressed by appending bumps [`ABI_VERSION_MAX`]; a plugin or host that still
 //!   speaks the older version keeps negotiating it.
 //! - Entries whose arguments carry a precondition the type system cannot (a live [`RawHandle`], caller
@@ -44,6 +50,7 @@ use abi_stable::sabi_types::VersionStrings;
 use abi_stable::std_types::{ROption, RResult, RSlice, RStr, RString};
 use abi_stable::StableAbi;
 
+use crate::capabilities::Capabilities;
 use crate::delegate::{
     Compatibility, DelegateError, ErrorCode, ExecStats, OptionValue, PluginInfo, WireFormatSupport,
 };
@@ -394,6 +401,20 @@ pub struct PluginInfoRecord {
     /// Zero-copy aliasing.
     #[sabi(last_prefix_field)]
     pub binds_aliases_in_place: bool,
+    // Appended after release 0.1.0: a plugin built before them lacks them, their accessors answer `None`
+    // and the host reads `Capabilities::default()`'s value (see `crate::capabilities`). Only ever append.
+    /// [`Capabilities::in_place_memory_kinds`]: `RNone` when not stated.
+    pub in_place_memory_kinds: ROption<RSlice<'static, RawMemoryKind>>,
+    /// [`Capabilities::caller_stream`].
+    pub caller_stream: bool,
+    /// [`Capabilities::cuda_graph_capturable`].
+    pub cuda_graph_capturable: bool,
+    /// [`Capabilities::device_positions`].
+    pub device_positions: bool,
+    /// [`Capabilities::rewind_fork_without_reinit`].
+    pub rewind_fork_without_reinit: bool,
+    /// [`Capabilities::max_positions`]; `0` for no limit.
+    pub max_positions: u64,
 }
 
 impl PluginInfoRecord {
@@ -411,6 +432,17 @@ impl PluginInfoRecord {
             ),
             memory_kinds: leak_slice(info.memory_kinds.into_iter().map(RawMemoryKind::from).collect()),
             binds_aliases_in_place: info.binds_aliases_in_place,
+            in_place_memory_kinds: match info.capabilities.in_place_memory_kinds {
+                Some(kinds) => {
+                    ROption::RSome(leak_slice(kinds.into_iter().map(RawMemoryKind::from).collect()))
+                }
+                None => ROption::RNone,
+            },
+            caller_stream: info.capabilities.caller_stream,
+            cuda_graph_capturable: info.capabilities.cuda_graph_capturable,
+            device_positions: info.capabilities.device_positions,
+            rewind_fork_without_reinit: info.capabilities.rewind_fork_without_reinit,
+            max_positions: info.capabilities.max_positions,
         }
     }
 }
@@ -428,19 +460,43 @@ impl PluginInfoRecordRef {
                 .iter()
                 .map(|w| WireFormatSupport { format: w.format.to_string(), versions: w.versions.to_string() })
                 .collect(),
-            memory_kinds: self
-                .memory_kinds()
-                .iter()
-                .filter_map(|&raw| match MemoryKind::try_from(raw) {
-                    Ok(kind) => Some(kind),
-                    Err(err) => {
-                        tracing::warn!(plugin = %self.name(), "skipping a memory kind: {err}");
-                        None
-                    }
-                })
-                .collect(),
+            memory_kinds: self.known_kinds(self.memory_kinds()),
             binds_aliases_in_place: self.binds_aliases_in_place(),
+            capabilities: self.capabilities(),
         }
+    }
+
+    /// The appended capability fields; each one a plugin does not have (built before it) reads as
+    /// [`Capabilities::default`]'s.
+    fn capabilities(self) -> Capabilities {
+        let default = Capabilities::default();
+        Capabilities {
+            in_place_memory_kinds: self
+                .in_place_memory_kinds()
+                .and_then(ROption::into_option)
+                .map(|kinds| self.known_kinds(kinds)),
+            caller_stream: self.caller_stream().unwrap_or(default.caller_stream),
+            cuda_graph_capturable: self.cuda_graph_capturable().unwrap_or(default.cuda_graph_capturable),
+            device_positions: self.device_positions().unwrap_or(default.device_positions),
+            rewind_fork_without_reinit: self
+                .rewind_fork_without_reinit()
+                .unwrap_or(default.rewind_fork_without_reinit),
+            max_positions: self.max_positions().unwrap_or(default.max_positions),
+        }
+    }
+
+    /// The memory kinds this build knows among `raw`; an unknown code (from a newer plugin) is skipped with a
+    /// warning.
+    fn known_kinds(self, raw: RSlice<'static, RawMemoryKind>) -> Vec<MemoryKind> {
+        raw.iter()
+            .filter_map(|&raw| match MemoryKind::try_from(raw) {
+                Ok(kind) => Some(kind),
+                Err(err) => {
+                    tracing::warn!(plugin = %self.name(), "skipping a memory kind: {err}");
+                    None
+                }
+            })
+            .collect()
     }
 }
 

@@ -7,6 +7,7 @@ use std::fmt;
 
 pub use et_error::ErrorCode;
 
+use crate::capabilities::Capabilities;
 use crate::tensor::{DTypeCode, MemoryKind, TensorArg};
 
 /// An error a delegate returns: an ExecuTorch code and a message that names what was wrong.
@@ -380,6 +381,9 @@ pub struct PluginInfo {
     /// Whether it binds aliased outputs in place (zero-copy aliasing): an output arg that shares its aliased
     /// input's storage costs no copy.
     pub binds_aliases_in_place: bool,
+    /// What the host must know before it runs anything (a plugin built before these were stated gets
+    /// [`Capabilities::default`], see [`crate::capabilities`]).
+    pub capabilities: Capabilities,
 }
 
 /// One blob wire format a plugin reads.

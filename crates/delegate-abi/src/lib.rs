@@ -15,8 +15,8 @@
 //! ```
 //! use delegate_abi::host::{ArgList, Plugin};
 //! use delegate_abi::{
-//!     Compatibility, DTypeCode, Delegate, DelegateError, ExecuteArgs, InitContext, MemoryKind, PluginInfo,
-//!     WireFormatSupport,
+//!     Capabilities, Compatibility, DTypeCode, Delegate, DelegateError, ExecuteArgs, InitContext, MemoryKind,
+//!     PluginInfo, WireFormatSupport,
 //! };
 //!
 //! pub struct Doubler;
@@ -32,6 +32,7 @@
 //!             wire_formats: vec![WireFormatSupport { format: "native".into(), versions: "^1".into() }],
 //!             memory_kinds: vec![MemoryKind::Host],
 //!             binds_aliases_in_place: true,
+//!             capabilities: Capabilities::default(),
 //!         }
 //!     }
 //!     fn compatibility(&self, _blob: &[u8]) -> Compatibility { Compatibility::Supported }
@@ -217,6 +218,14 @@
 //! one, they may complete later on that stream, and the host waits for the stream before touching the
 //! memory. The exact rule is on [`Delegate::execute`].
 //!
+//! ### Capabilities
+//!
+//! State what a host must know before it runs anything in [`PluginInfo::capabilities`] ([`Capabilities`]:
+//! memory kinds you update in place, whether you take the caller's stream, can be captured into a CUDA graph,
+//! read positions from device memory, serve rewinds and forks without a new `init`, and your most positions).
+//! Build it with `..Capabilities::default()`; the defaults claim nothing, and a host refuses at load what
+//! you do not claim (a `--cuda-graph` run of a plugin without `cuda_graph_capturable`).
+//!
 //! ## Feature Flags
 //!
 //! - `test-support`: the `testing` module, delegates in a few lines for tests, benchmarks and test plugins
@@ -226,6 +235,7 @@
 #![deny(missing_docs)]
 
 pub mod abi;
+pub mod capabilities;
 pub mod check;
 mod conv;
 pub mod delegate;
@@ -237,6 +247,7 @@ pub mod tensor;
 #[cfg(feature = "test-support")]
 pub mod testing;
 
+pub use capabilities::Capabilities;
 pub use conv::NoDTypeCode;
 pub use delegate::*;
 pub use tensor::*;

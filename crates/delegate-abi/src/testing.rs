@@ -38,13 +38,14 @@
 use std::marker::PhantomData;
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use crate::capabilities::Capabilities;
 use crate::delegate::{
     Compatibility, Delegate, DelegateError, ErrorCode, ExecuteArgs, InitContext, OptionValue, PluginInfo,
 };
 use crate::tensor::MemoryKind;
 
 /// Metadata for a test delegate: `name`, version `0.1.0`, one backend id, no wire formats, host memory,
-/// aliased outputs bound in place. Change fields with struct update syntax.
+/// aliased outputs bound in place, no capabilities stated ([`Capabilities::default`]). Change fields with struct update syntax.
 pub fn info(name: &str, backend: &str) -> PluginInfo {
     PluginInfo {
         name: name.to_owned(),
@@ -53,6 +54,7 @@ pub fn info(name: &str, backend: &str) -> PluginInfo {
         wire_formats: vec![],
         memory_kinds: vec![MemoryKind::Host],
         binds_aliases_in_place: true,
+        capabilities: Capabilities::default(),
     }
 }
 

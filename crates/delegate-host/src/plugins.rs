@@ -211,17 +211,40 @@ fn candidate_json(registry: &Registry, c: &Candidate) -> Value {
         "memory_kinds": info.map(|i| i.memory_kinds.iter().map(|m| m.name()).collect::<Vec<_>>())
             .unwrap_or_default(),
         "binds_aliases_in_place": info.map(|i| i.binds_aliases_in_place),
+        "capabilities": info.map(|i| capabilities_json(&i.capabilities)),
         "manifest": c.manifest.as_ref().map(|m| json!({"sha256": m.sha256, "abi": {"min": m.abi.min, "max": m.abi.max}})),
     })
+}
+
+/// The capabilities as `--json` shows them: every field, the defaults included (an older plugin's).
+fn capabilities_json(c: &delegate_abi::Capabilities) -> Value {
+    json!({
+        "in_place_memory_kinds": c.in_place_memory_kinds.as_ref().map(|k| k.iter().map(|m| m.name()).collect::<Vec<_>>()),
+        "caller_stream": c.caller_stream,
+        "cuda_graph_capturable": c.cuda_graph_capturable,
+        "device_positions": c.device_positions,
+        "rewind_fork_without_reinit": c.rewind_fork_without_reinit,
+        "max_positions": c.max_positions,
+    })
+}
+
+/// The capabilities cell: the stated ones as words, `none stated` for the defaults.
+fn capabilities_cell(c: &delegate_abi::Capabilities) -> String {
+    let words = c.words();
+    if words.is_empty() {
+        "none stated".to_owned()
+    } else {
+        words.join("; ")
+    }
 }
 
 /// A human table: one row per candidate, `STATUS` last (it carries the reason). A backend a candidate offers
 /// but does not serve is parenthesised.
 fn table(registry: &Registry) -> String {
-    const HEADERS: [&str; 8] =
-        ["PATH", "NAME", "VERSION", "ABI", "BACKENDS", "WIRE FORMATS", "RUNS", "STATUS"];
+    const HEADERS: [&str; 9] =
+        ["PATH", "NAME", "VERSION", "ABI", "BACKENDS", "WIRE FORMATS", "CAPABILITIES", "RUNS", "STATUS"];
     let candidates = registry.candidates();
-    let rows: Vec<[String; 8]> = candidates
+    let rows: Vec<[String; 9]> = candidates
         .iter()
         .map(|c| {
             let info = c.info.as_ref();
@@ -245,6 +268,7 @@ fn table(registry: &Registry) -> String {
                         .collect::<Vec<_>>()
                         .join("; ")
                 })),
+                or_dash(info.map(|i| capabilities_cell(&i.capabilities))),
                 placement(registry, c).to_owned(),
                 c.status.to_string(),
             ]

@@ -170,6 +170,10 @@ pub fn run_program(path: &Path, mode: Mode, dirs: &[PathBuf], args: &RunArgs) ->
         }
         return crate::prompt_cache::run(&mut program, file, steps, mode, json);
     }
+    if let (true, Some(g)) = (args.cuda_graph, &program.manifest().generate) {
+        // Decided at load, before any method runs: a plugin that cannot be captured is refused now.
+        program.require_capturable(&g.decode)?;
+    }
     let options = options(steps, args, &program, args.cuda_graph);
     let bar = if std::io::stderr().is_terminal() && !json {
         let bar = indicatif::ProgressBar::new(steps as u64 + 1);

@@ -791,10 +791,11 @@ fn run_and_bench_start_at_a_position_and_a_cuda_graph_without_the_device_loop_is
     assert_eq!(from["stats"]["host_syncs_per_decode_step"], 0.0);
     assert!(from["stats"]["mean_decode_gpu_us"].is_null(), "host memory: no GPU time");
 
+    // Refused at load: the reference delegate does not state that it can be captured.
     let line = one_line_error(&run(host().arg("run").arg(&program).arg("--cuda-graph")));
     assert_eq!(
         line,
-        "error: a CUDA graph needs the device loop, which cannot run: input 'tokens' of method 'decode' is in host memory, not device or managed memory [NotSupported]"
+        "error: a CUDA graph (--cuda-graph) of method 'decode' is refused at load: call 0 (ReferenceBackend) is served by plugin 'reference-delegate', which does not state the capability cuda_graph_capturable [NotSupported]"
     );
 
     let report = stdout_json(&run(host()

@@ -2,7 +2,14 @@
 //
 // - `kvd_register_backend`: registers one `BackendInterface` per backend id; its four entries forward to the
 //   Rust callbacks given at registration (no logic here: errors are ExecuTorch codes both ways).
-// - `kvd_module_*`: `executorch::extension::Module` for the runner (load, execute, copy outputs out).
+// - `kvd_module_*`: `executorch::extension::Module` for the runner (load, execute, copy outputs out); a
+//   method's planned memory is either the Module's own (host) buffers or spans the caller supplies
+//   (`kvd_planned_new`, a `HierarchicalAllocator` over Rust's CUDA managed memory, `kvd_module_load_method_planned`).
+// - counting copy kernels: every method the runner loads gets a method-scoped kernel registry in which each
+//   kernel ExecuTorch registered for a copy operator (`aten::copy_`, the write-back, and the copy/clone/to-copy
+//   `out` kernels) is wrapped, with the same kernel key, by one that calls it and then adds the bytes it wrote
+//   to per-thread counters (`kvd_take_copy_counts`). The counts are what the kernels that run did, whether
+//   or not source and destination are one memory.
 //
 // Everything crossing is plain C: numbers, pointers, and the `kvd_*` structs mirrored in `src/ffi.rs`.
 //
@@ -11,13 +18,16 @@
 // into an ExecuTorch code (MemoryAllocationFailed for `std::bad_alloc`, Internal otherwise) and keeps its
 // message per thread for Rust (`kvd_take_exception`).
 
+#include <array>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
 #include <exception>
 #include <limits>
+#include <mutex>
 #include <new>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <executorch/extension/module/module.h>
@@ -25,6 +35,9 @@
 #include <executorch/runtime/backend/interface.h>
 #include <executorch/runtime/core/error.h>
 #include <executorch/runtime/core/evalue.h>
+#include <executorch/runtime/core/hierarchical_allocator.h>
+#include <executorch/runtime/kernel/kernel_runtime_context.h>
+#include <executorch/runtime/kernel/operator_registry.h>
 #include <executorch/runtime/platform/platform.h>
 
 namespace rt = executorch::runtime;
@@ -70,6 +83,16 @@ struct kvd_tensor {
   int64_t shape[KVD_MAX_RANK];
   uint32_t rank;
   int32_t scalar_type;
+};
+
+// Bytes the counting copy kernels saw written on this thread (`ffi::KvdCopyCounts`).
+struct kvd_copy_counts {
+  // `aten::copy_` calls (the buffer write-backs) and the bytes they wrote.
+  uint64_t write_back_calls;
+  uint64_t write_back_bytes;
+  // Calls of the other copy kernels (`aten::copy.out`, `aten::clone.out`, ...) and the bytes they wrote.
+  uint64_t op_calls;
+  uint64_t op_bytes;
 };
 
 }  // extern "C"
@@ -215,6 +238,97 @@ void forward_log(et_timestamp_t, et_pal_log_level_t level, const char*, const ch
 
 namespace {
 
+// The operators whose kernels copy bytes and are counted; the first is the buffer write-back.
+constexpr const char* kWriteBack = "aten::copy_";
+constexpr const char* kCopyOperators[] = {
+    kWriteBack,
+    "aten::copy.out",
+    "aten::clone.out",
+    "aten::_to_copy.out",
+    "dim_order_ops::_clone_dim_order.out",
+    "dim_order_ops::_to_dim_order_copy.out",
+};
+
+thread_local kvd_copy_counts g_copy_counts = {0, 0, 0, 0};
+
+// One wrapped kernel: ExecuTorch's own function, and whether its operator is the write-back.
+struct Wrapped {
+  rt::OpFunction original;
+  bool write_back;
+};
+
+// Room for every kernel (fallback or dtype-specialised) the copy operators have in the registry.
+constexpr size_t kMaxWrapped = 128;
+Wrapped g_wrapped[kMaxWrapped];
+
+// Adds what a successful copy kernel call wrote: its out tensor (the last argument; `copy_`'s is `self`).
+void count_copy(const rt::KernelRuntimeContext& ctx, rt::Span<rt::EValue*> args, bool write_back) {
+  if (ctx.failure_state() != rt::Error::Ok || args.size() == 0) {
+    return;
+  }
+  const rt::EValue* out = args[args.size() - 1];
+  uint64_t bytes = (out != nullptr && out->isTensor()) ? out->toTensor().nbytes() : 0;
+  if (write_back) {
+    g_copy_counts.write_back_calls += 1;
+    g_copy_counts.write_back_bytes += bytes;
+  } else {
+    g_copy_counts.op_calls += 1;
+    g_copy_counts.op_bytes += bytes;
+  }
+}
+
+// The counting kernel in slot `I` of `g_wrapped`: ExecuTorch's kernel runs, then its bytes are counted.
+template <size_t I>
+void counting_kernel(rt::KernelRuntimeContext& ctx, rt::Span<rt::EValue*> args) {
+  g_wrapped[I].original(ctx, args);
+  count_copy(ctx, args, g_wrapped[I].write_back);
+}
+
+template <size_t... I>
+constexpr std::array<rt::OpFunction, sizeof...(I)> counting_table(std::index_sequence<I...>) {
+  return {{&counting_kernel<I>...}};
+}
+constexpr auto kCounting = counting_table(std::make_index_sequence<kMaxWrapped>{});
+
+bool is_copy_operator(const char* name) {
+  for (const char* op : kCopyOperators) {
+    if (std::strcmp(name, op) == 0) {
+      return true;
+    }
+  }
+  return false;
+}
+
+// Whether the registry had more copy kernels than `g_wrapped` holds (then methods are not loaded: a copy
+// kernel left unwrapped would run uncounted).
+bool g_wrapped_overflow = false;
+
+// The method-scoped registry: each registered kernel of a copy operator, same name and key, counting. Built
+// once, after the kernels library's static initialisers registered everything.
+const std::vector<rt::Kernel>& counting_kernels() {
+  static std::vector<rt::Kernel> kernels;
+  static std::once_flag once;
+  std::call_once(once, [] {
+    for (const rt::Kernel& k : rt::get_registered_kernels()) {
+      if (k.name_ == nullptr || !is_copy_operator(k.name_)) {
+        continue;
+      }
+      if (kernels.size() == kMaxWrapped) {
+        g_wrapped_overflow = true;
+        break;
+      }
+      size_t slot = kernels.size();
+      g_wrapped[slot] = Wrapped{k.op_, std::strcmp(k.name_, kWriteBack) == 0};
+      kernels.emplace_back(k.name_, k.kernel_key_, kCounting[slot]);
+    }
+  });
+  return kernels;
+}
+
+}  // namespace
+
+namespace {
+
 // `in`'s shape as ExecuTorch's sizes, each checked to fit `SizesType` (32 bits), into `sizes`.
 rt::Error sizes_of(const kvd_tensor& in, std::vector<executorch::aten::SizesType>& sizes) {
   using Size = executorch::aten::SizesType;
@@ -347,8 +461,118 @@ uint32_t kvd_module_load(void* module) noexcept {
   return as_code(guard("kvd_module_load", [&] { return static_cast<Module*>(module)->load(); }));
 }
 
+// Loads `method` with the counting copy kernels as its method-scoped kernel registry (ExecuTorch resolves an
+// operator there first, by the same name and kernel key rules, then in the global registry).
 uint32_t kvd_module_load_method(void* module, const char* method) noexcept {
-  return as_code(guard("kvd_module_load_method", [&] { return static_cast<Module*>(module)->load_method(method); }));
+  return as_code(guard("kvd_module_load_method", [&] {
+    const auto& kernels = counting_kernels();
+    if (g_wrapped_overflow) {
+      std::snprintf(g_exception, sizeof g_exception, "%s",
+                    "ExecuTorch registers more copy kernels than the bridge's counting registry holds (128)");
+      return rt::Error::NotSupported;
+    }
+    return static_cast<Module*>(module)->load_method(method, nullptr, nullptr, nullptr, kernels);
+  }));
+}
+
+// The sizes of `method`'s memory-planned buffers (`MethodMeta::memory_planned_buffer_size`, one per mem_id
+// from 1), the first `cap` of them into `sizes`; `*n` receives how many the method has.
+uint32_t kvd_module_planned_sizes(void* module, const char* method, uint64_t* sizes, size_t cap,
+                                  size_t* n) noexcept {
+  *n = 0;
+  return as_code(guard("kvd_module_planned_sizes", [&] {
+    auto meta = static_cast<Module*>(module)->method_meta(method);
+    if (!meta.ok()) {
+      return meta.error();
+    }
+    *n = meta->num_memory_planned_buffers();
+    for (size_t i = 0; i < *n && i < cap; ++i) {
+      auto size = meta->memory_planned_buffer_size(i);
+      if (!size.ok()) {
+        return size.error();
+      }
+      sizes[i] = static_cast<uint64_t>(size.get());
+    }
+    return rt::Error::Ok;
+  }));
+}
+
+}  // extern "C"
+
+namespace {
+
+// Planned memory the caller supplies: its spans (the caller's memory, kept alive by the caller until every
+// method loaded with them is gone) and the `HierarchicalAllocator` ExecuTorch places planned tensors with.
+struct PlannedSpans {
+  std::vector<rt::Span<uint8_t>> spans;
+  rt::HierarchicalAllocator allocator;
+  explicit PlannedSpans(std::vector<rt::Span<uint8_t>> s)
+      : spans(std::move(s)), allocator({spans.data(), spans.size()}) {}
+};
+
+}  // namespace
+
+extern "C" {
+
+// One span of caller memory for planned buffers (`ffi::KvdSpan`).
+struct kvd_span {
+  void* data;
+  uint64_t len;
+};
+
+// A HierarchicalAllocator over the `n` caller spans (span i is mem_id i + 1), into `*planned`; free it with
+// `kvd_planned_free` after the Module that loaded methods with it.
+uint32_t kvd_planned_new(const kvd_span* spans, size_t n, void** planned) noexcept {
+  *planned = nullptr;
+  return as_code(guard("kvd_planned_new", [&] {
+    std::vector<rt::Span<uint8_t>> owned;
+    owned.reserve(n);
+    for (size_t i = 0; i < n; ++i) {
+      owned.emplace_back(static_cast<uint8_t*>(spans[i].data), static_cast<size_t>(spans[i].len));
+    }
+    *planned = new PlannedSpans(std::move(owned));
+    return rt::Error::Ok;
+  }));
+}
+
+void kvd_planned_free(void* planned) noexcept { delete static_cast<PlannedSpans*>(planned); }
+
+// As `kvd_module_load_method`, with `planned` (from `kvd_planned_new`) as the method's planned memory instead
+// of buffers the Module allocates.
+uint32_t kvd_module_load_method_planned(void* module, const char* method, void* planned) noexcept {
+  return as_code(guard("kvd_module_load_method_planned", [&] {
+    const auto& kernels = counting_kernels();
+    if (g_wrapped_overflow) {
+      std::snprintf(g_exception, sizeof g_exception, "%s",
+                    "ExecuTorch registers more copy kernels than the bridge's counting registry holds (128)");
+      return rt::Error::NotSupported;
+    }
+    auto* allocator = &static_cast<PlannedSpans*>(planned)->allocator;
+    return static_cast<Module*>(module)->load_method(method, allocator, nullptr, nullptr, kernels);
+  }));
+}
+
+// How many kernels the counting registry wraps (every registered kernel of a copy operator); `*write_backs`
+// receives how many of them are `aten::copy_`'s.
+size_t kvd_counting_kernels(size_t* write_backs) noexcept {
+  size_t n = 0;
+  size_t copies = 0;
+  guard("kvd_counting_kernels", [&] {
+    const auto& kernels = counting_kernels();
+    n = kernels.size();
+    for (const rt::Kernel& k : kernels) {
+      copies += std::strcmp(k.name_, kWriteBack) == 0 ? 1 : 0;
+    }
+    return rt::Error::Ok;
+  });
+  *write_backs = copies;
+  return n;
+}
+
+// Copies this thread's copy counts into `*out` and resets them.
+void kvd_take_copy_counts(kvd_copy_counts* out) noexcept {
+  *out = g_copy_counts;
+  g_copy_counts = kvd_copy_counts{0, 0, 0, 0};
 }
 
 // Runs `method` with `inputs` (borrowed, never kept; each `nbytes` must be its shape x dtype, each size must fit

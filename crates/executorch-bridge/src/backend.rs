@@ -11,7 +11,7 @@ use blob_format::model::Role;
 use blob_format::Blob;
 use delegate_abi::host::{ArgList, Instance, Plugin, Slot};
 use delegate_abi::{
-    DTypeCode, DelegateError, InitContext, MemoryKind, Spec, TensorArg, ARG_INOUT, ARG_WRITABLE,
+    DTypeCode, DelegateError, InitContext, Spec, TensorArg, ARG_INOUT, ARG_WRITABLE,
 };
 use et_error::ErrorCode;
 use host_runtime::plugins::{Registry, Served};
@@ -19,29 +19,82 @@ use host_runtime::plugins::{Registry, Served};
 use crate::ffi::{self, KvdArg};
 use crate::BridgeError;
 
-/// Copy counts the bridge observed on this thread (ExecuTorch runs delegates on the thread that executes
-/// the method, so a caller reads exactly its own calls).
+/// Bytes copied on this thread, counted where each copy is made (ExecuTorch runs delegates and kernels on the
+/// thread that executes the method, so a caller reads exactly its own calls). Method inputs copied into
+/// their planned tensors and outputs copied out to the caller are not counted: they are the run's I/O.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
 pub struct CopyStats {
     /// DelegateCalls executed.
     pub executes: u64,
-    /// Bytes the program's `copy_` write-backs copy after these calls: for every KV output whose storage is
-    /// not its buffer input's (different data pointers), that output's size. Zero when the export's planning
-    /// pass placed each KV output on its buffer (ExecuTorch passes one pointer, `copy_` is a self-copy), and
-    /// for delegate-owned caches (no KV outputs at all).
+    /// `aten::copy_` kernel calls ExecuTorch ran: the program's buffer write-backs.
+    pub write_back_calls: u64,
+    /// Bytes those `aten::copy_` kernels wrote, counted by the shim's wrapper of ExecuTorch's kernel as it
+    /// ran: a write-back whose source is the buffer's own memory (a self-copy) still counts, because the
+    /// kernel still copies. Zero when the program has no write-back left (the export's planning pass removes
+    /// the self-copies) and for delegate-owned caches.
     pub write_back_bytes: u64,
+    /// Bytes the bridge wrote back itself: a plugin that does not bind aliased outputs in place fills a
+    /// scratch output, which the bridge copies into the buffer after the call.
+    pub bridge_write_back_bytes: u64,
+    /// Bytes ExecuTorch's other copy kernels wrote (`aten::copy.out`, `aten::clone.out`, `aten::_to_copy.out`
+    /// and their dim-order variants), counted as they ran.
+    pub op_bytes: u64,
     /// Bytes the plugins reported copying into separate KV output slots (`ExecStats::reflect_bytes`).
     pub reflect_bytes: u64,
 }
 
+impl CopyStats {
+    /// Every byte copied: write-back kernels, the bridge's write-backs, other copy kernels and reflects.
+    pub fn total(&self) -> u64 {
+        self.write_back_bytes
+            .saturating_add(self.bridge_write_back_bytes)
+            .saturating_add(self.op_bytes)
+            .saturating_add(self.reflect_bytes)
+    }
+
+    /// Adds `other`'s counts, field by field, saturating (plugins report reflects, which may be anything).
+    pub fn add(&mut self, other: CopyStats) {
+        self.executes = self.executes.saturating_add(other.executes);
+        self.write_back_calls = self.write_back_calls.saturating_add(other.write_back_calls);
+        self.write_back_bytes = self.write_back_bytes.saturating_add(other.write_back_bytes);
+        self.bridge_write_back_bytes =
+            self.bridge_write_back_bytes.saturating_add(other.bridge_write_back_bytes);
+        self.op_bytes = self.op_bytes.saturating_add(other.op_bytes);
+        self.reflect_bytes = self.reflect_bytes.saturating_add(other.reflect_bytes);
+    }
+}
+
+/// A [`CopyStats`] with every count zero (`const`, for the thread-local).
+const NO_COPIES: CopyStats = CopyStats {
+    executes: 0,
+    write_back_calls: 0,
+    write_back_bytes: 0,
+    bridge_write_back_bytes: 0,
+    op_bytes: 0,
+    reflect_bytes: 0,
+};
+
 thread_local! {
-    static STATS: Cell<CopyStats> = const { Cell::new(CopyStats { executes: 0, write_back_bytes: 0, reflect_bytes: 0 }) };
+    static STATS: Cell<CopyStats> = const { Cell::new(NO_COPIES) };
     static LAST_ERROR: RefCell<Option<String>> = const { RefCell::new(None) };
 }
 
-/// Returns and resets this thread's [`CopyStats`].
+/// Returns and resets this thread's [`CopyStats`]: the bridge's own counts and those of the copy kernels
+/// ExecuTorch ran (the shim's counting wrappers).
 pub fn take_stats() -> CopyStats {
-    STATS.with(|s| s.replace(CopyStats::default()))
+    let mut stats = STATS.with(|s| s.replace(NO_COPIES));
+    let kernels = ffi::take_copy_counts();
+    stats.write_back_calls = stats.write_back_calls.saturating_add(kernels.write_back_calls);
+    stats.write_back_bytes = stats.write_back_bytes.saturating_add(kernels.write_back_bytes);
+    stats.op_bytes = stats.op_bytes.saturating_add(kernels.op_bytes);
+    stats
+}
+
+/// How many of ExecuTorch's registered copy kernels the bridge counts (every kernel of `aten::copy_`,
+/// `aten::copy.out`, `aten::clone.out`, `aten::_to_copy.out` and their dim-order variants), and how many of
+/// those are `aten::copy_`'s (the write-back; at least one, or write-backs would go uncounted).
+pub fn counted_copy_kernels() -> (usize, usize) {
+    ffi::counting_kernels()
 }
 
 /// Returns and clears the message of the last `init`/`execute` failure on this thread (ExecuTorch itself
@@ -197,6 +250,9 @@ pub(crate) struct Handle {
     kinds: Vec<ArgKind>,
     names: Vec<String>,
     binds_in_place: bool,
+    /// Whether the plugin queues its work on the caller's stream (`Capabilities::caller_stream`): it gets the
+    /// managed Module's stream, and the bridge waits for it after the call.
+    caller_stream: bool,
     spare: ArgList<'static>,
     inout_slots: Vec<Option<Slot>>,
     /// Per KV output position, the separate output a plugin that does not bind in place fills when
@@ -254,6 +310,7 @@ impl BackendSlot {
             kinds,
             names,
             binds_in_place: plugin.info().binds_aliases_in_place,
+            caller_stream: plugin.info().capabilities.caller_stream,
             spare: ArgList::with_capacity(n),
             inout_slots: vec![None; n],
             scratch: vec![Vec::new(); n],
@@ -276,7 +333,6 @@ impl BackendSlot {
         }
         let mut list = std::mem::take(&mut handle.spare).recycle();
         handle.inout_slots.iter_mut().for_each(|s| *s = None);
-        let mut write_back = 0u64;
         let mut write_backs = std::mem::take(&mut handle.write_backs);
         write_backs.clear();
         let pushed = (|| -> Result<(), DelegateError> {
@@ -301,11 +357,9 @@ impl BackendSlot {
                             separate.data = scratch.as_mut_ptr().cast();
                             ffi::push_arg(&mut list, &separate)?;
                             write_backs.push((position, input));
-                            write_back += raw.nbytes;
                             continue;
                         }
-                        // ExecuTorch planned the KV output on its buffer: the plugin updates it in place and
-                        // the program's `copy_` is a self-copy.
+                        // ExecuTorch planned the KV output on its buffer: the plugin updates it in place.
                         let slot = handle.inout_slots[input].ok_or_else(|| {
                             DelegateError::invalid_program(format!(
                                 "argument {position} ('{name}') aliases argument {input}, which comes later"
@@ -314,8 +368,8 @@ impl BackendSlot {
                         list.push_output_in_place(slot, arg.dtype(), &arg.shape[..arg.rank as usize])?;
                         continue;
                     }
-                    // A separate output: the plugin fills it, and `copy_` writes it back into the buffer.
-                    write_back += raw.nbytes;
+                    // A separate output: the plugin fills it, and the program's `copy_` kernel writes it back
+                    // into the buffer (counted by the shim as it runs).
                 }
                 let slot = ffi::push_arg(&mut list, &arg)?;
                 if *kind == ArgKind::InOut {
@@ -324,23 +378,56 @@ impl BackendSlot {
             }
             Ok(())
         })();
-        let result = pushed.and_then(|()| handle.instance.execute(&mut list, None));
+        let result = pushed.and_then(|()| run_call(handle.caller_stream, &mut handle.instance, &mut list));
         // The list's borrows of ExecuTorch's memory end here, whatever happened; its capacity is kept.
         handle.spare = list.recycle();
         let stats = result?;
+        let mut written = 0u64;
         for &(output, input) in &write_backs {
-            ffi::write_back(&args[input], &handle.scratch[output]);
+            written = written.saturating_add(ffi::write_back(&args[input], &handle.scratch[output]));
         }
         handle.write_backs = write_backs;
         STATS.with(|s| {
             let mut now = s.get();
-            now.executes += 1;
-            now.write_back_bytes += write_back;
-            now.reflect_bytes += stats.reflect_bytes;
+            now.add(CopyStats {
+                executes: 1,
+                bridge_write_back_bytes: written,
+                reflect_bytes: stats.reflect_bytes,
+                ..NO_COPIES
+            });
             s.set(now);
         });
         Ok(())
     }
+}
+
+/// Runs one call: on the executing managed Module's stream when the plugin queues work on the caller's
+/// stream (then the bridge waits for the stream before returning, since ExecuTorch's next kernel and the
+/// caller read the outputs on the host), else on the plugin's own terms. Counts the host synchronisations
+/// the plugin made and the bridge's wait apart ([`crate::planned::SyncStats`]).
+fn run_call(
+    caller_stream: bool,
+    instance: &mut Instance,
+    list: &mut ArgList<'static>,
+) -> Result<delegate_abi::ExecStats, DelegateError> {
+    let stream = if caller_stream { crate::planned::active_stream() } else { None };
+    let before = cuda_rt::stats::thread_host_syncs();
+    let result = instance.execute(list, stream.as_deref().and_then(ffi::caller_stream));
+    let delegate = cuda_rt::stats::thread_host_syncs().saturating_sub(before);
+    let Some(stream) = stream else {
+        crate::planned::add_syncs(delegate, 0);
+        return result;
+    };
+    // Waited for even after a failed call: the plugin may have queued work that touches the arguments.
+    let waited = stream.synchronize().map_err(|err| {
+        DelegateError::new(
+            et_error::HasErrorCode::error_code(&err),
+            format!("waiting for the delegate's work on the bridge's CUDA stream: {err}"),
+        )
+    });
+    crate::planned::add_syncs(delegate, 1);
+    let stats = result?;
+    waited.map(|()| stats)
 }
 
 /// ExecuTorch's `ScalarType` code as our dtype.
@@ -374,7 +461,8 @@ pub(crate) fn scalar_type_of(dtype: DTypeCode) -> i32 {
     }
 }
 
-/// The argument as it crosses our ABI: ExecuTorch's pointer, size, dtype and shape, host memory.
+/// The argument as it crosses our ABI: ExecuTorch's pointer, size, dtype and shape, and its memory kind:
+/// managed when it lies in the bridge's managed planned memory ([`crate::planned::kind_of`]), else host.
 fn tensor_arg(raw: &KvdArg, flags: u32, position: usize, name: &str) -> Result<TensorArg, DelegateError> {
     if raw.is_tensor == 0 {
         return Err(DelegateError::invalid_argument(format!(
@@ -391,7 +479,8 @@ fn tensor_arg(raw: &KvdArg, flags: u32, position: usize, name: &str) -> Result<T
     let dims = raw.shape.get(..rank).ok_or_else(|| {
         DelegateError::invalid_argument(format!("argument {position} ('{name}') has rank {rank}"))
     })?;
-    let mut arg = TensorArg::describe(dtype, dims, MemoryKind::Host).ok_or_else(|| {
+    let memory = crate::planned::kind_of(raw.data, raw.nbytes);
+    let mut arg = TensorArg::describe(dtype, dims, memory).ok_or_else(|| {
         DelegateError::invalid_argument(format!(
             "argument {position} ('{name}') has rank {rank}, more than our ABI's {}",
             delegate_abi::MAX_RANK

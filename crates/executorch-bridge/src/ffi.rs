@@ -8,6 +8,12 @@
 //! - **arguments**: `execute` receives each DelegateCall argument as `KvdArg` (the tensor's data pointer,
 //!   byte size, dtype and shape, read from ExecuTorch's `EValue`s); they go into the plugin's argument list
 //!   as they are ([`ArgList::push_raw`]), so the plugin reads and writes ExecuTorch's own memory.
+//! - **planned memory**: a Module's methods use the Module's own host buffers, or spans of CUDA managed
+//!   memory the runner allocates ([`RawPlanned`], a `HierarchicalAllocator` over them, given to
+//!   `Module::load_method`); the runner keeps that memory alive until after the Module is freed.
+//! - **copy counts**: the shim loads every method with counting wrappers of ExecuTorch's copy kernels
+//!   (`aten::copy_`, the buffer write-back, and the copy/clone `out` kernels) and keeps per-thread byte counts
+//!   of what they wrote, read and reset by [`take_copy_counts`].
 //! - **errors**: every entry returns an ExecuTorch `Error` value, which our [`ErrorCode`] numbers are. No C++
 //!   exception crosses: the shim catches each at its boundary as a code (`MemoryAllocationFailed` for
 //!   `std::bad_alloc`, `Internal` otherwise) and keeps its message, which [`RawModule`]'s calls record as this
@@ -69,7 +75,31 @@ pub(crate) struct KvdTensor {
     pub scalar_type: i32,
 }
 
+/// One span of caller memory for a method's planned buffers (`struct kvd_span`).
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+struct KvdSpan {
+    data: *mut c_void,
+    len: u64,
+}
+
+/// What the shim's counting copy kernels saw on this thread since the last take (`struct kvd_copy_counts`).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct KvdCopyCounts {
+    /// `aten::copy_` kernel calls (the program's buffer write-backs).
+    pub write_back_calls: u64,
+    /// Bytes those calls wrote.
+    pub write_back_bytes: u64,
+    /// Calls of the other copy kernels (`aten::copy.out`, `aten::clone.out`, ...).
+    pub op_calls: u64,
+    /// Bytes those calls wrote.
+    pub op_bytes: u64,
+}
+
 extern "C" {
+    fn kvd_take_copy_counts(out: *mut KvdCopyCounts);
+    fn kvd_counting_kernels(write_backs: *mut usize) -> usize;
     fn kvd_set_log(log: extern "C" fn(c_char, *const c_char, usize)) -> bool;
     fn kvd_register_backend(name: *const c_char, callbacks: *const KvdCallbacks) -> u32;
     fn kvd_backend_registered(name: *const c_char) -> bool;
@@ -78,6 +108,16 @@ extern "C" {
     fn kvd_module_free(module: *mut c_void);
     fn kvd_module_load(module: *mut c_void) -> u32;
     fn kvd_module_load_method(module: *mut c_void, method: *const c_char) -> u32;
+    fn kvd_module_planned_sizes(
+        module: *mut c_void,
+        method: *const c_char,
+        sizes: *mut u64,
+        cap: usize,
+        n: *mut usize,
+    ) -> u32;
+    fn kvd_planned_new(spans: *const KvdSpan, n: usize, planned: *mut *mut c_void) -> u32;
+    fn kvd_planned_free(planned: *mut c_void);
+    fn kvd_module_load_method_planned(module: *mut c_void, method: *const c_char, planned: *mut c_void) -> u32;
     fn kvd_module_execute(
         module: *mut c_void,
         method: *const c_char,
@@ -265,7 +305,8 @@ pub(crate) fn push_arg(
     arg: &TensorArg,
 ) -> Result<delegate_abi::host::Slot, delegate_abi::host::ArgError> {
     // SAFETY: `arg.data` is the data pointer of a tensor of the DelegateCall being executed, `arg.nbytes`
-    // bytes of host memory (ExecuTorch's CPU tensors), valid for the whole call; the list is only passed to
+    // bytes of host memory (ExecuTorch's CPU tensors, or the bridge's managed planned memory, which
+    // `arg.memory()` says), valid for the whole call; the list is only passed to
     // the plugin during that call and recycled (its borrows released) before `execute` returns. Written args
     // are ExecuTorch's outputs and mutable buffers, which nothing else touches while the delegate runs; a
     // written arg shares storage with another only when ExecuTorch planned a KV output on its buffer, at the
@@ -273,16 +314,34 @@ pub(crate) fn push_arg(
     unsafe { list.push_raw(*arg) }
 }
 
+/// Returns and resets this thread's counts of the copy kernels ExecuTorch ran.
+pub(crate) fn take_copy_counts() -> KvdCopyCounts {
+    let mut counts = KvdCopyCounts::default();
+    // SAFETY: `counts` is a writable `kvd_copy_counts` (same layout, `#[repr(C)]`); the shim writes it once.
+    unsafe { kvd_take_copy_counts(&mut counts) };
+    counts
+}
+
+/// How many kernels the counting registry wraps, and how many of them are `aten::copy_`'s.
+pub(crate) fn counting_kernels() -> (usize, usize) {
+    let mut write_backs = 0usize;
+    // SAFETY: `write_backs` is writable for one `size_t`; the shim reads ExecuTorch's registry only.
+    let n = unsafe { kvd_counting_kernels(&mut write_backs) };
+    (n, write_backs)
+}
+
 /// Copies `src` into the storage of the DelegateCall argument `dst` (a mutable buffer), after the plugin ran.
-pub(crate) fn write_back(dst: &KvdArg, src: &[u8]) {
+/// Returns the bytes copied.
+pub(crate) fn write_back(dst: &KvdArg, src: &[u8]) -> u64 {
     let len = src.len().min(usize::try_from(dst.nbytes).unwrap_or(0));
     if len == 0 || dst.data.is_null() {
-        return;
+        return 0;
     }
     // SAFETY: `dst` is a tensor argument of the DelegateCall still executing (ExecuTorch's mutable buffer,
     // `nbytes` bytes of host memory, which nothing else touches during the call); `src` is the handle's own
     // scratch, another allocation, so the ranges do not overlap; `len` fits both.
     unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), dst.data.cast::<u8>(), len) };
+    len as u64
 }
 
 /// An ExecuTorch `Module` (`executorch::extension::Module`).
@@ -308,6 +367,35 @@ impl RawModule {
     pub(crate) fn load_method(&mut self, method: &CStr) -> Result<(), ErrorCode> {
         // SAFETY: as in `load`; the name is NUL-terminated and copied.
         shim_call(|| unsafe { kvd_module_load_method(self.0, method.as_ptr()) })
+    }
+
+    /// The sizes of `method`'s memory-planned buffers, mem_id 1 first (`MethodMeta`).
+    pub(crate) fn planned_sizes(&mut self, method: &CStr) -> Result<Vec<u64>, ErrorCode> {
+        let mut sizes = vec![0u64; 16];
+        loop {
+            let mut n = 0usize;
+            // SAFETY: as in `load`; `sizes` is writable for `sizes.len()` values and the shim writes at most
+            // that many; `n` is writable for one `size_t`.
+            shim_call(|| unsafe {
+                kvd_module_planned_sizes(self.0, method.as_ptr(), sizes.as_mut_ptr(), sizes.len(), &mut n)
+            })?;
+            if n <= sizes.len() {
+                sizes.truncate(n);
+                return Ok(sizes);
+            }
+            sizes.resize(n, 0);
+        }
+    }
+
+    /// Loads `method` with `planned` as its planned memory (instead of buffers the Module allocates).
+    ///
+    /// # Safety
+    /// The memory `planned` spans must stay allocated, and used by nothing else but this Module's methods
+    /// (ExecuTorch's kernels and the delegates it calls), until this Module is dropped; `planned` itself must
+    /// outlive this Module too.
+    pub(crate) unsafe fn load_method_planned(&mut self, method: &CStr, planned: &RawPlanned) -> Result<(), ErrorCode> {
+        // SAFETY: as in `load`; `planned.0` is a live `PlannedSpans`, whose memory the caller keeps alive.
+        shim_call(|| unsafe { kvd_module_load_method_planned(self.0, method.as_ptr(), planned.0) })
     }
 
     /// Runs `method`; the outputs' `data`/`capacity` must describe writable caller memory.
@@ -336,6 +424,41 @@ impl RawModule {
         })
         .map(|()| written)
     }
+}
+
+/// A `HierarchicalAllocator` over caller memory (the shim's `PlannedSpans`).
+pub(crate) struct RawPlanned(*mut c_void);
+
+impl RawPlanned {
+    /// Describes `spans` (pointer, length; span i is mem_id i + 1) to ExecuTorch. The memory is not touched
+    /// here: only a method loaded with it (see [`RawModule::load_method_planned`]) uses it.
+    pub(crate) fn new(spans: &[(*mut c_void, u64)]) -> Result<RawPlanned, ErrorCode> {
+        let raw: Vec<KvdSpan> = spans.iter().map(|&(data, len)| KvdSpan { data, len }).collect();
+        let mut ptr: *mut c_void = std::ptr::null_mut();
+        // SAFETY: `raw` holds `raw.len()` spans, read (copied) during the call; `ptr` is writable for one pointer.
+        shim_call(|| unsafe { kvd_planned_new(raw.as_ptr(), raw.len(), &mut ptr) })?;
+        if ptr.is_null() {
+            return Err(ErrorCode::MemoryAllocationFailed);
+        }
+        Ok(RawPlanned(ptr))
+    }
+}
+
+impl Drop for RawPlanned {
+    fn drop(&mut self) {
+        // SAFETY: the `PlannedSpans` made by `kvd_planned_new`, freed once, here (after the Module that used
+        // it: the runner's `Module` drops its `RawModule` first).
+        unsafe { kvd_planned_free(self.0) }
+    }
+}
+
+/// `stream` as the caller stream a plugin queues its work on.
+pub(crate) fn caller_stream(stream: &cuda_rt::Stream) -> Option<delegate_abi::CudaStream> {
+    // SAFETY: a stream this process created on device 0's primary context (the device of the managed plan
+    // whose memory the call's arguments are), kept alive by the `Arc` the executing Module holds for the whole
+    // call; the bridge obeys the completion rule: it waits for the stream right after the call
+    // (`backend::Handle`'s execute), before ExecuTorch or the caller touch any argument memory.
+    unsafe { delegate_abi::CudaStream::from_raw(stream.as_ref().as_raw()) }
 }
 
 impl Drop for RawModule {

@@ -11,8 +11,13 @@
 //! - **arguments**: each DelegateCall tensor's data pointer, dtype and shape go into the plugin's argument list
 //!   as they are, in the DelegateCall's order, which is the blob's binding order (the exporter binds by name).
 //!   A KV output whose pointer is its buffer input's (the export's memory-planning pass placed it there) is
-//!   bound in place: zero bytes move. Otherwise it is a separate output the plugin fills, and the program's
-//!   `copy_` write-back copies it back (counted in [`CopyStats::write_back_bytes`]).
+//!   bound in place, and the pass removed the program's `copy_` write-back for it: zero bytes move.
+//!   Otherwise it is a separate output the plugin fills, and the program's `copy_` write-back copies it back.
+//! - **copies, counted**: the shim loads every method with a method-scoped kernel registry that wraps each of
+//!   ExecuTorch's copy kernels (`aten::copy_` and the copy/clone `out` kernels, same kernel keys) in one that
+//!   runs it and counts the bytes it wrote; [`CopyStats`] adds those counts to the bytes the bridge copies
+//!   itself (write-backs for plugins that do not bind in place) and the plugins' reflects. Nothing is worked
+//!   out from pointers: a self-copy `copy_` counts its bytes, because its kernel copies them.
 //! - **errors**: both ways as ExecuTorch's numeric codes (our [`et_error::ErrorCode`] values are ExecuTorch's);
 //!   the message of a plugin failure is kept per thread ([`take_last_error`]). No C++ exception crosses the
 //!   shim's boundary: each is caught there as `MemoryAllocationFailed` (`std::bad_alloc`) or `Internal`, its
@@ -24,7 +29,9 @@
 //!
 //! The runner ([`runner`], binary `et-run`) loads a `.pte` with `share_memory_arenas = true` (methods
 //! sharing mutable buffers see each other's caches; ExecuTorch's `Module` zero-fills its arenas, so caches
-//! start at zero), checks with `pte-format` first that every DelegateCall's backend is served, then runs
+//! start at zero), its planned memory in host memory or, for a program a GPU delegate runs, in CUDA managed
+//! memory the bridge allocates and hands to ExecuTorch's `Module::load_method` ([`planned`]: the delegate
+//! updates the caches in place on the GPU, with no copy per step), checks with `pte-format` first that every DelegateCall's backend is served, then runs
 //! prefill and greedy decode steps. [`runner::Module::execute`] checks each input before the shim sees it:
 //! its slice is exactly shape x dtype bytes, and every size fits ExecuTorch's 32-bit sizes. With
 //! [`runner::Protocol::require_zero_copy`] (`et-run --require-zero-copy`) a program that would copy cache
@@ -63,10 +70,14 @@
 
 pub mod backend;
 mod ffi;
+pub mod planned;
 pub mod runner;
 pub mod strict;
 
-pub use backend::{is_registered, register, register_backends, take_last_error, take_stats, CopyStats};
+pub use backend::{
+    counted_copy_kernels, is_registered, register, register_backends, take_last_error, take_stats, CopyStats,
+};
+pub use planned::{PlannedMemory, SyncStats};
 
 use delegate_abi::DTypeCode;
 use et_error::{ErrorCode, HasErrorCode};

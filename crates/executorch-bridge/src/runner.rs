@@ -10,6 +10,7 @@ use host_runtime::plugins::Registry;
 use pte_format::Program;
 
 use crate::backend::{self, scalar_type_of, CopyStats};
+use host_runtime::generate;
 use crate::ffi::{KvdTensor, RawModule, KVD_MAX_RANK};
 use crate::{BridgeError, InputProblem};
 
@@ -22,6 +23,8 @@ pub struct ProgramSummary {
     pub output_bytes: Vec<(String, Vec<u64>)>,
     /// Backend ids the DelegateCalls name, sorted, deduplicated.
     pub backends: Vec<String>,
+    /// The methods whose token input is batched, `[1, T]` (Hugging Face's `input_ids`) rather than `[T]`.
+    pub batched_tokens: Vec<String>,
 }
 
 /// Parses `bytes` with `pte-format` and checks that every DelegateCall's backend id is in `served`.
@@ -34,6 +37,7 @@ pub fn check_program(path: &Path, bytes: &[u8], served: &[String]) -> Result<Pro
         .map_err(|source| BridgeError::Program { path: path.display().to_string(), source })?;
     let mut backends = Vec::new();
     let mut output_bytes = Vec::new();
+    let mut batched_tokens = Vec::new();
     for method in &program.methods {
         for (_, call) in method.delegate_calls() {
             let id = method.delegates.get(call.delegate).map(|d| d.id).unwrap_or_default();
@@ -49,6 +53,10 @@ pub fn check_program(path: &Path, bytes: &[u8], served: &[String]) -> Result<Pro
         let sizes =
             method.outputs.iter().map(|&v| method.tensor(v).and_then(|t| t.nbytes()).unwrap_or(0)).collect();
         output_bytes.push((method.name.to_owned(), sizes));
+        let first_input = method.inputs.first().and_then(|&v| method.tensor(v));
+        if first_input.is_some_and(|t| t.sizes.len() == 2 && t.sizes[0] == 1) {
+            batched_tokens.push(method.name.to_owned());
+        }
     }
     backends.sort();
     backends.dedup();
@@ -56,6 +64,7 @@ pub fn check_program(path: &Path, bytes: &[u8], served: &[String]) -> Result<Pro
         methods: program.methods.iter().map(|m| m.name.to_owned()).collect(),
         output_bytes,
         backends,
+        batched_tokens,
     })
 }
 
@@ -119,6 +128,8 @@ impl Module {
         let mut raw = RawModule::new(&c_path, true)
             .map_err(|code| runtime(format!("{display}: creating the Module"), code))?;
         raw.load().map_err(|code| runtime(format!("{display}: ExecuTorch cannot load the program"), code))?;
+        let (wrapped, write_backs) = crate::counted_copy_kernels();
+        tracing::debug!(target: "executorch_bridge", wrapped, write_backs, path = %path.display(), "copy kernels counted");
         Ok(Module { raw, path: display })
     }
 
@@ -252,9 +263,9 @@ pub struct Report {
     pub tokens: Vec<i64>,
     /// The last logits row after prefill and after each decode step.
     pub logits: Vec<Vec<f32>>,
-    /// Copies observed during prefill.
+    /// Copies counted during prefill.
     pub prefill: CopyStats,
-    /// Copies observed during each decode step.
+    /// Copies counted during each decode step.
     pub decode: Vec<CopyStats>,
 }
 
@@ -351,9 +362,11 @@ pub fn run(path: &Path, registry: &Registry, protocol: &Protocol) -> Result<Repo
     let mut step = |method: &str, tokens: &[i64], pos: i64| -> Result<(Vec<f32>, CopyStats), BridgeError> {
         let token_bytes: Vec<u8> = tokens.iter().flat_map(|t| t.to_le_bytes()).collect();
         let pos_bytes = pos.to_le_bytes();
-        let token_shape = [tokens.len() as i64];
+        let batched = summary.batched_tokens.iter().any(|m| m == method);
+        let batched_shape = [1, tokens.len() as i64];
+        let token_shape = if batched { &batched_shape[..] } else { &batched_shape[1..] };
         let inputs = [
-            Input { data: &token_bytes, dtype: DTypeCode::I64, shape: &token_shape },
+            Input { data: &token_bytes, dtype: DTypeCode::I64, shape: token_shape },
             Input { data: &pos_bytes, dtype: DTypeCode::I64, shape: &[1] },
         ];
         let outs = &mut buffers
@@ -368,18 +381,23 @@ pub fn run(path: &Path, registry: &Registry, protocol: &Protocol) -> Result<Repo
         let (meta, data) = metas.first().zip(outs.first()).ok_or_else(|| {
             BridgeError::Protocol(format!("method '{method}' returns no output; the protocol reads logits"))
         })?;
-        if meta.scalar_type != scalar_type_of(DTypeCode::F32) || meta.shape.is_empty() {
-            return Err(BridgeError::Protocol(format!(
-                "method '{method}' returns scalar type {} {:?} first; the protocol reads f32 logits [T, vocab]",
-                meta.scalar_type, meta.shape
-            )));
-        }
         let vocab = usize::try_from(*meta.shape.last().unwrap_or(&0)).unwrap_or(0);
-        let floats: Vec<f32> = data[..meta.nbytes]
-            .chunks_exact(4)
-            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-            .collect();
-        let last = floats[floats.len().saturating_sub(vocab)..].to_vec();
+        let bytes = &data[..meta.nbytes];
+        let last = match meta.scalar_type {
+            t if t == scalar_type_of(DTypeCode::F32) => generate::last_row(bytes, vocab),
+            t if t == scalar_type_of(DTypeCode::F16) => generate::last_row_f16(bytes, vocab),
+            t if t == scalar_type_of(DTypeCode::BF16) => generate::last_row_bf16(bytes, vocab),
+            _ => {
+                return Err(BridgeError::Protocol(format!(
+                    "method '{method}' returns scalar type {} {:?} first; the protocol reads f32, f16 or bf16 \
+                     logits [T, vocab]",
+                    meta.scalar_type, meta.shape
+                )))
+            }
+        };
+        if meta.shape.is_empty() {
+            return Err(BridgeError::Protocol(format!("method '{method}' returns a scalar first, not logits")));
+        }
         Ok((last, stats))
     };
     let mut report = Report {
@@ -397,9 +415,7 @@ pub fn run(path: &Path, registry: &Registry, protocol: &Protocol) -> Result<Repo
         for (i, &t) in protocol.prompt.iter().enumerate() {
             let (row, s) = step(prefill, &[t], i as i64)?;
             last.0 = row;
-            last.1.executes += s.executes;
-            last.1.write_back_bytes += s.write_back_bytes;
-            last.1.reflect_bytes += s.reflect_bytes;
+            last.1.add(s);
         }
         last
     };

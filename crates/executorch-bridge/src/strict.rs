@@ -3,10 +3,12 @@
 //! ExecuTorch loads it, naming the method, the instruction, the buffer and the reason.
 //!
 //! Two ways a cache's bytes move per step in the bridge, both decided by the program and the plugin alone:
-//! - an `aten::copy_` write-back whose source is not placed on its buffer: the export's planning pass
-//!   (`KvAliasMemoryPlanningPass`) did not put the KV output at the buffer's `(mem_id, offset)`, so ExecuTorch
-//!   hands the delegate two pointers and the `copy_` copies the output back (what [`crate::CopyStats::write_back_bytes`]
-//!   counts when the pointers differ); a planned program's `copy_` is a self-copy, which copies nothing;
+//! - an `aten::copy_` write-back of a buffer: ExecuTorch runs its kernel every step, which copies the whole
+//!   source into the buffer (what [`crate::CopyStats::write_back_bytes`] counts). Its source placed elsewhere
+//!   (the export's planning pass did not put the KV output at the buffer's `(mem_id, offset)`), the delegate
+//!   gets two pointers and the copy moves the new cache; placed on the buffer, the copy is a self-copy that
+//!   still copies every byte onto itself. `KvAliasMemoryPlanningPass` places the output and removes that
+//!   self-copy, so a program it exported has no write-back for its caches;
 //! - a DelegateCall reading a buffer whose plugin does not bind aliased outputs in place: the bridge gives it
 //!   a scratch output and writes it back every call.
 
@@ -26,28 +28,32 @@ pub fn zero_copy_refusal(
     })
 }
 
-/// A `copy_` write-back of a buffer from a value placed elsewhere.
+/// A `copy_` write-back of a buffer: from a value placed elsewhere, or onto itself.
 fn unplanned_write_back(method: &Method<'_>) -> Option<BridgeError> {
-    for buffer in method.mutable_buffers() {
-        for write_back in &buffer.write_backs {
-            let Some(src) = write_back.src else { continue };
-            let placed = method.tensor(src).and_then(|t| t.allocation);
-            if placed == Some(buffer.allocation) {
-                continue; // a self-copy: the planning pass put the KV output on the buffer
-            }
-            let bytes = method.tensor(src).and_then(|t| t.nbytes()).unwrap_or(0);
-            return Some(BridgeError::NotZeroCopy {
-                method: method.name.to_owned(),
-                instruction: format!("{} (aten::copy_)", write_back.at),
-                argument: buffer_name(buffer.value, buffer.name),
-                reason: format!(
-                    "its write-back copies {bytes} bytes from value {src} every step, because the planning pass \
-                     did not place that KV output on the buffer (export with KvAliasMemoryPlanningPass)"
-                ),
-            });
-        }
-    }
-    None
+    let buffers = method.mutable_buffers();
+    let (buffer, write_back, src) = buffers
+        .iter()
+        .find_map(|buffer| buffer.write_backs.iter().find_map(|w| w.src.map(|src| (buffer, w, src))))?;
+    let bytes = method.tensor(src).and_then(|t| t.nbytes()).unwrap_or(0);
+    let placed = method.tensor(src).and_then(|t| t.allocation);
+    let reason = if placed == Some(buffer.allocation) {
+        format!(
+            "its write-back is a self-copy (value {src} is planned on the buffer), but ExecuTorch's copy_ kernel \
+             still copies its {bytes} bytes onto the buffer every step (export with this repository's \
+             KvAliasMemoryPlanningPass, which removes such write-backs)"
+        )
+    } else {
+        format!(
+            "its write-back copies {bytes} bytes from value {src} every step, because the planning pass did not \
+             place that KV output on the buffer (export with KvAliasMemoryPlanningPass)"
+        )
+    };
+    Some(BridgeError::NotZeroCopy {
+        method: method.name.to_owned(),
+        instruction: format!("{} (aten::copy_)", write_back.at),
+        argument: buffer_name(buffer.value, buffer.name),
+        reason,
+    })
 }
 
 /// A DelegateCall reading a buffer, served by a plugin that does not bind aliased outputs in place.

@@ -23,9 +23,22 @@
 //!   "binds_aliases_in_place": true,
 //!   "target": "x86_64-linux",
 //!   "rustc": "rustc version 1.95.0 (59807616e 2026-04-14)",
+//!   "capabilities": {
+//!     "in_place_memory_kinds": ["host", "pinned"],
+//!     "caller_stream": false,
+//!     "cuda_graph_capturable": false,
+//!     "device_positions": false,
+//!     "rewind_fork_without_reinit": true,
+//!     "max_positions": 0
+//!   },
 //!   "isolate": true
 //! }
 //! ```
+//!
+//! `capabilities` is the library's [`delegate_abi::Capabilities`], added after release 0.1.0: a manifest
+//! without it (or without one of its keys) reads as the defaults, which is what a library built before them
+//! states; `in_place_memory_kinds` absent means "not stated". A manifest whose capabilities differ from the
+//! library's is a mismatch like any other (the library is rejected, each difference named).
 //!
 //! `isolate` (optional, default `false`) asks hosts to run the library in a worker process
 //! ([`crate::isolate`]). It is written from the built library, never by hand: `delegate-host plugin-manifest LIB` loads the library
@@ -39,6 +52,7 @@
 use std::path::{Path, PathBuf};
 
 use delegate_abi::host::Plugin;
+use delegate_abi::{Capabilities, MemoryKind};
 use serde::{Deserialize, Serialize};
 
 /// The manifest format this build writes and reads.
@@ -77,6 +91,9 @@ pub struct PluginManifest {
     /// `rustc version 1.95.0 (…)`); absent when the library records none, and in older manifests.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rustc: Option<String>,
+    /// What the library states it can do; the defaults in manifests written before capabilities existed.
+    #[serde(default)]
+    pub capabilities: ManifestCapabilities,
     /// Whether a host runs this plugin in a worker process of its own (see [`crate::isolate`]): the
     /// deployer's choice for a library it does not trust to stay up, written with `delegate-host
     /// plugin-manifest --isolate`. Not part of the library's self-description.
@@ -100,6 +117,76 @@ pub struct WireFormat {
     pub format: String,
     /// Semver requirement on the format's version.
     pub versions: String,
+}
+
+/// [`delegate_abi::Capabilities`] as a manifest spells them: memory kinds by name, every key optional (a
+/// missing one reads as the default).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct ManifestCapabilities {
+    /// Memory kinds updated in place, by name; absent: not stated.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub in_place_memory_kinds: Option<Vec<String>>,
+    /// Queues its work on the caller's stream.
+    pub caller_stream: bool,
+    /// Can be captured into a CUDA graph.
+    pub cuda_graph_capturable: bool,
+    /// Reads positions from device memory.
+    pub device_positions: bool,
+    /// Rewinds and forks without a new `init`.
+    pub rewind_fork_without_reinit: bool,
+    /// The most positions it supports; `0`: no limit stated.
+    pub max_positions: u64,
+}
+
+impl From<&Capabilities> for ManifestCapabilities {
+    fn from(c: &Capabilities) -> ManifestCapabilities {
+        ManifestCapabilities {
+            in_place_memory_kinds: c
+                .in_place_memory_kinds
+                .as_ref()
+                .map(|kinds| kinds.iter().map(|k| k.name().to_owned()).collect()),
+            caller_stream: c.caller_stream,
+            cuda_graph_capturable: c.cuda_graph_capturable,
+            device_positions: c.device_positions,
+            rewind_fork_without_reinit: c.rewind_fork_without_reinit,
+            max_positions: c.max_positions,
+        }
+    }
+}
+
+impl ManifestCapabilities {
+    /// As the ABI states them; a memory-kind name this build does not know is skipped (the host never
+    /// passes memory of that kind).
+    pub fn to_capabilities(&self) -> Capabilities {
+        Capabilities {
+            in_place_memory_kinds: self
+                .in_place_memory_kinds
+                .as_ref()
+                .map(|names| names.iter().filter_map(|n| MemoryKind::from_name(n)).collect()),
+            caller_stream: self.caller_stream,
+            cuda_graph_capturable: self.cuda_graph_capturable,
+            device_positions: self.device_positions,
+            rewind_fork_without_reinit: self.rewind_fork_without_reinit,
+            max_positions: self.max_positions,
+        }
+    }
+
+    /// Each capability as `(key, value)`, for naming differences.
+    fn fields(&self) -> [(&'static str, String); 6] {
+        let kinds = self
+            .in_place_memory_kinds
+            .as_ref()
+            .map_or("(not stated)".into(), |k| format!("[{}]", k.join(",")));
+        [
+            ("in_place_memory_kinds", kinds),
+            ("caller_stream", self.caller_stream.to_string()),
+            ("cuda_graph_capturable", self.cuda_graph_capturable.to_string()),
+            ("device_positions", self.device_positions.to_string()),
+            ("rewind_fork_without_reinit", self.rewind_fork_without_reinit.to_string()),
+            ("max_positions", self.max_positions.to_string()),
+        ]
+    }
 }
 
 /// Why a manifest could not be read.
@@ -166,6 +253,7 @@ impl PluginManifest {
             binds_aliases_in_place: info.binds_aliases_in_place,
             target: host_target(),
             rustc: rustc_version(library),
+            capabilities: ManifestCapabilities::from(&info.capabilities),
             isolate: false,
         }
     }
@@ -250,6 +338,11 @@ impl PluginManifest {
             self.binds_aliases_in_place.to_string(),
             loaded.binds_aliases_in_place.to_string(),
         );
+        for ((key, ours), (_, theirs)) in
+            self.capabilities.fields().into_iter().zip(loaded.capabilities.fields())
+        {
+            field(&format!("capabilities.{key}"), ours, theirs);
+        }
         out
     }
 
@@ -311,6 +404,9 @@ mod tests {
         std::fs::write(&path, old).expect("write");
         let manifest = PluginManifest::read(&path).expect("an older manifest reads");
         assert_eq!(manifest.rustc, None);
+        // Written before capabilities: the defaults, which is what a library of that age states.
+        assert_eq!(manifest.capabilities, ManifestCapabilities::default());
+        assert_eq!(manifest.capabilities.to_capabilities(), Capabilities::default());
         assert!(!manifest.to_json().contains("rustc"));
         let with = PluginManifest { rustc: Some("rustc version 1.95.0".into()), ..manifest };
         assert!(with.to_json().contains(r#""rustc": "rustc version 1.95.0""#));

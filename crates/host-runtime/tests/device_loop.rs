@@ -87,6 +87,11 @@ impl Delegate for Counting {
             wire_formats: vec![],
             memory_kinds: vec![MemoryKind::Device, MemoryKind::Managed],
             binds_aliases_in_place: true,
+            capabilities: delegate_abi::Capabilities {
+                caller_stream: true,
+                cuda_graph_capturable: true,
+                ..delegate_abi::Capabilities::default()
+            },
         }
     }
 

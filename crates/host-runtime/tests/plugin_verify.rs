@@ -58,6 +58,7 @@ fn crash_claiming_reference(sha256: Option<&str>, isolate: bool) -> (tempfile::T
         binds_aliases_in_place: true,
         target: host_target(),
         rustc: None,
+        capabilities: Default::default(),
         isolate,
     };
     std::fs::write(PluginManifest::path_for(&library), manifest.to_json()).expect("write manifest");

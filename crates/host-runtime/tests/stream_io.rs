@@ -125,12 +125,12 @@ fn managed_and_pinned_inputs_and_outputs_load_only_with_a_driver_and_decode_the_
                 assert!(program.input_mut("decode", "tokens").is_ok());
                 assert!(program.output("decode", "logits").is_ok());
                 assert!(program.cuda_stream().is_some(), "CUDA memory: the program owns a stream");
-                // The reference delegate computes on the host: its method cannot be captured into a graph.
+                // The reference delegate computes on the host and does not state that it can be captured.
                 let err = program.capture("decode").expect_err("host computation is not replayable");
                 assert_eq!(err.error_code(), ErrorCode::NotSupported);
                 assert_eq!(
                     err.to_string(),
-                    "a delegate of method 'decode' did not keep its work on the stream: call 0 (ReferenceBackend) is served by plugin 'reference-delegate', which computes on the host (it does not accept device memory)"
+                    "a delegate of method 'decode' did not keep its work on the stream: call 0 (ReferenceBackend) is served by plugin 'reference-delegate', which does not state the capability cuda_graph_capturable"
                 );
             }
             (cuda, program) => panic!("CUDA {:?} but load {:?}", cuda.err(), program.err()),

@@ -37,7 +37,7 @@ pub const CUDA_BACKEND: &str = "CudaBackend";
 /// The delegate an exported program is for: the id its blob headers and manifest calls name.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub enum Backend {
-    /// The CPU reference delegate ([`REFERENCE_BACKEND`]); it computes `f32` and refuses `f16` blobs.
+    /// The CPU reference delegate ([`REFERENCE_BACKEND`]); it runs `f32` and `f16` blobs (computing in `f32`).
     #[default]
     Reference,
     /// The CUDA delegate ([`CUDA_BACKEND`]).

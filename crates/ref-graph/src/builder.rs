@@ -2,7 +2,16 @@
 
 use std::collections::BTreeMap;
 
-use crate::{Data, ElemType, Error, Graph, Op, TensorDecl, TensorId};
+use crate::{Data, ElemType, Error, Graph, Op, TensorDecl, TensorId, UnaryFn};
+
+/// The payload 1.3 attributes of a [`GraphBuilder::mat_mul_with`]; the default is the plain 1.0 `mat_mul`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct MatMulOptions {
+    /// Whether `b` is stored `[N, K]` (a `torch.nn.Linear` weight).
+    pub transpose_b: bool,
+    /// A `[N]` vector added to every output row.
+    pub bias: Option<TensorId>,
+}
 
 /// Builds a [`Graph`]: declare inputs and constants, add ops (each returns its output tensor, with type and
 /// shape inferred and checked), mark outputs, then [`GraphBuilder::finish`] validates the whole graph.
@@ -90,6 +99,16 @@ impl GraphBuilder {
         self.constant(name, shape, Data::F16(values))
     }
 
+    /// Declares a `bf16` constant (a weight) with its values in row-major order (payload 1.3).
+    pub fn constant_bf16(
+        &mut self,
+        name: &str,
+        shape: &[u64],
+        values: Vec<half::bf16>,
+    ) -> Result<TensorId, Error> {
+        self.constant(name, shape, Data::Bf16(values))
+    }
+
     /// Declares an `i64` constant with its values in row-major order.
     pub fn constant_i64(&mut self, name: &str, shape: &[u64], values: Vec<i64>) -> Result<TensorId, Error> {
         self.constant(name, shape, Data::I64(values))
@@ -159,9 +178,78 @@ impl GraphBuilder {
         self.op(name, |out| Op::MatMul { a, b, transpose_b: false, bias: None, out })
     }
 
-    /// `a + b`, see [`Op::Add`].
+    /// `a b`, with `b` stored `[N, K]` and a bias as `options` say (payload 1.3), see [`Op::MatMul`].
+    pub fn mat_mul_with(
+        &mut self,
+        name: &str,
+        a: TensorId,
+        b: TensorId,
+        options: MatMulOptions,
+    ) -> Result<TensorId, Error> {
+        let MatMulOptions { transpose_b, bias } = options;
+        self.op(name, |out| Op::MatMul { a, b, transpose_b, bias, out })
+    }
+
+    /// `a + b`, broadcasting, see [`Op::Add`].
     pub fn add(&mut self, name: &str, a: TensorId, b: TensorId) -> Result<TensorId, Error> {
         self.op(name, |out| Op::Add { a, b, out })
+    }
+
+    /// `a - b`, broadcasting, see [`Op::Sub`].
+    pub fn sub(&mut self, name: &str, a: TensorId, b: TensorId) -> Result<TensorId, Error> {
+        self.op(name, |out| Op::Sub { a, b, out })
+    }
+
+    /// `a * b`, broadcasting, see [`Op::Mul`].
+    pub fn mul(&mut self, name: &str, a: TensorId, b: TensorId) -> Result<TensorId, Error> {
+        self.op(name, |out| Op::Mul { a, b, out })
+    }
+
+    /// `a / b`, broadcasting, see [`Op::Div`].
+    pub fn div(&mut self, name: &str, a: TensorId, b: TensorId) -> Result<TensorId, Error> {
+        self.op(name, |out| Op::Div { a, b, out })
+    }
+
+    /// `func(input)` elementwise, see [`Op::Unary`].
+    pub fn unary(&mut self, name: &str, func: UnaryFn, input: TensorId) -> Result<TensorId, Error> {
+        self.op(name, |out| Op::Unary { func, input, out })
+    }
+
+    /// The mean over the last axis, kept as an axis of 1; see [`Op::Mean`].
+    pub fn mean(&mut self, name: &str, input: TensorId) -> Result<TensorId, Error> {
+        self.op(name, |out| Op::Mean { input, out })
+    }
+
+    /// `input` converted to `dtype`, see [`Op::Cast`].
+    pub fn cast(&mut self, name: &str, input: TensorId, dtype: ElemType) -> Result<TensorId, Error> {
+        self.op(name, |out| Op::Cast { input, dtype, out })
+    }
+
+    /// `input` seen as `shape`, see [`Op::Reshape`].
+    pub fn reshape(&mut self, name: &str, input: TensorId, shape: &[u64]) -> Result<TensorId, Error> {
+        self.op(name, |out| Op::Reshape { input, shape: shape.to_vec(), out })
+    }
+
+    /// `input`'s axes reordered by `dims`, see [`Op::Permute`].
+    pub fn permute(&mut self, name: &str, input: TensorId, dims: &[u64]) -> Result<TensorId, Error> {
+        self.op(name, |out| Op::Permute { input, dims: dims.to_vec(), out })
+    }
+
+    /// `input[.., start..end, ..]` along `axis`, see [`Op::Slice`].
+    pub fn slice(
+        &mut self,
+        name: &str,
+        input: TensorId,
+        axis: u64,
+        start: u64,
+        end: u64,
+    ) -> Result<TensorId, Error> {
+        self.op(name, |out| Op::Slice { input, axis, start, end, out })
+    }
+
+    /// `a` and `b` joined along `axis`, see [`Op::Concat`].
+    pub fn concat(&mut self, name: &str, a: TensorId, b: TensorId, axis: u64) -> Result<TensorId, Error> {
+        self.op(name, |out| Op::Concat { a, b, axis, out })
     }
 
     /// RMS norm of each row, see [`Op::RmsNorm`].
@@ -198,9 +286,28 @@ impl GraphBuilder {
         self.op(name, |out| Op::CausalAttention { q, k, v, position, scale: None, out })
     }
 
+    /// Causal attention with an explicit score `scale` (payload 1.3), see [`Op::CausalAttention`].
+    pub fn causal_attention_scaled(
+        &mut self,
+        name: &str,
+        q: TensorId,
+        k: TensorId,
+        v: TensorId,
+        position: TensorId,
+        scale: f32,
+    ) -> Result<TensorId, Error> {
+        self.op(name, |out| Op::CausalAttention { q, k, v, position, scale: Some(scale), out })
+    }
+
     /// The index of the largest value of `input`'s last row, as `i64 [1]`; see [`Op::Argmax`].
     pub fn argmax(&mut self, name: &str, input: TensorId) -> Result<TensorId, Error> {
         self.op(name, |out| Op::Argmax { input, out })
+    }
+
+    /// The tensors declared so far (tests read inferred types here).
+    #[cfg(test)]
+    pub(crate) fn declared(&self) -> &[TensorDecl] {
+        &self.graph.tensors
     }
 
     /// Validates and returns the graph.

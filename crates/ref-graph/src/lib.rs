@@ -26,16 +26,19 @@
 //!
 //! ## Element types
 //!
-//! [`ElemType`] is the closed set of element types a graph computes in (`f32` or `f16` for float data, and
-//! `i64` for token ids and positions), a subset of `blob_format::model::DType` with the same names;
-//! [`ElemType::dtype`] converts. Keeping the subset as its own type lets validation and executors match it
-//! exhaustively instead of refusing six other dtypes at every use.
+//! [`ElemType`] is the closed set of element types a graph computes in (`f32`, `f16` or `bf16` for float
+//! data, and `i64` for token ids, positions and index arithmetic), a subset of `blob_format::model::DType`
+//! with the same names; [`ElemType::dtype`] converts. Keeping the subset as its own type lets validation and
+//! executors match it exhaustively instead of refusing five other dtypes at every use.
 //!
-//! Every float op (see [`Op`]) accepts `f32` or `f16`: all float operands of one op share one float dtype and
-//! the op's output takes it (a graph is `f32` or `f16` throughout, or converts nowhere: there is no cast op).
-//! `f16` values are IEEE 754 binary16 ([`half::f16`], re-exported as [`half`]); constants hold them
-//! little-endian. How an executor accumulates `f16` (e.g. in `f32`) is its own business; the CPU reference
-//! delegate computes `f32` only and refuses `f16` graphs.
+//! Every float op (see [`Op`]) accepts `f32`, `f16` or `bf16`: all float operands of one op share one float
+//! dtype and the op's output takes it. A graph changes element type only through [`Op::Cast`] (payload 1.3;
+//! e.g. a bf16 model casting its logits to `f32`, or `i64` positions to the model's float type). `f16`
+//! values are IEEE 754 binary16 ([`half::f16`]) and `bf16` values bfloat16 ([`half::bf16`], f32's exponent
+//! with 8 bits of mantissa), both re-exported through [`half`]; constants hold them little-endian. How an
+//! executor computes the half types (e.g. in `f32`, rounding each op's result to the storage type) is its
+//! own business. `add`, `sub` and `mul` also take two `i64` operands (index arithmetic such as
+//! `cache_position + 1`).
 //!
 //! ## Payload encoding
 //!
@@ -54,11 +57,21 @@
 //! Constants are little-endian, each at an offset (relative to the constant section) that is a multiple of
 //! [`CONSTANT_ALIGN`]. Decoding checks every extent with checked arithmetic and never panics.
 //!
-//! Versions: 1.0 had `f32`/`i64` tensors and the ops up to `causal_attention`; 1.1 adds the `f16` element
-//! type and the `argmax` op; 1.2 adds delegate-owned `state` (below). This build writes 1.2 for a graph with
-//! state and 1.1 for every other graph. An older reader refuses a graph that uses an addition with a typed
-//! error naming it (`f16` as an unknown dtype, `argmax` as an unknown op, a state cache as a tensor read
-//! before anything defines it).
+//! Versions, each a superset of the one before:
+//!
+//! | version | adds |
+//! |---|---|
+//! | 1.0 | `f32`/`i64` tensors; `gather`, `positions`, `mat_mul`, `add`, `rms_norm`, `kv_cache_update`, `causal_attention` |
+//! | 1.1 | the `f16` element type; `argmax` |
+//! | 1.2 | delegate-owned `state` (below) |
+//! | 1.3 | the `bf16` element type; `sub`, `mul`, `div`, `unary`, `mean`, `cast`, `reshape`, `permute`, `slice`, `concat`; `mat_mul`'s `transpose_b` and `bias`, `causal_attention`'s `scale`; relaxed forms of the older ops: broadcasting and `i64` `add`, indices of any rank for `gather`, leading axes for `mat_mul`'s `a`, `rms_norm` and `argmax`, `[1, H, L, Dh]` caches, head-major updates and queries, grouped-query attention |
+//!
+//! [`Graph::encode`] writes the oldest version that expresses the graph ([`Graph::payload_version`]): 1.3
+//! when it uses anything 1.3 added, else 1.2 when it has state, else 1.1. An older reader refuses a graph
+//! that uses an addition with a typed error naming it (`bf16` as an unknown dtype, a new op as an unknown op,
+//! a state cache as a tensor read before anything defines it, a relaxed form as an operand of the wrong rank
+//! or shape); a new attribute is an unknown JSON field, which an older reader ignores, so 1.3 is written
+//! whenever one is present.
 //!
 //! ## Delegate-owned state
 //!
@@ -100,8 +113,10 @@
 #![forbid(unsafe_code)]
 
 mod builder;
+mod error;
 mod ops;
 mod payload;
+mod typing;
 
 use std::collections::{BTreeMap, HashMap};
 use std::fmt;
@@ -110,19 +125,24 @@ use alias_validate::{EngineIntrospect, EngineTensor};
 use blob_format::model::{DType, Dim, Role};
 use serde::{Deserialize, Serialize};
 
-pub use builder::GraphBuilder;
-/// The `half` crate, whose [`half::f16`] is the element of [`Data::F16`].
+pub use builder::{GraphBuilder, MatMulOptions};
+pub use error::Error;
+/// The `half` crate, whose [`half::f16`] and [`half::bf16`] are the elements of [`Data::F16`] and
+/// [`Data::Bf16`].
 pub use half;
 pub use ops::{argmax, Op, UnaryFn};
 pub use payload::{
-    CONSTANT_ALIGN, PAYLOAD_MAGIC, PAYLOAD_MINOR_WITHOUT_STATE, PAYLOAD_VERSION_MAJOR, PAYLOAD_VERSION_MINOR,
+    CONSTANT_ALIGN, PAYLOAD_MAGIC, PAYLOAD_MINOR_WITHOUT_STATE, PAYLOAD_MINOR_WITH_STATE,
+    PAYLOAD_VERSION_MAJOR, PAYLOAD_VERSION_MINOR,
 };
+pub use typing::broadcast_shape;
 
 /// Largest number of elements one tensor may have (2^31), so that a hostile payload cannot make `init`
 /// allocate without bound.
 pub const MAX_ELEMENTS: u64 = 1 << 31;
 
-/// Element type of a graph tensor: graphs compute in `f32` or `f16`; `i64` carries token ids and positions.
+/// Element type of a graph tensor: graphs compute in `f32`, `f16` or `bf16`; `i64` carries token ids,
+/// positions and index arithmetic.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum ElemType {
@@ -161,7 +181,7 @@ impl ElemType {
         matches!(self, ElemType::F32 | ElemType::F16 | ElemType::Bf16)
     }
 
-    /// `"f32"`, `"f16"` or `"i64"`.
+    /// `"f32"`, `"f16"`, `"bf16"` or `"i64"`.
     pub const fn name(self) -> &'static str {
         self.dtype().name()
     }
@@ -262,190 +282,6 @@ pub struct Graph {
     constants: BTreeMap<TensorId, Data>,
     state: Vec<TensorId>,
     ops: Vec<Op<TensorId>>,
-}
-
-/// Why a graph is invalid, or why a payload does not decode to one. Every variant is
-/// [`et_error::ErrorCode::InvalidProgram`]: the blob is wrong, not the call.
-#[derive(Debug, thiserror::Error)]
-#[non_exhaustive]
-pub enum Error {
-    /// The payload is shorter than its fixed prefix.
-    #[error("reference-graph payload is {len} bytes, shorter than its {needed}-byte prefix")]
-    TooShort {
-        /// Payload length.
-        len: usize,
-        /// Bytes the prefix needs.
-        needed: usize,
-    },
-    /// The payload does not start with [`PAYLOAD_MAGIC`].
-    #[error("reference-graph payload starts with {found:02x?}, expected the magic {PAYLOAD_MAGIC:?}")]
-    BadMagic {
-        /// The first four bytes.
-        found: [u8; 4],
-    },
-    /// The payload's major version is not one this build reads.
-    #[error(
-        "reference-graph payload version {major}.{minor} is not supported (this build reads {PAYLOAD_VERSION_MAJOR}.x)"
-    )]
-    UnsupportedVersion {
-        /// Major version found.
-        major: u16,
-        /// Minor version found.
-        minor: u16,
-    },
-    /// The JSON section or the constant section does not fit in the payload.
-    #[error("reference-graph {section} section at offset {offset} with {len} bytes overruns the {total}-byte payload")]
-    SectionOutOfBounds {
-        /// `"json"` or `"constant"`.
-        section: &'static str,
-        /// Start offset of the section.
-        offset: u64,
-        /// Declared length.
-        len: u64,
-        /// Payload length.
-        total: usize,
-    },
-    /// The graph description is not valid JSON of the expected structure.
-    #[error("reference-graph description is malformed: {source}")]
-    Json {
-        /// The JSON error, with line and column.
-        #[source]
-        source: serde_json::Error,
-    },
-    /// An op entry has no `"op"` string.
-    #[error("op {index} has no \"op\" name")]
-    MissingOpName {
-        /// Position of the op in the graph.
-        index: usize,
-    },
-    /// An op name this build does not know (e.g. from a newer exporter).
-    #[error(
-        "op {index} is '{op}', which this build of the reference graph does not know (known ops: {known})"
-    )]
-    UnknownOp {
-        /// Position of the op in the graph.
-        index: usize,
-        /// The unknown name.
-        op: String,
-        /// Known op names, comma separated.
-        known: String,
-    },
-    /// A known op with missing or mistyped fields.
-    #[error("op {index} ('{op}') is malformed: {source}")]
-    MalformedOp {
-        /// Position of the op in the graph.
-        index: usize,
-        /// The op's name.
-        op: String,
-        /// The JSON error.
-        #[source]
-        source: serde_json::Error,
-    },
-    /// A tensor name is empty or used twice.
-    #[error("tensor name '{name}' is {problem}")]
-    BadTensorName {
-        /// The name.
-        name: String,
-        /// `"empty"` or `"declared twice"`.
-        problem: &'static str,
-    },
-    /// A tensor has a zero extent or too many elements.
-    #[error("tensor '{name}' has shape {shape:?}: {problem}")]
-    BadShape {
-        /// The tensor.
-        name: String,
-        /// Its declared shape.
-        shape: Vec<u64>,
-        /// What is wrong.
-        problem: String,
-    },
-    /// A name that refers to no declared tensor.
-    #[error("{context} refers to tensor '{name}', which is not declared")]
-    DanglingTensor {
-        /// Where the reference is, e.g. `"op 3 (mat_mul)"` or `"graph outputs"`.
-        context: String,
-        /// The undeclared name.
-        name: String,
-    },
-    /// A tensor listed twice where it may appear once (graph inputs, outputs, constants).
-    #[error("tensor '{name}' appears twice in {context}")]
-    Duplicate {
-        /// The tensor.
-        name: String,
-        /// Where.
-        context: &'static str,
-    },
-    /// A tensor with more than one definition (input, constant, op output).
-    #[error("tensor '{name}' is defined twice: as {first} and as {second}")]
-    DefinedTwice {
-        /// The tensor.
-        name: String,
-        /// Its first definition.
-        first: String,
-        /// Its second definition.
-        second: String,
-    },
-    /// An op reads a tensor that no earlier op, input or constant defines.
-    #[error("op {index} ({op}) reads tensor '{name}' before anything defines it")]
-    UseBeforeDefinition {
-        /// Position of the op.
-        index: usize,
-        /// The op's name.
-        op: &'static str,
-        /// The tensor.
-        name: String,
-    },
-    /// A declared tensor that nothing defines.
-    #[error("tensor '{name}' is declared but is neither an input, a constant nor an op output")]
-    Undefined {
-        /// The tensor.
-        name: String,
-    },
-    /// An op's operand has the wrong element type or shape, or its declared output does not match what the
-    /// op computes.
-    #[error("op {index} ({op}): {detail}")]
-    OpMismatch {
-        /// Position of the op.
-        index: usize,
-        /// The op's name.
-        op: &'static str,
-        /// What does not fit, naming the tensors and shapes.
-        detail: String,
-    },
-    /// A constant's bytes are misplaced or of the wrong size.
-    #[error("constant '{name}' at offset {offset} with {nbytes} bytes: {problem}")]
-    BadConstant {
-        /// The tensor.
-        name: String,
-        /// Declared offset in the constant section.
-        offset: u64,
-        /// Declared length.
-        nbytes: u64,
-        /// What is wrong.
-        problem: String,
-    },
-    /// A graph input used as a constant, a graph output that nothing produces, and the like.
-    #[error("tensor '{name}' {problem}")]
-    BadInterface {
-        /// The tensor.
-        name: String,
-        /// What is wrong.
-        problem: String,
-    },
-    /// An in-place cache tensor used in a way the aliasing rules forbid (see the crate docs).
-    #[error("cache tensor '{name}' {problem}")]
-    CacheMisuse {
-        /// The tensor.
-        name: String,
-        /// What is wrong.
-        problem: String,
-    },
-}
-
-impl et_error::HasErrorCode for Error {
-    fn error_code(&self) -> et_error::ErrorCode {
-        et_error::ErrorCode::InvalidProgram
-    }
 }
 
 impl Graph {

@@ -2,7 +2,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::{ElemType, Error, TensorDecl, TensorId};
+use crate::ElemType;
 
 /// The index of the largest value of `values`: the rule of [`Op::Argmax`], and the one greedy decoding uses
 /// wherever it picks a token (the reference and CUDA delegates, host-runtime's generation loop, the
@@ -31,11 +31,11 @@ pub fn argmax(values: &[f32]) -> usize {
     best
 }
 
-/// One op. `T` names tensors: [`TensorId`] in a [`crate::Graph`], `String` in the payload's JSON.
+/// One op. `T` names tensors: [`TensorId`](crate::TensorId) in a [`crate::Graph`], `String` in the payload's JSON.
 ///
 /// Shapes below use `T` for the number of rows processed in one call (the prompt length for prefill, 1 for
-/// decode), `H` heads, `L` cache length and `Dh` head size. `float` is `f32` or `f16`: every float operand of
-/// one op has the same float type, and the op's float output takes it.
+/// decode), `H` heads, `L` cache length and `Dh` head size. `float` is `f32`, `f16` or `bf16` (`bf16`:
+/// payload 1.3): every float operand of one op has the same float type, and the op's float output takes it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "op", rename_all = "snake_case")]
 pub enum Op<T> {
@@ -78,7 +78,9 @@ pub enum Op<T> {
         out: T,
     },
     /// `out = a + b`, elementwise with broadcasting (NumPy's rule: shapes aligned at the last axis, an extent
-    /// of 1 or a missing axis stretches), `float`. Before payload 1.3 the shapes had to be equal.
+    /// of 1 or a missing axis stretches, [`broadcast_shape`](crate::broadcast_shape)). Both operands `float`
+    /// or both `i64` (index arithmetic); the output takes their type. Before payload 1.3 the shapes had to be
+    /// equal and the type `float`.
     Add {
         /// Left operand.
         a: T,
@@ -87,7 +89,7 @@ pub enum Op<T> {
         /// The sum.
         out: T,
     },
-    /// `out = a - b`, elementwise with broadcasting as [`Op::Add`]. Payload 1.3.
+    /// `out = a - b`, elementwise with broadcasting as [`Op::Add`], `float` or `i64`. Payload 1.3.
     Sub {
         /// Left operand.
         a: T,
@@ -96,7 +98,7 @@ pub enum Op<T> {
         /// The difference.
         out: T,
     },
-    /// `out = a * b`, elementwise with broadcasting as [`Op::Add`]. Payload 1.3.
+    /// `out = a * b`, elementwise with broadcasting as [`Op::Add`], `float` or `i64`. Payload 1.3.
     Mul {
         /// Left operand.
         a: T,
@@ -105,7 +107,8 @@ pub enum Op<T> {
         /// The product.
         out: T,
     },
-    /// `out = a / b`, elementwise with broadcasting as [`Op::Add`] (IEEE division: `x / 0` is infinite or NaN).
+    /// `out = a / b`, elementwise with broadcasting as [`Op::Add`], `float` only (IEEE division: `x / 0` is
+    /// infinite or NaN).
     /// Payload 1.3.
     Div {
         /// Left operand.
@@ -531,176 +534,5 @@ impl<T> Op<T> {
                 unreachable!("Op::try_map maps the ops of operands a and b")
             }
         })
-    }
-}
-
-impl Op<TensorId> {
-    /// The element type and shape the op's output must have, given its operands' declarations; the
-    /// message says which operand does not fit.
-    pub(crate) fn infer(&self, tensors: &[TensorDecl]) -> Result<(ElemType, Vec<u64>), String> {
-        let decl = |role: &'static str, id: TensorId, dtype: ElemType, rank: usize| {
-            let t = &tensors[id.0];
-            if t.dtype != dtype || t.shape.len() != rank {
-                return Err(format!(
-                    "operand '{role}' ('{}') is {} {:?}, expected {dtype} of rank {rank}",
-                    t.name, t.dtype, t.shape
-                ));
-            }
-            Ok(t.shape.as_slice())
-        };
-        let position = |id: TensorId| -> Result<(), String> {
-            let s = decl("position", id, ElemType::I64, 1)?;
-            if s != [1] {
-                return Err(format!(
-                    "operand 'position' ('{}') has shape {s:?}, expected [1]",
-                    tensors[id.0].name
-                ));
-            }
-            Ok(())
-        };
-        let mut floats = FloatOperands { tensors, first: None };
-        match *self {
-            Op::Gather { table, indices, .. } => {
-                let table = floats.operand("table", table, 2)?;
-                let indices = decl("indices", indices, ElemType::I64, 1)?;
-                Ok((floats.dtype(), vec![indices[0], table[1]]))
-            }
-            Op::Positions { position: p, count, .. } => {
-                position(p)?;
-                if count == 0 {
-                    return Err("attribute 'count' must be at least 1".to_owned());
-                }
-                Ok((ElemType::I64, vec![count]))
-            }
-            Op::MatMul { a, b, .. } => {
-                let sa = floats.operand("a", a, 2)?;
-                let sb = floats.operand("b", b, 2)?;
-                if sa[1] != sb[0] {
-                    return Err(format!(
-                        "inner extents differ: '{}' is {sa:?} and '{}' is {sb:?}",
-                        tensors[a.0].name, tensors[b.0].name
-                    ));
-                }
-                Ok((floats.dtype(), vec![sa[0], sb[1]]))
-            }
-            Op::Add { a, b, .. } => {
-                let sa = floats.operand("a", a, tensors[a.0].shape.len())?;
-                let sb = floats.operand("b", b, tensors[b.0].shape.len())?;
-                if sa != sb {
-                    return Err(format!(
-                        "shapes differ: '{}' is {sa:?} and '{}' is {sb:?}",
-                        tensors[a.0].name, tensors[b.0].name
-                    ));
-                }
-                Ok((floats.dtype(), sa.to_vec()))
-            }
-            Op::RmsNorm { input, weight, eps, .. } => {
-                let si = floats.operand("input", input, 2)?;
-                let sw = floats.operand("weight", weight, 1)?;
-                if sw[0] != si[1] {
-                    return Err(format!(
-                        "weight '{}' has {} columns, input '{}' has {}",
-                        tensors[weight.0].name, sw[0], tensors[input.0].name, si[1]
-                    ));
-                }
-                if !(eps.is_finite() && eps > 0.0) {
-                    return Err(format!("attribute 'eps' is {eps}, expected a finite positive number"));
-                }
-                Ok((floats.dtype(), si.to_vec()))
-            }
-            Op::KvCacheUpdate { cache, update, position: p, .. } => {
-                let sc = floats.operand("cache", cache, 3)?;
-                let su = floats.operand("update", update, 2)?;
-                position(p)?;
-                if su[1] != sc[0] * sc[2] || su[0] > sc[1] {
-                    return Err(format!(
-                        "update '{}' is {su:?}, but cache '{}' {sc:?} takes at most [{}, {}] rows",
-                        tensors[update.0].name,
-                        tensors[cache.0].name,
-                        sc[1],
-                        sc[0] * sc[2]
-                    ));
-                }
-                Ok((floats.dtype(), sc.to_vec()))
-            }
-            Op::CausalAttention { q, k, v, position: p, .. } => {
-                let sq = floats.operand("q", q, 2)?;
-                let sk = floats.operand("k", k, 3)?;
-                let sv = floats.operand("v", v, 3)?;
-                position(p)?;
-                if sk != sv {
-                    return Err(format!(
-                        "caches differ: '{}' is {sk:?} and '{}' is {sv:?}",
-                        tensors[k.0].name, tensors[v.0].name
-                    ));
-                }
-                if sq[1] != sk[0] * sk[2] || sq[0] > sk[1] {
-                    return Err(format!(
-                        "queries '{}' are {sq:?}, but caches {sk:?} take at most [{}, {}]",
-                        tensors[q.0].name,
-                        sk[1],
-                        sk[0] * sk[2]
-                    ));
-                }
-                Ok((floats.dtype(), sq.to_vec()))
-            }
-            Op::Argmax { input, .. } => {
-                floats.operand("input", input, 2)?;
-                Ok((ElemType::I64, vec![1]))
-            }
-            _ => Err(format!("op '{}' is not typed yet", self.name())),
-        }
-    }
-
-    /// Checks the operands' types and that the declared output matches [`Op::infer`].
-    pub(crate) fn check_types(&self, index: usize, tensors: &[TensorDecl]) -> Result<(), Error> {
-        let mismatch = |detail: String| Error::OpMismatch { index, op: self.name(), detail };
-        let (dtype, shape) = self.infer(tensors).map_err(mismatch)?;
-        let out = &tensors[self.output().0];
-        if out.dtype != dtype || out.shape != shape {
-            return Err(mismatch(format!(
-                "output '{}' is declared {} {:?}, but the op computes {dtype} {shape:?}",
-                out.name, out.dtype, out.shape
-            )));
-        }
-        Ok(())
-    }
-}
-
-/// The float operands of one op: each must be `f32` or `f16` of its rank, and all of the same float type
-/// (the first one's), which the op's float output takes.
-struct FloatOperands<'a> {
-    tensors: &'a [TensorDecl],
-    first: Option<(&'static str, TensorId)>,
-}
-
-impl<'a> FloatOperands<'a> {
-    fn operand(&mut self, role: &'static str, id: TensorId, rank: usize) -> Result<&'a [u64], String> {
-        let t = &self.tensors[id.0];
-        if !t.dtype.is_float() || t.shape.len() != rank {
-            return Err(format!(
-                "operand '{role}' ('{}') is {} {:?}, expected f32 or f16 of rank {rank}",
-                t.name, t.dtype, t.shape
-            ));
-        }
-        match self.first {
-            None => self.first = Some((role, id)),
-            Some((first_role, first)) => {
-                let f = &self.tensors[first.0];
-                if f.dtype != t.dtype {
-                    return Err(format!(
-                        "operand '{role}' ('{}') is {}, but operand '{first_role}' ('{}') is {}: the float \
-                         operands of one op share one float type",
-                        t.name, t.dtype, f.name, f.dtype
-                    ));
-                }
-            }
-        }
-        Ok(&t.shape)
-    }
-
-    /// The float type of the operands seen (`f32` if none).
-    fn dtype(&self) -> ElemType {
-        self.first.map_or(ElemType::F32, |(_, id)| self.tensors[id.0].dtype)
     }
 }

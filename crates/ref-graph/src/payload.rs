@@ -12,10 +12,13 @@ use crate::{Data, ElemType, Error, Graph, Op, TensorDecl, TensorId};
 pub const PAYLOAD_MAGIC: [u8; 4] = *b"RGRF";
 /// Major version this build writes and reads.
 pub const PAYLOAD_VERSION_MAJOR: u16 = 1;
-/// Newest minor version this build writes: 2 (1.1 added the `f16` element type and the `argmax` op, 1.2
-/// delegate-owned `state`). A graph is written with the oldest minor that expresses it: 1.2 only when it has
-/// state, so readers of 1.1 keep reading every graph without it.
-pub const PAYLOAD_VERSION_MINOR: u16 = 2;
+/// Newest minor version this build writes: 3 (1.1 added the `f16` element type and the `argmax` op, 1.2
+/// delegate-owned `state`, 1.3 the ops of real decoders, `bf16` and relaxed forms of the older ops; see the
+/// crate docs). A graph is written with the oldest minor that expresses it: 1.3 only when it uses something
+/// 1.3 added, 1.2 when it has state, so older readers keep reading every graph they can express.
+pub const PAYLOAD_VERSION_MINOR: u16 = 3;
+/// The minor version written for a graph with delegate-owned state and nothing from 1.3.
+pub const PAYLOAD_MINOR_WITH_STATE: u16 = 2;
 /// The minor version written for a graph without delegate-owned state.
 pub const PAYLOAD_MINOR_WITHOUT_STATE: u16 = 1;
 /// Alignment of the constant section and of every constant in it.
@@ -50,8 +53,47 @@ impl Graph {
     /// The `(major, minor)` payload version [`Graph::encode`] writes for this graph: the oldest that
     /// expresses it.
     pub fn payload_version(&self) -> (u16, u16) {
-        let minor = if self.state.is_empty() { PAYLOAD_MINOR_WITHOUT_STATE } else { PAYLOAD_VERSION_MINOR };
+        let minor = if self.uses_1_3() {
+            PAYLOAD_VERSION_MINOR
+        } else if self.state.is_empty() {
+            PAYLOAD_MINOR_WITHOUT_STATE
+        } else {
+            PAYLOAD_MINOR_WITH_STATE
+        };
         (PAYLOAD_VERSION_MAJOR, minor)
+    }
+
+    /// Whether the graph uses anything payload 1.3 added: `bf16`, a new op, a new attribute, or a form of an
+    /// older op that 1.2 refused.
+    fn uses_1_3(&self) -> bool {
+        self.tensors.iter().any(|t| t.dtype == ElemType::Bf16)
+            || self.ops.iter().any(|op| self.op_uses_1_3(op))
+    }
+
+    fn op_uses_1_3(&self, op: &Op<TensorId>) -> bool {
+        let shape = |id: TensorId| self.tensor(id).shape.as_slice();
+        match *op {
+            Op::Positions { .. } => false,
+            Op::Gather { indices, .. } => shape(indices).len() != 1,
+            Op::MatMul { a, transpose_b, bias, .. } => transpose_b || bias.is_some() || shape(a).len() != 2,
+            Op::Add { a, b, .. } => shape(a) != shape(b) || self.tensor(a).dtype == ElemType::I64,
+            Op::RmsNorm { input, .. } | Op::Argmax { input, .. } => shape(input).len() != 2,
+            Op::KvCacheUpdate { cache, update, .. } => shape(cache).len() != 3 || shape(update).len() != 2,
+            Op::CausalAttention { q, k, scale, .. } => {
+                let (sq, sk) = (shape(q), shape(k));
+                scale.is_some() || sk.len() != 3 || sq.len() != 2 || sq[1] != sk[0] * sk[2]
+            }
+            Op::Sub { .. }
+            | Op::Mul { .. }
+            | Op::Div { .. }
+            | Op::Unary { .. }
+            | Op::Mean { .. }
+            | Op::Cast { .. }
+            | Op::Reshape { .. }
+            | Op::Permute { .. }
+            | Op::Slice { .. }
+            | Op::Concat { .. } => true,
+        }
     }
 
     /// Encodes the graph as a payload (see the crate docs for the layout).

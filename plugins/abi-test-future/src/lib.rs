@@ -34,6 +34,7 @@ impl Fixture for Future {
             wire_formats: vec![WireFormatSupport { format: "native".into(), versions: ">=2.0, <3".into() }],
             memory_kinds: vec![MemoryKind::Host],
             binds_aliases_in_place: true,
+            capabilities: delegate_abi::Capabilities::default(),
         }
     }
 

@@ -26,7 +26,7 @@
 
 use delegate_abi::testing::{Fixture, Scripted};
 use delegate_abi::{
-    Compatibility, DelegateError, ErrorCode, InitContext, MemoryKind, OptionValue, PluginInfo,
+    Capabilities, Compatibility, DelegateError, ErrorCode, InitContext, MemoryKind, OptionValue, PluginInfo,
     WireFormatSupport,
 };
 
@@ -49,6 +49,13 @@ impl Fixture for AbiTest {
             wire_formats: vec![WireFormatSupport { format: "native".into(), versions: ">=1.0, <2".into() }],
             memory_kinds: vec![MemoryKind::Host, MemoryKind::Pinned],
             binds_aliases_in_place: true,
+            // Some of each kind of capability, for the listing and manifest tests; never CUDA-graph capturable.
+            capabilities: Capabilities {
+                in_place_memory_kinds: Some(vec![MemoryKind::Host, MemoryKind::Pinned]),
+                rewind_fork_without_reinit: true,
+                max_positions: 4096,
+                ..Capabilities::default()
+            },
         }
     }
 

@@ -175,7 +175,16 @@ impl Delegate for CudaDelegate {
     }
 
     fn info() -> PluginInfo {
-        reference_graph_info("cuda-delegate", env!("CARGO_PKG_VERSION"), BACKEND_ID, &MEMORY_KINDS)
+        let info =
+            reference_graph_info("cuda-delegate", env!("CARGO_PKG_VERSION"), BACKEND_ID, &MEMORY_KINDS);
+        let capabilities = delegate_abi::Capabilities {
+            in_place_memory_kinds: Some(vec![MemoryKind::Device, MemoryKind::Managed]),
+            caller_stream: true,
+            cuda_graph_capturable: true,
+            device_positions: true,
+            ..info.capabilities
+        };
+        PluginInfo { capabilities, ..info }
     }
 
     fn availability(&self) -> Result<(), DelegateError> {
@@ -209,6 +218,8 @@ mod tests {
         assert_eq!(info.backends, [BACKEND_ID]);
         assert!(info.memory_kinds.contains(&MemoryKind::Device));
         assert!(info.binds_aliases_in_place);
+        let c = &info.capabilities;
+        assert!(c.caller_stream && c.cuda_graph_capturable && c.device_positions, "{c:?}");
     }
 
     #[test]

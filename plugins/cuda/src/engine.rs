@@ -2,7 +2,7 @@
 //! (bind arguments, queue the launches on the caller's stream, reflect aliased outputs for copy-back hosts).
 
 use alias_validate::residency::{DirectAccess, Residency};
-use cuda_rt::{Allocation, Context, Device, DevicePtr, LaunchConfig, Pinned, PointerKind, Stream, StreamRef};
+use cuda_rt::{Allocation, Context, Device, DevicePtr, Pinned, PointerKind, Stream, StreamRef};
 use delegate_abi::check::ArgError;
 use delegate_abi::{ExecuteArgs, MemoryKind, TensorArg};
 use ref_graph::{Data, Graph, TensorId};
@@ -10,8 +10,12 @@ use ref_graph::{Data, Graph, TensorId};
 use reference_delegate::delegate::ArgSpec;
 
 use crate::delegate::Error;
-use crate::kernels::{self, AddP, ArgmaxP, AttnP, GatherP, GemvP, Kernels, KvP, Launch, PositionsP, RmsP};
-use crate::plan::{Home, Plan, Step};
+use crate::kernels::general::{General, GeneralLaunch};
+use crate::kernels::{Kernels, Launch};
+use crate::plan::{Float, Home, Plan};
+
+mod general;
+mod typed;
 
 /// The kernels' error bits (`ERR_TOKEN`, `ERR_POSITION` in the source).
 const ERR_TOKEN: u32 = 1;
@@ -21,7 +25,10 @@ const ERR_POSITION: u32 = 2;
 #[derive(Debug)]
 pub struct Engine {
     ctx: Context,
-    kernels: Kernels,
+    /// The typed kernels, one module per float type the plan uses (`plan.floats`, same order).
+    typed: Vec<(Float, Kernels)>,
+    /// The untyped kernels of the general path.
+    general: General,
     plan: Plan,
     /// The stream of calls that bring none; blocking, so it orders after the legacy default stream.
     own_stream: Stream,
@@ -43,7 +50,14 @@ pub struct Engine {
     ptrs: Vec<DevicePtr>,
     /// The last address checked with the driver, per argument position (the check runs when it changes).
     checked: Vec<usize>,
-    launches: Vec<Launch>,
+    launches: Vec<Queued>,
+}
+
+/// One launch of a call: a typed kernel (the index of its module in `Engine::typed`) or an untyped one.
+#[derive(Debug, Clone, Copy)]
+enum Queued {
+    Typed(usize, Launch),
+    General(GeneralLaunch),
 }
 
 fn alloc(ctx: &Context, bytes: usize, what: &str) -> Result<Allocation<Device>, Error> {
@@ -60,6 +74,29 @@ fn data_bytes(data: &Data) -> &[u8] {
     }
 }
 
+/// Uploads every constant of `graph` to its own allocation, recording its address in `ptrs`.
+fn upload_constants(
+    ctx: &Context,
+    graph: &Graph,
+    ptrs: &mut [DevicePtr],
+) -> Result<Vec<Allocation<Device>>, Error> {
+    let tensors = graph.tensors();
+    let mut constants = Vec::new();
+    for (id, data) in graph.constants() {
+        let bytes = data_bytes(data);
+        let mut a = alloc(ctx, bytes.len(), &tensors[id.0].name)?;
+        if !bytes.is_empty() {
+            a.write(bytes).map_err(|source| Error::Cuda {
+                action: format!("uploading constant '{}'", tensors[id.0].name),
+                source,
+            })?;
+        }
+        ptrs[id.0] = a.device_ptr();
+        constants.push(a);
+    }
+    Ok(constants)
+}
+
 impl Engine {
     /// Compiles the kernels, uploads the constants and allocates every intermediate and scratch buffer.
     pub fn new(ctx: Context, graph: &Graph, plan: Plan, io: &[TensorId]) -> Result<Engine, Error> {
@@ -67,20 +104,17 @@ impl Engine {
             let action = action.to_owned();
             move |source| Error::Cuda { action: action.clone(), source }
         };
-        let kernels = Kernels::load(&ctx, plan.float).map_err(cuda("compiling the kernels"))?;
+        let typed = plan
+            .floats
+            .iter()
+            .map(|&float| Kernels::load(&ctx, float).map(|kernels| (float, kernels)))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(cuda("compiling the kernels"))?;
+        let general = General::load(&ctx).map_err(cuda("compiling the general kernels"))?;
         let own_stream = Stream::new(&ctx).map_err(cuda("creating a stream"))?;
         let tensors = graph.tensors();
         let mut ptrs = vec![0; tensors.len()];
-        let mut constants = Vec::new();
-        for (id, data) in graph.constants() {
-            let bytes = data_bytes(data);
-            let mut a = alloc(&ctx, bytes.len(), &tensors[id.0].name)?;
-            if !bytes.is_empty() {
-                a.write(bytes).map_err(cuda(&format!("uploading constant '{}'", tensors[id.0].name)))?;
-            }
-            ptrs[id.0] = a.device_ptr();
-            constants.push(a);
-        }
+        let constants = upload_constants(&ctx, graph, &mut ptrs)?;
         let mut buffers = Vec::new();
         let mut io_home = vec![None; tensors.len()];
         for (index, home) in plan.homes.iter().enumerate() {
@@ -113,10 +147,12 @@ impl Engine {
         let err = alloc(&ctx, 4, "the error word")?;
         let err_seen = Allocation::<Pinned>::zeroed(&ctx, 4).map_err(cuda("allocating the error mirror"))?;
         let access = DirectAccess::gpu(ctx.is_integrated());
-        let launches = Vec::with_capacity(plan.steps.len());
+        // At most two launches a step (attention: split and combine), so a call never grows it.
+        let launches = Vec::with_capacity(2 * plan.steps.len());
         Ok(Engine {
             ctx,
-            kernels,
+            typed,
+            general,
             plan,
             own_stream,
             access,
@@ -241,14 +277,19 @@ impl Engine {
         for step in &self.plan.steps {
             self.lower(step, &mut launches);
         }
-        let launched = launches.iter().try_for_each(|launch| {
+        let launched = launches.iter().try_for_each(|queued| {
             // SAFETY: every address in the launch is an argument checked against its binding (size, dtype,
             // shape, memory kind and device, with the driver) or this instance's own allocation, sized by the
             // plan from the graph's static shapes; the caller keeps arguments untouched until the stream has
             // run the call (the ABI's rule), and the instance's memory lives as long as the instance, which
             // the host drops only after its streams drained.
-            unsafe { self.kernels.launch(launch, stream) }
-                .map_err(|source| Error::Cuda { action: "launching a kernel".into(), source })
+            unsafe {
+                match queued {
+                    Queued::Typed(module, launch) => self.typed[*module].1.launch(launch, stream),
+                    Queued::General(launch) => self.general.launch(launch, stream),
+                }
+            }
+            .map_err(|source| Error::Cuda { action: "launching a kernel".into(), source })
         });
         self.launches = launches;
         launched?;
@@ -326,143 +367,6 @@ impl Engine {
             // SAFETY: as above, with `dst` host memory of `nbytes` the caller lends for the call.
             unsafe { self.ctx.copy_dtoh_async(dst.data, src, dst.nbytes, stream) }.map_err(failed)
         }
-    }
-
-    /// The launches of one step, with this call's addresses.
-    fn lower(&self, step: &Step, into: &mut Vec<Launch>) {
-        let p = |id: TensorId| self.ptrs[id.0];
-        let err = self.err.device_ptr();
-        let cfg = |grid: (u32, u32, u32), block: u32, shared: u32| LaunchConfig {
-            grid,
-            block: (block, 1, 1),
-            shared_mem_bytes: shared,
-        };
-        let vec = kernels::vec_width(self.plan.float);
-        let launch = match *step {
-            Step::Gather { table, indices, out, rows, n, dim, plus } => Launch::Gather(
-                cfg((rows, 1, 1), 256, 0),
-                GatherP {
-                    table: p(table),
-                    idx: p(indices),
-                    table2: plus.map_or(0, |plus| p(plus.table)),
-                    pos2: plus.map_or(0, |plus| p(plus.position)),
-                    out: p(out),
-                    err,
-                    rows: rows as i32,
-                    n: n as i32,
-                    n2: plus.map_or(0, |plus| plus.n as i32),
-                    dim: dim as i32,
-                },
-            ),
-            Step::Positions { position, out, count } => Launch::Positions(
-                cfg((1, 1, 1), 32, 0),
-                PositionsP { pos: p(position), out: p(out), count: count as i32 },
-            ),
-            Step::Add { a, b, out, n } => Launch::Add(
-                cfg((n.div_ceil(256).clamp(1, 1024) as u32, 1, 1), 256, 0),
-                AddP { a: p(a), b: p(b), out: p(out), n: n as i64 },
-            ),
-            Step::RmsNorm { input, weight, out, rows, dim, eps } => Launch::RmsNorm(
-                cfg((rows, 1, 1), 256, 0),
-                RmsP { x: p(input), w: p(weight), out: p(out), rows: rows as i32, dim: dim as i32, eps },
-            ),
-            Step::Gemv { a, norm, ref mats, cache_rows, m, k, n, ksplit, rows_per_split } => {
-                let mut w = [0; 3];
-                let mut y = [0; 3];
-                let mut res = [0; 3];
-                let mut cache = [0; 3];
-                for (i, mat) in mats.iter().enumerate() {
-                    w[i] = p(mat.w);
-                    y[i] = p(mat.y);
-                    res[i] = mat.residual.map_or(0, p);
-                    cache[i] = mat.cache.map_or(0, p);
-                }
-                let geometry =
-                    cache_rows.map_or((0, 0, 0), |r| (r.heads as i32, r.len as i32, r.head_dim as i32));
-                let tiles = n.div_ceil(32 * vec);
-                let shared = (rows_per_split + kernels::GEMV_WARPS * 32 * vec) * 4;
-                Launch::Gemv(
-                    cfg((tiles, ksplit, mats.len() as u32 * m), kernels::GEMV_WARPS * 32, shared),
-                    GemvP {
-                        a: p(a),
-                        w,
-                        y,
-                        res,
-                        partial: self.gemv_partial,
-                        counters: self.gemv_counters,
-                        norm_w: norm.map_or(0, |(w, _)| p(w)),
-                        cache,
-                        pos: cache_rows.map_or(0, |r| p(r.position)),
-                        err,
-                        m: m as i32,
-                        k: k as i32,
-                        n: n as i32,
-                        nmat: mats.len() as i32,
-                        ksplit: ksplit as i32,
-                        rows_per_split: rows_per_split as i32,
-                        vec_ok: i32::from(n % vec == 0),
-                        eps: norm.map_or(0.0, |(_, eps)| eps),
-                        h: geometry.0,
-                        l: geometry.1,
-                        dh: geometry.2,
-                    },
-                )
-            }
-            Step::KvUpdate { ref caches, position, rows, heads, len, head_dim } => {
-                let mut cache = [0; 2];
-                let mut upd = [0; 2];
-                for (i, &(c, u)) in caches.iter().enumerate() {
-                    cache[i] = p(c);
-                    upd[i] = p(u);
-                }
-                Launch::KvUpdate(
-                    cfg((rows, heads, caches.len() as u32), head_dim.next_multiple_of(32).min(256), 0),
-                    KvP {
-                        cache,
-                        upd,
-                        pos: p(position),
-                        err,
-                        n: caches.len() as i32,
-                        tq: rows as i32,
-                        h: heads as i32,
-                        l: len as i32,
-                        dh: head_dim as i32,
-                    },
-                )
-            }
-            Step::Attention { q, k, v, position, out, rows, heads, len, head_dim, chunk, tpr } => {
-                let nchunks = len.div_ceil(chunk);
-                let aligned = p(k) % 16 == 0 && p(v) % 16 == 0;
-                let params = AttnP {
-                    q: p(q),
-                    k: p(k),
-                    v: p(v),
-                    out: p(out),
-                    pos: p(position),
-                    o_part: self.attn_part,
-                    ml: self.attn_ml,
-                    err,
-                    tq: rows as i32,
-                    h: heads as i32,
-                    l: len as i32,
-                    dh: head_dim as i32,
-                    chunk: chunk as i32,
-                    nchunks: nchunks as i32,
-                    vec_ok: i32::from(aligned && head_dim % vec == 0),
-                    scale: 1.0 / (head_dim as f32).sqrt(),
-                    tpr: tpr as i32,
-                };
-                let threads = kernels::ATTN_THREADS;
-                let split_shared = (head_dim + chunk + threads * vec + 32) * 4;
-                into.push(Launch::AttnSplit(cfg((heads, nchunks, rows), threads, split_shared), params));
-                Launch::AttnCombine(cfg((heads, rows, 1), 128, (nchunks + 32) * 4), params)
-            }
-            Step::Argmax { input, out, m, n } => Launch::Argmax(
-                cfg((1, 1, 1), kernels::ARGMAX_THREADS, 0),
-                ArgmaxP { x: p(input), out: p(out), m: m as i32, n: n as i32 },
-            ),
-        };
-        into.push(launch);
     }
 }
 

@@ -1,7 +1,9 @@
-// The CUDA delegate's kernels, compiled by NVRTC once per process per device and element type: with
-// `-DKV_F16` the float type `T` holds IEEE half bits (converted with PTX `cvt`, so no header is needed),
-// without it `T` is `float`. Every kernel takes one parameter struct by value; `src/kernels.rs` mirrors each
-// struct field for field (`#[repr(C)]`). Arithmetic is in f32 throughout; `T` is only how values are stored.
+// The CUDA delegate's typed kernels, compiled by NVRTC once per process per device and element type: with
+// `-DKV_F16` the float type `T` holds IEEE half bits (converted with PTX `cvt`), with `-DKV_BF16` bfloat16
+// bits (converted with integer arithmetic: the top half of an f32, rounded to nearest even), without either
+// `T` is `float`; no header is needed. Every kernel takes one parameter struct by value; `src/kernels.rs`
+// mirrors each struct field for field (`#[repr(C)]`). Arithmetic is in f32 throughout; `T` is only how values
+// are stored. The untyped kernels of the general path (elementwise, cast, copies) are in `general.cu`.
 //
 // Positions are read from device memory (`pos[0]`), never passed by value, so a captured CUDA graph replays
 // a decode step at whatever position the caller's position tensor holds. Out-of-range token ids and positions
@@ -14,8 +16,9 @@ typedef unsigned long long u64;
 #define ERR_TOKEN 1
 #define ERR_POSITION 2
 
-#ifdef KV_F16
+#if defined(KV_F16) || defined(KV_BF16)
 typedef unsigned short T;
+#ifdef KV_F16
 __device__ __forceinline__ float h2f(unsigned short h) {
     float f;
     asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
@@ -26,6 +29,16 @@ __device__ __forceinline__ unsigned short f2h(float f) {
     asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f));
     return h;
 }
+#else
+__device__ __forceinline__ float h2f(unsigned short h) { return __uint_as_float(((unsigned int)h) << 16); }
+// Round to nearest even; a NaN stays a (quiet) NaN, as `half::bf16::from_f32`.
+__device__ __forceinline__ unsigned short f2h(float f) {
+    unsigned int u = __float_as_uint(f);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (unsigned short)((u >> 16) | 0x40u);
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (unsigned short)(u >> 16);
+}
+#endif
 __device__ __forceinline__ float ld(const T* p, i64 i) { return h2f(p[i]); }
 __device__ __forceinline__ void st(T* p, i64 i, float f) { p[i] = f2h(f); }
 #define VEC 8
@@ -125,18 +138,6 @@ extern "C" __global__ void gather(GatherP p) {
         }
         st(p.out, (i64)r * p.dim + d, v);
     }
-}
-
-// out[t] = pos[0] + t. One thread.
-struct PositionsP {
-    const i64* pos;
-    i64* out;
-    int count;
-};
-
-extern "C" __global__ void positions(PositionsP p) {
-    if (threadIdx.x == 0 && blockIdx.x == 0)
-        for (int t = 0; t < p.count; t++) p.out[t] = p.pos[0] + t;
 }
 
 // out = a + b, elementwise.
@@ -336,8 +337,8 @@ extern "C" __global__ void gemv(GemvP p) {
 }
 
 // ---------------------------------------------------------------------------------------------------------
-// KV-cache update, in place: cache[i][h, pos + t, :] = upd[i][t, h * Dh : (h + 1) * Dh] for up to two caches
-// (K and V in one launch). Grid: (Tq, H, n).
+// KV-cache update, in place: cache[i][h, pos + t, :] = upd[i][t, h * Dh : (h + 1) * Dh] (token-major) or
+// upd[i][h, t, :] (head-major) for up to two caches (K and V in one launch). Grid: (Tq, H, n).
 
 struct KvP {
     T* cache[2];
@@ -345,6 +346,7 @@ struct KvP {
     const i64* pos;
     int* err;
     int n, Tq, H, L, Dh;
+    int u_ts, u_hs;  // the update's strides (elements) per row t and per head h: token-major or head-major
 };
 
 extern "C" __global__ void kv_update(KvP p) {
@@ -355,17 +357,19 @@ extern "C" __global__ void kv_update(KvP p) {
         return;
     }
     T* dst = p.cache[i] + ((i64)h * p.L + row) * p.Dh;
-    const T* src = p.upd[i] + (i64)t * p.H * p.Dh + (i64)h * p.Dh;
+    const T* src = p.upd[i] + (i64)t * p.u_ts + (i64)h * p.u_hs;
     for (int d = threadIdx.x; d < p.Dh; d += blockDim.x) dst[d] = src[d];
 }
 
 // ---------------------------------------------------------------------------------------------------------
 // Decode attention, split over the cache (flash-decoding). Query t sits at position p = pos[0] + t and attends
-// to rows 0..=p of its head. `attn_split` — grid (H, nchunks, Tq), block `chunk` threads — handles one chunk
-// of `chunk` rows: one thread per row computes q.k (K rows read once, 16 bytes at a time), a block softmax
-// gives the chunk's max `m` and sum `l`, and groups of Dh threads accumulate the weighted V rows (V rows read
-// once). Chunks past p return at once, so only the valid prefix of the cache is read. `attn_combine` — grid
-// (H, Tq) — rescales the chunks' partial outputs by their maxima and normalises.
+// to rows 0..=p of its KV head (query head h reads KV head h / group: grouped-query attention reads each
+// shared K and V row from the one cache, never a repeated copy). `attn_split` — grid (H, nchunks, Tq), block
+// `chunk` threads — handles one chunk of `chunk` rows: one thread per row computes q.k (K rows read once, 16
+// bytes at a time), a block softmax gives the chunk's max `m` and sum `l`, and groups of Dh threads accumulate
+// the weighted V rows (V rows read once). Chunks past p return at once, so only the valid prefix of the cache
+// is read. `attn_combine` — grid (H, Tq) — rescales the chunks' partial outputs by their maxima and
+// normalises.
 
 #define ATTN_KVECS 16     // K row vectors held in registers (a 128-wide f16 or a 64-wide f32 head)
 #define ATTN_VPREFETCH 8  // V rows per thread requested before the softmax
@@ -382,6 +386,8 @@ struct AttnP {
     int Tq, H, L, Dh, chunk, nchunks, vec_ok;
     float scale;
     int tpr;  // threads per cache row in the K pass (a power of two dividing 32); blockDim = chunk * tpr
+    int q_ts, q_hs;  // q's and out's strides (elements) per row t and per query head h
+    int group;       // query heads per KV head: query head h reads KV head h / group
 };
 
 extern "C" __global__ void attn_split(AttnP p) {
@@ -409,8 +415,9 @@ extern "C" __global__ void attn_split(AttnP p) {
     const int vec = p.vec_ok ? VEC : 1;
     const int lanes = p.Dh / vec, groups = blockDim.x / lanes;
     const int g = threadIdx.x / lanes, dv = (threadIdx.x % lanes) * vec;
-    const T* kr = p.k + ((i64)h * p.L + j) * p.Dh + part * per;
-    const T* vb = p.v + ((i64)h * p.L + start) * p.Dh + dv;
+    const i64 kvh = h / p.group;
+    const T* kr = p.k + (kvh * p.L + j) * p.Dh + part * per;
+    const T* vb = p.v + (kvh * p.L + start) * p.Dh + dv;
     // Every load that depends on nothing computed here is issued first (this thread's part of its K row, its
     // first V rows), so their latency overlaps the query load and the softmax instead of following them.
     const bool kfits = p.vec_ok && per <= ATTN_KVECS * VEC;
@@ -428,8 +435,8 @@ extern "C" __global__ void attn_split(AttnP p) {
             vpre[u] = (g < groups && jj < count) ? ld_raw(vb + (i64)jj * p.Dh) : make_uint4(0u, 0u, 0u, 0u);
         }
     }
-    const int width = p.H * p.Dh;
-    for (int d = threadIdx.x; d < p.Dh; d += blockDim.x) qs[d] = ld(p.q, (i64)t * width + (i64)h * p.Dh + d) * p.scale;
+    const i64 qbase = (i64)t * p.q_ts + (i64)h * p.q_hs;
+    for (int d = threadIdx.x; d < p.Dh; d += blockDim.x) qs[d] = ld(p.q, qbase + d) * p.scale;
     __syncthreads();
 
     const float* q = qs + part * per;
@@ -537,7 +544,7 @@ extern "C" __global__ void attn_combine(AttnP p) {
             for (int u = 0; u < 4; u++) n4[u] += weight[c + u] * part[(i64)(c + u) * p.Dh];
         }
         for (; c < nvalid; c++) n4[0] += weight[c] * part[(i64)c * p.Dh];
-        st(p.out, (i64)t * p.H * p.Dh + (i64)h * p.Dh + d, ((n4[0] + n4[1]) + (n4[2] + n4[3])) * inv);
+        st(p.out, (i64)t * p.q_ts + (i64)h * p.q_hs + d, ((n4[0] + n4[1]) + (n4[2] + n4[3])) * inv);
     }
 }
 

@@ -1,6 +1,7 @@
-//! The kernels of `kernels.cu`: their parameter structs (mirrored field for field, `#[repr(C)]`), the
-//! compiled module per element type, and the launches. This module is the delegate's FFI layer: the only
-//! `unsafe` code of the crate is here, each launch's contract is written down on [`Kernels::launch`].
+//! The kernels of `kernels.cu` (and `kernels/linear.cu`, appended to it): their parameter structs (mirrored
+//! field for field, `#[repr(C)]`), the compiled module per element type, and the launches; the untyped
+//! kernels of the general path are in [`general`]. This module is the delegate's FFI layer: the only `unsafe`
+//! code of the crate is here, each launch's contract is written down on [`Kernels::launch`].
 
 use std::ffi::c_void;
 use std::sync::Arc;
@@ -9,8 +10,11 @@ use cuda_rt::{Context, DevicePtr, Function, LaunchConfig, Module, StreamRef};
 
 use crate::plan::Float;
 
-/// The CUDA C source, compiled by NVRTC at `init` (once per process per device and element type).
-pub const SOURCE: &str = include_str!("kernels.cu");
+pub mod general;
+
+/// The CUDA C source of the typed kernels, compiled by NVRTC at `init` (once per process per device and
+/// element type).
+pub const SOURCE: &str = concat!(include_str!("kernels.cu"), include_str!("kernels/linear.cu"));
 
 /// Threads of an attention block.
 pub const ATTN_THREADS: u32 = 256;
@@ -26,6 +30,7 @@ pub fn options(float: Float) -> &'static [&'static str] {
     match float {
         Float::F32 => &[],
         Float::F16 => &["-DKV_F16"],
+        Float::Bf16 => &["-DKV_BF16"],
     }
 }
 
@@ -33,7 +38,7 @@ pub fn options(float: Float) -> &'static [&'static str] {
 pub const fn vec_width(float: Float) -> u32 {
     match float {
         Float::F32 => 4,
-        Float::F16 => 8,
+        Float::F16 | Float::Bf16 => 8,
     }
 }
 
@@ -51,15 +56,6 @@ pub struct GatherP {
     pub n: i32,
     pub n2: i32,
     pub dim: i32,
-}
-
-/// `PositionsP`.
-#[repr(C)]
-#[derive(Debug, Clone, Copy)]
-pub struct PositionsP {
-    pub pos: DevicePtr,
-    pub out: DevicePtr,
-    pub count: i32,
 }
 
 /// `AddP`.
@@ -124,6 +120,8 @@ pub struct KvP {
     pub h: i32,
     pub l: i32,
     pub dh: i32,
+    pub u_ts: i32,
+    pub u_hs: i32,
 }
 
 /// `AttnP`.
@@ -147,6 +145,23 @@ pub struct AttnP {
     pub vec_ok: i32,
     pub scale: f32,
     pub tpr: i32,
+    pub q_ts: i32,
+    pub q_hs: i32,
+    pub group: i32,
+}
+
+/// `GemvTP` (`kernels/linear.cu`).
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct GemvTP {
+    pub a: DevicePtr,
+    pub w: DevicePtr,
+    pub bias: DevicePtr,
+    pub y: DevicePtr,
+    pub m: i32,
+    pub k: i32,
+    pub n: i32,
+    pub vec_ok: i32,
 }
 
 /// `ArgmaxP`.
@@ -159,14 +174,33 @@ pub struct ArgmaxP {
     pub n: i32,
 }
 
+/// Queues kernel `f` with its one parameter struct `p`.
+///
+/// # Safety
+/// `P` is the `#[repr(C)]` mirror of `f`'s parameter struct; every address in `p` is device-accessible
+/// memory of `f`'s context, valid for the extents `p` describes and used by nothing else until `stream` has
+/// run the kernel; `stream` belongs to the same context.
+pub(crate) unsafe fn go<P: Copy>(
+    f: &Function,
+    config: LaunchConfig,
+    stream: StreamRef<'_>,
+    p: &P,
+) -> cuda_rt::Result<()> {
+    let mut value = *p;
+    let mut params = [(&mut value as *mut P).cast::<c_void>()];
+    // SAFETY: one parameter, a pointer to a value of the kernel's single parameter struct (mirrored
+    // `#[repr(C)]`), read during the call; the memory it addresses is valid per this function's contract.
+    unsafe { f.launch(config, stream, &mut params) }
+}
+
 /// One kernel launch, its parameters resolved to addresses.
 #[derive(Debug, Clone, Copy)]
 pub enum Launch {
     Gather(LaunchConfig, GatherP),
-    Positions(LaunchConfig, PositionsP),
     Add(LaunchConfig, AddP),
     RmsNorm(LaunchConfig, RmsP),
     Gemv(LaunchConfig, GemvP),
+    GemvT(LaunchConfig, GemvTP),
     KvUpdate(LaunchConfig, KvP),
     AttnSplit(LaunchConfig, AttnP),
     AttnCombine(LaunchConfig, AttnP),
@@ -177,10 +211,10 @@ pub enum Launch {
 #[derive(Debug)]
 pub struct Kernels {
     gather: Function,
-    positions: Function,
     add: Function,
     rms_norm: Function,
     gemv: Function,
+    gemv_t: Function,
     kv_update: Function,
     attn_split: Function,
     attn_combine: Function,
@@ -193,10 +227,10 @@ impl Kernels {
         let module: Arc<Module> = ctx.compile_module(SOURCE, options(float))?;
         Ok(Kernels {
             gather: module.function("gather")?,
-            positions: module.function("positions")?,
             add: module.function("add")?,
             rms_norm: module.function("rms_norm")?,
             gemv: module.function("gemv")?,
+            gemv_t: module.function("gemv_t")?,
             kv_update: module.function("kv_update")?,
             attn_split: module.function("attn_split")?,
             attn_combine: module.function("attn_combine")?,
@@ -212,28 +246,20 @@ impl Kernels {
     /// computed them from the graph's static shapes and the call's checked arguments), and used by nothing
     /// else until the stream has run the kernel; `stream` belongs to the same context.
     pub unsafe fn launch(&self, launch: &Launch, stream: StreamRef<'_>) -> cuda_rt::Result<()> {
-        fn go<P: Copy>(
-            f: &Function,
-            config: LaunchConfig,
-            stream: StreamRef<'_>,
-            p: &P,
-        ) -> cuda_rt::Result<()> {
-            let mut value = *p;
-            let mut params = [(&mut value as *mut P).cast::<c_void>()];
-            // SAFETY: one parameter, a pointer to a value of the kernel's single parameter struct (mirrored
-            // `#[repr(C)]`), read during the call; the memory it addresses is valid per `launch`'s contract.
-            unsafe { f.launch(config, stream, &mut params) }
-        }
-        match launch {
-            Launch::Gather(c, p) => go(&self.gather, *c, stream, p),
-            Launch::Positions(c, p) => go(&self.positions, *c, stream, p),
-            Launch::Add(c, p) => go(&self.add, *c, stream, p),
-            Launch::RmsNorm(c, p) => go(&self.rms_norm, *c, stream, p),
-            Launch::Gemv(c, p) => go(&self.gemv, *c, stream, p),
-            Launch::KvUpdate(c, p) => go(&self.kv_update, *c, stream, p),
-            Launch::AttnSplit(c, p) => go(&self.attn_split, *c, stream, p),
-            Launch::AttnCombine(c, p) => go(&self.attn_combine, *c, stream, p),
-            Launch::Argmax(c, p) => go(&self.argmax, *c, stream, p),
+        // SAFETY: every arm launches the kernel its parameter struct mirrors; the addresses in it are valid
+        // per this function's contract, which is `go`'s.
+        unsafe {
+            match launch {
+                Launch::Gather(c, p) => go(&self.gather, *c, stream, p),
+                Launch::Add(c, p) => go(&self.add, *c, stream, p),
+                Launch::RmsNorm(c, p) => go(&self.rms_norm, *c, stream, p),
+                Launch::Gemv(c, p) => go(&self.gemv, *c, stream, p),
+                Launch::GemvT(c, p) => go(&self.gemv_t, *c, stream, p),
+                Launch::KvUpdate(c, p) => go(&self.kv_update, *c, stream, p),
+                Launch::AttnSplit(c, p) => go(&self.attn_split, *c, stream, p),
+                Launch::AttnCombine(c, p) => go(&self.attn_combine, *c, stream, p),
+                Launch::Argmax(c, p) => go(&self.argmax, *c, stream, p),
+            }
         }
     }
 }
@@ -243,22 +269,22 @@ mod tests {
     use super::*;
     use et_error::{ErrorCode, HasErrorCode};
 
-    /// The source compiles for both element types, for the H200's architecture, with every kernel the
-    /// launches name. Needs NVRTC (not a GPU): `cargo xtask test` provides it from PyPI and sets
+    /// The source compiles for every element type (f32, f16, bf16), for the H200's architecture, with every
+    /// kernel the launches name. Needs NVRTC (not a GPU): `cargo xtask test` provides it from PyPI and sets
     /// `KV_REQUIRE_NVRTC`; without NVRTC the test checks the typed error instead.
     #[test]
-    fn kernels_compile_for_both_element_types() {
-        for float in [Float::F32, Float::F16] {
+    fn kernels_compile_for_every_element_type() {
+        for float in [Float::F32, Float::F16, Float::Bf16] {
             let mut opts = vec!["--gpu-architecture=compute_90"];
             opts.extend_from_slice(options(float));
             match cuda_rt::compile_ptx(SOURCE, &opts) {
                 Ok(ptx) => {
                     for kernel in [
                         "gather",
-                        "positions",
                         "add",
                         "rms_norm",
                         "gemv",
+                        "gemv_t",
                         "kv_update",
                         "attn_split",
                         "attn_combine",

@@ -4,18 +4,28 @@
 //!
 //! - [`CudaDelegate`] implements [`delegate_abi::Delegate`] for backend [`BACKEND_ID`] (`CudaBackend`).
 //! - At `init`: the blob is checked, every argument position is resolved to its graph tensor by name, the
-//!   graph is lowered to kernel launches with the fusions decode wants (`plan`), the kernels are compiled
-//!   by NVRTC (once per process, device and element type), constants are uploaded and every intermediate
-//!   and scratch buffer is allocated. Nothing is allocated or compiled per call.
+//!   graph is lowered to kernel launches (`plan`: the fusions decode wants where a graph matches them, one
+//!   launch per op otherwise, none for a reshape), the kernels are compiled by NVRTC (once per process,
+//!   device and element type), constants are uploaded and every intermediate and scratch buffer is
+//!   allocated. Nothing is allocated or compiled per call.
 //! - At `execute`: arguments are checked against the plan, device pointers are checked with the driver when
 //!   they change (the residency gate runs on the real pointer), and the launches are queued on the caller's
 //!   CUDA stream; with device-resident arguments nothing is copied and nothing waits.
 //!
-//! Kernels (`src/kernels.cu`): embedding gather, positions, elementwise add, RMS norm, a split-K GEMV for
-//! one-row (and few-row) products that fuses sibling projections and the residual add, an in-place KV-cache
-//! update, decode attention split over the cache (flash-decoding: each valid K and V row read once, rows past
-//! the position never read) with a combine pass, and argmax. `f32` and `f16` storage, `f32` arithmetic.
-//! Positions are read from device memory, so a captured CUDA graph of a decode step replays without update.
+//! Every op and form of reference-graph payload 1.3 runs, so Hugging Face Llama/Qwen2-style decoders exported
+//! by the Python lowering run on the GPU. Typed kernels (`src/kernels.cu`, `src/kernels/linear.cu`, one
+//! module per float type a graph uses): embedding gather (indices of any rank), elementwise add, RMS norm over
+//! the last axis, a split-K GEMV for one-row (and few-row) products by `[K, N]` weights that fuses sibling
+//! projections, the residual add and the cache update, a row-dot GEMV for `nn.Linear`'s `[N, K]` weights
+//! (optional bias), an in-place KV-cache update (token- or head-major updates, `[H, L, Dh]` or
+//! `[1, H, L, Dh]` caches), decode attention split over the cache (flash-decoding: each valid K and V row
+//! read once, rows past the position never read; grouped-query attention reads each KV head's rows for its
+//! query heads, never a repeated copy; q head- or token-major; an optional scale) with a combine pass, and
+//! argmax of the last row. Untyped kernels (`src/kernels/general.cu`, the element type a parameter):
+//! broadcasting add/sub/mul/div (i64 add/sub/mul too), the unary functions, mean, cast, strided copies
+//! (permute, slice, concat) and positions. `f32`, `f16` and `bf16` storage, `f32` arithmetic. Positions and
+//! token ids are read from device memory and checked there (a bad one sets an error bit the call reports),
+//! so a captured CUDA graph of a decode step replays without update.
 //!
 //! ## Examples
 //!
@@ -48,7 +58,11 @@ pub use reference_delegate::delegate::ArgSpec;
 /// The ExecuTorch backend id this delegate serves.
 pub const BACKEND_ID: &str = "CudaBackend";
 
-/// The CUDA C source of the kernels, for tools that want to compile or inspect it.
+/// The CUDA C source of the typed kernels (compiled with `-DKV_F16`, `-DKV_BF16` or neither), for tools that
+/// want to compile or inspect it.
 pub const KERNEL_SOURCE: &str = kernels::SOURCE;
+
+/// The CUDA C source of the untyped kernels of the general path (the element type a launch parameter).
+pub const GENERAL_KERNEL_SOURCE: &str = kernels::general::SOURCE;
 
 delegate_abi::export_delegate!(@embedded CudaDelegate);

@@ -15,6 +15,11 @@ use host_runtime::cuda::{push_raw, Access, RawMemory};
 use kv_example::{model, BenchConfig, Config, Oracle, Weights};
 use ref_graph::ElemType;
 
+#[path = "support/hf.rs"]
+mod hf;
+#[path = "support/hf_gpu.rs"]
+mod hf_gpu;
+
 /// Device 0, or `None` after checking that the delegate reports the missing GPU cleanly.
 fn gpu() -> Option<Context> {
     match Context::open(0) {

@@ -58,6 +58,7 @@ impl Delegate for NegateDelegate {
             wire_formats: vec![],
             memory_kinds: vec![MemoryKind::Host, MemoryKind::Pinned, MemoryKind::Managed],
             binds_aliases_in_place: false,
+            capabilities: delegate_abi::Capabilities::default(),
         }
     }
 

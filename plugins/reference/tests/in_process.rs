@@ -561,69 +561,6 @@ fn argmax_gives_the_index_of_the_largest_value_of_the_last_row() {
 }
 
 #[test]
-fn f16_blobs_are_refused_with_the_reason() {
-    let delegate = ReferenceDelegate::new();
-    let f16_graph = |names: &[&str]| {
-        let mut b = GraphBuilder::new();
-        let x = b.input("x", ElemType::F16, &[1, 2]).expect("fresh");
-        let mut last = x;
-        for name in names {
-            last = b.add(name, last, x).expect("typed");
-            b.output(last).expect("declared");
-        }
-        b.finish().expect("valid")
-    };
-
-    // Header only: the f16 bindings are named (three at most) with what to do instead.
-    let graph = f16_graph(&["y"]);
-    let blob = plain_blob(&graph, &["x"], &["y"]);
-    assert_eq!(
-        delegate.compatibility(&blob),
-        Compatibility::Unsupported {
-            reason:
-                "f16 tensors ('x', 'y'): the CPU reference delegate computes f32; run f16 blobs on the CUDA \
-                     delegate"
-                    .to_owned()
-        }
-    );
-    expect_code(
-        init(&delegate, &blob),
-        ErrorCode::NotSupported,
-        "tensor 'x' is f16: the CPU reference delegate",
-    );
-    let graph = f16_graph(&["y", "z", "w"]);
-    let blob = plain_blob(&graph, &["x"], &["y", "z", "w"]);
-    assert!(matches!(
-        delegate.compatibility(&blob),
-        Compatibility::Unsupported { reason } if reason.starts_with("f16 tensors ('x', 'y', 'z', ...): ")
-    ));
-
-    // The same through the ABI: the host sees the refusal with its code.
-    let plugin =
-        delegate_abi::host::Plugin::embedded(reference_delegate::delegate_root()).expect("handshake");
-    assert!(matches!(plugin.compatibility(&blob).expect("answer"), Compatibility::Unsupported { .. }));
-    let err = plugin
-        .init(&InitContext { blob: &blob, compile_specs: &[], runtime_specs: &[] })
-        .expect_err("f16 graph");
-    assert_eq!(err.code, ErrorCode::NotSupported, "{err}");
-
-    // f32 bindings but an f16 constant inside: the header cannot tell, init refuses naming the constant.
-    let mut b = GraphBuilder::new();
-    let x = b.input("x", ElemType::F32, &[1, 2]).expect("fresh");
-    b.constant_f16("w16", &[2], vec![ref_graph::half::f16::ONE; 2]).expect("2 values");
-    let y = b.add("y", x, x).expect("typed");
-    b.output(y).expect("declared");
-    let graph = b.finish().expect("valid");
-    let blob = plain_blob(&graph, &["x"], &["y"]);
-    assert_eq!(delegate.compatibility(&blob), Compatibility::Supported);
-    expect_code(
-        init(&delegate, &blob),
-        ErrorCode::NotSupported,
-        "tensor 'w16' is f16: the CPU reference delegate computes f32; run f16 blobs on the CUDA delegate",
-    );
-}
-
-#[test]
 fn delegate_owned_caches_persist_per_instance_and_match_caller_caches() {
     let delegate = ReferenceDelegate::new();
     let mut owned_header = header(1);

@@ -125,6 +125,14 @@ impl Delegate for TensorRtDelegate {
             ],
             memory_kinds: MemoryKind::ALL.to_vec(),
             binds_aliases_in_place: true,
+            // What hosts relied on before capabilities were stated: enqueueV3 on the caller's stream, captured
+            // into the decode graph; caches bound where they are in device and managed memory.
+            capabilities: delegate_abi::Capabilities {
+                in_place_memory_kinds: Some(vec![MemoryKind::Device, MemoryKind::Managed]),
+                caller_stream: true,
+                cuda_graph_capturable: true,
+                ..delegate_abi::Capabilities::default()
+            },
         }
     }
 

@@ -1,5 +1,6 @@
 """The ExecuTorch ``BackendDetails`` of our delegates (class name = backend id): ``ReferenceBackend`` (the CPU
-reference delegate) and ``TensorRTBackend`` (the TensorRT delegate)."""
+reference delegate), ``CudaBackend`` (the CUDA delegate, same payload) and ``TensorRTBackend`` (the TensorRT
+delegate)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from executorch.exir.backend.compile_spec_schema import CompileSpec
 from torch.export import ExportedProgram
 
 from .lowering import Lowered, lower
-from .names import ALIASES_META, REFERENCE_BACKEND, TENSORRT_BACKEND
+from .names import ALIASES_META, CUDA_BACKEND, REFERENCE_BACKEND, TENSORRT_BACKEND
 from .pack import TRT_PACKER_ENV, pack, packer
 
 log = logging.getLogger("kv_delegate")
@@ -44,6 +45,16 @@ class ReferenceBackend(BackendDetails):
     def preprocess(edge_program: ExportedProgram, compile_specs: List[CompileSpec]) -> PreprocessResult:
         """The processed bytes: the native blob ``delegate-pack`` writes."""
         return _preprocess(edge_program, REFERENCE_BACKEND, None)
+
+
+class CudaBackend(BackendDetails):
+    """:class:`ReferenceBackend`'s blob for the CUDA delegate (``plugins/cuda``): the same reference-graph payload,
+    bindings and aliases, with backend id ``CudaBackend``."""
+
+    @staticmethod
+    def preprocess(edge_program: ExportedProgram, compile_specs: List[CompileSpec]) -> PreprocessResult:
+        """The processed bytes: the native blob ``delegate-pack`` writes."""
+        return _preprocess(edge_program, CUDA_BACKEND, None)
 
 
 class TensorRTBackend(BackendDetails):

@@ -5,7 +5,7 @@ torch eager's tokens and logits: the fixtures of ``fixtures/executorch/``.
 
 Writes ``DIR/<design>_<methods>[_planned].pte``, ``DIR/expected.json`` and ``DIR/logits.npy`` (the contract is
 in fixtures/executorch/README.md), and ``DIR/outside/gelu_1m.pte`` with ``DIR/outside/expected.json`` and
-``DIR/outside/logits.npy``: the decoder with a GeLU MLP, whose ``aten.gelu`` stays outside the delegate. Needs torch, executorch 1.5.1 and the packer (``$KV_DELEGATE_PACK``).
+``DIR/outside/logits.npy``: the decoder with a GeLU MLP, whose ``aten.erf`` (its GeLU written with the error function) stays outside the delegate. Needs torch, executorch 1.5.1 and the packer (``$KV_DELEGATE_PACK``).
 ``--backend tensorrt`` writes ``tensorrt_buffers_*.pte`` instead (TensorRT-RTX engines built by ``$KV_TRT_PACK``;
 no owned variant), and its ``expected.json`` gives each program's ``backend``.
 """
@@ -72,7 +72,7 @@ def _export(model: Decoder, rows: int) -> torch.export.ExportedProgram:
     return torch.export.export(model, (tokens, input_pos), strict=False)
 
 
-#: The program with an operator outside the delegate (``aten.gelu``, on ExecuTorch's kernel).
+#: The program with an operator outside the delegate (``aten.erf``, on ExecuTorch's kernel).
 OUTSIDE_FILE = "gelu_1m.pte"
 #: The subdirectory of the programs with operators outside the delegate (their own ``expected.json``).
 OUTSIDE_DIR = "outside"

@@ -10,6 +10,9 @@ OUTPUT_NAME_META = "kv_delegate_name"
 #: The backend id of the CPU reference delegate (the class name of its ``BackendDetails``).
 REFERENCE_BACKEND = "ReferenceBackend"
 
+#: The backend id of the CUDA delegate (same reference-graph payload, run on an NVIDIA GPU).
+CUDA_BACKEND = "CudaBackend"
+
 #: The backend id of the TensorRT delegate.
 TENSORRT_BACKEND = "TensorRTBackend"
 

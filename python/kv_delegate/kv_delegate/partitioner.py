@@ -26,32 +26,15 @@ from torch.export.graph_signature import OutputKind
 from torch.fx.passes.infra.partitioner import CapabilityBasedPartitioner
 from torch.fx.passes.operator_support import OperatorSupportBase
 
-from .lowering import _DTYPES, LoweringError, lower, op_name
-from .names import CACHE_META, OUTPUT_NAME_META, REFERENCE_BACKEND, TENSORRT_BACKEND
+from .lowering import _DTYPES, LoweringError, lower, op_name, rule_names
+from .names import CACHE_META, CUDA_BACKEND, OUTPUT_NAME_META, REFERENCE_BACKEND, TENSORRT_BACKEND
 from .pack import PackError, pack, packer
 
 log = logging.getLogger("kv_delegate")
 
-#: Edge operators the lowering has a rule for (see lowering.py for the forms each rule takes). Having a rule
+#: Edge operators the lowering takes (a rule, or folded at export; see :mod:`kv_delegate.lowering`). Being one
 #: makes a node a candidate; the dry run decides whether it is claimed.
-SUPPORTED_OPS: Dict[str, str] = {
-    "aten.embedding.default": "gather",
-    "aten.index_select.default": "gather",
-    "aten.add.Tensor": "add, or positions (input_pos + arange)",
-    "aten.arange.start_step": "positions / causal mask (folded)",
-    "aten.arange.default": "positions / causal mask (folded)",
-    "aten.view_copy.default": "layout (folded)",
-    "aten.permute_copy.default": "layout (folded)",
-    "aten.clone.default": "layout (folded)",
-    "aten.alias_copy.default": "layout (folded)",
-    "dim_order_ops._clone_dim_order.default": "layout (folded)",
-    "aten.le.Tensor": "causal mask (folded)",
-    "aten.mm.default": "mat_mul",
-    "aten.rms_norm.default": "rms_norm",
-    "aten.index_put.default": "kv_cache_update",
-    "aten.index_copy.default": "kv_cache_update",
-    "aten.scaled_dot_product_attention.default": "causal_attention",
-}
+SUPPORTED_OPS = rule_names()
 
 #: The most dry-run rounds before the partitioner gives up claiming anything (each round leaves at least one
 #: more node outside, so this bounds the work on a pathological graph).
@@ -103,10 +86,14 @@ class _Support(OperatorSupportBase):
         return node.op == "call_function" and op_name(node) in SUPPORTED_OPS and node.name not in self.refused
 
 
-def _producer(node: object, skip: Tuple[str, ...] = ("aten.alias", "aten.clone", "aten.view", "aten._to_copy",
-                                                     "aten.contiguous", "aten.expand")) -> Optional[torch.fx.Node]:
+#: ATen operators that only change a view of their input (skipped when looking for what produced a value).
+VIEWS = ("aten.alias", "aten.clone", "aten.view", "aten._to_copy", "aten.contiguous", "aten.expand",
+         "aten.unsqueeze", "aten.squeeze", "aten.reshape", "aten._unsafe_view")
+
+
+def _producer(node: object, skip: Tuple[str, ...] = VIEWS) -> Optional[torch.fx.Node]:
     """The first producer of ``node`` that is not a copy or view (aten graph, before decomposition)."""
-    for _ in range(8):
+    for _ in range(12):
         if not isinstance(node, torch.fx.Node) or node.op != "call_function":
             return node if isinstance(node, torch.fx.Node) else None
         name = op_name(node)
@@ -117,36 +104,30 @@ def _producer(node: object, skip: Tuple[str, ...] = ("aten.alias", "aten.clone",
 
 
 def _keep_sdpa(node: torch.fx.Node) -> bool:
-    """Whether ``aten.scaled_dot_product_attention`` has the one form the lowering takes: ``q`` a head split
-    ``[H, T, Dh]``, ``k``/``v`` cache updates with as many heads, the explicit causal mask ``le(...)``, no
-    dropout, no ``is_causal``, no scale, no GQA flag, f32 or f16."""
+    """Whether ``aten.scaled_dot_product_attention`` has a form the lowering takes: ``q`` ``[.., H, T, Dh]``,
+    ``k``/``v`` cache updates (directly, or repeated per query-head group as transformers' ``repeat_kv`` and
+    ``repeat_interleave`` do, or with ``enable_gqa``), an explicit causal mask ``le(...)``, no dropout, no
+    ``is_causal``, batch 1, f32, f16 or bf16. Any other ``sdpa`` is decomposed by ExecuTorch."""
     args = list(node.args)
     mask = args[3] if len(args) > 3 else node.kwargs.get("attn_mask")
     extra = dict(zip(("dropout_p", "is_causal", "scale", "enable_gqa"), args[4:]))
     extra.update({k: v for k, v in node.kwargs.items() if k != "attn_mask"})
-    if (
-        not isinstance(mask, torch.fx.Node)
-        or extra.get("dropout_p", 0.0) != 0.0
-        or extra.get("is_causal", False)
-        or extra.get("scale") is not None
-        or extra.get("enable_gqa", False)
-    ):
+    if not isinstance(mask, torch.fx.Node) or extra.get("dropout_p", 0.0) != 0.0 or extra.get("is_causal", False):
         return False
     vals = [a.meta.get("val") if isinstance(a, torch.fx.Node) else None for a in args[:3]]
-    if not all(isinstance(v, torch.Tensor) and v.dim() == 3 for v in vals):
+    if not all(isinstance(v, torch.Tensor) and v.dim() in (3, 4) and v.dim() == vals[0].dim() for v in vals):
         return False
     q, k, v = vals
-    if q.dtype not in (torch.float32, torch.float16) or not (q.shape[0] == k.shape[0] == v.shape[0]):
+    if q.dtype not in (torch.float32, torch.float16, torch.bfloat16) or (q.dim() == 4 and q.shape[0] != 1):
+        return False
+    if k.shape != v.shape or q.shape[-3] % k.shape[-3] != 0:
         return False
     for cache in args[1:3]:
         update = _producer(cache)
         if update is None or not op_name(update).startswith(("aten.index_put", "aten.index_copy")):
             return False
     producer = _producer(mask)
-    if producer is None or not op_name(producer).startswith("aten.le."):
-        return False
-    split = _producer(args[0], skip=("aten.alias", "aten.clone", "aten._to_copy", "aten.contiguous"))
-    return split is not None and op_name(split).startswith(("aten.permute.", "aten.transpose."))
+    return producer is not None and op_name(producer).startswith(("aten.le.", "aten.ge."))
 
 
 def _keep_rms_norm(node: torch.fx.Node) -> bool:
@@ -157,7 +138,7 @@ def _keep_rms_norm(node: torch.fx.Node) -> bool:
     val = args[0].meta.get("val") if isinstance(args[0], torch.fx.Node) else None
     return (
         isinstance(val, torch.Tensor)
-        and val.dtype in (torch.float32, torch.float16)
+        and val.dtype in (torch.float32, torch.float16, torch.bfloat16)
         and list(args[1]) == [val.shape[-1]]
     )
 
@@ -240,6 +221,7 @@ class ReferencePartitioner(Partitioner):
         for tensor in list(ep.state_dict.values()) + list(ep.constants.values()):
             memo[id(tensor)] = tensor
         copied: ExportedProgram = copy.deepcopy(ep, memo)
+        real = {**ep.state_dict, **ep.constants}
         tag_of = {name: tag for tag, names in groups.items() for name in names}
         for node in copied.graph.nodes:
             node.meta.pop("delegation_tag", None)
@@ -265,7 +247,7 @@ class ReferencePartitioner(Partitioner):
                     refused[name] = f"its group of {len(names)} nodes cannot be cut out of the program ({err})"
                 continue
             try:
-                lowered = lower(sub)
+                lowered = lower(sub, real)
             except LoweringError as err:
                 if err.node is not None and err.node in tag_of:
                     refused[err.node] = err.reason
@@ -358,6 +340,12 @@ def _culprit(message: str, op_nodes: Sequence[Optional[str]]) -> Optional[str]:
     if match and int(match.group(1)) < len(op_nodes):
         return op_nodes[int(match.group(1))]
     return None
+
+
+class CudaPartitioner(ReferencePartitioner):
+    """:class:`ReferencePartitioner` for ``CudaBackend``: the same claim, blobs for the CUDA delegate."""
+
+    backend_id = CUDA_BACKEND
 
 
 class TensorRTPartitioner(ReferencePartitioner):

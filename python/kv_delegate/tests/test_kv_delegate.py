@@ -16,14 +16,14 @@ from kv_delegate.pack import have_packer
 
 
 class TanhHead(torch.nn.Module):
-    """The decoder with an operator the reference graph lacks (``tanh``) on its logits."""
+    """The decoder with an operator the reference graph lacks (``erf``) on its logits."""
 
     def __init__(self) -> None:
         super().__init__()
         self.decoder = Decoder(TINY)
 
     def forward(self, tokens: torch.Tensor, input_pos: torch.Tensor) -> torch.Tensor:
-        return torch.tanh(self.decoder(tokens, input_pos))
+        return torch.erf(self.decoder(tokens, input_pos))
 
 
 def _lower(model: torch.nn.Module, partitioner: ReferencePartitioner):
@@ -37,10 +37,10 @@ class KvDelegateTest(unittest.TestCase):
     def test_an_unsupported_operator_stays_outside_and_is_reported(self) -> None:
         partitioner = ReferencePartitioner(output_names=["logits"])
         edge = _lower(TanhHead(), partitioner)
-        self.assertEqual([o.op for o in partitioner.unsupported()], ["aten.tanh.default"])
+        self.assertEqual([o.op for o in partitioner.unsupported()], ["aten.erf.default"])
         self.assertEqual(partitioner.unsupported()[0].value, "f32 [1, 64]")
         ops = [op_name(n) for n in edge.exported_program().graph.nodes if n.op == "call_function"]
-        self.assertIn("aten.tanh.default", ops)
+        self.assertIn("aten.erf.default", ops)
         self.assertEqual(sum(1 for op in ops if op.endswith("executorch_call_delegate")), 1)
 
     def test_owned_state_leaves_no_write_back_and_no_alias(self) -> None:

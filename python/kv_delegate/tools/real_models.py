@@ -5,7 +5,7 @@
 
 For a tiny random-weight (seeded) Hugging Face ``LlamaForCausalLM`` and ``Qwen2ForCausalLM`` (GQA on), exported
 with transformers' own ExecuTorch recipe (``convert_and_export_with_cache``, StaticCache), and for the
-hand-written Llama-style module of ``tests/llama_style.py``: the edge operators of the graph (with dtypes and
+hand-written Llama-style module of ``kv_delegate/llama_style.py``: the edge operators of the graph (with dtypes and
 shapes), what the partitioner claims and what it leaves outside with the reason, and whether the ``.pte`` is
 written. Writes ``OUT_DIR/<model>.pte`` and prints a report.
 """
@@ -55,7 +55,7 @@ def export_hf(model):
 
 
 def export_hand():
-    from llama_style import LlamaStyle
+    from kv_delegate.llama_style import LlamaStyle
 
     model = LlamaStyle().eval()
     with torch.no_grad():

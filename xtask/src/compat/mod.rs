@@ -6,7 +6,8 @@
 //! 2. Plugins across releases: the previous release's bundles (`fixtures/releases/<version>/`, as `cargo xtask
 //!    dist --out` wrote them) are unpacked; the new host lists their manifests and loads (`--probe`) every old
 //!    plugin whose ABI range overlaps its own; the old host (from its bundle) loads every new plugin whose range
-//!    overlaps the old host's.
+//!    overlaps the old host's; every old plugin the new host loads shows the capabilities its manifest records
+//!    (a plugin built before capabilities existed: the defaults).
 //! 3. Libraries: every plugin library (new and old) exports exactly the entry symbol; its root interface
 //!    version equals the previous release's (and delegate-abi's); a changed ABI or wire-format range needs a
 //!    changelog entry ([`changelog`] states the rule).
@@ -21,7 +22,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use anyhow::{bail, Context};
-use host_runtime::plugin_manifest::{AbiSpan, PluginManifest};
+use host_runtime::plugin_manifest::{AbiSpan, ManifestCapabilities, PluginManifest};
 use serde_json::Value;
 
 use crate::dist::{self, archive, DistManifest, PluginCrate, HOST, PLUGINS};
@@ -75,9 +76,11 @@ pub fn run(root: &Path, dist_dir: Option<&Path>, tensorrt: bool) -> anyhow::Resu
             delegate_abi::abi::ROOT_INTERFACE_VERSION
         );
     }
-    // Old plugins in the new host.
+    // Old plugins in the new host, with the capabilities they state (the defaults for plugins built before
+    // capabilities were appended to the ABI).
     expect_listed(&new_host, &old_set.plugins)?;
     expect_loaded(&new_host, new_span, &old_set.plugins, "the new host", &format!("release {version}'s"))?;
+    expect_capabilities(&new_host, &old_set.plugins, &format!("release {version}'s"))?;
     // New plugins in the old host.
     let old_host = old_set.host.clone().with_context(|| format!("release {version} has no host bundle"))?;
     let old_span = old
@@ -307,6 +310,42 @@ fn expect_loaded(
                 plugin.manifest.name
             );
         }
+    }
+    Ok(())
+}
+
+/// The capabilities `--json` shows for a plugin whose manifest records `c` (the defaults when it records
+/// none).
+fn capabilities_json(c: &ManifestCapabilities) -> Value {
+    serde_json::json!({
+        "in_place_memory_kinds": c.in_place_memory_kinds,
+        "caller_stream": c.caller_stream,
+        "cuda_graph_capturable": c.cuda_graph_capturable,
+        "device_positions": c.device_positions,
+        "rewind_fork_without_reinit": c.rewind_fork_without_reinit,
+        "max_positions": c.max_positions,
+    })
+}
+
+/// With `--probe`, every plugin that loads shows the capabilities its manifest records: an older plugin's
+/// library, read through the appended ABI fields it lacks, gives the defaults its manifest implies.
+fn expect_capabilities(host: &Path, plugins: &[UnpackedPlugin], plugins_name: &str) -> anyhow::Result<()> {
+    let list = candidates(host, plugins, true)?;
+    for plugin in plugins {
+        let Some(candidate) = candidate_for(&list, plugin).filter(|c| !c["abi_version"].is_null()) else {
+            continue;
+        };
+        let expected = capabilities_json(&plugin.manifest.capabilities);
+        anyhow::ensure!(
+            candidate["capabilities"] == expected,
+            "{plugins_name} plugin {} loads with capabilities {}, its manifest records {expected}",
+            plugin.manifest.name,
+            candidate["capabilities"]
+        );
+        eprintln!(
+            "compat: {plugins_name} {} has the capabilities it records ({expected})",
+            plugin.manifest.name
+        );
     }
     Ok(())
 }

@@ -26,6 +26,7 @@ mod args;
 mod instance;
 mod load_error;
 mod plugin;
+mod root;
 
 pub use args::{ArgError, ArgList, Slot};
 pub use instance::Instance;

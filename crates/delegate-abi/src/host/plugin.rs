@@ -57,9 +57,8 @@ impl Plugin {
         }
         let header = lib_header_from_path(open).map_err(|e| map_library_error(path, e, None))?;
         let plugin_layout = header.layout().map(defining_crate);
-        let root: DelegateRootRef = header
-            .init_root_module::<DelegateRootRef>()
-            .map_err(|e| map_library_error(path, e, plugin_layout))?;
+        let root: DelegateRootRef =
+            super::root::init_root(header).map_err(|e| map_library_error(path, e, plugin_layout))?;
         Plugin::handshake(root, Some(path.to_path_buf()), config, config.forward_logs)
     }
 

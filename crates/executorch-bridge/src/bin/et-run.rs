@@ -15,6 +15,7 @@ use std::process::ExitCode;
 use clap::Parser;
 use delegate_abi::host::HostConfig;
 use executorch_bridge::runner::{self, Protocol};
+use executorch_bridge::CopyStats;
 use host_runtime::isolate::Isolation;
 use host_runtime::plugins::{Discovery, Registry};
 
@@ -38,11 +39,11 @@ struct Args {
     #[arg(long)]
     probe: bool,
     /// Print a JSON report: tokens, the last logits row after prefill and each step, and per decode step
-    /// the bytes the program's `copy_` write-backs copy.
+    /// the bytes copied, counted as the copies ran (the same totals as the text report).
     #[arg(long)]
     json: bool,
     /// Strict zero-copy: refuse, before running, a program whose calls would copy cache bytes on every step
-    /// (a `copy_` write-back the planning pass did not make a self-copy, a plugin that does not bind aliased
+    /// (a `copy_` write-back of a buffer, a self-copy included, or a plugin that does not bind aliased
     /// outputs in place), naming the method, instruction, buffer and reason.
     #[arg(long)]
     require_zero_copy: bool,
@@ -87,29 +88,56 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    let text = if args.json {
-        let json = serde_json::json!({
-            "program": args.program.display().to_string(),
-            "runtime": "executorch 1.5.1",
-            "methods": report.methods,
-            "served_by": report.served_by.iter().cloned().collect::<std::collections::BTreeMap<_, _>>(),
-            "prompt": protocol.prompt,
-            "steps": protocol.steps,
-            "tokens": report.tokens,
-            "logits": report.logits,
-            "prefill": report.prefill,
-            "decode": report.decode,
-            "write_back_bytes_per_decode_step": report.decode.iter().map(|s| s.write_back_bytes).collect::<Vec<_>>(),
-            "measured": "per DelegateCall, for every KV output whose data pointer differs from its buffer input's, \
-                         the output's nbytes (what the copy_ write-back then copies); equal pointers copy nothing",
-        });
-        format!("{json:#}\n")
-    } else {
-        let tokens: Vec<String> = report.tokens.iter().map(i64::to_string).collect();
-        let per_step: Vec<String> = report.decode.iter().map(|s| s.write_back_bytes.to_string()).collect();
-        format!("tokens: {}\nwrite-back bytes per decode step: {}\n", tokens.join(" "), per_step.join(" "))
-    };
+    let text = if args.json { json_report(&args, &protocol, &report) } else { text_report(&report) };
     emit(&text)
+}
+
+/// What `measured` says in the JSON report: where the byte counts come from.
+const MEASURED: &str = "bytes copied per step, counted where each copy runs: ExecuTorch's copy kernels (aten::copy_ \
+                        write-backs and the copy/clone out kernels, wrapped by counting kernels that run the \
+                        original), the bridge's own write-backs, and the plugins' reflects; method inputs and \
+                        outputs are I/O, not counted";
+
+/// The text report: tokens, then per decode step the bytes copied, in total and by kind.
+fn text_report(report: &runner::Report) -> String {
+    let tokens: Vec<String> = report.tokens.iter().map(i64::to_string).collect();
+    let per_step = |f: fn(&CopyStats) -> u64| -> String {
+        report.decode.iter().map(|s| f(s).to_string()).collect::<Vec<_>>().join(" ")
+    };
+    format!(
+        "tokens: {}\nbytes copied per decode step: {}\n  write-back kernels (aten::copy_): {}\n  bridge \
+         write-backs: {}\n  other copy kernels: {}\n  reflect: {}\n",
+        tokens.join(" "),
+        per_step(CopyStats::total),
+        per_step(|s| s.write_back_bytes),
+        per_step(|s| s.bridge_write_back_bytes),
+        per_step(|s| s.op_bytes),
+        per_step(|s| s.reflect_bytes),
+    )
+}
+
+/// The JSON report: the text report's totals, the logits, and each step's counts by kind.
+fn json_report(args: &Args, protocol: &Protocol, report: &runner::Report) -> String {
+    let per_step = |f: fn(&CopyStats) -> u64| report.decode.iter().map(f).collect::<Vec<_>>();
+    let json = serde_json::json!({
+        "program": args.program.display().to_string(),
+        "runtime": "executorch 1.5.1",
+        "methods": report.methods,
+        "served_by": report.served_by.iter().cloned().collect::<std::collections::BTreeMap<_, _>>(),
+        "prompt": protocol.prompt,
+        "steps": protocol.steps,
+        "tokens": report.tokens,
+        "logits": report.logits,
+        "prefill": report.prefill,
+        "decode": report.decode,
+        "bytes_copied_per_decode_step": per_step(CopyStats::total),
+        "write_back_bytes_per_decode_step": per_step(|s| s.write_back_bytes),
+        "bridge_write_back_bytes_per_decode_step": per_step(|s| s.bridge_write_back_bytes),
+        "op_bytes_per_decode_step": per_step(|s| s.op_bytes),
+        "reflect_bytes_per_decode_step": per_step(|s| s.reflect_bytes),
+        "measured": MEASURED,
+    });
+    format!("{json:#}\n")
 }
 
 /// Writes the whole output to stdout. A reader that went away (`| head -1`) ends the program quietly with

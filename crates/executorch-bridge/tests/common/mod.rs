@@ -196,11 +196,28 @@ fn oracle(cfg: &Config) -> (Vec<i64>, Vec<Vec<f32>>) {
     (tokens, logits)
 }
 
+/// Where a program's new caches live and how they reach the buffers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Layout {
+    /// Own storage, a `copy_` write-back per cache (ExecuTorch's `MemoryPlanningPass`).
+    Separate,
+    /// On the buffers' (mem_id, offset), a `copy_` self-copy per cache kept (what `KvAliasMemoryPlanningPass`
+    /// exported before it removed them).
+    SelfCopy,
+    /// On the buffers' (mem_id, offset), no write-back (`KvAliasMemoryPlanningPass`).
+    InPlace,
+}
+
 /// A KV decoder `.pte` with program-level mutable buffers, as `to_executorch` emits it: per method one
-/// DelegateCall (args in the blob's binding order: tokens, input_pos, caches, new caches, logits, next token)
-/// and a `copy_` write-back per cache; `planned` puts each new cache on its buffer's (mem_id, offset), as the
-/// export's planning pass does.
+/// DelegateCall (args in the blob's binding order: tokens, input_pos, caches, new caches, logits, next token),
+/// then a `copy_` write-back per cache without `planned`; `planned` puts each new cache on its buffer's
+/// (mem_id, offset) and has no write-back, as the export's planning pass does.
 pub fn program(cfg: &Config, methods: usize, planned: bool, backend: &str) -> Vec<u8> {
+    program_with(cfg, methods, if planned { Layout::InPlace } else { Layout::Separate }, backend)
+}
+
+/// [`program`] with the caches laid out as `layout` says.
+pub fn program_with(cfg: &Config, methods: usize, layout: Layout, backend: &str) -> Vec<u8> {
     let weights = Weights::generate(cfg);
     let rows_of = |name: &str| if name == "prefill" { PROMPT.len() } else { 1 };
     let names: &[&str] = if methods == 1 { &["forward"] } else { &["prefill", "decode"] };
@@ -210,7 +227,7 @@ pub fn program(cfg: &Config, methods: usize, planned: bool, backend: &str) -> Ve
         let rows = rows_of(name);
         let blob = kv_example::export::reference_blob(cfg, &weights, rows).expect("blob");
         segments.push(blob);
-        specs.push(method(cfg, name, rows, planned, backend, segments.len() - 1));
+        specs.push(method(cfg, name, rows, layout, backend, segments.len() - 1));
     }
     ProgramSpec {
         version: 0,
@@ -223,7 +240,14 @@ pub fn program(cfg: &Config, methods: usize, planned: bool, backend: &str) -> Ve
     .to_bytes()
 }
 
-fn method(cfg: &Config, name: &str, rows: usize, planned: bool, backend: &str, segment: usize) -> MethodSpec {
+fn method(
+    cfg: &Config,
+    name: &str,
+    rows: usize,
+    layout: Layout,
+    backend: &str,
+    segment: usize,
+) -> MethodSpec {
     use ScalarType::{Float, Long};
     assert_eq!(cfg.layers, 1, "the test program has one layer");
     let cache: Vec<i32> = cfg.cache_shape().iter().map(|&d| d as i32).collect();
@@ -239,8 +263,10 @@ fn method(cfg: &Config, name: &str, rows: usize, planned: bool, backend: &str, s
     };
     let tokens = place(8 * rows as u64);
     let input_pos = place(8);
-    let (k_new, v_new) =
-        if planned { ((2, 0), (2, cache_bytes)) } else { ((1, place(cache_bytes)), (1, place(cache_bytes))) };
+    let (k_new, v_new) = match layout {
+        Layout::Separate => ((1, place(cache_bytes)), (1, place(cache_bytes))),
+        Layout::SelfCopy | Layout::InPlace => ((2, 0), (2, cache_bytes)),
+    };
     let logits = place(4 * (rows * vocab) as u64);
     let next = place(8);
     let values = vec![
@@ -254,23 +280,27 @@ fn method(cfg: &Config, name: &str, rows: usize, planned: bool, backend: &str, s
         ValueSpec::Tensor(TensorSpec::planned(Long, &[1], 1, next)),
         ValueSpec::Bool(false),
     ];
+    let mut instructions =
+        vec![InstructionSpec::Delegate { delegate: 0, args: vec![0, 1, 2, 3, 4, 5, 6, 7] }];
+    let mut operators = vec![];
+    if layout != Layout::InPlace {
+        operators.push(("aten::copy_".to_owned(), String::new()));
+        instructions.push(InstructionSpec::Kernel { op: 0, args: vec![2, 4, 8, 2] });
+        instructions.push(InstructionSpec::Kernel { op: 0, args: vec![3, 5, 8, 3] });
+    }
     MethodSpec {
         name: name.to_owned(),
         values,
         inputs: vec![0, 1],
         outputs: vec![6],
-        operators: vec![("aten::copy_".to_owned(), String::new())],
+        operators,
         delegates: vec![DelegateSpec {
             id: backend.to_owned(),
             location: DataLocation::Segment,
             index: segment as u32,
             compile_specs: vec![],
         }],
-        instructions: vec![
-            InstructionSpec::Delegate { delegate: 0, args: vec![0, 1, 2, 3, 4, 5, 6, 7] },
-            InstructionSpec::Kernel { op: 0, args: vec![2, 4, 8, 2] },
-            InstructionSpec::Kernel { op: 0, args: vec![3, 5, 8, 3] },
-        ],
+        instructions,
         non_const_buffer_sizes: vec![0, at as i64, 2 * cache_bytes as i64],
     }
 }

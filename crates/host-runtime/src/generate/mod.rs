@@ -180,6 +180,13 @@ pub fn last_row_f16(bytes: &[u8], vocab: usize) -> Vec<f32> {
     row.chunks_exact(2).map(|c| f16_to_f32(u16::from_le_bytes([c[0], c[1]]))).collect()
 }
 
+/// Reads bf16 logits; the last row of `[T, vocab]`, widened to f32 (a bf16 is the top half of an f32).
+pub fn last_row_bf16(bytes: &[u8], vocab: usize) -> Vec<f32> {
+    let values = bytes.len() / 2;
+    let row = &bytes[values.saturating_sub(vocab) * 2..values * 2];
+    row.chunks_exact(2).map(|c| f32::from_bits(u32::from(u16::from_le_bytes([c[0], c[1]])) << 16)).collect()
+}
+
 /// Runs prefill over the prompt, then `steps` decode steps, calling `observe` after every step with the
 /// program (to read logits and buffers); [`generate_with`] with [`Options::steps`].
 pub fn generate(
@@ -278,7 +285,12 @@ pub fn generate_with(
     }
     let refusal = refusal(program, &g)?;
     match (refusal, options.host_loop) {
-        (None, false) => device_loop(program, &g, options, observe),
+        (None, false) => {
+            if options.cuda_graph {
+                program.require_capturable(&g.decode)?;
+            }
+            device_loop(program, &g, options, observe)
+        }
         (refusal, _) => {
             if options.cuda_graph {
                 let why = refusal.unwrap_or_else(|| "the host loop was asked for".into());
@@ -357,6 +369,7 @@ fn read_token(program: &Program, g: &Generate, method: &str) -> Result<i64, Erro
 fn logits_token(bytes: &[u8], dtype: DType, vocab: usize) -> i64 {
     let row = match dtype {
         DType::F16 => last_row_f16(bytes, vocab),
+        DType::BF16 => last_row_bf16(bytes, vocab),
         _ => last_row(bytes, vocab),
     };
     ref_graph::argmax(&row) as i64

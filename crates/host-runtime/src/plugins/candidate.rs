@@ -127,6 +127,7 @@ impl Candidate {
                 .filter(|k| manifest.memory_kinds.iter().any(|m| m == k.name()))
                 .collect(),
             binds_aliases_in_place: manifest.binds_aliases_in_place,
+            capabilities: manifest.capabilities.to_capabilities(),
         };
         Candidate {
             path: Some(path),

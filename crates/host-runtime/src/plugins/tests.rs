@@ -373,6 +373,7 @@ fn claims_reference_9(dir: &Path, stem: &str, sha256: Option<&str>) -> PathBuf {
         binds_aliases_in_place: true,
         target: crate::plugin_manifest::host_target(),
         rustc: None,
+        capabilities: Default::default(),
         isolate: false,
     };
     std::fs::write(PluginManifest::path_for(&library), manifest.to_json()).expect("write manifest");

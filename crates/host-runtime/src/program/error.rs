@@ -244,6 +244,31 @@ pub enum Error {
     /// prefill takes the prompt in chunks that do not divide it (`InvalidProgram`).
     #[error("{0}")]
     Generation(String),
+    /// The program's caches hold more positions than a plugin serving one of its calls states it supports
+    /// (`Capabilities::max_positions`), refused at load before the plugin is initialised (`NotSupported`).
+    #[error("method '{method}', {call}: plugin '{plugin}' states the capability max_positions = {most}, but the program's caches hold {needs} positions ([generate] max_positions)")]
+    TooManyPositions {
+        /// The method's name.
+        method: String,
+        /// `call N (BACKEND)`.
+        call: String,
+        /// The plugin's name.
+        plugin: String,
+        /// The most positions the plugin supports.
+        most: u64,
+        /// The positions the program's caches hold.
+        needs: u64,
+    },
+    /// A CUDA graph was asked of a method that cannot be captured, refused before anything runs
+    /// ([`Program::require_capturable`](super::Program::require_capturable)): a plugin that does not state
+    /// the capability, or a call that cannot keep its work on the stream (`NotSupported`).
+    #[error("a CUDA graph (--cuda-graph) of method '{method}' is refused at load: {reason}")]
+    NotCapturable {
+        /// The method's name.
+        method: String,
+        /// The call, its plugin and why.
+        reason: String,
+    },
     /// A CUDA graph was asked of a generation the device loop cannot run (`NotSupported`).
     #[error("a CUDA graph needs the device loop, which cannot run: {why}")]
     GraphNeedsDeviceLoop {
@@ -312,7 +337,9 @@ impl et_error::HasErrorCode for Error {
             Error::Lend { .. } | Error::Generation(_) => ErrorCode::InvalidProgram,
             Error::Share { .. } => ErrorCode::AccessFailed,
             Error::NoStream { .. } | Error::GraphNeedsDeviceLoop { .. } => ErrorCode::NotSupported,
-            Error::NotZeroCopy { .. } => ErrorCode::NotSupported,
+            Error::NotZeroCopy { .. } | Error::NotCapturable { .. } | Error::TooManyPositions { .. } => {
+                ErrorCode::NotSupported
+            }
             Error::LoopMemory { source, .. } => source.error_code(),
             Error::FeedbackAddress { .. } | Error::LostFeedback { .. } => ErrorCode::Internal,
             Error::NotAGenerator | Error::Usage(_) => ErrorCode::InvalidArgument,

@@ -55,6 +55,16 @@ impl LoadedMethod {
                     call.instance.plugin_name()
                 ));
             }
+            if let CallInstance::InProcess(instance) = &call.instance {
+                let info = instance.plugin().info();
+                if !info.capabilities.cuda_graph_capturable {
+                    return Err(format!(
+                        "call {index} ({}) is served by plugin '{}', which does not state the capability \
+                         cuda_graph_capturable",
+                        call.backend, info.name
+                    ));
+                }
+            }
             if !call.streamed {
                 return Err(format!(
                     "call {index} ({}) is served by plugin '{}', which computes on the host (it does not accept device memory)",
@@ -94,6 +104,21 @@ impl Program {
     /// [`Error::Usage`] for an unknown method.
     pub fn capture_refusal(&self, method: &str) -> Result<Option<String>, Error> {
         Ok(self.method(method)?.stays_on_stream().err())
+    }
+
+    /// Refuses a CUDA graph of `method` before anything runs, from what is fixed at load: a call whose plugin
+    /// does not state [`Capabilities::cuda_graph_capturable`](delegate_abi::Capabilities), or one that could
+    /// not keep its work on the stream ([`Program::capture_refusal`]). A host calls it right after loading a
+    /// program it will run with a CUDA graph; [`crate::generate::generate_with`] calls it before prefill.
+    ///
+    /// # Errors
+    /// [`Error::NotCapturable`] naming the call, its plugin and the reason; [`Error::Usage`] for an unknown
+    /// method.
+    pub fn require_capturable(&self, method: &str) -> Result<(), Error> {
+        match self.capture_refusal(method)? {
+            Some(reason) => Err(Error::NotCapturable { method: method.to_owned(), reason }),
+            None => Ok(()),
+        }
     }
 
     /// Captures `method` and, when given, the work `then` queues after it (the generation loop's feedback),

@@ -73,10 +73,28 @@ pub(super) fn plan_call(
         .map_err(|source| Error::Blob { blob: Box::new(call.blob.clone()), source })?;
     let layout = check_blob(&at, &blob)?;
     let plugin = serving_plugin(&at, registry, file.bytes())?;
+    check_positions(&at, plugin.info())?;
     let (args, scratch_of) = plan_arguments(&at, &blob, &layout, buffers, &plugin, mode)?;
     let streamed = isolated::streamed(&plugin);
     let blob_sha256 = Sha256::digest(file.bytes()).iter().map(|b| format!("{b:02x}")).collect();
     Ok(PlannedCall { file, blob_sha256, plugin, args, scratch_of, streamed })
+}
+
+/// A plugin that states a maximum number of positions (`Capabilities::max_positions`, `0`: none) is refused
+/// at load for a program whose caches hold more (`[generate] max_positions`), before it is initialised.
+fn check_positions(at: &CallAt<'_>, info: &PluginInfo) -> Result<(), Error> {
+    let most = info.capabilities.max_positions;
+    let needs = at.manifest.generate.as_ref().and_then(|g| g.max_positions);
+    match needs {
+        Some(needs) if most > 0 && needs > most => Err(Error::TooManyPositions {
+            method: at.method.name.clone(),
+            call: format!("call {} ({})", at.index, at.call.backend),
+            plugin: info.name.clone(),
+            most,
+            needs,
+        }),
+        _ => Ok(()),
+    }
 }
 
 /// The call's own blob file, opened beneath the program's directory when the manifest confines it there.
@@ -359,10 +377,15 @@ impl std::fmt::Display for CopyReason {
     }
 }
 
-/// The memory kinds a plugin updates in place: those of a GPU (device and managed memory) when it accepts
-/// device memory, else those of the CPU (host, pinned and managed memory), as
+/// The memory kinds a plugin updates in place: those it states (`Capabilities::in_place_memory_kinds`);
+/// when it states none (built before capabilities), those of a GPU (device and managed memory) when it
+/// accepts device memory, else those of the CPU (host, pinned and managed memory), as
 /// `alias_validate::residency::DirectAccess` gates them.
 fn updates_in_place(info: &PluginInfo, memory: MemoryKind) -> bool {
+    if let Some(kinds) = &info.capabilities.in_place_memory_kinds {
+        return kinds.contains(&memory);
+    }
+    // Not stated (a plugin built before capabilities): what hosts have always inferred.
     let gpu = info.memory_kinds.contains(&MemoryKind::Device);
     match memory {
         MemoryKind::Managed => true,
@@ -465,6 +488,16 @@ mod tests {
         };
         assert_eq!(in_place(&cpu), [true, true, true, false]);
         assert_eq!(in_place(&gpu), [false, false, true, true]);
+        // What a plugin states wins over the inference.
+        let stated = |kinds: Vec<MemoryKind>| PluginInfo {
+            capabilities: delegate_abi::Capabilities {
+                in_place_memory_kinds: Some(kinds),
+                ..delegate_abi::Capabilities::default()
+            },
+            ..gpu.clone()
+        };
+        assert_eq!(in_place(&stated(vec![MemoryKind::Device])), [false, false, false, true]);
+        assert_eq!(in_place(&stated(vec![])), [false; 4], "a plugin may state that it stages every kind");
     }
 
     #[test]

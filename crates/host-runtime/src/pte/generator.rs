@@ -67,19 +67,23 @@ fn step_names(method: &Method, step: Step) -> Result<Names, String> {
     else {
         return Err(format!("method '{m}' needs inputs 0 (tokens) and 1 (input_pos) and output 0 (logits)"));
     };
-    if tokens.dtype != DType::I64 || tokens.shape.len() != 1 {
-        return Err(format!("input 0 of method '{m}' is {}, not i64 [T]", describe(tokens)));
+    // `[T]`, or `[1, T]` as Hugging Face's `input_ids` (batch 1): the same bytes.
+    let batched = tokens.shape.len() == 2 && tokens.shape[0] == 1;
+    if tokens.dtype != DType::I64 || !(tokens.shape.len() == 1 || batched) {
+        return Err(format!("input 0 of method '{m}' is {}, not i64 [T] or [1, T]", describe(tokens)));
     }
     if pos.dtype != DType::I64 || pos.shape != [1] {
         return Err(format!("input 1 of method '{m}' is {}, not i64 [1]", describe(pos)));
     }
-    let rows = tokens.shape[0];
-    if !matches!(logits.dtype, DType::F32 | DType::F16) || logits.shape.len() != 2 || logits.shape[0] != rows
-    {
-        return Err(format!(
-            "output 0 of method '{m}' is {}, not f32 or f16 [{rows}, vocab]",
-            describe(logits)
-        ));
+    let rows = tokens.shape[tokens.shape.len() - 1];
+    let logit_rows = match logits.shape.as_slice() {
+        [t, _] => Some(*t),
+        [1, t, _] if batched => Some(*t),
+        _ => None,
+    };
+    if !matches!(logits.dtype, DType::F32 | DType::F16 | DType::BF16) || logit_rows != Some(rows) {
+        let shape = if batched { format!("[1, {rows}, vocab]") } else { format!("[{rows}, vocab]") };
+        return Err(format!("output 0 of method '{m}' is {}, not f32, f16 or bf16 {shape}", describe(logits)));
     }
     match step {
         Step::Prefill(prompt) if rows == 0 || prompt as u64 % rows != 0 => {

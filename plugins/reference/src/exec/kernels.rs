@@ -1,188 +1,205 @@
-//! The arithmetic of each op on plain slices, row-major, `f32`. Shapes are the caller's to get right (the
-//! executor passes only validated shapes); data-dependent values (indices, positions) are checked here.
+//! The ops that accumulate: `mat_mul` and `rms_norm` (sums in `f32`, rounded once at store), `positions`, and
+//! `argmax` of the last row.
 
-use super::Error;
+use ref_graph::{Graph, TensorId};
 
-/// `out[t, :] = table[indices[t], :]` for a table of `cols` columns.
-///
-/// Fails with [`Error::IndexOutOfRange`] (naming `table_name`) when an index is outside the table.
-pub fn gather(
-    table: &[f32],
-    cols: usize,
-    indices: &[i64],
-    out: &mut [f32],
-    table_name: &str,
-) -> Result<(), Error> {
-    let rows = table.len() / cols;
-    for (t, (&index, out_row)) in indices.iter().zip(out.chunks_exact_mut(cols)).enumerate() {
-        let row = usize::try_from(index)
-            .ok()
-            .filter(|&r| r < rows)
-            .ok_or_else(|| Error::IndexOutOfRange { table: table_name.to_owned(), row: t, index, rows })?;
-        out_row.copy_from_slice(&table[row * cols..(row + 1) * cols]);
-    }
-    Ok(())
-}
+use super::elem::Float;
+use super::store::Out;
+use super::{Error, Executor, OpAt};
 
-/// `out[m, n] = sum_k a[m, k] b[k, n]` with `a` `[M, K]`, `b` `[K, N]`, `out` `[M, N]`.
-pub fn mat_mul(a: &[f32], b: &[f32], k: usize, n: usize, out: &mut [f32]) {
-    for (a_row, out_row) in a.chunks_exact(k).zip(out.chunks_exact_mut(n)) {
-        out_row.fill(0.0);
-        for (&a_mk, b_row) in a_row.iter().zip(b.chunks_exact(n)) {
-            for (o, &b_kn) in out_row.iter_mut().zip(b_row) {
-                *o += a_mk * b_kn;
-            }
-        }
-    }
-}
-
-/// `out = a + b`, elementwise.
-pub fn add(a: &[f32], b: &[f32], out: &mut [f32]) {
-    for ((o, &x), &y) in out.iter_mut().zip(a).zip(b) {
-        *o = x + y;
-    }
-}
-
-/// `out[m, :] = x[m, :] / sqrt(mean(x[m, :]^2) + eps) * weight` over rows of `weight.len()` columns.
-pub fn rms_norm(x: &[f32], weight: &[f32], eps: f32, out: &mut [f32]) {
-    let cols = weight.len();
-    for (x_row, out_row) in x.chunks_exact(cols).zip(out.chunks_exact_mut(cols)) {
-        let mean_square = x_row.iter().map(|&v| v * v).sum::<f32>() / cols as f32;
-        let scale = 1.0 / (mean_square + eps).sqrt();
-        for ((o, &v), &w) in out_row.iter_mut().zip(x_row).zip(weight) {
-            *o = v * scale * w;
-        }
-    }
-}
-
-/// The geometry of a KV cache `[heads, len, head_dim]`.
+/// The geometry of a `mat_mul`: `k` inner extent, `n` output columns, and whether `b` is stored `[N, K]`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct CacheShape {
-    /// Number of heads.
-    pub heads: usize,
-    /// Number of rows (maximum sequence length).
-    pub len: usize,
-    /// Size of one head.
-    pub head_dim: usize,
+pub struct MatMulShape {
+    /// The inner extent.
+    pub k: usize,
+    /// Output columns.
+    pub n: usize,
+    /// Whether `b` is `[N, K]` (a `torch.nn.Linear` weight) rather than `[K, N]`.
+    pub transpose_b: bool,
 }
 
-/// Writes `update` (`[rows, heads * head_dim]`) into cache rows `position .. position + rows` of every head.
-/// The caller has checked `position + rows <= shape.len`.
-pub fn kv_cache_update(cache: &mut [f32], shape: CacheShape, update: &[f32], position: usize) {
-    let CacheShape { heads, len, head_dim } = shape;
-    for (t, update_row) in update.chunks_exact(heads * head_dim).enumerate() {
-        for (h, src) in update_row.chunks_exact(head_dim).enumerate() {
-            let start = (h * len + position + t) * head_dim;
-            cache[start..start + head_dim].copy_from_slice(src);
-        }
-    }
-}
-
-/// Causal attention of `q` (`[rows, heads * head_dim]`) over caches `k`, `v` of `shape`: query `t` attends to
-/// rows `0 ..= position + t`. `scores` is scratch of at least `shape.len` elements. The caller has checked
-/// `position + rows <= shape.len`.
-pub fn causal_attention(
-    q: &[f32],
-    k: &[f32],
-    v: &[f32],
-    shape: CacheShape,
-    position: usize,
-    scores: &mut [f32],
-    out: &mut [f32],
+/// `out[m, n] = sum_k a[m, k] b[k, n] (+ bias[n])` for every row `m` of `a` (its leading axes are more rows),
+/// with `b[k, n]` read from `b[n, k]` when transposed. Sums in `f32` (`acc`: at least `n` values of scratch),
+/// rounded to `T` once.
+pub fn mat_mul<T: Float>(
+    a: &[T],
+    b: &[T],
+    bias: Option<&[T]>,
+    shape: MatMulShape,
+    acc: &mut [f32],
+    out: &mut [T],
 ) {
-    let CacheShape { heads, len, head_dim } = shape;
-    let scale = 1.0 / (head_dim as f32).sqrt();
-    let width = heads * head_dim;
-    for (t, (q_row, out_row)) in q.chunks_exact(width).zip(out.chunks_exact_mut(width)).enumerate() {
-        let visible = position + t + 1;
-        for h in 0..heads {
-            let q_h = &q_row[h * head_dim..(h + 1) * head_dim];
-            let k_h = &k[h * len * head_dim..(h * len + visible) * head_dim];
-            let v_h = &v[h * len * head_dim..(h * len + visible) * head_dim];
-            let scores = &mut scores[..visible];
-            for (s, k_row) in scores.iter_mut().zip(k_h.chunks_exact(head_dim)) {
-                *s = q_h.iter().zip(k_row).map(|(a, b)| a * b).sum::<f32>() * scale;
+    let MatMulShape { k, n, transpose_b } = shape;
+    let acc = &mut acc[..n];
+    for (a_row, out_row) in a.chunks_exact(k).zip(out.chunks_exact_mut(n)) {
+        if transpose_b {
+            for (s, b_row) in acc.iter_mut().zip(b.chunks_exact(k)) {
+                *s = a_row.iter().zip(b_row).map(|(x, y)| x.to_f32() * y.to_f32()).sum();
             }
-            let max = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-            let mut total = 0.0f32;
-            for s in scores.iter_mut() {
-                *s = (*s - max).exp();
-                total += *s;
-            }
-            let out_h = &mut out_row[h * head_dim..(h + 1) * head_dim];
-            out_h.fill(0.0);
-            for (&s, v_row) in scores.iter().zip(v_h.chunks_exact(head_dim)) {
-                let weight = s / total;
-                for (o, &x) in out_h.iter_mut().zip(v_row) {
-                    *o += weight * x;
+        } else {
+            acc.fill(0.0);
+            for (a_mk, b_row) in a_row.iter().zip(b.chunks_exact(n)) {
+                let a_mk = a_mk.to_f32();
+                for (s, b_kn) in acc.iter_mut().zip(b_row) {
+                    *s += a_mk * b_kn.to_f32();
                 }
             }
         }
+        for (j, (o, s)) in out_row.iter_mut().zip(acc.iter()).enumerate() {
+            *o = T::from_f32(s + bias.map_or(0.0, |bias| bias[j].to_f32()));
+        }
+    }
+}
+
+/// `out[m, :] = x[m, :] / sqrt(mean(x[m, :]^2) + eps) * weight` over rows of `weight.len()` columns, in `f32`.
+pub fn rms_norm<T: Float>(x: &[T], weight: &[T], eps: f32, out: &mut [T]) {
+    let cols = weight.len();
+    for (x_row, out_row) in x.chunks_exact(cols).zip(out.chunks_exact_mut(cols)) {
+        let mean_square = x_row.iter().map(|v| v.to_f32() * v.to_f32()).sum::<f32>() / cols as f32;
+        let scale = 1.0 / (mean_square + eps).sqrt();
+        for ((o, v), w) in out_row.iter_mut().zip(x_row).zip(weight) {
+            *o = T::from_f32(v.to_f32() * scale * w.to_f32());
+        }
+    }
+}
+
+/// `out[t] = start + t`; `None` when that overflows `i64`.
+pub fn positions(start: i64, out: &mut [i64]) -> Option<()> {
+    for (t, o) in out.iter_mut().enumerate() {
+        *o = i64::try_from(t).ok().and_then(|t| start.checked_add(t))?;
+    }
+    Some(())
+}
+
+impl Executor {
+    pub(super) fn mat_mul(
+        &mut self,
+        graph: &Graph,
+        [a, b]: [TensorId; 2],
+        transpose_b: bool,
+        bias: Option<TensorId>,
+        mut out: Out<'_>,
+    ) -> Result<(), Error> {
+        let sb = &graph.tensor(b).shape;
+        let (k, n) = if transpose_b { (sb[1], sb[0]) } else { (sb[0], sb[1]) };
+        let shape = MatMulShape { k: k as usize, n: n as usize, transpose_b };
+        let (t, acc) = (&self.tensors, &mut self.work.row);
+        with_float!(out.decl.dtype, T => {
+            let bias = bias.map(|id| t.read::<T>(graph, id)).transpose()?;
+            mat_mul::<T>(t.read(graph, a)?, t.read(graph, b)?, bias, shape, acc, out.typed()?);
+            Ok(())
+        })
+    }
+
+    pub(super) fn rms_norm(
+        &self,
+        graph: &Graph,
+        input: TensorId,
+        weight: TensorId,
+        eps: f32,
+        mut out: Out<'_>,
+    ) -> Result<(), Error> {
+        let t = &self.tensors;
+        with_float!(out.decl.dtype, T => {
+            rms_norm::<T>(t.read(graph, input)?, t.read(graph, weight)?, eps, out.typed()?);
+            Ok(())
+        })
+    }
+
+    pub(super) fn positions(
+        &self,
+        graph: &Graph,
+        at: OpAt<'_>,
+        position: TensorId,
+        mut out: Out<'_>,
+    ) -> Result<(), Error> {
+        let start = self.tensors.read::<i64>(graph, position)?.first().copied().unwrap_or(0);
+        let out = out.typed::<i64>()?;
+        positions(start, out).ok_or_else(|| Error::PositionOutOfRange {
+            tensor: graph.tensor(position).name.clone(),
+            position: start,
+            op_index: at.index,
+            op: at.op.name(),
+            rows: out.len(),
+            len: usize::MAX,
+        })
+    }
+
+    /// `ref_graph::argmax` of the last row, read to `f32` (exactly) first.
+    pub(super) fn argmax(&mut self, graph: &Graph, input: TensorId, mut out: Out<'_>) -> Result<(), Error> {
+        let decl = graph.tensor(input);
+        let cols = decl.shape.last().copied().unwrap_or(1) as usize;
+        let row = &mut self.work.row[..cols];
+        let t = &self.tensors;
+        let read: Result<(), Error> = with_float!(decl.dtype, T => {
+            let values = t.read::<T>(graph, input)?;
+            for (r, v) in row.iter_mut().zip(&values[values.len() - cols..]) {
+                *r = v.to_f32();
+            }
+            Ok(())
+        });
+        read?;
+        out.typed::<i64>()?.fill(ref_graph::argmax(row) as i64);
+        Ok(())
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use ref_graph::half::{bf16, f16};
+
+    const PLAIN: MatMulShape = MatMulShape { k: 2, n: 3, transpose_b: false };
 
     #[test]
-    fn mat_mul_multiplies() {
+    fn mat_mul_multiplies_batched_rows_transposed_weights_and_adds_bias() {
         // [[1, 2], [3, 4]] x [[5, 6, 7], [8, 9, 10]]
-        let mut out = [0.0; 6];
-        mat_mul(&[1.0, 2.0, 3.0, 4.0], &[5.0, 6.0, 7.0, 8.0, 9.0, 10.0], 2, 3, &mut out);
+        let (a, b) = ([1.0f32, 2.0, 3.0, 4.0], [5.0f32, 6.0, 7.0, 8.0, 9.0, 10.0]);
+        let mut acc = [0.0; 3];
+        let mut out = [0.0f32; 6];
+        mat_mul(&a, &b, None, PLAIN, &mut acc, &mut out);
         assert_eq!(out, [21.0, 24.0, 27.0, 47.0, 54.0, 61.0]);
+        // The same weight stored [N, K] (nn.Linear), with a bias; `a` as [2, 1, 2] is the same rows.
+        let b_t = [5.0f32, 8.0, 6.0, 9.0, 7.0, 10.0];
+        let linear = MatMulShape { transpose_b: true, ..PLAIN };
+        mat_mul(&a, &b_t, Some(&[1.0, -1.0, 0.5]), linear, &mut acc, &mut out);
+        assert_eq!(out, [22.0, 23.0, 27.5, 48.0, 53.0, 61.5]);
     }
 
     #[test]
-    fn rms_norm_normalises_each_row() {
+    fn mat_mul_accumulates_in_f32_and_rounds_once() {
+        // 2048 + 1 + 1 in f16 step by step stays 2048 (ulp 2 there, ties to even); in f32, 2050 exactly.
+        let a = [f16::from_f32(2048.0), f16::ONE, f16::ONE];
+        let b = [f16::ONE; 3];
+        let mut out = [f16::ZERO];
+        mat_mul(&a, &b, None, MatMulShape { k: 3, n: 1, transpose_b: true }, &mut [0.0], &mut out);
+        assert_eq!(out[0].to_f32(), 2050.0);
+        let a = [bf16::from_f32(256.0), bf16::ONE, bf16::ONE];
+        let mut out = [bf16::ZERO];
+        mat_mul(
+            &a,
+            &[bf16::ONE; 3],
+            None,
+            MatMulShape { k: 3, n: 1, transpose_b: false },
+            &mut [0.0],
+            &mut out,
+        );
+        assert_eq!(out[0].to_f32(), 258.0);
+    }
+
+    #[test]
+    fn rms_norm_normalises_each_row_of_any_rank() {
         let mut out = [0.0; 4];
-        rms_norm(&[3.0, 4.0, 1.0, 1.0], &[1.0, 2.0], 0.0, &mut out);
+        rms_norm(&[3.0f32, 4.0, 1.0, 1.0], &[1.0, 2.0], 1e-30, &mut out);
         let rms = (12.5f32).sqrt();
         assert_eq!(out, [3.0 / rms, 8.0 / rms, 1.0, 2.0]);
     }
 
     #[test]
-    fn gather_picks_rows_and_refuses_out_of_range_ids() {
-        let table = [0.0, 1.0, 10.0, 11.0, 20.0, 21.0];
-        let mut out = [0.0; 4];
-        gather(&table, 2, &[2, 0], &mut out, "emb").expect("in range");
-        assert_eq!(out, [20.0, 21.0, 0.0, 1.0]);
-        let err = gather(&table, 2, &[1, 3], &mut out, "emb").expect_err("3 is out of range");
-        assert_eq!(err.to_string(), "index 3 at row 1 of the indices is outside table 'emb' with 3 rows");
-        assert!(gather(&table, 2, &[-1], &mut out[..2], "emb").is_err());
-    }
-
-    #[test]
-    fn kv_cache_update_writes_rows_of_every_head_only() {
-        let shape = CacheShape { heads: 2, len: 3, head_dim: 2 };
-        let mut cache = [9.0; 12];
-        // two rows at position 1: row t = [h0 (2 values), h1 (2 values)]
-        kv_cache_update(&mut cache, shape, &[1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0], 1);
-        assert_eq!(cache, [9.0, 9.0, 1.0, 2.0, 5.0, 6.0, 9.0, 9.0, 3.0, 4.0, 7.0, 8.0]);
-    }
-
-    #[test]
-    fn causal_attention_sees_only_rows_up_to_its_position() {
-        let shape = CacheShape { heads: 1, len: 3, head_dim: 1 };
-        let k = [0.0, 0.0, 0.0];
-        let v = [1.0, 3.0, 100.0];
-        let mut scores = [0.0; 3];
-        let mut out = [0.0; 2];
-        // Equal scores: query 0 at position 0 averages row 0; query 1 averages rows 0 and 1; row 2 is unseen.
-        causal_attention(&[1.0, 1.0], &k, &v, shape, 0, &mut scores, &mut out);
-        assert_eq!(out, [1.0, 2.0]);
-    }
-
-    #[test]
-    fn causal_attention_weights_by_softmax_of_scaled_scores() {
-        let shape = CacheShape { heads: 1, len: 2, head_dim: 4 };
-        let k = [1.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0];
-        let v = [1.0, 0.0, 0.0, 0.0, 0.0, 1.0, 0.0, 0.0];
-        let mut scores = [0.0; 2];
-        let mut out = [0.0; 4];
-        causal_attention(&[2.0, 0.0, 0.0, 0.0], &k, &v, shape, 1, &mut scores, &mut out);
-        // scores = [2 / sqrt(4), 0] = [1, 0]
-        let w0 = 1.0f32.exp() / (1.0f32.exp() + 1.0);
-        assert!((out[0] - w0).abs() < 1e-6 && (out[1] - (1.0 - w0)).abs() < 1e-6, "{out:?}");
+    fn positions_count_from_the_start_and_refuse_overflow() {
+        let mut out = [0i64; 3];
+        positions(5, &mut out).expect("fits");
+        assert_eq!(out, [5, 6, 7]);
+        assert!(positions(i64::MAX - 1, &mut out).is_none());
     }
 }

@@ -1,30 +1,89 @@
 //! The CPU executor: runs a validated [`Graph`] over the arguments of one `execute`, with all scratch memory
 //! allocated up front.
 //!
-//! Where each tensor lives:
-//! - constants stay in the [`Graph`];
+//! ## What runs in which type
+//!
+//! Every tensor is held in its declared element type (`f32`, `f16`, `bf16` or `i64`), and every float op
+//! computes in `f32`: its operands are read to `f32` (exactly), the op computes (sums, softmax and norms
+//! accumulate in `f32`), and each result is rounded to the output's type when it is stored (to nearest, ties
+//! to even). So an `f16` or `bf16` graph's intermediates are `f16` or `bf16` values, as on the GPU, and an
+//! `f32` graph computes exactly as before. [`elem`] is the one place a float type is read and rounded;
+//! [`ref_graph::UnaryFn::apply`] is the one definition of each unary function; `i64` `add`, `sub` and `mul`
+//! wrap. `cast` follows [`ref_graph::Op::Cast`]: float to float rounds once, `i64` to float rounds to nearest
+//! once (never through `f32` first), float to `i64` truncates toward zero, saturating, NaN to 0.
+//!
+//! ## Where each tensor lives
+//!
+//! - constants stay in the [`Graph`] and are read in place, in their own type (nothing is converted at init);
 //! - graph inputs that are not caches are copied from their argument into scratch when a call starts (they
 //!   are small: token ids and positions);
-//! - a cache input, and the `KvCacheUpdate` output that aliases it, live **in the caller's argument**: the
-//!   update writes into it and attention reads from it, so the caller's buffer is the cache;
+//! - a cache input, and the `KvCacheUpdate` output that aliases it, live **in the caller's argument**, in the
+//!   cache's type: the update writes into it and attention reads from it, so the caller's buffer is the cache;
+//! - delegate-owned caches (`Graph::state`) live in the executor, zero-filled at init, kept across calls;
+//! - a `reshape`'s output is its input's storage (an alias decided at init): nothing is copied;
 //! - every other tensor lives in scratch allocated by [`Executor::new`]; graph outputs that alias nothing are
 //!   copied into their argument when the ops are done.
 //!
-//! [`Executor::run`] allocates nothing.
+//! [`Executor::run`] allocates nothing: the scratch, the per-op geometry of broadcasting and `permute`
+//! ([`walk::Walk`]) and the `f32` work rows of attention, `mat_mul` and `argmax` are decided at init.
 //!
-//! The executor computes in `f32` only: a graph with any `f16` tensor (input, constant or intermediate) is
-//! refused by [`Executor::new`] with [`Error::F16`] (`NotSupported`); f16 blobs run on a delegate that
-//! computes f16, such as the CUDA delegate.
+//! One file per concern: [`store`] where tensors live, [`elem`] the element types, [`walk`] broadcast and
+//! permute geometry, [`elementwise`] the elementwise ops, `mean` and `cast`, [`layout`] `permute`, `slice`,
+//! `concat` and `gather`, [`kernels`] `mat_mul`, `rms_norm`, `positions` and `argmax`, [`attention`] the
+//! cache update and causal attention.
 
+/// Runs `$body` with `$T` the float type `$dtype` names (`f32`, `f16` or `bf16`); `i64` is a typing bug.
+macro_rules! with_float {
+    ($dtype:expr, $T:ident => $body:expr) => {
+        match $dtype {
+            ref_graph::ElemType::F32 => {
+                type $T = f32;
+                $body
+            }
+            ref_graph::ElemType::F16 => {
+                type $T = ref_graph::half::f16;
+                $body
+            }
+            ref_graph::ElemType::Bf16 => {
+                type $T = ref_graph::half::bf16;
+                $body
+            }
+            ref_graph::ElemType::I64 => {
+                Err($crate::exec::Error::Internal("a float op has an i64 output (a typing bug)".to_owned()))
+            }
+        }
+    };
+}
+
+/// Runs `$body` with `$T` the element type `$dtype` names.
+macro_rules! with_elem {
+    ($dtype:expr, $T:ident => $body:expr) => {
+        match $dtype {
+            ref_graph::ElemType::I64 => {
+                type $T = i64;
+                $body
+            }
+            float => with_float!(float, $T => $body),
+        }
+    };
+}
+
+pub mod attention;
+pub mod elem;
+pub mod elementwise;
 pub mod kernels;
+pub mod layout;
+pub mod store;
+pub mod walk;
 
 use std::mem;
 
 use delegate_abi::{DelegateError, ExecuteArgs};
 use et_error::{ErrorCode, HasErrorCode};
+use ref_graph::{Graph, Op, TensorDecl, TensorId};
 
-use kernels::CacheShape;
-use ref_graph::{Data, ElemType, Graph, Op, TensorId};
+use store::{Buf, Out, Store, Tensors};
+use walk::Walk;
 
 /// Most scratch memory one executor allocates (4 GiB): a blob whose intermediates need more is refused at
 /// init instead of exhausting the host.
@@ -39,7 +98,7 @@ pub enum Error {
     IndexOutOfRange {
         /// The table's tensor name.
         table: String,
-        /// Which index.
+        /// Which index (its row-major position among the indices).
         row: usize,
         /// Its value.
         index: i64,
@@ -68,14 +127,6 @@ pub enum Error {
     /// An argument's bytes could not be reached (not host-visible, read-only, overlapping, misaligned).
     #[error("{0}")]
     Access(DelegateError),
-    /// The graph has an `f16` tensor; this executor computes `f32` only. `NotSupported`.
-    #[error(
-        "tensor '{tensor}' is f16: the CPU reference delegate computes f32; run f16 blobs on the CUDA delegate"
-    )]
-    F16 {
-        /// The first `f16` tensor of the graph.
-        tensor: String,
-    },
     /// A broken invariant of this crate (a bug). `Internal`.
     #[error("internal error in the reference executor: {0}")]
     Internal(String),
@@ -96,7 +147,6 @@ impl HasErrorCode for Error {
             Error::IndexOutOfRange { .. } | Error::PositionOutOfRange { .. } => ErrorCode::InvalidArgument,
             Error::Access(err) => err.code,
             Error::OutOfMemory { .. } => ErrorCode::DelegateMemoryAllocationFailed,
-            Error::F16 { .. } => ErrorCode::NotSupported,
             Error::Internal(_) => ErrorCode::Internal,
         }
     }
@@ -106,21 +156,6 @@ impl From<DelegateError> for Error {
     fn from(err: DelegateError) -> Error {
         Error::Access(err)
     }
-}
-
-/// Where one tensor's values are during a call.
-#[derive(Debug)]
-enum Store {
-    /// In the graph's constant table.
-    Constant,
-    /// In the caller's argument at this position (a cache, updated in place).
-    InPlace { arg: usize },
-    /// In the executor's delegate-owned state at this slot (a cache the delegate keeps across calls).
-    State { slot: usize },
-    /// Delegate-owned `f32` scratch.
-    F32(Vec<f32>),
-    /// Delegate-owned `i64` scratch.
-    I64(Vec<i64>),
 }
 
 /// Which argument positions carry which graph tensors.
@@ -134,89 +169,87 @@ pub struct ArgMap {
     pub outputs: Vec<(TensorId, usize)>,
 }
 
+/// What an op needs that is decided at init from its shapes.
+#[derive(Debug)]
+enum Plan {
+    /// Nothing.
+    None,
+    /// The broadcast of a binary elementwise op's operands.
+    Binary(Walk<2>),
+    /// The axes of a `permute`.
+    Permute(Walk<1>),
+}
+
+impl Plan {
+    fn of(graph: &Graph, op: &Op<TensorId>) -> Plan {
+        let shape = |id: TensorId| graph.tensor(id).shape.as_slice();
+        match *op {
+            Op::Add { a, b, out } | Op::Sub { a, b, out } | Op::Mul { a, b, out } | Op::Div { a, b, out } => {
+                Plan::Binary(Walk::broadcast(shape(out), [shape(a), shape(b)]))
+            }
+            Op::Permute { input, ref dims, .. } => Plan::Permute(Walk::permute(shape(input), dims)),
+            _ => Plan::None,
+        }
+    }
+}
+
+/// `f32` work space of the ops that accumulate: attention scores, and one row (a `mat_mul` output row, an
+/// attention head, the last row of an `argmax`).
+#[derive(Debug)]
+struct Work {
+    scores: Vec<f32>,
+    row: Vec<f32>,
+}
+
+impl Work {
+    fn new(graph: &Graph) -> Result<Work, Error> {
+        let extent = |id: TensorId, from_end: usize| {
+            let shape = &graph.tensor(id).shape;
+            shape[shape.len() - from_end] as usize
+        };
+        let (mut scores, mut row) = (0, 0);
+        for op in graph.ops() {
+            match *op {
+                Op::CausalAttention { k, .. } => {
+                    scores = scores.max(extent(k, 2));
+                    row = row.max(extent(k, 1));
+                }
+                Op::MatMul { out, .. } | Op::Argmax { input: out, .. } => row = row.max(extent(out, 1)),
+                _ => {}
+            }
+        }
+        Ok(Work {
+            scores: store::alloc(scores, "attention scores")?,
+            row: store::alloc(row, "an f32 work row")?,
+        })
+    }
+}
+
 /// Runs one [`Graph`] with its scratch memory; one per delegate handle.
 #[derive(Debug)]
 pub struct Executor {
-    stores: Vec<Store>,
-    /// Delegate-owned state (`Graph::state`), zero-filled at creation and kept across calls.
-    state: Vec<Vec<f32>>,
+    tensors: Tensors,
     staged: Vec<(TensorId, usize)>,
     outputs: Vec<(TensorId, usize)>,
-    scores: Vec<f32>,
-}
-
-fn alloc<T: Clone + Default>(len: usize, tensor: &str) -> Result<Vec<T>, Error> {
-    let mut v = Vec::new();
-    v.try_reserve_exact(len)
-        .map_err(|_| Error::OutOfMemory { tensor: tensor.to_owned(), bytes: len * mem::size_of::<T>() })?;
-    v.resize(len, T::default());
-    Ok(v)
-}
-
-/// The first `f16` tensor of `graph` (in declaration order), which this executor cannot compute, if any.
-pub fn first_f16_tensor(graph: &Graph) -> Option<&str> {
-    graph.tensors().iter().find(|t| t.dtype == ElemType::F16).map(|t| t.name.as_str())
+    plans: Vec<Plan>,
+    work: Work,
 }
 
 impl Executor {
     /// Allocates scratch for every tensor that needs it. `args` must bind every graph input (the delegate's
-    /// binding plan guarantees it). A graph with an `f16` tensor is refused ([`Error::F16`]).
+    /// binding plan guarantees it).
     pub fn new(graph: &Graph, args: &ArgMap) -> Result<Executor, Error> {
-        if let Some(tensor) = first_f16_tensor(graph) {
-            return Err(Error::F16 { tensor: tensor.to_owned() });
-        }
-        let mut stores = Vec::with_capacity(graph.tensors().len());
-        for (i, decl) in graph.tensors().iter().enumerate() {
-            let id = TensorId(i);
-            let store = if graph.constant(id).is_some() {
-                Store::Constant
-            } else {
-                match decl.dtype {
-                    ElemType::F32 => Store::F32(Vec::new()),
-                    ElemType::I64 => Store::I64(Vec::new()),
-                    ElemType::F16 | ElemType::Bf16 => return Err(Error::F16 { tensor: decl.name.clone() }),
-                }
-            };
-            stores.push(store);
-        }
-        // Caches and the outputs that alias them live in the caller's argument, or in delegate-owned state.
-        let mut state = Vec::with_capacity(graph.state().len());
-        for (out, cache) in graph.in_place_pairs() {
-            if graph.is_state(cache) {
-                let decl = graph.tensor(cache);
-                state.push(alloc(decl.numel(), &decl.name)?);
-                stores[cache.0] = Store::State { slot: state.len() - 1 };
-                stores[out.0] = Store::State { slot: state.len() - 1 };
-                continue;
-            }
-            let arg = args.inputs.iter().find(|(id, _)| *id == cache).map(|&(_, arg)| arg);
-            let arg = arg.ok_or_else(|| {
-                Error::Internal(format!(
-                    "cache input '{}' has no argument position",
-                    graph.tensor(cache).name
-                ))
-            })?;
-            stores[cache.0] = Store::InPlace { arg };
-            stores[out.0] = Store::InPlace { arg };
-        }
-        let scratch: u64 = stores
-            .iter()
-            .zip(graph.tensors())
-            .filter(|(store, _)| matches!(store, Store::F32(_) | Store::I64(_)))
-            .map(|(_, decl)| decl.nbytes() as u64)
-            .sum();
+        let (mut stores, state) = place(graph, args)?;
+        let scratch: u64 = stores.iter().zip(graph.tensors()).map(|(s, d)| store::scratch_bytes(s, d)).sum();
         if scratch > MAX_SCRATCH_BYTES {
             return Err(Error::OutOfMemory {
                 tensor: "(all intermediates)".to_owned(),
                 bytes: scratch as usize,
             });
         }
-        for (i, store) in stores.iter_mut().enumerate() {
-            let decl = &graph.tensors()[i];
-            match store {
-                Store::F32(v) => *v = alloc(decl.numel(), &decl.name)?,
-                Store::I64(v) => *v = alloc(decl.numel(), &decl.name)?,
-                Store::Constant | Store::InPlace { .. } | Store::State { .. } => {}
+        for (store, decl) in stores.iter_mut().zip(graph.tensors()) {
+            if let Store::Scratch(buf) = store {
+                *buf = Buf::zeros(decl.dtype, decl.numel(), &decl.name)?;
             }
         }
         // Arguments bound to a cache in place are neither staged nor copied out.
@@ -225,17 +258,9 @@ impl Executor {
         };
         let staged = not_in_place(&args.inputs);
         let outputs = not_in_place(&args.outputs);
-        let longest_cache = graph
-            .ops()
-            .iter()
-            .filter_map(|op| match op {
-                Op::CausalAttention { k, .. } => graph.tensor(*k).shape.get(1).copied(),
-                _ => None,
-            })
-            .max()
-            .unwrap_or(0);
-        let scores = alloc(usize::try_from(longest_cache).unwrap_or(usize::MAX), "attention scores")?;
-        Ok(Executor { stores, state, staged, outputs, scores })
+        let plans = graph.ops().iter().map(|op| Plan::of(graph, op)).collect();
+        let tensors = Tensors { stores, state };
+        Ok(Executor { tensors, staged, outputs, plans, work: Work::new(graph)? })
     }
 
     /// Runs every op: stages inputs, computes, updates caches in their arguments, and copies outputs out.
@@ -243,81 +268,25 @@ impl Executor {
     pub fn run(&mut self, graph: &Graph, args: &mut ExecuteArgs<'_>) -> Result<(), Error> {
         for &(id, arg) in &self.staged {
             let ([bytes], []) = args.borrow([arg], [])?;
-            match &mut self.stores[id.0] {
-                Store::F32(v) => decode_into(bytes, v, f32::from_ne_bytes),
-                Store::I64(v) => decode_into(bytes, v, i64::from_ne_bytes),
-                Store::Constant | Store::InPlace { .. } | Store::State { .. } => {}
+            match &mut self.tensors.stores[id.0] {
+                Store::Scratch(buf) => copy_bytes(buf.bytes_mut(), bytes, graph.tensor(id))?,
+                _ => {
+                    return Err(invariant(format!(
+                        "input '{}' is staged but has no scratch",
+                        graph.tensor(id).name
+                    )))
+                }
             }
         }
         for (index, op) in graph.ops().iter().enumerate() {
             self.run_op(graph, index, op, args)?;
         }
         for &(id, arg) in &self.outputs {
+            let values = self.tensors.values(graph, id)?;
             let ([], [bytes]) = args.borrow([], [arg])?;
-            match &self.stores[id.0] {
-                Store::F32(v) => encode_into(v, bytes, f32::to_ne_bytes),
-                Store::I64(v) => encode_into(v, bytes, i64::to_ne_bytes),
-                Store::Constant | Store::InPlace { .. } | Store::State { .. } => {}
-            }
+            copy_bytes(bytes, values.bytes(), graph.tensor(id))?;
         }
         Ok(())
-    }
-
-    fn f32s<'a>(&'a self, graph: &'a Graph, id: TensorId) -> &'a [f32] {
-        match (&self.stores[id.0], graph.constant(id)) {
-            (Store::F32(v), _) => v,
-            (Store::Constant, Some(Data::F32(v))) => v,
-            _ => &[],
-        }
-    }
-
-    fn i64s<'a>(&'a self, graph: &'a Graph, id: TensorId) -> &'a [i64] {
-        match (&self.stores[id.0], graph.constant(id)) {
-            (Store::I64(v), _) => v,
-            (Store::Constant, Some(Data::I64(v))) => v,
-            _ => &[],
-        }
-    }
-
-    fn state_slot(&self, id: TensorId) -> Option<usize> {
-        match self.stores[id.0] {
-            Store::State { slot } => Some(slot),
-            _ => None,
-        }
-    }
-
-    fn in_place_arg(&self, graph: &Graph, id: TensorId) -> Result<usize, Error> {
-        match self.stores[id.0] {
-            Store::InPlace { arg } => Ok(arg),
-            _ => Err(Error::Internal(format!(
-                "tensor '{}' should live in a caller argument (graph validation guarantees it)",
-                graph.tensor(id).name
-            ))),
-        }
-    }
-
-    /// The op's position operand, checked against the rows it handles and the cache length.
-    fn position(
-        &self,
-        graph: &Graph,
-        index: usize,
-        op: &Op<TensorId>,
-        id: TensorId,
-        rows: usize,
-        len: usize,
-    ) -> Result<usize, Error> {
-        let position = self.i64s(graph, id).first().copied().unwrap_or(-1);
-        usize::try_from(position)
-            .ok()
-            .filter(|&p| p.checked_add(rows).is_some_and(|end| end <= len))
-            .ok_or_else(|| Error::PositionOutOfRange {
-                tensor: graph.tensor(id).name.clone(),
-                position,
-                op_index: index,
-                op: op.name(),
-                rows,
-                len,
-            })
     }
 
     fn run_op(
@@ -328,171 +297,149 @@ impl Executor {
         args: &mut ExecuteArgs<'_>,
     ) -> Result<(), Error> {
         let out_id = op.output();
-        // SSA: no op reads its own output, so the output's scratch can be taken out while operands are read.
+        // SSA: no op reads its own output, so the output's storage can be taken out while operands are read.
         // It goes back whatever the op's outcome, so a failed call leaves the executor usable.
-        let mut out = mem::replace(&mut self.stores[out_id.0], Store::Constant);
-        let result = self.compute(graph, index, op, &mut out, args);
-        self.stores[out_id.0] = out;
+        let mut out = mem::replace(&mut self.tensors.stores[out_id.0], Store::Constant);
+        let at = OpAt { index, op };
+        let result = self.compute(graph, at, Out { store: &mut out, decl: graph.tensor(out_id) }, args);
+        self.tensors.stores[out_id.0] = out;
         result
     }
 
     fn compute(
         &mut self,
         graph: &Graph,
-        index: usize,
-        op: &Op<TensorId>,
-        out: &mut Store,
+        at: OpAt<'_>,
+        out: Out<'_>,
         args: &mut ExecuteArgs<'_>,
     ) -> Result<(), Error> {
-        match (op, out) {
-            (&Op::Gather { table, indices, .. }, Store::F32(out)) => {
-                let cols = graph.tensor(table).shape[1] as usize;
-                let name = &graph.tensor(table).name;
-                kernels::gather(self.f32s(graph, table), cols, self.i64s(graph, indices), out, name)
+        use elementwise::Arith;
+        let plan = &self.plans[at.index];
+        match *at.op {
+            Op::Gather { table, indices, .. } => self.gather(graph, table, indices, out),
+            Op::Positions { position, .. } => self.positions(graph, at, position, out),
+            Op::MatMul { a, b, transpose_b, bias, .. } => self.mat_mul(graph, [a, b], transpose_b, bias, out),
+            Op::Add { a, b, .. } => self.binary(graph, Arith::Add, [a, b], plan, out),
+            Op::Sub { a, b, .. } => self.binary(graph, Arith::Sub, [a, b], plan, out),
+            Op::Mul { a, b, .. } => self.binary(graph, Arith::Mul, [a, b], plan, out),
+            Op::Div { a, b, .. } => self.binary(graph, Arith::Div, [a, b], plan, out),
+            Op::Unary { func, input, .. } => self.unary(graph, func, input, out),
+            Op::Mean { input, .. } => self.mean(graph, input, out),
+            Op::Cast { input, .. } => self.cast(graph, input, out),
+            Op::Reshape { .. } => Ok(()), // the output is the input's storage (see `place`)
+            Op::Permute { input, .. } => self.permute(graph, input, plan, out),
+            Op::Slice { input, axis, start, end, .. } => self.slice(graph, input, axis, start..end, out),
+            Op::Concat { a, b, axis, .. } => self.concat(graph, [a, b], axis, out),
+            Op::RmsNorm { input, weight, eps, .. } => self.rms_norm(graph, input, weight, eps, out),
+            Op::KvCacheUpdate { cache, update, position, .. } => {
+                self.kv_cache_update(graph, at, [cache, update, position], out, args)
             }
-            (&Op::Positions { position, .. }, Store::I64(out)) => {
-                let start = self.i64s(graph, position).first().copied().unwrap_or(0);
-                let mut result = Ok(());
-                for (t, o) in out.iter_mut().enumerate() {
-                    match i64::try_from(t).ok().and_then(|t| start.checked_add(t)) {
-                        Some(p) => *o = p,
-                        None => {
-                            result = Err(Error::PositionOutOfRange {
-                                tensor: graph.tensor(position).name.clone(),
-                                position: start,
-                                op_index: index,
-                                op: op.name(),
-                                rows: out.len(),
-                                len: usize::MAX,
-                            });
-                            break;
-                        }
-                    }
-                }
-                result
+            Op::CausalAttention { q, k, v, position, scale, .. } => {
+                self.causal_attention(graph, at, [q, k, v, position], scale, out, args)
             }
-            (&Op::MatMul { a, b, .. }, Store::F32(out)) => {
-                let shape = &graph.tensor(b).shape;
-                kernels::mat_mul(self.f32s(graph, a), self.f32s(graph, b), shape[0] as usize, shape[1] as usize, out);
-                Ok(())
-            }
-            (&Op::Add { a, b, .. }, Store::F32(out)) => {
-                kernels::add(self.f32s(graph, a), self.f32s(graph, b), out);
-                Ok(())
-            }
-            (&Op::RmsNorm { input, weight, eps, .. }, Store::F32(out)) => {
-                kernels::rms_norm(self.f32s(graph, input), self.f32s(graph, weight), eps, out);
-                Ok(())
-            }
-            (&Op::KvCacheUpdate { cache, update, position, .. }, Store::InPlace { .. } | Store::State { .. }) => {
-                let shape = cache_shape(graph, cache);
-                let rows = graph.tensor(update).shape[0] as usize;
-                let position = self.position(graph, index, op, position, rows, shape.len)?;
-                let update_values = match (&self.stores[update.0], graph.constant(update)) {
-                    (Store::F32(values), _) => values.as_slice(),
-                    (Store::Constant, Some(Data::F32(values))) => values.as_slice(),
-                    _ => &[],
-                };
-                match self.stores[cache.0] {
-                    Store::State { slot } => {
-                        kernels::kv_cache_update(&mut self.state[slot], shape, update_values, position)
-                    }
-                    _ => {
-                        let arg = self.in_place_arg(graph, cache)?;
-                        let ([], [bytes]) = args.borrow([], [arg])?;
-                        kernels::kv_cache_update(as_f32_mut(bytes, arg)?, shape, update_values, position);
-                    }
-                }
-                Ok(())
-            }
-            (&Op::CausalAttention { q, k, v, position, .. }, Store::F32(out)) => {
-                let shape = cache_shape(graph, k);
-                let rows = graph.tensor(q).shape[0] as usize;
-                let position = self.position(graph, index, op, position, rows, shape.len)?;
-                // Each cache is in the caller's argument or in delegate-owned state.
-                let (k_state, v_state) = (self.state_slot(k), self.state_slot(v));
-                let (k_arg, v_arg) = (self.in_place_arg(graph, k), self.in_place_arg(graph, v));
-                let borrowed;
-                let (k_values, v_values): (&[f32], &[f32]) = match (k_state, v_state) {
-                    (Some(k), Some(v)) => (&self.state[k], &self.state[v]),
-                    (Some(k), None) => {
-                        let v_arg = v_arg?;
-                        borrowed = args.borrow([v_arg], [])?;
-                        (&self.state[k], as_f32(borrowed.0[0], v_arg)?)
-                    }
-                    (None, Some(v)) => {
-                        let k_arg = k_arg?;
-                        borrowed = args.borrow([k_arg], [])?;
-                        (as_f32(borrowed.0[0], k_arg)?, &self.state[v])
-                    }
-                    (None, None) => {
-                        let (k_arg, v_arg) = (k_arg?, v_arg?);
-                        let ([k_bytes, v_bytes], []) = args.borrow([k_arg, v_arg], [])?;
-                        (as_f32(k_bytes, k_arg)?, as_f32(v_bytes, v_arg)?)
-                    }
-                };
-                let q_values = match (&self.stores[q.0], graph.constant(q)) {
-                    (Store::F32(values), _) => values.as_slice(),
-                    (Store::Constant, Some(Data::F32(values))) => values.as_slice(),
-                    _ => &[],
-                };
-                kernels::causal_attention(q_values, k_values, v_values, shape, position, &mut self.scores, out);
-                Ok(())
-            }
-            (&Op::Argmax { input, .. }, Store::I64(out)) => {
-                let cols = graph.tensor(input).shape[1] as usize;
-                let values = self.f32s(graph, input);
-                let last_row = &values[values.len().saturating_sub(cols)..];
-                out.fill(ref_graph::argmax(last_row) as i64);
-                Ok(())
-            }
-            _ => Err(Error::Internal(format!(
-                "op {index} ({}) has an output store its kernel cannot write (graph validation guarantees it)",
-                op.name()
-            ))),
+            Op::Argmax { input, .. } => self.argmax(graph, input, out),
         }
     }
+
+    /// The op's position operand, checked against the rows it handles and the cache length.
+    fn position(
+        &self,
+        graph: &Graph,
+        at: OpAt<'_>,
+        id: TensorId,
+        rows: usize,
+        len: usize,
+    ) -> Result<usize, Error> {
+        let position = self.tensors.read::<i64>(graph, id)?.first().copied().unwrap_or(-1);
+        usize::try_from(position)
+            .ok()
+            .filter(|&p| p.checked_add(rows).is_some_and(|end| end <= len))
+            .ok_or_else(|| Error::PositionOutOfRange {
+                tensor: graph.tensor(id).name.clone(),
+                position,
+                op_index: at.index,
+                op: at.op.name(),
+                rows,
+                len,
+            })
+    }
 }
 
-fn cache_shape(graph: &Graph, cache: TensorId) -> CacheShape {
-    let shape = &graph.tensor(cache).shape;
-    CacheShape { heads: shape[0] as usize, len: shape[1] as usize, head_dim: shape[2] as usize }
+/// An op and its position in the graph, for errors.
+#[derive(Debug, Clone, Copy)]
+struct OpAt<'a> {
+    index: usize,
+    op: &'a Op<TensorId>,
 }
 
-fn as_f32(bytes: &[u8], arg: usize) -> Result<&[f32], Error> {
-    bytemuck::try_cast_slice(bytes).map_err(|_| misaligned(arg))
-}
-
-fn as_f32_mut(bytes: &mut [u8], arg: usize) -> Result<&mut [f32], Error> {
-    bytemuck::try_cast_slice_mut(bytes).map_err(|_| misaligned(arg))
-}
-
-fn misaligned(arg: usize) -> Error {
-    Error::Access(DelegateError::invalid_argument(format!(
-        "argument {arg} is not aligned to 4 bytes, which an f32 cache updated in place needs"
-    )))
-}
-
-/// Reads native-endian values from caller bytes of any alignment.
-fn decode_into<T, const N: usize>(bytes: &[u8], out: &mut [T], read: fn([u8; N]) -> T) {
-    for (o, chunk) in out.iter_mut().zip(bytes.chunks_exact(N)) {
-        if let Ok(array) = chunk.try_into() {
-            *o = read(array);
+/// Where every tensor lives (see the module docs), with delegate-owned state allocated and scratch not yet.
+fn place(graph: &Graph, args: &ArgMap) -> Result<(Vec<Store>, Vec<Buf>), Error> {
+    let mut stores: Vec<Store> = (0..graph.tensors().len())
+        .map(|i| match graph.constant(TensorId(i)) {
+            Some(_) => Store::Constant,
+            None => Store::Scratch(Buf::empty(graph.tensors()[i].dtype)),
+        })
+        .collect();
+    // Caches and the outputs that alias them live in the caller's argument, or in delegate-owned state.
+    let mut state = Vec::with_capacity(graph.state().len());
+    for (out, cache) in graph.in_place_pairs() {
+        let (cache_store, out_store) = if graph.is_state(cache) {
+            let decl = graph.tensor(cache);
+            state.push(Buf::zeros(decl.dtype, decl.numel(), &decl.name)?);
+            let slot = state.len() - 1;
+            (Store::State { slot }, Store::State { slot })
+        } else {
+            let arg =
+                args.inputs.iter().find(|(id, _)| *id == cache).map(|&(_, arg)| arg).ok_or_else(|| {
+                    invariant(format!("cache input '{}' has no argument position", graph.tensor(cache).name))
+                })?;
+            (Store::InPlace { arg }, Store::InPlace { arg })
+        };
+        stores[cache.0] = cache_store;
+        stores[out.0] = out_store;
+    }
+    // A reshape's output is its input's storage (ops are in SSA order, so the input is placed already).
+    for op in graph.ops() {
+        if let Op::Reshape { input, out, .. } = *op {
+            let root = match stores[input.0] {
+                Store::Alias(root) => root,
+                _ => input,
+            };
+            stores[out.0] = Store::Alias(root);
         }
     }
+    Ok((stores, state))
 }
 
-/// Writes native-endian values into caller bytes of any alignment.
-fn encode_into<T: Copy, const N: usize>(values: &[T], out: &mut [u8], write: fn(T) -> [u8; N]) {
-    for (&v, chunk) in values.iter().zip(out.chunks_exact_mut(N)) {
-        chunk.copy_from_slice(&write(v));
+/// Copies `src` into `dst`, which the argument checks made the same size.
+fn copy_bytes(dst: &mut [u8], src: &[u8], decl: &TensorDecl) -> Result<(), Error> {
+    if dst.len() != src.len() {
+        return Err(invariant(format!(
+            "tensor '{}' has {} bytes, its argument {} (the argument checks guarantee they agree)",
+            decl.name,
+            src.len(),
+            dst.len()
+        )));
     }
+    dst.copy_from_slice(src);
+    Ok(())
+}
+
+fn invariant(detail: String) -> Error {
+    Error::Internal(detail)
+}
+
+fn wrong_type(decl: &TensorDecl) -> Error {
+    invariant(format!(
+        "tensor '{}' is read as another type than its {} (a typing bug)",
+        decl.name, decl.dtype
+    ))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use ref_graph::GraphBuilder;
+    use ref_graph::{ElemType, GraphBuilder};
 
     #[test]
     fn a_graph_needing_too_much_scratch_is_refused_at_init() {

@@ -1,4 +1,4 @@
-"""A Llama-style decoder written as users write one (the forms of issue 18's "Why"), for partitioner tests.
+"""A Llama-style decoder written as users write one (the forms of issue 18's "Why"), for partitioner tests and the real-model fixtures.
 
 ``forward(tokens: i64 [T], input_pos: i64 [1]) -> logits f32 [T, vocab]`` (the fixtures' protocol), with
 ``nn.Embedding`` and ``nn.Linear`` layers, RMSNorm decomposed (``pow``/``mean``/``+ eps``/``rsqrt``/``*``),

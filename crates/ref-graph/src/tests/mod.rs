@@ -131,9 +131,9 @@ fn float_operands_of_one_op_share_one_float_type() {
         "{err}"
     );
     let idx = b.input("idx", ElemType::I64, &[1, 2]).expect("fresh");
-    let err = b.add("s", idx, idx).expect_err("i64 is not a float");
+    let err = b.div("s", idx, idx).expect_err("div takes floats only");
     assert!(
-        err.to_string().contains("operand 'a' ('idx') is i64 [1, 2], expected f32 or f16 of rank 2"),
+        err.to_string().contains("operand 'a' ('idx') is i64 [1, 2], expected f32, f16 or bf16"),
         "{err}"
     );
 
@@ -202,7 +202,7 @@ fn argmax_reads_a_float_matrix_and_gives_one_i64() {
     let err = b.argmax("a", v).expect_err("rank 1");
     assert_eq!(
         err.to_string(),
-        "op 0 (argmax): operand 'input' ('v') is f32 [4], expected f32 or f16 of rank 2"
+        "op 0 (argmax): operand 'input' ('v') is f32 [4], expected f32, f16 or bf16 of rank at least 2"
     );
     let ids = b.input("ids", ElemType::I64, &[1, 4]).expect("fresh");
     assert!(b.argmax("a", ids).is_err(), "an i64 matrix has no float argmax");
@@ -440,14 +440,15 @@ mod fuzz {
     proptest! {
         #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
 
-        /// Corrupting any bytes of a valid payload (f32, or f16 constants and an argmax) gives a graph or a
-        /// typed error, never a panic.
+        /// Corrupting any bytes of a valid payload (f32; f16 constants and an argmax; or every op of 1.3 and
+        /// bf16 constants) gives a graph or a typed error, never a panic.
         #[test]
         fn corrupt_payloads_never_panic(
             edits in proptest::collection::vec((any::<usize>(), any::<u8>()), 1..8),
-            f16 in any::<bool>(),
+            which in 0u8..3,
         ) {
-            let mut payload = if f16 { sample_f16() } else { sample() }.encode();
+            let sample = [sample, sample_f16, v1_3::sample_1_3][usize::from(which)];
+            let mut payload = sample().encode();
             let len = payload.len();
             for (at, byte) in edits {
                 payload[at % len] = byte;
@@ -549,3 +550,6 @@ fn a_graph_given_as_description_and_constants_is_the_decoded_graph() {
     let err = Graph::from_description(&payload[16..16 + json_len], &[]).expect_err("constants missing");
     assert!(matches!(err, Error::BadConstant { .. }), "{err}");
 }
+
+mod typing;
+mod v1_3;

@@ -1,0 +1,300 @@
+//! Where ExecuTorch's planned memory lives: the Module's own host buffers, or CUDA managed memory the bridge
+//! supplies through ExecuTorch's allocator interface, so a GPU delegate updates the caches where they are.
+//!
+//! - **the choice** ([`choose`], a pure function): [`PlannedMemory::Host`] when every plugin the program calls
+//!   updates host memory in place (the reference delegate: nothing changes for CPU programs);
+//!   [`PlannedMemory::Managed`] when one of them does not but updates managed memory in place (the CUDA
+//!   delegate, which would otherwise refuse or stage every host cache on every step). `et-run --memory`
+//!   overrides it.
+//! - **managed planned memory** ([`ManagedPlan`]): every `memory_planned_buffer` of every method (mem_id 1
+//!   and 2, activations and the mutable buffers holding the caches, shared across methods at their largest
+//!   size as the Module's own `share_memory_arenas` shares them; the others per method), allocated zeroed with
+//!   `cuda_rt::Allocation<Managed>` and handed to the shim, which loads each method with a
+//!   `HierarchicalAllocator` over them (`Module::load_method(name, planned_memory)`). ExecuTorch's own kernels
+//!   read and write it from the host; the delegate reads and writes it on the GPU, in place.
+//! - **memory kinds**: the address ranges of live managed plans are registered ([`kind_of`]), so the bridge
+//!   passes each DelegateCall argument as [`MemoryKind::Managed`] when it lies in one (planned tensors) and as
+//!   [`MemoryKind::Host`] otherwise (constants in the program file).
+//! - **the stream**: while a managed Module executes, its stream is this thread's ([`ActiveStream`]); a plugin
+//!   that queues work on the caller's stream (`Capabilities::caller_stream`) gets it, and the bridge waits for
+//!   it after the call, before ExecuTorch's next kernel or the caller reads the outputs on the host. So the
+//!   delegate itself never synchronises: [`SyncStats`] counts the delegate's synchronisations and the
+//!   bridge's apart.
+
+use std::cell::{Cell, RefCell};
+use std::sync::{Arc, RwLock};
+
+use cuda_rt::{Allocation, Context, Managed, Stream};
+use delegate_abi::{MemoryKind, PluginInfo};
+
+/// Where a Module's memory-planned buffers live.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum PlannedMemory {
+    /// Host memory the Module allocates (ExecuTorch's default).
+    Host,
+    /// CUDA managed memory the bridge allocates (device 0), readable by ExecuTorch's kernels on the host
+    /// and updated in place by a GPU delegate.
+    Managed,
+}
+
+impl PlannedMemory {
+    /// `"host"` or `"managed"`.
+    pub const fn name(self) -> &'static str {
+        match self {
+            PlannedMemory::Host => "host",
+            PlannedMemory::Managed => "managed",
+        }
+    }
+
+    /// The memory kind a plugin sees for a planned tensor.
+    pub const fn kind(self) -> MemoryKind {
+        match self {
+            PlannedMemory::Host => MemoryKind::Host,
+            PlannedMemory::Managed => MemoryKind::Managed,
+        }
+    }
+}
+
+impl std::fmt::Display for PlannedMemory {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl std::str::FromStr for PlannedMemory {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<PlannedMemory, String> {
+        match s {
+            "host" => Ok(PlannedMemory::Host),
+            "managed" => Ok(PlannedMemory::Managed),
+            other => Err(format!("'{other}' is not a planned memory: use host or managed")),
+        }
+    }
+}
+
+/// Whether the plugin described by `info` updates `memory` in place: what it states
+/// (`Capabilities::in_place_memory_kinds`); when it states nothing (built before capabilities), what hosts
+/// have always inferred (host-runtime's rule): managed memory always, device memory for a plugin that accepts
+/// it, host and pinned memory otherwise.
+pub fn updates_in_place(info: &PluginInfo, memory: MemoryKind) -> bool {
+    if let Some(kinds) = &info.capabilities.in_place_memory_kinds {
+        return kinds.contains(&memory);
+    }
+    let gpu = info.memory_kinds.contains(&MemoryKind::Device);
+    match memory {
+        MemoryKind::Managed => true,
+        MemoryKind::Device => gpu,
+        MemoryKind::Host | MemoryKind::Pinned => !gpu,
+    }
+}
+
+/// The planned memory for a program whose DelegateCalls are served by `plugins`: managed when one of them
+/// does not update host memory in place but does update managed memory in place (a GPU delegate), host
+/// otherwise (no delegate, CPU delegates, or a plugin that updates neither, which stages either way).
+pub fn choose(plugins: &[&PluginInfo]) -> PlannedMemory {
+    let wants_managed = plugins.iter().any(|info| {
+        !updates_in_place(info, MemoryKind::Host) && updates_in_place(info, MemoryKind::Managed)
+    });
+    if wants_managed {
+        PlannedMemory::Managed
+    } else {
+        PlannedMemory::Host
+    }
+}
+
+/// Address ranges `[start, end)` of the live managed plans' allocations.
+static MANAGED_RANGES: RwLock<Vec<(usize, usize)>> = RwLock::new(Vec::new());
+
+/// The memory kind of the `nbytes` at `data`: managed when they lie inside a live [`ManagedPlan`]'s
+/// allocation, host otherwise.
+pub(crate) fn kind_of(data: *const std::ffi::c_void, nbytes: u64) -> MemoryKind {
+    let start = data as usize;
+    let Some(end) = usize::try_from(nbytes).ok().and_then(|n| start.checked_add(n)) else {
+        return MemoryKind::Host;
+    };
+    let ranges = MANAGED_RANGES.read().unwrap_or_else(|e| e.into_inner());
+    if ranges.iter().any(|&(lo, hi)| lo <= start && end <= hi) {
+        MemoryKind::Managed
+    } else {
+        MemoryKind::Host
+    }
+}
+
+/// The planned buffers of a Module in CUDA managed memory, and the stream its delegates run on. Registered
+/// in [`kind_of`]'s ranges while alive; must outlive the Module that loaded methods over them (the runner's
+/// `Module` drops its ExecuTorch Module first).
+pub(crate) struct ManagedPlan {
+    /// mem_id 1 and 2, shared by every method (each at its largest size over the methods).
+    shared: Vec<Allocation<Managed>>,
+    /// Per method, its buffers from mem_id 3 on.
+    own: Vec<Allocation<Managed>>,
+    stream: Arc<Stream>,
+}
+
+impl std::fmt::Debug for ManagedPlan {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ManagedPlan").field("shared", &self.shared.len()).field("own", &self.own.len()).finish()
+    }
+}
+
+/// How many planned buffers (from mem_id 1) the methods share, as ExecuTorch's `share_memory_arenas` does.
+pub(crate) const SHARED_BUFFERS: usize = 2;
+
+impl ManagedPlan {
+    /// Opens device 0 and allocates the shared buffers: per index below [`SHARED_BUFFERS`], the largest size
+    /// any method plans there (`sizes`: per method, its buffer sizes from mem_id 1).
+    pub(crate) fn new(sizes: &[Vec<u64>]) -> Result<ManagedPlan, cuda_rt::Error> {
+        let ctx = Context::open(0)?;
+        let mut shared = Vec::new();
+        for index in 0..SHARED_BUFFERS {
+            let Some(largest) = sizes.iter().filter_map(|s| s.get(index)).max() else { break };
+            shared.push(Self::zeroed(&ctx, *largest)?);
+        }
+        let stream = Arc::new(Stream::new(&ctx)?);
+        Ok(ManagedPlan { shared, own: Vec::new(), stream })
+    }
+
+    fn zeroed(ctx: &Context, len: u64) -> Result<Allocation<Managed>, cuda_rt::Error> {
+        // A zero-length allocation is refused by the driver; one byte stands for it (nothing is placed there).
+        let len = usize::try_from(len.max(1)).unwrap_or(usize::MAX);
+        let allocation = Allocation::<Managed>::zeroed(ctx, len)?;
+        let start = allocation.as_ptr() as usize;
+        MANAGED_RANGES.write().unwrap_or_else(|e| e.into_inner()).push((start, start.saturating_add(len)));
+        Ok(allocation)
+    }
+
+    /// The spans (pointer, length) of one method whose buffers have `sizes`: the shared buffers first, then
+    /// new allocations of this plan for the rest.
+    pub(crate) fn spans(&mut self, sizes: &[u64]) -> Result<Vec<(*mut std::ffi::c_void, u64)>, cuda_rt::Error> {
+        let mut spans = Vec::with_capacity(sizes.len());
+        for (index, &size) in sizes.iter().enumerate() {
+            let allocation = match self.shared.get(index) {
+                Some(shared) => shared,
+                None => {
+                    let ctx = self.stream.context().clone();
+                    self.own.push(Self::zeroed(&ctx, size)?);
+                    self.own.last().unwrap_or_else(|| unreachable!("just pushed"))
+                }
+            };
+            spans.push((allocation.as_ptr(), size));
+        }
+        Ok(spans)
+    }
+
+    /// The stream this plan's delegates run on.
+    pub(crate) fn stream(&self) -> &Arc<Stream> {
+        &self.stream
+    }
+}
+
+impl Drop for ManagedPlan {
+    fn drop(&mut self) {
+        let mine: Vec<usize> = self.shared.iter().chain(&self.own).map(|a| a.as_ptr() as usize).collect();
+        MANAGED_RANGES.write().unwrap_or_else(|e| e.into_inner()).retain(|(lo, _)| !mine.contains(lo));
+    }
+}
+
+thread_local! {
+    static ACTIVE: RefCell<Option<Arc<Stream>>> = const { RefCell::new(None) };
+    static SYNCS: Cell<SyncStats> = const { Cell::new(SyncStats { delegate: 0, bridge: 0 }) };
+}
+
+/// This thread's stream while a managed Module executes: set by [`ActiveStream::enter`], cleared on drop.
+pub(crate) struct ActiveStream(());
+
+impl ActiveStream {
+    pub(crate) fn enter(stream: Arc<Stream>) -> ActiveStream {
+        ACTIVE.with(|a| *a.borrow_mut() = Some(stream));
+        ActiveStream(())
+    }
+}
+
+impl Drop for ActiveStream {
+    fn drop(&mut self) {
+        ACTIVE.with(|a| a.borrow_mut().take());
+    }
+}
+
+/// The stream of the managed Module executing on this thread, if any.
+pub(crate) fn active_stream() -> Option<Arc<Stream>> {
+    ACTIVE.with(|a| a.borrow().clone())
+}
+
+/// Host synchronisations with the GPU on this thread (`cuda_rt::stats`), split by who made them.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+pub struct SyncStats {
+    /// Inside the plugins' `execute` (zero for a delegate that queues its work on the bridge's stream).
+    pub delegate: u64,
+    /// The bridge's waits for a delegate's stream after its call, before ExecuTorch's next kernel (one per
+    /// DelegateCall of a managed program).
+    pub bridge: u64,
+}
+
+pub(crate) fn add_syncs(delegate: u64, bridge: u64) {
+    SYNCS.with(|s| {
+        let now = s.get();
+        s.set(SyncStats {
+            delegate: now.delegate.saturating_add(delegate),
+            bridge: now.bridge.saturating_add(bridge),
+        });
+    });
+}
+
+/// Returns and resets this thread's [`SyncStats`].
+pub fn take_syncs() -> SyncStats {
+    SYNCS.with(|s| s.replace(SyncStats::default()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use delegate_abi::Capabilities;
+
+    fn plugin(kinds: &[MemoryKind], in_place: Option<Vec<MemoryKind>>) -> PluginInfo {
+        PluginInfo {
+            name: "p".into(),
+            version: "1".into(),
+            backends: vec!["B".into()],
+            wire_formats: vec![],
+            memory_kinds: kinds.to_vec(),
+            binds_aliases_in_place: true,
+            capabilities: Capabilities { in_place_memory_kinds: in_place, ..Capabilities::default() },
+        }
+    }
+
+    #[test]
+    fn a_gpu_delegate_gets_managed_planned_memory_and_a_cpu_delegate_keeps_host() {
+        use MemoryKind::{Device, Host, Managed, Pinned};
+        let reference = plugin(&[Host, Pinned, Managed], Some(vec![Host, Pinned, Managed]));
+        let cuda = plugin(&[Host, Device, Managed, Pinned], Some(vec![Device, Managed]));
+        assert_eq!(choose(&[&reference]), PlannedMemory::Host);
+        assert_eq!(choose(&[&cuda]), PlannedMemory::Managed);
+        // Mixed: both update managed memory in place; host would stage the GPU delegate's caches.
+        assert_eq!(choose(&[&reference, &cuda]), PlannedMemory::Managed);
+        assert_eq!(choose(&[]), PlannedMemory::Host, "no delegate: ExecuTorch's own memory");
+        // A plugin that updates nothing in place stages anywhere: host, the cheaper.
+        assert_eq!(choose(&[&plugin(&[Host, Device], Some(vec![]))]), PlannedMemory::Host);
+        // Not stated: a plugin that accepts device memory is a GPU plugin (managed), others keep host.
+        assert_eq!(choose(&[&plugin(&[Device, Managed], None)]), PlannedMemory::Managed);
+        assert_eq!(choose(&[&plugin(&[Host], None)]), PlannedMemory::Host);
+    }
+
+    #[test]
+    fn planned_memory_reads_its_names_and_refuses_others() {
+        for memory in [PlannedMemory::Host, PlannedMemory::Managed] {
+            assert_eq!(memory.name().parse::<PlannedMemory>(), Ok(memory));
+        }
+        let err = "device".parse::<PlannedMemory>().expect_err("not a choice");
+        assert!(err.contains("'device'") && err.contains("host or managed"), "{err}");
+        assert_eq!(PlannedMemory::Managed.kind(), MemoryKind::Managed);
+    }
+
+    #[test]
+    fn memory_outside_every_managed_plan_is_host() {
+        let local = [0u8; 16];
+        assert_eq!(kind_of(local.as_ptr().cast(), 16), MemoryKind::Host);
+        assert_eq!(kind_of(usize::MAX as *const _, 16), MemoryKind::Host, "no overflow");
+    }
+}

@@ -1,0 +1,172 @@
+// decode: greedy decoding of a kv-delegate program inside a plain ExecuTorch 1.5.1 application.
+//
+//   decode PROGRAM.pte [PROMPT [STEPS]]     PROMPT: comma-separated token ids (default 1,7,3,12); STEPS: decode
+//                                           steps after the prompt (default 12)
+//
+// It registers kv-delegate's backends (kv_delegate.h), loads the program with ExecuTorch's `Module` (memory
+// arenas shared across methods, so `decode` sees the caches `prefill` wrote), feeds the prompt (one `prefill`
+// call, or `forward` token by token), then feeds back the argmax token STEPS times and prints
+//
+//   kv-delegate 0.1.0: ReferenceBackend CudaBackend
+//   tokens: 52 19 9 ...
+//
+// Every method is (tokens: i64 [T], input_pos: i64 [1]) -> logits: f32 [T, vocab] (fixtures/executorch/README.md).
+// A failure prints one `error:` line (ExecuTorch's code, and kv-delegate's message when there is one) and exits 1.
+// Built and run by crates/executorch-capi/tests/cpp_example.rs; docs/cpp.md has the link lines.
+
+#include <kv_delegate.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <executorch/extension/module/module.h>
+#include <executorch/extension/tensor/tensor_ptr_maker.h>
+
+namespace {
+
+using executorch::aten::ScalarType;
+using executorch::extension::Module;
+using executorch::runtime::Error;
+using executorch::runtime::EValue;
+using executorch::runtime::Result;
+
+// One `error:` line: what failed, ExecuTorch's code, and the message kv-delegate kept for this thread.
+int fail(const std::string& what, Error err) {
+  std::fprintf(stderr, "error: %s: ExecuTorch error 0x%02x", what.c_str(), static_cast<unsigned>(err));
+  char message[1024];
+  if (kvd_last_error(message, sizeof message) > 0) {
+    std::fprintf(stderr, " (%s)", message);
+  }
+  std::fputc('\n', stderr);
+  return 1;
+}
+
+// The greedy token: the index of the first largest logit; a NaN never wins (kv-delegate's rule,
+// `ref_graph::argmax`). -1 when every logit is NaN.
+int64_t argmax(const float* row, int64_t n) {
+  int64_t best = -1;
+  for (int64_t i = 0; i < n; ++i) {
+    if (!std::isnan(row[i]) && (best < 0 || row[i] > row[best])) {
+      best = i;
+    }
+  }
+  return best;
+}
+
+// Runs `method` on `tokens` at `position` (the first token's) and returns the argmax of the last logits row.
+Result<int64_t> step(Module& module, const std::string& method, std::vector<int64_t> tokens, int64_t position) {
+  auto tokens_tensor = executorch::extension::from_blob(
+      tokens.data(), {static_cast<executorch::aten::SizesType>(tokens.size())}, ScalarType::Long);
+  auto position_tensor = executorch::extension::from_blob(&position, {1}, ScalarType::Long);
+  auto outputs = module.execute(method, {EValue(*tokens_tensor), EValue(*position_tensor)});
+  if (!outputs.ok()) {
+    return outputs.error();
+  }
+  if (outputs->empty() || !(*outputs)[0].isTensor()) {
+    std::fprintf(stderr, "%s: output 0 is not a tensor\n", method.c_str());
+    return Error::InvalidProgram;
+  }
+  const auto& logits = (*outputs)[0].toTensor();
+  if (logits.scalar_type() != ScalarType::Float || logits.dim() != 2 ||
+      logits.size(0) != static_cast<int64_t>(tokens.size())) {
+    std::fprintf(stderr, "%s: output 0 is not f32 logits [%zu, vocab]\n", method.c_str(), tokens.size());
+    return Error::InvalidProgram;
+  }
+  const int64_t vocab = logits.size(1);
+  int64_t token = argmax(logits.const_data_ptr<float>() + (logits.size(0) - 1) * vocab, vocab);
+  if (token < 0) {
+    std::fprintf(stderr, "%s: every logit of the last row is NaN\n", method.c_str());
+    return Error::InvalidProgram;
+  }
+  return token;
+}
+
+// The prompt's first generated token: one `prefill` call, or `forward` fed the prompt token by token.
+Result<int64_t> feed_prompt(Module& module, bool two_methods, const std::vector<int64_t>& prompt) {
+  if (two_methods) {
+    return step(module, "prefill", prompt, 0);
+  }
+  for (size_t i = 0; i + 1 < prompt.size(); ++i) {
+    Result<int64_t> token = step(module, "forward", {prompt[i]}, static_cast<int64_t>(i));
+    if (!token.ok()) {
+      return token.error();
+    }
+  }
+  return step(module, "forward", {prompt.back()}, static_cast<int64_t>(prompt.size() - 1));
+}
+
+bool parse_prompt(const std::string& text, std::vector<int64_t>& prompt) {
+  std::stringstream in(text);
+  std::string item;
+  while (std::getline(in, item, ',')) {
+    char* end = nullptr;
+    long long value = std::strtoll(item.c_str(), &end, 10);
+    if (item.empty() || *end != '\0') {
+      return false;
+    }
+    prompt.push_back(value);
+  }
+  return !prompt.empty();
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 2 || argc > 4) {
+    std::fprintf(stderr, "usage: %s PROGRAM.pte [PROMPT [STEPS]]\n", argv[0]);
+    return 2;
+  }
+  std::vector<int64_t> prompt;
+  if (!parse_prompt(argc > 2 ? argv[2] : "1,7,3,12", prompt)) {
+    std::fprintf(stderr, "error: the prompt '%s' is not comma-separated token ids\n", argv[2]);
+    return 2;
+  }
+  char* end = nullptr;
+  const long steps = argc > 3 ? std::strtol(argv[3], &end, 10) : 12;
+  if (steps < 0 || (argc > 3 && (*argv[3] == '\0' || *end != '\0'))) {
+    std::fprintf(stderr, "error: the step count '%s' is not a number of steps\n", argv[3]);
+    return 2;
+  }
+
+  // Before loading a program: its DelegateCalls find our backends in ExecuTorch's registry.
+  Error registered = static_cast<Error>(kvd_register_backends());
+  if (registered != Error::Ok) {
+    return fail("kvd_register_backends", registered);
+  }
+  std::printf("kv-delegate %s:", kvd_version());
+  for (size_t i = 0; i < kvd_backend_count(); ++i) {
+    std::printf(" %s", kvd_backend_name(i));
+  }
+  std::printf("\n");
+
+  Module module(argv[1], Module::LoadMode::Mmap, nullptr, nullptr, nullptr, /*share_memory_arenas=*/true);
+  auto methods = module.method_names();
+  if (!methods.ok()) {
+    return fail(std::string("loading ") + argv[1], methods.error());
+  }
+  const bool two_methods = methods->count("prefill") > 0 && methods->count("decode") > 0;
+  Result<int64_t> first = feed_prompt(module, two_methods, prompt);
+  if (!first.ok()) {
+    return fail("the prompt", first.error());
+  }
+  std::vector<int64_t> tokens{*first};
+  for (long i = 1; i <= steps; ++i) {
+    const int64_t position = static_cast<int64_t>(prompt.size()) - 1 + i;
+    Result<int64_t> token = step(module, two_methods ? "decode" : "forward", {tokens.back()}, position);
+    if (!token.ok()) {
+      return fail("decode step " + std::to_string(i), token.error());
+    }
+    tokens.push_back(*token);
+  }
+  std::printf("tokens:");
+  for (int64_t t : tokens) {
+    std::printf(" %lld", static_cast<long long>(t));
+  }
+  std::printf("\n");
+  return 0;
+}

@@ -1,0 +1,52 @@
+//! Our delegates for a C or C++ ExecuTorch 1.5.1 application: this crate builds `libkv_delegate.a` and
+//! `libkv_delegate.so`, whose C functions (declared in `include/kv_delegate.h`) register the reference delegate,
+//! the CUDA delegate (where a driver and a GPU are) and the plugin libraries in `DELEGATE_PLUGIN_PATH` in
+//! ExecuTorch's backend registry through `executorch-bridge`. The application then loads and runs programs with ExecuTorch's own API.
+//!
+//! The C functions:
+//!
+//! | function | what it does |
+//! |---|---|
+//! | `kvd_register_backends()` | registers once; returns ExecuTorch's error code (0 is `Error::Ok`) |
+//! | `kvd_backend_count()`, `kvd_backend_name(i)` | the backend ids registered |
+//! | `kvd_version()` | this library's version (the header's `KVD_VERSION`) |
+//! | `kvd_last_error(buf, cap)` | the message of the calling thread's last failure: registration, or a delegate's `init`/`execute` |
+//!
+//! `docs/cpp.md` is the guide (link lines for the static and the shared library, the run-time library path, the
+//! errors); `examples/cpp/decode.cpp` is a whole application (greedy decode through ExecuTorch's `Module`),
+//! built and run against a committed `.pte` by this crate's test `cpp_example`.
+//!
+//! ## Examples
+//!
+//! The same calls from Rust (a C program calls the same symbols through the header):
+//!
+//! ```no_run
+//! let code = kv_delegate::kvd_register_backends();
+//! assert_eq!(code, 0, "{}", kv_delegate::last_error().unwrap_or_default());
+//! let ids: Vec<String> = kv_delegate::registered().iter().map(|id| id.to_string_lossy().into_owned()).collect();
+//! assert!(ids.iter().any(|id| id == "ReferenceBackend"));
+//! ```
+//!
+//! ## Logging
+//!
+//! Registering routes ExecuTorch's log messages into `tracing` (the bridge does), and this library prints
+//! `tracing` to stderr at level `warn` (ExecuTorch's errors, a delegate's failures), or as the `KVD_LOG`
+//! environment variable says (`tracing_subscriber`'s `EnvFilter` syntax: `KVD_LOG=off`, `KVD_LOG=info`),
+//! unless the process already set a `tracing` subscriber.
+//!
+//! ## Unsafe code
+//!
+//! Only in the private `ffi` module (the exported `#[no_mangle]` functions, the caller's buffer in
+//! `kvd_last_error`), every block with a `// SAFETY:` comment; the rest of the crate denies `unsafe_code`.
+//!
+//! ## Feature Flags
+//!
+//! None.
+#![deny(missing_docs)]
+#![deny(unsafe_code)]
+
+mod ffi;
+mod registration;
+
+pub use ffi::{kvd_backend_count, kvd_backend_name, kvd_last_error, kvd_register_backends, kvd_version};
+pub use registration::{last_error, registered, VERSION};

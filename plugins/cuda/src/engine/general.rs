@@ -1,0 +1,94 @@
+//! The launches of the general path's untyped steps, with this call's addresses.
+
+use cuda_rt::LaunchConfig;
+
+use super::Engine;
+use crate::kernels::general::{
+    dtype_code, BinaryP, CastP, CopyP, GeneralLaunch, MeanP, PositionsP, UnaryP, MAX_RANK,
+};
+use crate::plan::{Step, Walk};
+
+/// Threads of an elementwise block; blocks are capped, each thread looping over the rest.
+const THREADS: u32 = 256;
+const MAX_BLOCKS: u64 = 4096;
+
+fn elementwise(n: u64) -> LaunchConfig {
+    LaunchConfig {
+        grid: (n.div_ceil(THREADS as u64).clamp(1, MAX_BLOCKS) as u32, 1, 1),
+        block: (THREADS, 1, 1),
+        shared_mem_bytes: 0,
+    }
+}
+
+/// A walk's extents and two stride lists, in the kernels' fixed-size arrays (the plan kept the rank within
+/// [`MAX_RANK`]).
+fn arrays(walk: &Walk) -> (i32, [i64; MAX_RANK], [i64; MAX_RANK], [i64; MAX_RANK]) {
+    let (mut dims, mut a, mut b) = ([1; MAX_RANK], [0; MAX_RANK], [0; MAX_RANK]);
+    for (i, ((&d, &sa), &sb)) in walk.dims.iter().zip(&walk.a).zip(&walk.b).enumerate() {
+        dims[i] = d as i64;
+        a[i] = sa as i64;
+        b[i] = sb as i64;
+    }
+    (walk.dims.len() as i32, dims, a, b)
+}
+
+impl Engine {
+    /// The launch of an untyped step.
+    pub(super) fn lower_general(&self, step: &Step) -> GeneralLaunch {
+        let p = |id: ref_graph::TensorId| self.ptrs[id.0];
+        match *step {
+            Step::Binary { op, a, b, out, dtype, ref walk } => {
+                let (rank, dims, sa, sb) = arrays(walk);
+                let n = walk.dims.iter().product::<u64>();
+                let params = BinaryP {
+                    a: p(a),
+                    b: p(b),
+                    out: p(out),
+                    n: n as i64,
+                    rank,
+                    dt: dtype_code(dtype),
+                    op: op as i32,
+                    pad: 0,
+                    dims,
+                    sa,
+                    sb,
+                };
+                GeneralLaunch::Binary(elementwise(n), params)
+            }
+            Step::Unary { func, input, out, n, dtype } => GeneralLaunch::Unary(
+                elementwise(n),
+                UnaryP { x: p(input), out: p(out), n: n as i64, dt: dtype_code(dtype), func: func as i32 },
+            ),
+            Step::Mean { input, out, rows, dim, dtype } => GeneralLaunch::Mean(
+                LaunchConfig { grid: (rows, 1, 1), block: (THREADS, 1, 1), shared_mem_bytes: 0 },
+                MeanP { x: p(input), out: p(out), rows: rows as i32, dim: dim as i32, dt: dtype_code(dtype) },
+            ),
+            Step::Cast { input, out, n, from, to } => GeneralLaunch::Cast(
+                elementwise(n),
+                CastP { x: p(input), out: p(out), n: n as i64, from: dtype_code(from), to: dtype_code(to) },
+            ),
+            Step::Copy { src, dst, elem, ref walk, src_off, dst_off } => {
+                let (rank, dims, ss, ds) = arrays(walk);
+                let n = walk.dims.iter().product::<u64>();
+                let params = CopyP {
+                    src: p(src),
+                    dst: p(dst),
+                    n: n as i64,
+                    src_off: src_off as i64,
+                    dst_off: dst_off as i64,
+                    rank,
+                    elem: elem as i32,
+                    dims,
+                    ss,
+                    ds,
+                };
+                GeneralLaunch::Copy(elementwise(n), params)
+            }
+            Step::Positions { position, out, count } => GeneralLaunch::Positions(
+                LaunchConfig { grid: (1, 1, 1), block: (32, 1, 1), shared_mem_bytes: 0 },
+                PositionsP { pos: p(position), out: p(out), count: count as i32 },
+            ),
+            _ => unreachable!("the plan gives every typed step a float type, so it is lowered as typed"),
+        }
+    }
+}

@@ -1,0 +1,235 @@
+// The CUDA delegate's untyped kernels: the general path's elementwise ops, means, casts, strided copies and
+// positions, for any element type of payload 1.3, compiled by NVRTC once per process per device. Each kernel
+// takes the element type as a code (`DT_*`, the same for every thread of a launch, so the switch never
+// diverges) and computes in f32 (i64 in i64), exactly as `ref_graph::UnaryFn::apply` and the reference
+// delegate do. One parameter struct by value per kernel; `src/kernels/general.rs` mirrors them
+// (`#[repr(C)]`). Shapes are static per launch; nothing reads a host value, so a captured CUDA graph replays.
+
+typedef long long i64;
+
+#define DT_F32 0
+#define DT_F16 1
+#define DT_BF16 2
+#define DT_I64 3
+#define MAX_RANK 6
+
+__device__ __forceinline__ float f16_to_f32(unsigned short h) {
+    float f;
+    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
+    return f;
+}
+__device__ __forceinline__ unsigned short f32_to_f16(float f) {
+    unsigned short h;
+    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f));
+    return h;
+}
+__device__ __forceinline__ float bf16_to_f32(unsigned short h) {
+    return __uint_as_float(((unsigned int)h) << 16);
+}
+// Round to nearest even; a NaN stays a (quiet) NaN, as `half::bf16::from_f32`.
+__device__ __forceinline__ unsigned short f32_to_bf16(float f) {
+    unsigned int u = __float_as_uint(f);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (unsigned short)((u >> 16) | 0x40u);
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (unsigned short)(u >> 16);
+}
+
+// Float to i64: truncation toward zero, NaN to 0, out-of-range values saturated (Rust's `as i64`).
+__device__ __forceinline__ i64 f32_to_i64(float v) {
+    if (v != v) return 0;
+    if (v >= 9223372036854775808.f) return 0x7fffffffffffffffLL;
+    if (v <= -9223372036854775808.f) return (i64)0x8000000000000000ULL;
+    return (i64)v;
+}
+
+__device__ __forceinline__ float ldf(const void* p, i64 i, int dt) {
+    switch (dt) {
+        case DT_F16: return f16_to_f32(((const unsigned short*)p)[i]);
+        case DT_BF16: return bf16_to_f32(((const unsigned short*)p)[i]);
+        case DT_I64: return (float)((const i64*)p)[i];
+        default: return ((const float*)p)[i];
+    }
+}
+
+__device__ __forceinline__ void stf(void* p, i64 i, float v, int dt) {
+    switch (dt) {
+        case DT_F16: ((unsigned short*)p)[i] = f32_to_f16(v); break;
+        case DT_BF16: ((unsigned short*)p)[i] = f32_to_bf16(v); break;
+        case DT_I64: ((i64*)p)[i] = f32_to_i64(v); break;
+        default: ((float*)p)[i] = v;
+    }
+}
+
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+// Block-wide sum; `scratch` holds 32 floats; every thread gets the result.
+__device__ float block_sum(float v, float* scratch) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = (blockDim.x + 31) >> 5;
+    v = warp_sum(v);
+    __syncthreads();
+    if (lane == 0) scratch[warp] = v;
+    __syncthreads();
+    v = lane < warps ? scratch[lane] : 0.f;
+    return warp_sum(v);
+}
+
+#define GRID_LOOP(i, n) \
+    for (i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x; i < (n); i += (i64)gridDim.x * blockDim.x)
+
+// ---------------------------------------------------------------------------------------------------------
+// out = a OP b with NumPy broadcasting: `dims` are out's extents, `sa` and `sb` each operand's stride (in
+// elements) along each of out's axes, 0 where the operand is broadcast. OP: 0 add, 1 sub, 2 mul, 3 div.
+
+struct BinaryP {
+    const void* a;
+    const void* b;
+    void* out;
+    i64 n;
+    int rank, dt, op, pad;
+    i64 dims[MAX_RANK];
+    i64 sa[MAX_RANK];
+    i64 sb[MAX_RANK];
+};
+
+extern "C" __global__ void binary(BinaryP p) {
+    GRID_LOOP(i, p.n) {
+        i64 rem = i, ia = 0, ib = 0;
+        for (int d = p.rank - 1; d >= 0; d--) {
+            const i64 c = rem % p.dims[d];
+            rem /= p.dims[d];
+            ia += c * p.sa[d];
+            ib += c * p.sb[d];
+        }
+        if (p.dt == DT_I64) {
+            const unsigned long long x = ((const i64*)p.a)[ia], y = ((const i64*)p.b)[ib];
+            // Two's-complement wrapping, as the reference's `wrapping_*`.
+            ((i64*)p.out)[i] = (i64)(p.op == 0 ? x + y : p.op == 1 ? x - y : x * y);
+        } else {
+            const float x = ldf(p.a, ia, p.dt), y = ldf(p.b, ib, p.dt);
+            stf(p.out, i, p.op == 0 ? x + y : p.op == 1 ? x - y : p.op == 2 ? x * y : x / y, p.dt);
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// out = func(x), elementwise, in f32: `func` is `ref_graph::UnaryFn`'s index (Neg = 0 .. GeluTanh = 12).
+
+struct UnaryP {
+    const void* x;
+    void* out;
+    i64 n;
+    int dt, func;
+};
+
+__device__ __forceinline__ float apply(int func, float x) {
+    switch (func) {
+        case 0: return -x;
+        case 1: return 1.f / sqrtf(x);
+        case 2: return sqrtf(x);
+        case 3: return x * x;
+        case 4: return 1.f / x;
+        case 5: return expf(x);
+        case 6: return cosf(x);
+        case 7: return sinf(x);
+        case 8: return tanhf(x);
+        case 9: return 1.f / (1.f + expf(-x));
+        case 10: return x / (1.f + expf(-x));
+        case 11: return 0.5f * x * (1.f + erff(x / 1.41421356f));
+        default: {
+            const float c = sqrtf(2.f / 3.14159265f);
+            return 0.5f * x * (1.f + tanhf(c * (x + 0.044715f * x * x * x)));
+        }
+    }
+}
+
+extern "C" __global__ void unary(UnaryP p) {
+    GRID_LOOP(i, p.n) stf(p.out, i, apply(p.func, ldf(p.x, i, p.dt)), p.dt);
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// out[r] = mean(x[r, :]) over rows of `dim`. Grid: rows; block: 256.
+
+struct MeanP {
+    const void* x;
+    void* out;
+    int rows, dim, dt;
+};
+
+extern "C" __global__ void mean_rows(MeanP p) {
+    __shared__ float scratch[32];
+    const i64 base = (i64)blockIdx.x * p.dim;
+    float s = 0.f;
+    for (int d = threadIdx.x; d < p.dim; d += blockDim.x) s += ldf(p.x, base + d, p.dt);
+    s = block_sum(s, scratch);
+    if (threadIdx.x == 0) stf(p.out, blockIdx.x, s / (float)p.dim, p.dt);
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// out = x converted: float to float through f32 (each rounding to nearest even), i64 to float rounded to
+// nearest, float to i64 truncated (NaN 0, saturating), i64 to i64 copied.
+
+struct CastP {
+    const void* x;
+    void* out;
+    i64 n;
+    int from, to;
+};
+
+extern "C" __global__ void cast(CastP p) {
+    GRID_LOOP(i, p.n) {
+        if (p.from == DT_I64 && p.to == DT_I64) {
+            ((i64*)p.out)[i] = ((const i64*)p.x)[i];
+        } else {
+            stf(p.out, i, ldf(p.x, i, p.from), p.to);
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// A strided copy of `elem`-byte elements (permute, slice, one part of a concat, a reshape into an output):
+// for every index of `dims`, dst[dst_off + sum idx * ds] = src[src_off + sum idx * ss] (strides in elements).
+
+struct CopyP {
+    const void* src;
+    void* dst;
+    i64 n, src_off, dst_off;
+    int rank, elem;
+    i64 dims[MAX_RANK];
+    i64 ss[MAX_RANK];
+    i64 ds[MAX_RANK];
+};
+
+extern "C" __global__ void copy_strided(CopyP p) {
+    GRID_LOOP(i, p.n) {
+        i64 rem = i, is = p.src_off, id = p.dst_off;
+        for (int d = p.rank - 1; d >= 0; d--) {
+            const i64 c = rem % p.dims[d];
+            rem /= p.dims[d];
+            is += c * p.ss[d];
+            id += c * p.ds[d];
+        }
+        switch (p.elem) {
+            case 2: ((unsigned short*)p.dst)[id] = ((const unsigned short*)p.src)[is]; break;
+            case 8: ((unsigned long long*)p.dst)[id] = ((const unsigned long long*)p.src)[is]; break;
+            default: ((unsigned int*)p.dst)[id] = ((const unsigned int*)p.src)[is];
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// out[t] = pos[0] + t. One thread.
+
+struct PositionsP {
+    const i64* pos;
+    i64* out;
+    int count;
+};
+
+extern "C" __global__ void positions(PositionsP p) {
+    if (threadIdx.x == 0 && blockIdx.x == 0)
+        for (int t = 0; t < p.count; t++) p.out[t] = p.pos[0] + t;
+}

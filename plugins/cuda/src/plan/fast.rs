@@ -1,0 +1,336 @@
+//! The lowering state and the fast path: the fused launches of a decode step (see the parent module), and
+//! the dispatch of every other op to [`super::general`].
+
+use ref_graph::{Graph, Op, TensorId};
+
+use super::{
+    attention_shape, gemv_split, general, u32_of, AttnShape, BinOp, CacheRows, Float, GemvMat, Home,
+    KvLayout, Plan, PositionRows, Step, Unsupported,
+};
+use crate::kernels::{self, ATTN_MAX_HEAD};
+
+/// A plan being built: the graph, where each tensor lives, the steps so far and the scratch they need.
+pub(super) struct Lowering<'g> {
+    pub(super) graph: &'g Graph,
+    pub(super) homes: Vec<Home>,
+    pub(super) steps: Vec<Step>,
+    gemv_partial: usize,
+    gemv_counters: usize,
+    attn_scratch: (usize, usize),
+}
+
+impl<'g> Lowering<'g> {
+    pub(super) fn new(graph: &'g Graph) -> Lowering<'g> {
+        let mut homes = vec![Home::Scratch; graph.tensors().len()];
+        for (index, (id, _)) in graph.constants().enumerate() {
+            homes[id.0] = Home::Constant(index);
+        }
+        for &id in graph.inputs().iter().chain(graph.outputs()) {
+            homes[id.0] = Home::Io;
+        }
+        Lowering { graph, homes, steps: Vec::new(), gemv_partial: 0, gemv_counters: 0, attn_scratch: (0, 0) }
+    }
+
+    pub(super) fn finish(self) -> Plan {
+        let dtypes: Vec<_> = self.graph.tensors().iter().map(|t| t.dtype).collect();
+        let mut floats: Vec<Float> =
+            self.steps.iter().filter_map(|s| s.typed_by()).filter_map(|id| Float::of(dtypes[id.0])).collect();
+        floats.sort();
+        floats.dedup();
+        Plan {
+            floats,
+            dtypes,
+            homes: self.homes,
+            steps: self.steps,
+            gemv_partial: self.gemv_partial,
+            gemv_counters: self.gemv_counters,
+            attn_scratch: self.attn_scratch,
+        }
+    }
+
+    pub(super) fn shape(&self, id: TensorId) -> &'g [u64] {
+        &self.graph.tensor(id).shape
+    }
+
+    fn uses(&self, id: TensorId) -> usize {
+        self.graph.ops().iter().filter(|op| op.operands().contains(&id)).count()
+    }
+
+    pub(super) fn is_output(&self, id: TensorId) -> bool {
+        self.graph.outputs().contains(&id)
+    }
+
+    /// Read by exactly one op and not a graph output: a tensor a fusion may leave unwritten.
+    fn private(&self, id: TensorId) -> bool {
+        self.uses(id) == 1 && !self.is_output(id)
+    }
+
+    /// The float type of a float tensor.
+    pub(super) fn float(&self, id: TensorId) -> Result<Float, Unsupported> {
+        let t = self.graph.tensor(id);
+        Float::of(t.dtype)
+            .ok_or_else(|| Unsupported(format!("tensor '{}' is {}, not a float", t.name, t.dtype)))
+    }
+
+    /// Lowers the op at `i` (and any it fuses with): how many ops it took.
+    pub(super) fn op(&mut self, i: usize) -> Result<usize, Unsupported> {
+        let op = &self.graph.ops()[i];
+        match *op {
+            Op::Gather { .. } => self.gather(i),
+            Op::Positions { position, count, out } => {
+                self.steps.push(Step::Positions { position, out, count: u32_of(count, "position count")? });
+                Ok(1)
+            }
+            Op::Add { a, b, out }
+                if self.shape(a) == self.shape(b) && Float::of(self.graph.tensor(out).dtype).is_some() =>
+            {
+                self.steps.push(Step::Add { a, b, out, n: self.graph.tensor(out).numel() as u64 });
+                Ok(1)
+            }
+            Op::RmsNorm { input, weight, eps, out } => {
+                let dim = *self.shape(input).last().unwrap_or(&1);
+                let rows = self.graph.tensor(input).numel() as u64 / dim.max(1);
+                let (rows, dim) = (u32_of(rows, "rows")?, u32_of(dim, "width")?);
+                self.steps.push(Step::RmsNorm { input, weight, out, rows, dim, eps });
+                Ok(1)
+            }
+            Op::MatMul { transpose_b: false, .. } => self.gemv(i),
+            Op::KvCacheUpdate { .. } => self.kv_update(i),
+            Op::CausalAttention { q, k, v, position, scale, out } => {
+                self.attention(q, k, v, position, scale, out)?;
+                Ok(1)
+            }
+            Op::Argmax { input, out } => {
+                let n = *self.shape(input).last().unwrap_or(&1);
+                let m = self.graph.tensor(input).numel() as u64 / n.max(1);
+                let (m, n) = (u32_of(m, "rows")?, u32_of(n, "columns")?);
+                self.steps.push(Step::Argmax { input, out, m, n });
+                Ok(1)
+            }
+            ref other => general::lower(self, other).map(|()| 1),
+        }
+    }
+
+    /// A gather; with the next three ops `positions`, a second gather of them and the sum of both, one
+    /// embedding launch (token rows plus the positions' rows).
+    fn gather(&mut self, i: usize) -> Result<usize, Unsupported> {
+        let ops = self.graph.ops();
+        let Op::Gather { table, indices, out } = ops[i] else { unreachable!("called for a gather") };
+        let t = self.shape(table);
+        let rows = self.graph.tensor(indices).numel() as u64;
+        let dim = t[1];
+        let (mut out, mut plus, mut taken) = (out, None, 1);
+        if let (
+            Some(&Op::Positions { position, count, out: p }),
+            Some(&Op::Gather { table: t2, indices: i2, out: g2 }),
+            Some(&Op::Add { a, b, out: sum }),
+        ) = (ops.get(i + 1), ops.get(i + 2), ops.get(i + 3))
+        {
+            if i2 == p
+                && count == rows
+                && self.shape(t2)[1] == dim
+                && self.shape(out) == self.shape(g2)
+                && ((a, b) == (out, g2) || (a, b) == (g2, out))
+                && [out, p, g2].into_iter().all(|id| self.private(id))
+            {
+                plus =
+                    Some(PositionRows { table: t2, position, n: u32_of(self.shape(t2)[0], "table rows")? });
+                out = sum;
+                taken = 4;
+            }
+        }
+        self.steps.push(Step::Gather {
+            table,
+            indices,
+            out,
+            rows: u32_of(rows, "row count")?,
+            n: u32_of(t[0], "table rows")?,
+            dim: u32_of(dim, "table width")?,
+            plus,
+        });
+        Ok(taken)
+    }
+}
+
+impl Lowering<'_> {
+    /// A `[K, N]` product as a GEMV: with its siblings (the next products of the same activation by weights
+    /// of the same shape), or with the next op's residual `Add`, and with the `RmsNorm` before it when only
+    /// these products read the norm. A bias is added by a broadcasting add after it.
+    fn gemv(&mut self, i: usize) -> Result<usize, Unsupported> {
+        let ops = self.graph.ops();
+        let Op::MatMul { a, b, bias, out, .. } = ops[i] else { unreachable!("called for a mat_mul") };
+        let float = self.float(out)?;
+        let k = *self.shape(a).last().unwrap_or(&1);
+        let m = self.graph.tensor(a).numel() as u64 / k.max(1);
+        let (m, k, n) =
+            (u32_of(m, "rows")?, u32_of(k, "inner extent")?, u32_of(self.shape(b)[1], "columns")?);
+        let mut mats = vec![GemvMat { w: b, y: out, residual: None, cache: None }];
+        let mut taken = 1;
+        if bias.is_none() {
+            // Siblings: the next MatMuls reading the same `a` with weights of the same shape.
+            while mats.len() < 3 {
+                match ops.get(i + taken) {
+                    Some(&Op::MatMul { a: a2, b: b2, transpose_b: false, bias: None, out: out2 })
+                        if a2 == a && self.shape(b2) == self.shape(b) =>
+                    {
+                        mats.push(GemvMat { w: b2, y: out2, residual: None, cache: None });
+                        taken += 1;
+                    }
+                    _ => break,
+                }
+            }
+            if mats.len() == 1 {
+                taken += self.residual(&mut mats[0], ops.get(i + 1));
+            }
+        }
+        let (a, norm) = self.fused_norm(a, mats.len());
+        let nmat = mats.len() as u32;
+        let (ksplit, rows_per_split) = gemv_split(float, m, nmat, k, n);
+        if ksplit > 1 {
+            let tiles = n.div_ceil(32 * kernels::vec_width(float)) as usize;
+            self.gemv_partial = self.gemv_partial.max((nmat * m * ksplit) as usize * n as usize);
+            self.gemv_counters = self.gemv_counters.max((nmat * m) as usize * tiles);
+        }
+        self.steps.push(Step::Gemv { a, norm, mats, cache_rows: None, m, k, n, ksplit, rows_per_split });
+        if let Some(bias) = bias {
+            let walk = general::broadcast(self, out, out, bias)?;
+            let dtype = self.graph.tensor(out).dtype;
+            self.steps.push(Step::Binary { op: BinOp::Add, a: out, b: bias, out, dtype, walk });
+        }
+        Ok(taken)
+    }
+
+    /// A lone product feeding only `next`, an `Add` of equal shapes with it, becomes that Add's output: how
+    /// many ops that took (0 or 1).
+    fn residual(&self, mat: &mut GemvMat, next: Option<&Op<TensorId>>) -> usize {
+        let out = mat.y;
+        let Some(&Op::Add { a: x, b: y, out: sum }) = next else { return 0 };
+        if !self.private(out) {
+            return 0;
+        }
+        let other = if x == out {
+            y
+        } else if y == out {
+            x
+        } else {
+            return 0;
+        };
+        if other == out || self.shape(other) != self.shape(sum) || self.shape(out) != self.shape(sum) {
+            return 0;
+        }
+        *mat = GemvMat { w: mat.w, y: sum, residual: Some(other), cache: None };
+        1
+    }
+
+    /// When the last step is an RMS norm whose output only the `readers` products read, it is done inside
+    /// the GEMV: the norm's input and (weight, eps) instead of `a`.
+    fn fused_norm(&mut self, a: TensorId, readers: usize) -> (TensorId, Option<(TensorId, f32)>) {
+        if let Some(&Step::RmsNorm { input, weight, out: h, eps, .. }) = self.steps.last() {
+            if h == a && self.uses(h) == readers && !self.is_output(h) {
+                self.steps.pop();
+                return (input, Some((weight, eps)));
+            }
+        }
+        (a, None)
+    }
+
+    /// A cache update (with the next one at the same position and of the same shapes: K and V in one
+    /// launch); token-major updates the previous GEMV computes are written by that GEMV.
+    fn kv_update(&mut self, i: usize) -> Result<usize, Unsupported> {
+        let ops = self.graph.ops();
+        let Op::KvCacheUpdate { cache, update, position, out } = ops[i] else { unreachable!("a kv update") };
+        self.homes[out.0] = Home::SameAs(cache);
+        let layout = self.kv_layout(cache, update)?;
+        let mut caches = vec![(cache, update)];
+        if let Some(&Op::KvCacheUpdate { cache: c2, update: u2, position: p2, out: o2 }) = ops.get(i + 1) {
+            if p2 == position && self.shape(c2) == self.shape(cache) && self.shape(u2) == self.shape(update) {
+                self.homes[o2.0] = Home::SameAs(c2);
+                caches.push((c2, u2));
+            }
+        }
+        let taken = caches.len();
+        if !layout.head_major && self.fuse_into_gemv(&caches, position, layout) {
+            return Ok(taken);
+        }
+        self.steps.push(Step::KvUpdate { caches, position, layout });
+        Ok(taken)
+    }
+
+    /// `cache` `[H, L, Dh]` or `[1, H, L, Dh]` and `update` token-major `[T, H * Dh]` or head-major `[H, T,
+    /// Dh]` / `[1, H, T, Dh]` (the forms validation admits).
+    fn kv_layout(&self, cache: TensorId, update: TensorId) -> Result<KvLayout, Unsupported> {
+        let c = self.shape(cache);
+        let c = &c[c.len().saturating_sub(3)..];
+        let u = self.shape(update);
+        let head_major = u.len() >= 3;
+        let rows = if head_major { u[u.len() - 2] } else { u[0] };
+        Ok(KvLayout {
+            rows: u32_of(rows, "rows")?,
+            heads: u32_of(c[0], "heads")?,
+            len: u32_of(c[1], "cache length")?,
+            head_dim: u32_of(c[2], "head size")?,
+            head_major,
+        })
+    }
+
+    /// Has the previous GEMV write `caches`' updates (each one of its outputs) into the caches: whether it
+    /// did.
+    fn fuse_into_gemv(&mut self, caches: &[(TensorId, TensorId)], position: TensorId, l: KvLayout) -> bool {
+        let Some(Step::Gemv { mats, cache_rows: cache_rows @ None, m, .. }) = self.steps.last_mut() else {
+            return false;
+        };
+        if *m != l.rows || !caches.iter().all(|&(_, update)| mats.iter().any(|mat| mat.y == update)) {
+            return false;
+        }
+        for &(cache, update) in caches {
+            if let Some(mat) = mats.iter_mut().find(|mat| mat.y == update) {
+                mat.cache = Some(cache);
+            }
+        }
+        *cache_rows = Some(CacheRows { position, heads: l.heads, len: l.len, head_dim: l.head_dim });
+        true
+    }
+
+    /// Causal attention over the caches where they are: `q` token-major `[T, Hq * Dh]` or head-major
+    /// `[Hq, T, Dh]` / `[1, Hq, T, Dh]`, caches `[Hkv, L, Dh]` / `[1, Hkv, L, Dh]`.
+    fn attention(
+        &mut self,
+        q: TensorId,
+        k: TensorId,
+        v: TensorId,
+        position: TensorId,
+        scale: Option<f32>,
+        out: TensorId,
+    ) -> Result<(), Unsupported> {
+        let c = self.shape(k);
+        let c = &c[c.len().saturating_sub(3)..];
+        let (kv_heads, len, head_dim) =
+            (u32_of(c[0], "heads")?, u32_of(c[1], "cache length")?, u32_of(c[2], "head size")?);
+        if head_dim > ATTN_MAX_HEAD {
+            return Err(Unsupported(format!(
+                "attention '{}' has head size {head_dim}; the CUDA delegate's attention handles up to {ATTN_MAX_HEAD}",
+                self.graph.tensor(out).name
+            )));
+        }
+        let s = self.shape(q);
+        let head_major = s.len() >= 3;
+        let (rows, heads) =
+            if head_major { (s[s.len() - 2], s[s.len() - 3]) } else { (s[0], s[1] / u64::from(head_dim)) };
+        let (rows, heads) = (u32_of(rows, "rows")?, u32_of(heads, "heads")?);
+        if kv_heads == 0 || heads % kv_heads != 0 {
+            return Err(Unsupported(format!(
+                "attention '{}' has {heads} query heads over {kv_heads} KV heads, not a whole number per \
+                 KV head",
+                self.graph.tensor(out).name
+            )));
+        }
+        let scale = scale.unwrap_or(1.0 / (head_dim as f32).sqrt());
+        let shape = AttnShape { rows, heads, kv_heads, len, head_dim, head_major, scale };
+        let (chunk, tpr) = attention_shape(self.float(q)?, head_dim);
+        let slots = rows as usize * heads as usize * len.div_ceil(chunk) as usize;
+        self.attn_scratch.0 = self.attn_scratch.0.max(slots * head_dim as usize);
+        self.attn_scratch.1 = self.attn_scratch.1.max(slots * 2);
+        self.steps.push(Step::Attention { q, k, v, position, out, shape, chunk, tpr });
+        Ok(())
+    }
+}

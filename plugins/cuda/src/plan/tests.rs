@@ -1,0 +1,492 @@
+//! The plan's tests: kv-example's decoder keeps its fused fast path; the Hugging Face forms (payload 1.3)
+//! lower through the general path with caches in place, GQA attention and reshapes that allocate nothing.
+
+use super::*;
+use kv_example::{model, Config, Weights};
+use ref_graph::Op;
+
+#[path = "../../tests/support/hf.rs"]
+mod hf;
+
+fn kinds(plan: &Plan) -> Vec<String> {
+    plan.steps
+        .iter()
+        .map(|s| match s {
+            Step::Gather { plus: Some(_), .. } => "embedding".to_owned(),
+            Step::Gather { .. } => "gather".to_owned(),
+            Step::Positions { .. } => "positions".to_owned(),
+            Step::Add { .. } => "add".to_owned(),
+            Step::RmsNorm { .. } => "rms_norm".to_owned(),
+            Step::GemvT { bias, .. } => format!("gemv_t{}", if bias.is_some() { "+bias" } else { "" }),
+            Step::Binary { op, .. } => format!("b.{op:?}").to_lowercase(),
+            Step::Unary { func, .. } => format!("{func:?}").to_lowercase(),
+            Step::Mean { .. } => "mean".to_owned(),
+            Step::Cast { to, .. } => format!("cast_{to}"),
+            Step::Copy { .. } => "copy".to_owned(),
+            Step::Gemv { mats, norm, cache_rows, .. } => format!(
+                "{}gemv{}{}{}",
+                if norm.is_some() { "norm+" } else { "" },
+                mats.len(),
+                if mats[0].residual.is_some() { "+residual" } else { "" },
+                if cache_rows.is_some() { "+kv_update" } else { "" }
+            ),
+            Step::KvUpdate { caches, .. } => format!("kv_update{}", caches.len()),
+            Step::Attention { .. } => "attention".to_owned(),
+            Step::Argmax { .. } => "argmax".to_owned(),
+        })
+        .collect()
+}
+
+#[test]
+fn decode_step_fuses_projections_residuals_and_cache_updates() {
+    let cfg = Config { layers: 2, ..Config::tiny() };
+    let graph = model::build_graph(&cfg, &Weights::generate(&cfg), 1).expect("graph");
+    let plan = Plan::new(&graph).expect("lowered");
+    let layer = ["norm+gemv3+kv_update", "attention", "gemv1+residual"];
+    let mut expected: Vec<&str> = vec!["embedding"];
+    expected.extend(layer);
+    expected.extend(layer);
+    expected.extend(["norm+gemv1"]);
+    let got = kinds(&plan);
+    assert_eq!(got[..expected.len()], expected[..], "{got:?}");
+    // Whatever follows the logits projection reads the logits (argmax), never a cache.
+    assert!(got[expected.len()..].iter().all(|k| k == "argmax"), "{got:?}");
+    assert_eq!(plan.floats, [Float::F32]);
+    for layer in 0..cfg.layers {
+        for (out, cache) in [
+            (model::k_cache_out(layer), model::k_cache(layer)),
+            (model::v_cache_out(layer), model::v_cache(layer)),
+        ] {
+            let (out, cache) = (graph.find(&out).expect("out"), graph.find(&cache).expect("cache"));
+            assert_eq!(plan.homes[out.0], Home::SameAs(cache), "{out:?} is its cache's storage");
+            assert_eq!(plan.homes[cache.0], Home::Io);
+        }
+    }
+    // The residual GEMV writes the layer's output (`x_1`), reading the previous residual (`x_0`).
+    let Step::Gemv { mats, .. } = &plan.steps[3] else { panic!("{got:?}") };
+    assert_eq!(graph.tensor(mats[0].y).name, "x_1");
+    assert_eq!(mats[0].residual.map(|r| graph.tensor(r).name.clone()).as_deref(), Some("x_0"));
+    // The QKV projection writes K and V into the caches itself, at the position, and Q nowhere else.
+    let Step::Gemv { mats, cache_rows: Some(rows), .. } = &plan.steps[1] else { panic!("{got:?}") };
+    let find = |name: &str| graph.find(name).expect("tensor");
+    assert_eq!(
+        mats.iter().map(|m| m.cache).collect::<Vec<_>>(),
+        [None, Some(find(&model::k_cache(0))), Some(find(&model::v_cache(0)))]
+    );
+    assert_eq!(rows.position, find(model::INPUT_POS));
+    assert_eq!((rows.heads, rows.len, rows.head_dim), (2, 16, 16));
+    // The embedding writes `x_0` straight from both tables.
+    let Step::Gather { out, plus: Some(plus), .. } = &plan.steps[0] else { panic!("{got:?}") };
+    assert_eq!(graph.tensor(*out).name, "x_0");
+    assert_eq!(graph.tensor(plus.table).name, "pos_emb");
+    assert_eq!(graph.tensor(plus.position).name, model::INPUT_POS);
+    // The product the residual GEMV replaced is never allocated or written.
+    let o = graph.find("layer0.o").expect("o");
+    assert!(plan
+        .steps
+        .iter()
+        .all(|s| !matches!(s, Step::Gemv { mats, .. } if mats.iter().any(|m| m.y == o))));
+}
+
+/// Each layer's attention step, for a decode step (1 row) and a prefill (the prompt's rows): its query,
+/// the layer's updated caches and the position input, and its shape (rows, heads, cache length, head
+/// size, rows per block, threads per row) with the scratch it needs. The shape is the same at every
+/// position: the kernel reads the position from device memory and attends to rows `0..=position + t`
+/// for query row `t` (pinned on the GPU by `tests/gpu.rs`, `rows_past_the_position_are_never_read`).
+#[test]
+fn attention_steps_have_the_layers_shape_and_scratch() {
+    // Every extent distinct (and the cache longer than one block of rows), so a swap or an off-by-one
+    // in any of them shows.
+    let cfg = Config { layers: 2, heads: 3, head_dim: 16, max_len: 300, ..Config::tiny() };
+    let weights = Weights::generate(&cfg);
+    for rows in [1, cfg.prompt.len()] {
+        let graph = model::build_graph(&cfg, &weights, rows).expect("graph");
+        let plan = Plan::new(&graph).expect("lowered");
+        let find = |name: &str| graph.find(name).expect("tensor");
+        let attention: Vec<_> = plan.steps.iter().filter(|s| matches!(s, Step::Attention { .. })).collect();
+        assert_eq!(attention.len(), cfg.layers, "one attention step per layer");
+        for (layer, step) in attention.into_iter().enumerate() {
+            let Step::Attention { q, k, v, position, out, shape, chunk, tpr } = *step else { unreachable!() };
+            let AttnShape { rows: r, heads, kv_heads, len, head_dim, head_major, scale } = shape;
+            assert_eq!((kv_heads, head_major, scale), (3, false, 0.25), "token-major, no GQA, 1/sqrt(16)");
+            assert_eq!(q, find(&format!("layer{layer}.q")));
+            assert_eq!((k, v), (find(&model::k_cache_out(layer)), find(&model::v_cache_out(layer))));
+            assert_eq!(position, find(model::INPUT_POS));
+            assert_eq!(out, find(&format!("layer{layer}.attn")));
+            assert_eq!(
+                (r, heads, len, head_dim, chunk, tpr),
+                (rows as u32, 3, 300, 16, ATTN_THREADS, 1),
+                "layer {layer}, {rows} rows"
+            );
+        }
+        // Partial outputs and (max, sum) pairs per (row, head, block of 256 cache rows): 300 rows take 2.
+        assert_eq!(plan.attn_scratch, (rows * 3 * 2 * 16, rows * 3 * 2 * 2), "{rows} rows");
+    }
+}
+
+#[test]
+fn delegate_owned_state_is_refused_naming_the_cache() {
+    let mut b = ref_graph::GraphBuilder::new();
+    let pos = b.input("input_pos", ref_graph::ElemType::I64, &[1]).expect("fresh");
+    let row = b.input("k", ref_graph::ElemType::F32, &[1, 2]).expect("fresh");
+    let cache = b.state("k_cache", ref_graph::ElemType::F32, &[1, 4, 2]).expect("fresh");
+    let k = b.kv_cache_update("k_cache_out", cache, row, pos).expect("typed");
+    let q = b.input("q", ref_graph::ElemType::F32, &[1, 2]).expect("fresh");
+    let attn = b.causal_attention("attn", q, k, k, pos).expect("typed");
+    b.output(attn).expect("declared");
+    let err = Plan::new(&b.finish().expect("valid")).expect_err("state is not held on the GPU yet");
+    assert!(err.0.contains("'k_cache' is delegate-owned state"), "{}", err.0);
+}
+
+#[test]
+fn gemv_split_spreads_one_row_over_the_gpu_and_covers_k() {
+    for (float, m, nmat, k, n) in [
+        (Float::F16, 1, 3, 1024, 1024),
+        (Float::F16, 1, 1, 1024, 1024),
+        (Float::F16, 16, 3, 1024, 1024),
+        (Float::F32, 1, 1, 32, 64),
+        (Float::F32, 4, 3, 32, 32),
+        (Float::F16, 1, 1, 8192, 50000),
+        (Float::F32, 1, 1, 100_000, 8),
+    ] {
+        let (ksplit, rows) = gemv_split(float, m, nmat, k, n);
+        assert!(ksplit >= 1 && rows >= 1);
+        assert!(ksplit * rows >= k, "{k} rows covered");
+        assert!((ksplit - 1) * rows < k, "no empty split for k = {k}");
+        assert!(rows <= GEMV_MAX_ROWS, "shared memory bound");
+        let tiles = n.div_ceil(32 * kernels::vec_width(float));
+        assert!(rows >= GEMV_MIN_ROWS.min(k), "{k}x{n}: {rows} rows per split is too fine");
+        if k >= 1024 {
+            assert!(tiles * m * nmat * ksplit >= 64, "{k}x{n}: {} blocks", tiles * m * nmat * ksplit);
+        }
+    }
+}
+
+/// What a step writes (a fused GEMV its outputs and caches).
+fn written(step: &Step) -> Vec<TensorId> {
+    match step {
+        Step::Gather { out, .. }
+        | Step::Positions { out, .. }
+        | Step::Add { out, .. }
+        | Step::RmsNorm { out, .. }
+        | Step::GemvT { out, .. }
+        | Step::Attention { out, .. }
+        | Step::Argmax { out, .. }
+        | Step::Binary { out, .. }
+        | Step::Unary { out, .. }
+        | Step::Mean { out, .. }
+        | Step::Cast { out, .. } => vec![*out],
+        Step::Copy { dst, .. } => vec![*dst],
+        Step::Gemv { mats, .. } => mats.iter().flat_map(|m| [Some(m.y), m.cache]).flatten().collect(),
+        Step::KvUpdate { caches, .. } => caches.iter().map(|c| c.0).collect(),
+    }
+}
+
+/// The decomposed RMSNorm of Hugging Face (f32 inside, the weight times the cast back).
+const NORM: [&str; 8] = ["cast_f32", "square", "mean", "b.add", "rsqrt", "b.mul", "cast_{dtype}", "b.mul"];
+/// Rotate-half RoPE over head-major q or k: two slices, neg, concat (two copies), x*cos, rot*sin, the sum.
+const ROPE: [&str; 8] = ["copy", "copy", "neg", "copy", "copy", "b.mul", "b.mul", "add"];
+
+fn hf_expected(dtype: ElemType, layers: usize) -> Vec<String> {
+    let mut e: Vec<&str> = vec!["positions", "cast_f32", "b.mul", "copy", "copy", "cos", "sin"];
+    e.extend(["cast_{dtype}", "cast_{dtype}", "gather"]);
+    for _ in 0..layers {
+        e.extend(NORM);
+        e.extend(["gemv_t+bias", "gemv_t+bias", "gemv_t+bias", "copy", "copy", "copy"]);
+        e.extend(ROPE);
+        e.extend(ROPE);
+        e.extend(["kv_update2", "attention", "copy", "gemv_t", "add"]);
+        e.extend(NORM);
+        e.extend(["gemv_t", "gemv_t", "silu", "b.mul", "gemv_t", "add"]);
+    }
+    e.extend(NORM);
+    e.extend(["gemv_t", "argmax"]);
+    e.into_iter().map(|k| k.replace("{dtype}", dtype.name())).collect()
+}
+
+/// The Hugging Face forms lower, in every float type: one step per op of the general path where the fast
+/// path does not apply, `nn.Linear` as the row-dot GEMV, head-major rank-4 caches updated in place by one
+/// K-and-V launch, GQA attention reading the caches where they are, and no step or allocation for a reshape.
+#[test]
+fn hugging_face_forms_lower_with_caches_in_place_and_reshapes_free() {
+    for dtype in [ElemType::F32, ElemType::F16, ElemType::Bf16] {
+        let cfg = hf::Hf::tiny(dtype);
+        for rows in [1, 5] {
+            let graph = hf::build(&cfg, rows);
+            let plan = Plan::new(&graph).unwrap_or_else(|e| panic!("{dtype}, {rows} rows: {e}"));
+            assert_eq!(kinds(&plan), hf_expected(dtype, cfg.layers), "{dtype}, {rows} rows");
+            assert_eq!(
+                plan.floats,
+                [Float::of(dtype).expect("float")],
+                "typed steps all in the model's type"
+            );
+            check_hf_caches_and_attention(&graph, &plan, &cfg, rows);
+            check_reshapes_are_aliases(&graph, &plan);
+        }
+    }
+}
+
+fn check_hf_caches_and_attention(graph: &ref_graph::Graph, plan: &Plan, cfg: &hf::Hf, rows: u64) {
+    let find = |name: &str| graph.find(name).expect("tensor");
+    let mut layer = 0;
+    for step in &plan.steps {
+        match *step {
+            Step::KvUpdate { ref caches, position, layout } => {
+                let names = [hf::k_cache(layer), hf::v_cache(layer)];
+                assert_eq!(caches.iter().map(|c| c.0).collect::<Vec<_>>(), names.clone().map(|n| find(&n)));
+                assert_eq!(position, find(hf::POS));
+                let expected =
+                    KvLayout { rows: rows as u32, heads: 2, len: 40, head_dim: 16, head_major: true };
+                assert_eq!(layout, expected);
+                for (out, cache) in [(hf::k_cache_out(layer), &names[0]), (hf::v_cache_out(layer), &names[1])]
+                {
+                    assert_eq!(plan.homes[find(&out).0], Home::SameAs(find(cache)), "{out} is its cache");
+                }
+            }
+            Step::Attention { k, v, shape, .. } => {
+                assert_eq!((k, v), (find(&hf::k_cache_out(layer)), find(&hf::v_cache_out(layer))));
+                let scale = 1.0 / (cfg.head_dim as f32).sqrt();
+                let expected = AttnShape {
+                    rows: rows as u32,
+                    heads: 4,
+                    kv_heads: 2,
+                    len: 40,
+                    head_dim: 16,
+                    head_major: true,
+                    scale,
+                };
+                assert_eq!(shape, expected, "GQA: 4 query heads read 2 KV heads");
+                layer += 1;
+            }
+            _ => {}
+        }
+    }
+    assert_eq!(layer, cfg.layers);
+}
+
+fn check_reshapes_are_aliases(graph: &ref_graph::Graph, plan: &Plan) {
+    let writes: Vec<TensorId> = plan.steps.iter().flat_map(written).collect();
+    let mut reshapes = 0;
+    for op in graph.ops() {
+        if let Op::Reshape { input, out, .. } = *op {
+            reshapes += 1;
+            let root = match plan.homes[input.0] {
+                Home::SameAs(root) => root,
+                _ => input,
+            };
+            assert_eq!(
+                plan.homes[out.0],
+                Home::SameAs(root),
+                "'{}' aliases its input",
+                graph.tensor(out).name
+            );
+            assert!(!writes.contains(&out), "no step writes '{}'", graph.tensor(out).name);
+        }
+    }
+    assert!(reshapes > 0);
+    // Every scratch allocation is written by some step: nothing is allocated for an alias.
+    for (index, home) in plan.homes.iter().enumerate() {
+        if *home == Home::Scratch {
+            assert!(
+                writes.contains(&TensorId(index)),
+                "'{}' is allocated but never written",
+                graph.tensors()[index].name
+            );
+        }
+    }
+}
+
+/// `values` as little-endian bytes of `dtype`.
+fn bytes_of(values: &[f64], dtype: ElemType) -> Vec<u8> {
+    values
+        .iter()
+        .flat_map(|&v| match dtype {
+            ElemType::F32 => (v as f32).to_le_bytes().to_vec(),
+            ElemType::F16 => ref_graph::half::f16::from_f64(v).to_le_bytes().to_vec(),
+            ElemType::Bf16 => ref_graph::half::bf16::from_f64(v).to_le_bytes().to_vec(),
+            ElemType::I64 => (v as i64).to_le_bytes().to_vec(),
+        })
+        .collect()
+}
+
+fn values_of(bytes: &[u8], dtype: ElemType) -> Vec<f64> {
+    let half = |c: &[u8], bf: bool| {
+        let b = [c[0], c[1]];
+        if bf {
+            ref_graph::half::bf16::from_le_bytes(b).to_f64()
+        } else {
+            ref_graph::half::f16::from_le_bytes(b).to_f64()
+        }
+    };
+    match dtype {
+        ElemType::F32 => {
+            bytes.chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().expect("4")) as f64).collect()
+        }
+        ElemType::F16 => bytes.chunks_exact(2).map(|c| half(c, false)).collect(),
+        ElemType::Bf16 => bytes.chunks_exact(2).map(|c| half(c, true)).collect(),
+        ElemType::I64 => {
+            bytes.chunks_exact(8).map(|c| i64::from_le_bytes(c.try_into().expect("8")) as f64).collect()
+        }
+    }
+}
+
+/// One call of the CPU reference delegate on `graph`: the named `inputs`, every other input a cache (in
+/// `caches`, in input order, updated in place); the values of every output that is not a cache.
+fn reference_call(
+    graph: &ref_graph::Graph,
+    caches: &mut [Vec<u8>],
+    inputs: &[(&str, Vec<f64>)],
+) -> std::collections::HashMap<String, Vec<f64>> {
+    use delegate_abi::host::{ArgList, Plugin};
+    use delegate_abi::{DTypeCode, InitContext, MemoryKind};
+    let plugin = Plugin::embedded(reference_delegate::delegate_root()).expect("reference plugin");
+    let blob = hf::blob(graph, reference_delegate::BACKEND_ID);
+    let mut instance =
+        plugin.init(&InitContext { blob: &blob, compile_specs: &[], runtime_specs: &[] }).expect("init");
+    let decl = |id: TensorId| graph.tensor(id);
+    let code = |id: TensorId| DTypeCode::try_from(decl(id).dtype.dtype()).expect("dtype");
+    let dims = |id: TensorId| decl(id).shape.iter().map(|&d| d as i64).collect::<Vec<_>>();
+    let bytes: Vec<Vec<u8>> =
+        inputs.iter().map(|(name, v)| bytes_of(v, decl(graph.find(name).expect("in")).dtype)).collect();
+    let outputs: Vec<TensorId> =
+        graph.outputs().iter().copied().filter(|&o| graph.cache_update_of(o).is_none()).collect();
+    let mut out_bytes: Vec<Vec<u8>> = outputs.iter().map(|&o| vec![0u8; decl(o).nbytes()]).collect();
+    {
+        let mut list = ArgList::new();
+        let mut cache_iter = caches.iter_mut();
+        let mut slots = std::collections::HashMap::new();
+        for &id in graph.inputs() {
+            match inputs.iter().position(|(name, _)| *name == decl(id).name) {
+                Some(i) => list.push_input(&bytes[i], code(id), &dims(id), MemoryKind::Host).expect("input"),
+                None => {
+                    let cache = cache_iter.next().expect("a cache for every other input");
+                    slots.insert(
+                        id,
+                        list.push_inout(cache, code(id), &dims(id), MemoryKind::Host).expect("cache"),
+                    );
+                }
+            }
+        }
+        let mut out_iter = out_bytes.iter_mut();
+        for &id in graph.outputs() {
+            match graph.cache_update_of(id) {
+                Some(cache) => {
+                    list.push_output_in_place(slots[&cache], code(id), &dims(id)).expect("in place")
+                }
+                None => list
+                    .push_output(out_iter.next().expect("output"), code(id), &dims(id), MemoryKind::Host)
+                    .expect("out"),
+            }
+        }
+        instance.execute(&mut list, None).expect("the reference runs the graph");
+    }
+    outputs
+        .iter()
+        .zip(out_bytes)
+        .map(|(&o, b)| (decl(o).name.clone(), values_of(&b, decl(o).dtype)))
+        .collect()
+}
+
+fn relative_diff(actual: &[f64], expected: &[f64]) -> f64 {
+    assert_eq!(actual.len(), expected.len());
+    let scale = expected.iter().fold(1f64, |m, v| m.max(v.abs()));
+    let diff = |(a, e): (&f64, &f64)| if (a - e).is_nan() { f64::INFINITY } else { (a - e).abs() };
+    actual.iter().zip(expected).map(diff).fold(0.0, f64::max) / scale
+}
+
+/// Names of a decoder's token ids, position, logits and next token.
+struct Names {
+    ids: &'static str,
+    pos: &'static str,
+    logits: &'static str,
+    next: &'static str,
+}
+
+/// Prefill over `prompt` and `steps` decode steps: the emulated plans' logits (within `tol`, relative), next
+/// tokens (f32) and final caches against the CPU reference delegate's, the decode fed the reference's tokens.
+fn check_against_reference(
+    prefill: &ref_graph::Graph,
+    decode: &ref_graph::Graph,
+    n: &Names,
+    prompt: &[i64],
+    steps: usize,
+    tol: f64,
+) {
+    let dtype = prefill.tensor(prefill.find(n.logits).expect("logits")).dtype;
+    let caches: Vec<TensorId> = prefill
+        .inputs()
+        .iter()
+        .copied()
+        .filter(|&i| ![n.ids, n.pos].contains(&prefill.tensor(i).name.as_str()))
+        .collect();
+    let mut ref_caches: Vec<Vec<u8>> =
+        caches.iter().map(|&c| vec![0u8; prefill.tensor(c).nbytes()]).collect();
+    let mut emu_prefill = emulate::Emulator::new(prefill, Plan::new(prefill).expect("lowered"));
+    let mut emu = emulate::Emulator::new(decode, Plan::new(decode).expect("lowered"));
+    let (mut ids, mut pos) = (prompt.to_vec(), 0i64);
+    for step in 0..=steps {
+        let inputs = [(n.ids, ids.iter().map(|&t| t as f64).collect::<Vec<_>>()), (n.pos, vec![pos as f64])];
+        let graph = if step == 0 { prefill } else { decode };
+        let expected = reference_call(graph, &mut ref_caches, &inputs);
+        let e = if step == 0 { &mut emu_prefill } else { &mut emu };
+        inputs.iter().for_each(|(name, v)| e.set(name, v));
+        e.run().expect("in range");
+        let diff = relative_diff(&e.read(n.logits), &expected[n.logits]);
+        assert!(diff <= tol, "{dtype} step {step}: logits differ from the reference by {diff:e}");
+        if dtype == ElemType::F32 {
+            assert_eq!(e.read(n.next), expected[n.next], "step {step}: next token");
+        }
+        if step == 0 {
+            for &c in &caches {
+                let name = &prefill.tensor(c).name;
+                emu.set(name, &emu_prefill.read(name));
+            }
+        }
+        pos += ids.len() as i64;
+        ids = vec![expected[n.next][0] as i64];
+    }
+    for (&c, bytes) in caches.iter().zip(&ref_caches) {
+        let name = &prefill.tensor(c).name;
+        let diff = relative_diff(&emu.read(name), &values_of(bytes, dtype));
+        assert!(diff <= tol, "{dtype}: cache '{name}' differs from the reference's by {diff:e}");
+    }
+}
+
+/// Every step of the plan emulated on the CPU with the kernels' index arithmetic (strides, layouts, fused
+/// cache writes, aliases) gives the CPU reference delegate's logits, tokens and caches: the Hugging Face
+/// forms in f32, f16 and bf16, and kv-example's fused decode path.
+#[test]
+fn emulated_plans_match_the_cpu_reference() {
+    let hf_names = Names { ids: hf::IDS, pos: hf::POS, logits: hf::LOGITS, next: hf::NEXT };
+    for (dtype, tol) in [(ElemType::F32, 1e-5), (ElemType::F16, 2e-2), (ElemType::Bf16, 1e-1)] {
+        let cfg = hf::Hf::tiny(dtype);
+        check_against_reference(
+            &hf::build(&cfg, 5),
+            &hf::build(&cfg, 1),
+            &hf_names,
+            &[3, 17, 42, 5, 88],
+            4,
+            tol,
+        );
+    }
+    let cfg = Config { layers: 2, ..Config::tiny() };
+    let weights = Weights::generate(&cfg);
+    let graph = |rows| model::build_graph(&cfg, &weights, rows).expect("graph");
+    let names =
+        Names { ids: model::TOKENS, pos: model::INPUT_POS, logits: model::LOGITS, next: model::NEXT_TOKEN };
+    check_against_reference(&graph(cfg.prompt_len()), &graph(1), &names, &cfg.prompt, 4, 1e-5);
+}
+
+/// A broadcast over more axes than the strided kernels take is refused at `init`, naming the tensor (a
+/// typed `NotSupported`, never a wrong launch); an equal-shape add of the same rank takes the fast path.
+#[test]
+fn broadcasts_beyond_six_axes_are_refused_naming_the_tensor() {
+    let mut b = ref_graph::GraphBuilder::new();
+    let x = b.input("x", ElemType::F32, &[1, 2, 1, 2, 1, 2, 3]).expect("fresh");
+    let y = b.input("y", ElemType::F32, &[3]).expect("fresh");
+    let same = b.add("same", x, x).expect("typed");
+    let wide = b.add("wide", same, y).expect("typed");
+    b.output(wide).expect("output");
+    let err = Plan::new(&b.finish().expect("valid")).expect_err("rank 7 broadcast");
+    assert!(err.0.contains("tensor 'wide' has rank 7"), "{}", err.0);
+}

@@ -1,0 +1,187 @@
+"""Exports real decoders (issue 18) for ``ReferenceBackend`` with torch eager's tokens and logits beside them:
+the fixtures of ``fixtures/executorch/real/``.
+
+    python -m kv_delegate.export_real DIR [--only MODEL_DTYPE ...]
+
+Models (random weights from a fixed seed; no hub here): Hugging Face ``LlamaForCausalLM`` (untied lm_head) and
+``Qwen2ForCausalLM`` (biased q/k/v, tied embeddings), both with grouped-query attention and exported with
+transformers' own ExecuTorch recipe (``TorchExportableModuleWithStaticCache``, StaticCache,
+``forward(input_ids i64 [1, 1], cache_position i64 [1]) -> logits [1, 1, vocab]``), and the hand-written
+:class:`~kv_delegate.llama_style.LlamaStyle` (``forward(tokens i64 [T], input_pos i64 [1])``). Each in f32,
+and the Hugging Face models also in f16 and bf16 (weights, caches and activations in that type).
+
+Writes ``DIR/<model>_<dtype>.pte`` (and ``.cuda.pte``: the same program for ``CudaBackend``),
+``DIR/<model>_<dtype>.logits.npy`` (f32 ``[1 + steps, vocab]``: the last
+logits row after the prompt and after each decode step, from torch eager running the same module) and
+``DIR/expected.json`` (versions, prompt, steps, each program's eager tokens, its f32 oracle, what stayed
+outside the delegate). The half-precision oracle is the f32 model with the half model's weights (rounded to
+the half type, then computed in f32): the program is checked against the f32 arithmetic of its own weights.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from importlib.metadata import version as dist_version
+from pathlib import Path
+from typing import Callable, Dict, List, Tuple
+
+import numpy as np
+import torch
+from executorch.exir import ExecutorchBackendConfig, to_edge_transform_and_lower
+
+from .llama_style import CONFIG as HAND_CONFIG
+from .llama_style import LlamaStyle
+from .partitioner import CudaPartitioner, ReferencePartitioner
+from .planning import KvAliasMemoryPlanningPass
+
+#: The prompt, and the greedy decode steps after it (positions 0 .. 35 of the 64 the caches hold).
+PROMPT = [1, 7, 3, 12]
+STEPS = 32
+MAX_LEN = 64
+SEED = 18
+DTYPES = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}
+#: Hugging Face model sizes: small enough to commit, GQA on (4 query heads over 2 KV heads); weights drawn
+#: wider than the default 0.02 so that greedy decoding does not settle on one token.
+HF_SIZES = dict(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                num_key_value_heads=2, max_position_embeddings=MAX_LEN, initializer_range=0.5)
+#: What is exported: (model, dtype).
+PROGRAMS: Tuple[Tuple[str, str], ...] = (
+    ("llama", "f32"), ("llama", "f16"), ("llama", "bf16"),
+    ("qwen2", "f32"), ("qwen2", "f16"), ("qwen2", "bf16"),
+    ("hand", "f32"),
+)
+
+Step = Callable[[int, int], torch.Tensor]
+
+
+def hf_model(kind: str, dtype: torch.dtype) -> torch.nn.Module:
+    """The seeded Hugging Face model in ``dtype``, set up for transformers' StaticCache export recipe."""
+    import transformers
+
+    torch.manual_seed(SEED)
+    if kind == "llama":
+        model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**HF_SIZES, tie_word_embeddings=False))
+    else:
+        model = transformers.Qwen2ForCausalLM(transformers.Qwen2Config(**HF_SIZES, tie_word_embeddings=True))
+    model = model.to(dtype).eval()
+    model.generation_config.cache_implementation = "static"
+    model.generation_config.cache_config = {"batch_size": 1, "max_cache_len": MAX_LEN, "device": "cpu"}
+    return model
+
+
+def hf_module(kind: str, dtype: torch.dtype) -> torch.nn.Module:
+    """transformers' exportable module (the model plus its StaticCache as buffers)."""
+    from transformers.integrations.executorch import TorchExportableModuleWithStaticCache
+
+    return TorchExportableModuleWithStaticCache(hf_model(kind, dtype)).eval()
+
+
+def hand_module(dtype: torch.dtype) -> torch.nn.Module:
+    return LlamaStyle({**HAND_CONFIG, "max_len": MAX_LEN}).to(dtype).eval()
+
+
+def module(kind: str, dtype: torch.dtype) -> torch.nn.Module:
+    return hand_module(dtype) if kind == "hand" else hf_module(kind, dtype)
+
+
+def step_fn(kind: str, m: torch.nn.Module) -> Step:
+    """One call of the method: ``(token, position) -> the logits row``, as the runtimes call it."""
+    if kind == "hand":
+        return lambda tok, pos: m(torch.tensor([tok]), torch.tensor([pos]))[-1]
+    return lambda tok, pos: m(input_ids=torch.tensor([[tok]]), cache_position=torch.tensor([pos]))[0, -1]
+
+
+def greedy(step: Step) -> Tuple[List[int], torch.Tensor]:
+    """The run protocol in eager: the prompt one token per call, then :data:`STEPS` greedy steps; the tokens
+    and the f32 logits rows ``[1 + STEPS, vocab]``."""
+    rows: List[torch.Tensor] = []
+    with torch.no_grad():
+        for pos, tok in enumerate(PROMPT):
+            row = step(tok, pos)
+        tokens = [int(row.float().argmax())]
+        rows.append(row.float())
+        for i in range(STEPS):
+            row = step(tokens[-1], len(PROMPT) + i)
+            tokens.append(int(row.float().argmax()))
+            rows.append(row.float())
+    return tokens, torch.stack(rows)
+
+
+def oracle(kind: str, dtype: torch.dtype, tokens: List[int]) -> torch.Tensor:
+    """The f32 logits of the ``dtype`` model's weights computed in f32, fed ``tokens`` (teacher forcing)."""
+    weights = module(kind, dtype).state_dict()
+    m = module(kind, torch.float32)
+    m.load_state_dict({k: v.float() for k, v in weights.items()}, strict=False)
+    step = step_fn(kind, m)
+    feed = PROMPT + tokens[:-1]
+    with torch.no_grad():
+        rows = [step(tok, pos).float() for pos, tok in enumerate(feed)]
+    return torch.stack(rows[len(PROMPT) - 1:])
+
+
+def export(kind: str, dtype: torch.dtype, cuda: bool = False) -> Tuple[bytes, List[object]]:
+    """The ``.pte`` of ``kind`` in ``dtype`` for ``ReferenceBackend`` (``CudaBackend`` with ``cuda``; caches
+    written in place), and what the partitioner left outside."""
+    m = module(kind, dtype)
+    if kind == "hand":
+        args, kwargs = (torch.zeros(1, dtype=torch.int64), torch.zeros(1, dtype=torch.int64)), {}
+    else:
+        args, kwargs = (), {"input_ids": torch.tensor([[1]]), "cache_position": torch.tensor([0])}
+    partitioner = (CudaPartitioner if cuda else ReferencePartitioner)(output_names=["logits"])
+    with torch.no_grad():
+        ep = torch.export.export(m, args, kwargs, strict=kind != "hand")
+        edge = to_edge_transform_and_lower(ep, partitioner=[partitioner])
+        program = edge.to_executorch(ExecutorchBackendConfig(
+            emit_mutable_buffer_names=True, memory_planning_pass=KvAliasMemoryPlanningPass()))
+    return program.buffer, partitioner.unsupported()
+
+
+def export_one(dir: Path, kind: str, dtype_name: str) -> Dict[str, object]:
+    dtype = DTYPES[dtype_name]
+    name = f"{kind}_{dtype_name}"
+    tokens, logits = greedy(step_fn(kind, module(kind, dtype)))
+    data, outside = export(kind, dtype)
+    (dir / f"{name}.pte").write_bytes(data)
+    cuda, _ = export(kind, dtype, cuda=True)
+    (dir / f"{name}.cuda.pte").write_bytes(cuda)
+    np.save(dir / f"{name}.logits.npy", logits.numpy().astype(np.float32))
+    entry: Dict[str, object] = {"model": kind, "dtype": dtype_name, "tokens": tokens, "logits": f"{name}.logits.npy",
+                                "cuda": f"{name}.cuda.pte", "outside": [o._asdict() for o in outside]}
+    if dtype != torch.float32:
+        reference = oracle(kind, dtype, tokens)
+        np.save(dir / f"{name}.oracle.npy", reference.numpy().astype(np.float32))
+        entry["oracle"] = f"{name}.oracle.npy"
+        entry["eager_vs_oracle"] = float((logits - reference).abs().max() / reference.abs().max())
+    print(f"kv_delegate: wrote {name}.pte ({len(data)} bytes; eager tokens {tokens}; outside: {len(outside)})")
+    return entry
+
+
+def main(argv: List[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("dir", type=Path, help="output directory (created)")
+    ap.add_argument("--only", action="append", default=[], help="export only MODEL_DTYPE, e.g. llama_f32")
+    args = ap.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    for noisy in ("executorch", "torch", "transformers"):
+        logging.getLogger(noisy).setLevel(logging.ERROR)
+    args.dir.mkdir(parents=True, exist_ok=True)
+    programs = {f"{k}_{d}.pte": export_one(args.dir, k, d) for k, d in PROGRAMS
+                if not args.only or f"{k}_{d}" in args.only}
+    expected = {
+        "torch": torch.__version__,
+        "executorch": dist_version("executorch"),
+        "transformers": dist_version("transformers"),
+        "prompt": PROMPT,
+        "steps": STEPS,
+        "max_len": MAX_LEN,
+        "programs": programs,
+    }
+    (args.dir / "expected.json").write_text(json.dumps(expected, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

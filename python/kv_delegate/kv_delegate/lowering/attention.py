@@ -1,0 +1,112 @@
+"""The rules that make a decoder's attention: the causal mask, the in-place cache update and attention itself
+(grouped-query attention read from the caches without materialising the repeats)."""
+
+from __future__ import annotations
+
+from typing import Any, Optional, Tuple
+
+import torch
+
+from .common import LoweringError, describe, meta_shape, op_name
+from .rules import is_arange
+from .values import CacheGroups, CausalMask, HeadView, Known, Positions, Tensor, Value, kind
+
+
+class Attention:
+    """Mixed into :class:`..walk.Walk`."""
+
+    def attention_rules(self) -> dict:
+        return {
+            "aten.le.Tensor": self.le,
+            "aten.ge.Tensor": self.le,
+            "aten.index_put.default": self.index_put,
+            "aten.index_copy.default": self.index_copy,
+            "aten.scaled_dot_product_attention.default": self.sdpa,
+        }
+
+    def le(self, node: torch.fx.Node) -> Value:
+        a, b = self.value(node.args[0]), self.value(node.args[1])
+        rows, pos = (a, b) if op_name(node).startswith("aten.le") else (b, a)
+        length = is_arange(rows)
+        if length is not None and isinstance(pos, Positions) and pos.shape and pos.shape[-1] == 1:
+            shape = tuple(int(d) for d in node.meta["val"].shape)
+            if shape[-2:] == (pos.count, length):
+                return CausalMask(self.shifted(pos.position, rows.offset, node), pos.count, length, shape)
+        raise LoweringError(
+            f"'{node.name}': {describe(node.args[0])} <= {describe(node.args[1])} is not the causal mask "
+            "arange(L) <= (input_pos + arange(T))[:, None]"
+        )
+
+    def shifted(self, position: str, offset: Optional[Known], node: torch.fx.Node) -> str:
+        """``position - offset``: ``arange(L) + c <= p + t`` is ``arange(L) <= (p - c) + t``."""
+        if offset is None:
+            return position
+        return self.desc.op("sub", self.desc.fresh(f"{node.name}_position"), "i64", [1], a=position,
+                            b=self.cast(self.known(offset), "i64", f"{node.name}_offset"))
+
+    def _cache_update(self, node: torch.fx.Node, cache: Any, index: Any, update: Any) -> Value:
+        pos = self.value(index)
+        if not isinstance(pos, Positions):
+            raise LoweringError(f"'{node.name}': the row index is {kind(pos)}, not input_pos + arange(T)")
+        cache_name = self.tensor(cache, "cache", node)
+        upd = self.value(update)
+        if isinstance(upd, HeadView) and upd.heads_first:
+            update_name = upd.source  # token-major [T, H * Dh]
+        elif isinstance(upd, Tensor) or upd is not None:
+            update_name = self.tensor(update, "values", node)  # head-major [.., H, T, Dh]
+        else:
+            raise LoweringError(f"'{node.name}': the cache update's values {describe(update)} are {kind(upd)}")
+        out = self.out(node, "kv_cache_update", cache=cache_name, update=update_name, position=pos.position)
+        self.cache_outputs[out.name] = cache_name
+        return out
+
+    def index_put(self, node: torch.fx.Node) -> Value:
+        cache, indices, update = node.args[0], list(node.args[1]), node.args[2]
+        accumulate = node.args[3] if len(node.args) > 3 else node.kwargs.get("accumulate", False)
+        _, shape = meta_shape(node)
+        row_axis = len(shape) - 2
+        if accumulate or len(indices) != row_axis + 1 or any(i is not None for i in indices[:-1]):
+            raise LoweringError(f"'{node.name}': index_put is not a row write cache[.., positions, :] = values")
+        return self._cache_update(node, cache, indices[-1], update)
+
+    def index_copy(self, node: torch.fx.Node) -> Value:
+        cache, dim, index, update = node.args
+        _, shape = meta_shape(node)
+        if dim not in (len(shape) - 2, -2):
+            raise LoweringError(f"'{node.name}': index_copy along dim {dim}, cache rows are dim {len(shape) - 2}")
+        return self._cache_update(node, cache, index, update)
+
+    def _cache(self, arg: Any, what: str, node: torch.fx.Node) -> Tuple[str, int]:
+        """An attention key or value operand: an updated cache, or one repeated per query-head group."""
+        value = self.value(arg)
+        if isinstance(value, CacheGroups) and value.merged:
+            return value.cache, value.groups
+        if isinstance(value, Tensor) and value.name in self.cache_outputs:
+            return value.name, 1
+        raise LoweringError(f"'{node.name}': the {what} {describe(arg)} is not a cache update's output in this "
+                            f"delegate ({kind(value)})")
+
+    def sdpa(self, node: torch.fx.Node) -> Value:
+        mask = node.args[3] if len(node.args) > 3 else node.kwargs.get("attn_mask")
+        rest = dict(zip(("dropout_p", "is_causal", "scale", "enable_gqa"), node.args[4:]))
+        rest.update({key: val for key, val in node.kwargs.items() if key != "attn_mask"})
+        if rest.get("dropout_p", 0.0) != 0.0 or rest.get("is_causal", False):
+            raise LoweringError(f"'{node.name}': attention with dropout or is_causal (the mask must be explicit)")
+        m = self.value(mask) if isinstance(mask, torch.fx.Node) else None
+        if not isinstance(m, CausalMask):
+            raise LoweringError(f"'{node.name}': the mask {describe(mask)} is not the causal mask over the cache "
+                                f"({kind(m)})")
+        k, _ = self._cache(node.args[1], "key", node)
+        v, _ = self._cache(node.args[2], "value", node)
+        if self.desc.shapes[k][1][-2] != m.rows:
+            raise LoweringError(f"'{node.name}': the mask covers {m.rows} rows, the cache is "
+                                f"{list(self.desc.shapes[k][1])}")
+        scale: Optional[float] = rest.get("scale")
+        q = self.value(node.args[0])
+        if isinstance(q, HeadView) and q.heads_first:
+            dtype, q_shape = self.desc.shapes[q.source]
+            name = self.desc.op("causal_attention", self.desc.fresh(f"{node.name}_out"), dtype, q_shape,
+                                q=q.source, k=k, v=v, position=m.position, scale=None if scale is None else float(scale))
+            return HeadView(name, q.heads, q.head_dim, heads_first=True)
+        return self.out(node, "causal_attention", q=self.tensor(node.args[0], "query", node), k=k, v=v,
+                        position=m.position, scale=None if scale is None else float(scale))

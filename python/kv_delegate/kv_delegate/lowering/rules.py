@@ -1,0 +1,216 @@
+"""The rules for ordinary ops: gathers, matrix products, elementwise arithmetic, reductions, casts and layout.
+Each takes an fx node whose operands have values and returns the node's value (emitting ops as needed)."""
+
+from __future__ import annotations
+
+from typing import Any, Dict, Optional, Sequence, Tuple
+
+import torch
+
+from .common import LoweringError, describe, meta_shape, op_name
+from .values import CacheGroups, CausalMask, FirstElement, HeadView, Known, Positions, Tensor, Value, kind
+
+#: ``pow(x, exponent)`` as a unary function of the reference graph.
+POWERS = {2: "square", 2.0: "square", 0.5: "sqrt", -0.5: "rsqrt", -1: "reciprocal", -1.0: "reciprocal"}
+
+#: Unary edge operators and the reference graph's function for each.
+UNARY = {
+    "aten.neg.default": "neg",
+    "aten.rsqrt.default": "rsqrt",
+    "aten.sqrt.default": "sqrt",
+    "aten.exp.default": "exp",
+    "aten.cos.default": "cos",
+    "aten.sin.default": "sin",
+    "aten.tanh.default": "tanh",
+    "aten.sigmoid.default": "sigmoid",
+    "aten.reciprocal.default": "reciprocal",
+    "aten.silu.default": "silu",
+}
+
+
+def is_scalar(value: Any, x: float) -> bool:
+    """Whether ``value`` is the number ``x`` (a Python number or a known one-element tensor)."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return value == x
+    if isinstance(value, Known) and value.value.numel() == 1:
+        return bool(value.value.reshape(()).item() == x)
+    return False
+
+
+def is_arange(value: Value) -> Optional[int]:
+    """``L`` when ``value`` is a known ``arange(0, L)`` along its last axis (other extents 1)."""
+    return value.arange if isinstance(value, Known) else None
+
+
+def axis(dim: int, rank: int) -> int:
+    return dim + rank if dim < 0 else dim
+
+
+class Rules:
+    """Mixed into :class:`..walk.Walk`."""
+
+    def ordinary_rules(self) -> Dict[str, Any]:
+        rules: Dict[str, Any] = {
+            "aten.embedding.default": self.embedding,
+            "aten.index_select.default": self.index_select,
+            "aten.mm.default": self.mm,
+            "aten.addmm.default": self.addmm,
+            "aten.pow.Tensor_Scalar": self.pow,
+            "aten.mean.dim": self.mean,
+            "aten.gelu.default": self.gelu,
+            "aten.rms_norm.default": self.rms_norm,
+            "aten._to_copy.default": self.to_copy,
+            "dim_order_ops._to_dim_order_copy.default": self.to_copy,
+            "aten.view_copy.default": self.view,
+            "aten.view.default": self.view,
+            "aten.unsqueeze_copy.default": self.view,
+            "aten.squeeze_copy.dims": self.view,
+            "aten.squeeze_copy.dim": self.view,
+            "aten.squeeze_copy.default": self.view,
+            "aten.alias_copy.default": self.same,
+            "aten.clone.default": self.same,
+            "dim_order_ops._clone_dim_order.default": self.same,
+            "aten.expand_copy.default": self.expand,
+            "aten.permute_copy.default": self.permute_rule,
+            "aten.slice_copy.Tensor": self.slice,
+            "aten.select_copy.int": self.select,
+            "aten.cat.default": self.cat,
+            "aten.copy.default": self.copy,
+        }
+        for op in ("add", "sub", "mul", "div"):
+            rules[f"aten.{op}.Tensor"] = lambda node, op=op: self.binary(node, op)
+            rules[f"aten.{op}.Scalar"] = lambda node, op=op: self.binary(node, op)
+        for name, func in UNARY.items():
+            rules[name] = lambda node, func=func: self.unary(node, func)
+        return rules
+
+    # -- gathers and products ------------------------------------------------------------------------------------
+    def embedding(self, node: torch.fx.Node) -> Value:
+        weight, indices = node.args[0], node.args[1]
+        if any(a not in (-1, False) for a in node.args[2:]):
+            raise LoweringError(f"'{node.name}': embedding with padding/scaling arguments {node.args[2:]}")
+        return self.out(node, "gather", table=self.tensor(weight, "weight", node),
+                        indices=self.tensor(indices, "indices", node))
+
+    def index_select(self, node: torch.fx.Node) -> Value:
+        table, dim, indices = node.args
+        if dim != 0:
+            raise LoweringError(f"'{node.name}': index_select along dim {dim}, the reference graph gathers rows")
+        return self.out(node, "gather", table=self.tensor(table, "self", node),
+                        indices=self.tensor(indices, "index", node))
+
+    def weight(self, arg: Any, node: torch.fx.Node) -> Tuple[str, bool]:
+        """The right operand of a product: a ``[N, K]`` weight read transposed when ``arg`` is its ``.T``."""
+        value = self.value(arg)
+        if isinstance(value, Known) and value.transposed_of is not None:
+            return self.known(value.transposed_of), True
+        return self.tensor(arg, "mat2", node), False
+
+    def mm(self, node: torch.fx.Node) -> Value:
+        b, transposed = self.weight(node.args[1], node)
+        return self.out(node, "mat_mul", a=self.tensor(node.args[0], "self", node), b=b,
+                        transpose_b=True if transposed else None)
+
+    def addmm(self, node: torch.fx.Node) -> Value:
+        bias, a, mat2 = node.args[:3]
+        if node.kwargs.get("beta", 1) != 1 or node.kwargs.get("alpha", 1) != 1:
+            raise LoweringError(f"'{node.name}': addmm with beta or alpha other than 1")
+        dtype, (_, n) = meta_shape(node)
+        bias_name = self.tensor(bias, "self (the bias)", node)
+        if self.desc.shapes[bias_name][1] != (n,):
+            bias_name = self.reshape(bias_name, (n,), f"{node.name}_bias")
+        b, transposed = self.weight(mat2, node)
+        return self.out(node, "mat_mul", a=self.tensor(a, "mat1", node), b=b,
+                        transpose_b=True if transposed else None, bias=bias_name)
+
+    # -- elementwise -------------------------------------------------------------------------------------------
+    def operand(self, arg: Any, dtype: str, what: str, node: torch.fx.Node) -> str:
+        """Operand ``arg`` as a tensor of ``dtype`` (a Python number becomes a one-element constant)."""
+        if isinstance(arg, (int, float)) and not isinstance(arg, bool):
+            torch_dtype = next(t for t, d in _torch_dtypes().items() if d == dtype)
+            return self.known(Known(torch.tensor(arg, dtype=torch_dtype), f"{node.name}_{what}"))
+        return self.cast(self.tensor(arg, what, node), dtype, f"{node.name}_{what}_{dtype}")
+
+    def binary(self, node: torch.fx.Node, op: str) -> Value:
+        a, b = node.args[0], node.args[1]
+        if node.kwargs.get("alpha", 1) != 1:
+            raise LoweringError(f"'{node.name}': {op} with alpha {node.kwargs['alpha']}")
+        va, vb = self.value(a), self.value(b)
+        if op == "add":
+            for rng, pos in ((va, vb), (vb, va)):
+                count = is_arange(rng)
+                position = self.position_tensor(pos) if count and rng.value.dim() == 1 else None
+                if position is not None:
+                    return Positions(position, count, (count,))
+        dtype, shape = meta_shape(node)
+        unit = 0.0 if op in ("add", "sub") else 1.0
+        if is_scalar(vb, unit) and self.type_of(va) == (dtype, shape):
+            return va
+        if op in ("add", "mul") and is_scalar(va, unit) and self.type_of(vb) == (dtype, shape):
+            return vb
+        return self.out(node, op, a=self.operand(a, dtype, "a", node), b=self.operand(b, dtype, "b", node))
+
+    def type_of(self, value: Value) -> Optional[Tuple[str, Tuple[int, ...]]]:
+        """The dtype and shape of a tensor or known value (``None`` for anything else)."""
+        if isinstance(value, Tensor):
+            return self.desc.shapes[value.name]
+        if isinstance(value, Known):
+            return _torch_dtypes().get(value.value.dtype, "?"), tuple(value.value.shape)
+        return None
+
+    def unary(self, node: torch.fx.Node, func: str) -> Value:
+        dtype, _ = meta_shape(node)
+        return self.out(node, "unary", func=func, input=self.operand(node.args[0], dtype, "input", node))
+
+    def pow(self, node: torch.fx.Node) -> Value:
+        exponent = node.args[1]
+        if exponent == 1:
+            return self.value(node.args[0])
+        func = POWERS.get(exponent)
+        if func is None:
+            raise LoweringError(f"'{node.name}': pow with exponent {exponent} (the reference graph takes 2, 0.5, "
+                                "-0.5, -1)")
+        return self.unary(node, func)
+
+    def gelu(self, node: torch.fx.Node) -> Value:
+        approximate = node.kwargs.get("approximate", node.args[1] if len(node.args) > 1 else "none")
+        return self.unary(node, "gelu_tanh" if approximate == "tanh" else "gelu")
+
+    def mean(self, node: torch.fx.Node) -> Value:
+        x, dims = node.args[0], list(node.args[1] or [])
+        keepdim = node.args[2] if len(node.args) > 2 else node.kwargs.get("keepdim", False)
+        name = self.tensor(x, "self", node)
+        dtype, shape = self.desc.shapes[name]
+        if [axis(d, len(shape)) for d in dims] != [len(shape) - 1] or node.kwargs.get("dtype") is not None:
+            raise LoweringError(f"'{node.name}': mean over {dims} of {list(shape)}, not over the last axis alone")
+        out_dtype, out_shape = meta_shape(node)
+        kept = self.desc.op("mean", self.desc.fresh(node.name if keepdim else f"{node.name}_kept"), dtype,
+                            shape[:-1] + (1,), input=name)
+        return Tensor(self.reshape(kept, out_shape, node.name))
+
+    def rms_norm(self, node: torch.fx.Node) -> Value:
+        x, shape = node.args[0], list(node.args[1])
+        weight = node.args[2] if len(node.args) > 2 else node.kwargs.get("weight")
+        eps = node.args[3] if len(node.args) > 3 else node.kwargs.get("eps")
+        if weight is None or eps is None:
+            raise LoweringError(f"'{node.name}': rms_norm needs a weight and an explicit eps")
+        name = self.tensor(x, "input", node)
+        if shape != [self.desc.shapes[name][1][-1]]:
+            raise LoweringError(f"'{node.name}': rms_norm over {shape}, not the last axis")
+        return self.out(node, "rms_norm", input=name, weight=self.tensor(weight, "weight", node), eps=float(eps))
+
+    def to_copy(self, node: torch.fx.Node) -> Value:
+        value = self.value(node.args[0])
+        dtype, shape = meta_shape(node)
+        if isinstance(value, (Positions, FirstElement)) and dtype == "i64":
+            return value
+        name = self.tensor(node.args[0], "self", node)
+        if self.desc.shapes[name][0] == dtype:
+            return Tensor(name)
+        return Tensor(self.cast(name, dtype, node.name))
+
+
+def _torch_dtypes() -> Dict[torch.dtype, str]:
+    from .common import DTYPES
+
+    return DTYPES

@@ -1,0 +1,37 @@
+"""Real models are delegated whole (issue 18): Hugging Face ``LlamaForCausalLM`` and ``Qwen2ForCausalLM``
+exported with transformers' own ExecuTorch recipe (StaticCache, GQA), in f32 and bf16, and the hand-written
+Llama-style decoder, leave nothing outside ``ReferenceBackend``: one delegate call, ``unsupported()`` empty.
+Their runs against eager's tokens are checked without torch on the committed fixtures
+(``fixtures/executorch/real/``, crates/executorch-bridge/tests/real_models.rs)."""
+
+from __future__ import annotations
+
+import importlib.util
+import unittest
+
+import torch
+
+from kv_delegate.export_real import export
+from kv_delegate.pack import have_packer
+
+
+@unittest.skipUnless(have_packer(), "delegate-pack not found (set KV_DELEGATE_PACK)")
+@unittest.skipUnless(importlib.util.find_spec("transformers"), "transformers is not installed")
+class RealModelsTest(unittest.TestCase):
+    def check(self, kind: str, dtype: torch.dtype) -> None:
+        data, outside = export(kind, dtype)
+        self.assertEqual([str(o) for o in outside], [])
+        self.assertEqual(data[4:8], b"ET12", "a .pte")
+
+    def test_hugging_face_llama_is_delegated_whole(self) -> None:
+        self.check("llama", torch.float32)
+
+    def test_hugging_face_qwen2_in_bf16_is_delegated_whole(self) -> None:
+        self.check("qwen2", torch.bfloat16)
+
+    def test_the_hand_written_llama_style_decoder_is_delegated_whole(self) -> None:
+        self.check("hand", torch.float32)
+
+
+if __name__ == "__main__":
+    unittest.main()
