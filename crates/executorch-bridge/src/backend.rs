@@ -11,7 +11,7 @@ use blob_format::model::Role;
 use blob_format::Blob;
 use delegate_abi::host::{ArgList, Instance, Plugin, Slot};
 use delegate_abi::{
-    DTypeCode, DelegateError, InitContext, Spec, TensorArg, ARG_INOUT, ARG_WRITABLE,
+    DTypeCode, DelegateError, InitContext, MemoryKind, Spec, TensorArg, ARG_INOUT, ARG_WRITABLE,
 };
 use et_error::ErrorCode;
 use host_runtime::plugins::{Registry, Served};
@@ -355,6 +355,7 @@ impl BackendSlot {
                             scratch.resize(raw.nbytes as usize, 0);
                             let mut separate = arg;
                             separate.data = scratch.as_mut_ptr().cast();
+                            separate.memory = MemoryKind::Host.into();
                             ffi::push_arg(&mut list, &separate)?;
                             write_backs.push((position, input));
                             continue;

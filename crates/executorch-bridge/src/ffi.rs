@@ -28,6 +28,7 @@ use delegate_abi::{Spec, TensorArg};
 use et_error::ErrorCode;
 
 use crate::backend::{self, BackendSlot, Handle};
+use crate::planned::ManagedPlan;
 
 /// Dimensions a `KvdArg` / `KvdTensor` carries (ExecuTorch's own limit is 16).
 pub(crate) const KVD_MAX_RANK: usize = 16;
@@ -117,7 +118,11 @@ extern "C" {
     ) -> u32;
     fn kvd_planned_new(spans: *const KvdSpan, n: usize, planned: *mut *mut c_void) -> u32;
     fn kvd_planned_free(planned: *mut c_void);
-    fn kvd_module_load_method_planned(module: *mut c_void, method: *const c_char, planned: *mut c_void) -> u32;
+    fn kvd_module_load_method_planned(
+        module: *mut c_void,
+        method: *const c_char,
+        planned: *mut c_void,
+    ) -> u32;
     fn kvd_module_execute(
         module: *mut c_void,
         method: *const c_char,
@@ -338,14 +343,25 @@ pub(crate) fn write_back(dst: &KvdArg, src: &[u8]) -> u64 {
         return 0;
     }
     // SAFETY: `dst` is a tensor argument of the DelegateCall still executing (ExecuTorch's mutable buffer,
-    // `nbytes` bytes of host memory, which nothing else touches during the call); `src` is the handle's own
+    // `nbytes` bytes of host memory or of the bridge's managed planned memory, host-visible, whose delegate
+    // work the bridge waited for; nothing else touches it during the call); `src` is the handle's own
     // scratch, another allocation, so the ranges do not overlap; `len` fits both.
     unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), dst.data.cast::<u8>(), len) };
     len as u64
 }
 
-/// An ExecuTorch `Module` (`executorch::extension::Module`).
-pub(crate) struct RawModule(*mut c_void);
+/// An ExecuTorch `Module` (`executorch::extension::Module`), and the managed planned memory its methods
+/// use when it has some (freed after the Module).
+pub(crate) struct RawModule(*mut c_void, Option<(ManagedPlan, Vec<RawPlanned>)>);
+
+/// Why [`RawModule::load_method_managed`] failed.
+#[derive(Debug)]
+pub(crate) enum LoadFailure {
+    /// Managed memory for the method's own buffers could not be allocated.
+    Memory(cuda_rt::Error),
+    /// ExecuTorch's code.
+    Code(ErrorCode),
+}
 
 impl RawModule {
     pub(crate) fn new(path: &CStr, share_arenas: bool) -> Result<RawModule, ErrorCode> {
@@ -356,7 +372,7 @@ impl RawModule {
         if ptr.is_null() {
             return Err(ErrorCode::MemoryAllocationFailed);
         }
-        Ok(RawModule(ptr))
+        Ok(RawModule(ptr, None))
     }
 
     pub(crate) fn load(&mut self) -> Result<(), ErrorCode> {
@@ -387,15 +403,32 @@ impl RawModule {
         }
     }
 
-    /// Loads `method` with `planned` as its planned memory (instead of buffers the Module allocates).
-    ///
-    /// # Safety
-    /// The memory `planned` spans must stay allocated, and used by nothing else but this Module's methods
-    /// (ExecuTorch's kernels and the delegates it calls), until this Module is dropped; `planned` itself must
-    /// outlive this Module too.
-    pub(crate) unsafe fn load_method_planned(&mut self, method: &CStr, planned: &RawPlanned) -> Result<(), ErrorCode> {
-        // SAFETY: as in `load`; `planned.0` is a live `PlannedSpans`, whose memory the caller keeps alive.
-        shim_call(|| unsafe { kvd_module_load_method_planned(self.0, method.as_ptr(), planned.0) })
+    /// Makes `plan` this Module's planned memory: methods loaded with [`RawModule::load_method_managed`]
+    /// from now on place their planned tensors in it. The Module owns it, and frees it after itself.
+    pub(crate) fn use_managed(&mut self, plan: ManagedPlan) {
+        self.1 = Some((plan, Vec::new()));
+    }
+
+    /// This Module's managed planned memory, when it has some.
+    pub(crate) fn managed(&self) -> Option<&ManagedPlan> {
+        self.1.as_ref().map(|(plan, _)| plan)
+    }
+
+    /// Loads `method` with its planned buffers in this Module's managed memory ([`RawModule::use_managed`]):
+    /// the shared buffers, then allocations of its own, under a `HierarchicalAllocator` ExecuTorch places its
+    /// tensors with (instead of buffers the Module allocates).
+    pub(crate) fn load_method_managed(&mut self, method: &CStr) -> Result<(), LoadFailure> {
+        let sizes = self.planned_sizes(method).map_err(LoadFailure::Code)?;
+        let (plan, allocators) = self.1.as_mut().ok_or(LoadFailure::Code(ErrorCode::InvalidState))?;
+        let spans = plan.spans(&sizes).map_err(LoadFailure::Memory)?;
+        let allocator = RawPlanned::new(&spans).map_err(LoadFailure::Code)?;
+        let planned = allocator.0;
+        allocators.push(allocator);
+        // SAFETY: as in `load`; `planned` is a live `PlannedSpans` over `plan`'s allocations. Both are owned by
+        // `self.1`, which `Drop` frees only after the Module (and with it every method and delegate that
+        // uses them); nothing else uses that memory.
+        shim_call(|| unsafe { kvd_module_load_method_planned(self.0, method.as_ptr(), planned) })
+            .map_err(LoadFailure::Code)
     }
 
     /// Runs `method`; the outputs' `data`/`capacity` must describe writable caller memory.
@@ -463,7 +496,8 @@ pub(crate) fn caller_stream(stream: &cuda_rt::Stream) -> Option<delegate_abi::Cu
 
 impl Drop for RawModule {
     fn drop(&mut self) {
-        // SAFETY: the Module made by `kvd_module_new`, freed once, here.
+        // SAFETY: the Module made by `kvd_module_new`, freed once, here. Its planned memory (`self.1`) is
+        // dropped after this body, once no method uses it.
         unsafe { kvd_module_free(self.0) }
     }
 }

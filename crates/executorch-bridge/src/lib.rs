@@ -175,6 +175,14 @@ pub enum BridgeError {
         /// Why it is copied.
         reason: String,
     },
+    /// The planned memory was to be CUDA managed memory ([`planned`]), which cannot be had: no CUDA driver or
+    /// GPU (`NotSupported`), or the driver refused the allocation (`MemoryAllocationFailed`).
+    #[error("cannot place the planned memory in CUDA managed memory: {source} (--memory host keeps it in host memory)")]
+    ManagedMemory {
+        /// What CUDA said.
+        #[source]
+        source: cuda_rt::Error,
+    },
     /// The program does not follow the run protocol (methods, inputs, outputs).
     #[error("{0}")]
     Protocol(String),
@@ -200,6 +208,7 @@ impl HasErrorCode for BridgeError {
             BridgeError::NotZeroCopy { .. } => ErrorCode::NotSupported,
             BridgeError::Input { .. } => ErrorCode::InvalidArgument,
             BridgeError::Registration { code, .. } | BridgeError::Runtime { code, .. } => *code,
+            BridgeError::ManagedMemory { source } => source.error_code(),
             BridgeError::Protocol(_) => ErrorCode::InvalidProgram,
         }
     }

@@ -94,9 +94,9 @@ pub fn updates_in_place(info: &PluginInfo, memory: MemoryKind) -> bool {
 /// does not update host memory in place but does update managed memory in place (a GPU delegate), host
 /// otherwise (no delegate, CPU delegates, or a plugin that updates neither, which stages either way).
 pub fn choose(plugins: &[&PluginInfo]) -> PlannedMemory {
-    let wants_managed = plugins.iter().any(|info| {
-        !updates_in_place(info, MemoryKind::Host) && updates_in_place(info, MemoryKind::Managed)
-    });
+    let wants_managed = plugins
+        .iter()
+        .any(|info| !updates_in_place(info, MemoryKind::Host) && updates_in_place(info, MemoryKind::Managed));
     if wants_managed {
         PlannedMemory::Managed
     } else {
@@ -122,20 +122,45 @@ pub(crate) fn kind_of(data: *const std::ffi::c_void, nbytes: u64) -> MemoryKind 
     }
 }
 
+/// One planned buffer: CUDA managed memory, or (unit tests of the allocator route, on machines without a GPU)
+/// zeroed host memory.
+enum Buffer {
+    Managed(Allocation<Managed>),
+    #[cfg(test)]
+    Host {
+        _bytes: Vec<u8>,
+        ptr: *mut std::ffi::c_void,
+    },
+}
+
+impl Buffer {
+    fn ptr(&self) -> *mut std::ffi::c_void {
+        match self {
+            Buffer::Managed(allocation) => allocation.as_ptr(),
+            #[cfg(test)]
+            Buffer::Host { ptr, .. } => *ptr,
+        }
+    }
+}
+
 /// The planned buffers of a Module in CUDA managed memory, and the stream its delegates run on. Registered
-/// in [`kind_of`]'s ranges while alive; must outlive the Module that loaded methods over them (the runner's
-/// `Module` drops its ExecuTorch Module first).
+/// in [`kind_of`]'s ranges while alive; must outlive the Module that loaded methods over them (`RawModule`
+/// frees its ExecuTorch Module first).
 pub(crate) struct ManagedPlan {
     /// mem_id 1 and 2, shared by every method (each at its largest size over the methods).
-    shared: Vec<Allocation<Managed>>,
+    shared: Vec<Buffer>,
     /// Per method, its buffers from mem_id 3 on.
-    own: Vec<Allocation<Managed>>,
-    stream: Arc<Stream>,
+    own: Vec<Buffer>,
+    /// Where the buffers are allocated and the delegates' stream (`None`: host memory, unit tests only).
+    device: Option<(Context, Arc<Stream>)>,
 }
 
 impl std::fmt::Debug for ManagedPlan {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ManagedPlan").field("shared", &self.shared.len()).field("own", &self.own.len()).finish()
+        f.debug_struct("ManagedPlan")
+            .field("shared", &self.shared.len())
+            .field("own", &self.own.len())
+            .finish()
     }
 }
 
@@ -147,51 +172,80 @@ impl ManagedPlan {
     /// any method plans there (`sizes`: per method, its buffer sizes from mem_id 1).
     pub(crate) fn new(sizes: &[Vec<u64>]) -> Result<ManagedPlan, cuda_rt::Error> {
         let ctx = Context::open(0)?;
-        let mut shared = Vec::new();
-        for index in 0..SHARED_BUFFERS {
-            let Some(largest) = sizes.iter().filter_map(|s| s.get(index)).max() else { break };
-            shared.push(Self::zeroed(&ctx, *largest)?);
-        }
         let stream = Arc::new(Stream::new(&ctx)?);
-        Ok(ManagedPlan { shared, own: Vec::new(), stream })
+        ManagedPlan::with(sizes, Some((ctx, stream)))
     }
 
-    fn zeroed(ctx: &Context, len: u64) -> Result<Allocation<Managed>, cuda_rt::Error> {
-        // A zero-length allocation is refused by the driver; one byte stands for it (nothing is placed there).
+    /// The same route over zeroed host memory (no stream): tests the allocator route without a GPU.
+    #[cfg(test)]
+    pub(crate) fn in_host_memory(sizes: &[Vec<u64>]) -> ManagedPlan {
+        ManagedPlan::with(sizes, None).unwrap_or_else(|e| panic!("host memory: {e}"))
+    }
+
+    fn with(
+        sizes: &[Vec<u64>],
+        device: Option<(Context, Arc<Stream>)>,
+    ) -> Result<ManagedPlan, cuda_rt::Error> {
+        let mut plan = ManagedPlan { shared: Vec::new(), own: Vec::new(), device };
+        for index in 0..SHARED_BUFFERS {
+            let Some(&largest) = sizes.iter().filter_map(|s| s.get(index)).max() else { break };
+            let buffer = plan.zeroed(largest)?;
+            plan.shared.push(buffer);
+        }
+        Ok(plan)
+    }
+
+    /// `len` zero bytes (at least one: the driver refuses an empty allocation; nothing is placed there),
+    /// registered in [`kind_of`]'s ranges.
+    fn zeroed(&self, len: u64) -> Result<Buffer, cuda_rt::Error> {
         let len = usize::try_from(len.max(1)).unwrap_or(usize::MAX);
-        let allocation = Allocation::<Managed>::zeroed(ctx, len)?;
-        let start = allocation.as_ptr() as usize;
+        let buffer = match &self.device {
+            Some((ctx, _)) => Buffer::Managed(Allocation::<Managed>::zeroed(ctx, len)?),
+            #[cfg(test)]
+            None => {
+                let mut bytes = vec![0u8; len];
+                let ptr = bytes.as_mut_ptr().cast();
+                Buffer::Host { _bytes: bytes, ptr }
+            }
+            #[cfg(not(test))]
+            None => return Err(cuda_rt::Error::NoDriver { reason: "no device context".to_owned() }),
+        };
+        let start = buffer.ptr() as usize;
         MANAGED_RANGES.write().unwrap_or_else(|e| e.into_inner()).push((start, start.saturating_add(len)));
-        Ok(allocation)
+        Ok(buffer)
     }
 
     /// The spans (pointer, length) of one method whose buffers have `sizes`: the shared buffers first, then
     /// new allocations of this plan for the rest.
-    pub(crate) fn spans(&mut self, sizes: &[u64]) -> Result<Vec<(*mut std::ffi::c_void, u64)>, cuda_rt::Error> {
+    pub(crate) fn spans(
+        &mut self,
+        sizes: &[u64],
+    ) -> Result<Vec<(*mut std::ffi::c_void, u64)>, cuda_rt::Error> {
         let mut spans = Vec::with_capacity(sizes.len());
         for (index, &size) in sizes.iter().enumerate() {
-            let allocation = match self.shared.get(index) {
-                Some(shared) => shared,
+            let ptr = match self.shared.get(index) {
+                Some(shared) => shared.ptr(),
                 None => {
-                    let ctx = self.stream.context().clone();
-                    self.own.push(Self::zeroed(&ctx, size)?);
-                    self.own.last().unwrap_or_else(|| unreachable!("just pushed"))
+                    let buffer = self.zeroed(size)?;
+                    let ptr = buffer.ptr();
+                    self.own.push(buffer);
+                    ptr
                 }
             };
-            spans.push((allocation.as_ptr(), size));
+            spans.push((ptr, size));
         }
         Ok(spans)
     }
 
-    /// The stream this plan's delegates run on.
-    pub(crate) fn stream(&self) -> &Arc<Stream> {
-        &self.stream
+    /// The stream this plan's delegates run on (`None` for the unit tests' host memory).
+    pub(crate) fn stream(&self) -> Option<&Arc<Stream>> {
+        self.device.as_ref().map(|(_, stream)| stream)
     }
 }
 
 impl Drop for ManagedPlan {
     fn drop(&mut self) {
-        let mine: Vec<usize> = self.shared.iter().chain(&self.own).map(|a| a.as_ptr() as usize).collect();
+        let mine: Vec<usize> = self.shared.iter().chain(&self.own).map(|b| b.ptr() as usize).collect();
         MANAGED_RANGES.write().unwrap_or_else(|e| e.into_inner()).retain(|(lo, _)| !mine.contains(lo));
     }
 }
@@ -222,7 +276,9 @@ pub(crate) fn active_stream() -> Option<Arc<Stream>> {
     ACTIVE.with(|a| a.borrow().clone())
 }
 
-/// Host synchronisations with the GPU on this thread (`cuda_rt::stats`), split by who made them.
+/// Host synchronisations with the GPU on this thread (`cuda_rt::stats::thread_host_syncs`), split by who made
+/// them. A plugin embedded in this binary (et-run embeds the CUDA delegate) counts into the same counter; one
+/// loaded from a dylib has its own copy of `cuda-rt`, whose synchronisations are not seen here.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
 pub struct SyncStats {
     /// Inside the plugins' `execute` (zero for a delegate that queues its work on the bridge's stream).
@@ -246,6 +302,12 @@ pub(crate) fn add_syncs(delegate: u64, bridge: u64) {
 pub fn take_syncs() -> SyncStats {
     SYNCS.with(|s| s.replace(SyncStats::default()))
 }
+
+/// The integration tests' programs (kv-example's blobs in `.pte` files laid out as ExecuTorch's exporter lays
+/// them out), for the allocator-route test below.
+#[cfg(test)]
+#[path = "../tests/common/mod.rs"]
+mod test_common;
 
 #[cfg(test)]
 mod tests {
@@ -289,6 +351,61 @@ mod tests {
         let err = "device".parse::<PlannedMemory>().expect_err("not a choice");
         assert!(err.contains("'device'") && err.contains("host or managed"), "{err}");
         assert_eq!(PlannedMemory::Managed.kind(), MemoryKind::Managed);
+    }
+
+    use super::test_common as common;
+
+    /// Prefill, then three decode steps, on `module`: every output's bytes.
+    fn outputs(mut module: crate::runner::Module, summary: &crate::runner::ProgramSummary) -> Vec<Vec<u8>> {
+        use crate::runner::Input;
+        let mut all = Vec::new();
+        let steps: Vec<(&str, Vec<i64>, i64)> = vec![
+            ("prefill", common::PROMPT.to_vec(), 0),
+            ("decode", vec![5], 4),
+            ("decode", vec![9], 5),
+            ("decode", vec![2], 6),
+        ];
+        for method in ["prefill", "decode"] {
+            module.load_method(method).expect("load");
+        }
+        for (method, tokens, pos) in steps {
+            let token_bytes: Vec<u8> = tokens.iter().flat_map(|t| t.to_le_bytes()).collect();
+            let pos_bytes = pos.to_le_bytes();
+            let shape = [tokens.len() as i64];
+            let inputs = [
+                Input { data: &token_bytes, dtype: delegate_abi::DTypeCode::I64, shape: &shape },
+                Input { data: &pos_bytes, dtype: delegate_abi::DTypeCode::I64, shape: &[1] },
+            ];
+            let sizes = &summary.output_bytes.iter().find(|(m, _)| m == method).expect("sizes").1;
+            let mut buffers: Vec<Vec<u8>> = sizes.iter().map(|&n| vec![0u8; n as usize]).collect();
+            let mut views: Vec<&mut [u8]> = buffers.iter_mut().map(Vec::as_mut_slice).collect();
+            module.execute(method, &inputs, &mut views).expect("execute");
+            all.extend(buffers);
+        }
+        all
+    }
+
+    #[test]
+    fn planned_memory_supplied_through_executorchs_allocator_gives_the_modules_own_results() {
+        use delegate_abi::host::HostConfig;
+        use host_runtime::plugins::{Discovery, Registry};
+        let dir = tempfile::tempdir().expect("temp dir");
+        let path = dir.path().join("kv.pte");
+        let bytes = common::program(&kv_example::Config::tiny(), 2, true, common::BACKEND);
+        std::fs::write(&path, &bytes).expect("write");
+        let registry = Registry::discover(Discovery::new().use_env(false))
+            .with_embedded(reference_delegate::delegate_root(), &HostConfig::default());
+        crate::register_backends(&registry, &[common::BACKEND.to_owned()]).expect("register");
+        let summary =
+            crate::runner::check_program(&path, &bytes, &[common::BACKEND.to_owned()]).expect("check");
+        let methods = vec!["prefill".to_owned(), "decode".to_owned()];
+
+        let own = outputs(crate::runner::Module::open(&path).expect("open"), &summary);
+        let supplied = crate::runner::Module::open_host_supplied(&path, &methods).expect("open");
+        assert_eq!(supplied.planned_memory(), PlannedMemory::Managed);
+        // The caches written by prefill are read by decode: the methods share the supplied mem_id 2, as the
+        // Module's own arenas are shared; any difference (unshared, unzeroed, misplaced) changes the logits.
+        assert_eq!(outputs(supplied, &summary), own, "the same logits and tokens over supplied memory");
     }
 
     #[test]

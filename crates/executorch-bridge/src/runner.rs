@@ -11,7 +11,8 @@ use pte_format::Program;
 
 use crate::backend::{self, scalar_type_of, CopyStats};
 use host_runtime::generate;
-use crate::ffi::{KvdTensor, RawModule, KVD_MAX_RANK};
+use crate::ffi::{KvdTensor, LoadFailure, RawModule, KVD_MAX_RANK};
+use crate::planned::{ActiveStream, ManagedPlan, PlannedMemory, SyncStats};
 use crate::{BridgeError, InputProblem};
 
 /// What the pre-flight check learned about a program.
@@ -100,7 +101,8 @@ pub struct OutputMeta {
 }
 
 /// An ExecuTorch `Module` over one `.pte`, arenas shared across its methods (`share_memory_arenas = true`),
-/// the file memory-mapped (delegate payloads are read in place).
+/// the file memory-mapped (delegate payloads are read in place); its planned memory in host memory (the
+/// Module's own buffers) or in CUDA managed memory ([`Module::open_with`], [`crate::planned`]).
 pub struct Module {
     raw: RawModule,
     path: String,
@@ -122,6 +124,59 @@ impl Module {
     /// # Errors
     /// [`BridgeError::Runtime`] with ExecuTorch's code when it cannot load the program.
     pub fn open(path: &Path) -> Result<Module, BridgeError> {
+        Module::open_with(path, PlannedMemory::Host, &[])
+    }
+
+    /// Opens and loads the program with its planned memory in `memory`. For [`PlannedMemory::Managed`],
+    /// `methods` are the methods whose planned buffers mem_id 1 and 2 are shared (sized to the largest of
+    /// them, as ExecuTorch's `share_memory_arenas` sizes its own): every method that will be loaded.
+    ///
+    /// # Errors
+    /// [`BridgeError::Runtime`] with ExecuTorch's code when it cannot load the program;
+    /// [`BridgeError::ManagedMemory`] when managed memory cannot be had (no CUDA driver or GPU, or the
+    /// allocation failed).
+    pub fn open_with(path: &Path, memory: PlannedMemory, methods: &[String]) -> Result<Module, BridgeError> {
+        let mut module = Module::open_host(path)?;
+        if memory == PlannedMemory::Managed {
+            let sizes = module.planned_sizes(methods)?;
+            let plan = ManagedPlan::new(&sizes).map_err(|source| BridgeError::ManagedMemory { source })?;
+            module.raw.use_managed(plan);
+        }
+        Ok(module)
+    }
+
+    /// Opens the program with its planned memory supplied as for managed memory, but in host memory: the
+    /// allocator route of [`Module::open_with`], tested without a GPU.
+    #[cfg(test)]
+    pub(crate) fn open_host_supplied(path: &Path, methods: &[String]) -> Result<Module, BridgeError> {
+        let mut module = Module::open_host(path)?;
+        let sizes = module.planned_sizes(methods)?;
+        module.raw.use_managed(ManagedPlan::in_host_memory(&sizes));
+        Ok(module)
+    }
+
+    /// Per method, the sizes of its planned buffers (mem_id 1 first).
+    fn planned_sizes(&mut self, methods: &[String]) -> Result<Vec<Vec<u64>>, BridgeError> {
+        let mut sizes = Vec::with_capacity(methods.len());
+        for method in methods {
+            let name = cname(method)?;
+            sizes.push(self.raw.planned_sizes(&name).map_err(|code| {
+                runtime(format!("{}: reading method '{method}''s planned buffers", self.path), code)
+            })?);
+        }
+        Ok(sizes)
+    }
+
+    /// Where this Module's planned memory lives.
+    pub fn planned_memory(&self) -> PlannedMemory {
+        if self.raw.managed().is_some() {
+            PlannedMemory::Managed
+        } else {
+            PlannedMemory::Host
+        }
+    }
+
+    fn open_host(path: &Path) -> Result<Module, BridgeError> {
         let display = path.display().to_string();
         let c_path = CString::new(path.as_os_str().as_encoded_bytes())
             .map_err(|_| BridgeError::Protocol(format!("{display}: the path contains a NUL byte")))?;
@@ -140,9 +195,14 @@ impl Module {
     pub fn load_method(&mut self, method: &str) -> Result<(), BridgeError> {
         let name = cname(method)?;
         backend::take_last_error();
-        self.raw
-            .load_method(&name)
-            .map_err(|code| runtime(format!("{}: loading method '{method}'", self.path), code))
+        let what = || format!("{}: loading method '{method}'", self.path);
+        if self.raw.managed().is_none() {
+            return self.raw.load_method(&name).map_err(|code| runtime(what(), code));
+        }
+        self.raw.load_method_managed(&name).map_err(|failure| match failure {
+            LoadFailure::Memory(source) => BridgeError::ManagedMemory { source },
+            LoadFailure::Code(code) => runtime(what(), code),
+        })
     }
 
     /// Runs `method` on `inputs`; copies its outputs into `outputs` (one buffer per output, each large
@@ -176,6 +236,8 @@ impl Module {
             })
             .collect();
         backend::take_last_error();
+        // A managed Module's delegates run on its stream (see `crate::planned`).
+        let _stream = self.raw.managed().and_then(ManagedPlan::stream).cloned().map(ActiveStream::enter);
         let count = self
             .raw
             .execute(&name, &raw_inputs, &mut raw_outputs)
@@ -267,6 +329,10 @@ pub struct Report {
     pub prefill: CopyStats,
     /// Copies counted during each decode step.
     pub decode: Vec<CopyStats>,
+    /// Where ExecuTorch's planned memory (activations and the mutable buffers holding the caches) was.
+    pub planned_memory: PlannedMemory,
+    /// Host synchronisations with the GPU during each decode step, the delegates' and the bridge's apart.
+    pub decode_syncs: Vec<SyncStats>,
 }
 
 impl Report {
@@ -345,15 +411,48 @@ fn generation_methods(
 /// Everything [`check_program`], [`Module`] and [`crate::register`] return; [`BridgeError::Protocol`] when
 /// the program has neither `forward` nor `prefill` + `decode`, or its first output is not f32 logits.
 pub fn run(path: &Path, registry: &Registry, protocol: &Protocol) -> Result<Report, BridgeError> {
+    run_with_memory(path, registry, protocol, None)
+}
+
+/// The planned memory for the program `summary` describes: `requested` when given, else
+/// [`crate::planned::choose`] over the plugins serving its backends (managed for a GPU delegate).
+fn planned_memory_for(
+    summary: &ProgramSummary,
+    registry: &Registry,
+    requested: Option<PlannedMemory>,
+) -> Result<PlannedMemory, BridgeError> {
+    if let Some(memory) = requested {
+        return Ok(memory);
+    }
+    let plugins =
+        summary.backends.iter().map(|id| backend::in_process(registry, id)).collect::<Result<Vec<_>, _>>()?;
+    let infos: Vec<&delegate_abi::PluginInfo> = plugins.iter().map(|p| p.info()).collect();
+    Ok(crate::planned::choose(&infos))
+}
+
+/// [`run`] with the planned memory in `memory` (`None`: chosen per program, [`crate::planned::choose`]).
+///
+/// # Errors
+/// As [`run`]; [`BridgeError::ManagedMemory`] when managed memory is wanted and cannot be had (no CUDA
+/// driver or GPU).
+pub fn run_with_memory(
+    path: &Path,
+    registry: &Registry,
+    protocol: &Protocol,
+    memory: Option<PlannedMemory>,
+) -> Result<Report, BridgeError> {
     if protocol.prompt.is_empty() {
         return Err(BridgeError::Protocol("the prompt is empty".to_owned()));
     }
     let (summary, served_by) = prepare(path, registry, protocol)?;
     let (prefill, decode) = generation_methods(path, &summary)?;
-    let mut module = Module::open(path)?;
+    let memory = planned_memory_for(&summary, registry, memory)?;
+    let methods: Vec<String> = [prefill, decode].iter().map(|m| (*m).to_owned()).collect();
+    let mut module = Module::open_with(path, memory, &methods)?;
     for method in [prefill, decode] {
         module.load_method(method)?;
     }
+    let planned_memory = module.planned_memory();
     let mut buffers: Vec<(String, Vec<Vec<u8>>)> = summary
         .output_bytes
         .iter()
@@ -376,6 +475,7 @@ pub fn run(path: &Path, registry: &Registry, protocol: &Protocol) -> Result<Repo
             .1;
         let mut views: Vec<&mut [u8]> = outs.iter_mut().map(Vec::as_mut_slice).collect();
         backend::take_stats();
+        crate::planned::take_syncs();
         let metas = module.execute(method, &inputs, &mut views)?;
         let stats = backend::take_stats();
         let (meta, data) = metas.first().zip(outs.first()).ok_or_else(|| {
@@ -407,6 +507,8 @@ pub fn run(path: &Path, registry: &Registry, protocol: &Protocol) -> Result<Repo
         logits: vec![],
         prefill: CopyStats::default(),
         decode: vec![],
+        planned_memory,
+        decode_syncs: vec![],
     };
     let (row, stats) = if prefill == "prefill" {
         step(prefill, &protocol.prompt, 0)?
@@ -426,6 +528,8 @@ pub fn run(path: &Path, registry: &Registry, protocol: &Protocol) -> Result<Repo
         let (row, stats) = step(decode, &[previous], (protocol.prompt.len() + i) as i64)?;
         report.record(row);
         report.decode.push(stats);
+        // What `execute` synchronised (the step reset the counts before it).
+        report.decode_syncs.push(crate::planned::take_syncs());
     }
     Ok(report)
 }
@@ -443,6 +547,8 @@ mod tests {
             logits: vec![],
             prefill: CopyStats::default(),
             decode: vec![],
+            planned_memory: PlannedMemory::Host,
+            decode_syncs: vec![],
         };
         for row in [vec![0.5, 2.0, 2.0, -1.0], vec![f32::NAN, 1.0, 0.5], vec![f32::NAN, f32::NAN], vec![3.0]]
         {

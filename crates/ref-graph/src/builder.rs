@@ -304,6 +304,12 @@ impl GraphBuilder {
         self.op(name, |out| Op::Argmax { input, out })
     }
 
+    /// Writes `value` into `target` in place (payload 1.3); the returned tensor aliases `target`. See
+    /// [`Op::Assign`].
+    pub fn assign(&mut self, name: &str, target: TensorId, value: TensorId) -> Result<TensorId, Error> {
+        self.op(name, |out| Op::Assign { target, value, out })
+    }
+
     /// The tensors declared so far (tests read inferred types here).
     #[cfg(test)]
     pub(crate) fn declared(&self) -> &[TensorDecl] {

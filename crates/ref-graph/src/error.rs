@@ -178,6 +178,15 @@ pub enum Error {
         /// What is wrong.
         problem: String,
     },
+    /// The target or output of an [`crate::Op::Assign`] used in a way the aliasing rules forbid (see the crate
+    /// docs).
+    #[error("in-place tensor '{name}' {problem}")]
+    AssignMisuse {
+        /// The tensor.
+        name: String,
+        /// What is wrong.
+        problem: String,
+    },
 }
 
 impl et_error::HasErrorCode for Error {

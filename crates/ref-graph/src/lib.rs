@@ -24,6 +24,12 @@
 //!   graph output);
 //! - the `k`/`v` operands of `CausalAttention` are `KvCacheUpdate` outputs.
 //!
+//! [`Op::Assign`] (payload 1.3) overwrites its `target` in place (a program's mutable buffer such as Hugging
+//! Face StaticCache's `cumulative_length`) and is reported the same way, so the blob declares its output as an
+//! alias of kind `kv_cache_update` (the engine's own in-place write, verified against the graph). Its rules:
+//! - the `target` is a graph input that no other op reads and that no other op writes in place;
+//! - no op reads the output of an `Assign` (it may be a graph output).
+//!
 //! ## Element types
 //!
 //! [`ElemType`] is the closed set of element types a graph computes in (`f32`, `f16` or `bf16` for float
@@ -64,7 +70,7 @@
 //! | 1.0 | `f32`/`i64` tensors; `gather`, `positions`, `mat_mul`, `add`, `rms_norm`, `kv_cache_update`, `causal_attention` |
 //! | 1.1 | the `f16` element type; `argmax` |
 //! | 1.2 | delegate-owned `state` (below) |
-//! | 1.3 | the `bf16` element type; `sub`, `mul`, `div`, `unary`, `mean`, `cast`, `reshape`, `permute`, `slice`, `concat`; `mat_mul`'s `transpose_b` and `bias`, `causal_attention`'s `scale`; relaxed forms of the older ops: broadcasting and `i64` `add`, indices of any rank for `gather`, leading axes for `mat_mul`'s `a`, `rms_norm` and `argmax`, `[1, H, L, Dh]` caches, head-major updates and queries, grouped-query attention |
+//! | 1.3 | the `bf16` element type; `sub`, `mul`, `div`, `unary`, `mean`, `cast`, `reshape`, `permute`, `slice`, `concat`; `mat_mul`'s `transpose_b` and `bias`, `causal_attention`'s `scale`; relaxed forms of the older ops: broadcasting and `i64` `add`, indices of any rank for `gather`, leading axes for `mat_mul`'s `a`, `rms_norm` and `argmax`, `[1, H, L, Dh]` caches, head-major updates and queries, grouped-query attention; `assign` |
 //!
 //! [`Graph::encode`] writes the oldest version that expresses the graph ([`Graph::payload_version`]): 1.3
 //! when it uses anything 1.3 added, else 1.2 when it has state, else 1.1. An older reader refuses a graph
@@ -347,10 +353,18 @@ impl Graph {
         })
     }
 
-    /// Every in-place pair `(output, cache input)` of the graph's `KvCacheUpdate` ops.
+    /// The input that the op producing `output` writes in place, if one does: a `KvCacheUpdate`'s cache or
+    /// an `Assign`'s target.
+    pub fn in_place_of(&self, output: TensorId) -> Option<TensorId> {
+        self.in_place_pairs().find_map(|(out, input)| (out == output).then_some(input))
+    }
+
+    /// Every in-place pair `(output, input written in place)` of the graph: the `KvCacheUpdate` ops' (output,
+    /// cache) and the `Assign` ops' (output, target).
     pub fn in_place_pairs(&self) -> impl Iterator<Item = (TensorId, TensorId)> + '_ {
         self.ops.iter().filter_map(|op| match *op {
             Op::KvCacheUpdate { cache, out, .. } => Some((out, cache)),
+            Op::Assign { target, out, .. } => Some((out, target)),
             _ => None,
         })
     }
@@ -471,6 +485,7 @@ impl Graph {
                 cache_outputs.push(out);
             }
         }
+        self.check_assign_rules(&cache_inputs)?;
         if let Some(&unused) = self.state.iter().find(|id| !cache_inputs.contains(id)) {
             return Err(Error::CacheMisuse {
                 name: name(unused),
@@ -495,6 +510,52 @@ impl Graph {
                     name: name(operand),
                     problem: format!("{problem} (it is operand '{role}' of op {index}, {})", op.name()),
                 });
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Graph {
+    /// The rules of [`Op::Assign`]: its target is a graph input that no other op reads or writes in place
+    /// (`cache_inputs`: the `kv_cache_update` caches), and no op reads its output.
+    fn check_assign_rules(&self, cache_inputs: &[TensorId]) -> Result<(), Error> {
+        let misuse = |id: TensorId, problem: String| Error::AssignMisuse {
+            name: self.tensors[id.0].name.clone(),
+            problem,
+        };
+        let mut targets = Vec::new();
+        let mut outputs = Vec::new();
+        for op in &self.ops {
+            let Op::Assign { target, out, .. } = *op else { continue };
+            if !self.inputs.contains(&target) {
+                return Err(misuse(
+                    target,
+                    "is written in place by an assign but is not a graph input (only caller storage is \
+                     assigned in place)"
+                        .to_owned(),
+                ));
+            }
+            if targets.contains(&target) || cache_inputs.contains(&target) {
+                return Err(misuse(target, "is written in place by two ops".to_owned()));
+            }
+            targets.push(target);
+            outputs.push(out);
+        }
+        for (index, op) in self.ops.iter().enumerate() {
+            for (role, operand) in op.named_operands() {
+                let problem = if targets.contains(&operand) && !(matches!(op, Op::Assign { .. }) && role == "target")
+                {
+                    "is an assign target; only its assign may read it"
+                } else if outputs.contains(&operand) {
+                    "is an assign output; no op may read it (it may be a graph output)"
+                } else {
+                    continue;
+                };
+                return Err(misuse(
+                    operand,
+                    format!("{problem} (it is operand '{role}' of op {index}, {})", op.name()),
+                ));
             }
         }
         Ok(())
@@ -555,7 +616,7 @@ impl EngineIntrospect for Graph {
 
     fn aliased_input(&self, output: &str) -> Option<String> {
         let id = self.find(output)?;
-        self.cache_update_of(id).map(|cache| self.tensor(cache).name.clone())
+        self.in_place_of(id).map(|input| self.tensor(input).name.clone())
     }
 }
 

@@ -254,10 +254,25 @@ pub enum Op<T> {
         /// The index, as an `i64`.
         out: T,
     },
+    /// `target = value`, **in place**: writes every element of `value` into `target`'s storage, and `out` is
+    /// that same storage (reported as an alias of `target` exactly as a [`Op::KvCacheUpdate`] output is).
+    /// `target` and `value` have one element type (any) and one shape; `out` takes them. A program's mutable
+    /// buffer that is overwritten each call (Hugging Face StaticCache's `cumulative_length`, set to
+    /// `cache_position[0]`) is written this way instead of being copied back after the call. Rules: `target`
+    /// is a graph input that no other op reads and that no other op writes in place; `out` is read by no op
+    /// (it may be a graph output). Payload 1.3.
+    Assign {
+        /// The storage written (a graph input: caller-owned storage).
+        target: T,
+        /// The values written.
+        value: T,
+        /// The written storage (aliases `target`).
+        out: T,
+    },
 }
 
 /// Every op name, as spelled in the payload.
-pub(crate) const OP_NAMES: [&str; 18] = [
+pub(crate) const OP_NAMES: [&str; 19] = [
     "gather",
     "positions",
     "mat_mul",
@@ -276,6 +291,7 @@ pub(crate) const OP_NAMES: [&str; 18] = [
     "kv_cache_update",
     "causal_attention",
     "argmax",
+    "assign",
 ];
 
 /// The function of an [`Op::Unary`], as spelled in the payload (`"func": "rsqrt"`).
@@ -360,6 +376,7 @@ impl<T: Copy> Op<T> {
             Op::KvCacheUpdate { .. } => "kv_cache_update",
             Op::CausalAttention { .. } => "causal_attention",
             Op::Argmax { .. } => "argmax",
+            Op::Assign { .. } => "assign",
         }
     }
 
@@ -383,7 +400,8 @@ impl<T: Copy> Op<T> {
             | Op::RmsNorm { out, .. }
             | Op::KvCacheUpdate { out, .. }
             | Op::CausalAttention { out, .. }
-            | Op::Argmax { out, .. } => out,
+            | Op::Argmax { out, .. }
+            | Op::Assign { out, .. } => out,
         }
     }
 
@@ -416,6 +434,7 @@ impl<T: Copy> Op<T> {
                 vec![("q", q), ("k", k), ("v", v), ("position", position)]
             }
             Op::Argmax { input, .. } => vec![("input", input)],
+            Op::Assign { target, value, .. } => vec![("target", target), ("value", value)],
         }
     }
 
@@ -468,7 +487,8 @@ impl<T> Op<T> {
             | Op::RmsNorm { out, .. }
             | Op::KvCacheUpdate { out, .. }
             | Op::CausalAttention { out, .. }
-            | Op::Argmax { out, .. } => out,
+            | Op::Argmax { out, .. }
+            | Op::Assign { out, .. } => out,
         }
     }
 
@@ -530,6 +550,9 @@ impl<T> Op<T> {
                 out: out(&mut f)?,
             },
             Op::Argmax { input, .. } => Op::Argmax { input: f("input", input)?, out: out(&mut f)? },
+            Op::Assign { target, value, .. } => {
+                Op::Assign { target: f("target", target)?, value: f("value", value)?, out: out(&mut f)? }
+            }
             Op::Add { .. } | Op::Sub { .. } | Op::Mul { .. } | Op::Div { .. } | Op::Concat { .. } => {
                 unreachable!("Op::try_map maps the ops of operands a and b")
             }

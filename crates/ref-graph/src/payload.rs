@@ -92,7 +92,8 @@ impl Graph {
             | Op::Reshape { .. }
             | Op::Permute { .. }
             | Op::Slice { .. }
-            | Op::Concat { .. } => true,
+            | Op::Concat { .. }
+            | Op::Assign { .. } => true,
         }
     }
 

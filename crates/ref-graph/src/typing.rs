@@ -104,6 +104,7 @@ impl Op<TensorId> {
                 t.floats.operand("input", *input, Rank::AtLeast(2))?;
                 Ok((ElemType::I64, vec![1]))
             }
+            Op::Assign { target, value, .. } => t.assign(*target, *value),
         }
     }
 
@@ -210,6 +211,19 @@ impl<'a> Typer<'a> {
             format!("shapes do not broadcast: '{}' is {sa:?} and '{}' is {sb:?}", ta.name, tb.name)
         })?;
         Ok((ta.dtype, shape))
+    }
+
+    /// `value` must have `target`'s element type and shape; the output is `target` again.
+    fn assign(&self, target: TensorId, value: TensorId) -> Typed {
+        let (t, v) = (&self.tensors[target.0], &self.tensors[value.0]);
+        if t.dtype != v.dtype || t.shape != v.shape {
+            return Err(format!(
+                "operand 'value' ('{}') is {} {:?}, but target '{}' is {} {:?} (an assign writes the same type \
+                 and shape)",
+                v.name, v.dtype, v.shape, t.name, t.dtype, t.shape
+            ));
+        }
+        Ok((t.dtype, t.shape.clone()))
     }
 
     fn reshape(&self, input: TensorId, shape: &[u64]) -> Typed {

@@ -16,7 +16,8 @@
 //!     its KV head's rows; repeated keys and values are never materialised);
 //! - the general path ([`general`]): one launch per op for everything else (`transpose_b` products as a
 //!   row-dot GEMV, broadcasting elementwise ops, unary functions, means, casts, permutes, slices and concats
-//!   as strided copies); a `Reshape` launches nothing: its output is its input's storage.
+//!   as strided copies); a `Reshape` launches nothing: its output is its input's storage; an `Assign` is one
+//!   copy of its value into the caller's buffer it targets (device to device, in the call's stream).
 //!
 //! Float tensors may be `f32`, `f16` or `bf16`, one type per op (a graph may cast between them, as Hugging
 //! Face's RMSNorm does in f32 inside a bf16 model); every kernel computes in f32. Typed kernels are compiled
@@ -71,8 +72,8 @@ pub enum Home {
     Io,
     /// An intermediate: device scratch of the instance, allocated at `init`.
     Scratch,
-    /// The same storage as another tensor, never itself `SameAs`: a `KvCacheUpdate` output is its cache, a
-    /// `Reshape` output its input.
+    /// The same storage as another tensor, never itself `SameAs`: a `KvCacheUpdate` output is its cache, an
+    /// `Assign` output its target, a `Reshape` output its input.
     SameAs(TensorId),
 }
 

@@ -72,12 +72,14 @@ class TensorRTBackend(BackendDetails):
 
 
 def aliased_outputs(lowered: Lowered) -> Dict[int, int]:
-    """``{output index: input index}`` of the delegate's outputs that are a ``kv_cache_update`` of one of its
-    inputs (the blob declares the alias; the delegate writes those rows in place)."""
+    """``{output index: input index}`` of the delegate's outputs that are a ``kv_cache_update`` or an ``assign``
+    of one of its inputs (the blob declares the alias; the delegate writes those rows, or the whole buffer, in
+    place)."""
     outs = [b.name for b in lowered.bindings if b.role == "output"]
     ins = [b.name for b in lowered.bindings if b.role == "input"]
     result: Dict[int, int] = {}
     for op in lowered.description.ops:
-        if op["op"] == "kv_cache_update" and op["out"] in outs and op["cache"] in ins:
-            result[outs.index(op["out"])] = ins.index(op["cache"])
+        written = op.get("cache") if op["op"] == "kv_cache_update" else op.get("target") if op["op"] == "assign" else None
+        if written is not None and op["out"] in outs and written in ins:
+            result[outs.index(op["out"])] = ins.index(written)
     return result

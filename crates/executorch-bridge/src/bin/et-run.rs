@@ -1,6 +1,10 @@
 //! `et-run PROGRAM.pte`: runs a `.pte` inside ExecuTorch 1.5.1's own runtime (`Module` API, arenas shared
 //! across methods) with our plugins registered as its backends: prefill the prompt, then greedy decode steps.
 //!
+//! Planned memory (activations and the caches' mutable buffers): host memory, or CUDA managed memory for a
+//! program a GPU delegate runs, so it updates the caches in place on the GPU (`executorch_bridge::planned`);
+//! `--memory host|managed` overrides the choice, and the report says which it was.
+//!
 //! Plugins: the libraries in `--plugin-dir` and `DELEGATE_PLUGIN_PATH`, then the reference and CUDA delegates
 //! this binary embeds (registered with `Registry::with_embedded`; host-runtime links no plugin)
 //! (the same discovery as `delegate-host`: by their manifests, a library loaded only when the program calls
@@ -15,7 +19,7 @@ use std::process::ExitCode;
 use clap::Parser;
 use delegate_abi::host::HostConfig;
 use executorch_bridge::runner::{self, Protocol};
-use executorch_bridge::CopyStats;
+use executorch_bridge::{CopyStats, PlannedMemory};
 use host_runtime::isolate::Isolation;
 use host_runtime::plugins::{Discovery, Registry};
 
@@ -47,6 +51,11 @@ struct Args {
     /// outputs in place), naming the method, instruction, buffer and reason.
     #[arg(long)]
     require_zero_copy: bool,
+    /// Where ExecuTorch's planned memory (activations and the caches' mutable buffers) lives: host memory, or
+    /// CUDA managed memory a GPU delegate updates in place. Default: managed when a delegate the program calls
+    /// updates managed but not host memory in place (the CUDA delegate), host otherwise.
+    #[arg(long, value_name = "host|managed")]
+    memory: Option<PlannedMemory>,
 }
 
 /// The plugins `args` asks for, then those this binary embeds.
@@ -80,7 +89,7 @@ fn main() -> ExitCode {
         steps: args.steps,
         require_zero_copy: args.require_zero_copy,
     };
-    let report = match runner::run(&args.program, &registry, &protocol) {
+    let report = match runner::run_with_memory(&args.program, &registry, &protocol, args.memory) {
         Ok(report) => report,
         Err(err) => {
             let code = et_error::HasErrorCode::error_code(&err);
@@ -105,15 +114,30 @@ fn text_report(report: &runner::Report) -> String {
         report.decode.iter().map(|s| f(s).to_string()).collect::<Vec<_>>().join(" ")
     };
     format!(
-        "tokens: {}\nbytes copied per decode step: {}\n  write-back kernels (aten::copy_): {}\n  bridge \
+        "tokens: {}\nplanned memory: {}\nbytes copied per decode step: {}\n  write-back kernels (aten::copy_): {}\n  bridge \
          write-backs: {}\n  other copy kernels: {}\n  reflect: {}\n",
         tokens.join(" "),
+        planned_memory(report),
         per_step(CopyStats::total),
         per_step(|s| s.write_back_bytes),
         per_step(|s| s.bridge_write_back_bytes),
         per_step(|s| s.op_bytes),
         per_step(|s| s.reflect_bytes),
     )
+}
+
+/// Where the planned buffers were, as the text report says it.
+fn planned_memory(report: &runner::Report) -> String {
+    match report.planned_memory {
+        PlannedMemory::Host => "host".to_owned(),
+        PlannedMemory::Managed => {
+            let delegate: Vec<String> = report.decode_syncs.iter().map(|s| s.delegate.to_string()).collect();
+            format!(
+                "managed (CUDA managed memory, device 0; host syncs inside the delegates per decode step: {})",
+                delegate.join(" ")
+            )
+        }
+    }
 }
 
 /// The JSON report: the text report's totals, the logits, and each step's counts by kind.
@@ -128,6 +152,8 @@ fn json_report(args: &Args, protocol: &Protocol, report: &runner::Report) -> Str
         "steps": protocol.steps,
         "tokens": report.tokens,
         "logits": report.logits,
+        "planned_memory": report.planned_memory,
+        "host_syncs_per_decode_step": report.decode_syncs,
         "prefill": report.prefill,
         "decode": report.decode,
         "bytes_copied_per_decode_step": per_step(CopyStats::total),

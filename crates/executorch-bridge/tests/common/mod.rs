@@ -225,7 +225,7 @@ pub fn program_with(cfg: &Config, methods: usize, layout: Layout, backend: &str)
     let mut specs = Vec::new();
     for name in names {
         let rows = rows_of(name);
-        let blob = kv_example::export::reference_blob(cfg, &weights, rows).expect("blob");
+        let blob = kv_example::export::blob(cfg, &weights, rows, blob_backend(backend)).expect("blob");
         segments.push(blob);
         specs.push(method(cfg, name, rows, layout, backend, segments.len() - 1));
     }
@@ -238,6 +238,16 @@ pub fn program_with(cfg: &Config, methods: usize, layout: Layout, backend: &str)
         named_data: Vec::new(),
     }
     .to_bytes()
+}
+
+/// The blob kind for a DelegateCall naming `backend`: the CUDA delegate's header for `CudaBackend`, the
+/// reference delegate's otherwise (the payload is the same reference graph).
+fn blob_backend(backend: &str) -> kv_example::export::Backend {
+    if backend == kv_example::export::CUDA_BACKEND {
+        kv_example::export::Backend::Cuda
+    } else {
+        kv_example::export::Backend::Reference
+    }
 }
 
 fn method(

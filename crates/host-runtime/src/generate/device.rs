@@ -222,9 +222,16 @@ fn prefill(
     let inputs = (g.token_input.as_str(), g.position_input.as_str());
     let link = FeedbackLink::new(program, (&g.prefill, next), prompt_len, &g.decode, inputs).ok();
     let start = Instant::now();
-    program.write_input(&g.prefill, &g.token_input, &i64_bytes(&g.prompt))?;
-    program.write_input(&g.prefill, &g.position_input, &i64_bytes(&[0]))?;
-    let stats = program.enqueue(&g.prefill)?;
+    // A method that takes fewer tokens than the prompt is fed it in chunks (one token each for `forward`).
+    let rows = super::token_rows(program, g, &g.prefill).unwrap_or(g.prompt.len()).max(1);
+    let mut stats = RunStats::default();
+    for (i, chunk) in g.prompt.chunks(rows).enumerate() {
+        program.write_input(&g.prefill, &g.token_input, &i64_bytes(chunk))?;
+        program.write_input(&g.prefill, &g.position_input, &i64_bytes(&[(i * rows) as i64]))?;
+        let run = program.enqueue(&g.prefill)?;
+        stats.elapsed += run.elapsed;
+        stats.copies.add(run.copies);
+    }
     let token_on_host = match &link {
         Some(link) => {
             device.feedback(program, link)?;

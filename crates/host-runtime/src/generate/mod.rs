@@ -212,15 +212,12 @@ pub fn device_loop_refusal(program: &Program) -> Result<Option<String>, Error> {
 }
 
 /// How many tokens a method's token input takes per call.
-fn token_rows(program: &Program, g: &Generate, method: &str) -> Option<usize> {
+pub(super) fn token_rows(program: &Program, g: &Generate, method: &str) -> Option<usize> {
     let decl = program.manifest().methods.get(method)?.inputs.iter().find(|d| d.name == g.token_input)?;
     usize::try_from(decl.numel()).ok()
 }
 
 fn refusal(program: &Program, g: &Generate) -> Result<Option<String>, Error> {
-    if token_rows(program, g, &g.prefill).is_some_and(|rows| rows < g.prompt.len()) {
-        return Ok(Some(format!("method '{}' takes the prompt in chunks, which the host feeds", g.prefill)));
-    }
     let Some(next) = &g.next_token_output else {
         return Ok(Some("the program's [generate] names no next_token_output".into()));
     };

@@ -32,7 +32,7 @@ mod io;
 mod isolated;
 mod lifecycle;
 mod load;
-mod plan;
+pub(crate) mod plan;
 mod run;
 mod torn;
 

@@ -381,7 +381,7 @@ impl std::fmt::Display for CopyReason {
 /// when it states none (built before capabilities), those of a GPU (device and managed memory) when it
 /// accepts device memory, else those of the CPU (host, pinned and managed memory), as
 /// `alias_validate::residency::DirectAccess` gates them.
-fn updates_in_place(info: &PluginInfo, memory: MemoryKind) -> bool {
+pub(crate) fn updates_in_place(info: &PluginInfo, memory: MemoryKind) -> bool {
     if let Some(kinds) = &info.capabilities.in_place_memory_kinds {
         return kinds.contains(&memory);
     }

@@ -32,6 +32,10 @@ pub(super) fn generator(
         return Err("methods 'prefill' and 'decode' name their inputs and outputs differently".into());
     }
     let (token_input, position_input, logits_output) = names;
+    let next_token_output = next_token(&manifest.methods[decode]);
+    if next_token(&manifest.methods[prefill]) != next_token_output {
+        return Err("methods 'prefill' and 'decode' name their next-token outputs differently".into());
+    }
     if let Some(max) = max_positions {
         if prompt.len() as u64 > max {
             return Err(format!(
@@ -47,9 +51,16 @@ pub(super) fn generator(
         token_input,
         position_input,
         logits_output,
-        next_token_output: None,
+        next_token_output,
         max_positions,
     })
+}
+
+/// The method's output 1 when it is the greedy next token (`i64`, one element): what the device loop feeds
+/// back without the host reading the logits.
+fn next_token(method: &Method) -> Option<String> {
+    let next = method.outputs.get(1)?;
+    (next.dtype == DType::I64 && next.numel() == 1).then(|| next.name.clone())
 }
 
 /// What a method is used for: feeding a prompt of this many tokens, or decoding one token per call.
@@ -83,7 +94,10 @@ fn step_names(method: &Method, step: Step) -> Result<Names, String> {
     };
     if !matches!(logits.dtype, DType::F32 | DType::F16 | DType::BF16) || logit_rows != Some(rows) {
         let shape = if batched { format!("[1, {rows}, vocab]") } else { format!("[{rows}, vocab]") };
-        return Err(format!("output 0 of method '{m}' is {}, not f32, f16 or bf16 {shape}", describe(logits)));
+        return Err(format!(
+            "output 0 of method '{m}' is {}, not f32, f16 or bf16 {shape}",
+            describe(logits)
+        ));
     }
     match step {
         Step::Prefill(prompt) if rows == 0 || prompt as u64 % rows != 0 => {

@@ -40,6 +40,7 @@ mod decl;
 mod error;
 mod generator;
 mod map;
+mod memory;
 mod method;
 
 use std::collections::BTreeMap;
@@ -75,7 +76,9 @@ pub fn is_pte(bytes: &[u8]) -> bool {
 /// `prompt`, as a token generator under the generation convention (module docs).
 ///
 /// Every operator, instruction and backend is checked before any memory is allocated or any delegate
-/// initialised; then [`Program::load`]'s checks and initialisation run over the mapped program.
+/// initialised; then [`Program::load`]'s checks and initialisation run over the mapped program. The buffers
+/// (KV caches) are allocated in memory every call's plugin updates in place: host memory for the reference
+/// delegate, device memory for the CUDA delegate.
 ///
 /// # Errors
 /// [`Error`]: one error naming the file, the method and the instruction where one is at fault.
@@ -84,6 +87,8 @@ pub fn load(path: &Path, registry: &Registry, mode: Mode, prompt: Option<&[i64]>
     let pte = pte_format::Program::parse(file.bytes())
         .map_err(|source| Error::Format { path: path.to_owned(), source })?;
     let Mapped { mut manifest, copies, max_positions } = map::map_program(path, &pte, registry)?;
+    let buffers = memory::buffer_memory(&manifest, registry);
+    memory::place(&mut manifest, buffers);
     if let Some(prompt) = prompt {
         let generate = generator::generator(&manifest, prompt, max_positions)
             .map_err(|reason| Error::NotGenerator { path: path.to_owned(), reason })?;

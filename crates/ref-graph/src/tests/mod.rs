@@ -551,5 +551,6 @@ fn a_graph_given_as_description_and_constants_is_the_decoded_graph() {
     assert!(matches!(err, Error::BadConstant { .. }), "{err}");
 }
 
+mod assign;
 mod typing;
 mod v1_3;

@@ -51,7 +51,9 @@ pub(super) fn sample_1_3() -> Graph {
     let attn = b.causal_attention_scaled("attn", q, k_out, v_out, pos, 0.5).expect("GQA 2 over 1");
     let next = b.argmax("next", attn).expect("rank 4");
     let next_f = b.cast("next_f", next, F32).expect("typed");
-    for out in [attn, next, next_f, k_out, v_out] {
+    let seen = b.input("seen", I64, &[1]).expect("fresh");
+    let seen = b.assign("seen_out", seen, pos).expect("typed");
+    for out in [attn, next, next_f, k_out, v_out, seen] {
         b.output(out).expect("declared");
     }
     b.finish().expect("valid")

@@ -1,7 +1,8 @@
 //! The general path: one step per op the fast path does not take. Elementwise ops broadcast through a
 //! [`Walk`] of at most [`MAX_RANK`] axes; permutes, slices and concats are strided copies; a reshape is an
 //! alias (its output gets its input's storage, [`Home::SameAs`]) unless its output is a graph output, which
-//! the caller's own storage backs: then it is one contiguous copy.
+//! the caller's own storage backs: then it is one contiguous copy. An assign is one contiguous copy of its
+//! value into its target, the caller's buffer, which its output is ([`Home::SameAs`]).
 
 use ref_graph::{ElemType, Op, TensorId};
 
@@ -38,6 +39,11 @@ pub(super) fn lower(l: &mut Lowering<'_>, op: &Op<TensorId>) -> Result<(), Unsup
             let (first, second) = concat(l, a, b, axis as usize, out)?;
             l.steps.push(first);
             second
+        }
+        Op::Assign { target, value, out } => {
+            // The output is the target's storage (the caller's buffer); the value is copied into it.
+            l.homes[out.0] = Home::SameAs(target);
+            copy_all(l, value, out)
         }
         ref other => {
             return Err(Unsupported(format!(

@@ -349,7 +349,7 @@ fn reference_call(
     let bytes: Vec<Vec<u8>> =
         inputs.iter().map(|(name, v)| bytes_of(v, decl(graph.find(name).expect("in")).dtype)).collect();
     let outputs: Vec<TensorId> =
-        graph.outputs().iter().copied().filter(|&o| graph.cache_update_of(o).is_none()).collect();
+        graph.outputs().iter().copied().filter(|&o| graph.in_place_of(o).is_none()).collect();
     let mut out_bytes: Vec<Vec<u8>> = outputs.iter().map(|&o| vec![0u8; decl(o).nbytes()]).collect();
     {
         let mut list = ArgList::new();
@@ -369,7 +369,7 @@ fn reference_call(
         }
         let mut out_iter = out_bytes.iter_mut();
         for &id in graph.outputs() {
-            match graph.cache_update_of(id) {
+            match graph.in_place_of(id) {
                 Some(cache) => {
                     list.push_output_in_place(slots[&cache], code(id), &dims(id)).expect("in place")
                 }
@@ -489,4 +489,36 @@ fn broadcasts_beyond_six_axes_are_refused_naming_the_tensor() {
     b.output(wide).expect("output");
     let err = Plan::new(&b.finish().expect("valid")).expect_err("rank 7 broadcast");
     assert!(err.0.contains("tensor 'wide' has rank 7"), "{}", err.0);
+}
+
+/// An assign (Hugging Face StaticCache's `cumulative_length` set to `cache_position[0]`) is one copy into the
+/// caller's buffer it targets: its output is that buffer's storage, so nothing is allocated for it and
+/// nothing is copied back after the call.
+#[test]
+fn an_assign_is_one_copy_into_the_target_buffer() {
+    let mut b = ref_graph::GraphBuilder::new();
+    let pos = b.input("cache_position", ElemType::I64, &[1]).expect("fresh");
+    let length = b.input("cumulative_length_0", ElemType::I64, &[]).expect("fresh");
+    let x = b.input("x", ElemType::F32, &[2]).expect("fresh");
+    let y = b.add("y", x, x).expect("typed");
+    let first = b.reshape("first", pos, &[]).expect("one element");
+    let written = b.assign("cumulative_length_0_out", length, first).expect("typed");
+    b.output(y).expect("output");
+    b.output(written).expect("output");
+    let graph = b.finish().expect("valid");
+    let plan = Plan::new(&graph).expect("lowered");
+    assert_eq!(kinds(&plan), ["add", "copy"]);
+    assert_eq!(plan.homes[written.0], Home::SameAs(length), "the output is the buffer");
+    assert_eq!(plan.homes[first.0], Home::SameAs(pos), "the reshape allocates nothing");
+    let Step::Copy { src, dst, elem: 8, ref walk, src_off: 0, dst_off: 0 } = plan.steps[1] else {
+        panic!("{:?}", plan.steps[1])
+    };
+    assert_eq!((src, dst, walk.dims.as_slice()), (first, written, &[1][..]));
+    let mut emu = emulate::Emulator::new(&graph, plan);
+    emu.set("cache_position", &[6.0]);
+    emu.set("cumulative_length_0", &[-1.0]);
+    emu.set("x", &[1.0, 2.0]);
+    emu.run().expect("runs");
+    assert_eq!(emu.read("cumulative_length_0"), [6.0]);
+    assert_eq!(emu.read("y"), [2.0, 4.0]);
 }

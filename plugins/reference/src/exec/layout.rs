@@ -1,14 +1,16 @@
-//! Ops that move values without computing: `gather`, `permute`, `slice` and `concat`, for any element type
-//! (values are copied as they are, so no rounding happens). `reshape` moves nothing: its output is its input's
-//! storage (an alias decided at init, see [`super::store`]).
+//! Ops that move values without computing: `gather`, `permute`, `slice`, `concat` and `assign`, for any
+//! element type (values are copied as they are, so no rounding happens). `reshape` moves nothing: its output
+//! is its input's storage (an alias decided at init, see [`super::store`]). `assign` writes its value into
+//! the caller's argument that backs its target (and its output), in place.
 
 use std::ops::Range;
 
+use delegate_abi::ExecuteArgs;
 use ref_graph::{Graph, TensorId};
 
-use super::store::Out;
+use super::store::{Out, Store};
 use super::walk::Walk;
-use super::{invariant, Error, Executor, Plan};
+use super::{copy_bytes, invariant, Error, Executor, Plan};
 
 /// `out[i.., :] = table[indices[i..], :]` for a table of `cols` columns and indices of any rank (row-major).
 ///
@@ -124,6 +126,26 @@ impl Executor {
             concat::<T>(t.read(graph, a)?, a_shape, t.read(graph, b)?, b_shape, axis as usize, out.typed()?);
             Ok(())
         })
+    }
+
+    /// `target = value` in the caller's argument that holds `target` (validation makes every assign target
+    /// a graph input, and [`super::place`] binds it, and the output, to that argument).
+    pub(super) fn assign(
+        &self,
+        graph: &Graph,
+        [target, value]: [TensorId; 2],
+        out: Out<'_>,
+        args: &mut ExecuteArgs<'_>,
+    ) -> Result<(), Error> {
+        let Store::InPlace { arg } = self.tensors.stores[target.0] else {
+            return Err(invariant(format!(
+                "assign target '{}' is not a caller's argument (graph validation guarantees it is)",
+                graph.tensor(target).name
+            )));
+        };
+        let values = self.tensors.values(graph, value)?;
+        let ([], [bytes]) = args.borrow([], [arg])?;
+        copy_bytes(bytes, values.bytes(), out.decl)
     }
 }
 

@@ -19,6 +19,7 @@
 //!   are small: token ids and positions);
 //! - a cache input, and the `KvCacheUpdate` output that aliases it, live **in the caller's argument**, in the
 //!   cache's type: the update writes into it and attention reads from it, so the caller's buffer is the cache;
+//! - an `Assign` target and its output live in the caller's argument too: the assign writes its value there;
 //! - delegate-owned caches (`Graph::state`) live in the executor, zero-filled at init, kept across calls;
 //! - a `reshape`'s output is its input's storage (an alias decided at init): nothing is copied;
 //! - every other tensor lives in scratch allocated by [`Executor::new`]; graph outputs that alias nothing are
@@ -163,8 +164,8 @@ impl From<DelegateError> for Error {
 pub struct ArgMap {
     /// Every graph input, with its argument position.
     pub inputs: Vec<(TensorId, usize)>,
-    /// Graph outputs to copy into an argument after the ops ran. Outputs of a `KvCacheUpdate` are not
-    /// listed: they are the cache input's storage already (reflecting them into a separate slot is the
+    /// Graph outputs to copy into an argument after the ops ran. Outputs of a `KvCacheUpdate` or an `Assign`
+    /// are not listed: they are the input's storage already (reflecting them into a separate slot is the
     /// delegate's business).
     pub outputs: Vec<(TensorId, usize)>,
 }
@@ -338,6 +339,7 @@ impl Executor {
                 self.causal_attention(graph, at, [q, k, v, position], scale, out, args)
             }
             Op::Argmax { input, .. } => self.argmax(graph, input, out),
+            Op::Assign { target, value, .. } => self.assign(graph, [target, value], out, args),
         }
     }
 
@@ -380,7 +382,8 @@ fn place(graph: &Graph, args: &ArgMap) -> Result<(Vec<Store>, Vec<Buf>), Error> 
             None => Store::Scratch(Buf::empty(graph.tensors()[i].dtype)),
         })
         .collect();
-    // Caches and the outputs that alias them live in the caller's argument, or in delegate-owned state.
+    // Caches, assign targets and the outputs that alias them live in the caller's argument, or (caches only)
+    // in delegate-owned state.
     let mut state = Vec::with_capacity(graph.state().len());
     for (out, cache) in graph.in_place_pairs() {
         let (cache_store, out_store) = if graph.is_state(cache) {
@@ -391,7 +394,7 @@ fn place(graph: &Graph, args: &ArgMap) -> Result<(Vec<Store>, Vec<Buf>), Error> 
         } else {
             let arg =
                 args.inputs.iter().find(|(id, _)| *id == cache).map(|&(_, arg)| arg).ok_or_else(|| {
-                    invariant(format!("cache input '{}' has no argument position", graph.tensor(cache).name))
+                    invariant(format!("in-place input '{}' has no argument position", graph.tensor(cache).name))
                 })?;
             (Store::InPlace { arg }, Store::InPlace { arg })
         };

@@ -12,7 +12,8 @@ from typing import Any, Dict, List, Optional, Tuple
 from .description import Description
 
 Op = Dict[str, Any]
-OPERANDS = ("a", "b", "input", "table", "indices", "weight", "cache", "update", "position", "q", "k", "v", "bias")
+OPERANDS = ("a", "b", "input", "table", "indices", "weight", "cache", "update", "position", "q", "k", "v", "bias",
+            "target", "value")
 
 
 def operands(op: Op) -> List[str]:
@@ -113,12 +114,13 @@ def _silu(op: Op, index: _Index) -> Optional[Op]:
 
 
 def _drop_dead(desc: Description) -> None:
-    """Drops ops nobody reads (a cache update always stays), then tensors and constants nothing names."""
+    """Drops ops nobody reads (a cache update or an assign always stays), then tensors and constants nothing
+    names."""
     live = set(desc.outputs)
     keep = [False] * len(desc.ops)
     for i in range(len(desc.ops) - 1, -1, -1):
         op = desc.ops[i]
-        if op["out"] in live or op["op"] == "kv_cache_update":
+        if op["out"] in live or op["op"] in ("kv_cache_update", "assign"):
             keep[i] = True
             live.update(operands(op))
     desc.ops = [op for op, k in zip(desc.ops, keep) if k]

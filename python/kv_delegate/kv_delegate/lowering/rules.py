@@ -3,6 +3,7 @@ Each takes an fx node whose operands have values and returns the node's value (e
 
 from __future__ import annotations
 
+import math
 from typing import Any, Dict, Optional, Sequence, Tuple
 
 import torch
@@ -59,6 +60,7 @@ class Rules:
             "aten.mean.dim": self.mean,
             "aten.gelu.default": self.gelu,
             "aten.rms_norm.default": self.rms_norm,
+            "aten.argmax.default": self.argmax,
             "aten._to_copy.default": self.to_copy,
             "dim_order_ops._to_dim_order_copy.default": self.to_copy,
             "aten.view_copy.default": self.view,
@@ -198,6 +200,22 @@ class Rules:
         if shape != [self.desc.shapes[name][1][-1]]:
             raise LoweringError(f"'{node.name}': rms_norm over {shape}, not the last axis")
         return self.out(node, "rms_norm", input=name, weight=self.tensor(weight, "weight", node), eps=float(eps))
+
+    def argmax(self, node: torch.fx.Node) -> Value:
+        """The greedy next token of one row of logits (the reference graph's ``argmax`` of the last row)."""
+        x = node.args[0]
+        dim = node.args[1] if len(node.args) > 1 else node.kwargs.get("dim")
+        name = self.tensor(x, "self", node)
+        _, shape = self.desc.shapes[name]
+        rows = math.prod(shape[:-1])
+        if dim is None or axis(int(dim), len(shape)) != len(shape) - 1 or rows != 1:
+            raise LoweringError(f"'{node.name}': argmax over dim {dim} of {list(shape)}; the reference graph takes "
+                                "the last axis of one row")
+        if len(shape) < 2:
+            name = self.reshape(name, (1, shape[-1]), f"{node.name}_row")
+        found = self.desc.op("argmax", self.desc.fresh(f"{node.name}_token"), "i64", [1], input=name)
+        _, out_shape = meta_shape(node)
+        return Tensor(self.reshape(found, out_shape, node.name))
 
     def to_copy(self, node: torch.fx.Node) -> Value:
         value = self.value(node.args[0])

@@ -12,7 +12,7 @@ from torch._subclasses.fake_tensor import FakeTensor
 from torch.export import ExportedProgram
 from torch.export.graph_signature import InputKind, OutputKind
 
-from ..names import CACHE_META, OUTPUT_NAME_META
+from ..names import BUFFER_META, CACHE_META, OUTPUT_NAME_META
 from .common import DTYPES, LoweringError, describe, meta_shape, op_name
 from .description import Binding, Description, Lowered
 from .values import CacheGroups, CausalMask, FirstElement, HeadView, Known, Positions, Tensor, Value, kind
@@ -208,6 +208,8 @@ class Walk:
         cache_names = {
             user.meta[CACHE_META]["cache"]: user for user in node.users if user.meta.get(CACHE_META)
         }
+        cache_names.update({user.meta[BUFFER_META]["buffer"]: user for user in node.users
+                            if user.meta.get(BUFFER_META) and user.args and user.args[0] is node})
         cache_name = next(iter(cache_names), None)
         if spec.kind == InputKind.USER_INPUT:
             dtype, shape = meta_shape(node)
@@ -266,13 +268,31 @@ class Walk:
                 reason = (f"its value is used outside the delegate, but it is {kind(self.value(arg))}, which only "
                           "folds into a consumer")
                 raise LoweringError(str(err), node=culprit, reason=reason) from err
-            if name in self.desc.inputs or any(c["tensor"] == name for c in self.desc.constants) or name in self.desc.outputs:
+            written = self.assign_buffer(name, arg)
+            if written is not None:
+                name = written
+            elif name in self.desc.inputs or any(c["tensor"] == name for c in self.desc.constants) or name in self.desc.outputs:
                 name = self.reshape_copy(name, arg)
             user_name = arg.meta.get(OUTPUT_NAME_META) if isinstance(arg, torch.fx.Node) else None
             if user_name and user_name != name:
                 name = self._rename(name, user_name)
             self.desc.outputs.append(name)
             bindings.append(Binding(name, "output"))
+
+    def assign_buffer(self, name: str, arg: Any) -> Optional[str]:
+        """The ``assign`` writing ``name`` into the mutable buffer input that ``arg`` is the new value of (the
+        partitioner's :data:`BUFFER_META`), in place: the delegate output is then the buffer's own storage and
+        ExecuTorch copies nothing back. ``None`` (an ordinary output) when ``arg`` is no such value, the buffer is
+        not an input here, or an op reads the buffer (an in-place write would change what it reads)."""
+        meta = arg.meta.get(BUFFER_META) if isinstance(arg, torch.fx.Node) else None
+        if not meta or "out" not in meta or meta["buffer"] not in self.desc.inputs:
+            return None
+        buffer = meta["buffer"]
+        read = {v for op in self.desc.ops for k, v in op.items() if k not in ("op", "out") and isinstance(v, str)}
+        if buffer in read or name in self.cache_outputs or self.desc.shapes[name] != self.desc.shapes[buffer]:
+            return None
+        dtype, shape = self.desc.shapes[buffer]
+        return self.desc.op("assign", self.desc.fresh(meta["out"]), dtype, shape, target=buffer, value=name)
 
     def reshape_copy(self, name: str, arg: Any) -> str:
         """An op-defined copy of ``name`` (a graph output must be an op's own tensor)."""
