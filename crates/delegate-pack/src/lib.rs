@@ -6,7 +6,8 @@
 //! tensor each argument binds, plus the `RGRF` payload. Rather than re-implement both encodings in Python, the
 //! exporter writes a [`Spec`] (JSON) and a constants file and runs `delegate-pack SPEC.json OUT.blob`; this
 //! crate checks the graph ([`ref_graph::Graph::from_description`]), derives the alias table from it (every
-//! `kv_cache_update` output that is a delegate output aliases its cache input), checks the header against the
+//! `kv_cache_update` or `assign` output that is a delegate output aliases the input it writes in place, declared
+//! with the engine's own in-place kind `kv_cache_update`), checks the header against the
 //! graph exactly as a delegate's `init` will ([`alias_validate::validate_with_engine`]), and writes the blob.
 //! A spec that would give a blob some delegate refuses is refused here, naming what is wrong.
 //!

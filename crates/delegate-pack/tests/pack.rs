@@ -185,3 +185,33 @@ fn the_state_list_cannot_be_bound() {
         "binding 2 ('k_cache'): is delegate-owned state, which is never a delegate argument"
     );
 }
+
+/// A mutable buffer overwritten in place by an `assign` (Hugging Face StaticCache's `cumulative_length`)
+/// is declared as an alias of the engine's own in-place kind, exactly as a cache update, so hosts bind the
+/// output to the buffer's memory.
+#[test]
+fn an_assigned_buffer_is_declared_as_an_in_place_alias() {
+    let mut b = GraphBuilder::new();
+    let pos = b.input("cache_position", ElemType::I64, &[1]).expect("fresh");
+    let length = b.input("cumulative_length_0", ElemType::I64, &[]).expect("fresh");
+    let first = b.reshape("first", pos, &[]).expect("one element");
+    let written = b.assign("cumulative_length_out_0", length, first).expect("typed");
+    b.output(written).expect("declared");
+    let graph = b.finish().expect("valid");
+    let (spec, constants) = spec(
+        &graph,
+        json!([
+            {"name": "cumulative_length_0", "role": "input"}, {"name": "cache_position", "role": "input"},
+            {"name": "cumulative_length_out_0", "role": "output"},
+        ]),
+    );
+    let spec: delegate_pack::Spec = serde_json::from_value(spec).expect("a spec");
+    let bytes = delegate_pack::pack(&spec, &constants).expect("packs");
+    let blob = Blob::parse(&bytes).expect("valid");
+    let alias = blob.header.aliases.first().expect("one alias");
+    assert_eq!(
+        (alias.output.as_str(), alias.input.as_str(), &alias.kind),
+        ("cumulative_length_out_0", "cumulative_length_0", &AliasKind::KvCacheUpdate)
+    );
+    assert_eq!(blob.header.engine_library_version.as_deref(), Some("ref-graph payload 1.3"));
+}

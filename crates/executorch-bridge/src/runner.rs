@@ -10,10 +10,10 @@ use host_runtime::plugins::Registry;
 use pte_format::Program;
 
 use crate::backend::{self, scalar_type_of, CopyStats};
-use host_runtime::generate;
 use crate::ffi::{KvdTensor, LoadFailure, RawModule, KVD_MAX_RANK};
 use crate::planned::{ActiveStream, ManagedPlan, PlannedMemory, SyncStats};
 use crate::{BridgeError, InputProblem};
+use host_runtime::generate;
 
 /// What the pre-flight check learned about a program.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -489,14 +489,16 @@ pub fn run_with_memory(
             t if t == scalar_type_of(DTypeCode::BF16) => generate::last_row_bf16(bytes, vocab),
             _ => {
                 return Err(BridgeError::Protocol(format!(
-                    "method '{method}' returns scalar type {} {:?} first; the protocol reads f32, f16 or bf16 \
+                "method '{method}' returns scalar type {} {:?} first; the protocol reads f32, f16 or bf16 \
                      logits [T, vocab]",
-                    meta.scalar_type, meta.shape
-                )))
+                meta.scalar_type, meta.shape
+            )))
             }
         };
         if meta.shape.is_empty() {
-            return Err(BridgeError::Protocol(format!("method '{method}' returns a scalar first, not logits")));
+            return Err(BridgeError::Protocol(format!(
+                "method '{method}' returns a scalar first, not logits"
+            )));
         }
         Ok((last, stats))
     };

@@ -232,6 +232,42 @@ pub(crate) fn copy_async<K: DeviceAddressable>(
     Ok(dst.len() as u64)
 }
 
+/// Queues a device-to-device copy of each byte range of `src` over the same range of `dst` (same kind) on
+/// the program's `stream`: a cache's prefix rows, one range per head. Returns the bytes copied.
+pub(crate) fn copy_ranges_async<K: DeviceAddressable>(
+    dst: &mut Allocation<K>,
+    src: &Allocation<K>,
+    ranges: &[std::ops::Range<usize>],
+    stream: &Stream,
+) -> Result<u64, Error> {
+    let mut bytes = 0;
+    for range in ranges.iter().filter(|r| !r.is_empty()) {
+        let len = range.end.saturating_sub(range.start);
+        if range.end > dst.len() || range.end > src.len() {
+            return Err(Error::SizeMismatch {
+                call: "cuMemcpyDtoDAsync",
+                dst: dst.len() as u64,
+                src: range.end as u64,
+            });
+        }
+        let offset = range.start as u64;
+        // SAFETY: the range lies inside both live allocations (checked above), which are distinct (one
+        // borrowed mutably, one shared), so the copies do not overlap; under the program's stream invariant
+        // (module docs) neither is freed before the stream has executed the copy (a CUDA allocation
+        // synchronises its context before it is freed) and the host touches neither before synchronising.
+        unsafe {
+            dst.context().copy_dtod_async(
+                dst.device_ptr() + offset,
+                src.device_ptr() + offset,
+                len as u64,
+                stream.as_ref(),
+            )
+        }?;
+        bytes += len as u64;
+    }
+    Ok(bytes)
+}
+
 /// Queues one replay of `graph` on the program's `stream`.
 pub(crate) fn replay(graph: &Graph, stream: &Stream) -> Result<(), Error> {
     // SAFETY: `graph` was captured on this stream from the program's own storages and the generation loop's

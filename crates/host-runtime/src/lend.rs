@@ -5,7 +5,9 @@
 //!
 //! Sound because every storage keeps its address for the program's life (host memory is one raw allocation
 //! owned by `HostStorage`, so moving the program or borrowing a storage later leaves the address valid; CUDA
-//! memory is a driver allocation), the lists are dropped with the program, and a list is only used inside
+//! memory is a driver allocation), the lists are dropped with the program (or rebuilt over the new storages
+//! by `Program::swap_caches`, which exchanges buffer storages with a forked sequence's before any further
+//! run, so no list is used with a storage the program gave away), and a list is only used inside
 //! `Program::enqueue_id`, which holds the program mutably, so nothing else touches the storages meanwhile.
 //! This module and `buffer`'s allocation are that argument's only `unsafe` code.
 #![allow(unsafe_code)]
@@ -106,7 +108,8 @@ fn lend(
     };
     // SAFETY: `data` is the address of `storage`'s whole allocation (`nbytes` bytes, host-visible for host,
     // pinned and managed memory, a device allocation on `device` otherwise), valid until the program drops the
-    // storage, which it does together with this list (see the module docs). The list is only passed to
+    // storage or gives it away (`Program::swap_caches`), which it does together with dropping or rebuilding
+    // this list (see the module docs). The list is only passed to
     // `Instance::execute` by `Program::enqueue_id` while it holds the program mutably, so during a call nothing
     // else reads or writes the storage, and the load-time plan lends each storage once, except a buffer's
     // in-place output, which `push_output_in_place` shares at the same address and size.

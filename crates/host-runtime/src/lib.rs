@@ -3,6 +3,10 @@
 //! wrote. It is the library an application embeds; the `delegate-host` command line is its own crate
 //! (`crates/delegate-host`) on top of it.
 //!
+//! The caller drives the caches' life through [`program::Program`]: `reset`, `rewind`, `save_cache` /
+//! `restore_cache`, and `fork` a second sequence from a prefix ([`program::Caches`], run through the same
+//! delegate instances with `swap_caches`; [`generate::continue_from`] decodes either branch).
+//!
 //! ## Embedding
 //!
 //! This crate links no plugin: it depends on the plugin ABI (`delegate-abi`), never on a plugin crate, so an

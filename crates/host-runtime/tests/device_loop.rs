@@ -17,7 +17,7 @@ use delegate_abi::{
     Compatibility, Delegate, DelegateError, ExecuteArgs, InitContext, MemoryKind, PluginInfo,
 };
 use et_error::{ErrorCode, HasErrorCode};
-use host_runtime::generate::{device_loop_refusal, generate_with, Options};
+use host_runtime::generate::{continue_from, device_loop_refusal, generate_with, Options};
 use host_runtime::manifest::Manifest;
 use host_runtime::plugins::{Discovery, Registry};
 use host_runtime::program::{Error, Mode, Program};
@@ -90,6 +90,7 @@ impl Delegate for Counting {
             capabilities: delegate_abi::Capabilities {
                 caller_stream: true,
                 cuda_graph_capturable: true,
+                rewind_fork_without_reinit: true,
                 ..delegate_abi::Capabilities::default()
             },
         }
@@ -359,4 +360,55 @@ fn device_inputs_are_not_borrowed_in_place_but_written_and_read_through_copies()
         "cache[0] = 6, so the sum is 6 at position 0"
     );
     assert!(program.input_ptr("decode", "tokens").is_ok_and(|p| p != 0));
+}
+
+/// The model's step on the host: `tokens` written at `pos`, the next token from the cache up to them.
+fn model_step(cache: &mut [i64], tokens: &[i64], pos: usize) -> i64 {
+    cache[pos..pos + tokens.len()].copy_from_slice(tokens);
+    let end = pos + tokens.len();
+    let sum: i64 = cache[..end].iter().enumerate().map(|(k, &v)| v * (k as i64 + 1)).sum();
+    (sum + pos as i64) % VOCAB as i64
+}
+
+#[test]
+#[ignore = "needs an NVIDIA GPU and driver: `cargo xtask gpu-test` runs it on one (--include-ignored, KV_REQUIRE_GPU=1)"]
+fn forked_device_caches_are_copied_on_the_stream_and_each_branch_decodes_as_the_model() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    for memory in ["device", "managed"] {
+        let Some(mut program) = program(dir.path(), memory, Mode::ZeroCopy) else { return };
+        let generation = generate_with(&mut program, &options(5, true), |_, _| Ok(())).expect("graph");
+        let (tokens, cache_a) = expected(5, None);
+        assert_eq!(generation.tokens, tokens, "{memory}");
+        assert_eq!(program.position(), Some(8));
+        let captured = program.capture("decode").expect("capture");
+        let mut caches = program.new_caches().expect("allocates");
+        let before = cuda_rt::stats::thread_host_syncs();
+        let bytes = program.fork_into(5, &mut caches).expect("forks");
+        assert_eq!(cuda_rt::stats::thread_host_syncs(), before, "{memory}: the copy is queued on the stream");
+        assert_eq!(bytes, 5 * 8, "five i64 rows");
+        assert_eq!(program.fork(5).expect("forks").bytes_copied, 5 * 8);
+        program.swap_caches(&mut caches).expect("swaps");
+        let err = program.replay(&captured).expect_err("captured with the other caches");
+        assert_eq!(err.error_code(), ErrorCode::InvalidArgument, "{err}");
+        // Branch b: token 6 at position 5, then 2 steps; its caches hold the prefix only.
+        let mut model = cache_a.clone();
+        model[5..].fill(0);
+        let mut expect_b = vec![model_step(&mut model, &[6], 5)];
+        for pos in 6..8 {
+            let last = *expect_b.last().expect("a token");
+            expect_b.push(model_step(&mut model, &[last], pos));
+        }
+        assert_eq!(continue_from(&mut program, 5, &[6], 2).expect("branch b"), expect_b, "{memory}");
+        assert_eq!(cache(&program), model, "{memory}: the prefix copied, nothing past it");
+        // A new CUDA graph in the fork's caches: captured over their addresses, branch a's untouched.
+        program.reset().expect("reset");
+        let again = generate_with(&mut program, &options(5, true), |_, _| Ok(())).expect("graph");
+        assert_eq!(again.tokens, tokens, "{memory}");
+        program.swap_caches(&mut caches).expect("swaps back");
+        assert_eq!(cache(&program), cache_a, "{memory}: branch a's caches are as it left them");
+        assert_eq!(
+            continue_from(&mut program, 8, &[tokens[5]], 0).expect("branch a"),
+            expected(6, None).0[6..]
+        );
+    }
 }

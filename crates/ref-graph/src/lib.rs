@@ -544,14 +544,14 @@ impl Graph {
         }
         for (index, op) in self.ops.iter().enumerate() {
             for (role, operand) in op.named_operands() {
-                let problem = if targets.contains(&operand) && !(matches!(op, Op::Assign { .. }) && role == "target")
-                {
-                    "is an assign target; only its assign may read it"
-                } else if outputs.contains(&operand) {
-                    "is an assign output; no op may read it (it may be a graph output)"
-                } else {
-                    continue;
-                };
+                let problem =
+                    if targets.contains(&operand) && !(matches!(op, Op::Assign { .. }) && role == "target") {
+                        "is an assign target; only its assign may read it"
+                    } else if outputs.contains(&operand) {
+                        "is an assign output; no op may read it (it may be a graph output)"
+                    } else {
+                        continue;
+                    };
                 return Err(misuse(
                     operand,
                     format!("{problem} (it is operand '{role}' of op {index}, {})", op.name()),

@@ -258,7 +258,7 @@ pub enum Op<T> {
     /// that same storage (reported as an alias of `target` exactly as a [`Op::KvCacheUpdate`] output is).
     /// `target` and `value` have one element type (any) and one shape; `out` takes them. A program's mutable
     /// buffer that is overwritten each call (Hugging Face StaticCache's `cumulative_length`, set to
-    /// `cache_position[0]`) is written this way instead of being copied back after the call. Rules: `target`
+    /// `cache_position[0] + T`) is written this way instead of being copied back after the call. Rules: `target`
     /// is a graph input that no other op reads and that no other op writes in place; `out` is read by no op
     /// (it may be a graph output). Payload 1.3.
     Assign {

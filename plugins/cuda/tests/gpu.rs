@@ -564,3 +564,42 @@ fn soak_ten_thousand_decode_steps_two_instances_share_caches() {
     let run = generate_run(&ctx, &cfg, false, false, true);
     assert_eq!(run.tokens.len(), 10_001, "prefill's token and 10 000 decode steps");
 }
+
+/// An `assign` (Hugging Face StaticCache's `cumulative_length` overwritten each call) writes the caller's
+/// device buffer in place, in the call's stream: the buffer holds each call's position, nothing is reflected
+/// into another slot, and `execute` makes no host synchronisation.
+#[test]
+#[ignore = "needs an NVIDIA GPU and driver: `cargo xtask gpu-test` runs it on one (--include-ignored, KV_REQUIRE_GPU=1)"]
+fn an_assigned_device_buffer_is_written_in_place_in_the_stream() {
+    let Some(ctx) = gpu() else { return };
+    let mut b = ref_graph::GraphBuilder::new();
+    let pos = b.input("cache_position", ElemType::I64, &[1]).expect("fresh");
+    let length = b.input("cumulative_length_0", ElemType::I64, &[]).expect("fresh");
+    let first = b.reshape("first", pos, &[]).expect("one element");
+    let written = b.assign("cumulative_length_out_0", length, first).expect("typed");
+    b.output(written).expect("declared");
+    let graph = b.finish().expect("valid");
+    let mut cuda = instance(&plugin(), &hf::blob(&graph, BACKEND_ID));
+    let alloc = || Allocation::<Device>::zeroed(&ctx, 8).expect("device memory");
+    let (mut position, mut buffer) = (alloc(), alloc());
+    let stream = Stream::new(&ctx).expect("stream");
+    for p in [3i64, 9] {
+        position.write(&p.to_le_bytes()).expect("position");
+        let mut list = ArgList::new();
+        let input = host_runtime::cuda::RawInput::device(&position);
+        host_runtime::cuda::push_raw_input(&mut list, input, DTypeCode::I64, &[1]).expect("position");
+        let slot = push_raw(&mut list, RawMemory::device(&mut buffer), DTypeCode::I64, &[], Access::InOut)
+            .expect("buffer");
+        list.push_output_in_place(slot, DTypeCode::I64, &[]).expect("the buffer's own storage");
+        // SAFETY: the stream is a live stream of device 0's primary context, and both arguments outlive the
+        // work queued on it (synchronised below before they are read).
+        let raw = unsafe { CudaStream::from_raw(stream.as_ref().as_raw()) };
+        let before = cuda_rt::stats::thread_host_syncs();
+        let stats = cuda.execute(&mut list, raw).expect("the assign runs");
+        assert_eq!(cuda_rt::stats::thread_host_syncs() - before, 0, "no host synchronisation in execute");
+        assert_eq!(stats.reflect_bytes, 0, "written in place");
+        drop(list);
+        stream.synchronize().expect("stream");
+        assert_eq!(buffer.read().expect("buffer")[..8], p.to_le_bytes(), "the buffer holds the position");
+    }
+}

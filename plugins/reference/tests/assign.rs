@@ -1,5 +1,5 @@
-//! `assign` (payload 1.3): a program's mutable buffer overwritten each call, as Hugging Face StaticCache sets
-//! `cumulative_length` to `cache_position[0]`, written by the delegate into the caller's argument in place,
+//! `assign` (payload 1.3): a program's mutable buffer overwritten each call (as Hugging Face StaticCache sets
+//! `cumulative_length` from `cache_position`), written by the delegate into the caller's argument in place,
 //! so nothing is copied back after the call.
 
 use blob_format::model::{Alias, AliasKind, Binding, Dim, Header, PayloadKind, Role};

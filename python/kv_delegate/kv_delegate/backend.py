@@ -79,7 +79,7 @@ def aliased_outputs(lowered: Lowered) -> Dict[int, int]:
     ins = [b.name for b in lowered.bindings if b.role == "input"]
     result: Dict[int, int] = {}
     for op in lowered.description.ops:
-        written = op.get("cache") if op["op"] == "kv_cache_update" else op.get("target") if op["op"] == "assign" else None
+        written = {"kv_cache_update": op.get("cache"), "assign": op.get("target")}.get(op["op"])
         if written is not None and op["out"] in outs and written in ins:
             result[outs.index(op["out"])] = ins.index(written)
     return result

@@ -23,5 +23,6 @@ CUDA_BACKEND = "CudaBackend"
 TENSORRT_BACKEND = "TensorRTBackend"
 
 #: Key of a lowered module's ``_delegate_info_meta``: ``{output index: input index}`` of the delegate's KV
-#: outputs that alias a cache input (what :class:`kv_delegate.KvAliasMemoryPlanningPass` places together).
+#: outputs that alias a cache input, and of its ``assign`` outputs that alias the buffer they overwrite (what
+#: :class:`kv_delegate.KvAliasMemoryPlanningPass` places together).
 ALIASES_META = "kv_aliases"

@@ -221,7 +221,7 @@ class ReferencePartitioner(Partitioner):
                 target = buffers.get(getattr(node.args[0], "name", None))
                 if target in mutated:
                     node.meta[CACHE_META] = {"cache": target, "out": cache_out_name(target)}
-        pass  # TEMP _annotate_buffers(ep)
+        _annotate_buffers(ep)
         outputs = ep.graph.output_node().args[0]
         user = [arg for spec, arg in zip(sig.output_specs, outputs) if spec.kind == OutputKind.USER_OUTPUT]
         for name, arg in zip(self.output_names, user):

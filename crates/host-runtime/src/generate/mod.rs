@@ -281,7 +281,7 @@ pub fn generate_with(
         )));
     }
     let refusal = refusal(program, &g)?;
-    match (refusal, options.host_loop) {
+    let generation = match (refusal, options.host_loop) {
         (None, false) => {
             if options.cuda_graph {
                 program.require_capturable(&g.decode)?;
@@ -295,7 +295,12 @@ pub fn generate_with(
             }
             host_loop(program, &g, options, observe)
         }
-    }
+    }?;
+    // The rows written: the prompt's, then one per decode step from the start (one, held).
+    let decoded = if options.hold_position { steps.min(1) } else { steps } as i64;
+    let end = if steps == 0 { prompt } else { start + decoded };
+    program.set_position(u64::try_from(end).ok());
+    Ok(generation)
 }
 
 /// Timed events around each decode step (a start and an end per step, so host work between steps is not

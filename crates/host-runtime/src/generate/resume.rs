@@ -44,6 +44,7 @@ pub fn continue_from(
         position += 1;
         tokens.push(token);
     }
+    program.set_position(u64::try_from(position).ok());
     Ok(tokens)
 }
 

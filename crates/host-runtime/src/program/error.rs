@@ -293,6 +293,35 @@ pub enum Error {
     /// size, a graph or method id of another program, decode steps that do not fit the caches.
     #[error("{0}")]
     Usage(String),
+    /// [`Program::fork`](super::Program::fork) of a program whose calls cannot serve a second sequence
+    /// through the same instances: a call in a worker process (its memory was shared once, at start), or a
+    /// plugin that does not state `rewind_fork_without_reinit` (it may keep per-sequence state)
+    /// (`NotSupported`).
+    #[error("the program cannot fork its caches: {reason}")]
+    NotForkable {
+        /// Which call and why.
+        reason: String,
+    },
+    /// A fork of more positions than the caches hold (`InvalidArgument`).
+    #[error("cannot fork the first {prefix} positions: the caches hold {position}")]
+    ForkPastPosition {
+        /// The positions asked for.
+        prefix: u64,
+        /// The positions the caches hold ([`Program::position`](super::Program::position)).
+        position: u64,
+    },
+    /// A fork of caches whose position the program does not know: a method ran outside the generation
+    /// loops, so the host cannot tell how many rows are valid (`InvalidState`).
+    #[error("cannot fork: the program does not know how many positions its caches hold (a method was run directly); declare it with Program::rewind first")]
+    PositionUnknown,
+    /// A fork of caches a failed run left torn (`InvalidState`).
+    #[error("cannot fork {buffers}, which {failed} may have left half-written when it failed; start a new sequence with Program::reset or restore caches first")]
+    TornFork {
+        /// The torn buffers, as `buffer 'k'` or `buffers 'k', 'v'`.
+        buffers: String,
+        /// The first failed call.
+        failed: String,
+    },
     /// A cache file could not be written or read, or was refused ([`Program::save_cache`](super::Program::save_cache),
     /// [`Program::restore_cache`](super::Program::restore_cache)): the causes and their codes are
     /// [`CacheFileProblem`](super::CacheFileProblem)'s.
@@ -343,6 +372,9 @@ impl et_error::HasErrorCode for Error {
             Error::LoopMemory { source, .. } => source.error_code(),
             Error::FeedbackAddress { .. } | Error::LostFeedback { .. } => ErrorCode::Internal,
             Error::NotAGenerator | Error::Usage(_) => ErrorCode::InvalidArgument,
+            Error::NotForkable { .. } => ErrorCode::NotSupported,
+            Error::ForkPastPosition { .. } => ErrorCode::InvalidArgument,
+            Error::PositionUnknown | Error::TornFork { .. } => ErrorCode::InvalidState,
             Error::CacheFile { problem, .. } => problem.error_code(),
         }
     }

@@ -10,6 +10,8 @@ pub(crate) type AfterCapture<'a> = dyn Fn(&Program) -> Result<(), Error> + 'a;
 pub struct Captured {
     graph: cuda::Graph,
     program: u64,
+    /// The program's [`Program::swap_caches`] count at capture: the caches whose addresses the graph holds.
+    cache_epoch: u64,
     method: MethodId,
     copies: CopyStats,
 }
@@ -146,7 +148,10 @@ impl Program {
         let gpu = self.gpu("capturing a CUDA graph")?;
         let ended = gpu.stream.end_capture();
         match (run, ended) {
-            (Ok(stats), Ok(graph)) => Ok(Captured { graph, program: self.id, method, copies: stats.copies }),
+            (Ok(stats), Ok(graph)) => {
+                let (program, cache_epoch) = (self.id, self.cache_epoch);
+                Ok(Captured { graph, program, cache_epoch, method, copies: stats.copies })
+            }
             (Err(err), _) => Err(capture_error(err.to_string())),
             (Ok(_), Err(err)) => Err(capture_error(err.to_string())),
         }
@@ -155,15 +160,23 @@ impl Program {
     /// Queues one replay of a captured method run on the program's stream: one driver call.
     ///
     /// # Errors
-    /// [`Error::Usage`] for a graph another program captured (its addresses are that program's memory);
-    /// [`Error::Stream`] when the driver refuses.
+    /// [`Error::Usage`] for a graph another program captured (its addresses are that program's memory) or
+    /// captured before [`Program::swap_caches`] changed the caches; [`Error::Stream`] when the driver refuses.
     pub fn replay(&mut self, captured: &Captured) -> Result<CopyStats, Error> {
         if captured.program != self.id {
             return Err(Error::Usage(
                 "the graph was captured by another program, whose memory it uses".into(),
             ));
         }
+        if captured.cache_epoch != self.cache_epoch {
+            return Err(Error::Usage(
+                "the graph was captured with other caches (Program::swap_caches ran since), whose addresses \
+                 it holds: capture it again"
+                    .into(),
+            ));
+        }
         self.refuse_torn(captured.method)?;
+        self.position = None;
         let gpu = self.gpu("replaying a CUDA graph")?;
         cuda::replay(&captured.graph, &gpu.stream)
             .map_err(|source| Error::Stream { action: "replaying a graph on", source })?;

@@ -46,7 +46,37 @@ impl Program {
             })?;
         }
         self.torn = None;
+        self.position = Some(0);
         Ok(())
+    }
+
+    /// Overwrites a buffer (a KV cache) with `data`, exactly its size: the caller owns the caches. A host copy
+    /// for host-visible memory, a synchronous host-to-device copy for device memory; waits for queued work
+    /// first. The torn mark and [`Program::position`] are left as they are: what the bytes mean is the
+    /// caller's word.
+    ///
+    /// # Errors
+    /// [`Error::Usage`] when the program has no such buffer or `data` is not its size;
+    /// [`Error::BufferAccess`] when writing fails.
+    pub fn write_buffer(&mut self, name: &str, data: &[u8]) -> Result<(), Error> {
+        self.synchronize()?;
+        let buffer = self
+            .buffers
+            .iter_mut()
+            .find(|b| b.decl.name == name)
+            .ok_or_else(|| Error::Usage(format!("the program has no buffer '{name}'")))?;
+        if data.len() != buffer.storage.len() {
+            return Err(Error::Usage(format!(
+                "buffer '{name}' holds {} bytes, {} were given",
+                buffer.storage.len(),
+                data.len()
+            )));
+        }
+        buffer.storage.write(data).map_err(|source| Error::BufferAccess {
+            buffer: name.to_owned(),
+            action: "writing",
+            source,
+        })
     }
 
     /// Starts a new sequence: clears the torn mark a failed run left ([`Error::TornBuffers`]) and, for a
@@ -74,6 +104,7 @@ impl Program {
             }
         }
         self.torn = None;
+        self.position = Some(0);
         Ok(())
     }
 

@@ -123,7 +123,7 @@ impl Rows {
 
 /// The one axis of `decl` as long as the caches' positions, or `None` when there is none or several (the
 /// whole buffer is saved then).
-fn sequence_axis(decl: &TensorDecl, max_positions: Option<u64>) -> Option<usize> {
+pub(super) fn sequence_axis(decl: &TensorDecl, max_positions: Option<u64>) -> Option<usize> {
     let max = max_positions?;
     let mut axes = decl.shape.iter().enumerate().filter(|&(_, &d)| d == max).map(|(axis, _)| axis);
     let axis = axes.next()?;
@@ -158,7 +158,7 @@ fn buffer_dtype(decl: &TensorDecl) -> Result<Dtype, CacheFileProblem> {
 
 impl Program {
     /// The positions the caches hold, when the program's `[generate]` says.
-    fn max_positions(&self) -> Option<u64> {
+    pub(super) fn max_positions(&self) -> Option<u64> {
         self.manifest.generate.as_ref().and_then(|g| g.max_positions)
     }
 
@@ -215,6 +215,7 @@ impl Program {
                 i64::try_from(position).map_err(|_| Error::Usage(format!("position {position}")))?;
             self.write_input(&g.decode, &g.position_input, &position.to_le_bytes())?;
         }
+        self.position = Some(position);
         Ok(())
     }
 
@@ -299,6 +300,7 @@ impl Program {
             })?;
         }
         self.torn = None;
+        self.position = Some(saved.position);
         Ok(saved)
     }
 

@@ -79,7 +79,18 @@ impl Program {
         }
         static NEXT_ID: AtomicU64 = AtomicU64::new(1);
         let id = NEXT_ID.fetch_add(1, Ordering::Relaxed);
-        Ok(Program { id, manifest, mode, buffers, methods, gpu, torn: None, blob_identity })
+        Ok(Program {
+            id,
+            manifest,
+            mode,
+            buffers,
+            methods,
+            gpu,
+            torn: None,
+            blob_identity,
+            position: Some(0),
+            cache_epoch: 0,
+        })
     }
 }
 
@@ -156,7 +167,7 @@ fn program_stream(contexts: &mut Contexts, device: i32) -> Result<Gpu, Error> {
 }
 
 /// Builds every call's argument list over the program's storages, once (see [`crate::lend`]).
-fn lend_arguments(methods: &mut [LoadedMethod], buffers: &mut [Buffer]) -> Result<(), Error> {
+pub(super) fn lend_arguments(methods: &mut [LoadedMethod], buffers: &mut [Buffer]) -> Result<(), Error> {
     for m in methods {
         let LoadedMethod { decl, inputs, outputs, calls, .. } = m;
         for (index, call) in calls.iter_mut().enumerate() {

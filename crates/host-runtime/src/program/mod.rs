@@ -26,6 +26,7 @@
 
 mod attached;
 mod error;
+mod fork;
 mod graph;
 mod io;
 #[cfg_attr(not(target_os = "linux"), path = "isolated_disabled.rs")]
@@ -46,6 +47,7 @@ use program_manifest::{Manifest, Method, TensorDecl};
 
 pub(crate) use attached::{Attached, BlobBytes, CopySlot, HostCopy};
 pub use error::Error;
+pub use fork::{Caches, Fork};
 pub use graph::Captured;
 pub use lifecycle::{CacheFileProblem, SavedCache, CACHE_FORMAT_VERSION};
 pub use plan::CopyReason;
@@ -281,6 +283,11 @@ pub struct Program {
     torn: Option<Torn>,
     /// SHA-256 of each call's blob (`method/call index`), hashed once at load: what a cache file is tied to.
     blob_identity: BTreeMap<String, String>,
+    /// The positions the caches hold, when the program knows ([`Program::position`]).
+    position: Option<u64>,
+    /// How many times [`Program::swap_caches`] changed the caches' addresses: ties a [`Captured`] graph to
+    /// the caches it was captured with.
+    cache_epoch: u64,
 }
 
 /// A method of a loaded program, looked up once ([`Program::method_id`]) so a loop does not look it up by name
@@ -289,6 +296,21 @@ pub struct Program {
 pub struct MethodId(usize);
 
 impl Program {
+    /// The positions the caches hold, when the program knows: `Some(0)` after load, [`Program::reset`] and
+    /// [`Program::reset_buffers`]; the position given to [`Program::rewind`] (the caller's word), restored by
+    /// [`Program::restore_cache`] or forked ([`Program::fork`]); the end of a successful
+    /// [`crate::generate::generate_with`] or [`crate::generate::continue_from`]. `None` (unknown) after a
+    /// method was run directly ([`Program::execute`], [`Program::enqueue`], [`Program::replay`]): the host
+    /// does not know how many rows a method writes. [`Program::fork`] refuses an unknown position.
+    pub fn position(&self) -> Option<u64> {
+        self.position
+    }
+
+    /// Records the positions the caches hold (the generation loops, at their end).
+    pub(crate) fn set_position(&mut self, position: Option<u64>) {
+        self.position = position;
+    }
+
     /// The manifest it was loaded from.
     pub fn manifest(&self) -> &Manifest {
         &self.manifest

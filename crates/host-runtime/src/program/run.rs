@@ -45,6 +45,7 @@ impl Program {
     /// run that fails itself marks the buffers the method writes as torn.
     pub fn enqueue_id(&mut self, method: MethodId) -> Result<RunStats, Error> {
         self.refuse_torn(method)?;
+        self.position = None;
         let mut at = None;
         let run = self.run_method(method, &mut at);
         if run.is_err() {

@@ -17,6 +17,13 @@ pub(super) struct Torn {
     failed: String,
 }
 
+impl Torn {
+    /// The first failed call, as `method 'decode', call 0 (ReferenceBackend)`.
+    pub(super) fn failed(&self) -> &str {
+        &self.failed
+    }
+}
+
 impl LoadedMethod {
     /// Whether a call or host copy of the method reads buffer `b` (as an input, in place or by a copy).
     fn reads(&self, b: usize) -> bool {

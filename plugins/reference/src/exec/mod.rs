@@ -394,7 +394,10 @@ fn place(graph: &Graph, args: &ArgMap) -> Result<(Vec<Store>, Vec<Buf>), Error> 
         } else {
             let arg =
                 args.inputs.iter().find(|(id, _)| *id == cache).map(|&(_, arg)| arg).ok_or_else(|| {
-                    invariant(format!("in-place input '{}' has no argument position", graph.tensor(cache).name))
+                    invariant(format!(
+                        "in-place input '{}' has no argument position",
+                        graph.tensor(cache).name
+                    ))
                 })?;
             (Store::InPlace { arg }, Store::InPlace { arg })
         };

@@ -292,6 +292,7 @@ class Walk:
         if buffer in read or name in self.cache_outputs or self.desc.shapes[name] != self.desc.shapes[buffer]:
             return None
         dtype, shape = self.desc.shapes[buffer]
+        self.desc.producer = arg.name  # a packer refusing the assign names the node computing the new value
         return self.desc.op("assign", self.desc.fresh(meta["out"]), dtype, shape, target=buffer, value=name)
 
     def reshape_copy(self, name: str, arg: Any) -> str:
