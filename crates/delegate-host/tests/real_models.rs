@@ -40,3 +40,44 @@ fn real_models_give_eager_tokens_in_delegate_host_copying_nothing_per_step() {
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
+
+/// The same programs for `CudaBackend` on a GPU (`cargo test -p delegate-host --test real_models --
+/// --ignored` on an NVIDIA machine): caches and inputs in device memory (the CUDA delegate updates device
+/// memory in place), the prompt fed one token per `forward` call, then the device loop, with and without a
+/// CUDA graph: eager's tokens, no byte copied and no host synchronisation per decode step.
+#[test]
+#[ignore = "needs an NVIDIA GPU"]
+fn real_models_on_the_cuda_delegate_give_eager_tokens_with_no_copy_and_no_sync_per_step() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let fixtures = real_models::load(&root);
+    let prompt: Vec<String> = fixtures.prompt.iter().map(i64::to_string).collect();
+    let mut failures = Vec::new();
+    for program in &fixtures.programs {
+        let cuda = program.path.with_file_name(program.name.replace(".pte", ".cuda.pte"));
+        for graph in [false, true] {
+            let mut cmd = common::host();
+            cmd.env_remove("DELEGATE_PLUGIN_PATH").arg("run").arg(&cuda).args([
+                "--prompt",
+                &prompt.join(","),
+                "--steps",
+                &fixtures.steps.to_string(),
+                "--json",
+            ]);
+            if graph {
+                cmd.arg("--cuda-graph");
+            }
+            let json = stdout_json(&run(&mut cmd));
+            let tokens: Vec<i64> =
+                json["tokens"].as_array().expect("tokens").iter().map(|t| t.as_i64().expect("i64")).collect();
+            let stats = &json["stats"];
+            let what = format!("{} (graph {graph})", program.name);
+            if tokens != program.tokens {
+                failures.push(format!("{what}: tokens {tokens:?}, eager's {:?}", program.tokens));
+            }
+            if stats["mean_decode_bytes_copied_total"] != 0 || stats["host_syncs_per_decode_step"] != 0.0 {
+                failures.push(format!("{what}: copies or syncs per step: {stats}"));
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}

@@ -220,12 +220,18 @@ fn prefill(
     let next = g.next_token_output.as_deref().expect("the device loop needs a next-token output");
     let prompt_len = g.prompt.len() as i64;
     let inputs = (g.token_input.as_str(), g.position_input.as_str());
-    let link = FeedbackLink::new(program, (&g.prefill, next), prompt_len, &g.decode, inputs).ok();
-    let start = Instant::now();
-    // A method that takes fewer tokens than the prompt is fed it in chunks (one token each for `forward`).
+    // A method that takes fewer tokens than the prompt is fed it in chunks (one token each for `forward`);
+    // decode's position follows the last chunk's: its position input plus its rows.
     let rows = super::token_rows(program, g, &g.prefill).unwrap_or(g.prompt.len()).max(1);
+    let last_rows = (g.prompt.len() - (g.prompt.len() - 1) / rows * rows) as i64;
+    let link = FeedbackLink::new(program, (&g.prefill, next), last_rows, &g.decode, inputs).ok();
+    let start = Instant::now();
     let mut stats = RunStats::default();
     for (i, chunk) in g.prompt.chunks(rows).enumerate() {
+        if i > 0 {
+            // The previous chunk's call may still be reading these inputs on the stream.
+            program.synchronize()?;
+        }
         program.write_input(&g.prefill, &g.token_input, &i64_bytes(chunk))?;
         program.write_input(&g.prefill, &g.position_input, &i64_bytes(&[(i * rows) as i64]))?;
         let run = program.enqueue(&g.prefill)?;
