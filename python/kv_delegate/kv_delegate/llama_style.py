@@ -2,7 +2,8 @@
 
 ``forward(tokens: i64 [T], input_pos: i64 [1]) -> logits f32 [T, vocab]`` (the fixtures' protocol), with
 ``nn.Embedding`` and ``nn.Linear`` layers, RMSNorm decomposed (``pow``/``mean``/``+ eps``/``rsqrt``/``*``),
-rotary embeddings in the ``rotate_half`` form with cos/sin from ``inv_freq`` x positions, grouped-query
+rotary embeddings in the ``rotate_half`` form (or, with ``rope_interleaved``, the interleaved form) with cos/sin
+from ``inv_freq`` x positions, grouped-query
 attention through ``repeat_interleave``, one causal mask shared by every layer, a SwiGLU MLP, and caches
 ``[kv_heads, max_len, head_dim]`` updated with ``index_copy_``. Random weights from a seeded generator.
 """
@@ -34,11 +35,17 @@ def rotate_half(x: torch.Tensor) -> torch.Tensor:
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
 
 
+def rotate_interleaved(x: torch.Tensor) -> torch.Tensor:
+    """The interleaved form (GPT-J, Meta's original Llama): pairs ``(x0, x1)`` become ``(-x1, x0)``."""
+    return torch.stack((-x[..., 1::2], x[..., ::2]), dim=-1).flatten(-2)
+
+
 class Layer(nn.Module):
     def __init__(self, cfg: Dict[str, int]) -> None:
         super().__init__()
         dim, heads, kv_heads = cfg["dim"], cfg["heads"], cfg["kv_heads"]
         self.heads, self.kv_heads, self.head_dim = heads, kv_heads, dim // heads
+        self.rotate = rotate_interleaved if cfg.get("rope_interleaved") else rotate_half
         self.attn_norm, self.mlp_norm = RMSNorm(dim), RMSNorm(dim)
         self.q_proj = nn.Linear(dim, heads * self.head_dim, bias=False)
         self.k_proj = nn.Linear(dim, kv_heads * self.head_dim, bias=False)
@@ -57,8 +64,8 @@ class Layer(nn.Module):
         q = self.q_proj(h).view(t, self.heads, self.head_dim).transpose(0, 1)
         k = self.k_proj(h).view(t, self.kv_heads, self.head_dim).transpose(0, 1)
         v = self.v_proj(h).view(t, self.kv_heads, self.head_dim).transpose(0, 1)
-        q = q * cos + rotate_half(q) * sin
-        k = k * cos + rotate_half(k) * sin
+        q = q * cos + self.rotate(q) * sin
+        k = k * cos + self.rotate(k) * sin
         self.k_cache.index_copy_(1, positions, k)
         self.v_cache.index_copy_(1, positions, v)
         group = self.heads // self.kv_heads
@@ -90,7 +97,10 @@ class LlamaStyle(nn.Module):
         t = tokens.shape[0]
         positions = input_pos + torch.arange(t, dtype=torch.int64)
         freqs = positions[:, None].float() * self.inv_freq[None, :]
-        emb = torch.cat((freqs, freqs), dim=-1)
+        if self.cfg.get("rope_interleaved"):
+            emb = torch.stack((freqs, freqs), dim=-1).flatten(-2)
+        else:
+            emb = torch.cat((freqs, freqs), dim=-1)
         cos, sin = emb.cos()[None], emb.sin()[None]
         mask = torch.arange(self.cfg["max_len"])[None, :] <= positions[:, None]
         x = self.embed(tokens)

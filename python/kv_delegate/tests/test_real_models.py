@@ -35,3 +35,21 @@ class RealModelsTest(unittest.TestCase):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+@unittest.skipUnless(have_packer(), "delegate-pack not found (set KV_DELEGATE_PACK)")
+class InterleavedRopeTest(unittest.TestCase):
+    def test_the_interleaved_rope_form_is_delegated_whole_and_runs_with_eager_tokens(self) -> None:
+        import tempfile
+        from pathlib import Path
+
+        from kv_delegate.llama_style import CONFIG, LlamaStyle, greedy
+        from test_partitioner import PROMPT, STEPS, export, run_in_executorch
+
+        model = LlamaStyle({**CONFIG, "rope_interleaved": 1}).eval()
+        tokens = greedy(model, PROMPT, STEPS)
+        pte, partitioner, ops = export(model)
+        self.assertEqual([str(o) for o in partitioner.unsupported()], [])
+        self.assertEqual(sum(op.endswith("executorch_call_delegate") for op in ops), 1)
+        with tempfile.TemporaryDirectory() as tmp:
+            self.assertEqual(run_in_executorch(pte, Path(tmp)), tokens)

@@ -101,11 +101,28 @@ class Layout:
         extent = shape[dim]
         start = max(0, min(extent, _dim(int(start or 0), extent)))
         end = extent if end is None else max(0, min(extent, _dim(int(end), extent)))
-        if (step or 1) != 1:
-            raise LoweringError(f"'{node.name}': slice with step {step}")
+        step = int(step or 1)
+        if step != 1:
+            return Tensor(self.strided_slice(name, dim, start, end, step, node))
         if (start, end) == (0, extent):
             return Tensor(name)
         return self.out(node, "slice", input=name, axis=dim, start=start, end=end)
+
+    def strided_slice(self, name: str, dim: int, start: int, end: int, step: int, node: torch.fx.Node) -> str:
+        """``x[.., start:end:step, ..]`` as a reshape that splits the axis into ``[extent / step, step]``, a slice
+        of one element of the new inner axis, and a reshape back (the interleaved RoPE's ``x[..., ::2]``)."""
+        dtype, shape = self.desc.shapes[name]
+        extent = shape[dim]
+        if step < 1 or extent % step or start >= step or -(-(extent - start) // step) != extent // step or end != extent:
+            raise LoweringError(f"'{node.name}': slice {start}:{end}:{step} of an axis of {extent} is not every "
+                                f"{step}-th element from one of the first {step}")
+        split = shape[:dim] + (extent // step, step) + shape[dim + 1:]
+        grouped = self.reshape(name, split, f"{node.name}_groups")
+        picked = self.desc.op("slice", self.desc.fresh(f"{node.name}_picked"), dtype,
+                              split[:dim + 1] + (1,) + split[dim + 2:], input=grouped, axis=dim + 1, start=start,
+                              end=start + 1)
+        _, out_shape = meta_shape(node)
+        return self.reshape(picked, out_shape, node.name)
 
     def select(self, node: torch.fx.Node) -> Value:
         x, dim, index = node.args[:3]
