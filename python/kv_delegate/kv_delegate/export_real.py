@@ -48,6 +48,16 @@ DTYPES = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}
 #: wider than the default 0.02 so that greedy decoding does not settle on one token.
 HF_SIZES = dict(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
                 num_key_value_heads=2, max_position_embeddings=MAX_LEN, initializer_range=0.5)
+#: The Hugging Face models by name: class, config class, config beyond :data:`HF_SIZES`. The fixtures hold
+#: llama and qwen2; the others (Qwen3's per-head q/k norms, Phi-3's fused ``qkv_proj`` and ``gate_up_proj``,
+#: Gemma's ``(1 + w)`` norms and GeLU MLP) are exported by the tests.
+HF_MODELS: Dict[str, Tuple[str, str, Dict[str, object]]] = {
+    "llama": ("LlamaForCausalLM", "LlamaConfig", {"tie_word_embeddings": False}),
+    "qwen2": ("Qwen2ForCausalLM", "Qwen2Config", {"tie_word_embeddings": True}),
+    "qwen3": ("Qwen3ForCausalLM", "Qwen3Config", {"head_dim": 16}),
+    "phi3": ("Phi3ForCausalLM", "Phi3Config", {"pad_token_id": 0}),
+    "gemma": ("GemmaForCausalLM", "GemmaConfig", {"head_dim": 16}),
+}
 #: What is exported: (model, dtype).
 PROGRAMS: Tuple[Tuple[str, str], ...] = (
     ("llama", "f32"), ("llama", "f16"), ("llama", "bf16"),
@@ -63,10 +73,8 @@ def hf_model(kind: str, dtype: torch.dtype) -> torch.nn.Module:
     import transformers
 
     torch.manual_seed(SEED)
-    if kind == "llama":
-        model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**HF_SIZES, tie_word_embeddings=False))
-    else:
-        model = transformers.Qwen2ForCausalLM(transformers.Qwen2Config(**HF_SIZES, tie_word_embeddings=True))
+    model_class, config_class, extra = HF_MODELS[kind]
+    model = getattr(transformers, model_class)(getattr(transformers, config_class)(**HF_SIZES, **extra))
     model = model.to(dtype).eval()
     model.generation_config.cache_implementation = "static"
     model.generation_config.cache_config = {"batch_size": 1, "max_cache_len": MAX_LEN, "device": "cpu"}

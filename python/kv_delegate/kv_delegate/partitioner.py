@@ -36,6 +36,9 @@ log = logging.getLogger("kv_delegate")
 #: makes a node a candidate; the dry run decides whether it is claimed.
 SUPPORTED_OPS = rule_names()
 
+#: The operators ``ops_to_not_decompose`` may keep whole (ExecuTorch has no portable kernel for them).
+KEPT_WHOLE = ("aten.scaled_dot_product_attention.default", "aten.rms_norm.default")
+
 #: The most dry-run rounds before the partitioner gives up claiming anything (each round leaves at least one
 #: more node outside, so this bounds the work on a pathological graph).
 MAX_ROUNDS = 256
@@ -336,7 +339,7 @@ class ReferencePartitioner(Partitioner):
                 tags[tag_of[node.name]] = self.delegation_spec
             elif node.op == "call_function" and node.name not in claimed:
                 op = op_name(node)
-                if op == "_operator.getitem":
+                if op in ("_operator.getitem", "getitem"):
                     continue
                 reason = refused.get(node.name) or f"{op} is not an operator the reference graph runs"
                 self._outside.append(Outside(node.name, op, _value(node), reason))
@@ -345,6 +348,14 @@ class ReferencePartitioner(Partitioner):
             tag_mutated_buffer(ep)
         for outside in self._outside:
             log.warning("kv_delegate: not delegated to %s: %s", self.backend_id, outside)
+        kept = [o for o in self._outside if o.op in KEPT_WHOLE]
+        if kept:
+            # ExecuTorch would fail later with "was not decomposed or delegated": say which node and why.
+            raise RuntimeError(
+                f"kv_delegate: {kept[0]} was kept whole for {self.backend_id} (ops_to_not_decompose) but cannot be "
+                "claimed, and ExecuTorch has no kernel for it; please report this model: the keep test and the "
+                "lowering disagree"
+            )
         log.info("kv_delegate: %d partition(s) for %s, %d node(s) left outside", len(tags), self.backend_id,
                  len(self._outside))
         return PartitionResult(tagged_exported_program=ep, partition_tags=tags)

@@ -32,6 +32,34 @@ class RealModelsTest(unittest.TestCase):
     def test_the_hand_written_llama_style_decoder_is_delegated_whole(self) -> None:
         self.check("hand", torch.float32)
 
+    def test_qwen3_phi3_and_gemma_are_delegated_whole_and_give_eager_tokens_in_executorch(self) -> None:
+        # Qwen3's per-head q/k norms, Phi-3's fused qkv_proj and gate_up_proj (split), Gemma's (1 + w) norms
+        # and tanh-GeLU MLP.
+        import json
+        import subprocess
+        import tempfile
+        from pathlib import Path
+
+        from kv_delegate.export_real import PROMPT, STEPS, greedy, module, step_fn
+        from test_partitioner import et_run
+
+        tool = et_run()
+        for kind in ("qwen3", "phi3", "gemma"):
+            with self.subTest(kind):
+                data, outside = export(kind, torch.float32)
+                self.assertEqual([str(o) for o in outside], [])
+                tokens, _ = greedy(step_fn(kind, module(kind, torch.float32)))
+                if tool is None:
+                    continue
+                with tempfile.TemporaryDirectory() as tmp:
+                    path = Path(tmp) / f"{kind}.pte"
+                    path.write_bytes(data)
+                    prompt = ",".join(map(str, PROMPT))
+                    done = subprocess.run([str(tool), str(path), "--prompt", prompt, "--steps", str(STEPS), "--json"],
+                                          capture_output=True, text=True, timeout=300)
+                    self.assertEqual(done.returncode, 0, done.stderr[-2000:])
+                    self.assertEqual(json.loads(done.stdout)["tokens"], tokens)
+
 
 if __name__ == "__main__":
     unittest.main()

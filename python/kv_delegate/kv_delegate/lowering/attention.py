@@ -9,7 +9,7 @@ import torch
 
 from .common import LoweringError, describe, meta_shape, op_name
 from .rules import is_arange
-from .values import CacheGroups, CausalMask, HeadView, Known, Positions, Tensor, Value, kind
+from .values import AllTrue, CacheGroups, CausalMask, HeadView, Known, Positions, ShiftedPositions, Tensor, Value, kind
 
 
 class Attention:
@@ -19,6 +19,9 @@ class Attention:
         return {
             "aten.le.Tensor": self.le,
             "aten.ge.Tensor": self.le,
+            "aten.gt.Tensor": self.window,
+            "aten.bitwise_and.Tensor": self.mask_and,
+            "aten.logical_and.default": self.mask_and,
             "aten.index_put.default": self.index_put,
             "aten.index_copy.default": self.index_copy,
             "aten.scaled_dot_product_attention.default": self.sdpa,
@@ -36,6 +39,35 @@ class Attention:
             f"'{node.name}': {describe(node.args[0])} <= {describe(node.args[1])} is not the causal mask "
             "arange(L) <= (input_pos + arange(T))[:, None]"
         )
+
+    def window(self, node: torch.fx.Node) -> Value:
+        """``arange(L) > positions - W``, a sliding window's lower edge: true wherever the cache has a row when
+        the window is at least the cache's length (a position is below ``L``, so ``j > p - W`` for every row ``j``).
+        A shorter window is not lowered."""
+        rows, low = self.value(node.args[0]), self.value(node.args[1])
+        length = is_arange(rows)
+        if length is not None and isinstance(low, ShiftedPositions):
+            # `j + c > p - W` for every row j >= 0 and position p < L when W + c >= L. The partitioner's dry run
+            # sees fake constants: it claims the node, and preprocess, which reads them, refuses a window shorter
+            # than the cache naming it.
+            back, offset = _number(low.back), 0 if rows.offset is None else _number(rows.offset)
+            if back is None or offset is None or back + offset >= length:
+                return AllTrue(tuple(int(d) for d in node.meta["val"].shape))
+            raise LoweringError(f"'{node.name}': a sliding window of {back} positions is shorter than the cache of "
+                                f"{length}; causal_attention has no window")
+        raise LoweringError(
+            f"'{node.name}': {describe(node.args[0])} > {describe(node.args[1])} is not a sliding window at least as "
+            "long as the cache (arange(L) > positions - W with W >= L)"
+        )
+
+    def mask_and(self, node: torch.fx.Node) -> Value:
+        """``mask & all-true`` is ``mask`` (the sliding window's part of transformers' mask, folded away)."""
+        a, b = self.value(node.args[0]), self.value(node.args[1])
+        for keep, other in ((a, b), (b, a)):
+            if _all_true(other) and isinstance(keep, (CausalMask, AllTrue)):
+                return keep
+        raise LoweringError(f"'{node.name}': {describe(node.args[0])} & {describe(node.args[1])} is not a causal mask "
+                            "and a mask that is true everywhere")
 
     def shifted(self, position: str, offset: Optional[Known], node: torch.fx.Node) -> str:
         """``position - offset``: ``arange(L) + c <= p + t`` is ``arange(L) <= (p - c) + t``."""
@@ -110,3 +142,23 @@ class Attention:
             return HeadView(name, q.heads, q.head_dim, heads_first=True)
         return self.out(node, "causal_attention", q=self.tensor(node.args[0], "query", node), k=k, v=v,
                         position=m.position, scale=None if scale is None else float(scale))
+
+
+def _all_true(value: Value) -> bool:
+    """Whether ``value`` is true everywhere: :class:`AllTrue`, or a known boolean tensor of ``True``."""
+    if isinstance(value, AllTrue):
+        return True
+    if isinstance(value, Known) and value.value.dtype == torch.bool:
+        from torch._subclasses.fake_tensor import FakeTensor
+
+        return not isinstance(value.value, FakeTensor) and bool(value.value.all())
+    return False
+
+
+def _number(value: object) -> Optional[int]:
+    """An integer constant's value; ``None`` for a fake one (the partitioner's dry run)."""
+    if isinstance(value, Known):
+        from torch._subclasses.fake_tensor import FakeTensor
+
+        return None if isinstance(value.value, FakeTensor) else int(value.value.reshape(()).item())
+    return int(value)

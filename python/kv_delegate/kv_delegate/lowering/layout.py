@@ -154,6 +154,34 @@ class Layout:
             joined = self.desc.op("concat", self.desc.fresh(base), dtype, out_shape, a=joined, b=part, axis=dim)
         return Tensor(joined)
 
+    def split(self, node: torch.fx.Node) -> Value:
+        """``split_with_sizes`` / ``split`` (Phi-3's fused ``gate_up`` and ``qkv_proj``, ``chunk``): one slice per
+        part, as a tuple that ``getitem`` picks from."""
+        x, sizes = node.args[0], node.args[1]
+        dim = node.args[2] if len(node.args) > 2 else node.kwargs.get("dim", 0)
+        name = self.tensor(x, "self", node)
+        dtype, shape = self.desc.shapes[name]
+        dim = _dim(int(dim), len(shape))
+        if isinstance(sizes, int):
+            sizes = [min(sizes, shape[dim] - start) for start in range(0, shape[dim], sizes)]
+        parts, start = [], 0
+        for i, size in enumerate(sizes):
+            end = start + int(size)
+            if (start, end) == (0, shape[dim]):
+                parts.append(Tensor(name))
+            else:
+                part_shape = shape[:dim] + (end - start,) + shape[dim + 1:]
+                parts.append(Tensor(self.desc.op("slice", self.desc.fresh(f"{node.name}_{i}"), dtype, part_shape,
+                                                 input=name, axis=dim, start=start, end=end)))
+            start = end
+        return tuple(parts)
+
+    def getitem(self, node: torch.fx.Node) -> Value:
+        parts, index = self.value(node.args[0]), node.args[1]
+        if not isinstance(parts, tuple) or not isinstance(index, int):
+            raise LoweringError(f"'{node.name}': item {index} of {describe(node.args[0])}, which is not a split")
+        return parts[index]
+
     def copy(self, node: torch.fx.Node) -> Value:
         dst, src = node.args[0], node.args[1]
         shape = val_shape(node)

@@ -9,7 +9,8 @@ from typing import Any, Dict, Optional, Sequence, Tuple
 import torch
 
 from .common import LoweringError, describe, meta_shape, op_name
-from .values import CacheGroups, CausalMask, FirstElement, HeadView, Known, Positions, Tensor, Value, kind
+from .values import (CacheGroups, CausalMask, FirstElement, HeadView, Known, Positions, ShiftedPositions, Tensor,
+                     Value, kind)
 
 #: ``pow(x, exponent)`` as a unary function of the reference graph.
 POWERS = {2: "square", 2.0: "square", 0.5: "sqrt", -0.5: "rsqrt", -1: "reciprocal", -1.0: "reciprocal"}
@@ -41,6 +42,13 @@ def is_scalar(value: Any, x: float) -> bool:
 def is_arange(value: Value) -> Optional[int]:
     """``L`` when ``value`` is a known ``arange(0, L)`` along its last axis (other extents 1)."""
     return value.arange if isinstance(value, Known) else None
+
+
+def _integer(value: Any) -> bool:
+    """Whether ``value`` is an integer constant: a Python int or a known one-element integer tensor."""
+    if isinstance(value, Known):
+        return value.value.numel() == 1 and not value.value.dtype.is_floating_point and value.value.dtype != torch.bool
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def axis(dim: int, rank: int) -> int:
@@ -78,6 +86,9 @@ class Rules:
             "aten.select_copy.int": self.select,
             "aten.cat.default": self.cat,
             "aten.copy.default": self.copy,
+            "aten.split_with_sizes_copy.default": self.split,
+            "aten.split_copy.Tensor": self.split,
+            "getitem": self.getitem,
         }
         for op in ("add", "sub", "mul", "div"):
             rules[f"aten.{op}.Tensor"] = lambda node, op=op: self.binary(node, op)
@@ -144,6 +155,8 @@ class Rules:
                 position = self.position_tensor(pos) if count and rng.value.dim() == 1 else None
                 if position is not None:
                     return Positions(position, count, (count,))
+        if op == "sub" and isinstance(va, Positions) and _integer(vb):
+            return ShiftedPositions(va, vb)
         dtype, shape = meta_shape(node)
         unit = 0.0 if op in ("add", "sub") else 1.0
         if is_scalar(vb, unit) and self.type_of(va) == (dtype, shape):

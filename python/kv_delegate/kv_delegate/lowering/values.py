@@ -62,6 +62,23 @@ class FirstElement:
 
 
 @dataclass(frozen=True)
+class ShiftedPositions:
+    """``positions - back`` for a constant ``back`` (a sliding window's lower edge), shaped like ``positions``;
+    ``back`` a number, or a known one-element value (whose bytes the partitioner's fake program does not hold)."""
+
+    positions: Positions
+    back: Union[int, "Known"]
+
+
+@dataclass(frozen=True)
+class AllTrue:
+    """A boolean mask known to be true everywhere a position can be (shape ``shape``): a sliding window at least
+    as long as the cache, which never hides a row the cache holds."""
+
+    shape: Tuple[int, ...]
+
+
+@dataclass(frozen=True)
 class CausalMask:
     """``arange(rows) <= positions``, broadcast to ``shape`` (last two axes ``[count, rows]``): row ``t`` sees
     cache rows ``0 ..= position + t``."""
@@ -95,7 +112,8 @@ class CacheGroups:
     merged: bool
 
 
-Value = Union[Tensor, Known, Positions, FirstElement, CausalMask, HeadView, CacheGroups, None]
+Value = Union[Tensor, Known, Positions, ShiftedPositions, AllTrue, FirstElement, CausalMask, HeadView, CacheGroups,
+              None]
 
 
 def kind(value: object) -> str:
@@ -110,6 +128,11 @@ def kind(value: object) -> str:
         return f"element 0 of '{value.source}'"
     if isinstance(value, CausalMask):
         return f"a causal mask of {value.count} x {value.rows}"
+    if isinstance(value, ShiftedPositions):
+        back = value.back.name if isinstance(value.back, Known) else value.back
+        return f"the positions input_pos + arange({value.positions.count}) minus {back}"
+    if isinstance(value, AllTrue):
+        return f"a mask that is true everywhere ({list(value.shape)})"
     if isinstance(value, HeadView):
         order = "[H, T, Dh]" if value.heads_first else "[T, H, Dh]"
         return f"'{value.source}' seen as {order} with H = {value.heads}, Dh = {value.head_dim}"

@@ -171,7 +171,7 @@ class Walk:
                 result = node.target(*args, **kwargs)
         except Exception:  # noqa: BLE001 - not foldable here: the rule decides
             return None
-        if not isinstance(result, torch.Tensor) or result.dtype not in DTYPES:
+        if not isinstance(result, torch.Tensor) or (result.dtype not in DTYPES and result.dtype != torch.bool):
             return None
         transposed = None
         if op_name(node).startswith("aten.permute") and len(tensors) == 1 and list(node.args[1]) == [1, 0]:
@@ -231,9 +231,6 @@ class Walk:
     def call(self, node: torch.fx.Node) -> None:
         self.desc.producer = node.name
         name = op_name(node)
-        if name == "_operator.getitem":
-            raise LoweringError(f"'{node.name}': a multi-output op", node=node.name,
-                                reason="an operator with several outputs is not run by the reference graph")
         folded = self.fold(node)
         if folded is not None:
             self.values[node] = folded
