@@ -70,6 +70,24 @@ impl Capabilities {
     }
 }
 
+impl crate::PluginInfo {
+    /// Whether this plugin updates `memory` in place (no staging copy per call): what it states
+    /// ([`Capabilities::in_place_memory_kinds`]); when it states nothing (a plugin built before capabilities),
+    /// what hosts have always inferred: managed memory always, device memory for a plugin that accepts it,
+    /// host and pinned memory otherwise. The one rule every host applies.
+    pub fn updates_in_place(&self, memory: MemoryKind) -> bool {
+        if let Some(kinds) = &self.capabilities.in_place_memory_kinds {
+            return kinds.contains(&memory);
+        }
+        let gpu = self.memory_kinds.contains(&MemoryKind::Device);
+        match memory {
+            MemoryKind::Managed => true,
+            MemoryKind::Device => gpu,
+            MemoryKind::Host | MemoryKind::Pinned => !gpu,
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -6,6 +6,7 @@
 #![forbid(unsafe_code)]
 
 mod blob;
+mod branch;
 mod npy;
 mod plugins;
 mod prompt_cache;
@@ -122,6 +123,14 @@ enum Command {
         /// feed only the rest, and save the new state to FILE at the end (a safetensors file).
         #[arg(long, value_name = "FILE")]
         prompt_cache: Option<PathBuf>,
+        /// A second prompt, e.g. 1,7,9: after the run of --prompt, fork the caches at the prompts' longest
+        /// shared prefix (copying only its rows), run this prompt's rest and the same decode steps on the
+        /// fork, then decode one more step of the first prompt on its own caches; reports both branches, the
+        /// fork position and the bytes copied. A generation only: no --method, --input, --output-dir,
+        /// --position, --hold-position, --cuda-graph or --prompt-cache; plugins in a worker process
+        /// (--isolate) cannot fork.
+        #[arg(long, value_delimiter = ',', num_args = 1.., value_name = "TOKENS")]
+        branch: Option<Vec<i64>>,
     },
     /// Measure decode steps of a program in both modes, side by side: time per step and bytes copied per step;
     /// with CUDA memory also GPU time per step, host synchronisations per step, and zero-copy as a CUDA graph.
@@ -188,6 +197,7 @@ impl ProgramArgs {
             method: None,
             output_dir: None,
             prompt_cache: None,
+            branch: None,
         };
         (self.program, self.plugin_dirs, args)
     }
@@ -339,9 +349,9 @@ fn dispatch(command: Command) -> Result<(), Failure> {
         Command::Plugins { plugin_dirs, json } => plugins::plugins(&plugin_dirs, json),
         Command::PluginManifest { libraries, isolate } => plugins::write_manifests(&libraries, isolate),
         Command::Worker => plugins::worker(),
-        Command::Run { common, method, inputs, output_dir, mode, cuda_graph, prompt_cache } => {
+        Command::Run { common, method, inputs, output_dir, mode, cuda_graph, prompt_cache, branch } => {
             let (program, plugin_dirs, args) = common.run_args();
-            let args = run::RunArgs { cuda_graph, inputs, method, output_dir, prompt_cache, ..args };
+            let args = run::RunArgs { cuda_graph, inputs, method, output_dir, prompt_cache, branch, ..args };
             let mode = run::strict(mode.into(), args.require_zero_copy)?;
             run::run_program(&program, mode, &plugin_dirs, &args)
         }

@@ -141,6 +141,8 @@ pub struct RunArgs {
     pub output_dir: Option<PathBuf>,
     /// `--prompt-cache`.
     pub prompt_cache: Option<PathBuf>,
+    /// `--branch`: a second prompt, run on a fork of the caches.
+    pub branch: Option<Vec<i64>>,
 }
 
 fn options(steps: usize, args: &RunArgs, program: &Program, cuda_graph: bool) -> Options {
@@ -154,8 +156,14 @@ fn options(steps: usize, args: &RunArgs, program: &Program, cuda_graph: bool) ->
 
 pub fn run_program(path: &Path, mode: Mode, dirs: &[PathBuf], args: &RunArgs) -> Result<(), Failure> {
     let json = args.json;
+    if args.branch.is_some() {
+        crate::branch::refuse_options(args)?;
+    }
     let registry = crate::plugins::registry(dirs);
     let mut program = load(path, &registry, mode, args)?;
+    if let Some(branch) = &args.branch {
+        return run_branch(&mut program, path, branch, mode, args);
+    }
     if !args.inputs.is_empty() || args.method.is_some() || program.manifest().generate.is_none() {
         let used = plugins_used(&program, &registry);
         return run_once(&mut program, path, mode, args, &used);
@@ -201,6 +209,21 @@ pub fn run_program(path: &Path, mode: Mode, dirs: &[PathBuf], args: &RunArgs) ->
         write_outputs(&program, dir, &methods)?;
     }
     report(&generation, mode, json, &plugins_used(&program, &registry))
+}
+
+/// `run --branch`: refused for a program that is not a token generator; the default steps leave room for
+/// both branches.
+fn run_branch(program: &mut Program, path: &Path, branch: &[i64], mode: Mode, args: &RunArgs) -> Result<(), Failure> {
+    let Some(prompt) = program.manifest().generate.as_ref().map(|g| g.prompt.clone()) else {
+        return Err(failure(format!(
+            "--branch forks a generation, but {} is not a token generator{}",
+            path.display(),
+            if is_pte(path) { " until given --prompt" } else { " (it has no [generate] section)" }
+        )));
+    };
+    let default = default_steps(program.manifest(), None, None, is_pte(path));
+    let steps = crate::branch::steps(default, args.steps, &prompt, branch);
+    crate::branch::run(program, branch, steps, mode, args.json)
 }
 
 /// The plugin serving each backend the program calls: which one, from where, and whether it runs isolated

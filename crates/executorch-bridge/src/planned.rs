@@ -74,29 +74,13 @@ impl std::str::FromStr for PlannedMemory {
     }
 }
 
-/// Whether the plugin described by `info` updates `memory` in place: what it states
-/// (`Capabilities::in_place_memory_kinds`); when it states nothing (built before capabilities), what hosts
-/// have always inferred (host-runtime's rule): managed memory always, device memory for a plugin that accepts
-/// it, host and pinned memory otherwise.
-pub fn updates_in_place(info: &PluginInfo, memory: MemoryKind) -> bool {
-    if let Some(kinds) = &info.capabilities.in_place_memory_kinds {
-        return kinds.contains(&memory);
-    }
-    let gpu = info.memory_kinds.contains(&MemoryKind::Device);
-    match memory {
-        MemoryKind::Managed => true,
-        MemoryKind::Device => gpu,
-        MemoryKind::Host | MemoryKind::Pinned => !gpu,
-    }
-}
-
 /// The planned memory for a program whose DelegateCalls are served by `plugins`: managed when one of them
 /// does not update host memory in place but does update managed memory in place (a GPU delegate), host
 /// otherwise (no delegate, CPU delegates, or a plugin that updates neither, which stages either way).
 pub fn choose(plugins: &[&PluginInfo]) -> PlannedMemory {
     let wants_managed = plugins
         .iter()
-        .any(|info| !updates_in_place(info, MemoryKind::Host) && updates_in_place(info, MemoryKind::Managed));
+        .any(|info| !info.updates_in_place(MemoryKind::Host) && info.updates_in_place(MemoryKind::Managed));
     if wants_managed {
         PlannedMemory::Managed
     } else {

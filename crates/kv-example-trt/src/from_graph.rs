@@ -101,6 +101,61 @@ impl Builder<'_> {
         name
     }
 
+    /// `causal_attention` as scores, the causal mask, softmax and the weighted values (token-major queries, one
+    /// KV head per query head).
+    fn attention(
+        &mut self,
+        out: String,
+        [q, k, v, position]: [TensorId; 4],
+        scale: Option<f32>,
+    ) -> Result<()> {
+        let cache = self.graph.tensor(k).shape.clone();
+        if cache.len() != 3
+            || self.shape(q).len() != 2
+            || self.graph.tensor(q).shape[1] != cache[0] * cache[2]
+        {
+            return Err(bad(
+                &out,
+                "only token-major queries with one KV head per query head translate to TensorRT",
+            ));
+        }
+        let (h, l, hd) = (dims(&cache)[0], dims(&cache)[1], dims(&cache)[2]);
+        let rows = self.shape(q)[0];
+        let qh = self.heads(format!("{out}.q"), q, h, hd);
+        let (k, v) = (self.name(k), self.name(v));
+        let raw = self.add(
+            format!("{out}.scores_raw"),
+            Op::MatMul { a: qh, transpose_a: false, b: k, transpose_b: true },
+        );
+        let scale = self.f32_const(
+            format!("{out}.scale"),
+            &[scale.unwrap_or(1.0 / (hd as f32).sqrt())],
+            vec![1, 1, 1, 1],
+        );
+        let scaled = self.ew(format!("{out}.scores"), &raw, &scale, BinaryOp::Mul);
+        // -1e9 where column j > position + t.
+        let cols: Vec<f32> = (0..l).map(|j| j as f32).collect();
+        let offsets: Vec<f32> = (0..rows).map(|t| t as f32).collect();
+        let cols = self.f32_const(format!("{out}.mask.col"), &cols, vec![1, 1, 1, l]);
+        let offsets = self.f32_const(format!("{out}.mask.row"), &offsets, vec![1, 1, rows, 1]);
+        let pos = self.name(position);
+        let pos_f = self.add(format!("{out}.mask.pos_f"), Op::Cast { input: pos, to: DType::F32 });
+        let pos_4d = self.shuffle(format!("{out}.mask.pos"), &pos_f, None, vec![1, 1, 1, 1], None);
+        let row_pos = self.ew(format!("{out}.mask.row_pos"), &offsets, &pos_4d, BinaryOp::Add);
+        let future = self.ew(format!("{out}.mask.future"), &cols, &row_pos, BinaryOp::Greater);
+        let future_f = self.add(format!("{out}.mask.future_f"), Op::Cast { input: future, to: DType::F32 });
+        let neg = self.f32_const(format!("{out}.mask.neg"), &[-1.0e9], vec![1, 1, 1, 1]);
+        let mask = self.ew(format!("{out}.mask"), &future_f, &neg, BinaryOp::Mul);
+        let masked = self.ew(format!("{out}.scores_masked"), &scaled, &mask, BinaryOp::Add);
+        let probs = self.add(format!("{out}.probs"), Op::Softmax { input: masked, axis: 3 });
+        let attn = self.add(
+            format!("{out}.heads"),
+            Op::MatMul { a: probs, transpose_a: false, b: v, transpose_b: false },
+        );
+        self.shuffle(out, &attn, Some(vec![0, 2, 1, 3]), vec![rows, h * hd], None);
+        Ok(())
+    }
+
     fn op(&mut self, op: &RefOp<TensorId>) -> Result<()> {
         let out = self.name(op.output());
         match *op {
@@ -158,51 +213,7 @@ impl Builder<'_> {
                 self.add(out, Op::KvCacheUpdate { cache, update, write_indices });
             }
             RefOp::CausalAttention { q, k, v, position, scale, .. } => {
-                let cache = self.graph.tensor(k).shape.clone();
-                if cache.len() != 3
-                    || self.shape(q).len() != 2
-                    || self.graph.tensor(q).shape[1] != cache[0] * cache[2]
-                {
-                    return Err(bad(
-                        &out,
-                        "only token-major queries with one KV head per query head translate to TensorRT",
-                    ));
-                }
-                let (h, l, hd) = (dims(&cache)[0], dims(&cache)[1], dims(&cache)[2]);
-                let rows = self.shape(q)[0];
-                let qh = self.heads(format!("{out}.q"), q, h, hd);
-                let (k, v) = (self.name(k), self.name(v));
-                let raw = self.add(
-                    format!("{out}.scores_raw"),
-                    Op::MatMul { a: qh, transpose_a: false, b: k, transpose_b: true },
-                );
-                let scale = self.f32_const(
-                    format!("{out}.scale"),
-                    &[scale.unwrap_or(1.0 / (hd as f32).sqrt())],
-                    vec![1, 1, 1, 1],
-                );
-                let scaled = self.ew(format!("{out}.scores"), &raw, &scale, BinaryOp::Mul);
-                // -1e9 where column j > position + t.
-                let cols: Vec<f32> = (0..l).map(|j| j as f32).collect();
-                let offsets: Vec<f32> = (0..rows).map(|t| t as f32).collect();
-                let cols = self.f32_const(format!("{out}.mask.col"), &cols, vec![1, 1, 1, l]);
-                let offsets = self.f32_const(format!("{out}.mask.row"), &offsets, vec![1, 1, rows, 1]);
-                let pos = self.name(position);
-                let pos_f = self.add(format!("{out}.mask.pos_f"), Op::Cast { input: pos, to: DType::F32 });
-                let pos_4d = self.shuffle(format!("{out}.mask.pos"), &pos_f, None, vec![1, 1, 1, 1], None);
-                let row_pos = self.ew(format!("{out}.mask.row_pos"), &offsets, &pos_4d, BinaryOp::Add);
-                let future = self.ew(format!("{out}.mask.future"), &cols, &row_pos, BinaryOp::Greater);
-                let future_f =
-                    self.add(format!("{out}.mask.future_f"), Op::Cast { input: future, to: DType::F32 });
-                let neg = self.f32_const(format!("{out}.mask.neg"), &[-1.0e9], vec![1, 1, 1, 1]);
-                let mask = self.ew(format!("{out}.mask"), &future_f, &neg, BinaryOp::Mul);
-                let masked = self.ew(format!("{out}.scores_masked"), &scaled, &mask, BinaryOp::Add);
-                let probs = self.add(format!("{out}.probs"), Op::Softmax { input: masked, axis: 3 });
-                let attn = self.add(
-                    format!("{out}.heads"),
-                    Op::MatMul { a: probs, transpose_a: false, b: v, transpose_b: false },
-                );
-                self.shuffle(out, &attn, Some(vec![0, 2, 1, 3]), vec![rows, h * hd], None);
+                self.attention(out, [q, k, v, position], scale)?
             }
             ref other => {
                 return Err(bad(&out, format!("{} has no TensorRT translation here", other.name())));

@@ -382,27 +382,7 @@ impl<T: Copy> Op<T> {
 
     /// The tensor the op defines.
     pub fn output(&self) -> T {
-        match *self {
-            Op::Gather { out, .. }
-            | Op::Positions { out, .. }
-            | Op::MatMul { out, .. }
-            | Op::Add { out, .. }
-            | Op::Sub { out, .. }
-            | Op::Mul { out, .. }
-            | Op::Div { out, .. }
-            | Op::Unary { out, .. }
-            | Op::Mean { out, .. }
-            | Op::Cast { out, .. }
-            | Op::Reshape { out, .. }
-            | Op::Permute { out, .. }
-            | Op::Slice { out, .. }
-            | Op::Concat { out, .. }
-            | Op::RmsNorm { out, .. }
-            | Op::KvCacheUpdate { out, .. }
-            | Op::CausalAttention { out, .. }
-            | Op::Argmax { out, .. }
-            | Op::Assign { out, .. } => out,
-        }
+        *self.output_ref()
     }
 
     /// The tensors the op reads, with their role names.

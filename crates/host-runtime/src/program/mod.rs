@@ -33,7 +33,7 @@ mod io;
 mod isolated;
 mod lifecycle;
 mod load;
-pub(crate) mod plan;
+mod plan;
 mod run;
 mod torn;
 

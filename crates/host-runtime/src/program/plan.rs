@@ -377,23 +377,6 @@ impl std::fmt::Display for CopyReason {
     }
 }
 
-/// The memory kinds a plugin updates in place: those it states (`Capabilities::in_place_memory_kinds`);
-/// when it states none (built before capabilities), those of a GPU (device and managed memory) when it
-/// accepts device memory, else those of the CPU (host, pinned and managed memory), as
-/// `alias_validate::residency::DirectAccess` gates them.
-pub(crate) fn updates_in_place(info: &PluginInfo, memory: MemoryKind) -> bool {
-    if let Some(kinds) = &info.capabilities.in_place_memory_kinds {
-        return kinds.contains(&memory);
-    }
-    // Not stated (a plugin built before capabilities): what hosts have always inferred.
-    let gpu = info.memory_kinds.contains(&MemoryKind::Device);
-    match memory {
-        MemoryKind::Managed => true,
-        MemoryKind::Device => gpu,
-        MemoryKind::Host | MemoryKind::Pinned => !gpu,
-    }
-}
-
 /// The one rule of whether an argument copies cache bytes on every step, and why: a buffer in memory the
 /// plugin does not update in place is staged; a buffer's copy-back slot (the host's write-backs, counted in
 /// [`super::CopyStats::writeback_bytes`], are exactly these slots) is reflected into and written back.
@@ -405,7 +388,7 @@ pub(super) fn step_copy(source: ArgSource, decl: &TensorDecl, info: &PluginInfo)
         ArgSource::BufferScratch(_) => Some(CopyReason::WriteBack { plugin: plugin() }),
         ArgSource::BufferRead(_) | ArgSource::BufferInOut(_) | ArgSource::BufferInPlace(_) => {
             let memory = abi_memory(decl.memory);
-            (!updates_in_place(info, memory)).then(|| CopyReason::Staging { memory, plugin: plugin() })
+            (!info.updates_in_place(memory)).then(|| CopyReason::Staging { memory, plugin: plugin() })
         }
     }
 }
@@ -484,7 +467,7 @@ mod tests {
         let gpu = PluginInfo { memory_kinds: vec![MemoryKind::Device, MemoryKind::Host], ..info("gpu", "B") };
         let in_place = |info: &PluginInfo| {
             [MemoryKind::Host, MemoryKind::Pinned, MemoryKind::Managed, MemoryKind::Device]
-                .map(|memory| updates_in_place(info, memory))
+                .map(|memory| info.updates_in_place(memory))
         };
         assert_eq!(in_place(&cpu), [true, true, true, false]);
         assert_eq!(in_place(&gpu), [false, false, true, true]);

@@ -7,7 +7,6 @@ use delegate_abi::MemoryKind as AbiMemory;
 use program_manifest::{Manifest, MemoryKind};
 
 use crate::plugins::Registry;
-use crate::program::plan::updates_in_place;
 
 /// The buffers' memory: the first of host, device, managed that every call's plugin updates in place (host
 /// when none is, or when a backend has no plugin: loading names that).
@@ -19,7 +18,7 @@ pub fn buffer_memory(manifest: &Manifest, registry: &Registry) -> MemoryKind {
         .filter_map(|call| registry.served(&call.backend))
         .map(|served| served.info().clone())
         .collect();
-    let all = |kind: AbiMemory| infos.iter().all(|info| updates_in_place(info, kind));
+    let all = |kind: AbiMemory| infos.iter().all(|info| info.updates_in_place(kind));
     [
         (AbiMemory::Host, MemoryKind::Host),
         (AbiMemory::Device, MemoryKind::Device),
