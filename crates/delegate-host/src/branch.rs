@@ -25,7 +25,11 @@ pub fn refuse_options(args: &RunArgs) -> Result<(), Failure> {
         (args.output_dir.is_some(), "--output-dir", "the two branches hold different buffers"),
         (args.position.is_some(), "--position", "the fork position follows from the prompts"),
         (args.hold_position, "--hold-position", "a held position overwrites the rows the fork shares"),
-        (args.cuda_graph, "--cuda-graph", "a captured graph holds the caches' addresses, which a swap changes"),
+        (
+            args.cuda_graph,
+            "--cuda-graph",
+            "a captured graph holds the caches' addresses, which a swap changes",
+        ),
     ];
     match refusals.into_iter().find(|(given, ..)| *given) {
         Some((_, option, why)) => Err(failure(format!("--branch cannot be combined with {option}: {why}"))),
@@ -40,10 +44,10 @@ fn fork_position(a: &[i64], b: &[i64]) -> usize {
     common.min(b.len().saturating_sub(1))
 }
 
-/// `--steps`, or the default of a plain run of the longer prompt less the one step A decodes after the swap,
-/// so that both branches fit the caches.
+/// `--steps`, or the default of a plain run of A (`default`) less what both branches need past it: B's longer
+/// prompt, or the one step A decodes after the swap, whichever is more; so both fit the caches.
 pub fn steps(default: usize, given: Option<usize>, a: &[i64], b: &[i64]) -> usize {
-    given.unwrap_or_else(|| default.saturating_sub(b.len().saturating_sub(a.len()) + 1))
+    given.unwrap_or_else(|| default.saturating_sub(b.len().saturating_sub(a.len()).max(1)))
 }
 
 /// `err` from the fork as one line naming `--branch` (the library's code kept); a call in a worker process
@@ -75,7 +79,13 @@ struct Branches {
 
 /// Generates prompt A (the program's) for `steps`, forks, runs `branch` on the fork, swaps back and decodes one
 /// more step of A; prints both branches.
-pub fn run(program: &mut Program, branch: &[i64], steps: usize, mode: Mode, json: bool) -> Result<(), Failure> {
+pub fn run(
+    program: &mut Program,
+    branch: &[i64],
+    steps: usize,
+    mode: Mode,
+    json: bool,
+) -> Result<(), Failure> {
     if branch.is_empty() {
         return Err(failure("--branch: the branch prompt is empty"));
     }
@@ -89,7 +99,9 @@ pub fn run(program: &mut Program, branch: &[i64], steps: usize, mode: Mode, json
         0 => 0,
         p => program.fork_into(p as u64, &mut other).map_err(fork_failure)?,
     };
-    let b = on_other(program, &mut other, |p| continue_from(p, fork_position as u64, &branch[fork_position..], steps))?;
+    let b = on_other(program, &mut other, |p| {
+        continue_from(p, fork_position as u64, &branch[fork_position..], steps)
+    })?;
     let a_position = (g.prompt.len() + steps) as u64;
     let a_next = continue_from(program, a_position, &a[steps..], 0)?[0];
     let branches = Branches { a, a_next, b, fork_position, bytes_copied };
@@ -124,8 +136,12 @@ fn report(branches: &Branches, prompt: &[i64], mode: Mode, json: bool) -> Result
         return emit(&format!("{value}\n"));
     }
     let fork = match branches.fork_position {
-        0 => "the prompts share no prefix: branch B ran from position 0 on new caches (0 bytes copied)".to_owned(),
-        p => format!("forked at position {p} (the prompts' shared prefix), {} bytes copied", branches.bytes_copied),
+        0 => "the prompts share no prefix: branch B ran from position 0 on new caches (0 bytes copied)"
+            .to_owned(),
+        p => format!(
+            "forked at position {p} (the prompts' shared prefix), {} bytes copied",
+            branches.bytes_copied
+        ),
     };
     emit(&format!(
         "tokens: {:?}\nbranch: {fork}\nbranch tokens: {:?}\nafter swapping back, branch A's next token: {}\n",
@@ -149,7 +165,8 @@ mod tests {
     #[test]
     fn the_default_steps_leave_room_for_the_longer_prompt_and_a_last_step_of_a() {
         assert_eq!(steps(12, None, &[1, 2, 3, 4], &[1, 2]), 11);
-        assert_eq!(steps(12, None, &[1, 2], &[1, 2, 3, 4]), 9);
+        assert_eq!(steps(12, None, &[1, 2], &[1, 2, 3, 4]), 10);
+        assert_eq!(steps(12, None, &[1, 2], &[1, 2, 3]), 11, "B's one more token, or A's one more step");
         assert_eq!(steps(12, Some(5), &[1], &[1, 2, 3]), 5);
         assert_eq!(steps(0, None, &[1], &[1]), 0);
     }

@@ -213,7 +213,13 @@ pub fn run_program(path: &Path, mode: Mode, dirs: &[PathBuf], args: &RunArgs) ->
 
 /// `run --branch`: refused for a program that is not a token generator; the default steps leave room for
 /// both branches.
-fn run_branch(program: &mut Program, path: &Path, branch: &[i64], mode: Mode, args: &RunArgs) -> Result<(), Failure> {
+fn run_branch(
+    program: &mut Program,
+    path: &Path,
+    branch: &[i64],
+    mode: Mode,
+    args: &RunArgs,
+) -> Result<(), Failure> {
     let Some(prompt) = program.manifest().generate.as_ref().map(|g| g.prompt.clone()) else {
         return Err(failure(format!(
             "--branch forks a generation, but {} is not a token generator{}",

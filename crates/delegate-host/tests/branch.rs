@@ -43,8 +43,8 @@ fn tokens(value: &Value) -> Vec<i64> {
     value.as_array().expect("tokens").iter().map(|t| t.as_i64().expect("i64")).collect()
 }
 
-/// `run PROGRAM --prompt PROMPT --steps STEPS --json EXTRA...`: its JSON report.
-fn run_json(program: &Path, prompt: &[i64], steps: usize, extra: &[&str]) -> Value {
+/// `run PROGRAM --prompt PROMPT --steps STEPS --json`: its JSON report.
+fn run_json(program: &Path, prompt: &[i64], steps: usize) -> Value {
     let out = run_bounded(host().arg("run").arg(program).args([
         "--json",
         "--prompt",
@@ -52,7 +52,6 @@ fn run_json(program: &Path, prompt: &[i64], steps: usize, extra: &[&str]) -> Val
         "--steps",
         &steps.to_string(),
     ]));
-    let _ = extra;
     stdout_json(&out)
 }
 
@@ -86,8 +85,8 @@ fn fork_bytes(caches: &[(Vec<u64>, u64)], position: u64) -> u64 {
 fn check_branches(program: &Path, a: &[i64], b: &[i64], caches: &[(Vec<u64>, u64)]) -> u64 {
     let report = branch_json(program, a, b);
     let branch = &report["branch"];
-    let fresh_a = tokens(&run_json(program, a, STEPS + 1, &[])["tokens"]);
-    let fresh_b = tokens(&run_json(program, b, STEPS, &[])["tokens"]);
+    let fresh_a = tokens(&run_json(program, a, STEPS + 1)["tokens"]);
+    let fresh_b = tokens(&run_json(program, b, STEPS)["tokens"]);
     assert_eq!(tokens(&branch["tokens"]), fresh_b, "branch B is a fresh run of B: {report}");
     let mut a_tokens = tokens(&report["tokens"]);
     assert_eq!(a_tokens.len(), STEPS + 1, "{report}");
@@ -140,6 +139,13 @@ fn a_branch_of_a_committed_pte_runs_as_fresh_runs_of_both_prompts() {
     assert_eq!(check_branches(&pte, &[1, 7, 3, 12], &[1, 7, 3, 5, 6], &caches), 3);
     assert_eq!(check_branches(&pte, &[1, 7, 3, 12], &[1, 7], &caches), 1);
     assert_eq!(check_branches(&pte, &[1, 7, 3, 12], &[9, 9, 9], &caches), 0);
+    // Without --steps, as many as both branches fit: 16 positions, B's 6 tokens leave 10 decode steps (and A's
+    // 4 + 10 + 1 fit too); B's tokens are then a fresh run of B to the end of its caches.
+    let b = [1, 7, 3, 5, 6, 2];
+    let args = ["--json", "--prompt", "1,7,3,12", "--branch", &list(&b)];
+    let report = stdout_json(&run_bounded(host().arg("run").arg(&pte).args(args)));
+    assert_eq!(tokens(&report["tokens"]).len(), 11, "{report}");
+    assert_eq!(tokens(&report["branch"]["tokens"]), tokens(&run_json(&pte, &b, 10)["tokens"]), "{report}");
 }
 
 #[test]
@@ -151,7 +157,10 @@ fn the_text_report_names_the_fork_and_both_branches() {
     let out = run_bounded(host().arg("run").arg(&program).args(["--branch", &list(&b), "--steps", "2"]));
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let text = String::from_utf8_lossy(&out.stdout);
-    assert!(text.contains("branch: forked at position 2 (the prompts' shared prefix), 256 bytes copied"), "{text}");
+    assert!(
+        text.contains("branch: forked at position 2 (the prompts' shared prefix), 256 bytes copied"),
+        "{text}"
+    );
     assert!(text.contains("branch tokens: [") && text.contains("branch A's next token: "), "{text}");
     let other = [a[0] + 1, a[1], a[2], a[3]];
     let out = run_bounded(host().arg("run").arg(&program).args(["--branch", &list(&other), "--steps", "2"]));
@@ -177,28 +186,36 @@ fn options_that_contradict_a_fork_are_one_error_line_each() {
         (&["--cuda-graph"], "--cuda-graph"),
     ];
     for (extra, option) in cases {
-        let line = one_line_error(&run_bounded(host().arg("run").arg(&program).args(["--branch", "1,2"]).args(extra)));
+        let line = one_line_error(&run_bounded(
+            host().arg("run").arg(&program).args(["--branch", "1,2"]).args(extra),
+        ));
         let want = format!("error: --branch cannot be combined with {option}: ");
         assert!(line.starts_with(&want) && line.ends_with("[InvalidArgument]"), "{extra:?}: {line}");
     }
     assert!(!cache.exists() && !out_dir.exists(), "nothing ran");
     let pte = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/executorch/buffers_1m_planned.pte");
     let line = one_line_error(&run_bounded(host().arg("run").arg(&pte).args(["--branch", "1,2"])));
-    assert!(line.contains("--branch forks a generation, but ") && line.contains("until given --prompt"), "{line}");
+    assert!(
+        line.contains("--branch forks a generation, but ") && line.contains("until given --prompt"),
+        "{line}"
+    );
 }
 
 #[test]
 fn a_plugin_in_a_worker_process_cannot_fork_and_says_so_before_generating() {
     let plugins = tempfile::tempdir().expect("temp dir");
     let library = plugins.path().join(dylib("reference_delegate_dylib"));
-    std::fs::copy(test_plugin_dir().join(dylib("reference_delegate_dylib")), &library).expect("copy the plugin");
+    std::fs::copy(test_plugin_dir().join(dylib("reference_delegate_dylib")), &library)
+        .expect("copy the plugin");
     let out = run_bounded(host().arg("plugin-manifest").arg(&library));
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let dir = tempfile::tempdir().expect("temp dir");
     let program = example(dir.path());
     let mut cmd = host();
     cmd.arg("--isolate").arg("run").arg(&program).arg("--plugin-dir").arg(plugins.path());
-    let line = one_line_error(&run_bounded(cmd.args(["--branch", "1,2", "--steps", "2"])));
+    let out = run_bounded(cmd.args(["--branch", "1,2", "--steps", "2"]));
+    let line = one_line_error(&out);
+    assert!(out.stdout.is_empty(), "refused before prompt A ran");
     assert!(line.starts_with("error: --branch: the program cannot fork its caches: "), "{line}");
     assert!(line.contains("in a worker process") && line.contains("run without --isolate"), "{line}");
     assert!(line.ends_with("[NotSupported]"), "{line}");

@@ -28,7 +28,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         prompt_a.iter().enumerate().map(|(i, &t)| if i < 230 { t } else { (t + 1) % vocab }).collect();
     let cfg = Config { prompt: prompt_a.clone(), ..base };
     if cuda {
-        kv_example::export::program(&cfg, &dir, &Target { backend: Backend::Cuda, memory: MemoryKind::Device })?;
+        kv_example::export::program(
+            &cfg,
+            &dir,
+            &Target { backend: Backend::Cuda, memory: MemoryKind::Device },
+        )?;
     } else {
         kv_example::export::reference(&cfg, &dir)?;
     }

@@ -50,13 +50,14 @@ HF_SIZES = dict(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidde
                 num_key_value_heads=2, max_position_embeddings=MAX_LEN, initializer_range=0.5)
 #: The Hugging Face models by name: class, config class, config beyond :data:`HF_SIZES`. The fixtures hold
 #: llama and qwen2; the others (Qwen3's per-head q/k norms, Phi-3's fused ``qkv_proj`` and ``gate_up_proj``,
-#: Gemma's ``(1 + w)`` norms and GeLU MLP) are exported by the tests.
+#: Gemma's ``(1 + w)`` norms and GeLU MLP, Mistral's sliding-window mask) are exported by the tests.
 HF_MODELS: Dict[str, Tuple[str, str, Dict[str, object]]] = {
     "llama": ("LlamaForCausalLM", "LlamaConfig", {"tie_word_embeddings": False}),
     "qwen2": ("Qwen2ForCausalLM", "Qwen2Config", {"tie_word_embeddings": True}),
     "qwen3": ("Qwen3ForCausalLM", "Qwen3Config", {"head_dim": 16}),
     "phi3": ("Phi3ForCausalLM", "Phi3Config", {"pad_token_id": 0}),
     "gemma": ("GemmaForCausalLM", "GemmaConfig", {"head_dim": 16}),
+    "mistral": ("MistralForCausalLM", "MistralConfig", {}),
 }
 #: What is exported: (model, dtype).
 PROGRAMS: Tuple[Tuple[str, str], ...] = (

@@ -135,7 +135,8 @@ def _producer(node: object, skip: Tuple[str, ...] = VIEWS) -> Optional[torch.fx.
 def _keep_sdpa(node: torch.fx.Node) -> bool:
     """Whether ``aten.scaled_dot_product_attention`` has a form the lowering takes: ``q`` ``[.., H, T, Dh]``,
     ``k``/``v`` cache updates (directly, or repeated per query-head group as transformers' ``repeat_kv`` and
-    ``repeat_interleave`` do, or with ``enable_gqa``), an explicit causal mask ``le(...)``, no dropout, no
+    ``repeat_interleave`` do, or with ``enable_gqa``), an explicit causal mask ``le(...)`` (or its ``&`` with a
+    sliding window's part), no dropout, no
     ``is_causal``, batch 1, f32, f16 or bf16. Any other ``sdpa`` is decomposed by ExecuTorch."""
     args = list(node.args)
     mask = args[3] if len(args) > 3 else node.kwargs.get("attn_mask")
@@ -156,7 +157,9 @@ def _keep_sdpa(node: torch.fx.Node) -> bool:
         if update is None or not op_name(update).startswith(("aten.index_put", "aten.index_copy")):
             return False
     producer = _producer(mask)
-    return producer is not None and op_name(producer).startswith(("aten.le.", "aten.ge."))
+    # `le`/`ge` (the causal mask), or `&` of it with a sliding window's part (which the lowering folds away).
+    masks = ("aten.le.", "aten.ge.", "aten.bitwise_and.", "aten.logical_and.")
+    return producer is not None and op_name(producer).startswith(masks)
 
 
 def _keep_rms_norm(node: torch.fx.Node) -> bool:

@@ -32,9 +32,9 @@ class RealModelsTest(unittest.TestCase):
     def test_the_hand_written_llama_style_decoder_is_delegated_whole(self) -> None:
         self.check("hand", torch.float32)
 
-    def test_qwen3_phi3_and_gemma_are_delegated_whole_and_give_eager_tokens_in_executorch(self) -> None:
+    def test_qwen3_phi3_gemma_and_mistral_are_delegated_whole_and_give_eager_tokens_in_executorch(self) -> None:
         # Qwen3's per-head q/k norms, Phi-3's fused qkv_proj and gate_up_proj (split), Gemma's (1 + w) norms
-        # and tanh-GeLU MLP.
+        # and tanh-GeLU MLP, Mistral's sliding-window mask (a window longer than the cache).
         import json
         import subprocess
         import tempfile
@@ -44,7 +44,7 @@ class RealModelsTest(unittest.TestCase):
         from test_partitioner import et_run
 
         tool = et_run()
-        for kind in ("qwen3", "phi3", "gemma"):
+        for kind in ("qwen3", "phi3", "gemma", "mistral"):
             with self.subTest(kind):
                 data, outside = export(kind, torch.float32)
                 self.assertEqual([str(o) for o in outside], [])
