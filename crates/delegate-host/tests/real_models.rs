@@ -81,3 +81,39 @@ fn real_models_on_the_cuda_delegate_give_eager_tokens_with_no_copy_and_no_sync_p
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
+
+/// The cache lifecycle on device caches, through the CLI (`--ignored` on an NVIDIA machine): on the Hugging
+/// Face Llama program for `CudaBackend` (caches in device memory), a prompt that reuses a saved prefix
+/// (`--prompt-cache`: restore) and a branch forked at the prompts' common prefix (`--branch`: fork on the
+/// device) give the tokens of fresh runs.
+#[test]
+#[ignore = "needs an NVIDIA GPU"]
+fn restore_and_fork_of_device_caches_give_the_fresh_runs_tokens() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let program = root.join("fixtures/executorch/real/llama_f32.cuda.pte");
+    let dir = tempfile::tempdir().expect("temp dir");
+    let a: Vec<String> = (0..40).map(|i: i64| ((i * 7 + 3) % 128).to_string()).collect();
+    let mut b = a[..36].to_vec();
+    b.extend((0..4).map(|i: i64| ((i * 11 + 5) % 128).to_string()));
+    let (a, b) = (a.join(","), b.join(","));
+    let run = |args: &[&str]| {
+        let mut cmd = common::host();
+        cmd.env_remove("DELEGATE_PLUGIN_PATH").arg("run").arg(&program).args(args).arg("--json");
+        stdout_json(&common::run(&mut cmd))
+    };
+    let tokens = |json: &serde_json::Value| json["tokens"].clone();
+    let fresh_b = run(&["--prompt", &b, "--steps", "8"]);
+    let cache = dir.path().join("a.safetensors");
+    let cache = cache.to_str().expect("utf-8 path");
+    run(&["--prompt", &a, "--steps", "1", "--prompt-cache", cache]);
+    let restored = run(&["--prompt", &b, "--steps", "8", "--prompt-cache", cache]);
+    assert_eq!(restored["prompt_cache"]["reused_positions"], 36, "{restored}");
+    assert_eq!(tokens(&restored), tokens(&fresh_b), "restored device caches decode as a fresh run");
+    let branched = run(&["--prompt", &a, "--branch", &b, "--steps", "8"]);
+    assert_eq!(branched["branch"]["fork_position"], 36, "{branched}");
+    assert_eq!(
+        branched["branch"]["tokens"],
+        tokens(&fresh_b),
+        "a fork of device caches decodes as a fresh run"
+    );
+}
