@@ -19,25 +19,11 @@ typedef unsigned long long u64;
 #if defined(KV_F16) || defined(KV_BF16)
 typedef unsigned short T;
 #ifdef KV_F16
-__device__ __forceinline__ float h2f(unsigned short h) {
-    float f;
-    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
-    return f;
-}
-__device__ __forceinline__ unsigned short f2h(float f) {
-    unsigned short h;
-    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f));
-    return h;
-}
+__device__ __forceinline__ float h2f(unsigned short h) { return f16_to_f32(h); }
+__device__ __forceinline__ unsigned short f2h(float f) { return f32_to_f16(f); }
 #else
-__device__ __forceinline__ float h2f(unsigned short h) { return __uint_as_float(((unsigned int)h) << 16); }
-// Round to nearest even; a NaN stays a (quiet) NaN, as `half::bf16::from_f32`.
-__device__ __forceinline__ unsigned short f2h(float f) {
-    unsigned int u = __float_as_uint(f);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return (unsigned short)((u >> 16) | 0x40u);
-    u += 0x7fffu + ((u >> 16) & 1u);
-    return (unsigned short)(u >> 16);
-}
+__device__ __forceinline__ float h2f(unsigned short h) { return bf16_to_f32(h); }
+__device__ __forceinline__ unsigned short f2h(float f) { return f32_to_bf16(f); }
 #endif
 __device__ __forceinline__ float ld(const T* p, i64 i) { return h2f(p[i]); }
 __device__ __forceinline__ void st(T* p, i64 i, float f) { p[i] = f2h(f); }
@@ -76,7 +62,7 @@ __device__ __forceinline__ float warp_max(float v) {
     return v;
 }
 
-// Block-wide max (the sum is in kernels/reduce.cuh); `scratch` holds 32 floats; every thread gets the result.
+// Block-wide max (the sum is in kernels/common.cuh); `scratch` holds 32 floats; every thread gets the result.
 
 __device__ float block_max(float v, float* scratch) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = (blockDim.x + 31) >> 5;

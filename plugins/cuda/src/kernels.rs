@@ -15,7 +15,7 @@ pub mod general;
 /// The CUDA C source of the typed kernels, compiled by NVRTC at `init` (once per process per device and
 /// element type).
 pub const SOURCE: &str = concat!(
-    include_str!("kernels/reduce.cuh"),
+    include_str!("kernels/common.cuh"),
     include_str!("kernels.cu"),
     include_str!("kernels/linear.cu")
 );

@@ -13,27 +13,6 @@ typedef long long i64;
 #define DT_I64 3
 #define MAX_RANK 6
 
-__device__ __forceinline__ float f16_to_f32(unsigned short h) {
-    float f;
-    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
-    return f;
-}
-__device__ __forceinline__ unsigned short f32_to_f16(float f) {
-    unsigned short h;
-    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f));
-    return h;
-}
-__device__ __forceinline__ float bf16_to_f32(unsigned short h) {
-    return __uint_as_float(((unsigned int)h) << 16);
-}
-// Round to nearest even; a NaN stays a (quiet) NaN, as `half::bf16::from_f32`.
-__device__ __forceinline__ unsigned short f32_to_bf16(float f) {
-    unsigned int u = __float_as_uint(f);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return (unsigned short)((u >> 16) | 0x40u);
-    u += 0x7fffu + ((u >> 16) & 1u);
-    return (unsigned short)(u >> 16);
-}
-
 // Float to i64: truncation toward zero, NaN to 0, out-of-range values saturated (Rust's `as i64`).
 __device__ __forceinline__ i64 f32_to_i64(float v) {
     if (v != v) return 0;
