@@ -211,6 +211,49 @@ fn build(spec: &Spec, constants: &[u8]) -> Result<(Header, Vec<u8>), Error> {
         serde_json::to_vec(&spec.graph).map_err(|source| Error::Spec { path: "(graph)".into(), source })?;
     let graph = Graph::from_description(&description, constants)?;
     let bindings = bindings(spec, &graph)?;
+    let producer = Producer { name: spec.producer.name.clone(), version: spec.producer.version.clone() };
+    let header = header(&graph, &spec.backend, Some(producer), bindings)?;
+    Ok((header, graph.encode()))
+}
+
+/// The native blob of `graph`, already built, for `backend`: its inputs then its outputs, in the graph's
+/// order, as the delegate's arguments; aliases and checks as [`pack`]'s (what tests and Rust exporters that
+/// build a [`Graph`] with `ref_graph::GraphBuilder` need, without a spec).
+///
+/// # Errors
+/// [`Error::Backend`] for a backend that does not run reference-graph payloads; [`Error::Validate`] and
+/// [`Error::Write`] as [`pack`].
+pub fn pack_graph(graph: &Graph, backend: &str) -> Result<Vec<u8>, Error> {
+    if !BACKENDS.contains(&backend) {
+        return Err(Error::Backend(backend.to_owned()));
+    }
+    let inputs = graph.inputs().iter().map(|&id| typed_binding(graph, id, Role::Input));
+    let bindings =
+        inputs.chain(graph.outputs().iter().map(|&id| typed_binding(graph, id, Role::Output))).collect();
+    let header = header(graph, backend, None, bindings)?;
+    Ok(blob_format::native::to_vec(&header, &graph.encode()))
+}
+
+/// A threaded binding of graph tensor `id`, typed from the graph.
+fn typed_binding(graph: &Graph, id: TensorId, role: Role) -> Binding {
+    let decl = graph.tensor(id);
+    Binding {
+        name: decl.name.clone(),
+        role,
+        dtype: Some(decl.dtype.dtype()),
+        shape: Some(decl.shape.iter().map(|&d| Dim::Static(d)).collect()),
+        threaded: true,
+    }
+}
+
+/// The header of `graph` with `bindings`: every in-place pair whose output is bound declared as an alias, the
+/// payload version named, checked against the graph by the rules every delegate's `init` applies.
+fn header(
+    graph: &Graph,
+    backend: &str,
+    producer: Option<Producer>,
+    bindings: Vec<Binding>,
+) -> Result<Header, Error> {
     let bound: HashSet<&str> = bindings.iter().map(|b| b.name.as_str()).collect();
     let aliases = graph
         .in_place_pairs()
@@ -223,8 +266,8 @@ fn build(spec: &Spec, constants: &[u8]) -> Result<(Header, Vec<u8>), Error> {
         .collect();
     let (major, minor) = graph.payload_version();
     let header = Header {
-        producer: Some(Producer { name: spec.producer.name.clone(), version: spec.producer.version.clone() }),
-        backend_id: spec.backend.clone(),
+        producer,
+        backend_id: backend.to_owned(),
         payload_kind: PayloadKind::ReferenceGraph,
         bindings,
         aliases,
@@ -234,9 +277,9 @@ fn build(spec: &Spec, constants: &[u8]) -> Result<(Header, Vec<u8>), Error> {
         engine_library_version: Some(format!("ref-graph payload {major}.{minor}")),
         engine_metadata: None,
     };
-    alias_validate::validate_with_engine(&header, &graph)?;
+    alias_validate::validate_with_engine(&header, graph)?;
     blob_format::native::check_header(&header)?;
-    Ok((header, graph.encode()))
+    Ok(header)
 }
 
 /// The header's bindings in the spec's order, typed from the graph; every graph input and output bound once.
@@ -261,14 +304,7 @@ fn bindings(spec: &Spec, graph: &Graph) -> Result<Vec<Binding>, Error> {
         if !seen.insert(id) {
             return Err(problem("is bound twice".to_owned()));
         }
-        let decl = graph.tensor(id);
-        out.push(Binding {
-            name: decl.name.clone(),
-            role,
-            dtype: Some(decl.dtype.dtype()),
-            shape: Some(decl.shape.iter().map(|&d| Dim::Static(d)).collect()),
-            threaded: true,
-        });
+        out.push(typed_binding(graph, id, role));
     }
     let unbound = graph.inputs().iter().chain(graph.outputs()).find(|id: &&TensorId| !seen.contains(*id));
     if let Some(&id) = unbound {

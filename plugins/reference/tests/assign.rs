@@ -2,7 +2,6 @@
 //! `cumulative_length` from `cache_position`), written by the delegate into the caller's argument in place,
 //! so nothing is copied back after the call.
 
-use blob_format::model::{Alias, AliasKind, Binding, Dim, Header, PayloadKind, Role};
 use delegate_abi::host::ArgList;
 use delegate_abi::{DTypeCode, Delegate, ExecStats, ExecuteArgs, InitContext, MemoryKind};
 use ref_graph::{ElemType, Graph, GraphBuilder};
@@ -23,35 +22,8 @@ fn graph() -> Graph {
 }
 
 fn blob(graph: &Graph) -> Vec<u8> {
-    let binding = |name: &str, role| {
-        let decl = graph.tensor(graph.find(name).expect("declared"));
-        Binding {
-            name: name.to_owned(),
-            role,
-            dtype: Some(decl.dtype.dtype()),
-            shape: Some(decl.shape.iter().map(|&d| Dim::Static(d)).collect()),
-            threaded: true,
-        }
-    };
-    let inputs = ["cache_position", "length", "x"].map(|n| binding(n, Role::Input));
-    let outputs = ["y", "length_out"].map(|n| binding(n, Role::Output));
-    let header = Header {
-        producer: None,
-        backend_id: BACKEND_ID.to_owned(),
-        payload_kind: PayloadKind::ReferenceGraph,
-        bindings: inputs.into_iter().chain(outputs).collect(),
-        aliases: vec![Alias {
-            output: "length_out".into(),
-            input: "length".into(),
-            kind: AliasKind::KvCacheUpdate,
-        }],
-        device_id: 0,
-        hardware_compatible: false,
-        hardware_target: None,
-        engine_library_version: None,
-        engine_metadata: None,
-    };
-    blob_format::native::to_vec(&header, &graph.encode())
+    // Inputs `cache_position, length, x`, outputs `y, length_out` (graph order); `length_out` aliases `length`.
+    delegate_pack::pack_graph(graph, BACKEND_ID).expect("packs")
 }
 
 fn init() -> ReferenceHandle {

@@ -246,43 +246,8 @@ fn decoder_layer(
     (x, k, v)
 }
 
-/// The blob of `graph` for `backend` on device 0: every input then every output a threaded binding with its
-/// dtype and shape, and each cache output aliased to its cache.
+/// The blob of `graph` for `backend` on device 0: every input then every output a threaded binding, each cache
+/// output aliased to its cache (delegate-pack's, the packer every exporter uses).
 pub fn blob(graph: &Graph, backend: &str) -> Vec<u8> {
-    use alias_validate::EngineIntrospect;
-    use blob_format::model::{Alias, AliasKind, Binding, Dim, Header, PayloadKind, Role};
-    let binding = |id: &TensorId, role| {
-        let t = graph.tensor(*id);
-        Binding {
-            name: t.name.clone(),
-            role,
-            dtype: Some(t.dtype.dtype()),
-            shape: Some(t.shape.iter().map(|&d| Dim::Static(d)).collect()),
-            threaded: true,
-        }
-    };
-    let mut bindings: Vec<Binding> = graph.inputs().iter().map(|id| binding(id, Role::Input)).collect();
-    bindings.extend(graph.outputs().iter().map(|id| binding(id, Role::Output)));
-    let aliases = graph
-        .outputs()
-        .iter()
-        .filter_map(|id| {
-            let output = graph.tensor(*id).name.clone();
-            let input = graph.aliased_input(&output)?;
-            Some(Alias { output, input, kind: AliasKind::KvCacheUpdate })
-        })
-        .collect();
-    let header = Header {
-        producer: None,
-        backend_id: backend.to_owned(),
-        payload_kind: PayloadKind::ReferenceGraph,
-        bindings,
-        aliases,
-        device_id: 0,
-        hardware_compatible: false,
-        hardware_target: None,
-        engine_library_version: None,
-        engine_metadata: None,
-    };
-    blob_format::native::to_vec(&header, &graph.encode())
+    delegate_pack::pack_graph(graph, backend).expect("a graph delegate-pack packs")
 }
