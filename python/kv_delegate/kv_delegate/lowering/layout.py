@@ -9,7 +9,7 @@ from typing import Any, Sequence, Tuple
 import torch
 
 from .common import LoweringError, describe, meta_shape, val_shape
-from .values import CacheGroups, CausalMask, FirstElement, HeadView, Known, Positions, Tensor, Value, kind
+from .values import CacheGroups, CausalMask, FirstElement, HeadView, Positions, Tensor, Value, kind
 
 
 def _dim(dim: int, rank: int) -> int:

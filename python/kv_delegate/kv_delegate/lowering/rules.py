@@ -4,13 +4,12 @@ Each takes an fx node whose operands have values and returns the node's value (e
 from __future__ import annotations
 
 import math
-from typing import Any, Dict, Optional, Sequence, Tuple
+from typing import Any, Dict, Optional, Tuple
 
 import torch
 
-from .common import LoweringError, describe, meta_shape, op_name
-from .values import (CacheGroups, CausalMask, FirstElement, HeadView, Known, Positions, ShiftedPositions, Tensor,
-                     Value, kind)
+from .common import DTYPES, LoweringError, meta_shape
+from .values import FirstElement, Known, Positions, ShiftedPositions, Tensor, Value
 
 #: ``pow(x, exponent)`` as a unary function of the reference graph.
 POWERS = {2: "square", 2.0: "square", 0.5: "sqrt", -0.5: "rsqrt", -1: "reciprocal", -1.0: "reciprocal"}
@@ -140,7 +139,7 @@ class Rules:
     def operand(self, arg: Any, dtype: str, what: str, node: torch.fx.Node) -> str:
         """Operand ``arg`` as a tensor of ``dtype`` (a Python number becomes a one-element constant)."""
         if isinstance(arg, (int, float)) and not isinstance(arg, bool):
-            torch_dtype = next(t for t, d in _torch_dtypes().items() if d == dtype)
+            torch_dtype = next(t for t, d in DTYPES.items() if d == dtype)
             return self.known(Known(torch.tensor(arg, dtype=torch_dtype), f"{node.name}_{what}"))
         return self.cast(self.tensor(arg, what, node), dtype, f"{node.name}_{what}_{dtype}")
 
@@ -170,7 +169,7 @@ class Rules:
         if isinstance(value, Tensor):
             return self.desc.shapes[value.name]
         if isinstance(value, Known):
-            return _torch_dtypes().get(value.value.dtype, "?"), tuple(value.value.shape)
+            return DTYPES.get(value.value.dtype, "?"), tuple(value.value.shape)
         return None
 
     def unary(self, node: torch.fx.Node, func: str) -> Value:
@@ -239,9 +238,3 @@ class Rules:
         if self.desc.shapes[name][0] == dtype:
             return Tensor(name)
         return Tensor(self.cast(name, dtype, node.name))
-
-
-def _torch_dtypes() -> Dict[torch.dtype, str]:
-    from .common import DTYPES
-
-    return DTYPES

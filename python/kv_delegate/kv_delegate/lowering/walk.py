@@ -15,7 +15,7 @@ from torch.export.graph_signature import InputKind, OutputKind
 from ..names import BUFFER_META, CACHE_META, OUTPUT_NAME_META
 from .common import DTYPES, LoweringError, describe, meta_shape, op_name
 from .description import Binding, Description, Lowered
-from .values import CacheGroups, CausalMask, FirstElement, HeadView, Known, Positions, Tensor, Value, kind
+from .values import FirstElement, HeadView, Known, Positions, Tensor, Value, kind
 
 
 def _safe(name: str) -> str:
