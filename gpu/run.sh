@@ -119,10 +119,14 @@ for m in v["modes"]:
 PY
     done
     if [ -n "${PROFILE:-}" ]; then
-      echo "== per-kernel GPU time, config $cfg at position $((max / 2)) (ncu)"
-      /usr/local/cuda/bin/ncu --cache-control none --launch-skip 400 --launch-count 200 --metrics gpu__time_duration.sum --print-summary per-kernel \
-        ./delegate-host run "$dir/program.toml" --position $((max / 2)) --hold-position --steps 40 --json 2>&1 \
-        | grep -E "^  [a-z_]+ \(|gpu__time_duration" | paste - - | awk '{print $1, $2, "x", $9, "avg us", $(NF)}'
+      echo "== per-kernel GPU time, config $cfg at position $((max / 2)) (ncu: one step's kernels, each alone, base clocks)"
+      # A step of the example decoder: the embedding, three kernels a layer, the logits and argmax, and the
+      # device loop's feedback kernel.
+      kernels=$(python3 -c "import json;print(3 * json.load(open('$out/config-$cfg.json'))['layers'] + 4)")
+      /usr/local/cuda/bin/ncu --csv --print-units base --cache-control none --launch-skip 400 --launch-count "$kernels" \
+        --metrics gpu__time_duration.sum,dram__bytes_read.sum \
+        ./delegate-host run "$dir/program.toml" --position $((max / 2)) --hold-position --steps 40 --json > "$out/ncu-$cfg.csv" 2>/dev/null
+      python3 ncu_summary.py "$out/ncu-$cfg.csv" || status=1
     fi
     steps=$(python3 -c "import json;c=json.load(open('$out/config-$cfg.json'));print(min(32,c['max_len']-len(c['prompt'])))")
     ./delegate-host run "$dir/program.toml" --steps "$steps" --json > "$out/tokens-$cfg.json" 2> "$out/tokens-$cfg.err" || status=1

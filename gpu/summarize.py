@@ -41,6 +41,12 @@ for t in torch_rows:
 
 print("\n".join(lines))
 print()
+for t in torch_rows:
+    h = t["hbm"]
+    bw = h.get("measured_bytes_per_s", h["peak_bytes_per_s"])
+    print(f'floor, ({names.get(t["config"]["layers"], "?")}) at {t["pos"]}: {h["bytes_read_per_step"] / 1e6:.1f} MB per step '
+          f'at {bw / 1e12:.2f} TB/s (a streaming read measured in this run) = {h["floor_us"]:.1f} µs')
+print()
 for path in sorted(glob.glob(os.path.join(out, "tokens-*.json"))):
     name = path.split("tokens-")[1].split(".")[0]
     ours = json.load(open(path))["tokens"]

@@ -21,7 +21,8 @@ Attention variants: "naive" (q K^T over the full cache, scaled and masked softma
 one captured CUDA graph replays every step without an update and without a host synchronisation.
 
 Prints one JSON object per (config, position) — positions max_len//2 and max_len-1 — with the greedy tokens,
-the decode-step timings (cuda only) and the HBM floor; --out writes them all as a JSON list.
+the decode-step timings (cuda only) and the HBM floor (the bytes a step must read over the read bandwidth measured
+at the start of the same run; the data sheet's peak on cpu); --out writes them all as a JSON list.
 """
 import argparse
 import json
@@ -38,7 +39,26 @@ try:
 except ImportError:  # the torch generator below gives the same bits
     np = None
 
-HBM_BYTES_PER_S = 4.8e12  # the H200's peak HBM3e bandwidth
+HBM_BYTES_PER_S = 4.8e12  # the H200's peak HBM3e bandwidth (its data sheet; the floor uses the measured one)
+
+
+def measured_read_bandwidth(dev, mib=1024, iters=20):
+    """Bytes per second one streaming read of `mib` MiB achieves on `dev` (a sum over an f16 tensor, the mean of
+    `iters` after a warm-up, timed with CUDA events): the bandwidth the floor divides by, measured in the run
+    whose steps it judges."""
+    x = torch.ones(mib * 2**20 // 2, dtype=torch.float16, device=dev)
+    for _ in range(3):
+        x.sum(dtype=torch.float32)
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(iters):
+        x.sum(dtype=torch.float32)
+    end.record()
+    torch.cuda.synchronize()
+    seconds = start.elapsed_time(end) / 1e3 / iters
+    del x
+    torch.cuda.empty_cache()
+    return mib * 2**20 / seconds
 
 # ---------------------------------------------------------------------------------------------------------------
 # Weights: SplitMix64, vectorised. Output i (1-based) of a generator seeded with s mixes s + i * gamma (wrapping),
@@ -362,6 +382,7 @@ def main():
     dev = torch.device(args.device)
     device_name = torch.cuda.get_device_name(dev) if args.device == "cuda" else (platform.processor() or "cpu")
     results, failed = [], False
+    bandwidth = measured_read_bandwidth(dev) if args.device == "cuda" else HBM_BYTES_PER_S
     for path in args.config:
         with open(path) as f:
             cfg = json.load(f)
@@ -409,8 +430,9 @@ def main():
                 "host_syncs_per_step": 0,
             }
             need = model.bytes_read(posv)
-            floor_us = need / HBM_BYTES_PER_S * 1e6
-            r["hbm"] = {"bytes_read_per_step": need, "peak_bytes_per_s": HBM_BYTES_PER_S, "floor_us": floor_us}
+            floor_us = need / bandwidth * 1e6
+            r["hbm"] = {"bytes_read_per_step": need, "peak_bytes_per_s": HBM_BYTES_PER_S,
+                        "measured_bytes_per_s": bandwidth, "floor_us": floor_us}
             if args.device == "cuda":
                 tm = time_position(model, posv, args.iters, args.warm)
                 cb = tm["copy_back_two_copies"]["gpu_us"]

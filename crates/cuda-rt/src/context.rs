@@ -92,6 +92,12 @@ impl Context {
         self.compute_capability
     }
 
+    /// Whether kernels can be launched overlapping the previous kernel of their stream (programmatic
+    /// dependent launch, [`crate::Function::launch_overlapped`]): compute capability 9.0 and later.
+    pub fn overlaps_launches(&self) -> bool {
+        self.compute_capability.0 >= 9
+    }
+
     /// Makes the context current on the calling thread (a no-op when it already is; allocates nothing).
     ///
     /// # Errors

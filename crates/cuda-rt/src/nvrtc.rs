@@ -210,6 +210,52 @@ impl Function {
         })
     }
 
+    /// As [`Function::launch`], with programmatic stream serialization (`cuLaunchKernelEx`; compute
+    /// capability 9.0 and later, see [`Context::overlaps_launches`]): the kernel may start while the previous
+    /// kernel of `stream` is still running, once that kernel has executed `griddepcontrol.launch_dependents`
+    /// (or finished). A CUDA graph captured from the stream keeps the overlap.
+    ///
+    /// # Safety
+    /// As [`Function::launch`]; and the kernel executes `griddepcontrol.wait` before it reads anything the
+    /// previous kernel of `stream` writes, or writes anything that kernel reads or writes.
+    ///
+    /// # Errors
+    /// [`Error::Driver`] when the driver refuses the launch.
+    pub unsafe fn launch_overlapped(
+        &self,
+        config: LaunchConfig,
+        stream: StreamRef<'_>,
+        params: &mut [*mut c_void],
+    ) -> Result<()> {
+        let ctx = &self.module.ctx;
+        ctx.bind()?;
+        let mut attribute = sys::CUlaunchAttribute {
+            id: sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION,
+            pad: [0; 4],
+            value: sys::CUlaunchAttributeValue { pad: [0; 64] },
+        };
+        attribute.value.programmaticStreamSerializationAllowed = 1;
+        let launch = sys::CUlaunchConfig {
+            gridDimX: config.grid.0,
+            gridDimY: config.grid.1,
+            gridDimZ: config.grid.2,
+            blockDimX: config.block.0,
+            blockDimY: config.block.1,
+            blockDimZ: config.block.2,
+            sharedMemBytes: config.shared_mem_bytes,
+            hStream: stream.cu(),
+            attrs: &mut attribute,
+            numAttrs: 1,
+        };
+        driver::call("cuLaunchKernelEx", ctx.ordinal(), || {
+            // SAFETY: `launch` and the attribute it points to live across the call; `raw` belongs to a loaded
+            // module (kept by `self.module`); the context is current; `params` and the memory they reach are
+            // valid per this function's contract; `stream` is valid for its borrow; no `extra` array.
+            unsafe { sys::cuLaunchKernelEx(&launch, self.raw, params.as_mut_ptr(), std::ptr::null_mut()) }
+                .result()
+        })
+    }
+
     /// The module it belongs to.
     pub fn module(&self) -> &Arc<Module> {
         &self.module

@@ -34,15 +34,18 @@ pub struct Engine {
     own_stream: Stream,
     access: DirectAccess,
     _constants: Vec<Allocation<Device>>,
+    /// The transposed upload of each `[K, N]` weight the GEMVs read as `[N, K]`, by tensor index (0: none).
+    transposed: Vec<DevicePtr>,
     /// Intermediates, and the device homes of host-memory inputs and outputs, by tensor.
     _buffers: Vec<Allocation<Device>>,
     /// Device-side homes of I/O tensors, by tensor index, used when the argument is host memory.
     io_home: Vec<Option<DevicePtr>>,
     _scratch: Vec<Allocation<Device>>,
-    gemv_partial: DevicePtr,
-    gemv_counters: DevicePtr,
     attn_part: DevicePtr,
     attn_ml: DevicePtr,
+    attn_counters: DevicePtr,
+    /// Whether typed launches overlap the previous kernel of the call (programmatic dependent launch).
+    overlap: bool,
     err: Allocation<Device>,
     /// Where the error word is copied after each call queued on a caller's stream; read at the next call.
     err_seen: Allocation<Pinned>,
@@ -74,27 +77,57 @@ fn data_bytes(data: &Data) -> &[u8] {
     }
 }
 
-/// Uploads every constant of `graph` to its own allocation, recording its address in `ptrs`.
+/// Uploads the constants of `graph`, recording their addresses in `ptrs`: each as it is unless the plan
+/// reads it only transposed, and each weight of `plan.transposed` as its `[N, K]` transpose (its address in
+/// `transposed`).
 fn upload_constants(
     ctx: &Context,
     graph: &Graph,
+    plan: &Plan,
     ptrs: &mut [DevicePtr],
+    transposed: &mut [DevicePtr],
 ) -> Result<Vec<Allocation<Device>>, Error> {
     let tensors = graph.tensors();
+    let upload = |bytes: &[u8], name: &str| -> Result<Allocation<Device>, Error> {
+        let mut a = alloc(ctx, bytes.len(), name)?;
+        if !bytes.is_empty() {
+            a.write(bytes)
+                .map_err(|source| Error::Cuda { action: format!("uploading constant '{name}'"), source })?;
+        }
+        Ok(a)
+    };
     let mut constants = Vec::new();
     for (id, data) in graph.constants() {
-        let bytes = data_bytes(data);
-        let mut a = alloc(ctx, bytes.len(), &tensors[id.0].name)?;
-        if !bytes.is_empty() {
-            a.write(bytes).map_err(|source| Error::Cuda {
-                action: format!("uploading constant '{}'", tensors[id.0].name),
-                source,
-            })?;
+        let name = &tensors[id.0].name;
+        let plan_entry = plan.transposed.iter().find(|(w, _)| *w == id);
+        if plan_entry.is_none_or(|&(_, as_stored)| as_stored) {
+            let a = upload(data_bytes(data), name)?;
+            ptrs[id.0] = a.device_ptr();
+            constants.push(a);
         }
-        ptrs[id.0] = a.device_ptr();
-        constants.push(a);
+        if plan_entry.is_some() {
+            let shape = &tensors[id.0].shape;
+            let a = upload(&transposed_bytes(data, shape[0] as usize, shape[1] as usize), name)?;
+            transposed[id.0] = a.device_ptr();
+            constants.push(a);
+        }
     }
     Ok(constants)
+}
+
+/// The bytes of a `[rows, cols]` matrix stored `[cols, rows]`.
+fn transposed_bytes(data: &Data, rows: usize, cols: usize) -> Vec<u8> {
+    fn t<E: Copy + Default + bytemuck::Pod>(v: &[E], rows: usize, cols: usize) -> Vec<u8> {
+        let mut out = vec![E::default(); v.len()];
+        transpose::transpose(v, &mut out, cols, rows);
+        bytemuck::cast_slice(&out).to_vec()
+    }
+    match data {
+        Data::F32(v) => t(v, rows, cols),
+        Data::F16(v) => t(v, rows, cols),
+        Data::Bf16(v) => t(v, rows, cols),
+        Data::I64(v) => t(v, rows, cols),
+    }
 }
 
 impl Engine {
@@ -114,7 +147,8 @@ impl Engine {
         let own_stream = Stream::new(&ctx).map_err(cuda("creating a stream"))?;
         let tensors = graph.tensors();
         let mut ptrs = vec![0; tensors.len()];
-        let constants = upload_constants(&ctx, graph, &mut ptrs)?;
+        let mut transposed = vec![0; tensors.len()];
+        let constants = upload_constants(&ctx, graph, &plan, &mut ptrs, &mut transposed)?;
         let mut buffers = Vec::new();
         let mut io_home = vec![None; tensors.len()];
         for (index, home) in plan.homes.iter().enumerate() {
@@ -140,15 +174,15 @@ impl Engine {
             scratch.push(a);
             Ok(ptr)
         };
-        let gemv_partial = take(plan.gemv_partial, 4, "GEMV partial sums")?;
-        let gemv_counters = take(plan.gemv_counters, 4, "GEMV counters")?;
-        let attn_part = take(plan.attn_scratch.0, 4, "attention partial outputs")?;
-        let attn_ml = take(plan.attn_scratch.1, 4, "attention maxima")?;
+        let attn_part = take(plan.attn_scratch.partials, 4, "attention partial outputs")?;
+        let attn_ml = take(plan.attn_scratch.maxima, 4, "attention maxima")?;
+        let attn_counters = take(plan.attn_scratch.counters, 4, "attention merge counters")?;
         let err = alloc(&ctx, 4, "the error word")?;
         let err_seen = Allocation::<Pinned>::zeroed(&ctx, 4).map_err(cuda("allocating the error mirror"))?;
         let access = DirectAccess::gpu(ctx.is_integrated());
-        // At most two launches a step (attention: split and combine), so a call never grows it.
-        let launches = Vec::with_capacity(2 * plan.steps.len());
+        // One launch a step at most, so a call never grows it.
+        let launches = Vec::with_capacity(plan.steps.len());
+        let overlap = ctx.overlaps_launches();
         Ok(Engine {
             ctx,
             typed,
@@ -157,13 +191,14 @@ impl Engine {
             own_stream,
             access,
             _constants: constants,
+            transposed,
             _buffers: buffers,
             io_home,
             _scratch: scratch,
-            gemv_partial,
-            gemv_counters,
             attn_part,
             attn_ml,
+            attn_counters,
+            overlap,
             err,
             err_seen,
             ptrs,
@@ -277,15 +312,18 @@ impl Engine {
         for step in &self.plan.steps {
             self.lower(step, &mut launches);
         }
-        let launched = launches.iter().try_for_each(|queued| {
+        let launched = launches.iter().enumerate().try_for_each(|(index, queued)| {
             // SAFETY: every address in the launch is an argument checked against its binding (size, dtype,
             // shape, memory kind and device, with the driver) or this instance's own allocation, sized by the
             // plan from the graph's static shapes; the caller keeps arguments untouched until the stream has
             // run the call (the ABI's rule), and the instance's memory lives as long as the instance, which
-            // the host drops only after its streams drained.
+            // the host drops only after its streams drained. Only typed launches after the call's first
+            // overlap, and only on a device that has it (`overlaps_launches`).
             unsafe {
                 match queued {
-                    Queued::Typed(module, launch) => self.typed[*module].1.launch(launch, stream),
+                    Queued::Typed(module, launch) => {
+                        self.typed[*module].1.launch(launch, stream, self.overlap && index > 0)
+                    }
                     Queued::General(launch) => self.general.launch(launch, stream),
                 }
             }

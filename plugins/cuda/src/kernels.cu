@@ -3,7 +3,10 @@
 // bits (converted with integer arithmetic: the top half of an f32, rounded to nearest even), without either
 // `T` is `float`; no header is needed. Every kernel takes one parameter struct by value; `src/kernels.rs`
 // mirrors each struct field for field (`#[repr(C)]`). Arithmetic is in f32 throughout; `T` is only how values
-// are stored. The untyped kernels of the general path (elementwise, cast, copies) are in `general.cu`.
+// are stored. The products are in `kernels/linear.cu` (appended to this file); the untyped kernels of the
+// general path (elementwise, cast, copies) are in `general.cu`. Every kernel here waits for the previous
+// kernel of its call with `pdl_wait` before it reads that kernel's outputs or writes anything, so it may be
+// launched overlapping it (`kernels/common.cuh`).
 //
 // Positions are read from device memory (`pos[0]`), never passed by value, so a captured CUDA graph replays
 // a decode step at whatever position the caller's position tensor holds. Out-of-range token ids and positions
@@ -89,6 +92,8 @@ struct GatherP {
 };
 
 extern "C" __global__ void gather(GatherP p) {
+    pdl_wait();
+    pdl_launch();
     const int r = blockIdx.x;
     const i64 id = p.idx[r];
     bool ok = id >= 0 && id < p.n;
@@ -120,6 +125,8 @@ struct AddP {
 };
 
 extern "C" __global__ void add(AddP p) {
+    pdl_wait();
+    pdl_launch();
     for (i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x; i < p.n; i += (i64)gridDim.x * blockDim.x)
         st(p.out, i, ld(p.a, i) + ld(p.b, i));
 }
@@ -134,6 +141,8 @@ struct RmsP {
 };
 
 extern "C" __global__ void rms_norm(RmsP p) {
+    pdl_wait();
+    pdl_launch();
     __shared__ float scratch[32];
     const i64 base = (i64)blockIdx.x * p.dim;
     float ss = 0.f;
@@ -145,166 +154,6 @@ extern "C" __global__ void rms_norm(RmsP p) {
     const float inv = rsqrtf(ss / (float)p.dim + p.eps);
     for (int d = threadIdx.x; d < p.dim; d += blockDim.x)
         st(p.out, base + d, ld(p.x, base + d) * inv * ld(p.w, d));
-}
-
-// ---------------------------------------------------------------------------------------------------------
-// y[mat][m, :] = a[m, :] W[mat] (+ res[mat][m, :]), W row-major [K, N], for up to three matrices sharing `a`
-// (the Q, K and V projections in one launch). With `norm_w` set, `a` is first RMS-normalised with that gain
-// (each block computes the row's norm itself, from L2, instead of a separate launch writing `a` back).
-//
-// Decode multiplies one row by a weight matrix: the work is reading W once, so it is split over the whole
-// GPU. A block covers 32 * VEC columns (one warp's lanes, VEC adjacent columns each, loaded 16 bytes at a
-// time) and `rows_per_split` rows of K; its 8 warps share those rows. Grid: (column tiles, ksplit, nmat * M).
-// With ksplit > 1 each block writes f32 partial sums; the last block of a column tile to finish (a ticket
-// counter) adds them in split order — deterministic — applies the residual, stores y, and resets its counter
-// so the next launch (or a graph replay) starts from zero.
-
-struct GemvP {
-    const T* a;
-    const T* w[3];
-    T* y[3];
-    const T* res[3];
-    float* partial;          // [nmat, M, ksplit, N]
-    unsigned int* counters;  // [nmat, M, tiles], zero between launches
-    const T* norm_w;         // RMS-norm gain [K], or null
-    T* cache[3];             // per matrix, a KV cache [H, L, Dh] whose row pos + m also receives y[mat][m, :]
-    const i64* pos;          // the cache position (with any cache)
-    int* err;
-    int M, K, N, nmat, ksplit, rows_per_split, vec_ok;
-    float eps;
-    int H, L, Dh;
-};
-
-// Stores one output value: the residual added, into y, and into the matrix's cache row when it has one (the
-// KV-cache update fused into the projection that computes it; y keeps the same value, rounded the same way).
-__device__ __forceinline__ void gemv_store(const GemvP& p, int mat, int m, int col, float s) {
-    if (p.res[mat]) s += ld(p.res[mat], (i64)m * p.N + col);
-    st(p.y[mat], (i64)m * p.N + col, s);
-    if (p.cache[mat]) {
-        const i64 row = p.pos[0] + m;
-        if (row >= 0 && row < p.L) {
-            st(p.cache[mat], ((i64)(col / p.Dh) * p.L + row) * p.Dh + col % p.Dh, s);
-        } else {
-            atomicOr(p.err, ERR_POSITION);
-        }
-    }
-}
-
-#define GEMV_WARPS 8
-#define GEMV_PREFETCH 8
-
-extern "C" __global__ void gemv(GemvP p) {
-    extern __shared__ float smem[];
-    float* xs = smem;                      // [rows_per_split]
-    float* red = smem + p.rows_per_split;  // [GEMV_WARPS][32 * VEC]
-    __shared__ unsigned int ticket;
-    const int tile = blockIdx.x, split = blockIdx.y;
-    const int mat = blockIdx.z / p.M, m = blockIdx.z % p.M;
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const int ncols = 32 * VEC;
-    const int col0 = tile * ncols + lane * VEC;
-    const int k_begin = split * p.rows_per_split;
-    const int k_end = min(p.K, k_begin + p.rows_per_split);
-
-    // The first rows of the weights are requested before anything else, so their latency overlaps the
-    // activation's (and the norm's) instead of following it.
-    const T* w = p.w[mat];
-    const bool full = p.vec_ok && col0 < p.N;
-    uint4 pre[GEMV_PREFETCH];
-#pragma unroll
-    for (int i = 0; i < GEMV_PREFETCH; i++) {
-        const int k = k_begin + warp + i * GEMV_WARPS;
-        pre[i] = (full && k < k_end) ? ld_raw(w + (i64)k * p.N + col0) : make_uint4(0u, 0u, 0u, 0u);
-    }
-    if (p.norm_w) {
-        __shared__ float scratch[32];
-        float ss = 0.f;
-        for (int k = threadIdx.x; k < p.K; k += blockDim.x) {
-            const float v = ld(p.a, (i64)m * p.K + k);
-            ss += v * v;
-        }
-        const float inv = rsqrtf(block_sum(ss, scratch) / (float)p.K + p.eps);
-        for (int k = k_begin + threadIdx.x; k < k_end; k += blockDim.x)
-            xs[k - k_begin] = ld(p.a, (i64)m * p.K + k) * inv * ld(p.norm_w, k);
-    } else {
-        for (int k = k_begin + threadIdx.x; k < k_end; k += blockDim.x) xs[k - k_begin] = ld(p.a, (i64)m * p.K + k);
-    }
-    __syncthreads();
-
-    float acc[VEC];
-#pragma unroll
-    for (int v = 0; v < VEC; v++) acc[v] = 0.f;
-    if (col0 < p.N) {
-        if (p.vec_ok) {
-#pragma unroll
-            for (int i = 0; i < GEMV_PREFETCH; i++) {
-                const int k = k_begin + warp + i * GEMV_WARPS;
-                if (k < k_end) {
-                    float wv[VEC];
-                    cvt_vec(pre[i], wv);
-                    const float x = xs[k - k_begin];
-#pragma unroll
-                    for (int v = 0; v < VEC; v++) acc[v] += x * wv[v];
-                }
-            }
-#pragma unroll 8
-            for (int k = k_begin + warp + GEMV_PREFETCH * GEMV_WARPS; k < k_end; k += GEMV_WARPS) {
-                float wv[VEC];
-                ld_vec(w + (i64)k * p.N + col0, wv);
-                const float x = xs[k - k_begin];
-#pragma unroll
-                for (int v = 0; v < VEC; v++) acc[v] += x * wv[v];
-            }
-        } else {
-            for (int k = k_begin + warp; k < k_end; k += GEMV_WARPS) {
-                const float x = xs[k - k_begin];
-#pragma unroll
-                for (int v = 0; v < VEC; v++)
-                    if (col0 + v < p.N) acc[v] += x * ld(w, (i64)k * p.N + col0 + v);
-            }
-        }
-    }
-#pragma unroll
-    for (int v = 0; v < VEC; v++) red[warp * ncols + lane * VEC + v] = acc[v];
-    __syncthreads();
-
-    const i64 row = (i64)mat * p.M + m;
-    for (int c = threadIdx.x; c < ncols; c += blockDim.x) {
-        const int col = tile * ncols + c;
-        if (col >= p.N) continue;
-        float s = 0.f;
-#pragma unroll
-        for (int w8 = 0; w8 < GEMV_WARPS; w8++) s += red[w8 * ncols + c];
-        if (p.ksplit == 1) {
-            gemv_store(p, mat, m, col, s);
-        } else {
-            p.partial[(row * p.ksplit + split) * p.N + col] = s;
-        }
-    }
-    if (p.ksplit == 1) return;
-
-    __threadfence();
-    __syncthreads();
-    unsigned int* counter = p.counters + row * gridDim.x + tile;
-    if (threadIdx.x == 0) ticket = atomicAdd(counter, 1u);
-    __syncthreads();
-    if (ticket != (unsigned int)(p.ksplit - 1)) return;
-    __threadfence();
-    for (int c = threadIdx.x; c < ncols; c += blockDim.x) {
-        const int col = tile * ncols + c;
-        if (col >= p.N) continue;
-        const float* part = p.partial + row * p.ksplit * p.N + col;
-        // Eight independent sums keep eight loads in flight; they are added in a fixed order (deterministic).
-        float s8[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
-        int sp = 0;
-        for (; sp + 7 < p.ksplit; sp += 8) {
-#pragma unroll
-            for (int u = 0; u < 8; u++) s8[u] += __ldcg(part + (i64)(sp + u) * p.N);
-        }
-        for (; sp < p.ksplit; sp++) s8[0] += __ldcg(part + (i64)sp * p.N);
-        gemv_store(p, mat, m, col, ((s8[0] + s8[1]) + (s8[2] + s8[3])) + ((s8[4] + s8[5]) + (s8[6] + s8[7])));
-    }
-    if (threadIdx.x == 0) *counter = 0u;
 }
 
 // ---------------------------------------------------------------------------------------------------------
@@ -321,6 +170,8 @@ struct KvP {
 };
 
 extern "C" __global__ void kv_update(KvP p) {
+    pdl_wait();
+    pdl_launch();
     const int t = blockIdx.x, h = blockIdx.y, i = blockIdx.z;
     const i64 row = p.pos[0] + t;
     if (row < 0 || row >= p.L) {
@@ -333,16 +184,19 @@ extern "C" __global__ void kv_update(KvP p) {
 }
 
 // ---------------------------------------------------------------------------------------------------------
-// Decode attention, split over the cache (flash-decoding). Query t sits at position p = pos[0] + t and attends
-// to rows 0..=p of its KV head (query head h reads KV head h / group: grouped-query attention reads each
-// shared K and V row from the one cache, never a repeated copy). `attn_split` — grid (H, nchunks, Tq), block
-// `chunk` threads — handles one chunk of `chunk` rows: one thread per row computes q.k (K rows read once, 16
-// bytes at a time), a block softmax gives the chunk's max `m` and sum `l`, and groups of Dh threads accumulate
-// the weighted V rows (V rows read once). Chunks past p return at once, so only the valid prefix of the cache
-// is read. `attn_combine` — grid (H, Tq) — rescales the chunks' partial outputs by their maxima and
-// normalises.
+// Decode attention, split over the cache (flash-decoding) with the merge folded in. Query t sits at position
+// qpos = pos[0] + t and attends to rows 0..=qpos of its KV head (query head h reads KV head h / group:
+// grouped-query attention reads each shared K and V row from the one cache, never a repeated copy). Grid (H,
+// nchunks, Tq), block chunk * tpr threads: a block takes one chunk of `chunk` rows; `tpr` adjacent threads
+// share a row's q.k (K rows read once, 16 bytes at a time), a block softmax gives the chunk's max and sum, and
+// groups of threads accumulate the weighted V rows (V rows read once). Each block writes its partial output,
+// max and sum; the last block of (t, h) to finish (a ticket counter) merges the chunks' partials, writes the
+// output and resets its counter for the next launch (or graph replay). Chunks past qpos return at once, so
+// only the valid prefix of the cache is read. With `early` set (the call writes the caches only at rows
+// pos[0].. and never writes `pos`), the rows before pos[0] are requested before `pdl_wait`: the cache streams
+// in while the projections that produce the query finish.
 
-#define ATTN_KVECS 16     // K row vectors held in registers (a 128-wide f16 or a 64-wide f32 head)
+#define ATTN_KVECS 16  // K row vectors held in registers (a 128-wide f16 or a 64-wide f32 head)
 #define ATTN_VPREFETCH 8  // V rows per thread requested before the softmax
 
 struct AttnP {
@@ -351,32 +205,85 @@ struct AttnP {
     const T* v;
     T* out;
     const i64* pos;
-    float* o_part;  // [Tq, H, nchunks, Dh]
-    float* ml;      // [Tq, H, nchunks, 2]
+    float* o_part;           // [Tq, H, nchunks, Dh]
+    float* ml;               // [Tq, H, nchunks, 2]
+    unsigned int* counters;  // [Tq, H], zero between launches
     int* err;
     int Tq, H, L, Dh, chunk, nchunks, vec_ok;
     float scale;
-    int tpr;  // threads per cache row in the K pass (a power of two dividing 32); blockDim = chunk * tpr
+    int tpr;         // threads per cache row in the K pass (a power of two dividing 32); blockDim = chunk * tpr
     int q_ts, q_hs;  // q's and out's strides (elements) per row t and per query head h
     int group;       // query heads per KV head: query head h reads KV head h / group
+    int early;       // rows before pos[0] may be read before `pdl_wait`
 };
 
-extern "C" __global__ void attn_split(AttnP p) {
+// The last block of (t, h): out = sum_c exp(m_c - max) o_c / sum_c exp(m_c - max) l_c over the `nvalid`
+// chunks' partials (read from L2: other blocks wrote them). `wts` holds nvalid floats; `vr` blockDim * 4.
+__device__ void attn_merge(const AttnP& p, int h, int t, int nvalid, float* wts, float* vr, float* scratch) {
+    const i64 base = ((i64)t * p.H + h) * p.nchunks;
+    float mx = NEG_INF;
+    for (int c = threadIdx.x; c < nvalid; c += blockDim.x) mx = fmaxf(mx, __ldcg(p.ml + (base + c) * 2));
+    mx = block_max(mx, scratch);
+    float den = 0.f;
+    for (int c = threadIdx.x; c < nvalid; c += blockDim.x) {
+        const float w = __expf(__ldcg(p.ml + (base + c) * 2) - mx);
+        wts[c] = w;
+        den += w * __ldcg(p.ml + (base + c) * 2 + 1);
+    }
+    den = block_sum(den, scratch);  // its barriers also publish `wts`
+    // Groups of Dh / 4 threads each add every ngrp-th chunk's partial, 16 bytes at a time (one float at a
+    // time for a head size not a multiple of 4); the groups' sums meet in `vr`.
+    const int w4 = p.Dh % 4 == 0 ? 4 : 1;
+    const int dl = p.Dh / w4, ngrp = max(1, (int)blockDim.x / dl);
+    for (int idx = threadIdx.x; idx < ngrp * dl; idx += blockDim.x) {
+        const int grp = idx / dl, d = (idx % dl) * w4;
+        float acc[4] = {0.f, 0.f, 0.f, 0.f};
+        const float* part = p.o_part + base * p.Dh + d;
+#pragma unroll 4
+        for (int c = grp; c < nvalid; c += ngrp) {
+            const float w = wts[c];
+            if (w4 == 4) {
+                const float4 o = __ldcg(reinterpret_cast<const float4*>(part + (i64)c * p.Dh));
+                acc[0] += w * o.x;
+                acc[1] += w * o.y;
+                acc[2] += w * o.z;
+                acc[3] += w * o.w;
+            } else {
+                acc[0] += w * __ldcg(part + (i64)c * p.Dh);
+            }
+        }
+        for (int u = 0; u < w4; u++) vr[grp * p.Dh + d + u] = acc[u];
+    }
+    __syncthreads();
+    const float inv = 1.f / den;
+    const i64 qbase = (i64)t * p.q_ts + (i64)h * p.q_hs;
+    for (int d = threadIdx.x; d < p.Dh; d += blockDim.x) {
+        float s = 0.f;
+        for (int g = 0; g < ngrp; g++) s += vr[g * p.Dh + d];
+        st(p.out, qbase + d, s * inv);
+    }
+}
+
+extern "C" __global__ void attention(AttnP p) {
     extern __shared__ float sm[];
     float* qs = sm;                          // [Dh]
     float* ps = qs + p.Dh;                   // [chunk]
-    float* vr = ps + p.chunk;                // [blockDim * VEC]: per-group V sums
+    float* vr = ps + p.chunk;                // [blockDim * VEC]: per-group V sums, then the merge's
     float* scratch = vr + blockDim.x * VEC;  // [32]
+    float* wts = scratch + 32;               // [nchunks]: the merge's chunk weights
+    __shared__ unsigned int ticket;
     const int h = blockIdx.x, c = blockIdx.y, t = blockIdx.z;
-    const i64 qpos = p.pos[0] + t;
+    if (!p.early) pdl_wait();
+    const i64 pos0 = p.pos[0];
+    const i64 qpos = pos0 + t;
     const int start = c * p.chunk;
     if (qpos < 0 || qpos >= p.L) {
         if (threadIdx.x == 0 && h == 0 && c == 0) atomicOr(p.err, ERR_POSITION);
         return;
     }
     if (start > qpos) return;
-    // K: `tpr` adjacent threads share a row (each Dh / tpr dimensions), so a block of `chunk` rows keeps
-    // chunk * tpr threads, and the SM enough warps, waiting on memory at once.
+    // Rows before `ready` may be read now.
+    const i64 ready = p.early ? pos0 : (i64)p.L;
     const int r = threadIdx.x / p.tpr, part = threadIdx.x % p.tpr;
     const int per = p.Dh / p.tpr;
     const i64 j = start + r;
@@ -390,22 +297,40 @@ extern "C" __global__ void attn_split(AttnP p) {
     const T* kr = p.k + (kvh * p.L + j) * p.Dh + part * per;
     const T* vb = p.v + (kvh * p.L + start) * p.Dh + dv;
     // Every load that depends on nothing computed here is issued first (this thread's part of its K row, its
-    // first V rows), so their latency overlaps the query load and the softmax instead of following them.
+    // first V rows), so their latency overlaps the previous kernel, the query load and the softmax.
     const bool kfits = p.vec_ok && per <= ATTN_KVECS * VEC;
+    const uint4 zero = make_uint4(0u, 0u, 0u, 0u);
     uint4 kraw[ATTN_KVECS];
     uint4 vpre[ATTN_VPREFETCH];
     if (kfits) {
 #pragma unroll
         for (int i = 0; i < ATTN_KVECS; i++)
-            kraw[i] = (j <= qpos && i * VEC < per) ? ld_raw(kr + i * VEC) : make_uint4(0u, 0u, 0u, 0u);
+            kraw[i] = (j < ready && j <= qpos && i * VEC < per) ? ld_raw(kr + i * VEC) : zero;
     }
     if (p.vec_ok) {
 #pragma unroll
         for (int u = 0; u < ATTN_VPREFETCH; u++) {
             const int jj = g + u * groups;
-            vpre[u] = (g < groups && jj < count) ? ld_raw(vb + (i64)jj * p.Dh) : make_uint4(0u, 0u, 0u, 0u);
+            vpre[u] = (g < groups && jj < count && start + jj < ready) ? ld_raw(vb + (i64)jj * p.Dh) : zero;
         }
     }
+    if (p.early) {
+        pdl_wait();
+        // The rows this call's earlier kernels wrote.
+        if (kfits && j >= ready && j <= qpos) {
+#pragma unroll
+            for (int i = 0; i < ATTN_KVECS; i++)
+                if (i * VEC < per) kraw[i] = ld_raw(kr + i * VEC);
+        }
+        if (p.vec_ok) {
+#pragma unroll
+            for (int u = 0; u < ATTN_VPREFETCH; u++) {
+                const int jj = g + u * groups;
+                if (g < groups && jj < count && start + jj >= ready) vpre[u] = ld_raw(vb + (i64)jj * p.Dh);
+            }
+        }
+    }
+    pdl_launch();
     const i64 qbase = (i64)t * p.q_ts + (i64)h * p.q_hs;
     for (int d = threadIdx.x; d < p.Dh; d += blockDim.x) qs[d] = ld(p.q, qbase + d) * p.scale;
     __syncthreads();
@@ -484,39 +409,17 @@ extern "C" __global__ void attn_split(AttnP p) {
         p.ml[slot * 2] = mx;
         p.ml[slot * 2 + 1] = l;
     }
-}
-
-extern "C" __global__ void attn_combine(AttnP p) {
-    extern __shared__ float cm[];
-    float* weight = cm;                // [nchunks]: exp(m_c - max)
-    float* scratch = cm + p.nchunks;   // [32]
-    const int h = blockIdx.x, t = blockIdx.y;
-    const i64 qpos = p.pos[0] + t;
-    if (qpos < 0 || qpos >= p.L) return;
+    // Publish this chunk, then take a ticket: the last of the valid chunks merges them.
+    __threadfence();
+    __syncthreads();
+    unsigned int* counter = p.counters + (i64)t * p.H + h;
     const int nvalid = (int)(qpos / p.chunk) + 1;
-    const i64 base = ((i64)t * p.H + h) * p.nchunks;
-    float mx = NEG_INF;
-    for (int c = threadIdx.x; c < nvalid; c += blockDim.x) mx = fmaxf(mx, p.ml[(base + c) * 2]);
-    mx = block_max(mx, scratch);
-    float den = 0.f;
-    for (int c = threadIdx.x; c < nvalid; c += blockDim.x) {
-        const float w = __expf(p.ml[(base + c) * 2] - mx);
-        weight[c] = w;
-        den += w * p.ml[(base + c) * 2 + 1];
-    }
-    den = block_sum(den, scratch);  // its barriers also publish `weight`
-    const float inv = 1.f / den;
-    for (int d = threadIdx.x; d < p.Dh; d += blockDim.x) {
-        const float* part = p.o_part + base * p.Dh + d;
-        float n4[4] = {0.f, 0.f, 0.f, 0.f};
-        int c = 0;
-        for (; c + 3 < nvalid; c += 4) {
-#pragma unroll
-            for (int u = 0; u < 4; u++) n4[u] += weight[c + u] * part[(i64)(c + u) * p.Dh];
-        }
-        for (; c < nvalid; c++) n4[0] += weight[c] * part[(i64)c * p.Dh];
-        st(p.out, (i64)t * p.q_ts + (i64)h * p.q_hs + d, ((n4[0] + n4[1]) + (n4[2] + n4[3])) * inv);
-    }
+    if (threadIdx.x == 0) ticket = atomicAdd(counter, 1u);
+    __syncthreads();
+    if (ticket != (unsigned int)(nvalid - 1)) return;
+    __threadfence();
+    attn_merge(p, h, t, nvalid, wts, vr, scratch);
+    if (threadIdx.x == 0) *counter = 0u;
 }
 
 // ---------------------------------------------------------------------------------------------------------
@@ -530,6 +433,8 @@ struct ArgmaxP {
 };
 
 extern "C" __global__ void argmax(ArgmaxP p) {
+    pdl_wait();
+    pdl_launch();
     __shared__ float best_v[1024];
     __shared__ int best_i[1024];
     const T* row = p.x + (i64)(p.M - 1) * p.N;

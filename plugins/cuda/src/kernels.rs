@@ -84,26 +84,23 @@ pub struct RmsP {
     pub eps: f32,
 }
 
-/// `GemvP`.
+/// `GemvP` (`kernels/linear.cu`).
 #[repr(C)]
 #[derive(Debug, Clone, Copy)]
 pub struct GemvP {
     pub a: DevicePtr,
     pub w: [DevicePtr; 3],
-    pub y: [DevicePtr; 3],
+    pub bias: [DevicePtr; 3],
     pub res: [DevicePtr; 3],
-    pub partial: DevicePtr,
-    pub counters: DevicePtr,
-    pub norm_w: DevicePtr,
+    pub y: [DevicePtr; 3],
     pub cache: [DevicePtr; 3],
+    pub norm_w: DevicePtr,
     pub pos: DevicePtr,
     pub err: DevicePtr,
+    pub n: [i32; 3],
     pub m: i32,
     pub k: i32,
-    pub n: i32,
     pub nmat: i32,
-    pub ksplit: i32,
-    pub rows_per_split: i32,
     pub vec_ok: i32,
     pub eps: f32,
     pub h: i32,
@@ -139,6 +136,7 @@ pub struct AttnP {
     pub pos: DevicePtr,
     pub o_part: DevicePtr,
     pub ml: DevicePtr,
+    pub counters: DevicePtr,
     pub err: DevicePtr,
     pub tq: i32,
     pub h: i32,
@@ -152,20 +150,7 @@ pub struct AttnP {
     pub q_ts: i32,
     pub q_hs: i32,
     pub group: i32,
-}
-
-/// `GemvTP` (`kernels/linear.cu`).
-#[repr(C)]
-#[derive(Debug, Clone, Copy)]
-pub struct GemvTP {
-    pub a: DevicePtr,
-    pub w: DevicePtr,
-    pub bias: DevicePtr,
-    pub y: DevicePtr,
-    pub m: i32,
-    pub k: i32,
-    pub n: i32,
-    pub vec_ok: i32,
+    pub early: i32,
 }
 
 /// `ArgmaxP`.
@@ -204,10 +189,8 @@ pub enum Launch {
     Add(LaunchConfig, AddP),
     RmsNorm(LaunchConfig, RmsP),
     Gemv(LaunchConfig, GemvP),
-    GemvT(LaunchConfig, GemvTP),
     KvUpdate(LaunchConfig, KvP),
-    AttnSplit(LaunchConfig, AttnP),
-    AttnCombine(LaunchConfig, AttnP),
+    Attention(LaunchConfig, AttnP),
     Argmax(LaunchConfig, ArgmaxP),
 }
 
@@ -218,10 +201,8 @@ pub struct Kernels {
     add: Function,
     rms_norm: Function,
     gemv: Function,
-    gemv_t: Function,
     kv_update: Function,
-    attn_split: Function,
-    attn_combine: Function,
+    attention: Function,
     argmax: Function,
 }
 
@@ -234,38 +215,55 @@ impl Kernels {
             add: module.function("add")?,
             rms_norm: module.function("rms_norm")?,
             gemv: module.function("gemv")?,
-            gemv_t: module.function("gemv_t")?,
             kv_update: module.function("kv_update")?,
-            attn_split: module.function("attn_split")?,
-            attn_combine: module.function("attn_combine")?,
+            attention: module.function("attention")?,
             argmax: module.function("argmax")?,
         })
     }
 
-    /// Queues `launch` on `stream`.
+    /// Queues `launch` on `stream`; `overlapped`: with programmatic dependent launch (every typed kernel
+    /// waits for the previous kernel with `pdl_wait` before it reads that kernel's outputs or writes
+    /// anything; see `kernels/common.cuh`).
     ///
     /// # Safety
     /// Every address in the parameters is device-accessible memory of the module's context (device or
     /// managed memory, or another kernel's scratch), valid for the extents the parameters describe (the plan
     /// computed them from the graph's static shapes and the call's checked arguments), and used by nothing
-    /// else until the stream has run the kernel; `stream` belongs to the same context.
-    pub unsafe fn launch(&self, launch: &Launch, stream: StreamRef<'_>) -> cuda_rt::Result<()> {
-        // SAFETY: every arm launches the kernel its parameter struct mirrors; the addresses in it are valid
-        // per this function's contract, which is `go`'s.
+    /// else until the stream has run the kernel; `stream` belongs to the same context; `overlapped` only on a
+    /// device that [`cuda_rt::Context::overlaps_launches`], after a kernel of the same call.
+    pub unsafe fn launch(
+        &self,
+        launch: &Launch,
+        stream: StreamRef<'_>,
+        overlapped: bool,
+    ) -> cuda_rt::Result<()> {
+        let (f, config, params): (&Function, LaunchConfig, *mut c_void) = match launch {
+            Launch::Gather(c, p) => (&self.gather, *c, param(p)),
+            Launch::Add(c, p) => (&self.add, *c, param(p)),
+            Launch::RmsNorm(c, p) => (&self.rms_norm, *c, param(p)),
+            Launch::Gemv(c, p) => (&self.gemv, *c, param(p)),
+            Launch::KvUpdate(c, p) => (&self.kv_update, *c, param(p)),
+            Launch::Attention(c, p) => (&self.attention, *c, param(p)),
+            Launch::Argmax(c, p) => (&self.argmax, *c, param(p)),
+        };
+        let mut params = [params];
+        // SAFETY: every arm pairs a kernel with a pointer to its parameter struct (mirrored `#[repr(C)]`),
+        // borrowed from `launch`, which outlives the call; the addresses in it are valid per this function's
+        // contract; each typed kernel waits with `pdl_wait` before touching the previous kernel's memory,
+        // which `launch_overlapped` asks of an overlapped launch.
         unsafe {
-            match launch {
-                Launch::Gather(c, p) => go(&self.gather, *c, stream, p),
-                Launch::Add(c, p) => go(&self.add, *c, stream, p),
-                Launch::RmsNorm(c, p) => go(&self.rms_norm, *c, stream, p),
-                Launch::Gemv(c, p) => go(&self.gemv, *c, stream, p),
-                Launch::GemvT(c, p) => go(&self.gemv_t, *c, stream, p),
-                Launch::KvUpdate(c, p) => go(&self.kv_update, *c, stream, p),
-                Launch::AttnSplit(c, p) => go(&self.attn_split, *c, stream, p),
-                Launch::AttnCombine(c, p) => go(&self.attn_combine, *c, stream, p),
-                Launch::Argmax(c, p) => go(&self.argmax, *c, stream, p),
+            if overlapped {
+                f.launch_overlapped(config, stream, &mut params)
+            } else {
+                f.launch(config, stream, &mut params)
             }
         }
     }
+}
+
+/// The one kernel parameter: a pointer to the parameter struct (the driver copies it at launch).
+fn param<P>(p: &P) -> *mut c_void {
+    (p as *const P).cast_mut().cast()
 }
 
 #[cfg(test)]
@@ -283,17 +281,7 @@ mod tests {
             opts.extend_from_slice(options(float));
             match cuda_rt::compile_ptx(SOURCE, &opts) {
                 Ok(ptx) => {
-                    for kernel in [
-                        "gather",
-                        "add",
-                        "rms_norm",
-                        "gemv",
-                        "gemv_t",
-                        "kv_update",
-                        "attn_split",
-                        "attn_combine",
-                        "argmax",
-                    ] {
+                    for kernel in ["gather", "add", "rms_norm", "gemv", "kv_update", "attention", "argmax"] {
                         assert!(ptx.contains(&format!(".entry {kernel}(")), "{float:?}: no kernel {kernel}");
                     }
                 }

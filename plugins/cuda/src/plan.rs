@@ -4,8 +4,11 @@
 //! Two paths, tried in this order for every op:
 //! - the fast path ([`fast`]), the fusions a one-row decode step wants, each only where it cannot change a
 //!   result:
-//!   - up to three consecutive `MatMul`s (`[K, N]` weights) reading the same activation with weights of one
-//!     shape become one GEMV launch (the Q, K and V projections);
+//!   - every `MatMul` is a GEMV whose warps each own one output column and read its contiguous weight row:
+//!     `[N, K]` weights (`transpose_b`) as stored, `[K, N]` constant weights transposed once at upload
+//!     ([`Plan::transposed`]);
+//!   - up to three consecutive `MatMul`s reading the same activation with weights of one inner extent become
+//!     one launch (the Q, K and V projections; gate and up), each with its own width and bias;
 //!   - a `MatMul` whose output only feeds the next op, an `Add` of equal shapes with it, becomes a GEMV with a
 //!     residual (the attention output projection and the residual stream);
 //!   - an `RmsNorm` whose output only the next GEMV reads is done inside that GEMV;
@@ -13,11 +16,16 @@
 //!     V), and token-major updates the previous GEMV computes are written into the caches by it;
 //!   - every `KvCacheUpdate` writes the caller's cache in place and every `CausalAttention` reads the caches
 //!     where they are, head-major or token-major, grouped-query attention included (each query head reads
-//!     its KV head's rows; repeated keys and values are never materialised);
-//! - the general path ([`general`]): one launch per op for everything else (`transpose_b` products as a
-//!   row-dot GEMV, broadcasting elementwise ops, unary functions, means, casts, permutes, slices and concats
-//!   as strided copies); a `Reshape` launches nothing: its output is its input's storage; an `Assign` is one
-//!   copy of its value into the caller's buffer it targets (device to device, in the call's stream).
+//!     its KV head's rows; repeated keys and values are never materialised), in one launch that merges its
+//!     chunks itself;
+//! - the general path ([`general`]): one launch per op for everything else (broadcasting elementwise ops,
+//!   unary functions, means, casts, permutes, slices and concats as strided copies); a `Reshape` launches
+//!   nothing: its output is its input's storage; an `Assign` is one copy of its value into the caller's
+//!   buffer it targets (device to device, in the call's stream).
+//!
+//! On a GPU that has it, every typed launch after the first of a call overlaps the one before it
+//! (programmatic dependent launch): it requests its weights, and an attention the cache rows before the
+//! position, while the previous kernel finishes (see `kernels/common.cuh`).
 //!
 //! Float tensors may be `f32`, `f16` or `bf16`, one type per op (a graph may cast between them, as Hugging
 //! Face's RMSNorm does in f32 inside a bf16 model); every kernel computes in f32. Typed kernels are compiled
@@ -33,7 +41,7 @@ mod tests;
 
 use ref_graph::{ElemType, Graph, TensorId, UnaryFn};
 
-use crate::kernels::{self, ATTN_THREADS, GEMV_WARPS};
+use crate::kernels::{self, ATTN_THREADS};
 
 /// A floating-point storage type of the typed kernels.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -73,7 +81,7 @@ pub enum Home {
     /// An intermediate: device scratch of the instance, allocated at `init`.
     Scratch,
     /// The same storage as another tensor, never itself `SameAs`: a `KvCacheUpdate` output is its cache, an
-    /// `Assign` output its target, a `Reshape` output its input.
+    /// `Assign` output its target, a `Reshape` output its input, a product a GEMV adds a residual to the sum.
     SameAs(TensorId),
 }
 
@@ -128,6 +136,7 @@ pub enum Step {
         dim: u32,
         eps: f32,
     },
+    /// `y[mat] = a . w[mat]` for each matrix (see [`GemvMat`]), `a` RMS-normalised first with `norm`.
     Gemv {
         a: TensorId,
         norm: Option<(TensorId, f32)>,
@@ -135,19 +144,6 @@ pub enum Step {
         cache_rows: Option<CacheRows>,
         m: u32,
         k: u32,
-        n: u32,
-        ksplit: u32,
-        rows_per_split: u32,
-    },
-    /// `out[m, n] = a[m, :] . w[n, :] (+ bias[n])`: a `transpose_b` product.
-    GemvT {
-        a: TensorId,
-        w: TensorId,
-        bias: Option<TensorId>,
-        out: TensorId,
-        m: u32,
-        k: u32,
-        n: u32,
     },
     KvUpdate {
         caches: Vec<(TensorId, TensorId)>,
@@ -163,6 +159,10 @@ pub enum Step {
         shape: AttnShape,
         chunk: u32,
         tpr: u32,
+        /// Whether the kernel may read the cache rows before the position before the previous kernel
+        /// finishes: the caches are `KvCacheUpdate` outputs at this position, and no step writes the
+        /// position.
+        early: bool,
     },
     Argmax {
         input: TensorId,
@@ -215,7 +215,7 @@ impl Step {
     pub fn typed_by(&self) -> Option<TensorId> {
         match *self {
             Step::Gather { table, .. } => Some(table),
-            Step::Add { out, .. } | Step::RmsNorm { out, .. } | Step::GemvT { out, .. } => Some(out),
+            Step::Add { out, .. } | Step::RmsNorm { out, .. } => Some(out),
             Step::Gemv { a, .. } => Some(a),
             Step::KvUpdate { ref caches, .. } => Some(caches[0].0),
             Step::Attention { q, .. } => Some(q),
@@ -238,11 +238,17 @@ pub struct PositionRows {
     pub n: u32,
 }
 
-/// One matrix of a fused GEMV: weight, output, optional residual added to the product.
+/// One matrix of a fused GEMV: `y[m, n] = a[m, :] . w[n, :] (+ bias[n]) (+ residual[m, n])`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct GemvMat {
+    /// The weight: `[N, K]` as the graph stores it, or a `[K, N]` constant read through its transposed
+    /// upload (`transposed`).
     pub w: TensorId,
+    pub transposed: bool,
+    /// Output columns.
+    pub n: u32,
     pub y: TensorId,
+    pub bias: Option<TensorId>,
     pub residual: Option<TensorId>,
     /// A KV cache whose row at the step's position also receives `y` (the cache update, fused).
     pub cache: Option<TensorId>,
@@ -321,21 +327,21 @@ pub struct Plan {
     pub homes: Vec<Home>,
     /// The launches, in order.
     pub steps: Vec<Step>,
-    /// Largest GEMV partial-sum scratch any step needs, in f32 elements.
-    pub gemv_partial: usize,
-    /// Largest GEMV ticket-counter array any step needs.
-    pub gemv_counters: usize,
-    /// Largest attention scratch any step needs: (partial outputs, maxima and sums), in f32 elements.
-    pub attn_scratch: (usize, usize),
+    /// `[K, N]` constant weights the GEMVs read transposed (`[N, K]`), each uploaded so once at `init`, with
+    /// whether anything reads the constant as it is too (else only the transposed copy is uploaded).
+    pub transposed: Vec<(TensorId, bool)>,
+    /// Largest attention scratch any step needs: (partial outputs and their maxima and sums, in f32
+    /// elements; merge counters).
+    pub attn_scratch: AttnScratch,
 }
 
-/// GEMV blocks a launch aims for: about two per SM of a large GPU, so one weight read spreads over the chip.
-const GEMV_TARGET_BLOCKS: u32 = 256;
-/// Most K rows one GEMV block stages in shared memory.
-const GEMV_MAX_ROWS: u32 = 4096;
-/// Fewest K rows per split (eight per warp): finer splits add partial sums the last block must add up
-/// serially, which costs more than the parallelism gains.
-const GEMV_MIN_ROWS: u32 = 64;
+/// The scratch of the largest attention: partial outputs, maxima and sums (f32 elements), merge tickets.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct AttnScratch {
+    pub partials: usize,
+    pub maxima: usize,
+    pub counters: usize,
+}
 
 fn u32_of(value: u64, what: &str) -> Result<u32, Unsupported> {
     u32::try_from(value)
@@ -344,25 +350,29 @@ fn u32_of(value: u64, what: &str) -> Result<u32, Unsupported> {
         .ok_or_else(|| Unsupported(format!("{what} {value} exceeds the kernels' 32-bit extents")))
 }
 
-/// How an attention block splits its work for heads of `head_dim`: (cache rows per block, threads per row in
-/// the K pass). One thread per row and [`ATTN_THREADS`] rows per block: measured on the H200 (config (c),
-/// positions 4096 and 8191), four threads per row over 64-row blocks gave more warps but 4x the chunks to
-/// combine, and was slower (1090 and 1585 µs per step against 1028 and 1225); rows per block from 64 to 512
-/// changed little. The kernel takes any power of two up to 32 threads per row.
-fn attention_shape(_float: Float, _head_dim: u32) -> (u32, u32) {
-    (ATTN_THREADS, 1)
-}
-
-/// Splits a GEMV of `m` rows, `nmat` matrices and `k x n` weights over the GPU: (ksplit, rows per split).
-pub fn gemv_split(float: Float, m: u32, nmat: u32, k: u32, n: u32) -> (u32, u32) {
-    let tiles = n.div_ceil(32 * kernels::vec_width(float));
-    let others = (tiles * m * nmat).max(1);
-    let wanted = GEMV_TARGET_BLOCKS.div_ceil(others);
-    let most = k.div_ceil(GEMV_MIN_ROWS.max(GEMV_WARPS)).max(1);
-    let least = k.div_ceil(GEMV_MAX_ROWS).max(1);
-    let ksplit = wanted.clamp(least, most.max(least));
-    let rows = k.div_ceil(ksplit);
-    (k.div_ceil(rows), rows)
+/// How an attention block splits its work over a cache of `len` rows of heads of `head_dim`: (cache rows
+/// per block, threads per row in the K pass). [`ATTN_THREADS`] threads; chunks of `len / 8` rows, 64 to 256
+/// (never past the cache's power of two); the threads a row leaves over share its q.k, each at least one
+/// 16-byte vector of it; at least 64 threads (the merge's sums need `Dh / 4` of them). Measured on the H200
+/// (`bench` on config (c) at positions 4096 and 8191, CUDA graph): 256 rows with one thread each 766 and
+/// 1093 µs per step, 128 with one 781 and 1189, 128 with two 805 and 1223, 64 with four 1069 and 1740 (more,
+/// shorter blocks wait on memory in more waves); config (b) at 512: 128 rows with two 107.3 µs, 64 with four
+/// 107.3, 32 with eight 140. Requesting all of a chunk's V rows with its K rows (16 per thread instead of
+/// 8) was slower (808 and 1143 µs).
+fn attention_shape(float: Float, head_dim: u32, len: u32) -> (u32, u32) {
+    let mut chunk = (len / 8).clamp(64, ATTN_THREADS).next_power_of_two().min(len.next_power_of_two());
+    let vec = kernels::vec_width(float);
+    // Threads per row: a power of two up to 32 whose share of the row is whole vectors (or whole elements
+    // when rows are not whole vectors).
+    let unit = if head_dim % vec == 0 { vec } else { 1 };
+    let mut tpr = 1;
+    while tpr < 32 && chunk * tpr * 2 <= ATTN_THREADS && head_dim % (unit * tpr * 2) == 0 {
+        tpr *= 2;
+    }
+    while chunk * tpr < 64 {
+        chunk *= 2;
+    }
+    (chunk, tpr)
 }
 
 impl Plan {

@@ -1,14 +1,11 @@
-//! The launches of the typed steps (the fast path and the `transpose_b` GEMV), with this call's addresses.
+//! The launches of the typed steps (the fast path), with this call's addresses.
 
 use cuda_rt::{DevicePtr, LaunchConfig};
 use ref_graph::TensorId;
 
 use super::{Engine, Queued};
-use crate::kernels::{self, AddP, ArgmaxP, AttnP, GatherP, GemvP, GemvTP, KvP, Launch, RmsP};
+use crate::kernels::{self, AddP, ArgmaxP, AttnP, GatherP, GemvP, KvP, Launch, RmsP};
 use crate::plan::{AttnShape, Float, KvLayout, Step};
-
-/// Warps of a `gemv_t` block: one output column each.
-const GEMVT_WARPS: u32 = 8;
 
 fn cfg(grid: (u32, u32, u32), block: u32, shared: u32) -> LaunchConfig {
     LaunchConfig { grid, block: (block, 1, 1), shared_mem_bytes: shared }
@@ -57,12 +54,9 @@ impl Engine {
                 RmsP { x: p(input), w: p(weight), out: p(out), rows: rows as i32, dim: dim as i32, eps },
             ),
             Step::Gemv { .. } => self.gemv(step, float),
-            Step::GemvT { .. } => self.gemv_t(step, float),
             Step::KvUpdate { ref caches, position, layout } => self.kv_update(caches, position, layout),
-            Step::Attention { q, k, v, position, out, shape, chunk, tpr } => {
-                let (split, combine) = self.attention([q, k, v, position, out], shape, chunk, tpr, float);
-                push(split);
-                combine
+            Step::Attention { q, k, v, position, out, shape, chunk, tpr, early } => {
+                self.attention([q, k, v, position, out], shape, (chunk, tpr, early), float)
             }
             Step::Argmax { input, out, m, n } => Launch::Argmax(
                 cfg((1, 1, 1), kernels::ARGMAX_THREADS, 0),
@@ -74,64 +68,45 @@ impl Engine {
     }
 
     fn gemv(&self, step: &Step, float: Float) -> Launch {
-        let Step::Gemv { a, norm, ref mats, cache_rows, m, k, n, ksplit, rows_per_split } = *step else {
+        let Step::Gemv { a, norm, ref mats, cache_rows, m, k } = *step else {
             unreachable!("called for a GEMV")
         };
         let p = |id| self.p(id);
-        let (mut w, mut y, mut res, mut cache) = ([0; 3], [0; 3], [0; 3], [0; 3]);
+        let (mut w, mut bias, mut res, mut y, mut cache, mut n) =
+            ([0; 3], [0; 3], [0; 3], [0; 3], [0; 3], [0; 3]);
         for (i, mat) in mats.iter().enumerate() {
-            w[i] = p(mat.w);
-            y[i] = p(mat.y);
+            w[i] = if mat.transposed { self.transposed[mat.w.0] } else { p(mat.w) };
+            bias[i] = mat.bias.map_or(0, p);
             res[i] = mat.residual.map_or(0, p);
+            y[i] = p(mat.y);
             cache[i] = mat.cache.map_or(0, p);
+            n[i] = mat.n as i32;
         }
+        let norm_w = norm.map_or(0, |(w, _)| p(w));
+        let aligned = [p(a), norm_w].iter().chain(&w[..mats.len()]).all(|&ptr| ptr % 16 == 0);
         let geometry = cache_rows.map_or((0, 0, 0), |r| (r.heads as i32, r.len as i32, r.head_dim as i32));
-        let vec = kernels::vec_width(float);
-        let tiles = n.div_ceil(32 * vec);
-        let shared = (rows_per_split + kernels::GEMV_WARPS * 32 * vec) * 4;
+        let columns: u32 = mats.iter().map(|mat| mat.n).sum();
         Launch::Gemv(
-            cfg((tiles, ksplit, mats.len() as u32 * m), kernels::GEMV_WARPS * 32, shared),
+            cfg((columns.div_ceil(kernels::GEMV_WARPS), m, 1), kernels::GEMV_WARPS * 32, 0),
             GemvP {
                 a: p(a),
                 w,
-                y,
+                bias,
                 res,
-                partial: self.gemv_partial,
-                counters: self.gemv_counters,
-                norm_w: norm.map_or(0, |(w, _)| p(w)),
+                y,
                 cache,
+                norm_w,
                 pos: cache_rows.map_or(0, |r| p(r.position)),
                 err: self.err.device_ptr(),
+                n,
                 m: m as i32,
                 k: k as i32,
-                n: n as i32,
                 nmat: mats.len() as i32,
-                ksplit: ksplit as i32,
-                rows_per_split: rows_per_split as i32,
-                vec_ok: i32::from(n % vec == 0),
+                vec_ok: i32::from(aligned && k % kernels::vec_width(float) == 0),
                 eps: norm.map_or(0.0, |(_, eps)| eps),
                 h: geometry.0,
                 l: geometry.1,
                 dh: geometry.2,
-            },
-        )
-    }
-
-    fn gemv_t(&self, step: &Step, float: Float) -> Launch {
-        let Step::GemvT { a, w, bias, out, m, k, n } = *step else { unreachable!("called for a GEMV_T") };
-        let p = |id| self.p(id);
-        let aligned = p(a) % 16 == 0 && p(w) % 16 == 0;
-        Launch::GemvT(
-            cfg((n.div_ceil(GEMVT_WARPS), m, 1), GEMVT_WARPS * 32, 0),
-            GemvTP {
-                a: p(a),
-                w: p(w),
-                bias: bias.map_or(0, p),
-                y: p(out),
-                m: m as i32,
-                k: k as i32,
-                n: n as i32,
-                vec_ok: i32::from(aligned && k % kernels::vec_width(float) == 0),
             },
         )
     }
@@ -161,47 +136,43 @@ impl Engine {
         )
     }
 
-    /// The split and combine launches of an attention; `t` is (q, k, v, position, out).
-    fn attention(
-        &self,
-        t: [TensorId; 5],
-        s: AttnShape,
-        chunk: u32,
-        tpr: u32,
-        float: Float,
-    ) -> (Launch, Launch) {
+    /// The launch of an attention; `t` is (q, k, v, position, out), `split` (chunk, tpr, early).
+    fn attention(&self, t: [TensorId; 5], s: AttnShape, split: (u32, u32, bool), float: Float) -> Launch {
+        let (chunk, tpr, early) = split;
         let [q, k, v, position, out] = t.map(|id| self.p(id));
         let vec = kernels::vec_width(float);
         let nchunks = s.len.div_ceil(chunk);
         let aligned = k % 16 == 0 && v % 16 == 0;
         let (q_ts, q_hs) = s.q_strides();
-        let params = AttnP {
-            q,
-            k,
-            v,
-            out,
-            pos: position,
-            o_part: self.attn_part,
-            ml: self.attn_ml,
-            err: self.err.device_ptr(),
-            tq: s.rows as i32,
-            h: s.heads as i32,
-            l: s.len as i32,
-            dh: s.head_dim as i32,
-            chunk: chunk as i32,
-            nchunks: nchunks as i32,
-            vec_ok: i32::from(aligned && s.head_dim % vec == 0),
-            scale: s.scale,
-            tpr: tpr as i32,
-            q_ts: q_ts as i32,
-            q_hs: q_hs as i32,
-            group: s.group() as i32,
-        };
-        let threads = kernels::ATTN_THREADS;
-        let split_shared = (s.head_dim + chunk + threads * vec + 32) * 4;
-        (
-            Launch::AttnSplit(cfg((s.heads, nchunks, s.rows), threads, split_shared), params),
-            Launch::AttnCombine(cfg((s.heads, s.rows, 1), 128, (nchunks + 32) * 4), params),
+        let threads = chunk * tpr;
+        // q, the chunk's weights, the V sums, a reduction's scratch and the merge's chunk weights.
+        let shared = (s.head_dim + chunk + threads * vec + 32 + nchunks) * 4;
+        Launch::Attention(
+            cfg((s.heads, nchunks, s.rows), threads, shared),
+            AttnP {
+                q,
+                k,
+                v,
+                out,
+                pos: position,
+                o_part: self.attn_part,
+                ml: self.attn_ml,
+                counters: self.attn_counters,
+                err: self.err.device_ptr(),
+                tq: s.rows as i32,
+                h: s.heads as i32,
+                l: s.len as i32,
+                dh: s.head_dim as i32,
+                chunk: chunk as i32,
+                nchunks: nchunks as i32,
+                vec_ok: i32::from(aligned && s.head_dim % vec == 0),
+                scale: s.scale,
+                tpr: tpr as i32,
+                q_ts: q_ts as i32,
+                q_hs: q_hs as i32,
+                group: s.group() as i32,
+                early: i32::from(early),
+            },
         )
     }
 }

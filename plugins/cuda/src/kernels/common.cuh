@@ -38,3 +38,20 @@ __device__ float block_sum(float v, float* scratch) {
     v = lane < warps ? scratch[lane] : 0.f;
     return warp_sum(v);
 }
+
+// Programmatic dependent launch (sm_90 and later; a no-op before). A typed kernel launched with it may start
+// while the previous kernel of its stream is still running: before `pdl_wait` it reads only what no kernel of
+// the call writes (weights, the position, cache rows before it) and writes nothing; `pdl_wait` returns once the
+// previous kernel has finished and its writes are visible (and, since that kernel waited the same way, every
+// kernel before it); `pdl_launch` then lets the next kernel start its own prologue. Every kernel of a call
+// calls `pdl_wait` before `pdl_launch`, so a kernel never overtakes one it does not wait for.
+__device__ __forceinline__ void pdl_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void pdl_launch() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}

@@ -1,40 +1,156 @@
 // ---------------------------------------------------------------------------------------------------------
-// `torch.nn.Linear`'s product (appended to `kernels.cu`, so `T`, `VEC` and the loads are that file's):
-// y[m, n] = a[m, :] . w[n, :] (+ bias[n]), the weight stored [N, K] as the user stores it. Output n reads the
-// contiguous weight row n, 16 bytes per lane at a time, and a warp adds its lanes' sums: for one-row decode the
-// whole weight is read once, in order. Grid (ceil(N / warps per block), M); block a multiple of 32 threads.
+// Every product of the typed path (appended to `kernels.cu`, so `T`, `VEC` and the loads are that file's):
+// y[mat][m, n] = a[m, :] . w[mat][n, :] (+ bias[mat][n]) (+ res[mat][m, n]) for up to three matrices sharing
+// `a` (the Q, K and V projections, or gate and up, in one launch; each its own width). Weights are stored
+// [N, K]: `torch.nn.Linear`'s layout as the user stores it, and a `[K, N]` weight transposed once at upload.
+//
+// Decode multiplies one row by the weights: the work is reading them once, in order. A warp owns one output
+// column: it reads that column's contiguous weight row, 16 bytes per lane at a time, and adds its lanes' sums,
+// so no block shares a column, no partial sum is written and no second pass runs. The first `GEMV_PRE` loads
+// of each lane are issued before `pdl_wait`: the weights stream in while the previous kernel finishes. With
+// `norm_w` set, `a` is RMS-normalised with that gain on the way (each warp computes the row's norm itself; the
+// whole row passes through its lanes anyway). A matrix with a cache also writes its outputs into the cache row
+// at pos + m (the KV-cache update fused into the projection that computes it).
+// Grid (ceil(total columns / GEMV_WARPS), M); block GEMV_WARPS warps.
 
-struct GemvTP {
+#define GEMV_WARPS 8
+#define GEMV_PRE 8
+
+struct GemvP {
     const T* a;
-    const T* w;
-    const T* bias;  // null: no bias
-    T* y;
-    int M, K, N, vec_ok;  // vec_ok: K % VEC == 0 and `a`, `w` 16-byte aligned
+    const T* w[3];
+    const T* bias[3];
+    const T* res[3];
+    T* y[3];
+    T* cache[3];     // per matrix, a KV cache [H, L, Dh] whose row pos + m also receives y[mat][m, :]
+    const T* norm_w;  // RMS-norm gain [K], or null
+    const i64* pos;   // the cache position (with any cache)
+    int* err;
+    int n[3];         // output columns per matrix
+    int M, K, nmat, vec_ok;  // vec_ok: K % VEC == 0 and `a`, every `w` and `norm_w` 16-byte aligned
+    float eps;
+    int H, L, Dh;
 };
 
-extern "C" __global__ void gemv_t(GemvTP p) {
+// One of the three entries of a parameter array, picked with selects: indexing the by-value parameter struct
+// with a run-time index would copy it to local memory.
+template <typename P>
+__device__ __forceinline__ P pick(const P (&a)[3], int i) {
+    return i == 0 ? a[0] : i == 1 ? a[1] : a[2];
+}
+
+__device__ __forceinline__ void gemv_store(const GemvP& p, int mat, int m, int col, float s) {
+    const i64 at = (i64)m * pick(p.n, mat) + col;
+    const T* bias = pick(p.bias, mat);
+    const T* res = pick(p.res, mat);
+    T* cache = pick(p.cache, mat);
+    if (bias) s += ld(bias, col);
+    if (res) s += ld(res, at);
+    st(pick(p.y, mat), at, s);
+    if (cache) {
+        const i64 row = p.pos[0] + m;
+        if (row >= 0 && row < p.L) {
+            st(cache, ((i64)(col / p.Dh) * p.L + row) * p.Dh + col % p.Dh, s);
+        } else {
+            atomicOr(p.err, ERR_POSITION);
+        }
+    }
+}
+
+// VEC values of `a` at k, normalised when the product fuses a norm.
+__device__ __forceinline__ void gemv_act(const GemvP& p, uint4 raw, int k, float inv, float* out) {
+    cvt_vec(raw, out);
+    if (p.norm_w) {
+        float g[VEC];
+        ld_vec(p.norm_w + k, g);
+#pragma unroll
+        for (int v = 0; v < VEC; v++) out[v] *= inv * g[v];
+    }
+}
+
+extern "C" __global__ void gemv(GemvP p) {
     const int lane = threadIdx.x & 31;
-    const int n = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    int col = blockIdx.x * GEMV_WARPS + (threadIdx.x >> 5);
     const int m = blockIdx.y;
-    if (n >= p.N) return;
-    const T* wr = p.w + (i64)n * p.K;
+    int mat = 0;
+    if (p.nmat > 1 && col >= p.n[0]) {
+        col -= p.n[0];
+        mat = 1;
+        if (p.nmat > 2 && col >= p.n[1]) {
+            col -= p.n[1];
+            mat = 2;
+        }
+    }
+    const bool live = col < pick(p.n, mat);
+    const T* wr = pick(p.w, mat) + (i64)(live ? col : 0) * p.K;
     const T* ar = p.a + (i64)m * p.K;
     float acc = 0.f;
     if (p.vec_ok) {
-#pragma unroll 4
-        for (int k = lane * VEC; k < p.K; k += 32 * VEC) {
-            float wv[VEC], av[VEC];
-            ld_vec(wr + k, wv);
-            ld_vec(ar + k, av);
+        const uint4 zero = make_uint4(0u, 0u, 0u, 0u);
+        uint4 w_pre[GEMV_PRE], a_pre[GEMV_PRE];
 #pragma unroll
-            for (int v = 0; v < VEC; v++) acc += wv[v] * av[v];
+        for (int i = 0; i < GEMV_PRE; i++) {
+            const int k = (i * 32 + lane) * VEC;
+            w_pre[i] = live && k < p.K ? ld_raw(wr + k) : zero;
+        }
+        pdl_wait();
+        pdl_launch();
+#pragma unroll
+        for (int i = 0; i < GEMV_PRE; i++) {
+            const int k = (i * 32 + lane) * VEC;
+            a_pre[i] = k < p.K ? ld_raw(ar + k) : zero;
+        }
+        float inv = 1.f;
+        if (p.norm_w) {
+            float ss = 0.f, x[VEC];
+#pragma unroll
+            for (int i = 0; i < GEMV_PRE; i++) {
+                cvt_vec(a_pre[i], x);
+#pragma unroll
+                for (int v = 0; v < VEC; v++) ss += x[v] * x[v];
+            }
+            for (int k = (GEMV_PRE * 32 + lane) * VEC; k < p.K; k += 32 * VEC) {
+                ld_vec(ar + k, x);
+#pragma unroll
+                for (int v = 0; v < VEC; v++) ss += x[v] * x[v];
+            }
+            inv = rsqrtf(warp_sum(ss) / (float)p.K + p.eps);
+        }
+#pragma unroll
+        for (int i = 0; i < GEMV_PRE; i++) {
+            const int k = (i * 32 + lane) * VEC;
+            if (k < p.K) {
+                float x[VEC], wv[VEC];
+                gemv_act(p, a_pre[i], k, inv, x);
+                cvt_vec(w_pre[i], wv);
+#pragma unroll
+                for (int v = 0; v < VEC; v++) acc += x[v] * wv[v];
+            }
+        }
+#pragma unroll 4
+        for (int k = (GEMV_PRE * 32 + lane) * VEC; k < p.K; k += 32 * VEC) {
+            float x[VEC], wv[VEC];
+            gemv_act(p, ld_raw(ar + k), k, inv, x);
+            ld_vec(wr + k, wv);
+#pragma unroll
+            for (int v = 0; v < VEC; v++) acc += x[v] * wv[v];
         }
     } else {
-        for (int k = lane; k < p.K; k += 32) acc += ld(wr, k) * ld(ar, k);
+        pdl_wait();
+        pdl_launch();
+        float inv = 1.f;
+        if (p.norm_w) {
+            float ss = 0.f;
+            for (int k = lane; k < p.K; k += 32) ss += ld(ar, k) * ld(ar, k);
+            inv = rsqrtf(warp_sum(ss) / (float)p.K + p.eps);
+        }
+        if (live) {
+            for (int k = lane; k < p.K; k += 32) {
+                const float x = p.norm_w ? ld(ar, k) * inv * ld(p.norm_w, k) : ld(ar, k);
+                acc += x * ld(wr, k);
+            }
+        }
     }
     acc = warp_sum(acc);
-    if (lane == 0) {
-        if (p.bias) acc += ld(p.bias, n);
-        st(p.y, (i64)m * p.N + n, acc);
-    }
+    if (live && lane == 0) gemv_store(p, mat, m, col, acc);
 }

@@ -111,16 +111,6 @@ impl<'g> Emulator<'g> {
                 }
             }
             Step::Gemv { .. } => self.gemv(step)?,
-            Step::GemvT { a, w, bias, out, m, k, n } => {
-                let (x, w) = (self.get(*a).to_vec(), self.get(*w).to_vec());
-                let bias = bias.map(|b| self.get(b).to_vec());
-                let (k, n) = (*k as usize, *n as usize);
-                for (row, col) in (0..*m as usize).flat_map(|r| (0..n).map(move |c| (r, c))) {
-                    let s: f64 = (0..k).map(|i| x[row * k + i] * w[col * k + i]).sum();
-                    let s = s + bias.as_ref().map_or(0.0, |b| b[col]);
-                    self.put(*out, (row * n + col) as u64, s);
-                }
-            }
             Step::KvUpdate { .. } => self.kv_update(step)?,
             Step::Attention { .. } => self.attention(step)?,
             Step::Argmax { input, out, m, n } => {
@@ -158,8 +148,8 @@ impl Emulator<'_> {
     }
 
     fn gemv(&mut self, step: &Step) -> Result<(), &'static str> {
-        let Step::Gemv { a, norm, ref mats, cache_rows, m, k, n, .. } = *step else { unreachable!() };
-        let (k, n) = (k as usize, n as usize);
+        let Step::Gemv { a, norm, ref mats, cache_rows, m, k } = *step else { unreachable!() };
+        let k = k as usize;
         let x = self.get(a).to_vec();
         for row in 0..m as usize {
             let mut xs = x[row * k..(row + 1) * k].to_vec();
@@ -169,10 +159,16 @@ impl Emulator<'_> {
                 xs.iter_mut().enumerate().for_each(|(i, v)| *v = *v * inv * w[i]);
             }
             for mat in mats {
+                let n = mat.n as usize;
                 let w = self.get(mat.w).to_vec();
+                // The graph's `[K, N]` constant, which the kernel reads through its transposed upload.
+                let weight =
+                    |i: usize, col: usize| if mat.transposed { w[i * n + col] } else { w[col * k + i] };
+                let bias = mat.bias.map(|b| self.get(b).to_vec());
                 let res = mat.residual.map(|r| self.get(r).to_vec());
                 for col in 0..n {
-                    let s: f64 = (0..k).map(|i| xs[i] * w[i * n + col]).sum::<f64>()
+                    let s: f64 = (0..k).map(|i| xs[i] * weight(i, col)).sum::<f64>()
+                        + bias.as_ref().map_or(0.0, |b| b[col])
                         + res.as_ref().map_or(0.0, |r| r[row * n + col]);
                     self.put(mat.y, (row * n + col) as u64, s);
                     if let (Some(cache), Some(c)) = (mat.cache, cache_rows) {

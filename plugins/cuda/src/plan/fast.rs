@@ -4,19 +4,17 @@
 use ref_graph::{Graph, Op, TensorId};
 
 use super::{
-    attention_shape, gemv_split, general, u32_of, AttnShape, BinOp, CacheRows, Float, GemvMat, Home,
-    KvLayout, Plan, PositionRows, Step, Unsupported,
+    attention_shape, general, u32_of, AttnScratch, AttnShape, CacheRows, Float, GemvMat, Home, KvLayout,
+    Plan, PositionRows, Step, Unsupported,
 };
-use crate::kernels::{self, ATTN_MAX_HEAD};
+use crate::kernels::ATTN_MAX_HEAD;
 
 /// A plan being built: the graph, where each tensor lives, the steps so far and the scratch they need.
 pub(super) struct Lowering<'g> {
     pub(super) graph: &'g Graph,
     pub(super) homes: Vec<Home>,
     pub(super) steps: Vec<Step>,
-    gemv_partial: usize,
-    gemv_counters: usize,
-    attn_scratch: (usize, usize),
+    attn_scratch: AttnScratch,
 }
 
 impl<'g> Lowering<'g> {
@@ -28,7 +26,7 @@ impl<'g> Lowering<'g> {
         for &id in graph.inputs().iter().chain(graph.outputs()) {
             homes[id.0] = Home::Io;
         }
-        Lowering { graph, homes, steps: Vec::new(), gemv_partial: 0, gemv_counters: 0, attn_scratch: (0, 0) }
+        Lowering { graph, homes, steps: Vec::new(), attn_scratch: AttnScratch::default() }
     }
 
     pub(super) fn finish(self) -> Plan {
@@ -37,15 +35,38 @@ impl<'g> Lowering<'g> {
             self.steps.iter().filter_map(|s| s.typed_by()).filter_map(|id| Float::of(dtypes[id.0])).collect();
         floats.sort();
         floats.dedup();
+        let transposed = self.transposed();
         Plan {
             floats,
             dtypes,
             homes: self.homes,
             steps: self.steps,
-            gemv_partial: self.gemv_partial,
-            gemv_counters: self.gemv_counters,
+            transposed,
             attn_scratch: self.attn_scratch,
         }
+    }
+
+    /// The constants GEMVs read transposed, each once, with whether anything else reads them as they are
+    /// (another op, or the graph's outputs).
+    fn transposed(&self) -> Vec<(TensorId, bool)> {
+        let mut weights: Vec<TensorId> = self
+            .steps
+            .iter()
+            .filter_map(|s| if let Step::Gemv { mats, .. } = s { Some(mats) } else { None })
+            .flatten()
+            .filter(|mat| mat.transposed)
+            .map(|mat| mat.w)
+            .collect();
+        weights.sort_by_key(|id| id.0);
+        weights.dedup();
+        let as_stored = |w: TensorId| {
+            self.is_output(w)
+                || self.graph.ops().iter().any(|op| match *op {
+                    Op::MatMul { a, transpose_b: false, bias, .. } => a == w || bias == Some(w),
+                    ref other => other.operands().contains(&w),
+                })
+        };
+        weights.into_iter().map(|w| (w, as_stored(w))).collect()
     }
 
     pub(super) fn shape(&self, id: TensorId) -> &'g [u64] {
@@ -94,7 +115,7 @@ impl<'g> Lowering<'g> {
                 self.steps.push(Step::RmsNorm { input, weight, out, rows, dim, eps });
                 Ok(1)
             }
-            Op::MatMul { transpose_b: false, .. } => self.gemv(i),
+            Op::MatMul { .. } => self.gemv(i),
             Op::KvCacheUpdate { .. } => self.kv_update(i),
             Op::CausalAttention { q, k, v, position, scale, out } => {
                 self.attention(q, k, v, position, scale, out)?;
@@ -153,56 +174,64 @@ impl<'g> Lowering<'g> {
 }
 
 impl Lowering<'_> {
-    /// A `[K, N]` product as a GEMV: with its siblings (the next products of the same activation by weights
-    /// of the same shape), or with the next op's residual `Add`, and with the `RmsNorm` before it when only
-    /// these products read the norm. A bias is added by a broadcasting add after it.
+    /// A product as a GEMV: with its siblings (the next products of the same activation, weights of the same
+    /// inner extent and layout), or with the next op's residual `Add`, and with the `RmsNorm` before it when
+    /// only these products read the norm.
     fn gemv(&mut self, i: usize) -> Result<usize, Unsupported> {
         let ops = self.graph.ops();
-        let Op::MatMul { a, b, bias, out, .. } = ops[i] else { unreachable!("called for a mat_mul") };
-        let float = self.float(out)?;
+        let Op::MatMul { a, transpose_b, .. } = ops[i] else { unreachable!("called for a mat_mul") };
+        self.float(a)?;
         let k = *self.shape(a).last().unwrap_or(&1);
         let m = self.graph.tensor(a).numel() as u64 / k.max(1);
-        let (m, k, n) =
-            (u32_of(m, "rows")?, u32_of(k, "inner extent")?, u32_of(self.shape(b)[1], "columns")?);
-        let mut mats = vec![GemvMat { w: b, y: out, residual: None, cache: None }];
-        let mut taken = 1;
-        if bias.is_none() {
-            // Siblings: the next MatMuls reading the same `a` with weights of the same shape.
-            while mats.len() < 3 {
-                match ops.get(i + taken) {
-                    Some(&Op::MatMul { a: a2, b: b2, transpose_b: false, bias: None, out: out2 })
-                        if a2 == a && self.shape(b2) == self.shape(b) =>
-                    {
-                        mats.push(GemvMat { w: b2, y: out2, residual: None, cache: None });
-                        taken += 1;
-                    }
-                    _ => break,
+        let (m, k) = (u32_of(m, "rows")?, u32_of(k, "inner extent")?);
+        let mut mats = vec![self.gemv_mat(&ops[i])?];
+        // Siblings: the next MatMuls reading the same `a` with weights of the same layout.
+        while mats.len() < 3 {
+            match ops.get(i + mats.len()) {
+                Some(op @ &Op::MatMul { a: a2, transpose_b: t2, .. }) if a2 == a && t2 == transpose_b => {
+                    mats.push(self.gemv_mat(op)?);
                 }
+                _ => break,
             }
-            if mats.len() == 1 {
-                taken += self.residual(&mut mats[0], ops.get(i + 1));
-            }
+        }
+        let mut taken = mats.len();
+        if mats.len() == 1 {
+            taken += self.residual(&mut mats[0], ops.get(i + 1));
         }
         let (a, norm) = self.fused_norm(a, mats.len());
-        let nmat = mats.len() as u32;
-        let (ksplit, rows_per_split) = gemv_split(float, m, nmat, k, n);
-        if ksplit > 1 {
-            let tiles = n.div_ceil(32 * kernels::vec_width(float)) as usize;
-            self.gemv_partial = self.gemv_partial.max((nmat * m * ksplit) as usize * n as usize);
-            self.gemv_counters = self.gemv_counters.max((nmat * m) as usize * tiles);
-        }
-        self.steps.push(Step::Gemv { a, norm, mats, cache_rows: None, m, k, n, ksplit, rows_per_split });
-        if let Some(bias) = bias {
-            let walk = general::broadcast(self, out, out, bias)?;
-            let dtype = self.graph.tensor(out).dtype;
-            self.steps.push(Step::Binary { op: BinOp::Add, a: out, b: bias, out, dtype, walk });
-        }
+        self.steps.push(Step::Gemv { a, norm, mats, cache_rows: None, m, k });
         Ok(taken)
     }
 
-    /// A lone product feeding only `next`, an `Add` of equal shapes with it, becomes that Add's output: how
-    /// many ops that took (0 or 1).
-    fn residual(&self, mat: &mut GemvMat, next: Option<&Op<TensorId>>) -> usize {
+    /// One product's matrix: its weight read as `[N, K]` (a `[K, N]` weight must be a constant, transposed at
+    /// upload).
+    fn gemv_mat(&self, op: &Op<TensorId>) -> Result<GemvMat, Unsupported> {
+        let Op::MatMul { b, transpose_b, bias, out, .. } = *op else { unreachable!("called for a mat_mul") };
+        self.float(out)?;
+        let is_constant = self.graph.constants().any(|(id, _)| id == b);
+        if !transpose_b && !is_constant {
+            return Err(Unsupported(format!(
+                "mat_mul '{}' multiplies by '{}', computed in the graph; the CUDA delegate multiplies by \
+                 constant [K, N] weights or by [N, K] ones (transpose_b)",
+                self.graph.tensor(out).name,
+                self.graph.tensor(b).name
+            )));
+        }
+        let n = self.shape(b)[usize::from(!transpose_b)];
+        Ok(GemvMat {
+            w: b,
+            transposed: !transpose_b,
+            n: u32_of(n, "columns")?,
+            y: out,
+            bias,
+            residual: None,
+            cache: None,
+        })
+    }
+
+    /// A lone product feeding only `next`, an `Add` of equal shapes with it, becomes that Add's output (the
+    /// product's own tensor, never written, takes the sum's storage): how many ops that took (0 or 1).
+    fn residual(&mut self, mat: &mut GemvMat, next: Option<&Op<TensorId>>) -> usize {
         let out = mat.y;
         let Some(&Op::Add { a: x, b: y, out: sum }) = next else { return 0 };
         if !self.private(out) {
@@ -218,7 +247,9 @@ impl Lowering<'_> {
         if other == out || self.shape(other) != self.shape(sum) || self.shape(out) != self.shape(sum) {
             return 0;
         }
-        *mat = GemvMat { w: mat.w, y: sum, residual: Some(other), cache: None };
+        // The product itself is never stored: no allocation for it.
+        self.homes[out.0] = Home::SameAs(sum);
+        *mat = GemvMat { y: sum, residual: Some(other), ..*mat };
         1
     }
 
@@ -326,11 +357,29 @@ impl Lowering<'_> {
         }
         let scale = scale.unwrap_or(1.0 / (head_dim as f32).sqrt());
         let shape = AttnShape { rows, heads, kv_heads, len, head_dim, head_major, scale };
-        let (chunk, tpr) = attention_shape(self.float(q)?, head_dim);
-        let slots = rows as usize * heads as usize * len.div_ceil(chunk) as usize;
-        self.attn_scratch.0 = self.attn_scratch.0.max(slots * head_dim as usize);
-        self.attn_scratch.1 = self.attn_scratch.1.max(slots * 2);
-        self.steps.push(Step::Attention { q, k, v, position, out, shape, chunk, tpr });
+        let (chunk, tpr) = attention_shape(self.float(q)?, head_dim, len);
+        let heads_rows = rows as usize * heads as usize;
+        let slots = heads_rows * len.div_ceil(chunk) as usize;
+        let scratch = &mut self.attn_scratch;
+        scratch.partials = scratch.partials.max(slots * head_dim as usize);
+        scratch.maxima = scratch.maxima.max(slots * 2);
+        scratch.counters = scratch.counters.max(heads_rows);
+        let early = self.updated_at(k, position) && self.updated_at(v, position) && self.stable(position);
+        self.steps.push(Step::Attention { q, k, v, position, out, shape, chunk, tpr, early });
         Ok(())
+    }
+
+    /// Whether `cache` is a `KvCacheUpdate`'s output at `position` (what it holds before the position is
+    /// what the caller passed in).
+    fn updated_at(&self, cache: TensorId, position: TensorId) -> bool {
+        self.graph.ops().iter().any(
+            |op| matches!(*op, Op::KvCacheUpdate { out, position: p, .. } if out == cache && p == position),
+        )
+    }
+
+    /// Whether `id` is a graph input no op writes in place (it holds the caller's value all call long).
+    fn stable(&self, id: TensorId) -> bool {
+        self.graph.inputs().contains(&id)
+            && !self.graph.ops().iter().any(|op| matches!(*op, Op::Assign { target, .. } if target == id))
     }
 }

@@ -13,7 +13,6 @@ use crate::kernels::general::MAX_RANK;
 /// Lowers `op` (any op but the fast path's) to its step.
 pub(super) fn lower(l: &mut Lowering<'_>, op: &Op<TensorId>) -> Result<(), Unsupported> {
     let step = match *op {
-        Op::MatMul { a, b, transpose_b: true, bias, out } => gemv_t(l, a, b, bias, out)?,
         Op::Add { a, b, out } => binary(l, BinOp::Add, a, b, out)?,
         Op::Sub { a, b, out } => binary(l, BinOp::Sub, a, b, out)?,
         Op::Mul { a, b, out } => binary(l, BinOp::Mul, a, b, out)?,
@@ -84,20 +83,6 @@ fn check_rank(l: &Lowering<'_>, id: TensorId) -> Result<(), Unsupported> {
         )));
     }
     Ok(())
-}
-
-fn gemv_t(
-    l: &Lowering<'_>,
-    a: TensorId,
-    w: TensorId,
-    bias: Option<TensorId>,
-    out: TensorId,
-) -> Result<Step, Unsupported> {
-    l.float(out)?;
-    let k = last(l, a);
-    let m = u32_of(numel(l, a) / k, "rows")?;
-    let (k, n) = (u32_of(k, "inner extent")?, u32_of(l.shape(w)[0], "columns")?);
-    Ok(Step::GemvT { a, w, bias, out, m, k, n })
 }
 
 /// The walk of `out` (contiguous) over operands `a` and `b` broadcast to it (NumPy's rule: shapes aligned

@@ -17,16 +17,16 @@ fn kinds(plan: &Plan) -> Vec<String> {
             Step::Positions { .. } => "positions".to_owned(),
             Step::Add { .. } => "add".to_owned(),
             Step::RmsNorm { .. } => "rms_norm".to_owned(),
-            Step::GemvT { bias, .. } => format!("gemv_t{}", if bias.is_some() { "+bias" } else { "" }),
             Step::Binary { op, .. } => format!("b.{op:?}").to_lowercase(),
             Step::Unary { func, .. } => format!("{func:?}").to_lowercase(),
             Step::Mean { .. } => "mean".to_owned(),
             Step::Cast { to, .. } => format!("cast_{to}"),
             Step::Copy { .. } => "copy".to_owned(),
             Step::Gemv { mats, norm, cache_rows, .. } => format!(
-                "{}gemv{}{}{}",
+                "{}gemv{}{}{}{}",
                 if norm.is_some() { "norm+" } else { "" },
                 mats.len(),
+                if mats.iter().any(|m| m.bias.is_some()) { "+bias" } else { "" },
                 if mats[0].residual.is_some() { "+residual" } else { "" },
                 if cache_rows.is_some() { "+kv_update" } else { "" }
             ),
@@ -106,21 +106,28 @@ fn attention_steps_have_the_layers_shape_and_scratch() {
         let attention: Vec<_> = plan.steps.iter().filter(|s| matches!(s, Step::Attention { .. })).collect();
         assert_eq!(attention.len(), cfg.layers, "one attention step per layer");
         for (layer, step) in attention.into_iter().enumerate() {
-            let Step::Attention { q, k, v, position, out, shape, chunk, tpr } = *step else { unreachable!() };
+            let Step::Attention { q, k, v, position, out, shape, chunk, tpr, early } = *step else {
+                unreachable!()
+            };
             let AttnShape { rows: r, heads, kv_heads, len, head_dim, head_major, scale } = shape;
             assert_eq!((kv_heads, head_major, scale), (3, false, 0.25), "token-major, no GQA, 1/sqrt(16)");
             assert_eq!(q, find(&format!("layer{layer}.q")));
             assert_eq!((k, v), (find(&model::k_cache_out(layer)), find(&model::v_cache_out(layer))));
             assert_eq!(position, find(model::INPUT_POS));
             assert_eq!(out, find(&format!("layer{layer}.attn")));
+            // 64-row chunks (the least), 4 threads per row (one f32 vector each): 256 threads.
             assert_eq!(
                 (r, heads, len, head_dim, chunk, tpr),
-                (rows as u32, 3, 300, 16, ATTN_THREADS, 1),
+                (rows as u32, 3, 300, 16, 64, 4),
                 "layer {layer}, {rows} rows"
             );
+            assert!(early, "the caches are updated at the position, an input nothing writes");
         }
-        // Partial outputs and (max, sum) pairs per (row, head, block of 256 cache rows): 300 rows take 2.
-        assert_eq!(plan.attn_scratch, (rows * 3 * 2 * 16, rows * 3 * 2 * 2), "{rows} rows");
+        // Partial outputs and (max, sum) pairs per (row, head, chunk of 64 cache rows): 300 rows take 5;
+        // one merge ticket per (row, head).
+        let expected =
+            AttnScratch { partials: rows * 3 * 5 * 16, maxima: rows * 3 * 5 * 2, counters: rows * 3 };
+        assert_eq!(plan.attn_scratch, expected, "{rows} rows");
     }
 }
 
@@ -138,28 +145,67 @@ fn delegate_owned_state_is_refused_naming_the_cache() {
     assert!(err.0.contains("'k_cache' is delegate-owned state"), "{}", err.0);
 }
 
+/// Attention blocks: whole vectors per thread, at least 64 threads and at most [`ATTN_THREADS`], rows a
+/// power of two: 256-row chunks of one thread per row for long caches (what measured fastest on the H200).
 #[test]
-fn gemv_split_spreads_one_row_over_the_gpu_and_covers_k() {
-    for (float, m, nmat, k, n) in [
-        (Float::F16, 1, 3, 1024, 1024),
-        (Float::F16, 1, 1, 1024, 1024),
-        (Float::F16, 16, 3, 1024, 1024),
-        (Float::F32, 1, 1, 32, 64),
-        (Float::F32, 4, 3, 32, 32),
-        (Float::F16, 1, 1, 8192, 50000),
-        (Float::F32, 1, 1, 100_000, 8),
+fn attention_chunks_fill_the_gpu_and_split_rows_into_whole_vectors() {
+    for (float, head_dim, len, expected) in [
+        (Float::F16, 128, 8192, (256, 1)),
+        (Float::F16, 64, 1024, (128, 2)),
+        (Float::F32, 16, 16, (16, 4)),
+        (Float::Bf16, 64, 2048, (256, 1)),
+        (Float::F32, 6, 40, (64, 2)),
     ] {
-        let (ksplit, rows) = gemv_split(float, m, nmat, k, n);
-        assert!(ksplit >= 1 && rows >= 1);
-        assert!(ksplit * rows >= k, "{k} rows covered");
-        assert!((ksplit - 1) * rows < k, "no empty split for k = {k}");
-        assert!(rows <= GEMV_MAX_ROWS, "shared memory bound");
-        let tiles = n.div_ceil(32 * kernels::vec_width(float));
-        assert!(rows >= GEMV_MIN_ROWS.min(k), "{k}x{n}: {rows} rows per split is too fine");
-        if k >= 1024 {
-            assert!(tiles * m * nmat * ksplit >= 64, "{k}x{n}: {} blocks", tiles * m * nmat * ksplit);
-        }
+        let (chunk, tpr) = attention_shape(float, head_dim, len);
+        assert_eq!((chunk, tpr), expected, "{float:?} {head_dim} x {len}");
+        let unit = if head_dim % kernels::vec_width(float) == 0 { kernels::vec_width(float) } else { 1 };
+        assert_eq!(head_dim % (tpr * unit), 0, "a thread's share of a row is whole vectors");
+        assert!((64..=ATTN_THREADS).contains(&(chunk * tpr)), "{chunk} x {tpr} threads");
     }
+}
+
+/// Every product reads its weight as `[N, K]` rows: a `[K, N]` constant through one transposed upload
+/// (and as stored only when something else reads it too), a `transpose_b` weight as stored.
+#[test]
+fn products_read_weight_rows_and_transpose_only_what_needs_it() {
+    let cfg = Config { layers: 2, ..Config::tiny() };
+    let graph = model::build_graph(&cfg, &Weights::generate(&cfg), 1).expect("graph");
+    let plan = Plan::new(&graph).expect("lowered");
+    let names: Vec<(&str, bool)> =
+        plan.transposed.iter().map(|&(w, stored)| (graph.tensor(w).name.as_str(), stored)).collect();
+    let mut expected: Vec<String> = (0..cfg.layers)
+        .flat_map(|l| ["wq", "wk", "wv", "wo"].map(|w| format!("layer{l}.{w}")))
+        .chain(["w_out".to_owned()])
+        .collect();
+    expected.sort();
+    let mut got: Vec<String> = names.iter().map(|(n, _)| (*n).to_owned()).collect();
+    got.sort();
+    assert_eq!(got, expected);
+    assert!(names.iter().all(|&(_, stored)| !stored), "no weight is uploaded twice: {names:?}");
+
+    // Hugging Face's `nn.Linear` weights are already rows: nothing is transposed.
+    let hf = hf::build(&hf::Hf::tiny(ElemType::F32), 1);
+    assert_eq!(Plan::new(&hf).expect("lowered").transposed, []);
+
+    // A table both gathered and multiplied by is uploaded both ways.
+    let mut b = ref_graph::GraphBuilder::new();
+    let ids = b.input("ids", ElemType::I64, &[1]).expect("fresh");
+    let table = b.constant_f32("table", &[4, 4], (0..16).map(|v| v as f32).collect()).expect("fresh");
+    let x = b.gather("x", table, ids).expect("typed");
+    let y = b.mat_mul("y", x, table).expect("typed");
+    b.output(y).expect("declared");
+    let graph = b.finish().expect("valid");
+    let plan = Plan::new(&graph).expect("lowered");
+    assert_eq!(plan.transposed, [(table, true)]);
+
+    // A `[K, N]` product by a computed matrix is refused, naming it.
+    let mut b = ref_graph::GraphBuilder::new();
+    let a = b.input("a", ElemType::F32, &[1, 4]).expect("fresh");
+    let m = b.input("m", ElemType::F32, &[4, 4]).expect("fresh");
+    let y = b.mat_mul("y", a, m).expect("typed");
+    b.output(y).expect("declared");
+    let err = Plan::new(&b.finish().expect("valid")).expect_err("a computed [K, N] matrix");
+    assert!(err.0.contains("mat_mul 'y' multiplies by 'm'"), "{}", err.0);
 }
 
 /// What a step writes (a fused GEMV its outputs and caches).
@@ -169,7 +215,6 @@ fn written(step: &Step) -> Vec<TensorId> {
         | Step::Positions { out, .. }
         | Step::Add { out, .. }
         | Step::RmsNorm { out, .. }
-        | Step::GemvT { out, .. }
         | Step::Attention { out, .. }
         | Step::Argmax { out, .. }
         | Step::Binary { out, .. }
@@ -192,20 +237,21 @@ fn hf_expected(dtype: ElemType, layers: usize) -> Vec<String> {
     e.extend(["cast_{dtype}", "cast_{dtype}", "gather"]);
     for _ in 0..layers {
         e.extend(NORM);
-        e.extend(["gemv_t+bias", "gemv_t+bias", "gemv_t+bias", "copy", "copy", "copy"]);
+        e.extend(["gemv3+bias", "copy", "copy", "copy"]);
         e.extend(ROPE);
         e.extend(ROPE);
-        e.extend(["kv_update2", "attention", "copy", "gemv_t", "add"]);
+        e.extend(["kv_update2", "attention", "copy", "gemv1+residual"]);
         e.extend(NORM);
-        e.extend(["gemv_t", "gemv_t", "silu", "b.mul", "gemv_t", "add"]);
+        e.extend(["gemv2", "silu", "b.mul", "gemv1+residual"]);
     }
     e.extend(NORM);
-    e.extend(["gemv_t", "argmax"]);
+    e.extend(["gemv1", "argmax"]);
     e.into_iter().map(|k| k.replace("{dtype}", dtype.name())).collect()
 }
 
 /// The Hugging Face forms lower, in every float type: one step per op of the general path where the fast
-/// path does not apply, `nn.Linear` as the row-dot GEMV, head-major rank-4 caches updated in place by one
+/// path does not apply, `nn.Linear` as the row-dot GEMV (Q, K and V in one launch with their biases, gate and
+/// up in another, the down and output projections adding the residual), head-major rank-4 caches updated in place by one
 /// K-and-V launch, GQA attention reading the caches where they are, and no step or allocation for a reshape.
 #[test]
 fn hugging_face_forms_lower_with_caches_in_place_and_reshapes_free() {
