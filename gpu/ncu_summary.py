@@ -7,7 +7,9 @@ usage: python3 ncu_summary.py NCU.csv"""
 import collections, csv, sys
 
 rows = list(csv.reader(open(sys.argv[1])))
-start = next(i for i, r in enumerate(rows) if "Kernel Name" in r)
+start = next((i for i, r in enumerate(rows) if "Kernel Name" in r), None)
+if start is None:
+    sys.exit(f"{sys.argv[1]}: Nsight Compute profiled no kernel")
 head = rows[start]
 ki, gi, mi, vi = (head.index(c) for c in ("Kernel Name", "Grid Size", "Metric Name", "Metric Value"))
 kernels = collections.defaultdict(lambda: collections.defaultdict(list))

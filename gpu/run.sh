@@ -123,7 +123,7 @@ PY
       # A step of the example decoder: the embedding, three kernels a layer, the logits and argmax, and the
       # device loop's feedback kernel.
       kernels=$(python3 -c "import json;print(3 * json.load(open('$out/config-$cfg.json'))['layers'] + 4)")
-      /usr/local/cuda/bin/ncu --csv --print-units base --cache-control none --launch-skip 400 --launch-count "$kernels" \
+      /usr/local/cuda/bin/ncu --csv --print-units base --cache-control none --launch-skip $((kernels * 5)) --launch-count "$kernels" \
         --metrics gpu__time_duration.sum,dram__bytes_read.sum \
         ./delegate-host run "$dir/program.toml" --position $((max / 2)) --hold-position --steps 40 --json > "$out/ncu-$cfg.csv" 2>/dev/null
       python3 ncu_summary.py "$out/ncu-$cfg.csv" || status=1

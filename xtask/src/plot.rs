@@ -1,6 +1,7 @@
 //! `cargo xtask plot-bench SUMMARY.json OUT.svg`: the side-by-side GPU benchmark as a bar chart (GPU time per
 //! decode step, log scale, one group per config and position, the HBM floor marked), from the `summary.json`
-//! that `gpu/summarize.py` writes on the GPU machine.
+//! that `gpu/summarize.py` writes on the GPU machine (rows of an earlier run, added to it under the run name
+//! "ours, zero-copy + CUDA graph, before issue 19", are drawn beside today's).
 
 use std::path::Path;
 
@@ -12,12 +13,13 @@ const Y_MIN: f64 = 5.0;
 const Y_MAX: f64 = 20000.0;
 
 /// The runs drawn, in order, with their colours.
-const RUNS: [(&str, RGBColor); 6] = [
+const RUNS: [(&str, RGBColor); 7] = [
     ("PyTorch eager, SDPA", RGBColor(190, 190, 190)),
     ("PyTorch CUDA graph, SDPA", RGBColor(120, 120, 120)),
     ("PyTorch CUDA graph + upstream copy-back", RGBColor(60, 60, 60)),
     ("ours, copy-back (upstream's layout)", RGBColor(253, 174, 97)),
     ("ours, zero-copy", RGBColor(116, 173, 209)),
+    ("ours, zero-copy + CUDA graph, before issue 19", RGBColor(171, 217, 233)),
     ("ours, zero-copy + CUDA graph", RGBColor(33, 102, 172)),
 ];
 

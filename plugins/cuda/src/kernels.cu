@@ -186,18 +186,21 @@ extern "C" __global__ void kv_update(KvP p) {
 // ---------------------------------------------------------------------------------------------------------
 // Decode attention, split over the cache (flash-decoding) with the merge folded in. Query t sits at position
 // qpos = pos[0] + t and attends to rows 0..=qpos of its KV head (query head h reads KV head h / group:
-// grouped-query attention reads each shared K and V row from the one cache, never a repeated copy). Grid (H,
-// nchunks, Tq), block chunk * tpr threads: a block takes one chunk of `chunk` rows; `tpr` adjacent threads
-// share a row's q.k (K rows read once, 16 bytes at a time), a block softmax gives the chunk's max and sum, and
-// groups of threads accumulate the weighted V rows (V rows read once). Each block writes its partial output,
-// max and sum; the last block of (t, h) to finish (a ticket counter) merges the chunks' partials, writes the
-// output and resets its counter for the next launch (or graph replay). Chunks past qpos return at once, so
-// only the valid prefix of the cache is read. With `early` set (the call writes the caches only at rows
-// pos[0].. and never writes `pos`), the rows before pos[0] are requested before `pdl_wait`: the cache streams
-// in while the projections that produce the query finish.
+// grouped-query attention reads each shared K and V row from the one cache, never a repeated copy).
+// Grid (H, splits, Tq), ATTN_WARPS warps a block. The valid rows are cut into `splits` ranges on the device,
+// from the position (so a short prefix is not spread thin and a long one gives every block a few tiles): a
+// block takes one range. Within it, groups of `lanes` adjacent threads each own a row at a time, a lane
+// `Dh / lanes` of its elements (16 bytes when `vec_ok`): the lanes' partial q.k meet by shuffles, and each
+// group keeps a running softmax (max, sum, weighted V) in registers, so no block-wide step runs per row. The
+// rows of the next tile are requested before the current tile is used (two tiles of ATTN_U rows a group in
+// flight). At the end the groups' states meet in shared memory and the block writes its partial output, max
+// and sum; the last block of (t, h) to finish (a ticket counter) merges the ranges, writes the output and
+// resets its counter for the next launch (or graph replay). With `early` set (the call writes the caches
+// only at rows pos[0].. and never writes `pos`), the first tile's rows before pos[0] are requested before
+// `pdl_wait`: the cache streams in while the projections that produce the query finish.
 
-#define ATTN_KVECS 16  // K row vectors held in registers (a 128-wide f16 or a 64-wide f32 head)
-#define ATTN_VPREFETCH 8  // V rows per thread requested before the softmax
+#define ATTN_WARPS 4
+#define ATTN_U 4  // rows a group holds per tile
 
 struct AttnP {
     const T* q;
@@ -205,22 +208,46 @@ struct AttnP {
     const T* v;
     T* out;
     const i64* pos;
-    float* o_part;           // [Tq, H, nchunks, Dh]
-    float* ml;               // [Tq, H, nchunks, 2]
+    float* o_part;           // [Tq, H, splits, Dh]
+    float* ml;               // [Tq, H, splits, 2]
     unsigned int* counters;  // [Tq, H], zero between launches
     int* err;
-    int Tq, H, L, Dh, chunk, nchunks, vec_ok;
+    int Tq, H, L, Dh, splits, vec_ok;
     float scale;
-    int tpr;         // threads per cache row in the K pass (a power of two dividing 32); blockDim = chunk * tpr
+    int lanes;       // threads per row: Dh / VEC with vec_ok, else min(32, Dh rounded up to a power of two)
     int q_ts, q_hs;  // q's and out's strides (elements) per row t and per query head h
     int group;       // query heads per KV head: query head h reads KV head h / group
     int early;       // rows before pos[0] may be read before `pdl_wait`
 };
 
+// A group's running softmax over the rows it has seen: max, sum of exp(score - max), and the lane's elements
+// of sum exp(score - max) v.
+struct Soft {
+    float m, l, o[8];
+};
+
+// Adds a row's score `x` (NEG_INF: not a row of the query) and the lane's `n` values of its V row.
+__device__ __forceinline__ void soft_add(Soft& s, float x, const float* v, int n) {
+    if (x == NEG_INF) return;
+    const float m = fmaxf(s.m, x);
+    const float c = __expf(s.m - m), e = __expf(x - m);
+    s.l = s.l * c + e;
+#pragma unroll
+    for (int i = 0; i < 8; i++)
+        if (i < n) s.o[i] = s.o[i] * c + e * v[i];
+    s.m = m;
+}
+
+// The row's score from the lanes' partial dot products (a group is `lanes` adjacent lanes of one warp).
+__device__ __forceinline__ float row_sum(float x, int lanes) {
+    for (int o = lanes / 2; o > 0; o >>= 1) x += __shfl_xor_sync(0xffffffffu, x, o);
+    return x;
+}
+
 // The last block of (t, h): out = sum_c exp(m_c - max) o_c / sum_c exp(m_c - max) l_c over the `nvalid`
-// chunks' partials (read from L2: other blocks wrote them). `wts` holds nvalid floats; `vr` blockDim * 4.
+// ranges' partials (read from L2: other blocks wrote them). `wts` holds nvalid floats; `vr` 4 * blockDim.
 __device__ void attn_merge(const AttnP& p, int h, int t, int nvalid, float* wts, float* vr, float* scratch) {
-    const i64 base = ((i64)t * p.H + h) * p.nchunks;
+    const i64 base = ((i64)t * p.H + h) * p.splits;
     float mx = NEG_INF;
     for (int c = threadIdx.x; c < nvalid; c += blockDim.x) mx = fmaxf(mx, __ldcg(p.ml + (base + c) * 2));
     mx = block_max(mx, scratch);
@@ -231,7 +258,7 @@ __device__ void attn_merge(const AttnP& p, int h, int t, int nvalid, float* wts,
         den += w * __ldcg(p.ml + (base + c) * 2 + 1);
     }
     den = block_sum(den, scratch);  // its barriers also publish `wts`
-    // Groups of Dh / 4 threads each add every ngrp-th chunk's partial, 16 bytes at a time (one float at a
+    // Groups of Dh / 4 threads each add every ngrp-th range's partial, 16 bytes at a time (one float at a
     // time for a head size not a multiple of 4); the groups' sums meet in `vr`.
     const int w4 = p.Dh % 4 == 0 ? 4 : 1;
     const int dl = p.Dh / w4, ngrp = max(1, (int)blockDim.x / dl);
@@ -239,7 +266,7 @@ __device__ void attn_merge(const AttnP& p, int h, int t, int nvalid, float* wts,
         const int grp = idx / dl, d = (idx % dl) * w4;
         float acc[4] = {0.f, 0.f, 0.f, 0.f};
         const float* part = p.o_part + base * p.Dh + d;
-#pragma unroll 4
+#pragma unroll 8
         for (int c = grp; c < nvalid; c += ngrp) {
             const float w = wts[c];
             if (w4 == 4) {
@@ -264,161 +291,167 @@ __device__ void attn_merge(const AttnP& p, int h, int t, int nvalid, float* wts,
     }
 }
 
+// One tile: row j of each of the group's ATTN_U rows (j >= stop: none), K and V 16 bytes a lane.
+struct Tile {
+    uint4 k[ATTN_U], v[ATTN_U];
+};
+
+__device__ __forceinline__ void tile_load(Tile& tl, const T* kb, const T* vb, i64 row, int G, i64 lo, i64 hi, int Dh) {
+#pragma unroll
+    for (int u = 0; u < ATTN_U; u++) {
+        const i64 j = row + (i64)u * G;
+        if (j >= lo && j < hi) {
+            tl.k[u] = ld_raw(kb + j * Dh);
+            tl.v[u] = ld_raw(vb + j * Dh);
+        }
+    }
+}
+
+__device__ __forceinline__ void tile_use(Soft& s, const Tile& tl, const float* qv, i64 row, int G, i64 stop, int lanes) {
+#pragma unroll
+    for (int u = 0; u < ATTN_U; u++) {
+        float kv[VEC], vv[VEC];
+        cvt_vec(tl.k[u], kv);
+        float dot = 0.f;
+#pragma unroll
+        for (int e = 0; e < VEC; e++) dot += qv[e] * kv[e];
+        dot = row_sum(dot, lanes);
+        cvt_vec(tl.v[u], vv);
+        soft_add(s, row + (i64)u * G < stop ? dot : NEG_INF, vv, VEC);
+    }
+}
+
 extern "C" __global__ void attention(AttnP p) {
     extern __shared__ float sm[];
-    float* qs = sm;                          // [Dh]
-    float* ps = qs + p.Dh;                   // [chunk]
-    float* vr = ps + p.chunk;                // [blockDim * VEC]: per-group V sums, then the merge's
-    float* scratch = vr + blockDim.x * VEC;  // [32]
-    float* wts = scratch + 32;               // [nchunks]: the merge's chunk weights
+    const int G = blockDim.x / p.lanes;                  // row groups in the block
+    float* gm = sm;                                      // [G]: the groups' maxima
+    float* gl = gm + G;                                  // [G]: and sums
+    float* go = gl + G;                                  // [max(G * Dh, 4 * blockDim)]: their outputs
+    float* scratch = go + max(G * p.Dh, 4 * (int)blockDim.x);  // [32]
+    float* wts = scratch + 32;                           // [splits]: the merge's weights
     __shared__ unsigned int ticket;
     const int h = blockIdx.x, c = blockIdx.y, t = blockIdx.z;
     if (!p.early) pdl_wait();
     const i64 pos0 = p.pos[0];
     const i64 qpos = pos0 + t;
-    const int start = c * p.chunk;
     if (qpos < 0 || qpos >= p.L) {
         if (threadIdx.x == 0 && h == 0 && c == 0) atomicOr(p.err, ERR_POSITION);
         return;
     }
-    if (start > qpos) return;
-    // Rows before `ready` may be read now.
-    const i64 ready = p.early ? pos0 : (i64)p.L;
-    const int r = threadIdx.x / p.tpr, part = threadIdx.x % p.tpr;
-    const int per = p.Dh / p.tpr;
-    const i64 j = start + r;
-    const int count = (int)min((i64)p.chunk, qpos - start + 1);
-    // V: groups of threads share a row, each thread VEC adjacent dimensions loaded 16 bytes at a time (or one
-    // dimension without aligned rows); the groups take rows in turn, and their sums meet in shared memory.
-    const int vec = p.vec_ok ? VEC : 1;
-    const int lanes = p.Dh / vec, groups = blockDim.x / lanes;
-    const int g = threadIdx.x / lanes, dv = (threadIdx.x % lanes) * vec;
+    // This block's rows: the valid prefix cut into at most `splits` ranges of whole loop iterations (two
+    // tiles of the block).
+    const i64 rows = qpos + 1;
+    const int step = ATTN_U * G;
+    const i64 per = ((rows + p.splits - 1) / p.splits + 2 * step - 1) / (2 * step) * (2 * step);
+    const i64 start = c * per;
+    if (start >= rows) return;
+    const i64 stop = min(start + per, rows);
+    const int nvalid = (int)((rows + per - 1) / per);
+    const int lr = threadIdx.x % p.lanes, grp = threadIdx.x / p.lanes;
     const i64 kvh = h / p.group;
-    const T* kr = p.k + (kvh * p.L + j) * p.Dh + part * per;
-    const T* vb = p.v + (kvh * p.L + start) * p.Dh + dv;
-    // Every load that depends on nothing computed here is issued first (this thread's part of its K row, its
-    // first V rows), so their latency overlaps the previous kernel, the query load and the softmax.
-    const bool kfits = p.vec_ok && per <= ATTN_KVECS * VEC;
-    const uint4 zero = make_uint4(0u, 0u, 0u, 0u);
-    uint4 kraw[ATTN_KVECS];
-    uint4 vpre[ATTN_VPREFETCH];
-    if (kfits) {
-#pragma unroll
-        for (int i = 0; i < ATTN_KVECS; i++)
-            kraw[i] = (j < ready && j <= qpos && i * VEC < per) ? ld_raw(kr + i * VEC) : zero;
-    }
-    if (p.vec_ok) {
-#pragma unroll
-        for (int u = 0; u < ATTN_VPREFETCH; u++) {
-            const int jj = g + u * groups;
-            vpre[u] = (g < groups && jj < count && start + jj < ready) ? ld_raw(vb + (i64)jj * p.Dh) : zero;
-        }
-    }
-    if (p.early) {
-        pdl_wait();
-        // The rows this call's earlier kernels wrote.
-        if (kfits && j >= ready && j <= qpos) {
-#pragma unroll
-            for (int i = 0; i < ATTN_KVECS; i++)
-                if (i * VEC < per) kraw[i] = ld_raw(kr + i * VEC);
-        }
-        if (p.vec_ok) {
-#pragma unroll
-            for (int u = 0; u < ATTN_VPREFETCH; u++) {
-                const int jj = g + u * groups;
-                if (g < groups && jj < count && start + jj >= ready) vpre[u] = ld_raw(vb + (i64)jj * p.Dh);
-            }
-        }
-    }
-    pdl_launch();
     const i64 qbase = (i64)t * p.q_ts + (i64)h * p.q_hs;
-    for (int d = threadIdx.x; d < p.Dh; d += blockDim.x) qs[d] = ld(p.q, qbase + d) * p.scale;
-    __syncthreads();
-
-    const float* q = qs + part * per;
-    float acc = 0.f;
-    if (j <= qpos) {
-        if (kfits) {
+    Soft s;
+    s.m = NEG_INF;
+    s.l = 0.f;
 #pragma unroll
-            for (int i = 0; i < ATTN_KVECS; i++) {
-                if (i * VEC < per) {
-                    float kv[VEC];
-                    cvt_vec(kraw[i], kv);
+    for (int i = 0; i < 8; i++) s.o[i] = 0.f;
+    if (p.vec_ok) {
+        const T* kb = p.k + kvh * p.L * p.Dh + lr * VEC;
+        const T* vb = p.v + kvh * p.L * p.Dh + lr * VEC;
+        const i64 first = start + grp;
+        Tile a, b;
+        // Rows before `ready` may be read now.
+        const i64 ready = p.early ? pos0 : stop;
+        tile_load(a, kb, vb, first, G, 0, min(ready, stop), p.Dh);
+        if (p.early) {
+            pdl_wait();
+            tile_load(a, kb, vb, first, G, ready, stop, p.Dh);  // the rows this call's earlier kernels wrote
+        }
+        pdl_launch();
+        float qv[VEC];
+        ld_vec(p.q + qbase + lr * VEC, qv);
 #pragma unroll
-                    for (int u = 0; u < VEC; u++) acc += q[i * VEC + u] * kv[u];
-                }
+        for (int e = 0; e < VEC; e++) qv[e] *= p.scale;
+        // Every group runs the same number of tiles (the shuffles need the whole warp): rows past `stop`
+        // are not loaded and score NEG_INF.
+        for (i64 row = first; row - grp < stop; row += 2 * step) {
+            tile_load(b, kb, vb, row + step, G, 0, stop, p.Dh);
+            tile_use(s, a, qv, row, G, stop, p.lanes);
+            tile_load(a, kb, vb, row + 2 * step, G, 0, stop, p.Dh);
+            tile_use(s, b, qv, row + step, G, stop, p.lanes);
+        }
+        if (lr == 0) {
+            gm[grp] = s.m;
+            gl[grp] = s.l;
+        }
+#pragma unroll
+        for (int e = 0; e < VEC; e++) go[grp * p.Dh + lr * VEC + e] = s.o[e];
+    } else {
+        // Rows not in whole aligned vectors: lane lr holds elements lr, lr + lanes, ... (at most 8).
+        if (p.early) pdl_wait();
+        pdl_launch();
+        const int n = (p.Dh + p.lanes - 1) / p.lanes;
+        float qv[8];
+        for (int i = 0; i < n; i++) {
+            const int d = lr + i * p.lanes;
+            qv[i] = d < p.Dh ? ld(p.q, qbase + d) * p.scale : 0.f;
+        }
+        const T* kb = p.k + kvh * p.L * p.Dh;
+        const T* vb = p.v + kvh * p.L * p.Dh;
+        for (i64 base = start; base < stop; base += G) {
+            const i64 j = base + grp;
+            float dot = 0.f, vv[8];
+            for (int i = 0; i < n; i++) {
+                const int d = lr + i * p.lanes;
+                const bool in = j < stop && d < p.Dh;
+                dot += in ? qv[i] * ld(kb, j * p.Dh + d) : 0.f;
+                vv[i] = in ? ld(vb, j * p.Dh + d) : 0.f;
             }
-        } else if (p.vec_ok) {
-            for (int d = 0; d < per; d += VEC) {
-                float kv[VEC];
-                ld_vec(kr + d, kv);
-#pragma unroll
-                for (int u = 0; u < VEC; u++) acc += q[d + u] * kv[u];
-            }
-        } else {
-            for (int d = 0; d < per; d++) acc += q[d] * ld(kr, d);
+            dot = row_sum(dot, p.lanes);
+            soft_add(s, j < stop ? dot : NEG_INF, vv, n);
+        }
+        if (lr == 0) {
+            gm[grp] = s.m;
+            gl[grp] = s.l;
+        }
+        for (int i = 0; i < n; i++) {
+            const int d = lr + i * p.lanes;
+            if (d < p.Dh) go[grp * p.Dh + d] = s.o[i];
         }
     }
-    // The row's threads are adjacent lanes of one warp: add their parts.
-    for (int o = p.tpr / 2; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
-    const float s = j <= qpos ? acc : NEG_INF;
-    const float mx = block_max(s, scratch);
-    const float e = j <= qpos ? __expf(s - mx) : 0.f;
-    const float l = block_sum(part == 0 ? e : 0.f, scratch);
-    if (part == 0 && r < p.chunk) ps[r] = e;
     __syncthreads();
-
-    if (g < groups) {
-        float accv[VEC];
-#pragma unroll
-        for (int u = 0; u < VEC; u++) accv[u] = 0.f;
-        if (p.vec_ok) {
-#pragma unroll
-            for (int u = 0; u < ATTN_VPREFETCH; u++) {
-                const int jj = g + u * groups;
-                if (jj < count) {
-                    float vv[VEC];
-                    cvt_vec(vpre[u], vv);
-                    const float w = ps[jj];
-#pragma unroll
-                    for (int x = 0; x < VEC; x++) accv[x] += w * vv[x];
-                }
-            }
-#pragma unroll 8
-            for (int jj = g + ATTN_VPREFETCH * groups; jj < count; jj += groups) {
-                float vv[VEC];
-                ld_vec(vb + (i64)jj * p.Dh, vv);
-                const float w = ps[jj];
-#pragma unroll
-                for (int u = 0; u < VEC; u++) accv[u] += w * vv[u];
-            }
-        } else {
-#pragma unroll 4
-            for (int jj = g; jj < count; jj += groups) accv[0] += ps[jj] * ld(vb, (i64)jj * p.Dh);
-        }
-        for (int u = 0; u < vec; u++) vr[g * p.Dh + dv + u] = accv[u];
-    }
-    __syncthreads();
-    const i64 slot = ((i64)t * p.H + h) * p.nchunks + c;
+    // The groups' states, rescaled to the block's max, make the block's partial; a block whose range is the
+    // whole prefix writes the output itself.
+    float mx = NEG_INF;
+    for (int g = 0; g < G; g++) mx = fmaxf(mx, gm[g]);
+    float l = 0.f;
+    for (int g = 0; g < G; g++)
+        if (gm[g] != NEG_INF) l += __expf(gm[g] - mx) * gl[g];
+    const i64 slot = ((i64)t * p.H + h) * p.splits + c;
     for (int d = threadIdx.x; d < p.Dh; d += blockDim.x) {
-        float sum = 0.f;
-        for (int g2 = 0; g2 < groups; g2++) sum += vr[g2 * p.Dh + d];
-        p.o_part[slot * p.Dh + d] = sum;
+        float o = 0.f;
+        for (int g = 0; g < G; g++)
+            if (gm[g] != NEG_INF) o += __expf(gm[g] - mx) * go[g * p.Dh + d];
+        if (nvalid == 1) {
+            st(p.out, qbase + d, o / l);
+        } else {
+            p.o_part[slot * p.Dh + d] = o;
+        }
     }
+    if (nvalid == 1) return;
     if (threadIdx.x == 0) {
         p.ml[slot * 2] = mx;
         p.ml[slot * 2 + 1] = l;
     }
-    // Publish this chunk, then take a ticket: the last of the valid chunks merges them.
+    // Publish this range, then take a ticket: the last of the valid ranges merges them.
     __threadfence();
     __syncthreads();
     unsigned int* counter = p.counters + (i64)t * p.H + h;
-    const int nvalid = (int)(qpos / p.chunk) + 1;
     if (threadIdx.x == 0) ticket = atomicAdd(counter, 1u);
     __syncthreads();
     if (ticket != (unsigned int)(nvalid - 1)) return;
     __threadfence();
-    attn_merge(p, h, t, nvalid, wts, vr, scratch);
+    attn_merge(p, h, t, nvalid, wts, go, scratch);
     if (threadIdx.x == 0) *counter = 0u;
 }
 

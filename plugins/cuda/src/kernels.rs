@@ -20,9 +20,9 @@ pub const SOURCE: &str = concat!(
     include_str!("kernels/linear.cu")
 );
 
-/// Threads of an attention block.
-pub const ATTN_THREADS: u32 = 256;
-/// Largest head an attention block handles (its K pass holds a row part of at most 16 vectors per thread).
+/// Threads of an attention block (`ATTN_WARPS` warps in the source).
+pub const ATTN_THREADS: u32 = 128;
+/// Largest head an attention block handles (a lane holds at most 8 elements of a row, 32 lanes a row).
 pub const ATTN_MAX_HEAD: u32 = 256;
 /// Warps of a GEMV block (`GEMV_WARPS` in the source).
 pub const GEMV_WARPS: u32 = 8;
@@ -142,11 +142,10 @@ pub struct AttnP {
     pub h: i32,
     pub l: i32,
     pub dh: i32,
-    pub chunk: i32,
-    pub nchunks: i32,
+    pub splits: i32,
     pub vec_ok: i32,
     pub scale: f32,
-    pub tpr: i32,
+    pub lanes: i32,
     pub q_ts: i32,
     pub q_hs: i32,
     pub group: i32,

@@ -41,8 +41,6 @@ mod tests;
 
 use ref_graph::{ElemType, Graph, TensorId, UnaryFn};
 
-use crate::kernels::{self, ATTN_THREADS};
-
 /// A floating-point storage type of the typed kernels.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Float {
@@ -157,8 +155,8 @@ pub enum Step {
         position: TensorId,
         out: TensorId,
         shape: AttnShape,
-        chunk: u32,
-        tpr: u32,
+        /// Ranges the valid rows are cut into (on the device, from the position): blocks per query head.
+        splits: u32,
         /// Whether the kernel may read the cache rows before the position before the previous kernel
         /// finishes: the caches are `KvCacheUpdate` outputs at this position, and no step writes the
         /// position.
@@ -350,29 +348,19 @@ fn u32_of(value: u64, what: &str) -> Result<u32, Unsupported> {
         .ok_or_else(|| Unsupported(format!("{what} {value} exceeds the kernels' 32-bit extents")))
 }
 
-/// How an attention block splits its work over a cache of `len` rows of heads of `head_dim`: (cache rows
-/// per block, threads per row in the K pass). [`ATTN_THREADS`] threads; chunks of `len / 8` rows, 64 to 256
-/// (never past the cache's power of two); the threads a row leaves over share its q.k, each at least one
-/// 16-byte vector of it; at least 64 threads (the merge's sums need `Dh / 4` of them). Measured on the H200
-/// (`bench` on config (c) at positions 4096 and 8191, CUDA graph): 256 rows with one thread each 766 and
-/// 1093 µs per step, 128 with one 781 and 1189, 128 with two 805 and 1223, 64 with four 1069 and 1740 (more,
-/// shorter blocks wait on memory in more waves); config (b) at 512: 128 rows with two 107.3 µs, 64 with four
-/// 107.3, 32 with eight 140. Requesting all of a chunk's V rows with its K rows (16 per thread instead of
-/// 8) was slower (808 and 1143 µs).
-fn attention_shape(float: Float, head_dim: u32, len: u32) -> (u32, u32) {
-    let mut chunk = (len / 8).clamp(64, ATTN_THREADS).next_power_of_two().min(len.next_power_of_two());
-    let vec = kernels::vec_width(float);
-    // Threads per row: a power of two up to 32 whose share of the row is whole vectors (or whole elements
-    // when rows are not whole vectors).
-    let unit = if head_dim % vec == 0 { vec } else { 1 };
-    let mut tpr = 1;
-    while tpr < 32 && chunk * tpr * 2 <= ATTN_THREADS && head_dim % (unit * tpr * 2) == 0 {
-        tpr *= 2;
-    }
-    while chunk * tpr < 64 {
-        chunk *= 2;
-    }
-    (chunk, tpr)
+/// Attention blocks a launch aims for: about five per SM of a large GPU, as many as are resident at once.
+/// Measured on the H200 (config (c), CUDA graph; the kernel cuts the prefix into ranges of whole loop
+/// iterations): aiming for 512 blocks gave 745 / 770 µs per step at positions 4096 / 8191, 1024 blocks 663 /
+/// 911 (one iteration each, but two waves at 8191), 256 blocks 822 / 906.
+const ATTN_TARGET_BLOCKS: u32 = 640;
+/// Fewest cache rows a range should hold (one tile of a block: 4 rows a group).
+const ATTN_MIN_ROWS: u32 = 32;
+
+/// Ranges per query head for `rows` queries of `heads` heads over a cache of `len` rows: enough blocks to
+/// fill the GPU at a long position, none finer than [`ATTN_MIN_ROWS`] rows at the longest. The kernel cuts
+/// the valid prefix into at most this many ranges, each a whole number of its loop iterations.
+fn attention_splits(heads: u32, rows: u32, len: u32) -> u32 {
+    (ATTN_TARGET_BLOCKS / (heads * rows).max(1)).clamp(1, len.div_ceil(ATTN_MIN_ROWS).max(1))
 }
 
 impl Plan {

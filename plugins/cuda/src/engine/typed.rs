@@ -55,8 +55,8 @@ impl Engine {
             ),
             Step::Gemv { .. } => self.gemv(step, float),
             Step::KvUpdate { ref caches, position, layout } => self.kv_update(caches, position, layout),
-            Step::Attention { q, k, v, position, out, shape, chunk, tpr, early } => {
-                self.attention([q, k, v, position, out], shape, (chunk, tpr, early), float)
+            Step::Attention { q, k, v, position, out, shape, splits, early } => {
+                self.attention([q, k, v, position, out], shape, (splits, early), float)
             }
             Step::Argmax { input, out, m, n } => Launch::Argmax(
                 cfg((1, 1, 1), kernels::ARGMAX_THREADS, 0),
@@ -136,19 +136,28 @@ impl Engine {
         )
     }
 
-    /// The launch of an attention; `t` is (q, k, v, position, out), `split` (chunk, tpr, early).
-    fn attention(&self, t: [TensorId; 5], s: AttnShape, split: (u32, u32, bool), float: Float) -> Launch {
-        let (chunk, tpr, early) = split;
+    /// The launch of an attention; `t` is (q, k, v, position, out), `split` (ranges per head, early).
+    fn attention(&self, t: [TensorId; 5], s: AttnShape, split: (u32, bool), float: Float) -> Launch {
+        let (splits, early) = split;
         let [q, k, v, position, out] = t.map(|id| self.p(id));
         let vec = kernels::vec_width(float);
-        let nchunks = s.len.div_ceil(chunk);
-        let aligned = k % 16 == 0 && v % 16 == 0;
+        let dh = s.head_dim;
+        // Whole 16-byte vectors a lane, at most 32 lanes a row (a power of two: a row's lanes are adjacent
+        // lanes of one warp); else one element at a time, strided.
+        let vec_lanes = dh / vec;
+        let vec_ok = [q, k, v].iter().all(|&ptr| ptr % 16 == 0)
+            && dh % vec == 0
+            && vec_lanes.is_power_of_two()
+            && vec_lanes <= 32;
+        let lanes = if vec_ok { vec_lanes } else { dh.next_power_of_two().min(32) };
+        let threads = kernels::ATTN_THREADS;
+        let groups = threads / lanes;
         let (q_ts, q_hs) = s.q_strides();
-        let threads = chunk * tpr;
-        // q, the chunk's weights, the V sums, a reduction's scratch and the merge's chunk weights.
-        let shared = (s.head_dim + chunk + threads * vec + 32 + nchunks) * 4;
+        // The groups' maxima, sums and outputs (the merge's sums reuse the outputs), a reduction's scratch,
+        // the merge's range weights.
+        let shared = (2 * groups + (groups * dh).max(4 * threads) + 32 + splits) * 4;
         Launch::Attention(
-            cfg((s.heads, nchunks, s.rows), threads, shared),
+            cfg((s.heads, splits, s.rows), threads, shared),
             AttnP {
                 q,
                 k,
@@ -162,12 +171,11 @@ impl Engine {
                 tq: s.rows as i32,
                 h: s.heads as i32,
                 l: s.len as i32,
-                dh: s.head_dim as i32,
-                chunk: chunk as i32,
-                nchunks: nchunks as i32,
-                vec_ok: i32::from(aligned && s.head_dim % vec == 0),
+                dh: dh as i32,
+                splits: splits as i32,
+                vec_ok: i32::from(vec_ok),
                 scale: s.scale,
-                tpr: tpr as i32,
+                lanes: lanes as i32,
                 q_ts: q_ts as i32,
                 q_hs: q_hs as i32,
                 group: s.group() as i32,

@@ -4,7 +4,7 @@
 use ref_graph::{Graph, Op, TensorId};
 
 use super::{
-    attention_shape, general, u32_of, AttnScratch, AttnShape, CacheRows, Float, GemvMat, Home, KvLayout,
+    attention_splits, general, u32_of, AttnScratch, AttnShape, CacheRows, Float, GemvMat, Home, KvLayout,
     Plan, PositionRows, Step, Unsupported,
 };
 use crate::kernels::ATTN_MAX_HEAD;
@@ -357,24 +357,34 @@ impl Lowering<'_> {
         }
         let scale = scale.unwrap_or(1.0 / (head_dim as f32).sqrt());
         let shape = AttnShape { rows, heads, kv_heads, len, head_dim, head_major, scale };
-        let (chunk, tpr) = attention_shape(self.float(q)?, head_dim, len);
+        self.float(q)?;
+        let splits = attention_splits(heads, rows, len);
         let heads_rows = rows as usize * heads as usize;
-        let slots = heads_rows * len.div_ceil(chunk) as usize;
+        let slots = heads_rows * splits as usize;
         let scratch = &mut self.attn_scratch;
         scratch.partials = scratch.partials.max(slots * head_dim as usize);
         scratch.maxima = scratch.maxima.max(slots * 2);
         scratch.counters = scratch.counters.max(heads_rows);
         let early = self.updated_at(k, position) && self.updated_at(v, position) && self.stable(position);
-        self.steps.push(Step::Attention { q, k, v, position, out, shape, chunk, tpr, early });
+        self.steps.push(Step::Attention { q, k, v, position, out, shape, splits, early });
         Ok(())
     }
 
-    /// Whether `cache` is a `KvCacheUpdate`'s output at `position` (what it holds before the position is
-    /// what the caller passed in).
+    /// Whether `cache` is a `KvCacheUpdate`'s output at `position` and every op that writes its storage
+    /// writes it at that position (what it holds before the position is what the caller passed in).
     fn updated_at(&self, cache: TensorId, position: TensorId) -> bool {
-        self.graph.ops().iter().any(
-            |op| matches!(*op, Op::KvCacheUpdate { out, position: p, .. } if out == cache && p == position),
-        )
+        let ops = self.graph.ops();
+        let Some(root) = ops.iter().find_map(|op| match *op {
+            Op::KvCacheUpdate { cache: c, out, position: p, .. } if out == cache && p == position => Some(c),
+            _ => None,
+        }) else {
+            return false;
+        };
+        ops.iter().all(|op| match *op {
+            Op::KvCacheUpdate { cache: c, position: p, .. } => c != root || p == position,
+            Op::Assign { target, .. } => target != root,
+            _ => true,
+        })
     }
 
     /// Whether `id` is a graph input no op writes in place (it holds the caller's value all call long).

@@ -1,7 +1,8 @@
 //! The general path: one step per op the fast path does not take. Elementwise ops broadcast through a
 //! [`Walk`] of at most [`MAX_RANK`] axes; permutes, slices and concats are strided copies; a reshape is an
 //! alias (its output gets its input's storage, [`Home::SameAs`]) unless its output is a graph output, which
-//! the caller's own storage backs: then it is one contiguous copy. An assign is one contiguous copy of its
+//! the caller's own storage backs: then it is one contiguous copy. A permute that moves only axes of extent 1
+//! (a decode step's head views) is such a reshape. An assign is one contiguous copy of its
 //! value into its target, the caller's buffer, which its output is ([`Home::SameAs`]).
 
 use ref_graph::{ElemType, Op, TensorId};
@@ -32,6 +33,12 @@ pub(super) fn lower(l: &mut Lowering<'_>, op: &Op<TensorId>) -> Result<(), Unsup
             Some(step) => step,
             None => return Ok(()),
         },
+        Op::Permute { input, ref dims, out } if keeps_memory_order(l.shape(input), dims) => {
+            match reshape(l, input, out)? {
+                Some(step) => step,
+                None => return Ok(()),
+            }
+        }
         Op::Permute { input, ref dims, out } => permute(l, input, dims, out)?,
         Op::Slice { input, axis, start, out, .. } => slice(l, input, axis as usize, start, out)?,
         Op::Concat { a, b, axis, out } => {
@@ -148,6 +155,14 @@ fn reshape(l: &mut Lowering<'_>, input: TensorId, out: TensorId) -> Result<Optio
     };
     l.homes[out.0] = Home::SameAs(root);
     Ok(None)
+}
+
+/// Whether permuting `shape` by `dims` leaves every element where it is: the axes longer than 1 keep their
+/// order (a decode step's `[1, 1, H, Dh]` to `[1, H, 1, Dh]` head view). Such a permute is a reshape.
+fn keeps_memory_order(shape: &[u64], dims: &[u64]) -> bool {
+    let moved: Vec<u64> =
+        dims.iter().copied().filter(|&d| shape.get(d as usize).is_some_and(|&n| n > 1)).collect();
+    moved.windows(2).all(|w| w[0] < w[1])
 }
 
 fn permute(l: &Lowering<'_>, input: TensorId, dims: &[u64], out: TensorId) -> Result<Step, Unsupported> {

@@ -90,7 +90,7 @@ fn decode_step_fuses_projections_residuals_and_cache_updates() {
 
 /// Each layer's attention step, for a decode step (1 row) and a prefill (the prompt's rows): its query,
 /// the layer's updated caches and the position input, and its shape (rows, heads, cache length, head
-/// size, rows per block, threads per row) with the scratch it needs. The shape is the same at every
+/// size, ranges per head) with the scratch it needs. The shape is the same at every
 /// position: the kernel reads the position from device memory and attends to rows `0..=position + t`
 /// for query row `t` (pinned on the GPU by `tests/gpu.rs`, `rows_past_the_position_are_never_read`).
 #[test]
@@ -106,7 +106,7 @@ fn attention_steps_have_the_layers_shape_and_scratch() {
         let attention: Vec<_> = plan.steps.iter().filter(|s| matches!(s, Step::Attention { .. })).collect();
         assert_eq!(attention.len(), cfg.layers, "one attention step per layer");
         for (layer, step) in attention.into_iter().enumerate() {
-            let Step::Attention { q, k, v, position, out, shape, chunk, tpr, early } = *step else {
+            let Step::Attention { q, k, v, position, out, shape, splits, early } = *step else {
                 unreachable!()
             };
             let AttnShape { rows: r, heads, kv_heads, len, head_dim, head_major, scale } = shape;
@@ -115,18 +115,19 @@ fn attention_steps_have_the_layers_shape_and_scratch() {
             assert_eq!((k, v), (find(&model::k_cache_out(layer)), find(&model::v_cache_out(layer))));
             assert_eq!(position, find(model::INPUT_POS));
             assert_eq!(out, find(&format!("layer{layer}.attn")));
-            // 64-row chunks (the least), 4 threads per row (one f32 vector each): 256 threads.
+            // 640 blocks over 3 heads and the rows, at most one range per 32 cache rows (10 for 300).
+            let want = (640 / (3 * rows as u32)).min(10);
             assert_eq!(
-                (r, heads, len, head_dim, chunk, tpr),
-                (rows as u32, 3, 300, 16, 64, 4),
+                (r, heads, len, head_dim, splits),
+                (rows as u32, 3, 300, 16, want),
                 "layer {layer}, {rows} rows"
             );
             assert!(early, "the caches are updated at the position, an input nothing writes");
         }
-        // Partial outputs and (max, sum) pairs per (row, head, chunk of 64 cache rows): 300 rows take 5;
-        // one merge ticket per (row, head).
+        // Partial outputs and (max, sum) pairs per (row, head, range); one merge ticket per (row, head).
+        let want = (640 / (3 * rows)).min(10);
         let expected =
-            AttnScratch { partials: rows * 3 * 5 * 16, maxima: rows * 3 * 5 * 2, counters: rows * 3 };
+            AttnScratch { partials: rows * 3 * want * 16, maxima: rows * 3 * want * 2, counters: rows * 3 };
         assert_eq!(plan.attn_scratch, expected, "{rows} rows");
     }
 }
@@ -145,22 +146,19 @@ fn delegate_owned_state_is_refused_naming_the_cache() {
     assert!(err.0.contains("'k_cache' is delegate-owned state"), "{}", err.0);
 }
 
-/// Attention blocks: whole vectors per thread, at least 64 threads and at most [`ATTN_THREADS`], rows a
-/// power of two: 256-row chunks of one thread per row for long caches (what measured fastest on the H200).
+/// Attention ranges: about 640 blocks at one query row, fewer per head the more heads and rows share the
+/// launch, never more ranges than 32-row pieces of the cache, and at least one.
 #[test]
-fn attention_chunks_fill_the_gpu_and_split_rows_into_whole_vectors() {
-    for (float, head_dim, len, expected) in [
-        (Float::F16, 128, 8192, (256, 1)),
-        (Float::F16, 64, 1024, (128, 2)),
-        (Float::F32, 16, 16, (16, 4)),
-        (Float::Bf16, 64, 2048, (256, 1)),
-        (Float::F32, 6, 40, (64, 2)),
+fn attention_splits_fill_the_gpu_without_slicing_short_caches_thin() {
+    for (heads, rows, len, expected) in [
+        (8, 1, 8192, 80),
+        (8, 1, 1024, 32),
+        (2, 1, 16, 1),
+        (32, 1, 2048, 20),
+        (8, 16, 8192, 5),
+        (64, 16, 8192, 1),
     ] {
-        let (chunk, tpr) = attention_shape(float, head_dim, len);
-        assert_eq!((chunk, tpr), expected, "{float:?} {head_dim} x {len}");
-        let unit = if head_dim % kernels::vec_width(float) == 0 { kernels::vec_width(float) } else { 1 };
-        assert_eq!(head_dim % (tpr * unit), 0, "a thread's share of a row is whole vectors");
-        assert!((64..=ATTN_THREADS).contains(&(chunk * tpr)), "{chunk} x {tpr} threads");
+        assert_eq!(attention_splits(heads, rows, len), expected, "{heads} heads, {rows} rows, {len}");
     }
 }
 
@@ -232,15 +230,20 @@ const NORM: [&str; 8] = ["cast_f32", "square", "mean", "b.add", "rsqrt", "b.mul"
 /// Rotate-half RoPE over head-major q or k: two slices, neg, concat (two copies), x*cos, rot*sin, the sum.
 const ROPE: [&str; 8] = ["copy", "copy", "neg", "copy", "copy", "b.mul", "b.mul", "add"];
 
-fn hf_expected(dtype: ElemType, layers: usize) -> Vec<String> {
+fn hf_expected(dtype: ElemType, layers: usize, rows: u64) -> Vec<String> {
+    // Head views: copies for a prefill, aliases of a decode step's one row (no step).
+    let views = |n: usize| vec!["copy"; if rows > 1 { n } else { 0 }];
     let mut e: Vec<&str> = vec!["positions", "cast_f32", "b.mul", "copy", "copy", "cos", "sin"];
     e.extend(["cast_{dtype}", "cast_{dtype}", "gather"]);
     for _ in 0..layers {
         e.extend(NORM);
-        e.extend(["gemv3+bias", "copy", "copy", "copy"]);
+        e.extend(["gemv3+bias"]);
+        e.extend(views(3));
         e.extend(ROPE);
         e.extend(ROPE);
-        e.extend(["kv_update2", "attention", "copy", "gemv1+residual"]);
+        e.extend(["kv_update2", "attention"]);
+        e.extend(views(1));
+        e.extend(["gemv1+residual"]);
         e.extend(NORM);
         e.extend(["gemv2", "silu", "b.mul", "gemv1+residual"]);
     }
@@ -260,7 +263,7 @@ fn hugging_face_forms_lower_with_caches_in_place_and_reshapes_free() {
         for rows in [1, 5] {
             let graph = hf::build(&cfg, rows);
             let plan = Plan::new(&graph).unwrap_or_else(|e| panic!("{dtype}, {rows} rows: {e}"));
-            assert_eq!(kinds(&plan), hf_expected(dtype, cfg.layers), "{dtype}, {rows} rows");
+            assert_eq!(kinds(&plan), hf_expected(dtype, cfg.layers, rows), "{dtype}, {rows} rows");
             assert_eq!(
                 plan.floats,
                 [Float::of(dtype).expect("float")],
@@ -567,4 +570,36 @@ fn an_assign_is_one_copy_into_the_target_buffer() {
     emu.run().expect("runs");
     assert_eq!(emu.read("cumulative_length_0"), [6.0]);
     assert_eq!(emu.read("y"), [2.0, 4.0]);
+}
+
+/// An attention reads cache rows ahead of the previous kernel only when the plan proves no kernel of the
+/// call writes them: caches updated only at the position (validation makes every attention's caches
+/// `kv_cache_update` outputs), and a position that is an input nothing writes (validation lets no op read an
+/// assign's target or output). A position the call computes makes it wait first.
+#[test]
+fn attention_reads_ahead_only_what_no_kernel_of_the_call_writes() {
+    let early = |computed_position: bool| {
+        let mut b = ref_graph::GraphBuilder::new();
+        let mut pos = b.input("pos", ElemType::I64, &[1]).expect("fresh");
+        if computed_position {
+            let offset = b.input("offset", ElemType::I64, &[1]).expect("fresh");
+            pos = b.add("shifted", pos, offset).expect("typed");
+        }
+        let q = b.input("q", ElemType::F32, &[1, 8]).expect("fresh");
+        let row = b.input("row", ElemType::F32, &[1, 8]).expect("fresh");
+        let k = b.input("k_cache", ElemType::F32, &[2, 16, 4]).expect("fresh");
+        let v = b.input("v_cache", ElemType::F32, &[2, 16, 4]).expect("fresh");
+        let k = b.kv_cache_update("k_out", k, row, pos).expect("typed");
+        let v = b.kv_cache_update("v_out", v, row, pos).expect("typed");
+        let attn = b.causal_attention("attn", q, k, v, pos).expect("typed");
+        for out in [attn, k, v] {
+            b.output(out).expect("declared");
+        }
+        let plan = Plan::new(&b.finish().expect("valid")).expect("lowered");
+        plan.steps
+            .iter()
+            .find_map(|s| if let Step::Attention { early, .. } = *s { Some(early) } else { None })
+    };
+    assert_eq!(early(false), Some(true));
+    assert_eq!(early(true), Some(false), "a position a kernel of the call writes");
 }
