@@ -3,7 +3,8 @@
 # build (binaries built on a CPU machine; this machine has no Rust toolchain).
 #
 #   bash target/gpu-bundle/run.sh test    # every GPU test; a missing GPU fails them (KV_REQUIRE_GPU=1)
-#   bash target/gpu-bundle/run.sh bench   # the side-by-side benchmark, ours and PyTorch's; JSON to $OUT
+#   bash target/gpu-bundle/run.sh bench   # the side-by-side benchmark, ours and PyTorch's, then the
+#                                         # Llama-3.2-1B-shaped decoder; JSON to $OUT
 #   bash target/gpu-bundle/run.sh isolated  # only the isolated-plugin runs and benches, then again under
 #                                           # the CUDA Multi-Process Service when the machine has it
 set -uo pipefail
@@ -136,6 +137,24 @@ PY
   python3 torch_baseline.py --config "$out/config-a.json" --config "$out/config-b.json" --config "$out/config-c.json" --device cuda --out "$out/torch_baseline.json" > "$out/torch_baseline.log" 2>&1 || status=1
   tail -5 "$out/torch_baseline.log"
   python3 summarize.py "$out" || status=1
+  run_llama
+}
+
+# A Llama-3.2-1B-shaped decoder (bf16, random weights, built on this machine by the bench) at position 1024,
+# replayed as a CUDA graph; its floor divides its bytes by the read bandwidth torch_baseline.py measured.
+run_llama() {
+  echo "== Llama-3.2-1B-shaped decoder, bf16, position 1024 of 2048 (bench_hf_decode)"
+  ./bench_hf_decode --preset llama-1b --position 1024 --max-len 2048 --steps 100 > "$out/llama-1b.json" 2> "$out/llama-1b.err" || { status=1; cat "$out/llama-1b.err"; return; }
+  python3 - "$out/llama-1b.json" "$out/torch_baseline.json" <<'PY' || status=1
+import json, sys
+v = json.load(open(sys.argv[1]))
+hbm = json.load(open(sys.argv[2]))[0]["hbm"]
+bw = hbm.get("measured_bytes_per_s", hbm["peak_bytes_per_s"])
+floor = v["bytes_per_step"] / bw * 1e6
+print(f'  {v["parameters"] / 1e9:.3f} B parameters, {v["bytes_per_step"] / 1e9:.3f} GB read per step; GPU '
+      f'{v["gpu_us_per_step"]:.1f} us per step (CUDA graph); floor {floor:.1f} us at {bw / 1e12:.2f} TB/s '
+      f'(x{v["gpu_us_per_step"] / floor:.2f})')
+PY
 }
 
 case "${1:-test}" in

@@ -1,5 +1,5 @@
 //! `gpu-test` and `bench-gpu`: build the GPU bundle here (release binaries, the CUDA delegate's and the CUDA
-//! layer's test executables, the PyTorch baseline) and say the one command that runs it on a GPU machine.
+//! layer's test executables, the Hugging Face-form decode benchmark, the PyTorch baseline) and say the one command that runs it on a GPU machine.
 //!
 //! The GPU machine has no Rust toolchain: everything it runs is built here and carried there (the `device`
 //! tool carries ignored paths named in `carry`; 64 MiB in all, so binaries are stripped).
@@ -13,6 +13,9 @@ use crate::util;
 
 /// Where the bundle goes, relative to the project root.
 pub const BUNDLE: &str = "target/gpu-bundle";
+
+/// Benchmark executables the bundle carries: (package, bench target, name in the bundle).
+const BENCHES: [(&str, &str, &str); 1] = [("cuda-delegate", "hf_decode", "bench_hf_decode")];
 
 /// Test executables the bundle carries: (package, test target, name in the bundle).
 const TESTS: [(&str, &str, &str); 5] = [
@@ -43,9 +46,11 @@ pub fn bundle(root: &Path, what: &str) -> anyhow::Result<()> {
         copy_stripped(&target.join("release").join(file), &bundle.join(file))?;
     }
     copy_stripped(&target.join("release/examples/export"), &bundle.join("export-example"))?;
-    for (package, test, name) in TESTS {
-        if let Some(exe) = test_executable(root, package, test)? {
-            copy_stripped(&exe, &bundle.join(name))?;
+    for (kind, targets) in [("test", &TESTS[..]), ("bench", &BENCHES[..])] {
+        for &(package, target, name) in targets {
+            if let Some(exe) = executable(root, kind, package, target)? {
+                copy_stripped(&exe, &bundle.join(name))?;
+            }
         }
     }
     for file in std::fs::read_dir(root.join("gpu"))? {
@@ -67,22 +72,26 @@ pub fn bundle(root: &Path, what: &str) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The executable of `package`'s integration test `test`, built with the release profile; `None` when the
-/// package has no such test.
-fn test_executable(root: &Path, package: &str, test: &str) -> anyhow::Result<Option<PathBuf>> {
+/// The executable of `package`'s `kind` target (`test` or `bench`) `target`, built with release settings;
+/// `None` when the package has no such target.
+fn executable(root: &Path, kind: &str, package: &str, target: &str) -> anyhow::Result<Option<PathBuf>> {
+    // `cargo bench` builds with the bench profile (release settings) and takes no `--release`.
+    let profile: &[&str] = if kind == "test" { &["--release"] } else { &[] };
     let output = util::cargo()
         .current_dir(root)
-        .args(["test", "--release", "--no-run", "--message-format=json", "-p", package, "--test", test])
+        .arg(kind)
+        .args(profile)
+        .args(["--no-run", "--message-format=json", "-p", package, &format!("--{kind}"), target])
         .stderr(Stdio::inherit())
         .output()
-        .with_context(|| format!("building {package}'s test {test}"))?;
+        .with_context(|| format!("building {package}'s {kind} {target}"))?;
     if !output.status.success() {
-        bail!("building {package}'s test {test} failed");
+        bail!("building {package}'s {kind} {target} failed");
     }
     for line in String::from_utf8_lossy(&output.stdout).lines() {
         let Ok(message) = serde_json::from_str::<serde_json::Value>(line) else { continue };
-        let is_test = message["target"]["kind"].as_array().is_some_and(|k| k.iter().any(|k| k == "test"));
-        if is_test && message["target"]["name"] == test {
+        let is_kind = message["target"]["kind"].as_array().is_some_and(|k| k.iter().any(|k| k == kind));
+        if is_kind && message["target"]["name"] == target {
             if let Some(exe) = message["executable"].as_str() {
                 return Ok(Some(PathBuf::from(exe)));
             }

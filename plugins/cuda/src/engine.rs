@@ -317,14 +317,14 @@ impl Engine {
             // shape, memory kind and device, with the driver) or this instance's own allocation, sized by the
             // plan from the graph's static shapes; the caller keeps arguments untouched until the stream has
             // run the call (the ABI's rule), and the instance's memory lives as long as the instance, which
-            // the host drops only after its streams drained. Only typed launches after the call's first
-            // overlap, and only on a device that has it (`overlaps_launches`).
+            // the host drops only after its streams drained. Only launches after the call's first overlap,
+            // and only on a device that has it (`overlaps_launches`); every kernel waits with `pdl_wait`.
             unsafe {
                 match queued {
                     Queued::Typed(module, launch) => {
                         self.typed[*module].1.launch(launch, stream, self.overlap && index > 0)
                     }
-                    Queued::General(launch) => self.general.launch(launch, stream),
+                    Queued::General(launch) => self.general.launch(launch, stream, self.overlap && index > 0),
                 }
             }
             .map_err(|source| Error::Cuda { action: "launching a kernel".into(), source })

@@ -162,23 +162,32 @@ pub struct ArgmaxP {
     pub n: i32,
 }
 
-/// Queues kernel `f` with its one parameter struct `p`.
+/// Queues kernel `f` with its one parameter struct `p`, overlapping the previous kernel of `stream` when
+/// `overlapped`.
 ///
 /// # Safety
 /// `P` is the `#[repr(C)]` mirror of `f`'s parameter struct; every address in `p` is device-accessible
 /// memory of `f`'s context, valid for the extents `p` describes and used by nothing else until `stream` has
-/// run the kernel; `stream` belongs to the same context.
+/// run the kernel; `stream` belongs to the same context; with `overlapped`, `f` waits with `pdl_wait`
+/// before it touches memory the previous kernel uses (`Function::launch_overlapped`'s contract).
 pub(crate) unsafe fn go<P: Copy>(
     f: &Function,
     config: LaunchConfig,
     stream: StreamRef<'_>,
     p: &P,
+    overlapped: bool,
 ) -> cuda_rt::Result<()> {
     let mut value = *p;
     let mut params = [(&mut value as *mut P).cast::<c_void>()];
     // SAFETY: one parameter, a pointer to a value of the kernel's single parameter struct (mirrored
     // `#[repr(C)]`), read during the call; the memory it addresses is valid per this function's contract.
-    unsafe { f.launch(config, stream, &mut params) }
+    unsafe {
+        if overlapped {
+            f.launch_overlapped(config, stream, &mut params)
+        } else {
+            f.launch(config, stream, &mut params)
+        }
+    }
 }
 
 /// One kernel launch, its parameters resolved to addresses.
@@ -236,33 +245,21 @@ impl Kernels {
         stream: StreamRef<'_>,
         overlapped: bool,
     ) -> cuda_rt::Result<()> {
-        let (f, config, params): (&Function, LaunchConfig, *mut c_void) = match launch {
-            Launch::Gather(c, p) => (&self.gather, *c, param(p)),
-            Launch::Add(c, p) => (&self.add, *c, param(p)),
-            Launch::RmsNorm(c, p) => (&self.rms_norm, *c, param(p)),
-            Launch::Gemv(c, p) => (&self.gemv, *c, param(p)),
-            Launch::KvUpdate(c, p) => (&self.kv_update, *c, param(p)),
-            Launch::Attention(c, p) => (&self.attention, *c, param(p)),
-            Launch::Argmax(c, p) => (&self.argmax, *c, param(p)),
-        };
-        let mut params = [params];
-        // SAFETY: every arm pairs a kernel with a pointer to its parameter struct (mirrored `#[repr(C)]`),
-        // borrowed from `launch`, which outlives the call; the addresses in it are valid per this function's
-        // contract; each typed kernel waits with `pdl_wait` before touching the previous kernel's memory,
-        // which `launch_overlapped` asks of an overlapped launch.
+        // SAFETY: every arm launches the kernel its parameter struct mirrors; the addresses in it are valid
+        // per this function's contract, which is `go`'s; each typed kernel waits with `pdl_wait` before
+        // touching the previous kernel's memory.
         unsafe {
-            if overlapped {
-                f.launch_overlapped(config, stream, &mut params)
-            } else {
-                f.launch(config, stream, &mut params)
+            match launch {
+                Launch::Gather(c, p) => go(&self.gather, *c, stream, p, overlapped),
+                Launch::Add(c, p) => go(&self.add, *c, stream, p, overlapped),
+                Launch::RmsNorm(c, p) => go(&self.rms_norm, *c, stream, p, overlapped),
+                Launch::Gemv(c, p) => go(&self.gemv, *c, stream, p, overlapped),
+                Launch::KvUpdate(c, p) => go(&self.kv_update, *c, stream, p, overlapped),
+                Launch::Attention(c, p) => go(&self.attention, *c, stream, p, overlapped),
+                Launch::Argmax(c, p) => go(&self.argmax, *c, stream, p, overlapped),
             }
         }
     }
-}
-
-/// The one kernel parameter: a pointer to the parameter struct (the driver copies it at launch).
-fn param<P>(p: &P) -> *mut c_void {
-    (p as *const P).cast_mut().cast()
 }
 
 #[cfg(test)]

@@ -18,6 +18,7 @@
 //!     where they are, head-major or token-major, grouped-query attention included (each query head reads
 //!     its KV head's rows; repeated keys and values are never materialised), in one launch that merges its
 //!     chunks itself;
+//! - Hugging Face's rotate-half RoPE (seven ops) is one launch ([`rope`]);
 //! - the general path ([`general`]): one launch per op for everything else (broadcasting elementwise ops,
 //!   unary functions, means, casts, permutes, slices and concats as strided copies); a `Reshape` launches
 //!   nothing: its output is its input's storage; an `Assign` is one copy of its value into the caller's
@@ -36,6 +37,7 @@
 mod emulate;
 mod fast;
 mod general;
+mod rope;
 #[cfg(test)]
 mod tests;
 
@@ -79,7 +81,8 @@ pub enum Home {
     /// An intermediate: device scratch of the instance, allocated at `init`.
     Scratch,
     /// The same storage as another tensor, never itself `SameAs`: a `KvCacheUpdate` output is its cache, an
-    /// `Assign` output its target, a `Reshape` output its input, a product a GEMV adds a residual to the sum.
+    /// `Assign` output its target, a `Reshape` output its input; a product a GEMV adds a residual to, and
+    /// the intermediates a RoPE absorbs, name the output they became (never written: nothing is allocated).
     SameAs(TensorId),
 }
 
@@ -197,6 +200,18 @@ pub enum Step {
         from: ElemType,
         to: ElemType,
     },
+    /// Rotate-half RoPE in one launch: `out = x * cos + rotate_half(x) * sin` over `x`'s last axis of
+    /// `2 * half` elements, `cos` and `sin` broadcast to `x` (`walk.a`, `walk.b` their strides), each product
+    /// and the sum rounded to `dtype` as the separate ops round them.
+    Rope {
+        x: TensorId,
+        cos: TensorId,
+        sin: TensorId,
+        out: TensorId,
+        dtype: ElemType,
+        half: u32,
+        walk: Walk,
+    },
     /// A strided copy of `elem`-byte elements (`walk.a` the source's strides, `walk.b` the destination's).
     Copy {
         src: TensorId,
@@ -223,6 +238,7 @@ impl Step {
             | Step::Unary { .. }
             | Step::Mean { .. }
             | Step::Cast { .. }
+            | Step::Rope { .. }
             | Step::Copy { .. } => None,
         }
     }

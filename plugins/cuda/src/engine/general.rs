@@ -4,7 +4,7 @@ use cuda_rt::LaunchConfig;
 
 use super::Engine;
 use crate::kernels::general::{
-    dtype_code, BinaryP, CastP, CopyP, GeneralLaunch, MeanP, PositionsP, UnaryP, MAX_RANK,
+    dtype_code, BinaryP, CastP, CopyP, GeneralLaunch, MeanP, PositionsP, RopeP, UnaryP, MAX_RANK,
 };
 use crate::plan::{Step, Walk};
 
@@ -83,6 +83,25 @@ impl Engine {
                     ds,
                 };
                 GeneralLaunch::Copy(elementwise(n), params)
+            }
+            Step::Rope { x, cos, sin, out, dtype, half, ref walk } => {
+                let (rank, dims, sc, ss) = arrays(walk);
+                let n = walk.dims.iter().product::<u64>();
+                let params = RopeP {
+                    x: p(x),
+                    cos: p(cos),
+                    sin: p(sin),
+                    out: p(out),
+                    n: n as i64,
+                    rank,
+                    dt: dtype_code(dtype),
+                    half: half as i32,
+                    pad: 0,
+                    dims,
+                    sc,
+                    ss,
+                };
+                GeneralLaunch::Rope(elementwise(n), params)
             }
             Step::Positions { position, out, count } => GeneralLaunch::Positions(
                 LaunchConfig { grid: (1, 1, 1), block: (32, 1, 1), shared_mem_bytes: 0 },

@@ -1,5 +1,5 @@
-// The CUDA delegate's untyped kernels: the general path's elementwise ops, means, casts, strided copies and
-// positions, for any element type of payload 1.3, compiled by NVRTC once per process per device. Each kernel
+// The CUDA delegate's untyped kernels: the general path's elementwise ops, means, casts, strided copies,
+// positions and rotate-half RoPE, for any element type of payload 1.3, compiled by NVRTC once per process per device. Each kernel
 // takes the element type as a code (`DT_*`, the same for every thread of a launch, so the switch never
 // diverges) and computes in f32 (i64 in i64), exactly as `ref_graph::UnaryFn::apply` and the reference
 // delegate do. One parameter struct by value per kernel; `src/kernels/general.rs` mirrors them
@@ -59,6 +59,8 @@ struct BinaryP {
 };
 
 extern "C" __global__ void binary(BinaryP p) {
+    pdl_wait();
+    pdl_launch();
     GRID_LOOP(i, p.n) {
         i64 rem = i, ia = 0, ib = 0;
         for (int d = p.rank - 1; d >= 0; d--) {
@@ -110,6 +112,8 @@ __device__ __forceinline__ float apply(int func, float x) {
 }
 
 extern "C" __global__ void unary(UnaryP p) {
+    pdl_wait();
+    pdl_launch();
     GRID_LOOP(i, p.n) stf(p.out, i, apply(p.func, ldf(p.x, i, p.dt)), p.dt);
 }
 
@@ -123,6 +127,8 @@ struct MeanP {
 };
 
 extern "C" __global__ void mean_rows(MeanP p) {
+    pdl_wait();
+    pdl_launch();
     __shared__ float scratch[32];
     const i64 base = (i64)blockIdx.x * p.dim;
     float s = 0.f;
@@ -143,6 +149,8 @@ struct CastP {
 };
 
 extern "C" __global__ void cast(CastP p) {
+    pdl_wait();
+    pdl_launch();
     GRID_LOOP(i, p.n) {
         if (p.from == DT_I64 && p.to == DT_I64) {
             ((i64*)p.out)[i] = ((const i64*)p.x)[i];
@@ -167,6 +175,8 @@ struct CopyP {
 };
 
 extern "C" __global__ void copy_strided(CopyP p) {
+    pdl_wait();
+    pdl_launch();
     GRID_LOOP(i, p.n) {
         i64 rem = i, is = p.src_off, id = p.dst_off;
         for (int d = p.rank - 1; d >= 0; d--) {
@@ -193,6 +203,51 @@ struct PositionsP {
 };
 
 extern "C" __global__ void positions(PositionsP p) {
+    pdl_wait();
+    pdl_launch();
     if (threadIdx.x == 0 && blockIdx.x == 0)
         for (int t = 0; t < p.count; t++) p.out[t] = p.pos[0] + t;
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// Rotate-half RoPE: out = x * cos + rotate_half(x) * sin, rotate_half(x) = concat(-x[.., half..], x[.., ..half])
+// along the last axis (2 * half elements); `cos` and `sin` broadcast to x (`sc`, `ss` their strides along x's
+// axes `dims`). Each product and the sum are rounded to the element type as the seven separate ops round them.
+
+struct RopeP {
+    const void* x;
+    const void* cos;
+    const void* sin;
+    void* out;
+    i64 n;
+    int rank, dt, half, pad;
+    i64 dims[MAX_RANK];
+    i64 sc[MAX_RANK];
+    i64 ss[MAX_RANK];
+};
+
+__device__ __forceinline__ float round_to(float v, int dt) {
+    switch (dt) {
+        case DT_F16: return f16_to_f32(f32_to_f16(v));
+        case DT_BF16: return bf16_to_f32(f32_to_bf16(v));
+        default: return v;
+    }
+}
+
+extern "C" __global__ void rope(RopeP p) {
+    pdl_wait();
+    pdl_launch();
+    GRID_LOOP(i, p.n) {
+        i64 rem = i, ic = 0, is = 0;
+        for (int d = p.rank - 1; d >= 0; d--) {
+            const i64 c = rem % p.dims[d];
+            rem /= p.dims[d];
+            ic += c * p.sc[d];
+            is += c * p.ss[d];
+        }
+        const float rot = i % (2 * p.half) < p.half ? -ldf(p.x, i + p.half, p.dt) : ldf(p.x, i - p.half, p.dt);
+        const float a = round_to(ldf(p.x, i, p.dt) * ldf(p.cos, ic, p.dt), p.dt);
+        const float b = round_to(rot * ldf(p.sin, is, p.dt), p.dt);
+        stf(p.out, i, a + b, p.dt);
+    }
 }

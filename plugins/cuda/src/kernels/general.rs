@@ -77,6 +77,23 @@ pub struct CastP {
 /// `CopyP`.
 #[repr(C)]
 #[derive(Debug, Clone, Copy)]
+pub struct RopeP {
+    pub x: DevicePtr,
+    pub cos: DevicePtr,
+    pub sin: DevicePtr,
+    pub out: DevicePtr,
+    pub n: i64,
+    pub rank: i32,
+    pub dt: i32,
+    pub half: i32,
+    pub pad: i32,
+    pub dims: [i64; MAX_RANK],
+    pub sc: [i64; MAX_RANK],
+    pub ss: [i64; MAX_RANK],
+}
+
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
 pub struct CopyP {
     pub src: DevicePtr,
     pub dst: DevicePtr,
@@ -108,6 +125,7 @@ pub enum GeneralLaunch {
     Cast(LaunchConfig, CastP),
     Copy(LaunchConfig, CopyP),
     Positions(LaunchConfig, PositionsP),
+    Rope(LaunchConfig, RopeP),
 }
 
 /// The functions of the untyped module on one device.
@@ -119,10 +137,11 @@ pub struct General {
     cast: Function,
     copy: Function,
     positions: Function,
+    rope: Function,
 }
 
 /// Every kernel of the source, by the name the module exports.
-pub const KERNELS: [&str; 6] = ["binary", "unary", "mean_rows", "cast", "copy_strided", "positions"];
+pub const KERNELS: [&str; 7] = ["binary", "unary", "mean_rows", "cast", "copy_strided", "positions", "rope"];
 
 impl General {
     /// Compiles (or takes from the process-wide cache) the untyped kernels on `ctx`'s device.
@@ -135,27 +154,36 @@ impl General {
             cast: module.function(KERNELS[3])?,
             copy: module.function(KERNELS[4])?,
             positions: module.function(KERNELS[5])?,
+            rope: module.function(KERNELS[6])?,
         })
     }
 
-    /// Queues `launch` on `stream`.
+    /// Queues `launch` on `stream`; `overlapped`: with programmatic dependent launch (every kernel of the
+    /// source waits for the previous kernel with `pdl_wait` before anything else).
     ///
     /// # Safety
     /// As [`super::Kernels::launch`]: every address is device-accessible memory of the module's context,
     /// valid for the extents the parameters describe and used by nothing else until the stream has run the
-    /// kernel; `stream` belongs to the same context.
-    pub unsafe fn launch(&self, launch: &GeneralLaunch, stream: StreamRef<'_>) -> cuda_rt::Result<()> {
+    /// kernel; `stream` belongs to the same context; `overlapped` only on a device that overlaps launches,
+    /// after a kernel of the same call.
+    pub unsafe fn launch(
+        &self,
+        launch: &GeneralLaunch,
+        stream: StreamRef<'_>,
+        overlapped: bool,
+    ) -> cuda_rt::Result<()> {
         use super::go;
         // SAFETY: every arm launches the kernel its parameter struct mirrors; the addresses in it are valid
         // per this function's contract, which is `go`'s.
         unsafe {
             match launch {
-                GeneralLaunch::Binary(c, p) => go(&self.binary, *c, stream, p),
-                GeneralLaunch::Unary(c, p) => go(&self.unary, *c, stream, p),
-                GeneralLaunch::Mean(c, p) => go(&self.mean, *c, stream, p),
-                GeneralLaunch::Cast(c, p) => go(&self.cast, *c, stream, p),
-                GeneralLaunch::Copy(c, p) => go(&self.copy, *c, stream, p),
-                GeneralLaunch::Positions(c, p) => go(&self.positions, *c, stream, p),
+                GeneralLaunch::Binary(c, p) => go(&self.binary, *c, stream, p, overlapped),
+                GeneralLaunch::Unary(c, p) => go(&self.unary, *c, stream, p, overlapped),
+                GeneralLaunch::Mean(c, p) => go(&self.mean, *c, stream, p, overlapped),
+                GeneralLaunch::Cast(c, p) => go(&self.cast, *c, stream, p, overlapped),
+                GeneralLaunch::Copy(c, p) => go(&self.copy, *c, stream, p, overlapped),
+                GeneralLaunch::Positions(c, p) => go(&self.positions, *c, stream, p, overlapped),
+                GeneralLaunch::Rope(c, p) => go(&self.rope, *c, stream, p, overlapped),
             }
         }
     }
@@ -190,6 +218,7 @@ mod tests {
     fn parameter_structs_have_the_sources_layout() {
         assert_eq!(std::mem::size_of::<BinaryP>(), 3 * 8 + 8 + 4 * 4 + 3 * 6 * 8);
         assert_eq!(std::mem::size_of::<CopyP>(), 2 * 8 + 3 * 8 + 2 * 4 + 3 * 6 * 8);
+        assert_eq!(std::mem::size_of::<RopeP>(), 4 * 8 + 8 + 4 * 4 + 3 * 6 * 8);
         assert_eq!(std::mem::size_of::<UnaryP>(), 2 * 8 + 8 + 2 * 4);
     }
 }

@@ -261,6 +261,16 @@ impl Emulator<'_> {
                 let conv = |v: f64| if *to == ElemType::I64 { (v as f32).trunc() as f64 } else { v };
                 (0..*n).for_each(|i| self.put(*out, i, conv(x[i as usize])));
             }
+            Step::Rope { x, cos, sin, out, dtype, half, walk } => {
+                let (xv, c, s) = (self.get(*x).to_vec(), self.get(*cos).to_vec(), self.get(*sin).to_vec());
+                let half = *half as usize;
+                for (i, ic, is) in walk_indices(walk).collect::<Vec<_>>() {
+                    let rot = if i % (2 * half) < half { -xv[i + half] } else { xv[i - half] };
+                    let a = round(xv[i] * c[ic as usize], *dtype);
+                    let b = round(rot * s[is as usize], *dtype);
+                    self.put(*out, i as u64, a + b);
+                }
+            }
             Step::Copy { src, dst, walk, src_off, dst_off, .. } => {
                 let x = self.get(*src).to_vec();
                 for (_, is, id) in walk_indices(walk).collect::<Vec<_>>() {

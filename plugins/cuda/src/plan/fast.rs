@@ -4,8 +4,8 @@
 use ref_graph::{Graph, Op, TensorId};
 
 use super::{
-    attention_splits, general, u32_of, AttnScratch, AttnShape, CacheRows, Float, GemvMat, Home, KvLayout,
-    Plan, PositionRows, Step, Unsupported,
+    attention_splits, general, rope, u32_of, AttnScratch, AttnShape, CacheRows, Float, GemvMat, Home,
+    KvLayout, Plan, PositionRows, Step, Unsupported,
 };
 use crate::kernels::ATTN_MAX_HEAD;
 
@@ -15,6 +15,9 @@ pub(super) struct Lowering<'g> {
     pub(super) homes: Vec<Home>,
     pub(super) steps: Vec<Step>,
     attn_scratch: AttnScratch,
+    /// The graph's RoPEs, and which ops they absorb (lowered as nothing).
+    ropes: Vec<rope::Rope>,
+    absorbed: Vec<bool>,
 }
 
 impl<'g> Lowering<'g> {
@@ -26,7 +29,16 @@ impl<'g> Lowering<'g> {
         for &id in graph.inputs().iter().chain(graph.outputs()) {
             homes[id.0] = Home::Io;
         }
-        Lowering { graph, homes, steps: Vec::new(), attn_scratch: AttnScratch::default() }
+        let ropes = rope::find(graph);
+        let mut absorbed = vec![false; graph.ops().len()];
+        for r in &ropes {
+            for &i in &r.absorbed {
+                absorbed[i] = true;
+                // Never written or read: no allocation (the storage named is the RoPE's output's).
+                homes[graph.ops()[i].output().0] = Home::SameAs(r.out);
+            }
+        }
+        Lowering { graph, homes, steps: Vec::new(), attn_scratch: AttnScratch::default(), ropes, absorbed }
     }
 
     pub(super) fn finish(self) -> Plan {
@@ -95,6 +107,14 @@ impl<'g> Lowering<'g> {
 
     /// Lowers the op at `i` (and any it fuses with): how many ops it took.
     pub(super) fn op(&mut self, i: usize) -> Result<usize, Unsupported> {
+        if self.absorbed[i] {
+            return Ok(1);
+        }
+        if let Some(r) = self.ropes.iter().find(|r| r.add == i).cloned() {
+            let step = general::rope(self, &r)?;
+            self.steps.push(step);
+            return Ok(1);
+        }
         let op = &self.graph.ops()[i];
         match *op {
             Op::Gather { .. } => self.gather(i),

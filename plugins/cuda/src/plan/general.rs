@@ -8,6 +8,7 @@
 use ref_graph::{ElemType, Op, TensorId};
 
 use super::fast::Lowering;
+use super::rope::Rope;
 use super::{u32_of, BinOp, Home, Step, Unsupported, Walk};
 use crate::kernels::general::MAX_RANK;
 
@@ -90,6 +91,15 @@ fn check_rank(l: &Lowering<'_>, id: TensorId) -> Result<(), Unsupported> {
         )));
     }
     Ok(())
+}
+
+/// A matched RoPE as its one step (`cos` and `sin` broadcast to `x` through a walk).
+pub(super) fn rope(l: &Lowering<'_>, r: &Rope) -> Result<Step, Unsupported> {
+    l.float(r.out)?;
+    let walk = broadcast(l, r.out, r.cos, r.sin)?;
+    let dtype = l.graph.tensor(r.out).dtype;
+    let half = u32_of(r.half, "rotary half width")?;
+    Ok(Step::Rope { x: r.x, cos: r.cos, sin: r.sin, out: r.out, dtype, half, walk })
 }
 
 /// The walk of `out` (contiguous) over operands `a` and `b` broadcast to it (NumPy's rule: shapes aligned

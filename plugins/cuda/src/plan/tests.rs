@@ -22,6 +22,7 @@ fn kinds(plan: &Plan) -> Vec<String> {
             Step::Mean { .. } => "mean".to_owned(),
             Step::Cast { to, .. } => format!("cast_{to}"),
             Step::Copy { .. } => "copy".to_owned(),
+            Step::Rope { .. } => "rope".to_owned(),
             Step::Gemv { mats, norm, cache_rows, .. } => format!(
                 "{}gemv{}{}{}{}",
                 if norm.is_some() { "norm+" } else { "" },
@@ -218,7 +219,8 @@ fn written(step: &Step) -> Vec<TensorId> {
         | Step::Binary { out, .. }
         | Step::Unary { out, .. }
         | Step::Mean { out, .. }
-        | Step::Cast { out, .. } => vec![*out],
+        | Step::Cast { out, .. }
+        | Step::Rope { out, .. } => vec![*out],
         Step::Copy { dst, .. } => vec![*dst],
         Step::Gemv { mats, .. } => mats.iter().flat_map(|m| [Some(m.y), m.cache]).flatten().collect(),
         Step::KvUpdate { caches, .. } => caches.iter().map(|c| c.0).collect(),
@@ -227,8 +229,8 @@ fn written(step: &Step) -> Vec<TensorId> {
 
 /// The decomposed RMSNorm of Hugging Face (f32 inside, the weight times the cast back).
 const NORM: [&str; 8] = ["cast_f32", "square", "mean", "b.add", "rsqrt", "b.mul", "cast_{dtype}", "b.mul"];
-/// Rotate-half RoPE over head-major q or k: two slices, neg, concat (two copies), x*cos, rot*sin, the sum.
-const ROPE: [&str; 8] = ["copy", "copy", "neg", "copy", "copy", "b.mul", "b.mul", "add"];
+/// Rotate-half RoPE over head-major q or k (two slices, neg, concat, x*cos, rot*sin, the sum): one launch.
+const ROPE: [&str; 1] = ["rope"];
 
 fn hf_expected(dtype: ElemType, layers: usize, rows: u64) -> Vec<String> {
     // Head views: copies for a prefill, aliases of a decode step's one row (no step).
@@ -602,4 +604,31 @@ fn attention_reads_ahead_only_what_no_kernel_of_the_call_writes() {
     };
     assert_eq!(early(false), Some(true));
     assert_eq!(early(true), Some(false), "a position a kernel of the call writes");
+}
+
+/// RoPE is matched by structure, in the order Hugging Face's `q * cos + rotate_half(q) * sin` traces (the
+/// product by `cos` first) as in the order `tests/support/hf.rs` builds; an intermediate something else reads
+/// (here a graph output) leaves the seven ops as they are.
+#[test]
+fn rope_is_one_step_in_any_traced_order_and_only_when_its_parts_are_private() {
+    let build = |expose_slice: bool| {
+        let mut b = ref_graph::GraphBuilder::new();
+        let x = b.input("x", ElemType::F32, &[1, 2, 1, 4]).expect("fresh");
+        let cos = b.input("cos", ElemType::F32, &[1, 4]).expect("fresh");
+        let sin = b.input("sin", ElemType::F32, &[1, 4]).expect("fresh");
+        let plain = b.mul("plain", x, cos).expect("typed");
+        let x1 = b.slice("x1", x, 3, 0, 2).expect("typed");
+        let x2 = b.slice("x2", x, 3, 2, 4).expect("typed");
+        let neg = b.unary("neg", UnaryFn::Neg, x2).expect("typed");
+        let rot = b.concat("rot", neg, x1, 3).expect("typed");
+        let rotated = b.mul("rotated", rot, sin).expect("typed");
+        let out = b.add("out", plain, rotated).expect("typed");
+        b.output(out).expect("declared");
+        if expose_slice {
+            b.output(x1).expect("declared");
+        }
+        Plan::new(&b.finish().expect("valid")).expect("lowered")
+    };
+    assert_eq!(kinds(&build(false)), ["rope"]);
+    assert_eq!(kinds(&build(true)), ["b.mul", "copy", "copy", "neg", "copy", "copy", "b.mul", "add"]);
 }

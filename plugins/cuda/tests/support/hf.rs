@@ -22,6 +22,13 @@ pub struct Hf {
     pub ffn: u64,
     pub vocab: u64,
     pub max_len: u64,
+    /// Q, K and V projections with biases (Qwen2), or without (Llama).
+    pub bias: bool,
+    /// The logits read the embedding table (`tie_word_embeddings`).
+    pub tied: bool,
+    /// RMSNorms as `rms_norm` ops (what the Python lowering fuses them into), or decomposed as Hugging Face
+    /// writes them.
+    pub norm_op: bool,
 }
 
 impl Hf {
@@ -37,6 +44,28 @@ impl Hf {
             ffn: 128,
             vocab: 96,
             max_len: 40,
+            bias: true,
+            tied: false,
+            norm_op: false,
+        }
+    }
+
+    /// Llama-3.2-1B's shape: 16 layers, hidden 2048, 32 query and 8 KV heads of 64, SwiGLU 8192, vocabulary
+    /// 128 256, tied embeddings, no biases, bf16, norms as `rms_norm` ops; `max_len` cache rows.
+    pub fn llama_1b(max_len: u64) -> Hf {
+        Hf {
+            dtype: ElemType::Bf16,
+            layers: 16,
+            dim: 2048,
+            heads: 32,
+            kv_heads: 8,
+            head_dim: 64,
+            ffn: 8192,
+            vocab: 128_256,
+            max_len,
+            bias: false,
+            tied: true,
+            norm_op: true,
         }
     }
 
@@ -111,11 +140,15 @@ impl Build<'_> {
         self.b.mat_mul_with(name, x, w, MatMulOptions { transpose_b: true, bias }).expect("linear")
     }
 
-    /// Hugging Face's `LlamaRMSNorm`: in f32, then back to the model's type, times the weight.
+    /// Hugging Face's `LlamaRMSNorm`: in f32, then back to the model's type, times the weight (one `rms_norm`
+    /// op with `norm_op`).
     fn rms_norm(&mut self, name: &str, x: TensorId) -> TensorId {
         let dim = self.cfg.dim;
         let values = (0..dim).map(|_| 1.0 + 0.1 * self.rng.next()).collect();
         let w = self.constant(&format!("{name}.weight"), &[dim], values);
+        if self.cfg.norm_op {
+            return self.b.rms_norm(&format!("{name}.out"), x, w, 1e-6).expect("rms_norm");
+        }
         let op = |s: &str| format!("{name}.{s}");
         let b = &mut self.b;
         let xf = b.cast(&op("xf"), x, ElemType::F32).expect("cast");
@@ -180,7 +213,12 @@ pub fn build(cfg: &Hf, rows: u64) -> Graph {
         outs.push((k, v));
     }
     let h = s.rms_norm("norm", x);
-    let logits = s.linear(LOGITS, h, cfg.dim, cfg.vocab, false);
+    let logits = if cfg.tied {
+        let options = MatMulOptions { transpose_b: true, bias: None };
+        s.b.mat_mul_with(LOGITS, h, embed, options).expect("tied logits")
+    } else {
+        s.linear(LOGITS, h, cfg.dim, cfg.vocab, false)
+    };
     let next = s.b.argmax(NEXT, logits).expect("argmax");
     s.b.output(logits).expect("output");
     s.b.output(next).expect("output");
@@ -219,9 +257,9 @@ fn decoder_layer(
     let cfg = s.cfg.clone();
     let (dim, dh, rows) = (cfg.dim, cfg.head_dim, s.rows);
     let h = s.rms_norm(&format!("l{l}.input_norm"), x);
-    let q = s.linear(&format!("l{l}.q_proj"), h, dim, cfg.heads * dh, true);
-    let k = s.linear(&format!("l{l}.k_proj"), h, dim, cfg.kv_heads * dh, true);
-    let v = s.linear(&format!("l{l}.v_proj"), h, dim, cfg.kv_heads * dh, true);
+    let q = s.linear(&format!("l{l}.q_proj"), h, dim, cfg.heads * dh, cfg.bias);
+    let k = s.linear(&format!("l{l}.k_proj"), h, dim, cfg.kv_heads * dh, cfg.bias);
+    let v = s.linear(&format!("l{l}.v_proj"), h, dim, cfg.kv_heads * dh, cfg.bias);
     let q = s.heads(&format!("l{l}.q"), q, cfg.heads);
     let k = s.heads(&format!("l{l}.k"), k, cfg.kv_heads);
     let v = s.heads(&format!("l{l}.v"), v, cfg.kv_heads);
