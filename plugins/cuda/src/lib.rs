@@ -15,17 +15,19 @@
 //! Every op and form of reference-graph payload 1.3 runs, so Hugging Face Llama/Qwen2-style decoders exported
 //! by the Python lowering run on the GPU. Typed kernels (`src/kernels.cu`, `src/kernels/linear.cu`, one
 //! module per float type a graph uses): embedding gather (indices of any rank), elementwise add, RMS norm over
-//! the last axis, a split-K GEMV for one-row (and few-row) products by `[K, N]` weights that fuses sibling
-//! projections, the residual add and the cache update, a row-dot GEMV for `nn.Linear`'s `[N, K]` weights
-//! (optional bias), an in-place KV-cache update (token- or head-major updates, `[H, L, Dh]` or
-//! `[1, H, L, Dh]` caches), decode attention split over the cache (flash-decoding: each valid K and V row
-//! read once, rows past the position never read; grouped-query attention reads each KV head's rows for its
-//! query heads, never a repeated copy; q head- or token-major; an optional scale) with a combine pass, and
-//! argmax of the last row. Untyped kernels (`src/kernels/general.cu`, the element type a parameter):
-//! broadcasting add/sub/mul/div (i64 add/sub/mul too), the unary functions, mean, cast, strided copies
-//! (permute, slice, concat) and positions. `f32`, `f16` and `bf16` storage, `f32` arithmetic. Positions and
-//! token ids are read from device memory and checked there (a bad one sets an error bit the call reports),
-//! so a captured CUDA graph of a decode step replays without update.
+//! the last axis, one row-dot GEMV for every product (a warp per output column over `[N, K]` weights:
+//! `nn.Linear`'s as stored, `[K, N]` constants transposed once at upload) that fuses sibling projections with
+//! their own widths and biases, the RMS norm before them, the residual add and the cache update, an in-place
+//! KV-cache update (token- or head-major updates, `[H, L, Dh]` or `[1, H, L, Dh]` caches), decode attention
+//! split over the cache (flash-decoding: each valid K and V row read once, rows past the position never read;
+//! grouped-query attention reads each KV head's rows for its query heads, never a repeated copy; q head- or
+//! token-major; an optional scale) that merges its ranges in the same launch, and argmax of the last row.
+//! Untyped kernels (`src/kernels/general.cu`, the element type a parameter): broadcasting add/sub/mul/div
+//! (i64 add/sub/mul too), the unary functions, mean, cast, strided copies (permute, slice, concat), positions
+//! and rotate-half RoPE. `f32`, `f16` and `bf16` storage, `f32` arithmetic. Positions and token ids are read
+//! from device memory and checked there (a bad one sets an error bit the call reports), so a captured CUDA
+//! graph of a decode step replays without update. On sm_90 and later every kernel after the first of a call
+//! is launched overlapping the one before it (programmatic dependent launch).
 //!
 //! ## Examples
 //!
