@@ -17,7 +17,7 @@
 //!   - every `KvCacheUpdate` writes the caller's cache in place and every `CausalAttention` reads the caches
 //!     where they are, head-major or token-major, grouped-query attention included (each query head reads
 //!     its KV head's rows; repeated keys and values are never materialised), in one launch that merges its
-//!     chunks itself;
+//!     ranges of the cache itself;
 //! - Hugging Face's rotate-half RoPE (seven ops) is one launch ([`rope`]);
 //! - the general path ([`general`]): one launch per op for everything else (broadcasting elementwise ops,
 //!   unary functions, means, casts, permutes, slices and concats as strided copies); a `Reshape` launches
