@@ -274,6 +274,20 @@ impl Engine {
         // this device's primary context for the call and the work queued on it; the own stream is created in
         // that context and lives as long as `self`, which outlives this call.
         let stream: StreamRef<'_> = unsafe { StreamRef::from_raw(raw) };
+        self.bind(specs, args, stream)?;
+        self.queue(stream)?;
+        self.write_back(specs, args, stream)?;
+        self.report(caller.is_none(), stream)
+    }
+
+    /// Every tensor's address for this call: arguments in device memory where they are, host ones staged
+    /// into their device homes, aliases their storage's.
+    fn bind(
+        &mut self,
+        specs: &[ArgSpec],
+        args: &mut ExecuteArgs<'_>,
+        stream: StreamRef<'_>,
+    ) -> Result<(), Error> {
         for (position, spec) in specs.iter().enumerate() {
             let arg = *args.arg(position).map_err(Error::Abi)?;
             self.check_memory(position, spec, &arg)?;
@@ -307,12 +321,18 @@ impl Engine {
                 self.ptrs[index] = self.ptrs[cache.0];
             }
         }
+        Ok(())
+    }
+
+    /// Queues the plan's launches, with this call's addresses, on `stream`.
+    fn queue(&mut self, stream: StreamRef<'_>) -> Result<(), Error> {
         let mut launches = std::mem::take(&mut self.launches);
         launches.clear();
         for step in &self.plan.steps {
             self.lower(step, &mut launches);
         }
         let launched = launches.iter().enumerate().try_for_each(|(index, queued)| {
+            let overlapped = self.overlap && index > 0;
             // SAFETY: every address in the launch is an argument checked against its binding (size, dtype,
             // shape, memory kind and device, with the driver) or this instance's own allocation, sized by the
             // plan from the graph's static shapes; the caller keeps arguments untouched until the stream has
@@ -321,16 +341,23 @@ impl Engine {
             // and only on a device that has it (`overlaps_launches`); every kernel waits with `pdl_wait`.
             unsafe {
                 match queued {
-                    Queued::Typed(module, launch) => {
-                        self.typed[*module].1.launch(launch, stream, self.overlap && index > 0)
-                    }
-                    Queued::General(launch) => self.general.launch(launch, stream, self.overlap && index > 0),
+                    Queued::Typed(module, launch) => self.typed[*module].1.launch(launch, stream, overlapped),
+                    Queued::General(launch) => self.general.launch(launch, stream, overlapped),
                 }
             }
             .map_err(|source| Error::Cuda { action: "launching a kernel".into(), source })
         });
         self.launches = launches;
-        launched?;
+        launched
+    }
+
+    /// Reflects aliased outputs bound to separate slots and copies host-memory outputs back.
+    fn write_back(
+        &self,
+        specs: &[ArgSpec],
+        args: &mut ExecuteArgs<'_>,
+        stream: StreamRef<'_>,
+    ) -> Result<(), Error> {
         for (position, spec) in specs.iter().enumerate() {
             let arg = *args.arg(position).map_err(Error::Abi)?;
             if let Some(input) = spec.aliases_arg {
@@ -344,26 +371,33 @@ impl Engine {
                 self.copy_out(position, self.ptrs[spec.tensor.0], &arg, stream)?;
             }
         }
-        if caller.is_none() {
-            self.own_stream
-                .synchronize()
-                .map_err(|source| Error::Cuda { action: "waiting for the call".into(), source })?;
-            let word = self
-                .err
-                .read()
-                .map_err(|source| Error::Cuda { action: "reading the error word".into(), source })?;
-            let bits = u32::from_le_bytes([word[0], word[1], word[2], word[3]]);
-            if bits != 0 {
-                self.err
-                    .clear()
-                    .map_err(|source| Error::Cuda { action: "clearing the error word".into(), source })?;
-                return Err(Error::Kernel { bits: describe(bits), earlier: false });
-            }
-        } else {
+        Ok(())
+    }
+
+    /// The kernels' error word: on the instance's own stream, waited for and reported now; on a caller's,
+    /// copied to the pinned mirror the next call reads (no wait).
+    fn report(&mut self, own_stream: bool, stream: StreamRef<'_>) -> Result<(), Error> {
+        if !own_stream {
             // SAFETY: both are this instance's 4-byte allocations; the pinned mirror is only read by
             // `take_reported_error` with a volatile read of a whole word.
-            unsafe { self.ctx.copy_dtoh_async(self.err_seen.as_ptr(), self.err.device_ptr(), 4, stream) }
-                .map_err(|source| Error::Cuda { action: "queueing the error word".into(), source })?;
+            return unsafe {
+                self.ctx.copy_dtoh_async(self.err_seen.as_ptr(), self.err.device_ptr(), 4, stream)
+            }
+            .map_err(|source| Error::Cuda { action: "queueing the error word".into(), source });
+        }
+        self.own_stream
+            .synchronize()
+            .map_err(|source| Error::Cuda { action: "waiting for the call".into(), source })?;
+        let word = self
+            .err
+            .read()
+            .map_err(|source| Error::Cuda { action: "reading the error word".into(), source })?;
+        let bits = u32::from_le_bytes([word[0], word[1], word[2], word[3]]);
+        if bits != 0 {
+            self.err
+                .clear()
+                .map_err(|source| Error::Cuda { action: "clearing the error word".into(), source })?;
+            return Err(Error::Kernel { bits: describe(bits), earlier: false });
         }
         Ok(())
     }

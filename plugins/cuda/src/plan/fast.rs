@@ -29,16 +29,23 @@ impl<'g> Lowering<'g> {
         for &id in graph.inputs().iter().chain(graph.outputs()) {
             homes[id.0] = Home::Io;
         }
-        let ropes = rope::find(graph);
-        let mut absorbed = vec![false; graph.ops().len()];
-        for r in &ropes {
+        let mut l = Lowering {
+            graph,
+            homes,
+            steps: Vec::new(),
+            attn_scratch: AttnScratch::default(),
+            ropes: Vec::new(),
+            absorbed: vec![false; graph.ops().len()],
+        };
+        l.ropes = rope::find(&l);
+        for r in &l.ropes {
             for &i in &r.absorbed {
-                absorbed[i] = true;
+                l.absorbed[i] = true;
                 // Never written or read: no allocation (the storage named is the RoPE's output's).
-                homes[graph.ops()[i].output().0] = Home::SameAs(r.out);
+                l.homes[graph.ops()[i].output().0] = Home::SameAs(r.out);
             }
         }
-        Lowering { graph, homes, steps: Vec::new(), attn_scratch: AttnScratch::default(), ropes, absorbed }
+        l
     }
 
     pub(super) fn finish(self) -> Plan {
@@ -94,7 +101,7 @@ impl<'g> Lowering<'g> {
     }
 
     /// Read by exactly one op and not a graph output: a tensor a fusion may leave unwritten.
-    fn private(&self, id: TensorId) -> bool {
+    pub(super) fn private(&self, id: TensorId) -> bool {
         self.uses(id) == 1 && !self.is_output(id)
     }
 

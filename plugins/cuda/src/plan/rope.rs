@@ -5,7 +5,9 @@
 //! intermediate read only there. The fused kernel rounds each product and the sum to the element type, as
 //! the seven separate ops do, so the result is the same bits.
 
-use ref_graph::{Graph, Op, TensorId, UnaryFn};
+use ref_graph::{Op, TensorId, UnaryFn};
+
+use super::fast::Lowering;
 
 /// One RoPE found in a graph: the `Add` it replaces, the six ops before it that it absorbs, its operands.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -19,59 +21,53 @@ pub(super) struct Rope {
     pub half: u64,
 }
 
-/// What reads and produces each tensor.
-struct Uses<'g> {
-    graph: &'g Graph,
+/// The producer of each tensor, and the lowering's rule for an intermediate a fusion may leave unwritten.
+struct Parts<'l, 'g> {
+    l: &'l Lowering<'g>,
     producer: Vec<Option<usize>>,
-    readers: Vec<usize>,
 }
 
-impl<'g> Uses<'g> {
-    fn new(graph: &'g Graph) -> Uses<'g> {
-        let n = graph.tensors().len();
-        let (mut producer, mut readers) = (vec![None; n], vec![0; n]);
-        for (i, op) in graph.ops().iter().enumerate() {
-            producer[op.output().0] = Some(i);
-            for operand in op.operands() {
-                readers[operand.0] += 1;
-            }
-        }
-        for out in graph.outputs() {
-            readers[out.0] += 1;
-        }
-        Uses { graph, producer, readers }
-    }
-
-    /// The op producing `id` when only one op reads it (an intermediate a fusion may leave unwritten).
+impl<'g> Parts<'_, 'g> {
+    /// The op producing `id` when it is private ([`Lowering::private`]: one reader, not an output).
     fn private(&self, id: TensorId) -> Option<(usize, &'g Op<TensorId>)> {
-        let i = self.producer[id.0].filter(|_| self.readers[id.0] == 1)?;
-        Some((i, &self.graph.ops()[i]))
+        let i = self.producer[id.0].filter(|_| self.l.private(id))?;
+        Some((i, &self.l.graph.ops()[i]))
     }
 }
 
-/// Every RoPE of `graph`.
-pub(super) fn find(graph: &Graph) -> Vec<Rope> {
-    let uses = Uses::new(graph);
-    graph
+/// Every RoPE of the graph `l` lowers.
+pub(super) fn find(l: &Lowering<'_>) -> Vec<Rope> {
+    let mut producer = vec![None; l.graph.tensors().len()];
+    for (i, op) in l.graph.ops().iter().enumerate() {
+        producer[op.output().0] = Some(i);
+    }
+    let parts = Parts { l, producer };
+    l.graph
         .ops()
         .iter()
         .enumerate()
         .filter_map(|(i, op)| {
             let Op::Add { a, b, out } = *op else { return None };
-            matched(&uses, i, a, b, out).or_else(|| matched(&uses, i, b, a, out))
+            matched(&parts, i, a, b, out).or_else(|| matched(&parts, i, b, a, out))
         })
         .collect()
 }
 
 /// `out = plain + rotated` at op `add`, `plain = x * cos`, `rotated = rotate_half(x) * sin`.
-fn matched(uses: &Uses<'_>, add: usize, plain: TensorId, rotated: TensorId, out: TensorId) -> Option<Rope> {
-    let (i_plain, &Op::Mul { a: p, b: q, .. }) = uses.private(plain)? else { return None };
-    let (i_rot, &Op::Mul { a: r, b: s, .. }) = uses.private(rotated)? else { return None };
+fn matched(
+    parts: &Parts<'_, '_>,
+    add: usize,
+    plain: TensorId,
+    rotated: TensorId,
+    out: TensorId,
+) -> Option<Rope> {
+    let (i_plain, &Op::Mul { a: p, b: q, .. }) = parts.private(plain)? else { return None };
+    let (i_rot, &Op::Mul { a: r, b: s, .. }) = parts.private(rotated)? else { return None };
     for (x, cos) in [(p, q), (q, p)] {
         for (rot, sin) in [(r, s), (s, r)] {
-            if let Some((half, ops)) = rotation(uses, rot, x) {
-                let shape = &uses.graph.tensor(x).shape;
-                let same = [plain, rotated, out].iter().all(|&t| &uses.graph.tensor(t).shape == shape);
+            if let Some((half, ops)) = rotation(parts, rot, x) {
+                let shape = &parts.l.graph.tensor(x).shape;
+                let same = [plain, rotated, out].iter().all(|&t| &parts.l.graph.tensor(t).shape == shape);
                 if same {
                     let absorbed = [i_plain, i_rot, ops[0], ops[1], ops[2], ops[3]];
                     return Some(Rope { add, absorbed, x, cos, sin, out, half });
@@ -83,16 +79,16 @@ fn matched(uses: &Uses<'_>, add: usize, plain: TensorId, rotated: TensorId, out:
 }
 
 /// Whether `rot` is `concat(-x[.., half..], x[.., ..half])` along `x`'s last axis: (half, the four ops).
-fn rotation(uses: &Uses<'_>, rot: TensorId, x: TensorId) -> Option<(u64, [usize; 4])> {
-    let shape = &uses.graph.tensor(x).shape;
+fn rotation(parts: &Parts<'_, '_>, rot: TensorId, x: TensorId) -> Option<(u64, [usize; 4])> {
+    let shape = &parts.l.graph.tensor(x).shape;
     let last = shape.len().checked_sub(1)? as u64;
     let width = *shape.last()?;
-    let (i_cat, &Op::Concat { a: neg, b: x1, axis, .. }) = uses.private(rot)? else { return None };
-    let (i_neg, &Op::Unary { func: UnaryFn::Neg, input: x2, .. }) = uses.private(neg)? else { return None };
-    let (i_x2, &Op::Slice { input: s2, axis: a2, start: h2, end: e2, .. }) = uses.private(x2)? else {
+    let (i_cat, &Op::Concat { a: neg, b: x1, axis, .. }) = parts.private(rot)? else { return None };
+    let (i_neg, &Op::Unary { func: UnaryFn::Neg, input: x2, .. }) = parts.private(neg)? else { return None };
+    let (i_x2, &Op::Slice { input: s2, axis: a2, start: h2, end: e2, .. }) = parts.private(x2)? else {
         return None;
     };
-    let (i_x1, &Op::Slice { input: s1, axis: a1, start: 0, end: h1, .. }) = uses.private(x1)? else {
+    let (i_x1, &Op::Slice { input: s1, axis: a1, start: 0, end: h1, .. }) = parts.private(x1)? else {
         return None;
     };
     let half = width / 2;
