@@ -11,8 +11,8 @@ use reference_delegate::delegate::ArgSpec;
 
 use crate::delegate::Error;
 use crate::kernels::general::{General, GeneralLaunch};
-use crate::kernels::{Kernels, Launch};
-use crate::plan::{Float, Home, Plan};
+use crate::kernels::{self, Kernels, Launch};
+use crate::plan::{Float, Home, Plan, Step};
 
 mod general;
 mod typed;
@@ -44,6 +44,8 @@ pub struct Engine {
     attn_part: DevicePtr,
     attn_ml: DevicePtr,
     attn_counters: DevicePtr,
+    /// The argmax blocks' best values and indices, and the ticket of the block that picks among them.
+    argmax_part: (DevicePtr, DevicePtr, DevicePtr),
     /// Whether typed launches overlap the previous kernel of the call (programmatic dependent launch).
     overlap: bool,
     err: Allocation<Device>,
@@ -177,6 +179,13 @@ impl Engine {
         let attn_part = take(plan.attn_scratch.partials, 4, "attention partial outputs")?;
         let attn_ml = take(plan.attn_scratch.maxima, 4, "attention maxima")?;
         let attn_counters = take(plan.attn_scratch.counters, 4, "attention merge counters")?;
+        let argmaxes = plan.steps.iter().any(|s| matches!(s, Step::Argmax { .. }));
+        let blocks = if argmaxes { kernels::ARGMAX_BLOCKS as usize } else { 0 };
+        let argmax_part = (
+            take(blocks, 4, "argmax block maxima")?,
+            take(blocks, 4, "argmax block indices")?,
+            take(usize::from(argmaxes), 4, "the argmax ticket")?,
+        );
         let err = alloc(&ctx, 4, "the error word")?;
         let err_seen = Allocation::<Pinned>::zeroed(&ctx, 4).map_err(cuda("allocating the error mirror"))?;
         let access = DirectAccess::gpu(ctx.is_integrated());
@@ -198,6 +207,7 @@ impl Engine {
             attn_part,
             attn_ml,
             attn_counters,
+            argmax_part,
             overlap,
             err,
             err_seen,

@@ -457,43 +457,76 @@ extern "C" __global__ void attention(AttnP p) {
 
 // ---------------------------------------------------------------------------------------------------------
 // out[0] = index of the largest value of x's last row (the first of equals; NaN never wins, but a row of NaN
-// only gives the last index, as `ref_graph::argmax` does). One block.
+// only gives the last index, as `ref_graph::argmax` does). Grid: up to ARGMAX_BLOCKS blocks of ARGMAX_THREADS,
+// each taking a contiguous slice of the row; each block's best (value, index) goes to `part_v`/`part_i`, and
+// the last block to finish (a ticket counter) picks among them, writes the index and resets its counter for
+// the next launch (or graph replay). The first of equals wins whatever order the blocks finish in.
+
+#define ARGMAX_THREADS 256
+#define ARGMAX_NONE 0x7fffffff
 
 struct ArgmaxP {
     const T* x;
     i64* out;
+    float* part_v;           // [gridDim.x]
+    int* part_i;             // [gridDim.x]
+    unsigned int* counter;   // zero between launches
     int M, N;
 };
 
+// Keeps (v, i) in (bv, bi) when it is better: larger, or equal at a smaller index; NaN never.
+__device__ __forceinline__ void arg_keep(float& bv, int& bi, float v, int i) {
+    if (v == v && (v > bv || (v == bv && i < bi))) {
+        bv = v;
+        bi = i;
+    }
+}
+
+// The block's best (value, index); thread 0 gets it. `sv`/`si` hold a value and an index per warp.
+__device__ void block_best(float& bv, int& bi, float* sv, int* si) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1)
+        arg_keep(bv, bi, __shfl_xor_sync(0xffffffffu, bv, o), __shfl_xor_sync(0xffffffffu, bi, o));
+    if (lane == 0) {
+        sv[warp] = bv;
+        si[warp] = bi;
+    }
+    __syncthreads();
+    if (threadIdx.x == 0)
+        for (int w = 1; w < ARGMAX_THREADS / 32; w++) arg_keep(bv, bi, sv[w], si[w]);
+}
+
 extern "C" __global__ void argmax(ArgmaxP p) {
+    __shared__ float sv[ARGMAX_THREADS / 32];
+    __shared__ int si[ARGMAX_THREADS / 32];
+    __shared__ unsigned int ticket;
     pdl_wait();
     pdl_launch();
-    __shared__ float best_v[1024];
-    __shared__ int best_i[1024];
     const T* row = p.x + (i64)(p.M - 1) * p.N;
+    const int per = (p.N + gridDim.x - 1) / gridDim.x;
+    const int lo = blockIdx.x * per, hi = min(p.N, lo + per);
     float bv = NEG_INF;
-    int bi = 0x7fffffff;
-    for (int i = threadIdx.x; i < p.N; i += blockDim.x) {
-        const float v = ld(row, i);
-        if (v == v && (v > bv || (v == bv && i < bi))) {
-            bv = v;
-            bi = i;
-        }
+    int bi = ARGMAX_NONE;
+#pragma unroll 8
+    for (int i = lo + threadIdx.x; i < hi; i += ARGMAX_THREADS) arg_keep(bv, bi, ld(row, i), i);
+    block_best(bv, bi, sv, si);
+    if (threadIdx.x == 0) {
+        p.part_v[blockIdx.x] = bv;
+        p.part_i[blockIdx.x] = bi;
+        __threadfence();
+        ticket = atomicAdd(p.counter, 1u);
     }
-    best_v[threadIdx.x] = bv;
-    best_i[threadIdx.x] = bi;
     __syncthreads();
-    for (int s = blockDim.x / 2; s > 0; s >>= 1) {
-        if (threadIdx.x < s) {
-            const float ov = best_v[threadIdx.x + s];
-            const int oi = best_i[threadIdx.x + s];
-            if (ov > best_v[threadIdx.x] || (ov == best_v[threadIdx.x] && oi < best_i[threadIdx.x])) {
-                best_v[threadIdx.x] = ov;
-                best_i[threadIdx.x] = oi;
-            }
-        }
-        __syncthreads();
+    if (ticket != gridDim.x - 1) return;
+    __threadfence();
+    bv = NEG_INF;
+    bi = ARGMAX_NONE;
+    for (int b = threadIdx.x; b < gridDim.x; b += ARGMAX_THREADS) arg_keep(bv, bi, __ldcg(p.part_v + b), __ldcg(p.part_i + b));
+    block_best(bv, bi, sv, si);
+    if (threadIdx.x == 0) {
+        // A row of NaN only: the last index, as `ref_graph::argmax` (each NaN replaces the one before).
+        p.out[0] = bi == ARGMAX_NONE ? p.N - 1 : bi;
+        *p.counter = 0u;
     }
-    // A row of NaN only: the last index, as `ref_graph::argmax` (each NaN replaces the one before).
-    if (threadIdx.x == 0) p.out[0] = best_i[0] == 0x7fffffff ? p.N - 1 : best_i[0];
 }

@@ -26,8 +26,10 @@ pub const ATTN_THREADS: u32 = 128;
 pub const ATTN_MAX_HEAD: u32 = 256;
 /// Warps of a GEMV block (`GEMV_WARPS` in the source).
 pub const GEMV_WARPS: u32 = 8;
-/// Threads of the argmax block (a power of two; the source's shared arrays hold 1024).
-pub const ARGMAX_THREADS: u32 = 1024;
+/// Threads of an argmax block (`ARGMAX_THREADS` in the source).
+pub const ARGMAX_THREADS: u32 = 256;
+/// Most blocks an argmax launch takes (its scratch holds one value and one index per block).
+pub const ARGMAX_BLOCKS: u32 = 128;
 
 /// NVRTC options for an element type.
 pub fn options(float: Float) -> &'static [&'static str] {
@@ -158,6 +160,9 @@ pub struct AttnP {
 pub struct ArgmaxP {
     pub x: DevicePtr,
     pub out: DevicePtr,
+    pub part_v: DevicePtr,
+    pub part_i: DevicePtr,
+    pub counter: DevicePtr,
     pub m: i32,
     pub n: i32,
 }

@@ -603,3 +603,52 @@ fn an_assigned_device_buffer_is_written_in_place_in_the_stream() {
         assert_eq!(buffer.read().expect("buffer")[..8], p.to_le_bytes(), "the buffer holds the position");
     }
 }
+
+/// A row of a vocabulary's length takes many argmax blocks (their best values meet by a ticket in the same
+/// launch), and still gives `ref_graph::argmax`'s index of the last row: the largest in the last block, the
+/// first of equal maxima in different blocks, NaN never winning, a row of NaN only giving the last index,
+/// and `-inf` everywhere giving the first; in f32 and f16.
+#[test]
+#[ignore = "needs an NVIDIA GPU and driver: `cargo xtask gpu-test` runs it on one (--include-ignored, KV_REQUIRE_GPU=1)"]
+fn argmax_over_many_blocks_picks_the_references_index() {
+    let Some(_ctx) = gpu() else { return };
+    const N: usize = 100_003;
+    let noise = || (0..N).map(|i| ((i * 7919) % 1000) as f32 / 1000.0).collect::<Vec<f32>>();
+    let with = |at: &[(usize, f32)]| {
+        let mut row = noise();
+        at.iter().for_each(|&(i, v)| row[i] = v);
+        row
+    };
+    let cases = [
+        ("the largest in the last block", with(&[(N - 2, 3.0)])),
+        ("equal maxima in two blocks", with(&[(5_000, 3.0), (90_000, 3.0)])),
+        ("NaN never wins", with(&[(10, f32::NAN), (60_000, f32::NAN), (N - 1, 2.0)])),
+        ("a row of NaN only", vec![f32::NAN; N]),
+        ("-inf everywhere", vec![f32::NEG_INFINITY; N]),
+    ];
+    for dtype in [ElemType::F32, ElemType::F16] {
+        let mut b = ref_graph::GraphBuilder::new();
+        let x = b.input("logits", dtype, &[2, N as u64]).expect("fresh");
+        let next = b.argmax("next", x).expect("typed");
+        b.output(next).expect("declared");
+        let mut cuda = instance(&plugin(), &hf::blob(&b.finish().expect("valid"), BACKEND_ID));
+        for (what, row) in &cases {
+            // A first row whose values would win everywhere: only the last row counts.
+            let values: Vec<f32> = std::iter::repeat_n(9.0, N).chain(row.iter().copied()).collect();
+            let bytes: Vec<u8> = match dtype {
+                ElemType::F16 => values.iter().flat_map(|&v| half::f16::from_f32(v).to_le_bytes()).collect(),
+                _ => values.iter().flat_map(|v| v.to_le_bytes()).collect(),
+            };
+            let last: Vec<f32> = floats(&bytes, dtype == ElemType::F16)[N..].to_vec();
+            let mut out = [-1i64];
+            let mut list = ArgList::new();
+            let code = DTypeCode::try_from(dtype.dtype()).expect("a float");
+            list.push_input(&bytes, code, &[2, N as i64], MemoryKind::Host).expect("logits");
+            list.push_output(bytemuck::cast_slice_mut(&mut out), DTypeCode::I64, &[1], MemoryKind::Host)
+                .expect("next");
+            cuda.execute(&mut list, None).expect("the argmax runs");
+            drop(list);
+            assert_eq!(out[0], ref_graph::argmax(&last) as i64, "{dtype}: {what}");
+        }
+    }
+}

@@ -58,10 +58,15 @@ impl Engine {
             Step::Attention { q, k, v, position, out, shape, splits, early } => {
                 self.attention([q, k, v, position, out], shape, (splits, early), float)
             }
-            Step::Argmax { input, out, m, n } => Launch::Argmax(
-                cfg((1, 1, 1), kernels::ARGMAX_THREADS, 0),
-                ArgmaxP { x: p(input), out: p(out), m: m as i32, n: n as i32 },
-            ),
+            Step::Argmax { input, out, m, n } => {
+                let (part_v, part_i, counter) = self.argmax_part;
+                // A few values a thread, in as many blocks as the scratch holds.
+                let blocks = n.div_ceil(4 * kernels::ARGMAX_THREADS).clamp(1, kernels::ARGMAX_BLOCKS);
+                Launch::Argmax(
+                    cfg((blocks, 1, 1), kernels::ARGMAX_THREADS, 0),
+                    ArgmaxP { x: p(input), out: p(out), part_v, part_i, counter, m: m as i32, n: n as i32 },
+                )
+            }
             _ => unreachable!("step_float is None for every untyped step"),
         };
         push(launch);
