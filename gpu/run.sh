@@ -7,6 +7,9 @@
 #                                         # Llama-3.2-1B-shaped decoder; JSON to $OUT
 #   bash target/gpu-bundle/run.sh isolated  # only the isolated-plugin runs and benches, then again under
 #                                           # the CUDA Multi-Process Service when the machine has it
+#   bash target/gpu-bundle/run.sh sweep base "-DGEMV_PRE=2" "-DGEMV_PRE=2 -DATTN_U=2"
+#                                         # GPU µs per step of each kernel setting (the sources' tunables,
+#                                         # through KV_CUDA_DEFINES; `base`: as written), in one session
 set -uo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 cd "$here"
@@ -157,13 +160,42 @@ print(f'  {v["parameters"] / 1e9:.3f} B parameters, {v["bytes_per_step"] / 1e9:.
 PY
 }
 
-case "${1:-test}" in
+# Each setting's GPU time per step, one build, one session: configs (c) at 4096 and 8191, (b) at 512 and 1023
+# and (a) at 8 decoding at a held position as a CUDA graph (the mean of 200 steps), then the Llama-3.2-1B shape.
+run_sweep() {
+  for cfg in a b c; do
+    ./export-example "$cfg" "$out/program-$cfg" --backend cuda --memory device > /dev/null || { status=1; return; }
+  done
+  for setting in "$@"; do
+    if [ "$setting" = base ]; then export KV_CUDA_DEFINES=""; else export KV_CUDA_DEFINES="$setting"; fi
+    echo "== $setting"
+    for spec in "c 4096" "c 8191" "b 512" "b 1023" "a 8"; do
+      set -- $spec
+      ./delegate-host run "$out/program-$1/program.toml" --position "$2" --hold-position --cuda-graph --steps 200 --json > "$out/sweep.json" 2> "$out/sweep.err" || { status=1; tail -3 "$out/sweep.err"; continue; }
+      python3 - "$out/sweep.json" "$1" "$2" <<'PY' || status=1
+import json, sys
+v = json.load(open(sys.argv[1])); s = v["stats"]
+print(f'  ({sys.argv[2]}) at {sys.argv[3]}: {s["mean_decode_gpu_us"]:8.1f} us per step, tokens {v["tokens"][:4]}, '
+      f'host syncs/step {s.get("host_syncs_per_decode_step")}')
+PY
+    done
+    ./bench_hf_decode --preset llama-1b --position 1024 --max-len 2048 --steps 100 > "$out/sweep-llama.json" 2> "$out/sweep.err" || { status=1; tail -3 "$out/sweep.err"; continue; }
+    python3 - "$out/sweep-llama.json" <<'PY' || status=1
+import json, sys
+print(f'  Llama-3.2-1B shape at 1024: {json.load(open(sys.argv[1]))["gpu_us_per_step"]:8.1f} us per step')
+PY
+  done
+}
+
+mode="${1:-test}"
+case "$mode" in
   test) run_tests ;;
   bench) run_bench ;;
   isolated) run_isolated_only ;;
-  *) echo "usage: run.sh test|bench|isolated" >&2; exit 2 ;;
+  sweep) shift; run_sweep "${@:-base}" ;;
+  *) echo "usage: run.sh test|bench|isolated|sweep [SETTING...]" >&2; exit 2 ;;
 esac
 if [ -n "${OUT:-}" ]; then
-  tar czf "$OUT/results-${1:-test}.tgz" --exclude='program-*' -C "$out" .
+  tar czf "$OUT/results-$mode.tgz" --exclude='program-*' -C "$out" .
 fi
 exit $status

@@ -11,6 +11,10 @@ use anyhow::{bail, Context};
 
 use crate::util;
 
+/// The CUDA delegate's feature the bundle is built with: `KV_CUDA_DEFINES` sets its kernels' tunables
+/// (`run.sh sweep`).
+const TUNING: &str = "cuda-delegate/tuning";
+
 /// Where the bundle goes, relative to the project root.
 pub const BUNDLE: &str = "target/gpu-bundle";
 
@@ -36,7 +40,16 @@ pub fn bundle(root: &Path, what: &str) -> anyhow::Result<()> {
     let target = util::target_dir(root)?;
     util::run_cmd(
         root,
-        util::cargo().args(["build", "--release", "-p", "delegate-host", "-p", "cuda-delegate-dylib"]),
+        util::cargo().args([
+            "build",
+            "--release",
+            "-p",
+            "delegate-host",
+            "-p",
+            "cuda-delegate-dylib",
+            "--features",
+            TUNING,
+        ]),
     )?;
     util::run_cmd(
         root,
@@ -82,6 +95,7 @@ fn executable(root: &Path, kind: &str, package: &str, target: &str) -> anyhow::R
         .arg(kind)
         .args(profile)
         .args(["--no-run", "--message-format=json", "-p", package, &format!("--{kind}"), target])
+        .args(if package == "cuda-delegate" { &["--features", "tuning"][..] } else { &[] })
         .stderr(Stdio::inherit())
         .output()
         .with_context(|| format!("building {package}'s {kind} {target}"))?;

@@ -200,7 +200,9 @@ extern "C" __global__ void kv_update(KvP p) {
 // `pdl_wait`: the cache streams in while the projections that produce the query finish.
 
 #define ATTN_WARPS 4
-#define ATTN_U 4  // rows a group holds per tile
+#ifndef ATTN_U
+#define ATTN_U 4  // rows a group holds per tile (tunable, see `kernels/tuning.rs`)
+#endif
 
 struct AttnP {
     const T* q;

@@ -11,6 +11,7 @@ use cuda_rt::{Context, DevicePtr, Function, LaunchConfig, Module, StreamRef};
 use crate::plan::Float;
 
 pub mod general;
+pub mod tuning;
 
 /// The CUDA C source of the typed kernels, compiled by NVRTC at `init` (once per process per device and
 /// element type).
@@ -222,7 +223,9 @@ pub struct Kernels {
 impl Kernels {
     /// Compiles (or takes from the process-wide cache) the kernels for `float` on `ctx`'s device.
     pub fn load(ctx: &Context, float: Float) -> cuda_rt::Result<Kernels> {
-        let module: Arc<Module> = ctx.compile_module(SOURCE, options(float))?;
+        let options = tuning::options(options(float));
+        let options: Vec<&str> = options.iter().map(String::as_str).collect();
+        let module: Arc<Module> = ctx.compile_module(SOURCE, &options)?;
         Ok(Kernels {
             gather: module.function("gather")?,
             add: module.function("add")?,
@@ -273,13 +276,18 @@ mod tests {
     use et_error::{ErrorCode, HasErrorCode};
 
     /// The source compiles for every element type (f32, f16, bf16), for the H200's architecture, with every
-    /// kernel the launches name. Needs NVRTC (not a GPU): `cargo xtask test` provides it from PyPI and sets
-    /// `KV_REQUIRE_NVRTC`; without NVRTC the test checks the typed error instead.
+    /// kernel the launches name, as written and with its tunables set otherwise (what `run.sh sweep` may ask).
+    /// Needs NVRTC (not a GPU): `cargo xtask test` provides it from PyPI and sets `KV_REQUIRE_NVRTC`; without
+    /// NVRTC the test checks the typed error instead.
     #[test]
     fn kernels_compile_for_every_element_type() {
-        for float in [Float::F32, Float::F16, Float::Bf16] {
+        let tuned = ["-DGEMV_PRE=2", "-DGEMV_BLOCKS_PER_SM=4", "-DATTN_U=2"];
+        for (float, tunables) in
+            [Float::F32, Float::F16, Float::Bf16].into_iter().flat_map(|f| [(f, &[][..]), (f, &tuned[..])])
+        {
             let mut opts = vec!["--gpu-architecture=compute_90"];
             opts.extend_from_slice(options(float));
+            opts.extend_from_slice(tunables);
             match cuda_rt::compile_ptx(SOURCE, &opts) {
                 Ok(ptx) => {
                     for kernel in ["gather", "add", "rms_norm", "gemv", "kv_update", "attention", "argmax"] {

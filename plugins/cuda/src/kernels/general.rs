@@ -146,7 +146,9 @@ pub const KERNELS: [&str; 7] = ["binary", "unary", "mean_rows", "cast", "copy_st
 impl General {
     /// Compiles (or takes from the process-wide cache) the untyped kernels on `ctx`'s device.
     pub fn load(ctx: &Context) -> cuda_rt::Result<General> {
-        let module: Arc<Module> = ctx.compile_module(SOURCE, &[])?;
+        let options = super::tuning::options(&[]);
+        let options: Vec<&str> = options.iter().map(String::as_str).collect();
+        let module: Arc<Module> = ctx.compile_module(SOURCE, &options)?;
         Ok(General {
             binary: module.function(KERNELS[0])?,
             unary: module.function(KERNELS[1])?,

@@ -17,7 +17,13 @@
 // Grid (ceil(total columns / GEMV_WARPS), M); block GEMV_WARPS warps.
 
 #define GEMV_WARPS 8
+// Tunables (`#ifndef`: a sweep may set them, see `kernels/tuning.rs`).
+#ifndef GEMV_PRE
 #define GEMV_PRE 4
+#endif
+#ifndef GEMV_BLOCKS_PER_SM
+#define GEMV_BLOCKS_PER_SM 3
+#endif
 
 struct GemvP {
     const T* a;
@@ -71,8 +77,8 @@ __device__ __forceinline__ void gemv_act(const GemvP& p, uint4 raw, int k, float
     }
 }
 
-// Registers budgeted for three blocks an SM (see above).
-extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32, 3) gemv(GemvP p) {
+// Registers budgeted for GEMV_BLOCKS_PER_SM blocks an SM (see above).
+extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32, GEMV_BLOCKS_PER_SM) gemv(GemvP p) {
     const int lane = threadIdx.x & 31;
     int col = blockIdx.x * GEMV_WARPS + (threadIdx.x >> 5);
     const int m = blockIdx.y;
