@@ -175,7 +175,9 @@ unsafe impl Send for Function {}
 unsafe impl Sync for Function {}
 
 impl Function {
-    /// Queues the kernel on `stream` (`cuLaunchKernel`); binds the module's context first.
+    /// Queues the kernel on `stream` (`cuLaunchKernel`); binds the module's context first. This path stays
+    /// on `cuLaunchKernel`, which every driver has, rather than sharing [`Function::launch_overlapped`]'s
+    /// `cuLaunchKernelEx`, which drivers before CUDA 12 lack.
     ///
     /// # Safety
     /// `params` holds one pointer per kernel parameter, in order, each to a value of that parameter's type

@@ -23,3 +23,23 @@ pub fn options(base: &[&str]) -> Vec<String> {
     }
     options
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A sweep's defines reach NVRTC only in a build with the `tuning` feature (the GPU bundle), and only the
+    /// `-D` ones; any other build compiles the sources as written whatever the environment says. The only
+    /// test that sets the variable, so no other test sees it.
+    #[test]
+    fn defines_apply_only_with_the_tuning_feature() {
+        std::env::set_var(DEFINES_ENV, "-DGEMV_PRE=2 --use_fast_math -DATTN_U=2");
+        let got = options(&["-DKV_F16"]);
+        std::env::remove_var(DEFINES_ENV);
+        if cfg!(feature = "tuning") {
+            assert_eq!(got, ["-DKV_F16", "-DGEMV_PRE=2", "-DATTN_U=2"]);
+        } else {
+            assert_eq!(got, ["-DKV_F16"]);
+        }
+    }
+}
