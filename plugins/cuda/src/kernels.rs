@@ -223,9 +223,7 @@ pub struct Kernels {
 impl Kernels {
     /// Compiles (or takes from the process-wide cache) the kernels for `float` on `ctx`'s device.
     pub fn load(ctx: &Context, float: Float) -> cuda_rt::Result<Kernels> {
-        let options = tuning::options(options(float));
-        let options: Vec<&str> = options.iter().map(String::as_str).collect();
-        let module: Arc<Module> = ctx.compile_module(SOURCE, &options)?;
+        let module: Arc<Module> = tuning::compile_module(ctx, SOURCE, options(float))?;
         Ok(Kernels {
             gather: module.function("gather")?,
             add: module.function("add")?,

@@ -146,9 +146,7 @@ pub const KERNELS: [&str; 7] = ["binary", "unary", "mean_rows", "cast", "copy_st
 impl General {
     /// Compiles (or takes from the process-wide cache) the untyped kernels on `ctx`'s device.
     pub fn load(ctx: &Context) -> cuda_rt::Result<General> {
-        let options = super::tuning::options(&[]);
-        let options: Vec<&str> = options.iter().map(String::as_str).collect();
-        let module: Arc<Module> = ctx.compile_module(SOURCE, &options)?;
+        let module: Arc<Module> = super::tuning::compile_module(ctx, SOURCE, &[])?;
         Ok(General {
             binary: module.function(KERNELS[0])?,
             unary: module.function(KERNELS[1])?,

@@ -4,6 +4,10 @@
 //! `kernels.cu` and `kernels/linear.cu`) with `run.sh sweep`. Without the feature the sources compile as
 //! written, whatever the environment says.
 
+use std::sync::Arc;
+
+use cuda_rt::{Context, Module};
+
 /// The variable a sweep sets.
 pub const DEFINES_ENV: &str = "KV_CUDA_DEFINES";
 
@@ -22,6 +26,13 @@ pub fn options(base: &[&str]) -> Vec<String> {
         }
     }
     options
+}
+
+/// `source` compiled on `ctx`'s device with [`options`] of `base` (through `cuda-rt`'s module cache).
+pub fn compile_module(ctx: &Context, source: &str, base: &[&str]) -> cuda_rt::Result<Arc<Module>> {
+    let options = options(base);
+    let options: Vec<&str> = options.iter().map(String::as_str).collect();
+    ctx.compile_module(source, &options)
 }
 
 #[cfg(test)]
