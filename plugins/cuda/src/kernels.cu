@@ -28,6 +28,7 @@ __device__ __forceinline__ unsigned short f2h(float f) { return f32_to_f16(f); }
 __device__ __forceinline__ float h2f(unsigned short h) { return bf16_to_f32(h); }
 __device__ __forceinline__ unsigned short f2h(float f) { return f32_to_bf16(f); }
 #endif
+__device__ __forceinline__ float val(T v) { return h2f(v); }
 __device__ __forceinline__ float ld(const T* p, i64 i) { return h2f(p[i]); }
 __device__ __forceinline__ void st(T* p, i64 i, float f) { p[i] = f2h(f); }
 #define VEC 8
@@ -42,6 +43,7 @@ __device__ __forceinline__ void cvt_vec(uint4 u, float* out) {
 }
 #else
 typedef float T;
+__device__ __forceinline__ float val(T v) { return v; }
 __device__ __forceinline__ float ld(const T* p, i64 i) { return p[i]; }
 __device__ __forceinline__ void st(T* p, i64 i, float f) { p[i] = f; }
 #define VEC 4
@@ -247,17 +249,24 @@ __device__ __forceinline__ float row_sum(float x, int lanes) {
 }
 
 // The last block of (t, h): out = sum_c exp(m_c - max) o_c / sum_c exp(m_c - max) l_c over the `nvalid`
-// ranges' partials (read from L2: other blocks wrote them). `wts` holds nvalid floats; `vr` 4 * blockDim.
+// ranges' partials (read from L2: other blocks wrote them; each maximum and sum once, kept in shared memory).
+// `wts` holds 2 * splits floats; `vr` 4 * blockDim.
 __device__ void attn_merge(const AttnP& p, int h, int t, int nvalid, float* wts, float* vr, float* scratch) {
     const i64 base = ((i64)t * p.H + h) * p.splits;
+    float* sums = wts + p.splits;
     float mx = NEG_INF;
-    for (int c = threadIdx.x; c < nvalid; c += blockDim.x) mx = fmaxf(mx, __ldcg(p.ml + (base + c) * 2));
+    for (int c = threadIdx.x; c < nvalid; c += blockDim.x) {
+        const float2 ml = __ldcg(reinterpret_cast<const float2*>(p.ml + (base + c) * 2));
+        wts[c] = ml.x;
+        sums[c] = ml.y;
+        mx = fmaxf(mx, ml.x);
+    }
     mx = block_max(mx, scratch);
     float den = 0.f;
-    for (int c = threadIdx.x; c < nvalid; c += blockDim.x) {
-        const float w = __expf(__ldcg(p.ml + (base + c) * 2) - mx);
+    for (int c = threadIdx.x; c < nvalid; c += blockDim.x) {  // the entries this thread wrote
+        const float w = __expf(wts[c] - mx);
         wts[c] = w;
-        den += w * __ldcg(p.ml + (base + c) * 2 + 1);
+        den += w * sums[c];
     }
     den = block_sum(den, scratch);  // its barriers also publish `wts`
     // Groups of Dh / 4 threads each add every ngrp-th range's partial, 16 bytes at a time (one float at a
@@ -291,6 +300,18 @@ __device__ void attn_merge(const AttnP& p, int h, int t, int nvalid, float* wts,
         for (int g = 0; g < ngrp; g++) s += vr[g * p.Dh + d];
         st(p.out, qbase + d, s * inv);
     }
+}
+
+// Adds 1 to `counter` and returns its old value, with release and acquire at GPU scope: writes the block made
+// visible to this thread (a barrier before) are published, and other blocks' writes published the same way
+// before their adds are visible to this block (a barrier after).
+__device__ __forceinline__ unsigned int atomic_add_acq_rel(unsigned int* counter) {
+    unsigned int old;
+    asm volatile("fence.acq_rel.gpu;\n\tatom.add.acq_rel.gpu.global.u32 %0, [%1], 1;\n\tfence.acq_rel.gpu;"
+                 : "=r"(old)
+                 : "l"(counter)
+                 : "memory");
+    return old;
 }
 
 // One tile: row j of each of the group's ATTN_U rows (j >= stop: none), K and V 16 bytes a lane.
@@ -330,7 +351,7 @@ extern "C" __global__ void attention(AttnP p) {
     float* gl = gm + G;                                  // [G]: and sums
     float* go = gl + G;                                  // [max(G * Dh, 4 * blockDim)]: their outputs
     float* scratch = go + max(G * p.Dh, 4 * (int)blockDim.x);  // [32]
-    float* wts = scratch + 32;                           // [splits]: the merge's weights
+    float* wts = scratch + 32;                           // [2 * splits]: the merge's weights and sums
     __shared__ unsigned int ticket;
     const int h = blockIdx.x, c = blockIdx.y, t = blockIdx.z;
     if (!p.early) pdl_wait();
@@ -445,14 +466,14 @@ extern "C" __global__ void attention(AttnP p) {
         p.ml[slot * 2] = mx;
         p.ml[slot * 2 + 1] = l;
     }
-    // Publish this range, then take a ticket: the last of the valid ranges merges them.
-    __threadfence();
+    // Publish this range, then take a ticket: the last of the valid ranges merges them. One thread fences
+    // for the block, after the barrier (a release of every thread's writes, as CUTLASS's barrier does it), and
+    // the last block's fence after its ticket makes the other ranges' writes visible to it.
     __syncthreads();
     unsigned int* counter = p.counters + (i64)t * p.H + h;
-    if (threadIdx.x == 0) ticket = atomicAdd(counter, 1u);
+    if (threadIdx.x == 0) ticket = atomic_add_acq_rel(counter);
     __syncthreads();
     if (ticket != (unsigned int)(nvalid - 1)) return;
-    __threadfence();
     attn_merge(p, h, t, nvalid, wts, go, scratch);
     if (threadIdx.x == 0) *counter = 0u;
 }

@@ -159,8 +159,8 @@ impl Engine {
         let groups = threads / lanes;
         let (q_ts, q_hs) = s.q_strides();
         // The groups' maxima, sums and outputs (the merge's sums reuse the outputs), a reduction's scratch,
-        // the merge's range weights.
-        let shared = (2 * groups + (groups * dh).max(4 * threads) + 32 + splits) * 4;
+        // the merge's range weights and sums.
+        let shared = (2 * groups + (groups * dh).max(4 * threads) + 32 + 2 * splits) * 4;
         Launch::Attention(
             cfg((s.heads, splits, s.rows), threads, shared),
             AttnP {
