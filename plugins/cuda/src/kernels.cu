@@ -277,7 +277,7 @@ __device__ void attn_merge(const AttnP& p, int h, int t, int nvalid, float* wts,
         const int grp = idx / dl, d = (idx % dl) * w4;
         float acc[4] = {0.f, 0.f, 0.f, 0.f};
         const float* part = p.o_part + base * p.Dh + d;
-#pragma unroll 8
+#pragma unroll 16
         for (int c = grp; c < nvalid; c += ngrp) {
             const float w = wts[c];
             if (w4 == 4) {
