@@ -109,6 +109,7 @@ pub struct GemvP {
     pub h: i32,
     pub l: i32,
     pub dh: i32,
+    pub early: i32,
 }
 
 /// `KvP`.

@@ -145,6 +145,9 @@ pub enum Step {
         cache_rows: Option<CacheRows>,
         m: u32,
         k: u32,
+        /// Whether the kernel may read its weights, norm gains and biases before the previous kernel
+        /// finishes: each is a constant or an input no op writes.
+        early: bool,
     },
     KvUpdate {
         caches: Vec<(TensorId, TensorId)>,

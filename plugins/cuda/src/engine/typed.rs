@@ -73,7 +73,7 @@ impl Engine {
     }
 
     fn gemv(&self, step: &Step, float: Float) -> Launch {
-        let Step::Gemv { a, norm, ref mats, cache_rows, m, k } = *step else {
+        let Step::Gemv { a, norm, ref mats, cache_rows, m, k, early } = *step else {
             unreachable!("called for a GEMV")
         };
         let p = |id| self.p(id);
@@ -112,6 +112,7 @@ impl Engine {
                 h: geometry.0,
                 l: geometry.1,
                 dh: geometry.2,
+                early: i32::from(early),
             },
         )
     }

@@ -7,8 +7,8 @@
 // Decode multiplies one row by the weights: the work is reading them once, in order. A warp owns one output
 // column: it reads that column's contiguous weight row, 16 bytes per lane at a time, and adds its lanes' sums,
 // so no block shares a column, no partial sum is written and no second pass runs. The first `GEMV_PRE` loads
-// of each lane, and of the norm's gains, are issued before `pdl_wait`: the weights stream in while the previous
-// kernel finishes; right after the wait, everything else the warp reads (the activation, the residual, the
+// of each lane, and of the norm's gains, are issued before `pdl_wait` (when each holds one value all call: the
+// plan's `early`): the weights stream in while the previous kernel finishes; right after the wait, everything else the warp reads (the activation, the residual, the
 // position) is requested at once, so one memory round trip follows the wait, not three. Few
 // registers matter more than many early loads: a block that fits beside the kernel it overlaps starts sooner
 // (measured on the H200: 4 early loads and a budget of three blocks an SM took config (c) from 661 to 599 us
@@ -41,6 +41,7 @@ struct GemvP {
     int M, K, nmat, vec_ok;  // vec_ok: K % VEC == 0 and `a`, every `w` and `norm_w` 16-byte aligned
     float eps;
     int H, L, Dh;
+    int early;  // the weights, gains and biases may be read before `pdl_wait` (each holds one value all call)
 };
 
 // One of the three entries of a parameter array, picked with selects: indexing the by-value parameter struct
@@ -118,6 +119,7 @@ extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32, GEMV_BLOCKS_PER_SM
     const T* wr = pick(p.w, mat) + (i64)(live ? col : 0) * p.K;
     const T* ar = p.a + (i64)m * p.K;
     const bool stores = live && lane == 0;
+    if (!p.early) pdl_wait();  // a later `pdl_wait` returns at once
     GemvTail tail = gemv_bias(p, mat, col, stores);
     float acc = 0.f;
     if (p.vec_ok) {

@@ -148,7 +148,7 @@ impl Emulator<'_> {
     }
 
     fn gemv(&mut self, step: &Step) -> Result<(), &'static str> {
-        let Step::Gemv { a, norm, ref mats, cache_rows, m, k } = *step else { unreachable!() };
+        let Step::Gemv { a, norm, ref mats, cache_rows, m, k, .. } = *step else { unreachable!() };
         let k = k as usize;
         let x = self.get(a).to_vec();
         for row in 0..m as usize {

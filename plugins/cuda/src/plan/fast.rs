@@ -226,7 +226,9 @@ impl Lowering<'_> {
             taken += self.residual(&mut mats[0], ops.get(i + 1));
         }
         let (a, norm) = self.fused_norm(a, mats.len());
-        self.steps.push(Step::Gemv { a, norm, mats, cache_rows: None, m, k });
+        let early = mats.iter().all(|mat| self.fixed(mat.w) && mat.bias.is_none_or(|b| self.fixed(b)))
+            && norm.is_none_or(|(gain, _)| self.fixed(gain));
+        self.steps.push(Step::Gemv { a, norm, mats, cache_rows: None, m, k, early });
         Ok(taken)
     }
 
@@ -412,6 +414,11 @@ impl Lowering<'_> {
             Op::Assign { target, .. } => target != root,
             _ => true,
         })
+    }
+
+    /// Whether `id` holds one value all call long: a constant, or an input no op writes.
+    fn fixed(&self, id: TensorId) -> bool {
+        self.graph.constants().any(|(c, _)| c == id) || self.stable(id)
     }
 
     /// Whether `id` is a graph input no op writes in place (it holds the caller's value all call long).

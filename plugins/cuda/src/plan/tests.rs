@@ -207,6 +207,45 @@ fn products_read_weight_rows_and_transpose_only_what_needs_it() {
     assert!(err.0.contains("mat_mul 'y' multiplies by 'm'"), "{}", err.0);
 }
 
+/// A GEMV requests its weights, norm gains and biases before the previous kernel finishes only when each
+/// holds one value all call (a constant, or an input no op writes): a product by a computed `[N, K]` matrix
+/// or with a computed bias waits first.
+#[test]
+fn products_read_weights_ahead_only_when_no_kernel_of_the_call_writes_them() {
+    let early = |plan: &Plan| -> Vec<bool> {
+        plan.steps
+            .iter()
+            .filter_map(|s| if let Step::Gemv { early, .. } = *s { Some(early) } else { None })
+            .collect()
+    };
+    let cfg = Config { layers: 2, ..Config::tiny() };
+    let example =
+        Plan::new(&model::build_graph(&cfg, &Weights::generate(&cfg), 1).expect("graph")).expect("lowered");
+    assert!(early(&example).iter().all(|&e| e), "constant weights are read ahead: {:?}", early(&example));
+    let hf = Plan::new(&hf::build(&hf::Hf::tiny(ElemType::F32), 1)).expect("lowered");
+    assert!(early(&hf).iter().all(|&e| e), "{:?}", early(&hf));
+
+    let product = |computed_weight: bool, computed_bias: bool| {
+        let mut b = ref_graph::GraphBuilder::new();
+        let a = b.input("a", ElemType::F32, &[1, 4]).expect("fresh");
+        let mut w = b.input("w", ElemType::F32, &[3, 4]).expect("fresh");
+        if computed_weight {
+            w = b.add("w2", w, w).expect("typed");
+        }
+        let mut bias = b.constant_f32("bias", &[3], vec![0.5; 3]).expect("fresh");
+        if computed_bias {
+            bias = b.add("bias2", bias, bias).expect("typed");
+        }
+        let options = ref_graph::MatMulOptions { transpose_b: true, bias: Some(bias) };
+        let y = b.mat_mul_with("y", a, w, options).expect("typed");
+        b.output(y).expect("declared");
+        early(&Plan::new(&b.finish().expect("valid")).expect("lowered"))
+    };
+    assert_eq!(product(false, false), [true], "an input weight no op writes");
+    assert_eq!(product(true, false), [false], "a weight a kernel of the call computes");
+    assert_eq!(product(false, true), [false], "a bias a kernel of the call computes");
+}
+
 /// What a step writes (a fused GEMV its outputs and caches).
 fn written(step: &Step) -> Vec<TensorId> {
     match step {
