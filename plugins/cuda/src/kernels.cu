@@ -545,7 +545,8 @@ extern "C" __global__ void argmax(ArgmaxP p) {
     __threadfence();
     bv = NEG_INF;
     bi = ARGMAX_NONE;
-    for (int b = threadIdx.x; b < gridDim.x; b += ARGMAX_THREADS) arg_keep(bv, bi, __ldcg(p.part_v + b), __ldcg(p.part_i + b));
+    for (int b = threadIdx.x; b < gridDim.x; b += ARGMAX_THREADS)
+        arg_keep(bv, bi, __ldcg(p.part_v + b), __ldcg(p.part_i + b));
     block_best(bv, bi, sv, si);
     if (threadIdx.x == 0) {
         // A row of NaN only: the last index, as `ref_graph::argmax` (each NaN replaces the one before).

@@ -7,10 +7,10 @@
 // Decode multiplies one row by the weights: the work is reading them once, in order. A warp owns one output
 // column: it reads that column's contiguous weight row, 16 bytes per lane at a time, and adds its lanes' sums,
 // so no block shares a column, no partial sum is written and no second pass runs. The first `GEMV_PRE` loads
-// of each lane, and of the norm's gains, are issued before `pdl_wait` (when each holds one value all call: the
-// plan's `early`): the weights stream in while the previous kernel finishes; right after the wait, everything else the warp reads (the activation, the residual, the
-// position) is requested at once, so one memory round trip follows the wait, not three. Few
-// registers matter more than many early loads: a block that fits beside the kernel it overlaps starts sooner
+// of each lane, the norm's gains and the bias are issued before `pdl_wait` when each holds one value all call
+// (the plan's `early`): the weights stream in while the previous kernel finishes. Right after the wait,
+// everything else the warp reads (the activation, the residual, the position) is requested at once, so one
+// memory round trip follows the wait, not three. Few registers matter more than many early loads: a block that fits beside the kernel it overlaps starts sooner
 // (measured on the H200: 4 early loads and a budget of three blocks an SM took config (c) from 661 to 599 us
 // a step and the Llama-3.2-1B shape from 1397 to 1256 us, against 8 early loads and no budget). With
 // `norm_w` set, `a` is RMS-normalised with that gain on the way (each warp computes the row's norm itself; the
@@ -52,8 +52,8 @@ __device__ __forceinline__ P pick(const P (&a)[3], int i) {
 }
 
 // What the lane that stores a column adds to its sum, and where its cache row is, requested before the sum
-// is ready so no memory round trip follows it: the bias (a constant, before `pdl_wait`), the residual and the
-// position (right after the wait, beside the activation).
+// is ready so no memory round trip follows it: the bias (before `pdl_wait` when the plan allows), the
+// residual and the position (right after the wait, beside the activation).
 struct GemvTail {
     T bias, res;
     i64 row;
@@ -68,13 +68,15 @@ __device__ __forceinline__ GemvTail gemv_bias(const GemvP& p, int mat, int col, 
     return tail;
 }
 
-__device__ __forceinline__ void gemv_after_wait(const GemvP& p, int mat, int m, int col, bool stores, GemvTail& tail) {
+__device__ __forceinline__ void gemv_after_wait(const GemvP& p, int mat, int m, int col, bool stores,
+                                                GemvTail& tail) {
     const T* res = pick(p.res, mat);
     if (stores && res) tail.res = res[(i64)m * pick(p.n, mat) + col];
     if (stores && pick(p.cache, mat)) tail.row = p.pos[0] + m;
 }
 
-__device__ __forceinline__ void gemv_store(const GemvP& p, int mat, int m, int col, float s, const GemvTail& tail) {
+__device__ __forceinline__ void gemv_store(const GemvP& p, int mat, int m, int col, float s,
+                                           const GemvTail& tail) {
     const i64 at = (i64)m * pick(p.n, mat) + col;
     T* cache = pick(p.cache, mat);
     if (pick(p.bias, mat)) s += val(tail.bias);
