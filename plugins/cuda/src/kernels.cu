@@ -59,26 +59,6 @@ __device__ __forceinline__ void cvt_vec(uint4 u, float* out) {
 __device__ __forceinline__ uint4 ld_raw(const T* p) { return *reinterpret_cast<const uint4*>(p); }
 __device__ __forceinline__ void ld_vec(const T* p, float* out) { cvt_vec(ld_raw(p), out); }
 
-#define NEG_INF __int_as_float(0xff800000)
-
-__device__ __forceinline__ float warp_max(float v) {
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
-    return v;
-}
-
-// Block-wide max (the sum is in kernels/common.cuh); `scratch` holds 32 floats; every thread gets the result.
-
-__device__ float block_max(float v, float* scratch) {
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = (blockDim.x + 31) >> 5;
-    v = warp_max(v);
-    __syncthreads();
-    if (lane == 0) scratch[warp] = v;
-    __syncthreads();
-    v = lane < warps ? scratch[lane] : NEG_INF;
-    return warp_max(v);
-}
-
 // ---------------------------------------------------------------------------------------------------------
 // Embedding: out[r, :] = table[idx[r], :] (+ table2[idx2[r], :] when `table2` is set: token plus position
 // embedding in one launch). Grid: rows. Ids outside the table zero the row and set ERR_TOKEN.

@@ -1,5 +1,6 @@
 // What every kernel source shares (prepended by `kernels::SOURCE` and `kernels::general::SOURCE`): the half
-// types' conversions (f32 arithmetic everywhere) and warp- and block-wide sums.
+// types' conversions (f32 arithmetic everywhere), warp- and block-wide reductions, and the dependent-launch
+// controls.
 
 __device__ __forceinline__ float f16_to_f32(unsigned short h) {
     float f;
@@ -22,21 +23,39 @@ __device__ __forceinline__ unsigned short f32_to_bf16(float f) {
     return (unsigned short)(u >> 16);
 }
 
-__device__ __forceinline__ float warp_sum(float v) {
+#define NEG_INF __int_as_float(0xff800000)
+
+// Warp- and block-wide reductions by `Op` (a sum or a maximum); every thread gets the result.
+struct SumOp {
+    __device__ __forceinline__ float operator()(float a, float b) const { return a + b; }
+};
+struct MaxOp {
+    __device__ __forceinline__ float operator()(float a, float b) const { return fmaxf(a, b); }
+};
+
+template <typename Op>
+__device__ __forceinline__ float warp_reduce(float v, Op op) {
 #pragma unroll
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    for (int o = 16; o > 0; o >>= 1) v = op(v, __shfl_xor_sync(0xffffffffu, v, o));
     return v;
 }
 
-// Block-wide sum; `scratch` holds 32 floats; every thread gets the result.
-__device__ float block_sum(float v, float* scratch) {
+// `scratch` holds 32 floats; `identity` is the op's (0 for a sum, -inf for a maximum).
+template <typename Op>
+__device__ float block_reduce(float v, float identity, float* scratch, Op op) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = (blockDim.x + 31) >> 5;
-    v = warp_sum(v);
+    v = warp_reduce(v, op);
     __syncthreads();
     if (lane == 0) scratch[warp] = v;
     __syncthreads();
-    v = lane < warps ? scratch[lane] : 0.f;
-    return warp_sum(v);
+    v = lane < warps ? scratch[lane] : identity;
+    return warp_reduce(v, op);
+}
+
+__device__ __forceinline__ float warp_sum(float v) { return warp_reduce(v, SumOp()); }
+__device__ __forceinline__ float block_sum(float v, float* scratch) { return block_reduce(v, 0.f, scratch, SumOp()); }
+__device__ __forceinline__ float block_max(float v, float* scratch) {
+    return block_reduce(v, NEG_INF, scratch, MaxOp());
 }
 
 // Programmatic dependent launch (sm_90 and later; a no-op before). A typed kernel launched with it may start

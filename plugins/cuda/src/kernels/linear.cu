@@ -68,16 +68,21 @@ __device__ __forceinline__ GemvTail gemv_bias(const GemvP& p, int mat, int col, 
     return tail;
 }
 
+// Where output (m, col) of matrix `mat` sits in its output and its residual.
+__device__ __forceinline__ i64 gemv_at(const GemvP& p, int mat, int m, int col) {
+    return (i64)m * pick(p.n, mat) + col;
+}
+
 __device__ __forceinline__ void gemv_after_wait(const GemvP& p, int mat, int m, int col, bool stores,
                                                 GemvTail& tail) {
     const T* res = pick(p.res, mat);
-    if (stores && res) tail.res = res[(i64)m * pick(p.n, mat) + col];
+    if (stores && res) tail.res = res[gemv_at(p, mat, m, col)];
     if (stores && pick(p.cache, mat)) tail.row = p.pos[0] + m;
 }
 
 __device__ __forceinline__ void gemv_store(const GemvP& p, int mat, int m, int col, float s,
                                            const GemvTail& tail) {
-    const i64 at = (i64)m * pick(p.n, mat) + col;
+    const i64 at = gemv_at(p, mat, m, col);
     T* cache = pick(p.cache, mat);
     if (pick(p.bias, mat)) s += val(tail.bias);
     if (pick(p.res, mat)) s += val(tail.res);
