@@ -53,7 +53,9 @@ __device__ float block_reduce(float v, float identity, float* scratch, Op op) {
 }
 
 __device__ __forceinline__ float warp_sum(float v) { return warp_reduce(v, SumOp()); }
-__device__ __forceinline__ float block_sum(float v, float* scratch) { return block_reduce(v, 0.f, scratch, SumOp()); }
+__device__ __forceinline__ float block_sum(float v, float* scratch) {
+    return block_reduce(v, 0.f, scratch, SumOp());
+}
 __device__ __forceinline__ float block_max(float v, float* scratch) {
     return block_reduce(v, NEG_INF, scratch, MaxOp());
 }

@@ -10,12 +10,13 @@
 // of each lane, the norm's gains and the bias are issued before `pdl_wait` when each holds one value all call
 // (the plan's `early`): the weights stream in while the previous kernel finishes. Right after the wait,
 // everything else the warp reads (the activation, the residual, the position) is requested at once, so one
-// memory round trip follows the wait, not three. Few registers matter more than many early loads: a block that fits beside the kernel it overlaps starts sooner
-// (measured on the H200: 4 early loads and a budget of three blocks an SM took config (c) from 661 to 599 us
-// a step and the Llama-3.2-1B shape from 1397 to 1256 us, against 8 early loads and no budget). With
-// `norm_w` set, `a` is RMS-normalised with that gain on the way (each warp computes the row's norm itself; the
-// whole row passes through its lanes anyway). A matrix with a cache also writes its outputs into the cache row
-// at pos + m (the KV-cache update fused into the projection that computes it).
+// memory round trip follows the wait, not three. Few registers matter more than many early loads: a block
+// that fits beside the kernel it overlaps starts sooner (measured on the H200: 4 early loads and a budget of
+// three blocks an SM took config (c) from 661 to 599 us a step and the Llama-3.2-1B shape from 1397 to
+// 1256 us, against 8 early loads and no budget). With `norm_w` set, `a` is RMS-normalised with that gain on
+// the way (each warp computes the row's norm itself; the whole row passes through its lanes anyway). A matrix
+// with a cache also writes its outputs into the cache row at pos + m (the KV-cache update fused into the
+// projection that computes it).
 // Grid (ceil(total columns / GEMV_WARPS), M); block GEMV_WARPS warps.
 
 #define GEMV_WARPS 8

@@ -237,8 +237,7 @@ impl Lowering<'_> {
     fn gemv_mat(&self, op: &Op<TensorId>) -> Result<GemvMat, Unsupported> {
         let Op::MatMul { b, transpose_b, bias, out, .. } = *op else { unreachable!("called for a mat_mul") };
         self.float(out)?;
-        let is_constant = self.graph.constants().any(|(id, _)| id == b);
-        if !transpose_b && !is_constant {
+        if !transpose_b && self.graph.constant(b).is_none() {
             return Err(Unsupported(format!(
                 "mat_mul '{}' multiplies by '{}', computed in the graph; the CUDA delegate multiplies by \
                  constant [K, N] weights or by [N, K] ones (transpose_b)",
@@ -418,7 +417,7 @@ impl Lowering<'_> {
 
     /// Whether `id` holds one value all call long: a constant, or an input no op writes.
     fn fixed(&self, id: TensorId) -> bool {
-        self.graph.constants().any(|(c, _)| c == id) || self.stable(id)
+        self.graph.constant(id).is_some() || self.stable(id)
     }
 
     /// Whether `id` is a graph input no op writes in place (it holds the caller's value all call long).
