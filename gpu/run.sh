@@ -10,6 +10,7 @@
 #   bash target/gpu-bundle/run.sh sweep base "-DGEMV_PRE=2" "-DGEMV_PRE=2 -DATTN_U=2"
 #                                         # GPU µs per step of each kernel setting (the sources' tunables,
 #                                         # through KV_CUDA_DEFINES; `base`: as written), in one session
+#   bash target/gpu-bundle/run.sh trace   # each config's step as a timeline of its launches (trace_summary.py)
 set -uo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 cd "$here"
@@ -187,13 +188,39 @@ PY
   done
 }
 
+# A timeline of each config's step (a tuning build's trace, `kernels/trace.cuh`): every block's start, wait,
+# work and end, summarised per launch and phase by trace_summary.py; `run.sh trace "-DX=Y"` adds defines.
+run_trace() {
+  for cfg in a b c; do
+    ./export-example "$cfg" "$out/program-$cfg" --backend cuda --memory device > /dev/null || { status=1; return; }
+  done
+  export KV_CUDA_DEFINES="-DKV_TRACE ${1:-}"
+  for spec in "c 4096 f16" "c 8191 f16" "b 512 f16" "a 8 f32"; do
+    set -- $spec
+    echo "== trace: ($1) at $2, $KV_CUDA_DEFINES"
+    KV_CUDA_TRACE="$out/trace-$1-$2" ./delegate-host run "$out/program-$1/program.toml" --position "$2" --hold-position --cuda-graph --steps 40 --json > "$out/trace.json" 2> "$out/trace.err" || { status=1; tail -3 "$out/trace.err"; continue; }
+    python3 -c "import json,sys;print(f'  {json.load(open(sys.argv[1]))[\"stats\"][\"mean_decode_gpu_us\"]:.1f} us per step with the trace')" "$out/trace.json"
+    python3 trace_summary.py "$out/trace-$1-$2.$3" --step-table > "$out/trace-$1-$2.txt" || status=1
+    rm -f "$out/trace-$1-$2.$3"
+    if [ "$1 $2" = "c 4096" ]; then head -n 24 "$out/trace-$1-$2.txt"; else head -n 3 "$out/trace-$1-$2.txt"; fi
+    sed -n '/^per pair/,$p' "$out/trace-$1-$2.txt" | head -n 12
+  done
+  echo "== trace: Llama-3.2-1B shape at 1024"
+  KV_CUDA_TRACE="$out/trace-llama" ./bench_hf_decode --preset llama-1b --position 1024 --max-len 2048 --steps 20 > "$out/trace-llama.json" 2> "$out/trace.err" || { status=1; tail -3 "$out/trace.err"; return; }
+  python3 trace_summary.py "$out/trace-llama.bf16" --step-table > "$out/trace-llama.txt" || status=1
+  rm -f "$out/trace-llama.bf16"
+  head -n 3 "$out/trace-llama.txt"
+  sed -n '/^per pair/,$p' "$out/trace-llama.txt" | head -n 14
+}
+
 mode="${1:-test}"
 case "$mode" in
   test) run_tests ;;
   bench) run_bench ;;
   isolated) run_isolated_only ;;
   sweep) shift; run_sweep "${@:-base}" ;;
-  *) echo "usage: run.sh test|bench|isolated|sweep [SETTING...]" >&2; exit 2 ;;
+  trace) shift; run_trace "${1:-}" ;;
+  *) echo "usage: run.sh test|bench|isolated|sweep [SETTING...]|trace [SETTING]" >&2; exit 2 ;;
 esac
 if [ -n "${OUT:-}" ]; then
   tar czf "$OUT/results-$mode.tgz" --exclude='program-*' -C "$out" .

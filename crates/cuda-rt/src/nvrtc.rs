@@ -130,6 +130,30 @@ impl Module {
         Ok(Function { raw, module: Arc::clone(self) })
     }
 
+    /// The bytes of the module's `__device__` variable `name`, copied to the host once the context's work
+    /// is done (a synchronous copy: a host synchronisation, counted by [`crate::stats`]). For diagnostics that
+    /// kernels leave in module memory, such as a tuning build's trace.
+    ///
+    /// # Errors
+    /// [`Error::Driver`] (`CUDA_ERROR_NOT_FOUND`) when the module has no such variable, or when the copy fails.
+    pub fn read_global(&self, name: &str) -> Result<Vec<u8>> {
+        let c_name = c_text("cuModuleGetGlobal", "a variable name", name)?;
+        self.ctx.bind()?;
+        let (ptr, len) = driver::call("cuModuleGetGlobal", self.ctx.ordinal(), || {
+            // SAFETY: `raw` is a live module of this context (unloaded only on drop).
+            unsafe { driver_result::module::get_global(self.raw, c_name) }
+        })?;
+        self.ctx.synchronize()?;
+        let mut out = vec![0u8; len];
+        crate::stats::count_host_sync();
+        driver::call("cuMemcpyDtoH", self.ctx.ordinal(), || {
+            // SAFETY: the context is current; `ptr` is the variable's address in this live module, `len` its
+            // size as the driver reported it, and `out` holds exactly `len` bytes. The copy is synchronous.
+            unsafe { driver_result::memcpy_dtoh_sync(&mut out, ptr) }
+        })?;
+        Ok(out)
+    }
+
     /// The program name NVRTC compiled it under (`module_<xxh3-128 of the source>.cu`).
     pub fn name(&self) -> &str {
         &self.name

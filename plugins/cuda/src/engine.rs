@@ -58,6 +58,16 @@ pub struct Engine {
     launches: Vec<Queued>,
 }
 
+/// A tuning build writes each module's trace when the engine goes (`kernels::tuning::dump_trace`; nothing
+/// otherwise).
+impl Drop for Engine {
+    fn drop(&mut self) {
+        for (float, kernels) in &self.typed {
+            kernels::tuning::dump_trace(kernels.module(), &format!("{float:?}").to_lowercase());
+        }
+    }
+}
+
 /// One launch of a call: a typed kernel (the index of its module in `Engine::typed`) or an untyped one.
 #[derive(Debug, Clone, Copy)]
 enum Queued {

@@ -74,7 +74,9 @@ struct GatherP {
 };
 
 extern "C" __global__ void gather(GatherP p) {
+    TRACE_BEGIN(TRACE_GATHER);
     pdl_wait();
+    TRACE_WAITED();
     pdl_launch();
     const int r = blockIdx.x;
     const i64 id = p.idx[r];
@@ -107,7 +109,9 @@ struct AddP {
 };
 
 extern "C" __global__ void add(AddP p) {
+    TRACE_BEGIN(TRACE_ADD);
     pdl_wait();
+    TRACE_WAITED();
     pdl_launch();
     for (i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x; i < p.n; i += (i64)gridDim.x * blockDim.x)
         st(p.out, i, ld(p.a, i) + ld(p.b, i));
@@ -123,7 +127,9 @@ struct RmsP {
 };
 
 extern "C" __global__ void rms_norm(RmsP p) {
+    TRACE_BEGIN(TRACE_RMS);
     pdl_wait();
+    TRACE_WAITED();
     pdl_launch();
     __shared__ float scratch[32];
     const i64 base = (i64)blockIdx.x * p.dim;
@@ -152,7 +158,9 @@ struct KvP {
 };
 
 extern "C" __global__ void kv_update(KvP p) {
+    TRACE_BEGIN(TRACE_KV);
     pdl_wait();
+    TRACE_WAITED();
     pdl_launch();
     const int t = blockIdx.x, h = blockIdx.y, i = blockIdx.z;
     const i64 row = p.pos[0] + t;
@@ -324,6 +332,7 @@ __device__ __forceinline__ void tile_use(Soft& s, const Tile& tl, const float* q
 }
 
 extern "C" __global__ void attention(AttnP p) {
+    TRACE_BEGIN(TRACE_ATTN);
     extern __shared__ float sm[];
     const int G = blockDim.x / p.lanes;                  // row groups in the block
     float* gm = sm;                                      // [G]: the groups' maxima
@@ -333,7 +342,10 @@ extern "C" __global__ void attention(AttnP p) {
     float* wts = scratch + 32;                           // [2 * splits]: the merge's weights and sums
     __shared__ unsigned int ticket;
     const int h = blockIdx.x, c = blockIdx.y, t = blockIdx.z;
-    if (!p.early) pdl_wait();
+    if (!p.early) {
+        pdl_wait();
+        TRACE_WAITED();
+    }
     const i64 pos0 = p.pos[0];
     const i64 qpos = pos0 + t;
     if (qpos < 0 || qpos >= p.L) {
@@ -367,6 +379,7 @@ extern "C" __global__ void attention(AttnP p) {
         tile_load(a, kb, vb, first, G, 0, min(ready, stop), p.Dh);
         if (p.early) {
             pdl_wait();
+            TRACE_WAITED();
             tile_load(a, kb, vb, first, G, ready, stop, p.Dh);  // the rows this call's earlier kernels wrote
         }
         pdl_launch();
@@ -390,7 +403,10 @@ extern "C" __global__ void attention(AttnP p) {
         for (int e = 0; e < VEC; e++) go[grp * p.Dh + lr * VEC + e] = s.o[e];
     } else {
         // Rows not in whole aligned vectors: lane lr holds elements lr, lr + lanes, ... (at most 8).
-        if (p.early) pdl_wait();
+        if (p.early) {
+            pdl_wait();
+            TRACE_WAITED();
+        }
         pdl_launch();
         const int n = (p.Dh + p.lanes - 1) / p.lanes;
         float qv[8];
@@ -440,6 +456,7 @@ extern "C" __global__ void attention(AttnP p) {
             p.o_part[slot * p.Dh + d] = o;
         }
     }
+    TRACE_WORKED();
     if (nvalid == 1) return;
     if (threadIdx.x == 0) {
         p.ml[slot * 2] = mx;
@@ -453,6 +470,7 @@ extern "C" __global__ void attention(AttnP p) {
     if (threadIdx.x == 0) ticket = atomic_add_acq_rel(counter);
     __syncthreads();
     if (ticket != (unsigned int)(nvalid - 1)) return;
+    TRACE_KIND(TRACE_MERGE);
     attn_merge(p, h, t, nvalid, wts, go, scratch);
     if (threadIdx.x == 0) *counter = 0u;
 }
@@ -503,7 +521,9 @@ extern "C" __global__ void argmax(ArgmaxP p) {
     __shared__ float sv[ARGMAX_THREADS / 32];
     __shared__ int si[ARGMAX_THREADS / 32];
     __shared__ unsigned int ticket;
+    TRACE_BEGIN(TRACE_ARGMAX);
     pdl_wait();
+    TRACE_WAITED();
     pdl_launch();
     const T* row = p.x + (i64)(p.M - 1) * p.N;
     const int per = (p.N + gridDim.x - 1) / gridDim.x;
@@ -513,6 +533,7 @@ extern "C" __global__ void argmax(ArgmaxP p) {
 #pragma unroll 8
     for (int i = lo + threadIdx.x; i < hi; i += ARGMAX_THREADS) arg_keep(bv, bi, ld(row, i), i);
     block_best(bv, bi, sv, si);
+    TRACE_WORKED();
     if (threadIdx.x == 0) {
         p.part_v[blockIdx.x] = bv;
         p.part_i[blockIdx.x] = bi;

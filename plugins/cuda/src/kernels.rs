@@ -17,6 +17,7 @@ pub mod tuning;
 /// element type).
 pub const SOURCE: &str = concat!(
     include_str!("kernels/common.cuh"),
+    include_str!("kernels/trace.cuh"),
     include_str!("kernels.cu"),
     include_str!("kernels/linear.cu")
 );
@@ -212,6 +213,7 @@ pub enum Launch {
 /// The functions of one compiled module (one element type on one device).
 #[derive(Debug)]
 pub struct Kernels {
+    module: Arc<Module>,
     gather: Function,
     add: Function,
     rms_norm: Function,
@@ -233,7 +235,13 @@ impl Kernels {
             kv_update: module.function("kv_update")?,
             attention: module.function("attention")?,
             argmax: module.function("argmax")?,
+            module,
         })
+    }
+
+    /// The compiled module (a tuning build reads its trace from it).
+    pub fn module(&self) -> &Module {
+        &self.module
     }
 
     /// Queues `launch` on `stream`; `overlapped`: with programmatic dependent launch (every typed kernel

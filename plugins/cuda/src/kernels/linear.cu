@@ -111,6 +111,7 @@ __device__ __forceinline__ void gemv_act(const GemvP& p, uint4 raw, uint4 gain, 
 
 // Registers budgeted for GEMV_BLOCKS_PER_SM blocks an SM (see above).
 extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32, GEMV_BLOCKS_PER_SM) gemv(GemvP p) {
+    TRACE_BEGIN(TRACE_GEMV);
     const int lane = threadIdx.x & 31;
     int col = blockIdx.x * GEMV_WARPS + (threadIdx.x >> 5);
     const int m = blockIdx.y;
@@ -140,6 +141,7 @@ extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32, GEMV_BLOCKS_PER_SM
             g_pre[i] = p.norm_w && k < p.K ? ld_raw(p.norm_w + k) : zero;
         }
         pdl_wait();
+        TRACE_WAITED();
         pdl_launch();
         gemv_after_wait(p, mat, m, col, stores, tail);
 #pragma unroll
@@ -184,6 +186,7 @@ extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32, GEMV_BLOCKS_PER_SM
         }
     } else {
         pdl_wait();
+        TRACE_WAITED();
         pdl_launch();
         gemv_after_wait(p, mat, m, col, stores, tail);
         float inv = 1.f;
@@ -200,5 +203,6 @@ extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32, GEMV_BLOCKS_PER_SM
         }
     }
     acc = warp_sum(acc);
+    TRACE_WORKED();
     if (stores) gemv_store(p, mat, m, col, acc, tail);
 }

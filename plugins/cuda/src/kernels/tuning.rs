@@ -28,6 +28,33 @@ pub fn options(base: &[&str]) -> Vec<String> {
     options
 }
 
+/// Where a tuning build writes the kernels' trace when the delegate is torn down (see `kernels/trace.cuh`).
+pub const TRACE_ENV: &str = "KV_CUDA_TRACE";
+
+/// With the `tuning` feature and [`TRACE_ENV`] set, writes `module`'s trace ring to `<TRACE_ENV>.<tag>`: the
+/// number of records ever taken (u64, little-endian), then the ring (`KV_TRACE_CAP` records of four u64). A
+/// module compiled without `-DKV_TRACE` has no ring, which is logged. Diagnostics only: nothing reads it back.
+pub fn dump_trace(module: &Module, tag: &str) {
+    if !cfg!(feature = "tuning") {
+        return;
+    }
+    let Some(path) = std::env::var_os(TRACE_ENV) else { return };
+    let mut path = std::path::PathBuf::from(path).into_os_string();
+    path.push(format!(".{tag}"));
+    let ring = module.read_global("kv_trace_n").and_then(|n| Ok((n, module.read_global("kv_trace")?)));
+    let written = match ring {
+        Ok((n, records)) => {
+            let mut bytes = (u32::from_le_bytes([n[0], n[1], n[2], n[3]]) as u64).to_le_bytes().to_vec();
+            bytes.extend_from_slice(&records);
+            std::fs::write(&path, bytes).map_err(|e| e.to_string())
+        }
+        Err(e) => Err(format!("no trace in the module (compiled without -DKV_TRACE?): {e}")),
+    };
+    if let Err(e) = written {
+        tracing::warn!("{TRACE_ENV}: {}: {e}", path.to_string_lossy());
+    }
+}
+
 /// `source` compiled on `ctx`'s device with [`options`] of `base` (through `cuda-rt`'s module cache).
 pub fn compile_module(ctx: &Context, source: &str, base: &[&str]) -> cuda_rt::Result<Arc<Module>> {
     let options = options(base);

@@ -1,0 +1,140 @@
+"""Where a decode step's time goes, from the trace of a tuning build (`run.sh trace`).
+
+Reads the ring `kernels::tuning::dump_trace` wrote (`kernels/trace.cuh`: each block's start, wait, end of its
+main work and end, on the global timer) and prints, for the steps it holds, each launch of one step and the
+mean of each phase over every step: how long after the previous launch ended its blocks passed their wait
+(the dependency's release), and how long they took from there.
+
+    python3 trace_summary.py TRACE [--step-table]
+"""
+
+import sys
+
+import numpy as np
+
+KINDS = {1: "gather", 2: "add", 3: "rms", 4: "gemv", 5: "kv", 6: "attention", 7: "argmax", 8: "attention"}
+MERGE = 8
+
+
+def load(path):
+    raw = np.fromfile(path, dtype="<u8")
+    taken, ring = int(raw[0]), raw[1:].reshape(-1, 4)
+    ring = ring[ring[:, 0] != 0]
+    r = {
+        "t0": ring[:, 0].astype(np.int64),
+        "wait": (ring[:, 1] & 0xFFFFFFFF).astype(np.int64),
+        "work": (ring[:, 1] >> 32).astype(np.int64),
+        "end": (ring[:, 2] & 0xFFFFFFFF).astype(np.int64),
+        "kind": ((ring[:, 2] >> 32) & 0xFF).astype(np.int64),
+        "sm": (ring[:, 2] >> 40).astype(np.int64),
+        "block": (ring[:, 3] & 0xFFFFFFFF).astype(np.int64),
+        "grid": (ring[:, 3] >> 32).astype(np.int64),
+    }
+    return taken, r
+
+
+def launches(r):
+    """Blocks grouped into launches: every block of a launch passes its wait after every block of the launch
+    before it ended, so in order of wait time a launch is a run of one kernel and grid size."""
+    waited = r["wait"] > 0
+    tw = r["t0"] + r["wait"]
+    order = np.argsort(np.where(waited, tw, np.iinfo(np.int64).max), kind="stable")
+    order = order[waited[order]]
+    key = np.where(r["kind"] == MERGE, 6, r["kind"]) * (1 << 32) + r["grid"]
+    out, cur = [], [order[0]]
+    for i in order[1:]:
+        if key[i] == key[cur[-1]]:
+            cur.append(i)
+        else:
+            out.append(np.array(cur))
+            cur = [i]
+    out.append(np.array(cur))
+    return out
+
+
+def describe(r, idx):
+    t0, tw = r["t0"][idx], r["t0"][idx] + r["wait"][idx]
+    tend = r["t0"][idx] + r["end"][idx]
+    work = r["t0"][idx] + np.where(r["work"][idx] > 0, r["work"][idx], r["end"][idx])
+    merge = r["kind"][idx] == MERGE
+    return {
+        "kind": KINDS[int(r["kind"][idx[0]])],
+        "grid": int(r["grid"][idx[0]]),
+        "blocks": len(idx),
+        "start_first": t0.min(),
+        "start_median": np.median(t0),
+        "start_last": t0.max(),
+        "wait_first": tw.min(),
+        "wait_median": np.median(tw),
+        "wait_last": tw.max(),
+        "work_median": np.median(work),
+        "work_last": work.max(),
+        "end_median": np.median(tend),
+        "end_last": tend.max(),
+        "merges": int(merge.sum()),
+        "merge_start": work[merge].min() if merge.any() else None,
+        "merge_end": tend[merge].max() if merge.any() else None,
+    }
+
+
+def main():
+    path = sys.argv[1]
+    taken, r = load(path)
+    ts = np.sort(np.unique(r["t0"]))
+    steps_res = np.diff(ts)
+    print(f"{taken} blocks recorded, {len(r['t0'])} in the ring; timer step (smallest gap between starts) "
+          f"{steps_res[steps_res > 0].min() if len(steps_res) else 0} ns")
+    ls = [describe(r, idx) for idx in launches(r)]
+    # Steps end at an argmax; keep the whole steps after the first.
+    ends = [i for i, l in enumerate(ls) if l["kind"] == "argmax"]
+    steps = [ls[a + 1:b + 1] for a, b in zip(ends, ends[1:])]
+    if not steps:
+        print("no whole step in the trace")
+        return
+    sizes = {len(s) for s in steps}
+    n = max(sizes, key=[len(s) for s in steps].count)
+    steps = [s for s in steps if len(s) == n]
+    print(f"{len(steps)} whole steps of {n} launches")
+    pick = steps[len(steps) // 2]
+    if "--step-table" in sys.argv:
+        base = pick[0]["start_first"]
+        print("one step, us from its first launch's first block: launch, blocks, starts (first/median/last), "
+              "waits passed (first/median/last), work done (median/last), ends (median/last), merge")
+        for l in pick:
+            f = lambda v: f"{(v - base) / 1e3:7.2f}" if v is not None else "      -"
+            print(f"  {l['kind']:9} {l['blocks']:4}/{l['grid']:<4} start {f(l['start_first'])} {f(l['start_median'])} "
+                  f"{f(l['start_last'])} | wait {f(l['wait_first'])} {f(l['wait_median'])} {f(l['wait_last'])} | work "
+                  f"{f(l['work_median'])} {f(l['work_last'])} | end {f(l['end_median'])} {f(l['end_last'])}"
+                  f" | merge {f(l['merge_start'])} {f(l['merge_end'])}")
+    # Per launch position, averaged over steps; then per kernel kind and grid.
+    total = np.mean([s[-1]["end_last"] - s[0]["wait_first"] for s in steps]) / 1e3
+    print(f"step, first wait passed to last block's end: {total:.1f} us (mean of {len(steps)} steps)")
+    phases = {}
+    for s in steps:
+        for prev, l in zip(s, s[1:]):
+            k = (prev["kind"] + "/" + str(prev["grid"]), l["kind"] + "/" + str(l["grid"]))
+            ph = phases.setdefault(k, {"n": 0, "release": [], "wait_spread": [], "to_work": [], "to_end": [],
+                                       "tail": [], "merge": [], "start_before": [], "span": []})
+            ph["n"] += 1
+            ph["release"].append(l["wait_first"] - prev["end_last"])
+            ph["wait_spread"].append(l["wait_last"] - l["wait_first"])
+            ph["to_work"].append(l["work_median"] - l["wait_first"])
+            ph["to_end"].append(l["end_last"] - l["wait_first"])
+            ph["tail"].append(l["end_last"] - l["end_median"])
+            ph["start_before"].append(prev["end_last"] - l["start_median"])
+            ph["span"].append(l["end_last"] - prev["end_last"])
+            if l["merge_start"] is not None:
+                ph["merge"].append(l["merge_end"] - l["merge_start"])
+    print("per pair (previous -> this), means in us over the steps: count a step; release = this launch's first "
+          "wait passed - previous launch's last end; spread of its waits; wait -> median work done; wait -> "
+          "last end; last end - median end (tail); previous end - median start (how early its blocks sat); "
+          "span = this last end - previous last end; merge = last merging block's work done -> end")
+    for k, ph in sorted(phases.items(), key=lambda kv: -kv[1]["n"] * np.mean(kv[1]["span"])):
+        m = lambda v: f"{np.mean(v) / 1e3:6.2f}" if v else "     -"
+        print(f"  {k[0]:>15} -> {k[1]:<15} x{ph['n'] / len(steps):5.1f}  release {m(ph['release'])}  spread "
+              f"{m(ph['wait_spread'])}  work {m(ph['to_work'])}  end {m(ph['to_end'])}  tail {m(ph['tail'])}  "
+              f"early {m(ph['start_before'])}  span {m(ph['span'])}  merge {m(ph['merge'])}")
+
+
+if __name__ == "__main__":
+    main()
