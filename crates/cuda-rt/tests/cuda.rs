@@ -236,6 +236,32 @@ fn a_module_is_compiled_once_per_device_and_its_kernel_runs() {
     assert!(values.iter().enumerate().all(|(i, &v)| v == i as f32 * 2.5), "{:?}", &values[..8]);
 }
 
+/// A `__device__` variable's bytes after the kernels that wrote it ran (what a tuning build's trace is read
+/// with); a name the module lacks is a typed error.
+#[test]
+#[ignore = "needs an NVIDIA GPU and driver: `cargo xtask gpu-test` runs it on one (--include-ignored, KV_REQUIRE_GPU=1)"]
+fn a_module_variable_reads_back_after_its_kernels() {
+    let Some(ctx) = open() else { return };
+    let source = "__device__ unsigned int total[2];\n\
+                  extern \"C\" __global__ void bump(unsigned int n) { atomicAdd(&total[threadIdx.x], n); }";
+    let module = ctx.compile_module(source, &[]).expect("compiles");
+    let bump = module.function("bump").expect("kernel");
+    let stream = Stream::new(&ctx).expect("stream");
+    for n in [3u32, 4] {
+        let mut n = n;
+        let mut params: [*mut c_void; 1] = [(&mut n as *mut u32).cast()];
+        let config = LaunchConfig { grid: (5, 1, 1), block: (2, 1, 1), shared_mem_bytes: 0 };
+        // SAFETY: the parameter matches `bump(unsigned int)`; the kernel touches only its module's variable.
+        unsafe { bump.launch(config, stream.as_ref(), &mut params) }.expect("launch");
+    }
+    let bytes = module.read_global("total").expect("the variable");
+    let total: Vec<u32> =
+        bytes.chunks_exact(4).map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
+    assert_eq!(total, [35, 35], "five blocks added 3 then 4 to each entry");
+    let err = module.read_global("missing").expect_err("no such variable");
+    assert!(err.to_string().contains("cuModuleGetGlobal"), "{err}");
+}
+
 #[test]
 #[ignore = "needs an NVIDIA GPU and driver: `cargo xtask gpu-test` runs it on one (--include-ignored, KV_REQUIRE_GPU=1)"]
 fn cublas_multiplies_on_the_callers_stream() {

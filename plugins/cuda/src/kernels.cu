@@ -31,6 +31,7 @@ __device__ __forceinline__ unsigned short f2h(float f) { return f32_to_bf16(f); 
 __device__ __forceinline__ float val(T v) { return h2f(v); }
 __device__ __forceinline__ float ld(const T* p, i64 i) { return h2f(p[i]); }
 __device__ __forceinline__ void st(T* p, i64 i, float f) { p[i] = f2h(f); }
+__device__ __forceinline__ float rnd(float f) { return h2f(f2h(f)); }  // f as T holds it
 #define VEC 8
 // Eight values from 16 aligned bytes.
 __device__ __forceinline__ void cvt_vec(uint4 u, float* out) {
@@ -46,6 +47,7 @@ typedef float T;
 __device__ __forceinline__ float val(T v) { return v; }
 __device__ __forceinline__ float ld(const T* p, i64 i) { return p[i]; }
 __device__ __forceinline__ void st(T* p, i64 i, float f) { p[i] = f; }
+__device__ __forceinline__ float rnd(float f) { return f; }
 #define VEC 4
 __device__ __forceinline__ void cvt_vec(uint4 u, float* out) {
     out[0] = __uint_as_float(u.x);

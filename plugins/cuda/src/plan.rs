@@ -148,6 +148,9 @@ pub enum Step {
         /// Whether the kernel may read its weights, norm gains and biases before the previous kernel
         /// finishes: each is a constant or an input no op writes.
         early: bool,
+        /// `a` is `silu(gate) * up` of these two `[m, k]` tensors (SwiGLU), computed on the way in and
+        /// rounded as the two separate ops round; `a` itself is never written. Never with `norm`.
+        swiglu: Option<(TensorId, TensorId)>,
     },
     KvUpdate {
         caches: Vec<(TensorId, TensorId)>,
@@ -332,6 +335,10 @@ impl AttnShape {
         self.heads / self.kv_heads
     }
 }
+
+/// Most dynamic shared memory a GEMV takes for an activation it computes (what every CUDA device gives a
+/// block without opting in).
+pub const GEMV_SHARED_MAX: u32 = 48 * 1024;
 
 /// The lowered graph.
 #[derive(Debug, Clone)]

@@ -73,7 +73,7 @@ impl Engine {
     }
 
     fn gemv(&self, step: &Step, float: Float) -> Launch {
-        let Step::Gemv { a, norm, ref mats, cache_rows, m, k, early } = *step else {
+        let Step::Gemv { a, norm, ref mats, cache_rows, m, k, early, swiglu } = *step else {
             unreachable!("called for a GEMV")
         };
         let p = |id| self.p(id);
@@ -88,33 +88,42 @@ impl Engine {
             n[i] = mat.n as i32;
         }
         let norm_w = norm.map_or(0, |(w, _)| p(w));
-        let aligned = [p(a), norm_w].iter().chain(&w[..mats.len()]).all(|&ptr| ptr % 16 == 0);
+        // A SwiGLU product reads the gate rows as `a` and the up rows as `a2`.
+        let (a, a2) = swiglu.map_or((p(a), 0), |(gate, up)| (p(gate), p(up)));
+        let aligned = [a, a2, norm_w].iter().chain(&w[..mats.len()]).all(|&ptr| ptr % 16 == 0);
         let geometry = cache_rows.map_or((0, 0, 0), |r| (r.heads as i32, r.len as i32, r.head_dim as i32));
         let columns: u32 = mats.iter().map(|mat| mat.n).sum();
-        Launch::Gemv(
-            cfg((columns.div_ceil(kernels::GEMV_WARPS), m, 1), kernels::GEMV_WARPS * 32, 0),
-            GemvP {
-                a: p(a),
-                w,
-                bias,
-                res,
-                y,
-                cache,
-                norm_w,
-                pos: cache_rows.map_or(0, |r| p(r.position)),
-                err: self.err.device_ptr(),
-                n,
-                m: m as i32,
-                k: k as i32,
-                nmat: mats.len() as i32,
-                vec_ok: i32::from(aligned && k % kernels::vec_width(float) == 0),
-                eps: norm.map_or(0.0, |(_, eps)| eps),
-                h: geometry.0,
-                l: geometry.1,
-                dh: geometry.2,
-                early: i32::from(early),
-            },
-        )
+        // `gemv_swiglu` computes its row of `a` into shared memory: K values, whole 16-byte vectors.
+        let shared =
+            if swiglu.is_some() { (k * 16 / kernels::vec_width(float)).next_multiple_of(16) } else { 0 };
+        let config = cfg((columns.div_ceil(kernels::GEMV_WARPS), m, 1), kernels::GEMV_WARPS * 32, shared);
+        let params = GemvP {
+            a,
+            w,
+            bias,
+            res,
+            y,
+            cache,
+            norm_w,
+            pos: cache_rows.map_or(0, |r| p(r.position)),
+            err: self.err.device_ptr(),
+            n,
+            m: m as i32,
+            k: k as i32,
+            nmat: mats.len() as i32,
+            vec_ok: i32::from(aligned && k % kernels::vec_width(float) == 0),
+            eps: norm.map_or(0.0, |(_, eps)| eps),
+            h: geometry.0,
+            l: geometry.1,
+            dh: geometry.2,
+            early: i32::from(early),
+            a2,
+        };
+        if swiglu.is_some() {
+            Launch::GemvSwiglu(config, params)
+        } else {
+            Launch::Gemv(config, params)
+        }
     }
 
     fn kv_update(&self, caches: &[(TensorId, TensorId)], position: TensorId, l: KvLayout) -> Launch {

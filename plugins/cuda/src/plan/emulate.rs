@@ -4,7 +4,7 @@
 //! checks the planner's decisions without a GPU; the kernels' own arithmetic is checked on the GPU by
 //! `tests/gpu.rs`.
 
-use ref_graph::{half, Data, ElemType, Graph, TensorId};
+use ref_graph::{half, Data, ElemType, Graph, TensorId, UnaryFn};
 
 use super::{Home, Plan, Step, Walk};
 
@@ -148,9 +148,18 @@ impl Emulator<'_> {
     }
 
     fn gemv(&mut self, step: &Step) -> Result<(), &'static str> {
-        let Step::Gemv { a, norm, ref mats, cache_rows, m, k, .. } = *step else { unreachable!() };
+        let Step::Gemv { a, norm, ref mats, cache_rows, m, k, swiglu, .. } = *step else { unreachable!() };
         let k = k as usize;
-        let x = self.get(a).to_vec();
+        let x = match swiglu {
+            // silu(gate) rounded to the type, times up, rounded: the two ops' steps as they would have run.
+            Some((gate, up)) => {
+                let dtype = self.graph.tensor(a).dtype;
+                let (g, u) = (self.get(gate).to_vec(), self.get(up).to_vec());
+                let silu = |v: f64| round(UnaryFn::Silu.apply(v as f32) as f64, dtype);
+                g.iter().zip(&u).map(|(&g, &u)| round(silu(g) * u, dtype)).collect()
+            }
+            None => self.get(a).to_vec(),
+        };
         for row in 0..m as usize {
             let mut xs = x[row * k..(row + 1) * k].to_vec();
             if let Some((w, eps)) = norm {

@@ -73,7 +73,7 @@ fn last(l: &Lowering<'_>, id: TensorId) -> u64 {
 }
 
 /// Row-major element strides of `shape`.
-fn strides(shape: &[u64]) -> Vec<u64> {
+pub(super) fn strides(shape: &[u64]) -> Vec<u64> {
     let mut s = vec![1; shape.len()];
     for i in (0..shape.len().saturating_sub(1)).rev() {
         s[i] = s[i + 1] * shape[i + 1];

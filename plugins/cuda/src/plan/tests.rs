@@ -23,8 +23,9 @@ fn kinds(plan: &Plan) -> Vec<String> {
             Step::Cast { to, .. } => format!("cast_{to}"),
             Step::Copy { .. } => "copy".to_owned(),
             Step::Rope { .. } => "rope".to_owned(),
-            Step::Gemv { mats, norm, cache_rows, .. } => format!(
-                "{}gemv{}{}{}{}",
+            Step::Gemv { mats, norm, cache_rows, swiglu, .. } => format!(
+                "{}{}gemv{}{}{}{}",
+                if swiglu.is_some() { "swiglu+" } else { "" },
                 if norm.is_some() { "norm+" } else { "" },
                 mats.len(),
                 if mats.iter().any(|m| m.bias.is_some()) { "+bias" } else { "" },
@@ -286,7 +287,7 @@ fn hf_expected(dtype: ElemType, layers: usize, rows: u64) -> Vec<String> {
         e.extend(views(1));
         e.extend(["gemv1+residual"]);
         e.extend(NORM);
-        e.extend(["gemv2", "silu", "b.mul", "gemv1+residual"]);
+        e.extend(["gemv2", "swiglu+gemv1+residual"]);
     }
     e.extend(NORM);
     e.extend(["gemv1", "argmax"]);
@@ -295,7 +296,8 @@ fn hf_expected(dtype: ElemType, layers: usize, rows: u64) -> Vec<String> {
 
 /// The Hugging Face forms lower, in every float type: one step per op of the general path where the fast
 /// path does not apply, `nn.Linear` as the row-dot GEMV (Q, K and V in one launch with their biases, gate and
-/// up in another, the down and output projections adding the residual), head-major rank-4 caches updated in place by one
+/// up in another, the down projection computing silu(gate) * up on its way in, the down and output
+/// projections adding the residual), head-major rank-4 caches updated in place by one
 /// K-and-V launch, GQA attention reading the caches where they are, and no step or allocation for a reshape.
 #[test]
 fn hugging_face_forms_lower_with_caches_in_place_and_reshapes_free() {
