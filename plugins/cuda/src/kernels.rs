@@ -111,7 +111,6 @@ pub struct GemvP {
     pub l: i32,
     pub dh: i32,
     pub early: i32,
-    pub a2: DevicePtr,
 }
 
 /// `KvP`.
@@ -206,8 +205,8 @@ pub enum Launch {
     Add(LaunchConfig, AddP),
     RmsNorm(LaunchConfig, RmsP),
     Gemv(LaunchConfig, GemvP),
-    /// A GEMV of silu(gate) * up (`gemv_swiglu`: `a` the gate, `a2` the up rows).
-    GemvSwiglu(LaunchConfig, GemvP),
+    /// A gate and up GEMV that writes silu(gate) * up (`gemv_glu`).
+    GemvGlu(LaunchConfig, GemvP),
     KvUpdate(LaunchConfig, KvP),
     Attention(LaunchConfig, AttnP),
     Argmax(LaunchConfig, ArgmaxP),
@@ -221,7 +220,7 @@ pub struct Kernels {
     add: Function,
     rms_norm: Function,
     gemv: Function,
-    gemv_swiglu: Function,
+    gemv_glu: Function,
     kv_update: Function,
     attention: Function,
     argmax: Function,
@@ -236,7 +235,7 @@ impl Kernels {
             add: module.function("add")?,
             rms_norm: module.function("rms_norm")?,
             gemv: module.function("gemv")?,
-            gemv_swiglu: module.function("gemv_swiglu")?,
+            gemv_glu: module.function("gemv_glu")?,
             kv_update: module.function("kv_update")?,
             attention: module.function("attention")?,
             argmax: module.function("argmax")?,
@@ -274,7 +273,7 @@ impl Kernels {
                 Launch::Add(c, p) => go(&self.add, *c, stream, p, overlapped),
                 Launch::RmsNorm(c, p) => go(&self.rms_norm, *c, stream, p, overlapped),
                 Launch::Gemv(c, p) => go(&self.gemv, *c, stream, p, overlapped),
-                Launch::GemvSwiglu(c, p) => go(&self.gemv_swiglu, *c, stream, p, overlapped),
+                Launch::GemvGlu(c, p) => go(&self.gemv_glu, *c, stream, p, overlapped),
                 Launch::KvUpdate(c, p) => go(&self.kv_update, *c, stream, p, overlapped),
                 Launch::Attention(c, p) => go(&self.attention, *c, stream, p, overlapped),
                 Launch::Argmax(c, p) => go(&self.argmax, *c, stream, p, overlapped),
@@ -303,16 +302,9 @@ mod tests {
             opts.extend_from_slice(tunables);
             match cuda_rt::compile_ptx(SOURCE, &opts) {
                 Ok(ptx) => {
-                    for kernel in [
-                        "gather",
-                        "add",
-                        "rms_norm",
-                        "gemv",
-                        "gemv_swiglu",
-                        "kv_update",
-                        "attention",
-                        "argmax",
-                    ] {
+                    for kernel in
+                        ["gather", "add", "rms_norm", "gemv", "gemv_glu", "kv_update", "attention", "argmax"]
+                    {
                         assert!(ptx.contains(&format!(".entry {kernel}(")), "{float:?}: no kernel {kernel}");
                     }
                 }

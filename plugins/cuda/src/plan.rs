@@ -148,9 +148,10 @@ pub enum Step {
         /// Whether the kernel may read its weights, norm gains and biases before the previous kernel
         /// finishes: each is a constant or an input no op writes.
         early: bool,
-        /// `a` is `silu(gate) * up` of these two `[m, k]` tensors (SwiGLU), computed on the way in and
-        /// rounded as the two separate ops round; `a` itself is never written. Never with `norm`.
-        swiglu: Option<(TensorId, TensorId)>,
+        /// Hugging Face's SwiGLU: `mats` are the gate and up projections, of one width and without
+        /// residuals or caches, and the GEMV writes `silu(gate) * up` into this tensor instead of either
+        /// (each pair of warps computes one column of both), rounded as the separate ops round.
+        glu: Option<TensorId>,
     },
     KvUpdate {
         caches: Vec<(TensorId, TensorId)>,
@@ -335,10 +336,6 @@ impl AttnShape {
         self.heads / self.kv_heads
     }
 }
-
-/// Most dynamic shared memory a GEMV takes for an activation it computes (what every CUDA device gives a
-/// block without opting in).
-pub const GEMV_SHARED_MAX: u32 = 48 * 1024;
 
 /// The lowered graph.
 #[derive(Debug, Clone)]

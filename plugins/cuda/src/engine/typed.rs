@@ -73,7 +73,7 @@ impl Engine {
     }
 
     fn gemv(&self, step: &Step, float: Float) -> Launch {
-        let Step::Gemv { a, norm, ref mats, cache_rows, m, k, early, swiglu } = *step else {
+        let Step::Gemv { a, norm, ref mats, cache_rows, m, k, early, glu } = *step else {
             unreachable!("called for a GEMV")
         };
         let p = |id| self.p(id);
@@ -87,18 +87,16 @@ impl Engine {
             cache[i] = mat.cache.map_or(0, p);
             n[i] = mat.n as i32;
         }
+        if let Some(out) = glu {
+            y[0] = p(out); // the gate and up products are never written, only silu(gate) * up
+        }
         let norm_w = norm.map_or(0, |(w, _)| p(w));
-        // A SwiGLU product reads the gate rows as `a` and the up rows as `a2`.
-        let (a, a2) = swiglu.map_or((p(a), 0), |(gate, up)| (p(gate), p(up)));
-        let aligned = [a, a2, norm_w].iter().chain(&w[..mats.len()]).all(|&ptr| ptr % 16 == 0);
+        let aligned = [p(a), norm_w].iter().chain(&w[..mats.len()]).all(|&ptr| ptr % 16 == 0);
         let geometry = cache_rows.map_or((0, 0, 0), |r| (r.heads as i32, r.len as i32, r.head_dim as i32));
         let columns: u32 = mats.iter().map(|mat| mat.n).sum();
-        // `gemv_swiglu` computes its row of `a` into shared memory: K values, whole 16-byte vectors.
-        let shared =
-            if swiglu.is_some() { (k * 16 / kernels::vec_width(float)).next_multiple_of(16) } else { 0 };
-        let config = cfg((columns.div_ceil(kernels::GEMV_WARPS), m, 1), kernels::GEMV_WARPS * 32, shared);
+        let config = cfg((columns.div_ceil(kernels::GEMV_WARPS), m, 1), kernels::GEMV_WARPS * 32, 0);
         let params = GemvP {
-            a,
+            a: p(a),
             w,
             bias,
             res,
@@ -117,10 +115,9 @@ impl Engine {
             l: geometry.1,
             dh: geometry.2,
             early: i32::from(early),
-            a2,
         };
-        if swiglu.is_some() {
-            Launch::GemvSwiglu(config, params)
+        if glu.is_some() {
+            Launch::GemvGlu(config, params)
         } else {
             Launch::Gemv(config, params)
         }

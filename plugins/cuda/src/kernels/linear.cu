@@ -17,11 +17,11 @@
 // the way (each warp computes the row's norm itself; the whole row passes through its lanes anyway). A matrix
 // with a cache also writes its outputs into the cache row at pos + m (the KV-cache update fused into the
 // projection that computes it).
-// `gemv_swiglu` is the same product of a = silu(gate) * up (Hugging Face's SwiGLU before the down projection):
-// right after its wait each block computes its row of `a` from the gate and up rows (`a` and `a2`) into
-// shared memory, rounding as the separate ops round, and reads `a` there; it has no norm.
-// Grid (ceil(total columns / GEMV_WARPS), M); block GEMV_WARPS warps; `gemv_swiglu` takes K values of T of
-// dynamic shared memory.
+// `gemv_glu` is Hugging Face's SwiGLU: matrices 0 and 1 are the gate and up projections of one width, each pair
+// of warps computes one column of both, and the block writes silu(gate) * up into `y[0]` instead (rounded as
+// the separate ops round).
+// Grid (ceil(total columns / GEMV_WARPS), M); block GEMV_WARPS warps (`gemv_glu`: GEMV_WARPS / 2 columns of
+// each matrix a block).
 
 #define GEMV_WARPS 8
 // Tunables (`#ifndef`: a sweep may set them, see `kernels/tuning.rs`).
@@ -47,7 +47,6 @@ struct GemvP {
     float eps;
     int H, L, Dh;
     int early;  // the weights, gains and biases may be read before `pdl_wait` (each holds one value all call)
-    const T* a2;  // `gemv_swiglu`: the up rows (`a` holds the gate rows)
 };
 
 // One of the three entries of a parameter array, picked with selects: indexing the by-value parameter struct
@@ -104,9 +103,9 @@ __device__ __forceinline__ void gemv_store(const GemvP& p, int mat, int m, int c
 }
 
 // VEC values of `a` (`raw`), normalised with the gains `gain` when the product fuses a norm.
-__device__ __forceinline__ void gemv_act(const T* norm_w, uint4 raw, uint4 gain, float inv, float* out) {
+__device__ __forceinline__ void gemv_act(const GemvP& p, uint4 raw, uint4 gain, float inv, float* out) {
     cvt_vec(raw, out);
-    if (norm_w) {
+    if (p.norm_w) {
         float g[VEC];
         cvt_vec(gain, g);
 #pragma unroll
@@ -117,46 +116,20 @@ __device__ __forceinline__ void gemv_act(const T* norm_w, uint4 raw, uint4 gain,
 // silu(x) as the general path's unary computes it, rounded to T as its output holds it.
 __device__ __forceinline__ float silu_t(float x) { return rnd(x / (1.f + expf(-x))); }
 
-// Row m of `gemv_swiglu`'s activation into `act` (K values of T in shared memory): silu(gate) * up, each op
-// rounded to T as the separate ops' outputs are. Each thread requests four 16-byte vectors of both rows at a
-// time (SWIGLU_VECS), so a row of up to 4 * blockDim vectors takes one memory round trip.
-#ifndef SWIGLU_VECS
-#define SWIGLU_VECS 2
-#endif
-__device__ void gemv_swiglu_act(const GemvP& p, int m, T* act) {
-    const T* gate = p.a + (i64)m * p.K;
-    const T* up = p.a2 + (i64)m * p.K;
-    if (p.vec_ok) {
-        for (int base = threadIdx.x * VEC; base < p.K; base += SWIGLU_VECS * blockDim.x * VEC) {
-            uint4 g[SWIGLU_VECS], u[SWIGLU_VECS];
-#pragma unroll
-            for (int j = 0; j < SWIGLU_VECS; j++) {
-                const int k = base + j * blockDim.x * VEC;
-                if (k < p.K) {
-                    g[j] = ld_raw(gate + k);
-                    u[j] = ld_raw(up + k);
-                }
-            }
-#pragma unroll
-            for (int j = 0; j < SWIGLU_VECS; j++) {
-                const int k = base + j * blockDim.x * VEC;
-                if (k < p.K) {
-                    float x[VEC], y[VEC];
-                    cvt_vec(g[j], x);
-                    cvt_vec(u[j], y);
-#pragma unroll
-                    for (int v = 0; v < VEC; v++) st(act, k + v, silu_t(x[v]) * y[v]);
-                }
-            }
-        }
-    } else {
-        for (int k = threadIdx.x; k < p.K; k += blockDim.x) st(act, k, silu_t(ld(gate, k)) * ld(up, k));
-    }
+// `gemv_glu`'s store: the gate warp of each pair leaves its column's value (as the gate product would have
+// stored it) in shared memory; the up warp writes silu(gate) * up there (as the two ops would have).
+__device__ __forceinline__ void gemv_glu_store(const GemvP& p, int mat, int m, int col, float s,
+                                               const GemvTail& tail, bool stores) {
+    __shared__ float gates[GEMV_WARPS / 2];
+    const int pair = threadIdx.x >> 6;
+    if (stores && pick(p.bias, mat)) s += val(tail.bias);
+    if (stores && mat == 0) gates[pair] = rnd(s);
     __syncthreads();
+    if (stores && mat == 1) st(p.y[0], (i64)m * p.n[0] + col, silu_t(gates[pair]) * rnd(s));
 }
 
-// Registers budgeted for GEMV_BLOCKS_PER_SM blocks an SM (see above). `SWIGLU`: `gemv_swiglu`.
-template <bool SWIGLU>
+// Registers budgeted for GEMV_BLOCKS_PER_SM blocks an SM (see above). `GLU`: `gemv_glu`.
+template <bool GLU>
 __device__ __forceinline__ void gemv_body(const GemvP& p) {
     TRACE_BEGIN(TRACE_GEMV);
     const int lane = threadIdx.x & 31;
@@ -171,12 +144,14 @@ __device__ __forceinline__ void gemv_body(const GemvP& p) {
             mat = 2;
         }
     }
+    if (GLU) {
+        // Warps 2j and 2j + 1: column blockIdx.x * GEMV_WARPS / 2 + j of the gate and of the up matrix.
+        col = blockIdx.x * (GEMV_WARPS / 2) + (threadIdx.x >> 6);
+        mat = (threadIdx.x >> 5) & 1;
+    }
     const bool live = col < pick(p.n, mat);
     const T* wr = pick(p.w, mat) + (i64)(live ? col : 0) * p.K;
-    extern __shared__ uint4 gemv_smem[];
-    T* act = reinterpret_cast<T*>(gemv_smem);
-    const T* ar = SWIGLU ? act : p.a + (i64)m * p.K;
-    const T* norm_w = SWIGLU ? nullptr : p.norm_w;
+    const T* ar = p.a + (i64)m * p.K;
     const bool stores = live && lane == 0;
     if (!p.early) pdl_wait();  // a later `pdl_wait` returns at once
     GemvTail tail = gemv_bias(p, mat, col, stores);
@@ -188,20 +163,19 @@ __device__ __forceinline__ void gemv_body(const GemvP& p) {
         for (int i = 0; i < GEMV_PRE; i++) {
             const int k = (i * 32 + lane) * VEC;
             w_pre[i] = live && k < p.K ? ld_raw(wr + k) : zero;
-            g_pre[i] = norm_w && k < p.K ? ld_raw(norm_w + k) : zero;
+            g_pre[i] = p.norm_w && k < p.K ? ld_raw(p.norm_w + k) : zero;
         }
         pdl_wait();
         TRACE_WAITED();
         pdl_launch();
         gemv_after_wait(p, mat, m, col, stores, tail);
-        if (SWIGLU) gemv_swiglu_act(p, m, act);
 #pragma unroll
         for (int i = 0; i < GEMV_PRE; i++) {
             const int k = (i * 32 + lane) * VEC;
             a_pre[i] = k < p.K ? ld_raw(ar + k) : zero;
         }
         float inv = 1.f;
-        if (norm_w) {
+        if (p.norm_w) {
             float ss = 0.f, x[VEC];
 #pragma unroll
             for (int i = 0; i < GEMV_PRE; i++) {
@@ -221,7 +195,7 @@ __device__ __forceinline__ void gemv_body(const GemvP& p) {
             const int k = (i * 32 + lane) * VEC;
             if (k < p.K) {
                 float x[VEC], wv[VEC];
-                gemv_act(norm_w, a_pre[i], g_pre[i], inv, x);
+                gemv_act(p, a_pre[i], g_pre[i], inv, x);
                 cvt_vec(w_pre[i], wv);
 #pragma unroll
                 for (int v = 0; v < VEC; v++) acc += x[v] * wv[v];
@@ -230,7 +204,7 @@ __device__ __forceinline__ void gemv_body(const GemvP& p) {
 #pragma unroll 4
         for (int k = (GEMV_PRE * 32 + lane) * VEC; k < p.K; k += 32 * VEC) {
             float x[VEC], wv[VEC];
-            gemv_act(norm_w, ld_raw(ar + k), norm_w ? ld_raw(norm_w + k) : zero, inv, x);
+            gemv_act(p, ld_raw(ar + k), p.norm_w ? ld_raw(p.norm_w + k) : zero, inv, x);
             ld_vec(wr + k, wv);
 #pragma unroll
             for (int v = 0; v < VEC; v++) acc += x[v] * wv[v];
@@ -240,29 +214,32 @@ __device__ __forceinline__ void gemv_body(const GemvP& p) {
         TRACE_WAITED();
         pdl_launch();
         gemv_after_wait(p, mat, m, col, stores, tail);
-        if (SWIGLU) gemv_swiglu_act(p, m, act);
         float inv = 1.f;
-        if (norm_w) {
+        if (p.norm_w) {
             float ss = 0.f;
             for (int k = lane; k < p.K; k += 32) ss += ld(ar, k) * ld(ar, k);
             inv = rsqrtf(warp_sum(ss) / (float)p.K + p.eps);
         }
         if (live) {
             for (int k = lane; k < p.K; k += 32) {
-                const float x = norm_w ? ld(ar, k) * inv * ld(norm_w, k) : ld(ar, k);
+                const float x = p.norm_w ? ld(ar, k) * inv * ld(p.norm_w, k) : ld(ar, k);
                 acc += x * ld(wr, k);
             }
         }
     }
     acc = warp_sum(acc);
     TRACE_WORKED();
-    if (stores) gemv_store(p, mat, m, col, acc, tail);
+    if (GLU) {
+        gemv_glu_store(p, mat, m, col, acc, tail, stores);
+    } else if (stores) {
+        gemv_store(p, mat, m, col, acc, tail);
+    }
 }
 
 extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32, GEMV_BLOCKS_PER_SM) gemv(GemvP p) {
     gemv_body<false>(p);
 }
 
-extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32, GEMV_BLOCKS_PER_SM) gemv_swiglu(GemvP p) {
+extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32, GEMV_BLOCKS_PER_SM) gemv_glu(GemvP p) {
     gemv_body<true>(p);
 }

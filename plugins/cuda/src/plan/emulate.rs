@@ -148,18 +148,9 @@ impl Emulator<'_> {
     }
 
     fn gemv(&mut self, step: &Step) -> Result<(), &'static str> {
-        let Step::Gemv { a, norm, ref mats, cache_rows, m, k, swiglu, .. } = *step else { unreachable!() };
+        let Step::Gemv { a, norm, ref mats, cache_rows, m, k, glu, .. } = *step else { unreachable!() };
         let k = k as usize;
-        let x = match swiglu {
-            // silu(gate) rounded to the type, times up, rounded: the two ops' steps as they would have run.
-            Some((gate, up)) => {
-                let dtype = self.graph.tensor(a).dtype;
-                let (g, u) = (self.get(gate).to_vec(), self.get(up).to_vec());
-                let silu = |v: f64| round(UnaryFn::Silu.apply(v as f32) as f64, dtype);
-                g.iter().zip(&u).map(|(&g, &u)| round(silu(g) * u, dtype)).collect()
-            }
-            None => self.get(a).to_vec(),
-        };
+        let x = self.get(a).to_vec();
         for row in 0..m as usize {
             let mut xs = x[row * k..(row + 1) * k].to_vec();
             if let Some((w, eps)) = norm {
@@ -167,6 +158,8 @@ impl Emulator<'_> {
                 let inv = 1.0 / (xs.iter().map(|v| v * v).sum::<f64>() / k as f64 + eps as f64).sqrt();
                 xs.iter_mut().enumerate().for_each(|(i, v)| *v = *v * inv * w[i]);
             }
+            // A SwiGLU GEMV's gate and up row, as the products would have stored them.
+            let mut glu_rows: Vec<Vec<f64>> = Vec::new();
             for mat in mats {
                 let n = mat.n as usize;
                 let w = self.get(mat.w).to_vec();
@@ -175,10 +168,15 @@ impl Emulator<'_> {
                     |i: usize, col: usize| if mat.transposed { w[i * n + col] } else { w[col * k + i] };
                 let bias = mat.bias.map(|b| self.get(b).to_vec());
                 let res = mat.residual.map(|r| self.get(r).to_vec());
+                let mut ys = Vec::new();
                 for col in 0..n {
                     let s: f64 = (0..k).map(|i| xs[i] * weight(i, col)).sum::<f64>()
                         + bias.as_ref().map_or(0.0, |b| b[col])
                         + res.as_ref().map_or(0.0, |r| r[row * n + col]);
+                    if glu.is_some() {
+                        ys.push(round(s, self.graph.tensor(mat.y).dtype));
+                        continue;
+                    }
                     self.put(mat.y, (row * n + col) as u64, s);
                     if let (Some(cache), Some(c)) = (mat.cache, cache_rows) {
                         let r = self.get(c.position)[0] + row as f64;
@@ -189,6 +187,15 @@ impl Emulator<'_> {
                         let s = round(s, self.graph.tensor(mat.y).dtype);
                         self.put(cache, (((col / dh) * len + r as usize) * dh + col % dh) as u64, s);
                     }
+                }
+                glu_rows.push(ys);
+            }
+            if let (Some(out), [gate, up]) = (glu, &glu_rows[..]) {
+                // silu(gate) rounded to the type, times up, rounded: the two ops as they would have run.
+                let dtype = self.graph.tensor(out).dtype;
+                for (col, (&g, &u)) in gate.iter().zip(up).enumerate() {
+                    let silu = round(UnaryFn::Silu.apply(g as f32) as f64, dtype);
+                    self.put(out, (row * gate.len() + col) as u64, silu * u);
                 }
             }
         }

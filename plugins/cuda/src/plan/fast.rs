@@ -5,7 +5,7 @@ use ref_graph::{Graph, Op, TensorId, UnaryFn};
 
 use super::{
     attention_splits, general, rope, u32_of, AttnScratch, AttnShape, BinOp, CacheRows, Float, GemvMat, Home,
-    KvLayout, Plan, PositionRows, Step, Unsupported, GEMV_SHARED_MAX,
+    KvLayout, Plan, PositionRows, Step, Unsupported,
 };
 use crate::kernels::ATTN_MAX_HEAD;
 
@@ -155,7 +155,57 @@ impl<'g> Lowering<'g> {
                 self.steps.push(Step::Argmax { input, out, m, n });
                 Ok(1)
             }
-            ref other => general::lower(self, other).map(|()| 1),
+            ref other => {
+                general::lower(self, other)?;
+                self.fuse_glu();
+                Ok(1)
+            }
+        }
+    }
+
+    /// When the last three steps are a GEMV of two matrices writing `gate` and `up` of one width,
+    /// `s = silu(gate)` and `out = s * up` (Hugging Face's SwiGLU: contiguous, one float type) and nothing else
+    /// reads `gate`, `up` or `s`: the GEMV writes `out` itself (two launches fewer a layer).
+    fn fuse_glu(&mut self) {
+        let [.., Step::Gemv { ref mats, m, cache_rows: None, glu: None, .. }, Step::Unary { func: UnaryFn::Silu, input: gate, out: s, n, dtype }, Step::Binary { op: BinOp::Mul, a: x, b: y, out, dtype: dtype2, ref walk }] =
+            self.steps[..]
+        else {
+            return;
+        };
+        let up = if x == s {
+            y
+        } else if y == s {
+            x
+        } else {
+            return;
+        };
+        let gate_first = match mats[..] {
+            [ref g, ref u] if (g.y, u.y) == (gate, up) => true,
+            [ref u, ref g] if (g.y, u.y) == (gate, up) => false,
+            _ => return,
+        };
+        let width = mats[0].n;
+        let plain = mats.iter().all(|mat| mat.n == width && mat.residual.is_none() && mat.cache.is_none());
+        let elems = u64::from(m) * u64::from(width);
+        let contiguous = walk.a == walk.b && walk.b == general::strides(&walk.dims);
+        let same_type =
+            [gate, up, out].iter().all(|&id| self.graph.tensor(id).dtype == dtype) && dtype2 == dtype;
+        let private = [gate, up, s].iter().all(|&id| self.private(id));
+        if !plain || n != elems || walk.dims.iter().product::<u64>() != elems || !contiguous || up == s {
+            return;
+        }
+        if !same_type || !private {
+            return;
+        }
+        self.steps.truncate(self.steps.len() - 2);
+        let Some(Step::Gemv { mats, glu, .. }) = self.steps.last_mut() else { unreachable!("matched above") };
+        if !gate_first {
+            mats.swap(0, 1);
+        }
+        *glu = Some(out);
+        // Never written or read: no allocation (the storage named is the product's).
+        for id in [gate, up, s] {
+            self.homes[id.0] = Home::SameAs(out);
         }
     }
 
@@ -228,49 +278,8 @@ impl Lowering<'_> {
         let (a, norm) = self.fused_norm(a, mats.len());
         let early = mats.iter().all(|mat| self.fixed(mat.w) && mat.bias.is_none_or(|b| self.fixed(b)))
             && norm.is_none_or(|(gain, _)| self.fixed(gain));
-        let swiglu = if norm.is_none() { self.fused_swiglu(a, m, k, mats.len()) } else { None };
-        self.steps.push(Step::Gemv { a, norm, mats, cache_rows: None, m, k, early, swiglu });
+        self.steps.push(Step::Gemv { a, norm, mats, cache_rows: None, m, k, early, glu: None });
         Ok(taken)
-    }
-
-    /// When the two steps before are `s = silu(gate)` and `a = s * up` (Hugging Face's SwiGLU, `[m, k]`
-    /// contiguous, of the GEMV's float type) and only these `readers` products read `a`, only the product
-    /// `s`: takes them into the GEMV, which computes `a` on its way in (two launches fewer a layer); returns
-    /// `(gate, up)`.
-    fn fused_swiglu(&mut self, a: TensorId, m: u32, k: u32, readers: usize) -> Option<(TensorId, TensorId)> {
-        let [.., Step::Unary { func: UnaryFn::Silu, input: gate, out: s, n, dtype }, Step::Binary { op: BinOp::Mul, a: x, b: y, out, dtype: dtype2, ref walk }] =
-            self.steps[..]
-        else {
-            return None;
-        };
-        let up = if x == s {
-            y
-        } else if y == s {
-            x
-        } else {
-            return None;
-        };
-        let contiguous = walk.a == walk.b && walk.b == general::strides(&walk.dims);
-        let elems = u64::from(m) * u64::from(k);
-        let same_type =
-            [gate, up, a].iter().all(|&id| self.graph.tensor(id).dtype == dtype) && dtype2 == dtype;
-        let fits = k * dtype.size_bytes() as u32 <= GEMV_SHARED_MAX;
-        let private = self.private(s) && self.uses(a) == readers && !self.is_output(a);
-        if out != a || n != elems || walk.dims.iter().product::<u64>() != elems || !contiguous || up == s {
-            return None;
-        }
-        if !same_type || !fits || !private {
-            return None;
-        }
-        self.steps.truncate(self.steps.len() - 2);
-        // Never written or read: no allocation (the storage named is the gate's).
-        let root = match self.homes[gate.0] {
-            Home::SameAs(root) => root,
-            _ => gate,
-        };
-        self.homes[s.0] = Home::SameAs(root);
-        self.homes[a.0] = Home::SameAs(root);
-        Some((gate, up))
     }
 
     /// One product's matrix: its weight read as `[N, K]` (a `[K, N]` weight must be a constant, transposed at

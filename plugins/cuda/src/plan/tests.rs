@@ -23,14 +23,14 @@ fn kinds(plan: &Plan) -> Vec<String> {
             Step::Cast { to, .. } => format!("cast_{to}"),
             Step::Copy { .. } => "copy".to_owned(),
             Step::Rope { .. } => "rope".to_owned(),
-            Step::Gemv { mats, norm, cache_rows, swiglu, .. } => format!(
-                "{}{}gemv{}{}{}{}",
-                if swiglu.is_some() { "swiglu+" } else { "" },
+            Step::Gemv { mats, norm, cache_rows, glu, .. } => format!(
+                "{}gemv{}{}{}{}{}",
                 if norm.is_some() { "norm+" } else { "" },
                 mats.len(),
                 if mats.iter().any(|m| m.bias.is_some()) { "+bias" } else { "" },
                 if mats[0].residual.is_some() { "+residual" } else { "" },
-                if cache_rows.is_some() { "+kv_update" } else { "" }
+                if cache_rows.is_some() { "+kv_update" } else { "" },
+                if glu.is_some() { "+swiglu" } else { "" }
             ),
             Step::KvUpdate { caches, .. } => format!("kv_update{}", caches.len()),
             Step::Attention { .. } => "attention".to_owned(),
@@ -262,6 +262,7 @@ fn written(step: &Step) -> Vec<TensorId> {
         | Step::Cast { out, .. }
         | Step::Rope { out, .. } => vec![*out],
         Step::Copy { dst, .. } => vec![*dst],
+        Step::Gemv { glu: Some(out), .. } => vec![*out],
         Step::Gemv { mats, .. } => mats.iter().flat_map(|m| [Some(m.y), m.cache]).flatten().collect(),
         Step::KvUpdate { caches, .. } => caches.iter().map(|c| c.0).collect(),
     }
@@ -287,7 +288,7 @@ fn hf_expected(dtype: ElemType, layers: usize, rows: u64) -> Vec<String> {
         e.extend(views(1));
         e.extend(["gemv1+residual"]);
         e.extend(NORM);
-        e.extend(["gemv2", "swiglu+gemv1+residual"]);
+        e.extend(["gemv2+swiglu", "gemv1+residual"]);
     }
     e.extend(NORM);
     e.extend(["gemv1", "argmax"]);
@@ -296,8 +297,7 @@ fn hf_expected(dtype: ElemType, layers: usize, rows: u64) -> Vec<String> {
 
 /// The Hugging Face forms lower, in every float type: one step per op of the general path where the fast
 /// path does not apply, `nn.Linear` as the row-dot GEMV (Q, K and V in one launch with their biases, gate and
-/// up in another, the down projection computing silu(gate) * up on its way in, the down and output
-/// projections adding the residual), head-major rank-4 caches updated in place by one
+/// up in another that writes silu(gate) * up, the down and output projections adding the residual), head-major rank-4 caches updated in place by one
 /// K-and-V launch, GQA attention reading the caches where they are, and no step or allocation for a reshape.
 #[test]
 fn hugging_face_forms_lower_with_caches_in_place_and_reshapes_free() {
@@ -672,4 +672,59 @@ fn rope_is_one_step_in_any_traced_order_and_only_when_its_parts_are_private() {
     };
     assert_eq!(kinds(&build(false)), ["rope"]);
     assert_eq!(kinds(&build(true)), ["b.mul", "copy", "copy", "neg", "copy", "copy", "b.mul", "add"]);
+}
+
+/// Hugging Face's SwiGLU (`silu(x W_gate) * (x W_up)`) becomes one GEMV that writes the product, with the
+/// gate and up products and the SiLU never written, only when nothing else reads them; otherwise the two ops
+/// stay launches of their own and the products are written.
+#[test]
+fn swiglu_fuses_into_its_gate_and_up_gemv_only_when_its_parts_are_private() {
+    use ref_graph::ElemType::Bf16;
+    // Which of the gate product, the up product and the SiLU a second op also reads (or none); whether the
+    // up product comes first.
+    let build = |also_read: Option<usize>, up_first: bool| {
+        let mut b = ref_graph::GraphBuilder::new();
+        let x = b.input("x", Bf16, &[1, 8]).expect("fresh");
+        let weight = |b: &mut ref_graph::GraphBuilder, name: &str, k: u64, n: u64| {
+            b.constant_bf16(name, &[k, n], vec![half::bf16::ONE; (k * n) as usize]).expect("fresh")
+        };
+        let (wg, wu, wd) =
+            (weight(&mut b, "w_gate", 8, 16), weight(&mut b, "w_up", 8, 16), weight(&mut b, "w_down", 16, 8));
+        let (gate, up) = if up_first {
+            let up = b.mat_mul("up", x, wu).expect("typed");
+            (b.mat_mul("gate", x, wg).expect("typed"), up)
+        } else {
+            let gate = b.mat_mul("gate", x, wg).expect("typed");
+            (gate, b.mat_mul("up", x, wu).expect("typed"))
+        };
+        let s = b.unary("silu", UnaryFn::Silu, gate).expect("typed");
+        let product = b.mul("product", s, up).expect("typed");
+        let y = b.mat_mul("y", product, wd).expect("typed");
+        b.output(y).expect("declared");
+        if let Some(part) = also_read {
+            let other = b.add("other", [gate, up, s][part], product).expect("typed");
+            b.output(other).expect("declared");
+        }
+        b.finish().expect("valid")
+    };
+    for up_first in [false, true] {
+        let graph = build(None, up_first);
+        let plan = Plan::new(&graph).expect("lowered");
+        assert_eq!(kinds(&plan), ["gemv2+swiglu", "gemv1"]);
+        let Step::Gemv { glu: Some(out), ref mats, .. } = plan.steps[0] else { panic!("{:?}", kinds(&plan)) };
+        let find = |name: &str| graph.find(name).expect("tensor");
+        assert_eq!(out, find("product"));
+        assert_eq!(mats.iter().map(|m| m.y).collect::<Vec<_>>(), [find("gate"), find("up")], "gate first");
+        for part in ["gate", "up", "silu"] {
+            assert_eq!(plan.homes[find(part).0], Home::SameAs(out), "'{part}' is never allocated");
+        }
+    }
+    for part in 0..3 {
+        let plan = Plan::new(&build(Some(part), false)).expect("lowered");
+        assert!(
+            plan.steps.iter().all(|s| !matches!(s, Step::Gemv { glu: Some(_), .. })),
+            "part {part} read twice: {:?}",
+            kinds(&plan)
+        );
+    }
 }
