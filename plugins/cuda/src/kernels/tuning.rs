@@ -44,7 +44,8 @@ pub fn dump_trace(module: &Module, tag: &str) {
     let ring = module.read_global("kv_trace_n").and_then(|n| Ok((n, module.read_global("kv_trace")?)));
     let written = match ring {
         Ok((n, records)) => {
-            let mut bytes = (u32::from_le_bytes([n[0], n[1], n[2], n[3]]) as u64).to_le_bytes().to_vec();
+            let taken = n.get(..4).and_then(|b| b.try_into().ok()).map_or(0, u32::from_le_bytes);
+            let mut bytes = u64::from(taken).to_le_bytes().to_vec();
             bytes.extend_from_slice(&records);
             std::fs::write(&path, bytes).map_err(|e| e.to_string())
         }

@@ -167,9 +167,10 @@ impl<'g> Lowering<'g> {
     /// `s = silu(gate)` and `out = s * up` (Hugging Face's SwiGLU: contiguous, one float type) and nothing else
     /// reads `gate`, `up` or `s`: the GEMV writes `out` itself (two launches fewer a layer).
     fn fuse_glu(&mut self) {
-        let [.., Step::Gemv { ref mats, m, cache_rows: None, glu: None, .. }, Step::Unary { func: UnaryFn::Silu, input: gate, out: s, n, dtype }, Step::Binary { op: BinOp::Mul, a: x, b: y, out, dtype: dtype2, ref walk }] =
-            self.steps[..]
-        else {
+        let [.., ref gemv, ref unary, ref binary] = self.steps[..] else { return };
+        let Step::Gemv { ref mats, m, cache_rows: None, glu: None, .. } = *gemv else { return };
+        let Step::Unary { func: UnaryFn::Silu, input: gate, out: s, n, dtype } = *unary else { return };
+        let Step::Binary { op: BinOp::Mul, a: x, b: y, out, dtype: dtype2, ref walk } = *binary else {
             return;
         };
         let up = if x == s {
