@@ -308,7 +308,8 @@ struct Tile {
     uint4 k[ATTN_U], v[ATTN_U];
 };
 
-__device__ __forceinline__ void tile_load(Tile& tl, const T* kb, const T* vb, i64 row, int G, i64 lo, i64 hi, int Dh) {
+__device__ __forceinline__ void tile_load(Tile& tl, const T* kb, const T* vb, i64 row, int G, i64 lo, i64 hi,
+                                          int Dh) {
 #pragma unroll
     for (int u = 0; u < ATTN_U; u++) {
         const i64 j = row + (i64)u * G;
@@ -319,7 +320,8 @@ __device__ __forceinline__ void tile_load(Tile& tl, const T* kb, const T* vb, i6
     }
 }
 
-__device__ __forceinline__ void tile_use(Soft& s, const Tile& tl, const float* qv, i64 row, int G, i64 stop, int lanes) {
+__device__ __forceinline__ void tile_use(Soft& s, const Tile& tl, const float* qv, i64 row, int G, i64 stop,
+                                         int lanes) {
 #pragma unroll
     for (int u = 0; u < ATTN_U; u++) {
         float kv[VEC], vv[VEC];

@@ -1,8 +1,8 @@
 // The CUDA delegate's untyped kernels: the general path's elementwise ops, means, casts, strided copies,
-// positions and rotate-half RoPE, for any element type of payload 1.3, compiled by NVRTC once per process per device. Each kernel
-// takes the element type as a code (`DT_*`, the same for every thread of a launch, so the switch never
-// diverges) and computes in f32 (i64 in i64), exactly as `ref_graph::UnaryFn::apply` and the reference
-// delegate do. One parameter struct by value per kernel; `src/kernels/general.rs` mirrors them
+// positions and rotate-half RoPE, for any element type of payload 1.3, compiled by NVRTC once per process per
+// device. Each kernel takes the element type as a code (`DT_*`, the same for every thread of a launch, so the
+// switch never diverges) and computes in f32 (i64 in i64), exactly as `ref_graph::UnaryFn::apply` and the
+// reference delegate do. One parameter struct by value per kernel; `src/kernels/general.rs` mirrors them
 // (`#[repr(C)]`). Shapes are static per launch; nothing reads a host value, so a captured CUDA graph replays.
 
 typedef long long i64;

@@ -26,7 +26,8 @@ struct Trace {
         unsigned int sm;
         asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
         const unsigned int slot = atomicAdd(&kv_trace_n, 1u) % KV_TRACE_CAP;
-        const unsigned long long block = blockIdx.x + (unsigned long long)gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
+        const unsigned long long block =
+            blockIdx.x + (unsigned long long)gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
         const unsigned long long grid = (unsigned long long)gridDim.x * gridDim.y * gridDim.z;
         unsigned long long* r = kv_trace + (unsigned long long)slot * 4;
         r[0] = t0;
