@@ -122,10 +122,10 @@ __device__ __forceinline__ void gemv_glu_store(const GemvP& p, int mat, int m, i
                                                const GemvTail& tail, bool stores) {
     __shared__ float gates[GEMV_WARPS / 2];
     const int pair = threadIdx.x >> 6;
-    if (stores && pick(p.bias, mat)) s += val(tail.bias);
+    if (stores && pick(p.bias, mat)) s += val(tail.bias);  // no residual: the plan pairs none
     if (stores && mat == 0) gates[pair] = rnd(s);
     __syncthreads();
-    if (stores && mat == 1) st(p.y[0], (i64)m * p.n[0] + col, silu_t(gates[pair]) * rnd(s));
+    if (stores && mat == 1) st(p.y[0], gemv_at(p, 0, m, col), silu_t(gates[pair]) * rnd(s));
 }
 
 // Registers budgeted for GEMV_BLOCKS_PER_SM blocks an SM (see above). `GLU`: `gemv_glu`.

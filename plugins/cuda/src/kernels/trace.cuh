@@ -6,7 +6,8 @@
 #ifdef KV_TRACE
 #define KV_TRACE_CAP (1 << 20)
 // Each record: start (ns); the wait's and the work's offsets from it (ns, 32 bits each); the end's offset,
-// the kernel (8 bits) and the SM (16 bits); the block's linear index and the grid's size (32 bits each).
+// the kernel (8 bits) and the SM (the 24 bits above); the block's linear index and the grid's size (32 bits
+// each).
 __device__ unsigned long long kv_trace[KV_TRACE_CAP * 4];
 __device__ unsigned int kv_trace_n;
 

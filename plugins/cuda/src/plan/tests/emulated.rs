@@ -1,0 +1,185 @@
+//! Plans emulated on the CPU (`plan/emulate.rs`) against the reference delegate: the Hugging Face forms and
+//! kv-example's decoder give the reference's logits, tokens and caches.
+
+use super::*;
+
+/// `values` as little-endian bytes of `dtype`.
+fn bytes_of(values: &[f64], dtype: ElemType) -> Vec<u8> {
+    values
+        .iter()
+        .flat_map(|&v| match dtype {
+            ElemType::F32 => (v as f32).to_le_bytes().to_vec(),
+            ElemType::F16 => ref_graph::half::f16::from_f64(v).to_le_bytes().to_vec(),
+            ElemType::Bf16 => ref_graph::half::bf16::from_f64(v).to_le_bytes().to_vec(),
+            ElemType::I64 => (v as i64).to_le_bytes().to_vec(),
+        })
+        .collect()
+}
+
+fn values_of(bytes: &[u8], dtype: ElemType) -> Vec<f64> {
+    let half = |c: &[u8], bf: bool| {
+        let b = [c[0], c[1]];
+        if bf {
+            ref_graph::half::bf16::from_le_bytes(b).to_f64()
+        } else {
+            ref_graph::half::f16::from_le_bytes(b).to_f64()
+        }
+    };
+    match dtype {
+        ElemType::F32 => {
+            bytes.chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().expect("4")) as f64).collect()
+        }
+        ElemType::F16 => bytes.chunks_exact(2).map(|c| half(c, false)).collect(),
+        ElemType::Bf16 => bytes.chunks_exact(2).map(|c| half(c, true)).collect(),
+        ElemType::I64 => {
+            bytes.chunks_exact(8).map(|c| i64::from_le_bytes(c.try_into().expect("8")) as f64).collect()
+        }
+    }
+}
+
+/// One call of the CPU reference delegate on `graph`: the named `inputs`, every other input a cache (in
+/// `caches`, in input order, updated in place); the values of every output that is not a cache.
+fn reference_call(
+    graph: &ref_graph::Graph,
+    caches: &mut [Vec<u8>],
+    inputs: &[(&str, Vec<f64>)],
+) -> std::collections::HashMap<String, Vec<f64>> {
+    use delegate_abi::host::{ArgList, Plugin};
+    use delegate_abi::{DTypeCode, InitContext, MemoryKind};
+    let plugin = Plugin::embedded(reference_delegate::delegate_root()).expect("reference plugin");
+    let blob = hf::blob(graph, reference_delegate::BACKEND_ID);
+    let mut instance =
+        plugin.init(&InitContext { blob: &blob, compile_specs: &[], runtime_specs: &[] }).expect("init");
+    let decl = |id: TensorId| graph.tensor(id);
+    let code = |id: TensorId| DTypeCode::try_from(decl(id).dtype.dtype()).expect("dtype");
+    let dims = |id: TensorId| decl(id).shape.iter().map(|&d| d as i64).collect::<Vec<_>>();
+    let bytes: Vec<Vec<u8>> =
+        inputs.iter().map(|(name, v)| bytes_of(v, decl(graph.find(name).expect("in")).dtype)).collect();
+    let outputs: Vec<TensorId> =
+        graph.outputs().iter().copied().filter(|&o| graph.in_place_of(o).is_none()).collect();
+    let mut out_bytes: Vec<Vec<u8>> = outputs.iter().map(|&o| vec![0u8; decl(o).nbytes()]).collect();
+    {
+        let mut list = ArgList::new();
+        let mut cache_iter = caches.iter_mut();
+        let mut slots = std::collections::HashMap::new();
+        for &id in graph.inputs() {
+            match inputs.iter().position(|(name, _)| *name == decl(id).name) {
+                Some(i) => list.push_input(&bytes[i], code(id), &dims(id), MemoryKind::Host).expect("input"),
+                None => {
+                    let cache = cache_iter.next().expect("a cache for every other input");
+                    slots.insert(
+                        id,
+                        list.push_inout(cache, code(id), &dims(id), MemoryKind::Host).expect("cache"),
+                    );
+                }
+            }
+        }
+        let mut out_iter = out_bytes.iter_mut();
+        for &id in graph.outputs() {
+            match graph.in_place_of(id) {
+                Some(cache) => {
+                    list.push_output_in_place(slots[&cache], code(id), &dims(id)).expect("in place")
+                }
+                None => list
+                    .push_output(out_iter.next().expect("output"), code(id), &dims(id), MemoryKind::Host)
+                    .expect("out"),
+            }
+        }
+        instance.execute(&mut list, None).expect("the reference runs the graph");
+    }
+    outputs
+        .iter()
+        .zip(out_bytes)
+        .map(|(&o, b)| (decl(o).name.clone(), values_of(&b, decl(o).dtype)))
+        .collect()
+}
+
+fn relative_diff(actual: &[f64], expected: &[f64]) -> f64 {
+    assert_eq!(actual.len(), expected.len());
+    let scale = expected.iter().fold(1f64, |m, v| m.max(v.abs()));
+    let diff = |(a, e): (&f64, &f64)| if (a - e).is_nan() { f64::INFINITY } else { (a - e).abs() };
+    actual.iter().zip(expected).map(diff).fold(0.0, f64::max) / scale
+}
+
+/// Names of a decoder's token ids, position, logits and next token.
+struct Names {
+    ids: &'static str,
+    pos: &'static str,
+    logits: &'static str,
+    next: &'static str,
+}
+
+/// Prefill over `prompt` and `steps` decode steps: the emulated plans' logits (within `tol`, relative), next
+/// tokens (f32) and final caches against the CPU reference delegate's, the decode fed the reference's tokens.
+fn check_against_reference(
+    prefill: &ref_graph::Graph,
+    decode: &ref_graph::Graph,
+    n: &Names,
+    prompt: &[i64],
+    steps: usize,
+    tol: f64,
+) {
+    let dtype = prefill.tensor(prefill.find(n.logits).expect("logits")).dtype;
+    let caches: Vec<TensorId> = prefill
+        .inputs()
+        .iter()
+        .copied()
+        .filter(|&i| ![n.ids, n.pos].contains(&prefill.tensor(i).name.as_str()))
+        .collect();
+    let mut ref_caches: Vec<Vec<u8>> =
+        caches.iter().map(|&c| vec![0u8; prefill.tensor(c).nbytes()]).collect();
+    let mut emu_prefill = emulate::Emulator::new(prefill, Plan::new(prefill).expect("lowered"));
+    let mut emu = emulate::Emulator::new(decode, Plan::new(decode).expect("lowered"));
+    let (mut ids, mut pos) = (prompt.to_vec(), 0i64);
+    for step in 0..=steps {
+        let inputs = [(n.ids, ids.iter().map(|&t| t as f64).collect::<Vec<_>>()), (n.pos, vec![pos as f64])];
+        let graph = if step == 0 { prefill } else { decode };
+        let expected = reference_call(graph, &mut ref_caches, &inputs);
+        let e = if step == 0 { &mut emu_prefill } else { &mut emu };
+        inputs.iter().for_each(|(name, v)| e.set(name, v));
+        e.run().expect("in range");
+        let diff = relative_diff(&e.read(n.logits), &expected[n.logits]);
+        assert!(diff <= tol, "{dtype} step {step}: logits differ from the reference by {diff:e}");
+        if dtype == ElemType::F32 {
+            assert_eq!(e.read(n.next), expected[n.next], "step {step}: next token");
+        }
+        if step == 0 {
+            for &c in &caches {
+                let name = &prefill.tensor(c).name;
+                emu.set(name, &emu_prefill.read(name));
+            }
+        }
+        pos += ids.len() as i64;
+        ids = vec![expected[n.next][0] as i64];
+    }
+    for (&c, bytes) in caches.iter().zip(&ref_caches) {
+        let name = &prefill.tensor(c).name;
+        let diff = relative_diff(&emu.read(name), &values_of(bytes, dtype));
+        assert!(diff <= tol, "{dtype}: cache '{name}' differs from the reference's by {diff:e}");
+    }
+}
+
+/// Every step of the plan emulated on the CPU with the kernels' index arithmetic (strides, layouts, fused
+/// cache writes, aliases) gives the CPU reference delegate's logits, tokens and caches: the Hugging Face
+/// forms in f32, f16 and bf16, and kv-example's fused decode path.
+#[test]
+fn emulated_plans_match_the_cpu_reference() {
+    let hf_names = Names { ids: hf::IDS, pos: hf::POS, logits: hf::LOGITS, next: hf::NEXT };
+    for (dtype, tol) in [(ElemType::F32, 1e-5), (ElemType::F16, 2e-2), (ElemType::Bf16, 1e-1)] {
+        let cfg = hf::Hf::tiny(dtype);
+        check_against_reference(
+            &hf::build(&cfg, 5),
+            &hf::build(&cfg, 1),
+            &hf_names,
+            &[3, 17, 42, 5, 88],
+            4,
+            tol,
+        );
+    }
+    let cfg = Config { layers: 2, ..Config::tiny() };
+    let weights = Weights::generate(&cfg);
+    let graph = |rows| model::build_graph(&cfg, &weights, rows).expect("graph");
+    let names =
+        Names { ids: model::TOKENS, pos: model::INPUT_POS, logits: model::LOGITS, next: model::NEXT_TOKEN };
+    check_against_reference(&graph(cfg.prompt_len()), &graph(1), &names, &cfg.prompt, 4, 1e-5);
+}
