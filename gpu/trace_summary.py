@@ -12,8 +12,10 @@ import sys
 
 import numpy as np
 
+# The kernels as `plugins/cuda/src/kernels/trace.cuh` numbers them (TRACE_*); a merging attention block is one
+# of its launch.
 KINDS = {1: "gather", 2: "add", 3: "rms", 4: "gemv", 5: "kv", 6: "attention", 7: "argmax", 8: "attention"}
-MERGE = 8
+ATTN, MERGE = 6, 8
 
 
 def load(path):
@@ -40,7 +42,7 @@ def launches(r):
     tw = r["t0"] + r["wait"]
     order = np.argsort(np.where(waited, tw, np.iinfo(np.int64).max), kind="stable")
     order = order[waited[order]]
-    key = np.where(r["kind"] == MERGE, 6, r["kind"]) * (1 << 32) + r["grid"]
+    key = np.where(r["kind"] == MERGE, ATTN, r["kind"]) * (1 << 32) + r["grid"]
     out, cur = [], [order[0]]
     for i in order[1:]:
         if key[i] == key[cur[-1]]:
@@ -71,7 +73,6 @@ def describe(r, idx):
         "work_last": work.max(),
         "end_median": np.median(tend),
         "end_last": tend.max(),
-        "merges": int(merge.sum()),
         "merge_start": work[merge].min() if merge.any() else None,
         "merge_end": tend[merge].max() if merge.any() else None,
     }
@@ -80,10 +81,9 @@ def describe(r, idx):
 def main():
     path = sys.argv[1]
     taken, r = load(path)
-    ts = np.sort(np.unique(r["t0"]))
-    steps_res = np.diff(ts)
+    gaps = np.diff(np.unique(r["t0"]))
     print(f"{taken} blocks recorded, {len(r['t0'])} in the ring; timer step (smallest gap between starts) "
-          f"{steps_res[steps_res > 0].min() if len(steps_res) else 0} ns")
+          f"{gaps.min() if len(gaps) else 0} ns")
     ls = [describe(r, idx) for idx in launches(r)]
     # Steps end at an argmax; keep the whole steps after the first.
     ends = [i for i, l in enumerate(ls) if l["kind"] == "argmax"]
@@ -91,8 +91,8 @@ def main():
     if not steps:
         print("no whole step in the trace")
         return
-    sizes = {len(s) for s in steps}
-    n = max(sizes, key=[len(s) for s in steps].count)
+    lengths = [len(s) for s in steps]
+    n = max(set(lengths), key=lengths.count)  # the usual step; a step the ring cut short is left out
     steps = [s for s in steps if len(s) == n]
     print(f"{len(steps)} whole steps of {n} launches")
     pick = steps[len(steps) // 2]
@@ -106,9 +106,9 @@ def main():
                   f"{f(l['start_last'])} | wait {f(l['wait_first'])} {f(l['wait_median'])} {f(l['wait_last'])} | work "
                   f"{f(l['work_median'])} {f(l['work_last'])} | end {f(l['end_median'])} {f(l['end_last'])}"
                   f" | merge {f(l['merge_start'])} {f(l['merge_end'])}")
-    # Per launch position, averaged over steps; then per kernel kind and grid.
     total = np.mean([s[-1]["end_last"] - s[0]["wait_first"] for s in steps]) / 1e3
     print(f"step, first wait passed to last block's end: {total:.1f} us (mean of {len(steps)} steps)")
+    # Each pair of consecutive launches (by kernel and grid), averaged over the steps.
     phases = {}
     for s in steps:
         for prev, l in zip(s, s[1:]):
