@@ -111,6 +111,10 @@ pub struct GemvP {
     pub l: i32,
     pub dh: i32,
     pub early: i32,
+    pub cos: DevicePtr,
+    pub sin: DevicePtr,
+    pub rope_half: i32,
+    pub rope_mats: i32,
 }
 
 /// `KvP`.
@@ -207,6 +211,8 @@ pub enum Launch {
     Gemv(LaunchConfig, GemvP),
     /// A gate and up GEMV that writes silu(gate) * up (`gemv_glu`).
     GemvGlu(LaunchConfig, GemvP),
+    /// A GEMV that stores some of its products rotated by RoPE (`gemv_rope`).
+    GemvRope(LaunchConfig, GemvP),
     KvUpdate(LaunchConfig, KvP),
     Attention(LaunchConfig, AttnP),
     Argmax(LaunchConfig, ArgmaxP),
@@ -221,6 +227,7 @@ pub struct Kernels {
     rms_norm: Function,
     gemv: Function,
     gemv_glu: Function,
+    gemv_rope: Function,
     kv_update: Function,
     attention: Function,
     argmax: Function,
@@ -236,6 +243,7 @@ impl Kernels {
             rms_norm: module.function("rms_norm")?,
             gemv: module.function("gemv")?,
             gemv_glu: module.function("gemv_glu")?,
+            gemv_rope: module.function("gemv_rope")?,
             kv_update: module.function("kv_update")?,
             attention: module.function("attention")?,
             argmax: module.function("argmax")?,
@@ -274,6 +282,7 @@ impl Kernels {
                 Launch::RmsNorm(c, p) => go(&self.rms_norm, *c, stream, p, overlapped),
                 Launch::Gemv(c, p) => go(&self.gemv, *c, stream, p, overlapped),
                 Launch::GemvGlu(c, p) => go(&self.gemv_glu, *c, stream, p, overlapped),
+                Launch::GemvRope(c, p) => go(&self.gemv_rope, *c, stream, p, overlapped),
                 Launch::KvUpdate(c, p) => go(&self.kv_update, *c, stream, p, overlapped),
                 Launch::Attention(c, p) => go(&self.attention, *c, stream, p, overlapped),
                 Launch::Argmax(c, p) => go(&self.argmax, *c, stream, p, overlapped),
@@ -302,9 +311,17 @@ mod tests {
             opts.extend_from_slice(tunables);
             match cuda_rt::compile_ptx(SOURCE, &opts) {
                 Ok(ptx) => {
-                    for kernel in
-                        ["gather", "add", "rms_norm", "gemv", "gemv_glu", "kv_update", "attention", "argmax"]
-                    {
+                    for kernel in [
+                        "gather",
+                        "add",
+                        "rms_norm",
+                        "gemv",
+                        "gemv_glu",
+                        "gemv_rope",
+                        "kv_update",
+                        "attention",
+                        "argmax",
+                    ] {
                         assert!(ptx.contains(&format!(".entry {kernel}(")), "{float:?}: no kernel {kernel}");
                     }
                 }

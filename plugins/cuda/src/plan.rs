@@ -18,7 +18,9 @@
 //!     where they are, head-major or token-major, grouped-query attention included (each query head reads
 //!     its KV head's rows; repeated keys and values are never materialised), in one launch that merges its
 //!     ranges of the cache itself;
-//! - Hugging Face's rotate-half RoPE (seven ops) is one launch ([`rope`]);
+//! - Hugging Face's rotate-half RoPE (seven ops) is one launch ([`rope`]), or none in a decode step: the
+//!   Q/K/V GEMV that computes its input applies it before it stores (warps paired across the half), and then
+//!   also writes the rotated keys and the values into the caches;
 //! - the general path ([`general`]): one launch per op for everything else (broadcasting elementwise ops,
 //!   unary functions, means, casts, permutes, slices and concats as strided copies); a `Reshape` launches
 //!   nothing: its output is its input's storage; an `Assign` is one copy of its value into the caller's
@@ -152,6 +154,8 @@ pub enum Step {
         /// residuals or caches, and the GEMV writes `silu(gate) * up` into this tensor instead of either
         /// (each pair of warps computes one column of both), rounded as the separate ops round.
         glu: Option<TensorId>,
+        /// The tables of the matrices whose outputs are rotated ([`GemvMat::roped`]).
+        rope: Option<RopeTables>,
     },
     KvUpdate {
         caches: Vec<(TensorId, TensorId)>,
@@ -273,6 +277,17 @@ pub struct GemvMat {
     pub residual: Option<TensorId>,
     /// A KV cache whose row at the step's position also receives `y` (the cache update, fused).
     pub cache: Option<TensorId>,
+    /// Whether `y` is stored rotated by Hugging Face's rotate-half RoPE with the step's [`RopeTables`]: one
+    /// row (`m == 1`) whose heads are `2 * half` wide.
+    pub roped: bool,
+}
+
+/// A fused RoPE's tables: `cos` and `sin`, `2 * half` values each (one decode row), of the GEMV's type.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RopeTables {
+    pub cos: TensorId,
+    pub sin: TensorId,
+    pub half: u32,
 }
 
 /// Where a GEMV's fused cache updates write: the position tensor and the caches' `[heads, len, head_dim]`.

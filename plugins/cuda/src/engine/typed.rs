@@ -73,7 +73,7 @@ impl Engine {
     }
 
     fn gemv(&self, step: &Step, float: Float) -> Launch {
-        let Step::Gemv { a, norm, ref mats, cache_rows, m, k, early, glu } = *step else {
+        let Step::Gemv { a, norm, ref mats, cache_rows, m, k, early, glu, rope } = *step else {
             unreachable!("called for a GEMV")
         };
         let p = |id| self.p(id);
@@ -115,11 +115,15 @@ impl Engine {
             l: geometry.1,
             dh: geometry.2,
             early: i32::from(early),
+            cos: rope.map_or(0, |t| p(t.cos)),
+            sin: rope.map_or(0, |t| p(t.sin)),
+            rope_half: rope.map_or(0, |t| t.half as i32),
+            rope_mats: mats.iter().enumerate().map(|(i, mat)| i32::from(mat.roped) << i).sum(),
         };
-        if glu.is_some() {
-            Launch::GemvGlu(config, params)
-        } else {
-            Launch::Gemv(config, params)
+        match (glu, rope) {
+            (Some(_), _) => Launch::GemvGlu(config, params),
+            (None, Some(_)) => Launch::GemvRope(config, params),
+            (None, None) => Launch::Gemv(config, params),
         }
     }
 

@@ -17,6 +17,9 @@
 // the way (each warp computes the row's norm itself; the whole row passes through its lanes anyway). A matrix
 // with a cache also writes its outputs into the cache row at pos + m (the KV-cache update fused into the
 // projection that computes it).
+// The matrices in `rope_mats` (bit per matrix) are stored rotated by Hugging Face's rotate-half RoPE (one row,
+// heads of `2 * rope_half`; `cos` and `sin` one row of tables): warps 2j and 2j + 1 compute columns d and
+// d + rope_half of one head and meet in shared memory before they store.
 // `gemv_glu` is Hugging Face's SwiGLU: matrices 0 and 1 are the gate and up projections of one width, each pair
 // of warps computes one column of both, and the block writes silu(gate) * up into `y[0]` instead (rounded as
 // the separate ops round).
@@ -47,7 +50,27 @@ struct GemvP {
     float eps;
     int H, L, Dh;
     int early;  // the weights, gains and biases may be read before `pdl_wait` (each holds one value all call)
+    const T* cos;  // the RoPE's tables, 2 * rope_half values each (with any `rope_mats`)
+    const T* sin;
+    int rope_half, rope_mats;
 };
+
+// 16 bytes of a weight row: read once a step, so never kept in L1 (measured on the H200: the Llama-3.2-1B
+// shape 1092 -> 1077 us, (c) at 8191 649 -> 646, (b) at 512 105 -> 107); through the read-only path when
+// `fixed` (the plan's `early`: the weights hold one value all call, so no kernel of the call writes them).
+__device__ __forceinline__ uint4 ld_weight(const T* p, bool fixed) {
+    uint4 u;
+    if (fixed) {
+        asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+                     : "=r"(u.x), "=r"(u.y), "=r"(u.z), "=r"(u.w)
+                     : "l"(p));
+    } else {
+        asm volatile("ld.global.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+                     : "=r"(u.x), "=r"(u.y), "=r"(u.z), "=r"(u.w)
+                     : "l"(p));
+    }
+    return u;
+}
 
 // One of the three entries of a parameter array, picked with selects: indexing the by-value parameter struct
 // with a run-time index would copy it to local memory.
@@ -60,15 +83,25 @@ __device__ __forceinline__ P pick(const P (&a)[3], int i) {
 // is ready so no memory round trip follows it: the bias (before `pdl_wait` when the plan allows), the
 // residual and the position (right after the wait, beside the activation).
 struct GemvTail {
-    T bias, res;
+    T bias, res, cos, sin;
     i64 row;
 };
+
+__device__ __forceinline__ bool roped(const GemvP& p, int mat) { return (p.rope_mats >> mat) & 1; }
+
+// A rotated matrix's column for its warp's index `i`: the pair i = 2j, 2j + 1 takes columns d and d + half of
+// one head.
+__device__ __forceinline__ int rope_col(int i, int half) {
+    const int r = i % (2 * half);
+    return i - r + (r >> 1) + (r & 1) * half;
+}
 
 __device__ __forceinline__ GemvTail gemv_bias(const GemvP& p, int mat, int col, bool stores) {
     const T* bias = pick(p.bias, mat);
     GemvTail tail;
     tail.bias = stores && bias ? bias[col] : (T)0;
     tail.res = (T)0;
+    tail.cos = tail.sin = (T)0;
     tail.row = 0;
     return tail;
 }
@@ -78,28 +111,56 @@ __device__ __forceinline__ i64 gemv_at(const GemvP& p, int mat, int m, int col) 
     return (i64)m * pick(p.n, mat) + col;
 }
 
+// `rope`: the RoPE's table values too (`gemv_rope`).
 __device__ __forceinline__ void gemv_after_wait(const GemvP& p, int mat, int m, int col, bool stores,
-                                                GemvTail& tail) {
+                                                GemvTail& tail, bool rope) {
     const T* res = pick(p.res, mat);
     if (stores && res) tail.res = res[gemv_at(p, mat, m, col)];
     if (stores && pick(p.cache, mat)) tail.row = p.pos[0] + m;
+    if (rope && stores && roped(p, mat)) {
+        tail.cos = p.cos[col % (2 * p.rope_half)];
+        tail.sin = p.sin[col % (2 * p.rope_half)];
+    }
 }
 
-__device__ __forceinline__ void gemv_store(const GemvP& p, int mat, int m, int col, float s,
-                                           const GemvTail& tail) {
-    const i64 at = gemv_at(p, mat, m, col);
+// Stores output (m, col) of matrix `mat`, and into its cache row when it has a cache.
+__device__ __forceinline__ void gemv_put(const GemvP& p, int mat, int m, int col, float s, i64 row) {
     T* cache = pick(p.cache, mat);
-    if (pick(p.bias, mat)) s += val(tail.bias);
-    if (pick(p.res, mat)) s += val(tail.res);
-    st(pick(p.y, mat), at, s);
+    st(pick(p.y, mat), gemv_at(p, mat, m, col), s);
     if (cache) {
-        const i64 row = tail.row;
         if (row >= 0 && row < p.L) {
             st(cache, ((i64)(col / p.Dh) * p.L + row) * p.Dh + col % p.Dh, s);
         } else {
             atomicOr(p.err, ERR_POSITION);
         }
     }
+}
+
+__device__ __forceinline__ void gemv_store(const GemvP& p, int mat, int m, int col, float s,
+                                           const GemvTail& tail) {
+    if (pick(p.bias, mat)) s += val(tail.bias);
+    if (pick(p.res, mat)) s += val(tail.res);
+    gemv_put(p, mat, m, col, s, tail.row);
+}
+
+// A GEMV with rotated matrices: each warp of a pair leaves its column's value (as the product would have
+// stored it; no residual: the plan rotates none) in shared memory, then stores x * cos + rot * sin, rot its
+// partner's value (negated in the first half), each product and the sum rounded as the RoPE's ops round.
+// Matrices not rotated store as usual.
+__device__ __forceinline__ void gemv_rope_store(const GemvP& p, int mat, int m, int col, float s,
+                                                const GemvTail& tail, bool stores) {
+    __shared__ float xs[GEMV_WARPS];
+    const int warp = threadIdx.x >> 5;
+    if (stores && roped(p, mat)) xs[warp] = rnd(pick(p.bias, mat) ? s + val(tail.bias) : s);
+    __syncthreads();
+    if (!stores) return;
+    if (!roped(p, mat)) {
+        gemv_store(p, mat, m, col, s, tail);
+        return;
+    }
+    const float rot = warp & 1 ? xs[warp ^ 1] : -xs[warp ^ 1];
+    const float a = rnd(__fmul_rn(xs[warp], val(tail.cos))), b = rnd(__fmul_rn(rot, val(tail.sin)));
+    gemv_put(p, mat, m, col, __fadd_rn(a, b), tail.row);
 }
 
 // VEC values of `a` (`raw`), normalised with the gains `gain` when the product fuses a norm.
@@ -128,8 +189,12 @@ __device__ __forceinline__ void gemv_glu_store(const GemvP& p, int mat, int m, i
     if (stores && mat == 1) st(p.y[0], gemv_at(p, 0, m, col), silu_t(gates[pair]) * rnd(s));
 }
 
-// Registers budgeted for GEMV_BLOCKS_PER_SM blocks an SM (see above). `GLU`: `gemv_glu`.
-template <bool GLU>
+// Registers budgeted for GEMV_BLOCKS_PER_SM blocks an SM (see above). The epilogue: a plain store, `gemv_glu`'s
+// or `gemv_rope`'s (each its own entry, so the plain GEMV keeps its registers).
+#define GEMV_PLAIN 0
+#define GEMV_GLU 1
+#define GEMV_ROPE 2
+template <int KIND>
 __device__ __forceinline__ void gemv_body(const GemvP& p) {
     TRACE_BEGIN(TRACE_GEMV);
     const int lane = threadIdx.x & 31;
@@ -144,7 +209,8 @@ __device__ __forceinline__ void gemv_body(const GemvP& p) {
             mat = 2;
         }
     }
-    if (GLU) {
+    if (KIND == GEMV_ROPE && roped(p, mat)) col = rope_col(col, p.rope_half);
+    if (KIND == GEMV_GLU) {
         // Warps 2j and 2j + 1: column blockIdx.x * GEMV_WARPS / 2 + j of the gate and of the up matrix.
         col = blockIdx.x * (GEMV_WARPS / 2) + (threadIdx.x >> 6);
         mat = (threadIdx.x >> 5) & 1;
@@ -162,13 +228,13 @@ __device__ __forceinline__ void gemv_body(const GemvP& p) {
 #pragma unroll
         for (int i = 0; i < GEMV_PRE; i++) {
             const int k = (i * 32 + lane) * VEC;
-            w_pre[i] = live && k < p.K ? ld_raw(wr + k) : zero;
+            w_pre[i] = live && k < p.K ? ld_weight(wr + k, p.early) : zero;
             g_pre[i] = p.norm_w && k < p.K ? ld_raw(p.norm_w + k) : zero;
         }
         pdl_wait();
         TRACE_WAITED();
         pdl_launch();
-        gemv_after_wait(p, mat, m, col, stores, tail);
+        gemv_after_wait(p, mat, m, col, stores, tail, KIND == GEMV_ROPE);
 #pragma unroll
         for (int i = 0; i < GEMV_PRE; i++) {
             const int k = (i * 32 + lane) * VEC;
@@ -205,7 +271,7 @@ __device__ __forceinline__ void gemv_body(const GemvP& p) {
         for (int k = (GEMV_PRE * 32 + lane) * VEC; k < p.K; k += 32 * VEC) {
             float x[VEC], wv[VEC];
             gemv_act(p, ld_raw(ar + k), p.norm_w ? ld_raw(p.norm_w + k) : zero, inv, x);
-            ld_vec(wr + k, wv);
+            cvt_vec(ld_weight(wr + k, p.early), wv);
 #pragma unroll
             for (int v = 0; v < VEC; v++) acc += x[v] * wv[v];
         }
@@ -213,7 +279,7 @@ __device__ __forceinline__ void gemv_body(const GemvP& p) {
         pdl_wait();
         TRACE_WAITED();
         pdl_launch();
-        gemv_after_wait(p, mat, m, col, stores, tail);
+        gemv_after_wait(p, mat, m, col, stores, tail, KIND == GEMV_ROPE);
         float inv = 1.f;
         if (p.norm_w) {
             float ss = 0.f;
@@ -229,17 +295,23 @@ __device__ __forceinline__ void gemv_body(const GemvP& p) {
     }
     acc = warp_sum(acc);
     TRACE_WORKED();
-    if (GLU) {
+    if (KIND == GEMV_GLU) {
         gemv_glu_store(p, mat, m, col, acc, tail, stores);
+    } else if (KIND == GEMV_ROPE) {
+        gemv_rope_store(p, mat, m, col, acc, tail, stores);
     } else if (stores) {
         gemv_store(p, mat, m, col, acc, tail);
     }
 }
 
 extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32, GEMV_BLOCKS_PER_SM) gemv(GemvP p) {
-    gemv_body<false>(p);
+    gemv_body<GEMV_PLAIN>(p);
 }
 
 extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32, GEMV_BLOCKS_PER_SM) gemv_glu(GemvP p) {
-    gemv_body<true>(p);
+    gemv_body<GEMV_GLU>(p);
+}
+
+extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32, GEMV_BLOCKS_PER_SM) gemv_rope(GemvP p) {
+    gemv_body<GEMV_ROPE>(p);
 }

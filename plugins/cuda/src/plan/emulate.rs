@@ -148,7 +148,7 @@ impl Emulator<'_> {
     }
 
     fn gemv(&mut self, step: &Step) -> Result<(), &'static str> {
-        let Step::Gemv { a, norm, ref mats, cache_rows, m, k, glu, .. } = *step else { unreachable!() };
+        let Step::Gemv { a, norm, ref mats, cache_rows, m, k, glu, rope, .. } = *step else { unreachable!() };
         let k = k as usize;
         let x = self.get(a).to_vec();
         for row in 0..m as usize {
@@ -158,7 +158,7 @@ impl Emulator<'_> {
                 let inv = 1.0 / (xs.iter().map(|v| v * v).sum::<f64>() / k as f64 + eps as f64).sqrt();
                 xs.iter_mut().enumerate().for_each(|(i, v)| *v = *v * inv * w[i]);
             }
-            // A SwiGLU GEMV's gate and up row, as the products would have stored them.
+            // Each product's row as it would have been stored; a SwiGLU GEMV's gate and up rows.
             let mut glu_rows: Vec<Vec<f64>> = Vec::new();
             for mat in mats {
                 let n = mat.n as usize;
@@ -168,15 +168,23 @@ impl Emulator<'_> {
                     |i: usize, col: usize| if mat.transposed { w[i * n + col] } else { w[col * k + i] };
                 let bias = mat.bias.map(|b| self.get(b).to_vec());
                 let res = mat.residual.map(|r| self.get(r).to_vec());
-                let mut ys = Vec::new();
-                for col in 0..n {
-                    let s: f64 = (0..k).map(|i| xs[i] * weight(i, col)).sum::<f64>()
-                        + bias.as_ref().map_or(0.0, |b| b[col])
-                        + res.as_ref().map_or(0.0, |r| r[row * n + col]);
-                    if glu.is_some() {
-                        ys.push(round(s, self.graph.tensor(mat.y).dtype));
-                        continue;
-                    }
+                let dtype = self.graph.tensor(mat.y).dtype;
+                let mut ys: Vec<f64> = (0..n)
+                    .map(|col| {
+                        let s = (0..k).map(|i| xs[i] * weight(i, col)).sum::<f64>()
+                            + bias.as_ref().map_or(0.0, |b| b[col])
+                            + res.as_ref().map_or(0.0, |r| r[row * n + col]);
+                        round(s, dtype)
+                    })
+                    .collect();
+                if let (true, Some(t)) = (mat.roped, rope) {
+                    ys = self.rotated(&ys, t.cos, t.sin, t.half as usize, dtype);
+                }
+                if glu.is_some() {
+                    glu_rows.push(ys);
+                    continue;
+                }
+                for (col, &s) in ys.iter().enumerate() {
                     self.put(mat.y, (row * n + col) as u64, s);
                     if let (Some(cache), Some(c)) = (mat.cache, cache_rows) {
                         let r = self.get(c.position)[0] + row as f64;
@@ -184,11 +192,9 @@ impl Emulator<'_> {
                             return Err("position");
                         }
                         let (dh, len) = (c.head_dim as usize, c.len as usize);
-                        let s = round(s, self.graph.tensor(mat.y).dtype);
                         self.put(cache, (((col / dh) * len + r as usize) * dh + col % dh) as u64, s);
                     }
                 }
-                glu_rows.push(ys);
             }
             if let (Some(out), [gate, up]) = (glu, &glu_rows[..]) {
                 // silu(gate) rounded to the type, times up, rounded: the two ops as they would have run.
@@ -200,6 +206,19 @@ impl Emulator<'_> {
             }
         }
         Ok(())
+    }
+
+    /// `ys` (heads of `2 * half`) rotated with one row of tables, each product and the sum rounded to
+    /// `dtype`, as the RoPE's ops round.
+    fn rotated(&self, ys: &[f64], cos: TensorId, sin: TensorId, half: usize, dtype: ElemType) -> Vec<f64> {
+        let (c, s) = (self.get(cos), self.get(sin));
+        (0..ys.len())
+            .map(|col| {
+                let d = col % (2 * half);
+                let rot = if d < half { -ys[col + half] } else { ys[col - half] };
+                round(round(ys[col] * c[d], dtype) + round(rot * s[d], dtype), dtype)
+            })
+            .collect()
     }
 
     fn kv_update(&mut self, step: &Step) -> Result<(), &'static str> {

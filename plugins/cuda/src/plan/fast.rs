@@ -5,7 +5,7 @@ use ref_graph::{Graph, Op, TensorId, UnaryFn};
 
 use super::{
     attention_splits, general, rope, u32_of, AttnScratch, AttnShape, BinOp, CacheRows, Float, GemvMat, Home,
-    KvLayout, Plan, PositionRows, Step, Unsupported,
+    KvLayout, Plan, PositionRows, RopeTables, Step, Unsupported,
 };
 use crate::kernels::ATTN_MAX_HEAD;
 
@@ -118,8 +118,10 @@ impl<'g> Lowering<'g> {
             return Ok(1);
         }
         if let Some(r) = self.ropes.iter().find(|r| r.add == i).cloned() {
-            let step = general::rope(self, &r)?;
-            self.steps.push(step);
+            if !self.fuse_rope(&r) {
+                let step = general::rope(self, &r)?;
+                self.steps.push(step);
+            }
             return Ok(1);
         }
         let op = &self.graph.ops()[i];
@@ -210,6 +212,61 @@ impl<'g> Lowering<'g> {
         }
     }
 
+    /// A decode step's RoPE of a product of the last step's GEMV, applied by that GEMV before it stores: when
+    /// `x` is the product (or a view sharing its storage) and nothing but views and the RoPE's own ops reads
+    /// it, the GEMV computes one row, the product has no residual, cache or SwiGLU and whole heads of the
+    /// rotation's width, and the tables are one row of its type (the same as any other rotated product's).
+    /// The product is then stored rotated, as the RoPE's output (its own storage never written): whether it
+    /// was.
+    fn fuse_rope(&mut self, r: &rope::Rope) -> bool {
+        let x = root(&self.homes, r.x);
+        let width = 2 * r.half;
+        let dtype = self.graph.tensor(r.out).dtype;
+        let one_row = |id: TensorId| {
+            let t = self.graph.tensor(id);
+            t.dtype == dtype && t.numel() as u64 == width && t.shape.last() == Some(&width)
+        };
+        let Ok(half) = u32::try_from(r.half) else { return false };
+        let tables = RopeTables { cos: r.cos, sin: r.sin, half };
+        if !one_row(r.cos) || !one_row(r.sin) || self.graph.tensor(x).dtype != dtype || !self.rope_owns(x, r)
+        {
+            return false;
+        }
+        let Some(Step::Gemv { mats, m: 1, glu: None, cache_rows: None, rope, .. }) = self.steps.last_mut()
+        else {
+            return false;
+        };
+        let Some(at) = mats.iter().position(|mat| mat.y == x) else { return false };
+        // The kernel pairs warps 2j and 2j + 1: the product's first column is an even one of the launch.
+        let even_start = mats[..at].iter().map(|mat| mat.n).sum::<u32>() % 2 == 0;
+        let mat = &mut mats[at];
+        let plain = !mat.roped && mat.residual.is_none() && mat.cache.is_none();
+        if !plain || !even_start || u64::from(mat.n) % width != 0 || rope.is_some_and(|t| t != tables) {
+            return false;
+        }
+        mat.roped = true;
+        mat.y = r.out;
+        *rope = Some(tables);
+        // The product and its views are never written: their storage is the rotated output's.
+        for home in &mut self.homes {
+            if *home == Home::SameAs(x) {
+                *home = Home::SameAs(r.out);
+            }
+        }
+        self.homes[x.0] = Home::SameAs(r.out);
+        true
+    }
+
+    /// Whether the only ops reading `x`'s storage are views of it (whose outputs share it) and `r`'s own,
+    /// and no tensor sharing it is a graph output: the RoPE's output may replace it.
+    fn rope_owns(&self, x: TensorId, r: &rope::Rope) -> bool {
+        let shares = |id: TensorId| root(&self.homes, id) == x;
+        let readers_ok = self.graph.ops().iter().enumerate().all(|(i, op)| {
+            !op.operands().into_iter().any(shares) || shares(op.output()) || r.absorbed.contains(&i)
+        });
+        readers_ok && !self.graph.outputs().iter().any(|&id| shares(id))
+    }
+
     /// A gather; with the next three ops `positions`, a second gather of them and the sum of both, one
     /// embedding launch (token rows plus the positions' rows).
     fn gather(&mut self, i: usize) -> Result<usize, Unsupported> {
@@ -279,7 +336,7 @@ impl Lowering<'_> {
         let (a, norm) = self.fused_norm(a, mats.len());
         let early = mats.iter().all(|mat| self.fixed(mat.w) && mat.bias.is_none_or(|b| self.fixed(b)))
             && norm.is_none_or(|(gain, _)| self.fixed(gain));
-        self.steps.push(Step::Gemv { a, norm, mats, cache_rows: None, m, k, early, glu: None });
+        self.steps.push(Step::Gemv { a, norm, mats, cache_rows: None, m, k, early, glu: None, rope: None });
         Ok(taken)
     }
 
@@ -305,6 +362,7 @@ impl Lowering<'_> {
             bias,
             residual: None,
             cache: None,
+            roped: false,
         })
     }
 
@@ -359,7 +417,9 @@ impl Lowering<'_> {
             }
         }
         let taken = caches.len();
-        if !layout.head_major && self.fuse_into_gemv(&caches, position, layout) {
+        // A head-major update of one row is in token-major order.
+        let token_major = !layout.head_major || layout.rows == 1;
+        if token_major && self.fuse_into_gemv(&caches, position, layout) {
             return Ok(taken);
         }
         self.steps.push(Step::KvUpdate { caches, position, layout });
@@ -383,17 +443,19 @@ impl Lowering<'_> {
         })
     }
 
-    /// Has the previous GEMV write `caches`' updates (each one of its outputs) into the caches: whether it
-    /// did.
+    /// Has the previous GEMV write `caches`' updates (each one of its outputs, or a view sharing its
+    /// storage) into the caches: whether it did.
     fn fuse_into_gemv(&mut self, caches: &[(TensorId, TensorId)], position: TensorId, l: KvLayout) -> bool {
+        let homes = &self.homes;
         let Some(Step::Gemv { mats, cache_rows: cache_rows @ None, m, .. }) = self.steps.last_mut() else {
             return false;
         };
-        if *m != l.rows || !caches.iter().all(|&(_, update)| mats.iter().any(|mat| mat.y == update)) {
+        let computes = |mat: &GemvMat, update: TensorId| root(homes, mat.y) == root(homes, update);
+        if *m != l.rows || !caches.iter().all(|&(_, update)| mats.iter().any(|mat| computes(mat, update))) {
             return false;
         }
         for &(cache, update) in caches {
-            if let Some(mat) = mats.iter_mut().find(|mat| mat.y == update) {
+            if let Some(mat) = mats.iter_mut().find(|mat| computes(mat, update)) {
                 mat.cache = Some(cache);
             }
         }
@@ -475,5 +537,13 @@ impl Lowering<'_> {
     fn stable(&self, id: TensorId) -> bool {
         self.graph.inputs().contains(&id)
             && !self.graph.ops().iter().any(|op| matches!(*op, Op::Assign { target, .. } if target == id))
+    }
+}
+
+/// The tensor whose storage `id` is (itself unless it is [`Home::SameAs`] another).
+fn root(homes: &[Home], id: TensorId) -> TensorId {
+    match homes[id.0] {
+        Home::SameAs(root) => root,
+        _ => id,
     }
 }

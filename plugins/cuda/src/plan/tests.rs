@@ -24,14 +24,15 @@ fn kinds(plan: &Plan) -> Vec<String> {
             Step::Cast { to, .. } => format!("cast_{to}"),
             Step::Copy { .. } => "copy".to_owned(),
             Step::Rope { .. } => "rope".to_owned(),
-            Step::Gemv { mats, norm, cache_rows, glu, .. } => format!(
-                "{}gemv{}{}{}{}{}",
+            Step::Gemv { mats, norm, cache_rows, glu, rope, .. } => format!(
+                "{}gemv{}{}{}{}{}{}",
                 if norm.is_some() { "norm+" } else { "" },
                 mats.len(),
                 if mats.iter().any(|m| m.bias.is_some()) { "+bias" } else { "" },
                 if mats[0].residual.is_some() { "+residual" } else { "" },
                 if cache_rows.is_some() { "+kv_update" } else { "" },
-                if glu.is_some() { "+swiglu" } else { "" }
+                if glu.is_some() { "+swiglu" } else { "" },
+                if rope.is_some() { "+rope" } else { "" }
             ),
             Step::KvUpdate { caches, .. } => format!("kv_update{}", caches.len()),
             Step::Attention { .. } => "attention".to_owned(),
@@ -281,11 +282,16 @@ fn hf_expected(dtype: ElemType, layers: usize, rows: u64) -> Vec<String> {
     e.extend(["cast_{dtype}", "cast_{dtype}", "gather"]);
     for _ in 0..layers {
         e.extend(NORM);
-        e.extend(["gemv3+bias"]);
-        e.extend(views(3));
-        e.extend(ROPE);
-        e.extend(ROPE);
-        e.extend(["kv_update2", "attention"]);
+        if rows == 1 {
+            // The Q/K/V GEMV rotates Q and K and writes K and V into the caches.
+            e.extend(["gemv3+bias+kv_update+rope", "attention"]);
+        } else {
+            e.extend(["gemv3+bias"]);
+            e.extend(views(3));
+            e.extend(ROPE);
+            e.extend(ROPE);
+            e.extend(["kv_update2", "attention"]);
+        }
         e.extend(views(1));
         e.extend(["gemv1+residual"]);
         e.extend(NORM);
@@ -298,8 +304,10 @@ fn hf_expected(dtype: ElemType, layers: usize, rows: u64) -> Vec<String> {
 
 /// The Hugging Face forms lower, in every float type: one step per op of the general path where the fast
 /// path does not apply, `nn.Linear` as the row-dot GEMV (Q, K and V in one launch with their biases, gate and
-/// up in another that writes silu(gate) * up, the down and output projections adding the residual), head-major rank-4 caches updated in place by one
-/// K-and-V launch, GQA attention reading the caches where they are, and no step or allocation for a reshape.
+/// up in another that writes silu(gate) * up, the down and output projections adding the residual),
+/// head-major rank-4 caches updated in place (by one K-and-V launch, or in a decode step by the Q/K/V GEMV,
+/// which also applies the RoPE), GQA attention reading the caches where they are, and no step or allocation
+/// for a reshape.
 #[test]
 fn hugging_face_forms_lower_with_caches_in_place_and_reshapes_free() {
     for dtype in [ElemType::F32, ElemType::F16, ElemType::Bf16] {
@@ -334,6 +342,20 @@ fn check_hf_caches_and_attention(graph: &ref_graph::Graph, plan: &Plan, cfg: &hf
                 for (out, cache) in [(hf::k_cache_out(layer), &names[0]), (hf::v_cache_out(layer), &names[1])]
                 {
                     assert_eq!(plan.homes[find(&out).0], Home::SameAs(find(cache)), "{out} is its cache");
+                }
+            }
+            Step::Gemv { ref mats, cache_rows: Some(at), rope, .. } => {
+                // A decode step: Q and K rotated, K and V written into the layer's caches.
+                let caches = [None, Some(find(&hf::k_cache(layer))), Some(find(&hf::v_cache(layer)))];
+                assert_eq!(mats.iter().map(|m| m.cache).collect::<Vec<_>>(), caches);
+                assert_eq!(mats.iter().map(|m| m.roped).collect::<Vec<_>>(), [true, true, false]);
+                assert_eq!(rope.map(|t| t.half), Some(cfg.head_dim as u32 / 2));
+                assert_eq!((at.position, at.heads, at.len, at.head_dim), (find(hf::POS), 2, 40, 16));
+                for (out, cache) in [
+                    (hf::k_cache_out(layer), hf::k_cache(layer)),
+                    (hf::v_cache_out(layer), hf::v_cache(layer)),
+                ] {
+                    assert_eq!(plan.homes[find(&out).0], Home::SameAs(find(&cache)), "{out} is its cache");
                 }
             }
             Step::Attention { k, v, shape, .. } => {
@@ -477,13 +499,7 @@ fn rope_is_one_step_in_any_traced_order_and_only_when_its_parts_are_private() {
         let x = b.input("x", ElemType::F32, &[1, 2, 1, 4]).expect("fresh");
         let cos = b.input("cos", ElemType::F32, &[1, 4]).expect("fresh");
         let sin = b.input("sin", ElemType::F32, &[1, 4]).expect("fresh");
-        let plain = b.mul("plain", x, cos).expect("typed");
-        let x1 = b.slice("x1", x, 3, 0, 2).expect("typed");
-        let x2 = b.slice("x2", x, 3, 2, 4).expect("typed");
-        let neg = b.unary("neg", UnaryFn::Neg, x2).expect("typed");
-        let rot = b.concat("rot", neg, x1, 3).expect("typed");
-        let rotated = b.mul("rotated", rot, sin).expect("typed");
-        let out = b.add("out", plain, rotated).expect("typed");
+        let (out, x1) = hf_rope(&mut b, x, [cos, sin], 3, 4);
         b.output(out).expect("declared");
         if expose_slice {
             b.output(x1).expect("declared");
@@ -492,6 +508,65 @@ fn rope_is_one_step_in_any_traced_order_and_only_when_its_parts_are_private() {
     };
     assert_eq!(kinds(&build(false)), ["rope"]);
     assert_eq!(kinds(&build(true)), ["b.mul", "copy", "copy", "neg", "copy", "copy", "b.mul", "add"]);
+}
+
+/// `x * cos + rotate_half(x) * sin` along `x`'s last axis, `axis`, of `width`, as Hugging Face traces it:
+/// the output and the first half's slice.
+fn hf_rope(
+    b: &mut ref_graph::GraphBuilder,
+    x: TensorId,
+    tables: [TensorId; 2],
+    axis: u64,
+    width: u64,
+) -> (TensorId, TensorId) {
+    let [cos, sin] = tables;
+    let plain = b.mul("plain", x, cos).expect("typed");
+    let x1 = b.slice("x1", x, axis, 0, width / 2).expect("typed");
+    let x2 = b.slice("x2", x, axis, width / 2, width).expect("typed");
+    let neg = b.unary("neg", UnaryFn::Neg, x2).expect("typed");
+    let rot = b.concat("rot", neg, x1, axis).expect("typed");
+    let rotated = b.mul("rotated", rot, sin).expect("typed");
+    (b.add("out", plain, rotated).expect("typed"), x1)
+}
+
+/// A decode step's RoPE of a projection is applied by that projection's GEMV, which stores the rotated row
+/// as the RoPE's output (the product and its view never written); a prefill's, or one whose product
+/// something else reads, stays a launch of its own after a GEMV that stores the product.
+#[test]
+fn rope_fuses_into_the_gemv_of_a_decode_row_only_when_it_owns_the_product() {
+    // `rows` query rows of two heads of 4; `exposed`: the product is also a graph output.
+    let build = |rows: u64, exposed: bool| {
+        let mut b = ref_graph::GraphBuilder::new();
+        let x = b.input("x", ElemType::F32, &[rows, 8]).expect("fresh");
+        let w = b.constant_f32("w", &[8, 8], vec![0.5; 64]).expect("fresh");
+        let cos = b.input("cos", ElemType::F32, &[rows, 1, 4]).expect("fresh");
+        let sin = b.input("sin", ElemType::F32, &[rows, 1, 4]).expect("fresh");
+        let q = b.mat_mul("q", x, w).expect("typed");
+        let heads = b.reshape("heads", q, &[rows, 2, 4]).expect("typed");
+        let (out, _) = hf_rope(&mut b, heads, [cos, sin], 2, 4);
+        b.output(out).expect("declared");
+        if exposed {
+            b.output(q).expect("declared");
+        }
+        b.finish().expect("valid")
+    };
+    let graph = build(1, false);
+    let plan = Plan::new(&graph).expect("lowered");
+    assert_eq!(kinds(&plan), ["gemv1+rope"]);
+    let find = |name: &str| graph.find(name).expect("tensor");
+    let Step::Gemv { ref mats, rope: Some(tables), .. } = plan.steps[0] else { panic!("{:?}", kinds(&plan)) };
+    assert_eq!((mats[0].y, mats[0].roped), (find("out"), true));
+    assert_eq!(tables, RopeTables { cos: find("cos"), sin: find("sin"), half: 2 });
+    for part in ["q", "heads"] {
+        assert_eq!(plan.homes[find(part).0], Home::SameAs(find("out")), "'{part}' is never written");
+    }
+    for (rows, exposed) in [(3, false), (1, true)] {
+        let graph = build(rows, exposed);
+        let plan = Plan::new(&graph).expect("lowered");
+        assert_eq!(kinds(&plan), ["gemv1", "rope"], "{rows} rows, product exposed: {exposed}");
+        let Step::Gemv { ref mats, .. } = plan.steps[0] else { unreachable!("checked") };
+        assert_eq!((mats[0].y, mats[0].roped), (find("q"), false));
+    }
 }
 
 /// Hugging Face's SwiGLU (`silu(x W_gate) * (x W_up)`) becomes one GEMV that writes the product, with the
