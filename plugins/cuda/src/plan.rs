@@ -84,8 +84,19 @@ pub enum Home {
     Scratch,
     /// The same storage as another tensor, never itself `SameAs`: a `KvCacheUpdate` output is its cache, an
     /// `Assign` output its target, a `Reshape` output its input; a product a GEMV adds a residual to, and
-    /// the intermediates a RoPE absorbs, name the output they became (never written: nothing is allocated).
+    /// the intermediates a RoPE absorbs, name the output they became (never written: nothing is allocated);
+    /// so do a product a GEMV stores rotated, and its views.
     SameAs(TensorId),
+}
+
+impl Home {
+    /// The tensor whose storage `id` is, in `homes` (every tensor's): itself unless it is `SameAs` another.
+    pub fn root(homes: &[Home], id: TensorId) -> TensorId {
+        match homes[id.0] {
+            Home::SameAs(root) => root,
+            _ => id,
+        }
+    }
 }
 
 /// An elementwise binary op of the general path.

@@ -24,6 +24,13 @@ fn round(v: f64, dtype: ElemType) -> f64 {
     }
 }
 
+/// Element `i` of `x * cos + rotate_half(x) * sin` over heads of `2 * half` (`c`, `s`: its table values),
+/// each product and the sum rounded to `dtype`, as the RoPE's ops round.
+fn rope_at(x: &[f64], i: usize, half: usize, c: f64, s: f64, dtype: ElemType) -> f64 {
+    let rot = if i % (2 * half) < half { -x[i + half] } else { x[i - half] };
+    round(round(x[i] * c, dtype) + round(rot * s, dtype), dtype)
+}
+
 /// Every index of `walk.dims` with its offsets along the two stride lists (the kernels' decomposition).
 fn walk_indices(walk: &Walk) -> impl Iterator<Item = (usize, u64, u64)> + '_ {
     let n: u64 = walk.dims.iter().product();
@@ -54,10 +61,7 @@ impl<'g> Emulator<'g> {
     }
 
     fn root(&self, id: TensorId) -> usize {
-        match self.plan.homes[id.0] {
-            Home::SameAs(root) => root.0,
-            _ => id.0,
-        }
+        Home::root(&self.plan.homes, id).0
     }
 
     fn get(&self, id: TensorId) -> &[f64] {
@@ -213,11 +217,7 @@ impl Emulator<'_> {
     fn rotated(&self, ys: &[f64], cos: TensorId, sin: TensorId, half: usize, dtype: ElemType) -> Vec<f64> {
         let (c, s) = (self.get(cos), self.get(sin));
         (0..ys.len())
-            .map(|col| {
-                let d = col % (2 * half);
-                let rot = if d < half { -ys[col + half] } else { ys[col - half] };
-                round(round(ys[col] * c[d], dtype) + round(rot * s[d], dtype), dtype)
-            })
+            .map(|col| rope_at(ys, col, half, c[col % (2 * half)], s[col % (2 * half)], dtype))
             .collect()
     }
 
@@ -300,10 +300,7 @@ impl Emulator<'_> {
                 let (xv, c, s) = (self.get(*x).to_vec(), self.get(*cos).to_vec(), self.get(*sin).to_vec());
                 let half = *half as usize;
                 for (i, ic, is) in walk_indices(walk).collect::<Vec<_>>() {
-                    let rot = if i % (2 * half) < half { -xv[i + half] } else { xv[i - half] };
-                    let a = round(xv[i] * c[ic as usize], *dtype);
-                    let b = round(rot * s[is as usize], *dtype);
-                    self.put(*out, i as u64, a + b);
+                    self.put(*out, i as u64, rope_at(&xv, i, half, c[ic as usize], s[is as usize], *dtype));
                 }
             }
             Step::Copy { src, dst, walk, src_off, dst_off, .. } => {

@@ -219,7 +219,7 @@ impl<'g> Lowering<'g> {
     /// The product is then stored rotated, as the RoPE's output (its own storage never written): whether it
     /// was.
     fn fuse_rope(&mut self, r: &rope::Rope) -> bool {
-        let x = root(&self.homes, r.x);
+        let x = Home::root(&self.homes, r.x);
         let width = 2 * r.half;
         let dtype = self.graph.tensor(r.out).dtype;
         let one_row = |id: TensorId| {
@@ -260,7 +260,7 @@ impl<'g> Lowering<'g> {
     /// Whether the only ops reading `x`'s storage are views of it (whose outputs share it) and `r`'s own,
     /// and no tensor sharing it is a graph output: the RoPE's output may replace it.
     fn rope_owns(&self, x: TensorId, r: &rope::Rope) -> bool {
-        let shares = |id: TensorId| root(&self.homes, id) == x;
+        let shares = |id: TensorId| Home::root(&self.homes, id) == x;
         let readers_ok = self.graph.ops().iter().enumerate().all(|(i, op)| {
             !op.operands().into_iter().any(shares) || shares(op.output()) || r.absorbed.contains(&i)
         });
@@ -450,7 +450,8 @@ impl Lowering<'_> {
         let Some(Step::Gemv { mats, cache_rows: cache_rows @ None, m, .. }) = self.steps.last_mut() else {
             return false;
         };
-        let computes = |mat: &GemvMat, update: TensorId| root(homes, mat.y) == root(homes, update);
+        let computes =
+            |mat: &GemvMat, update: TensorId| Home::root(homes, mat.y) == Home::root(homes, update);
         if *m != l.rows || !caches.iter().all(|&(_, update)| mats.iter().any(|mat| computes(mat, update))) {
             return false;
         }
@@ -537,13 +538,5 @@ impl Lowering<'_> {
     fn stable(&self, id: TensorId) -> bool {
         self.graph.inputs().contains(&id)
             && !self.graph.ops().iter().any(|op| matches!(*op, Op::Assign { target, .. } if target == id))
-    }
-}
-
-/// The tensor whose storage `id` is (itself unless it is [`Home::SameAs`] another).
-fn root(homes: &[Home], id: TensorId) -> TensorId {
-    match homes[id.0] {
-        Home::SameAs(root) => root,
-        _ => id,
     }
 }

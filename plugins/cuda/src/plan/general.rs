@@ -159,11 +159,7 @@ fn reshape(l: &mut Lowering<'_>, input: TensorId, out: TensorId) -> Result<Optio
     if l.is_output(out) {
         return Ok(Some(copy_all(l, input, out)));
     }
-    let root = match l.homes[input.0] {
-        Home::SameAs(root) => root,
-        _ => input,
-    };
-    l.homes[out.0] = Home::SameAs(root);
+    l.homes[out.0] = Home::SameAs(Home::root(&l.homes, input));
     Ok(None)
 }
 

@@ -385,13 +385,9 @@ fn check_reshapes_are_aliases(graph: &ref_graph::Graph, plan: &Plan) {
     for op in graph.ops() {
         if let Op::Reshape { input, out, .. } = *op {
             reshapes += 1;
-            let root = match plan.homes[input.0] {
-                Home::SameAs(root) => root,
-                _ => input,
-            };
             assert_eq!(
                 plan.homes[out.0],
-                Home::SameAs(root),
+                Home::SameAs(Home::root(&plan.homes, input)),
                 "'{}' aliases its input",
                 graph.tensor(out).name
             );
