@@ -28,6 +28,24 @@ pub const ATTN_THREADS: u32 = 128;
 pub const ATTN_MAX_HEAD: u32 = 256;
 /// Warps of a GEMV block (`GEMV_WARPS` in the source).
 pub const GEMV_WARPS: u32 = 8;
+/// The most shared memory a GEMV block stages its activation row in (4 bytes a value; more than 48 KiB would
+/// need the kernel's attribute raised).
+const GEMV_STAGE_BYTES: u32 = 48 << 10;
+/// Fewest blocks of a GEMV launch that stages its activation row: several waves of blocks on a large GPU.
+/// Measured on the H200 (same call, the Llama-3.2-1B shape): staging the gate/up projection (2 048 blocks) and
+/// the vocabulary projection (16 032) took a step from 1074.5 to 1051 us; staging the launches of one wave
+/// too (every product of configs (a)-(c), and the Llama shape's Q/K/V, output and down projections) made
+/// config (c) 20-23 us slower and the Llama shape's down projection (K = 8192) gained nothing.
+const GEMV_STAGE_MIN_BLOCKS: u32 = 1024;
+
+/// The dynamic shared memory (bytes) of a GEMV launch of `blocks` blocks over rows of `k` values that stages
+/// its activation row (`gemv_stream` in `kernels/linear.cu`), or `None` when it reads the row from global
+/// memory: only whole 16-byte chunks (`vec_ok`) that fit, and only launches of many waves, where each warp
+/// normalising the row itself costs more instructions than the bandwidth leaves room for.
+pub fn gemv_stage(vec_ok: bool, k: u32, blocks: u32) -> Option<u32> {
+    let bytes = k.checked_mul(4)?;
+    (vec_ok && bytes <= GEMV_STAGE_BYTES && blocks >= GEMV_STAGE_MIN_BLOCKS).then_some(bytes)
+}
 /// Threads of an argmax block (`ARGMAX_THREADS` in the source).
 pub const ARGMAX_THREADS: u32 = 256;
 /// Most blocks an argmax launch takes (its scratch holds one value and one index per block).
@@ -115,6 +133,7 @@ pub struct GemvP {
     pub sin: DevicePtr,
     pub rope_half: i32,
     pub rope_mats: i32,
+    pub staged: i32,
 }
 
 /// `KvP`.
@@ -302,7 +321,7 @@ mod tests {
     /// NVRTC the test checks the typed error instead.
     #[test]
     fn kernels_compile_for_every_element_type() {
-        let tuned = ["-DGEMV_PRE=2", "-DGEMV_BLOCKS_PER_SM=4", "-DATTN_U=2"];
+        let tuned = ["-DGEMV_PRE=2", "-DGEMV_BLOCKS_PER_SM=4", "-DGEMV_DEPTH=8", "-DATTN_U=2"];
         for (float, tunables) in
             [Float::F32, Float::F16, Float::Bf16].into_iter().flat_map(|f| [(f, &[][..]), (f, &tuned[..])])
         {
@@ -336,5 +355,20 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// A GEMV stages its row only for a launch of many waves whose row is whole 16-byte chunks that fit the
+    /// block's shared memory: the Llama-3.2-1B shape's gate/up and vocabulary projections, not its one-wave
+    /// projections nor any of config (c)'s.
+    #[test]
+    fn gemvs_stage_their_row_only_across_many_waves_when_it_fits() {
+        assert_eq!(gemv_stage(true, 2048, 16_384 / GEMV_WARPS), Some(8192), "gate/up");
+        assert_eq!(gemv_stage(true, 2048, 128_256_u32.div_ceil(GEMV_WARPS)), Some(8192), "vocabulary");
+        assert_eq!(gemv_stage(true, 8192, 2048 / GEMV_WARPS), None, "down: one wave");
+        assert_eq!(gemv_stage(true, 1024, 3072 / GEMV_WARPS), None, "(c)'s Q/K/V");
+        assert_eq!(gemv_stage(false, 2048, 4096), None, "not whole aligned chunks");
+        assert_eq!(gemv_stage(true, 12_288, 4096), Some(48 << 10), "the largest row that fits");
+        assert_eq!(gemv_stage(true, 12_289, 4096), None, "a row past 48 KiB");
+        assert_eq!(gemv_stage(true, u32::MAX, 4096), None, "no overflow");
     }
 }

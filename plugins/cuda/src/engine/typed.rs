@@ -94,7 +94,10 @@ impl Engine {
         let aligned = [p(a), norm_w].iter().chain(&w[..mats.len()]).all(|&ptr| ptr % 16 == 0);
         let geometry = cache_rows.map_or((0, 0, 0), |r| (r.heads as i32, r.len as i32, r.head_dim as i32));
         let columns: u32 = mats.iter().map(|mat| mat.n).sum();
-        let config = cfg((columns.div_ceil(kernels::GEMV_WARPS), m, 1), kernels::GEMV_WARPS * 32, 0);
+        let vec_ok = aligned && k % kernels::vec_width(float) == 0;
+        let blocks = columns.div_ceil(kernels::GEMV_WARPS);
+        let stage = kernels::gemv_stage(vec_ok, k, blocks * m);
+        let config = cfg((blocks, m, 1), kernels::GEMV_WARPS * 32, stage.unwrap_or(0));
         let params = GemvP {
             a: p(a),
             w,
@@ -109,7 +112,7 @@ impl Engine {
             m: m as i32,
             k: k as i32,
             nmat: mats.len() as i32,
-            vec_ok: i32::from(aligned && k % kernels::vec_width(float) == 0),
+            vec_ok: i32::from(vec_ok),
             eps: norm.map_or(0.0, |(_, eps)| eps),
             h: geometry.0,
             l: geometry.1,
@@ -119,6 +122,7 @@ impl Engine {
             sin: rope.map_or(0, |t| p(t.sin)),
             rope_half: rope.map_or(0, |t| t.half as i32),
             rope_mats: mats.iter().enumerate().map(|(i, mat)| i32::from(mat.roped) << i).sum(),
+            staged: i32::from(stage.is_some()),
         };
         match (glu, rope) {
             (Some(_), _) => Launch::GemvGlu(config, params),

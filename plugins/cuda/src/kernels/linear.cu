@@ -23,6 +23,11 @@
 // `gemv_glu` is Hugging Face's SwiGLU: matrices 0 and 1 are the gate and up projections of one width, each pair
 // of warps computes one column of both, and the block writes silu(gate) * up into `y[0]` instead (rounded as
 // the separate ops round).
+// A launch of many waves (`p.staged`, decided by `kernels::gemv_stage`) takes `gemv_stream` instead: each
+// block stages its row of `a` once, times the norm's gains, in f32 in shared memory, and its warps then only
+// stream weights. There the row's conversion and normalisation, done by every warp, cost more issue slots than
+// the bandwidth leaves (Nsight Compute on the H200: the vocabulary projection issued an instruction in 68 % of
+// its schedulers' cycles at 63 % of the DRAM bandwidth).
 // Grid (ceil(total columns / GEMV_WARPS), M); block GEMV_WARPS warps (`gemv_glu`: GEMV_WARPS / 2 columns of
 // each matrix a block).
 
@@ -53,6 +58,7 @@ struct GemvP {
     const T* cos;  // the RoPE's tables, 2 * rope_half values each (with any `rope_mats`)
     const T* sin;
     int rope_half, rope_mats;
+    int staged;  // `a`'s row fits the block's dynamic shared memory (4 * K bytes; with vec_ok)
 };
 
 // 16 bytes of a weight row: read once a step, so never kept in L1 (measured on the H200: the Llama-3.2-1B
@@ -189,6 +195,176 @@ __device__ __forceinline__ void gemv_glu_store(const GemvP& p, int mat, int m, i
     if (stores && mat == 1) st(p.y[0], gemv_at(p, 0, m, col), silu_t(gates[pair]) * rnd(s));
 }
 
+// The warp's dot product (each lane its part) of its weight row with `a`'s row, normalised when the product
+// fuses a norm, reading `a` from global memory: the first GEMV_PRE loads of weights and gains requested before
+// `pdl_wait` when `early`, the row's first GEMV_PRE chunks right after it, the rest in the loop.
+__device__ __forceinline__ float gemv_dot(const GemvP& p, int mat, int m, int col, bool stores, GemvTail& tail,
+                                          const T* wr, const T* ar, bool live, bool rope) {
+    const int lane = threadIdx.x & 31;
+    float acc = 0.f;
+    const uint4 zero = make_uint4(0u, 0u, 0u, 0u);
+    uint4 w_pre[GEMV_PRE], g_pre[GEMV_PRE], a_pre[GEMV_PRE];
+#pragma unroll
+    for (int i = 0; i < GEMV_PRE; i++) {
+        const int k = (i * 32 + lane) * VEC;
+        w_pre[i] = live && k < p.K ? ld_weight(wr + k, p.early) : zero;
+        g_pre[i] = p.norm_w && k < p.K ? ld_raw(p.norm_w + k) : zero;
+    }
+    pdl_wait();
+    TRACE_WAITED();
+    pdl_launch();
+    gemv_after_wait(p, mat, m, col, stores, tail, rope);
+#pragma unroll
+    for (int i = 0; i < GEMV_PRE; i++) {
+        const int k = (i * 32 + lane) * VEC;
+        a_pre[i] = k < p.K ? ld_raw(ar + k) : zero;
+    }
+    float inv = 1.f;
+    if (p.norm_w) {
+        float ss = 0.f, x[VEC];
+#pragma unroll
+        for (int i = 0; i < GEMV_PRE; i++) {
+            cvt_vec(a_pre[i], x);
+#pragma unroll
+            for (int v = 0; v < VEC; v++) ss += x[v] * x[v];
+        }
+        for (int k = (GEMV_PRE * 32 + lane) * VEC; k < p.K; k += 32 * VEC) {
+            ld_vec(ar + k, x);
+#pragma unroll
+            for (int v = 0; v < VEC; v++) ss += x[v] * x[v];
+        }
+        inv = rsqrtf(warp_sum(ss) / (float)p.K + p.eps);
+    }
+#pragma unroll
+    for (int i = 0; i < GEMV_PRE; i++) {
+        const int k = (i * 32 + lane) * VEC;
+        if (k < p.K) {
+            float x[VEC], wv[VEC];
+            gemv_act(p, a_pre[i], g_pre[i], inv, x);
+            cvt_vec(w_pre[i], wv);
+#pragma unroll
+            for (int v = 0; v < VEC; v++) acc += x[v] * wv[v];
+        }
+    }
+#pragma unroll 4
+    for (int k = (GEMV_PRE * 32 + lane) * VEC; k < p.K; k += 32 * VEC) {
+        float x[VEC], wv[VEC];
+        gemv_act(p, ld_raw(ar + k), p.norm_w ? ld_raw(p.norm_w + k) : zero, inv, x);
+        cvt_vec(ld_weight(wr + k, p.early), wv);
+#pragma unroll
+        for (int v = 0; v < VEC; v++) acc += x[v] * wv[v];
+    }
+    return acc;
+}
+
+// A staged block's weight loads in flight a lane (tunable), and the row's 16-byte chunks a thread stages at once.
+#ifndef GEMV_DEPTH
+#define GEMV_DEPTH 4
+#endif
+#define GEMV_BATCH 2
+// 16 bytes of the warp's weight row at k, or zeros past its end (or for a warp with no column).
+__device__ __forceinline__ uint4 gemv_w(const GemvP& p, const T* wr, bool live, int k) {
+    return live && k < p.K ? ld_weight(wr + k, p.early) : make_uint4(0u, 0u, 0u, 0u);
+}
+
+// A staged block's dynamic shared memory: `a`'s row times the norm's gains, in f32 (`p.staged`: 4 * K bytes).
+extern __shared__ float gemv_xs[];
+
+// The block's share of staging `a`'s row: this thread's chunks c0, c0 + blockDim, ... into `gemv_xs` (times
+// the gains when the product fuses a norm; `g0` the first chunk's gains, requested earlier), and their sum of
+// squares. GEMV_BATCH chunks are requested at once: a store to shared memory would otherwise order each load
+// after the last (`ar` may point anywhere).
+__device__ __forceinline__ float gemv_stage_row(const GemvP& p, const T* ar, uint4 g0) {
+    const int chunks = p.K / VEC, c0 = threadIdx.x;
+    const uint4 zero = make_uint4(0u, 0u, 0u, 0u);
+    float ss = 0.f;
+    for (int cb = c0; cb < chunks; cb += GEMV_BATCH * blockDim.x) {
+        uint4 raw[GEMV_BATCH], gain[GEMV_BATCH];
+#pragma unroll
+        for (int j = 0; j < GEMV_BATCH; j++) {
+            const int c = cb + j * blockDim.x;
+            raw[j] = c < chunks ? ld_raw(ar + c * VEC) : zero;
+            gain[j] = p.norm_w && c < chunks ? (c == c0 ? g0 : ld_raw(p.norm_w + c * VEC)) : zero;
+        }
+#pragma unroll
+        for (int j = 0; j < GEMV_BATCH; j++) {
+            const int c = cb + j * blockDim.x;
+            if (c >= chunks) break;
+            float x[VEC];
+            cvt_vec(raw[j], x);
+            if (p.norm_w) {
+                float g[VEC];
+                cvt_vec(gain[j], g);
+#pragma unroll
+                for (int v = 0; v < VEC; v++) {
+                    ss += x[v] * x[v];
+                    x[v] *= g[v];
+                }
+            }
+#pragma unroll
+            for (int v = 0; v < VEC; v += 4)
+                *reinterpret_cast<float4*>(gemv_xs + c * VEC + v) = make_float4(x[v], x[v + 1], x[v + 2], x[v + 3]);
+        }
+    }
+    return ss;
+}
+
+// The warp's dot product (each lane its part) of its weight row with `a`'s row, normalised when the product
+// fuses a norm. The block stages the row once, times the gains, in f32 (`gemv_stage_row`), so a warp's loop is
+// only its weights: GEMV_DEPTH loads of 16
+// bytes a lane stay in flight (the first GEMV_PRE requested before `pdl_wait` when `early`), each replaced by
+// the load GEMV_DEPTH steps ahead as it is used. The norm's scale multiplies the sum (a * g * inv . w =
+// inv * (a * g . w)).
+__device__ __forceinline__ float gemv_stream(const GemvP& p, int mat, int m, int col, bool stores,
+                                             GemvTail& tail, const T* wr, const T* ar, bool live, bool rope) {
+    __shared__ float s_ss[GEMV_WARPS];
+    const int step = 32 * VEC;
+    const int lane = threadIdx.x & 31, chunks = p.K / VEC, c0 = threadIdx.x;
+    const uint4 zero = make_uint4(0u, 0u, 0u, 0u);
+    uint4 w[GEMV_DEPTH];
+    uint4 g0 = zero;
+    if (p.norm_w && p.early && c0 < chunks) g0 = ld_raw(p.norm_w + c0 * VEC);
+#pragma unroll
+    for (int i = 0; i < GEMV_PRE && i < GEMV_DEPTH; i++) w[i] = gemv_w(p, wr, live, i * step + lane * VEC);
+    pdl_wait();
+    TRACE_WAITED();
+    pdl_launch();
+    gemv_after_wait(p, mat, m, col, stores, tail, rope);
+    if (p.norm_w && !p.early && c0 < chunks) g0 = ld_raw(p.norm_w + c0 * VEC);
+    float ss = gemv_stage_row(p, ar, g0);
+#pragma unroll
+    for (int i = GEMV_PRE; i < GEMV_DEPTH; i++) w[i] = gemv_w(p, wr, live, i * step + lane * VEC);
+    if (p.norm_w) {
+        ss = warp_sum(ss);
+        if (lane == 0) s_ss[threadIdx.x >> 5] = ss;
+    }
+    __syncthreads();
+    float acc = 0.f;
+    for (int cb = lane; cb < chunks; cb += GEMV_DEPTH * 32) {
+#pragma unroll
+        for (int i = 0; i < GEMV_DEPTH; i++) {
+            const int c = cb + i * 32;
+            if (c < chunks) {
+                float wv[VEC];
+                cvt_vec(w[i], wv);
+                w[i] = gemv_w(p, wr, live, (c + GEMV_DEPTH * 32) * VEC);
+#pragma unroll
+                for (int v = 0; v < VEC; v += 4) {
+                    const float4 x = *reinterpret_cast<const float4*>(gemv_xs + c * VEC + v);
+                    acc += x.x * wv[v] + x.y * wv[v + 1] + x.z * wv[v + 2] + x.w * wv[v + 3];
+                }
+            }
+        }
+    }
+    if (p.norm_w) {
+        ss = 0.f;
+#pragma unroll
+        for (int i = 0; i < GEMV_WARPS; i++) ss += s_ss[i];
+        acc *= rsqrtf(ss / (float)p.K + p.eps);
+    }
+    return acc;
+}
+
 // Registers budgeted for GEMV_BLOCKS_PER_SM blocks an SM (see above). The epilogue: a plain store, `gemv_glu`'s
 // or `gemv_rope`'s (each its own entry, so the plain GEMV keeps its registers).
 #define GEMV_PLAIN 0
@@ -222,59 +398,10 @@ __device__ __forceinline__ void gemv_body(const GemvP& p) {
     if (!p.early) pdl_wait();  // a later `pdl_wait` returns at once
     GemvTail tail = gemv_bias(p, mat, col, stores);
     float acc = 0.f;
-    if (p.vec_ok) {
-        const uint4 zero = make_uint4(0u, 0u, 0u, 0u);
-        uint4 w_pre[GEMV_PRE], g_pre[GEMV_PRE], a_pre[GEMV_PRE];
-#pragma unroll
-        for (int i = 0; i < GEMV_PRE; i++) {
-            const int k = (i * 32 + lane) * VEC;
-            w_pre[i] = live && k < p.K ? ld_weight(wr + k, p.early) : zero;
-            g_pre[i] = p.norm_w && k < p.K ? ld_raw(p.norm_w + k) : zero;
-        }
-        pdl_wait();
-        TRACE_WAITED();
-        pdl_launch();
-        gemv_after_wait(p, mat, m, col, stores, tail, KIND == GEMV_ROPE);
-#pragma unroll
-        for (int i = 0; i < GEMV_PRE; i++) {
-            const int k = (i * 32 + lane) * VEC;
-            a_pre[i] = k < p.K ? ld_raw(ar + k) : zero;
-        }
-        float inv = 1.f;
-        if (p.norm_w) {
-            float ss = 0.f, x[VEC];
-#pragma unroll
-            for (int i = 0; i < GEMV_PRE; i++) {
-                cvt_vec(a_pre[i], x);
-#pragma unroll
-                for (int v = 0; v < VEC; v++) ss += x[v] * x[v];
-            }
-            for (int k = (GEMV_PRE * 32 + lane) * VEC; k < p.K; k += 32 * VEC) {
-                ld_vec(ar + k, x);
-#pragma unroll
-                for (int v = 0; v < VEC; v++) ss += x[v] * x[v];
-            }
-            inv = rsqrtf(warp_sum(ss) / (float)p.K + p.eps);
-        }
-#pragma unroll
-        for (int i = 0; i < GEMV_PRE; i++) {
-            const int k = (i * 32 + lane) * VEC;
-            if (k < p.K) {
-                float x[VEC], wv[VEC];
-                gemv_act(p, a_pre[i], g_pre[i], inv, x);
-                cvt_vec(w_pre[i], wv);
-#pragma unroll
-                for (int v = 0; v < VEC; v++) acc += x[v] * wv[v];
-            }
-        }
-#pragma unroll 4
-        for (int k = (GEMV_PRE * 32 + lane) * VEC; k < p.K; k += 32 * VEC) {
-            float x[VEC], wv[VEC];
-            gemv_act(p, ld_raw(ar + k), p.norm_w ? ld_raw(p.norm_w + k) : zero, inv, x);
-            cvt_vec(ld_weight(wr + k, p.early), wv);
-#pragma unroll
-            for (int v = 0; v < VEC; v++) acc += x[v] * wv[v];
-        }
+    if (p.staged) {
+        acc = gemv_stream(p, mat, m, col, stores, tail, wr, ar, live, KIND == GEMV_ROPE);
+    } else if (p.vec_ok) {
+        acc = gemv_dot(p, mat, m, col, stores, tail, wr, ar, live, KIND == GEMV_ROPE);
     } else {
         pdl_wait();
         TRACE_WAITED();

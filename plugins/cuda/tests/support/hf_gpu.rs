@@ -195,7 +195,9 @@ struct Pair {
 
 impl Pair {
     fn new(ctx: &Context, dtype: ElemType) -> Pair {
-        let cfg = Hf::tiny(dtype);
+        // A vocabulary and SwiGLU wide enough that the vocabulary and gate/up projections are launches of
+        // many waves, which stage their row (`kernels::gemv_stage`): 1 125 and 1 024 blocks.
+        let cfg = Hf { vocab: 9000, ffn: 4096, ..Hf::tiny(dtype) };
         let reference = Plugin::embedded(reference_delegate::delegate_root()).expect("reference plugin");
         let cuda = super::plugin();
         let prefill = Method::new(&cfg, PROMPT.len() as u64, &reference, &cuda);
