@@ -96,7 +96,7 @@ impl Engine {
         let columns: u32 = mats.iter().map(|mat| mat.n).sum();
         let vec_ok = aligned && k % kernels::vec_width(float) == 0;
         let blocks = columns.div_ceil(kernels::GEMV_WARPS);
-        let stage = kernels::gemv_stage(vec_ok, k, blocks * m);
+        let stage = kernels::gemv_stage(vec_ok, k, blocks.saturating_mul(m));
         let config = cfg((blocks, m, 1), kernels::GEMV_WARPS * 32, stage.unwrap_or(0));
         let params = GemvP {
             a: p(a),

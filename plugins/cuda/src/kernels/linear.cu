@@ -58,7 +58,7 @@ struct GemvP {
     const T* cos;  // the RoPE's tables, 2 * rope_half values each (with any `rope_mats`)
     const T* sin;
     int rope_half, rope_mats;
-    int staged;  // `a`'s row fits the block's dynamic shared memory (4 * K bytes; with vec_ok)
+    int staged;  // the launch stages `a`'s row in dynamic shared memory (4 * K bytes, `kernels::gemv_stage`)
 };
 
 // 16 bytes of a weight row: read once a step, so never kept in L1 (measured on the H200: the Llama-3.2-1B
@@ -301,9 +301,9 @@ __device__ __forceinline__ float gemv_stage_row(const GemvP& p, const T* ar, uin
                     x[v] *= g[v];
                 }
             }
+            float4* to = reinterpret_cast<float4*>(gemv_xs + c * VEC);
 #pragma unroll
-            for (int v = 0; v < VEC; v += 4)
-                *reinterpret_cast<float4*>(gemv_xs + c * VEC + v) = make_float4(x[v], x[v + 1], x[v + 2], x[v + 3]);
+            for (int v = 0; v < VEC; v += 4) to[v / 4] = make_float4(x[v], x[v + 1], x[v + 2], x[v + 3]);
         }
     }
     return ss;
