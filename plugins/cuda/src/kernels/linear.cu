@@ -311,10 +311,10 @@ __device__ __forceinline__ float gemv_stage_row(const GemvP& p, const T* ar, uin
 
 // The warp's dot product (each lane its part) of its weight row with `a`'s row, normalised when the product
 // fuses a norm. The block stages the row once, times the gains, in f32 (`gemv_stage_row`), so a warp's loop is
-// only its weights: GEMV_DEPTH loads of 16
-// bytes a lane stay in flight (the first GEMV_PRE requested before `pdl_wait` when `early`), each replaced by
-// the load GEMV_DEPTH steps ahead as it is used. The norm's scale multiplies the sum (a * g * inv . w =
-// inv * (a * g . w)).
+// only its weights: GEMV_DEPTH loads of 16 bytes a lane stay in flight (the first GEMV_PRE requested before
+// `pdl_wait` when `early`), each replaced by the load GEMV_DEPTH steps ahead as it is used. The norm's scale
+// multiplies the sum (a * g * inv . w = inv * (a * g . w)). One barrier publishes both the staged row and the
+// warps' sums of squares (`block_sum` would add a second).
 __device__ __forceinline__ float gemv_stream(const GemvP& p, int mat, int m, int col, bool stores,
                                              GemvTail& tail, const T* wr, const T* ar, bool live, bool rope) {
     __shared__ float s_ss[GEMV_WARPS];
