@@ -35,11 +35,11 @@ run_tests() {
     dir="$out/program-$cfg"
     ./export-example "$cfg" "$dir" --backend cuda --memory device > /dev/null || status=1
     for graph in "" "--cuda-graph"; do
-      for mode in zero-copy copy-back; do
-        [ "$mode" = copy-back ] && [ -n "$graph" ] && continue
-        echo "== delegate-host run config $cfg, device memory, $mode $graph"
-        ./delegate-host run "$dir/program.toml" --mode "$mode" $graph --json > "$out/run-$cfg-$mode$graph.json" 2> "$out/run-$cfg-$mode$graph.err" || { status=1; cat "$out/run-$cfg-$mode$graph.err"; }
-        python3 - "$out/run-$cfg-$mode$graph.json" <<'PY' || status=1
+      for copy in zero-copy copy-back; do
+        [ "$copy" = copy-back ] && [ -n "$graph" ] && continue
+        echo "== delegate-host run config $cfg, device memory, $copy $graph"
+        ./delegate-host run "$dir/program.toml" --mode "$copy" $graph --json > "$out/run-$cfg-$copy$graph.json" 2> "$out/run-$cfg-$copy$graph.err" || { status=1; cat "$out/run-$cfg-$copy$graph.err"; }
+        python3 - "$out/run-$cfg-$copy$graph.json" <<'PY' || status=1
 import json, sys
 v = json.load(open(sys.argv[1])); s = v["stats"]
 print("tokens", v["tokens"][:16], "..." if len(v["tokens"]) > 16 else "", "| steps", len(v["tokens"]) - 1,

@@ -185,11 +185,12 @@ extern "C" __global__ void kv_update(KvP p) {
 // `Dh / lanes` of its elements (16 bytes when `vec_ok`): the lanes' partial q.k meet by shuffles, and each
 // group keeps a running softmax (max, sum, weighted V) in registers, so no block-wide step runs per row. The
 // rows of the next tile are requested before the current tile is used (two tiles of ATTN_U rows a group in
-// flight). At the end the groups' states meet in shared memory and the block writes its partial output, max
-// and sum; the last block of (t, h) to finish (a ticket counter) merges the ranges, writes the output and
-// resets its counter for the next launch (or graph replay). With `early` set (the call writes the caches
-// only at rows pos[0].. and never writes `pos`), the first tile's rows before pos[0] are requested before
-// `pdl_wait`: the cache streams in while the projections that produce the query finish.
+// flight). At the end the groups' states meet, by shuffles within each warp and then in shared memory, and
+// the block writes its partial output, max and sum; the last block of (t, h) to finish (a ticket counter)
+// merges the ranges, writes the output and resets its counter for the next launch (or graph replay). With
+// `early` set (the call writes the caches only at rows pos[0].. and never writes `pos`), the first tile's rows
+// before pos[0] are requested before `pdl_wait`: the cache streams in while the projections that produce the
+// query finish.
 
 #define ATTN_WARPS 4
 #ifndef ATTN_U
@@ -236,6 +237,22 @@ __device__ __forceinline__ void soft_add(Soft& s, float x, const float* v, int n
 __device__ __forceinline__ float row_sum(float x, int lanes) {
     for (int o = lanes / 2; o > 0; o >>= 1) x += __shfl_xor_sync(0xffffffffu, x, o);
     return x;
+}
+
+// Merges the running softmaxes of a warp's groups (`lanes` adjacent lanes each, the lane's first `n` values):
+// afterwards every group holds the warp's state.
+__device__ __forceinline__ void soft_merge_warp(Soft& s, int lanes, int n) {
+    for (int off = lanes; off < 32; off <<= 1) {
+        const float m2 = __shfl_xor_sync(0xffffffffu, s.m, off), l2 = __shfl_xor_sync(0xffffffffu, s.l, off);
+        const float m = fmaxf(s.m, m2);
+        const float c = s.m == NEG_INF ? 0.f : __expf(s.m - m), c2 = m2 == NEG_INF ? 0.f : __expf(m2 - m);
+        s.l = s.l * c + l2 * c2;
+#pragma unroll
+        for (int i = 0; i < 8; i++) {
+            if (i < n) s.o[i] = s.o[i] * c + __shfl_xor_sync(0xffffffffu, s.o[i], off) * c2;
+        }
+        s.m = m;
+    }
 }
 
 // The last block of (t, h): out = sum_c exp(m_c - max) o_c / sum_c exp(m_c - max) l_c over the `nvalid`
@@ -339,10 +356,11 @@ extern "C" __global__ void attention(AttnP p) {
     TRACE_BEGIN(TRACE_ATTN);
     extern __shared__ float sm[];
     const int G = blockDim.x / p.lanes;                  // row groups in the block
-    float* gm = sm;                                      // [G]: the groups' maxima
-    float* gl = gm + G;                                  // [G]: and sums
-    float* go = gl + G;                                  // [max(G * Dh, 4 * blockDim)]: their outputs
-    float* scratch = go + max(G * p.Dh, 4 * (int)blockDim.x);  // [32]
+    const int W = ATTN_WARPS;
+    float* gm = sm;                                      // [W]: the warps' maxima
+    float* gl = gm + W;                                  // [W]: and sums
+    float* go = gl + W;                                  // [max(W * Dh, 4 * blockDim)]: their outputs
+    float* scratch = go + max(W * p.Dh, 4 * (int)blockDim.x);  // [32]
     float* wts = scratch + 32;                           // [2 * splits]: the merge's weights and sums
     __shared__ unsigned int ticket;
     const int h = blockIdx.x, c = blockIdx.y, t = blockIdx.z;
@@ -365,7 +383,8 @@ extern "C" __global__ void attention(AttnP p) {
     if (start >= rows) return;
     const i64 stop = min(start + per, rows);
     const int nvalid = (int)((rows + per - 1) / per);
-    const int lr = threadIdx.x % p.lanes, grp = threadIdx.x / p.lanes;
+    const int lr = threadIdx.x % p.lanes, grp = threadIdx.x / p.lanes, warp = threadIdx.x >> 5;
+    const bool writes = (threadIdx.x & 31) < p.lanes;     // the warp's first group writes the warp's state
     const i64 kvh = h / p.group;
     const i64 qbase = (i64)t * p.q_ts + (i64)h * p.q_hs;
     Soft s;
@@ -399,12 +418,11 @@ extern "C" __global__ void attention(AttnP p) {
             tile_load(a, kb, vb, row + 2 * step, G, 0, stop, p.Dh);
             tile_use(s, b, qv, row + step, G, stop, p.lanes);
         }
-        if (lr == 0) {
-            gm[grp] = s.m;
-            gl[grp] = s.l;
-        }
+        soft_merge_warp(s, p.lanes, VEC);
+        if (writes) {
 #pragma unroll
-        for (int e = 0; e < VEC; e++) go[grp * p.Dh + lr * VEC + e] = s.o[e];
+            for (int e = 0; e < VEC; e++) go[warp * p.Dh + lr * VEC + e] = s.o[e];
+        }
     } else {
         // Rows not in whole aligned vectors: lane lr holds elements lr, lr + lanes, ... (at most 8).
         if (p.early) {
@@ -432,28 +450,29 @@ extern "C" __global__ void attention(AttnP p) {
             dot = row_sum(dot, p.lanes);
             soft_add(s, j < stop ? dot : NEG_INF, vv, n);
         }
-        if (lr == 0) {
-            gm[grp] = s.m;
-            gl[grp] = s.l;
-        }
+        soft_merge_warp(s, p.lanes, n);
         for (int i = 0; i < n; i++) {
             const int d = lr + i * p.lanes;
-            if (d < p.Dh) go[grp * p.Dh + d] = s.o[i];
+            if (writes && d < p.Dh) go[warp * p.Dh + d] = s.o[i];
         }
     }
+    if (writes && lr == 0) {
+        gm[warp] = s.m;
+        gl[warp] = s.l;
+    }
     __syncthreads();
-    // The groups' states, rescaled to the block's max, make the block's partial; a block whose range is the
+    // The warps' states, rescaled to the block's max, make the block's partial; a block whose range is the
     // whole prefix writes the output itself.
     float mx = NEG_INF;
-    for (int g = 0; g < G; g++) mx = fmaxf(mx, gm[g]);
+    for (int w = 0; w < W; w++) mx = fmaxf(mx, gm[w]);
     float l = 0.f;
-    for (int g = 0; g < G; g++)
-        if (gm[g] != NEG_INF) l += __expf(gm[g] - mx) * gl[g];
+    for (int w = 0; w < W; w++)
+        if (gm[w] != NEG_INF) l += __expf(gm[w] - mx) * gl[w];
     const i64 slot = ((i64)t * p.H + h) * p.splits + c;
     for (int d = threadIdx.x; d < p.Dh; d += blockDim.x) {
         float o = 0.f;
-        for (int g = 0; g < G; g++)
-            if (gm[g] != NEG_INF) o += __expf(gm[g] - mx) * go[g * p.Dh + d];
+        for (int w = 0; w < W; w++)
+            if (gm[w] != NEG_INF) o += __expf(gm[w] - mx) * go[w * p.Dh + d];
         if (nvalid == 1) {
             st(p.out, qbase + d, o / l);
         } else {

@@ -28,23 +28,37 @@ pub const ATTN_THREADS: u32 = 128;
 pub const ATTN_MAX_HEAD: u32 = 256;
 /// Warps of a GEMV block (`GEMV_WARPS` in the source).
 pub const GEMV_WARPS: u32 = 8;
-/// The most shared memory a GEMV block stages its activation row in (4 bytes a value; more than 48 KiB would
-/// need the kernel's attribute raised).
-const GEMV_STAGE_BYTES: u32 = 48 << 10;
-/// Fewest blocks of a GEMV launch that stages its activation row: several waves of blocks on a large GPU.
-/// Measured on the H200 (same call, the Llama-3.2-1B shape): staging the gate/up projection (2 048 blocks) and
-/// the vocabulary projection (16 032) took a step from 1074.5 to 1051 us; staging the launches of one wave
-/// too (every product of configs (a)-(c), and the Llama shape's Q/K/V, output and down projections) made
-/// config (c) 20-23 us slower and the Llama shape's down projection (K = 8192) gained nothing.
-const GEMV_STAGE_MIN_BLOCKS: u32 = 1024;
+/// The most shared memory a GEMV block stages its activation row in (4 bytes a value): 48 KiB, the most a block
+/// may have without raising the kernel's attribute, less 1 KiB for the kernels' own static shared memory (under
+/// 100 bytes: with a row of 48 KiB the launch would ask for more than a block may have).
+const GEMV_STAGE_BYTES: u32 = 47 << 10;
+/// Fewest blocks of a GEMV launch that stages its activation row when it fuses no norm: two blocks an SM of the
+/// H200. Measured there (same call, 200-step means, µs at (c) 4096 / 8191, (b) 512 / 1023, the Llama-3.2-1B
+/// shape), staging launches of at least 1 024 blocks (the Llama shape's gate/up and vocabulary projections):
+/// 545.4 / 657.0, 108.1 / 108.6, 1032.8; of 256 (also (c)'s normalised Q/K/V and the Llama shape's other
+/// projections): 539.5 / 643.3, 108.1 / 108.6, 1029.6; of 128 (also (b)'s normalised Q/K/V and (c)'s output
+/// projection, which fuses none): 546.7 / 649.2, 99.3 / 100.8, 1030.5. Staging pays wherever the launch fuses
+/// an RMS norm (else every warp reads and normalises the whole row itself); a launch of one or two blocks an
+/// SM that fuses none pays the barrier and the round trip for nothing. This rule (a norm, or 256 blocks)
+/// measured 539.2 / 644.4, 98.9 / 99.3, 1029.1 in the next call.
+pub const GEMV_STAGE_MIN_BLOCKS: u32 = 256;
+
+/// [`GEMV_STAGE_MIN_BLOCKS`], or what a tuning sweep sets with `-DKV_GEMV_STAGE_MIN_BLOCKS=N` (read once).
+pub fn gemv_stage_min_blocks() -> u32 {
+    static MIN: std::sync::OnceLock<u32> = std::sync::OnceLock::new();
+    *MIN.get_or_init(|| {
+        let min = tuning::override_of("KV_GEMV_STAGE_MIN_BLOCKS", GEMV_STAGE_MIN_BLOCKS.into());
+        u32::try_from(min).unwrap_or(u32::MAX)
+    })
+}
 
 /// The dynamic shared memory (bytes) of a GEMV launch of `blocks` blocks over rows of `k` values that stages
 /// its activation row (`gemv_stream` in `kernels/linear.cu`), or `None` when it reads the row from global
-/// memory: only whole 16-byte chunks (`vec_ok`) that fit, and only launches of many waves, where each warp
-/// normalising the row itself costs more instructions than the bandwidth leaves room for.
-pub fn gemv_stage(vec_ok: bool, k: u32, blocks: u32) -> Option<u32> {
+/// memory: only whole 16-byte chunks (`vec_ok`) that fit, and only a launch that fuses an RMS norm (`norm`) or
+/// has at least `min_blocks` blocks ([`gemv_stage_min_blocks`]).
+pub fn gemv_stage(vec_ok: bool, k: u32, blocks: u32, norm: bool, min_blocks: u32) -> Option<u32> {
     let bytes = k.checked_mul(4)?;
-    (vec_ok && bytes <= GEMV_STAGE_BYTES && blocks >= GEMV_STAGE_MIN_BLOCKS).then_some(bytes)
+    (vec_ok && bytes <= GEMV_STAGE_BYTES && (norm || blocks >= min_blocks)).then_some(bytes)
 }
 /// Threads of an argmax block (`ARGMAX_THREADS` in the source).
 pub const ARGMAX_THREADS: u32 = 256;
@@ -316,12 +330,13 @@ mod tests {
     use et_error::{ErrorCode, HasErrorCode};
 
     /// The source compiles for every element type (f32, f16, bf16), for the H200's architecture, with every
-    /// kernel the launches name, as written and with its tunables set otherwise (what `run.sh sweep` may ask).
+    /// kernel the launches name, as written and with its tunables set otherwise (what `run.sh sweep` may ask),
+    /// and with the trace marks of `run.sh trace` (`-DKV_TRACE`).
     /// Needs NVRTC (not a GPU): `cargo xtask test` provides it from PyPI and sets `KV_REQUIRE_NVRTC`; without
     /// NVRTC the test checks the typed error instead.
     #[test]
     fn kernels_compile_for_every_element_type() {
-        let tuned = ["-DGEMV_PRE=2", "-DGEMV_BLOCKS_PER_SM=4", "-DGEMV_DEPTH=8", "-DATTN_U=2"];
+        let tuned = ["-DGEMV_PRE=2", "-DGEMV_BLOCKS_PER_SM=4", "-DGEMV_DEPTH=8", "-DATTN_U=2", "-DKV_TRACE"];
         for (float, tunables) in
             [Float::F32, Float::F16, Float::Bf16].into_iter().flat_map(|f| [(f, &[][..]), (f, &tuned[..])])
         {
@@ -357,18 +372,25 @@ mod tests {
         }
     }
 
-    /// A GEMV stages its row only for a launch of many waves whose row is whole 16-byte chunks that fit the
-    /// block's shared memory: the Llama-3.2-1B shape's gate/up and vocabulary projections, not its one-wave
-    /// projections nor any of config (c)'s.
+    /// A GEMV stages its row when its row is whole 16-byte chunks that fit the block's shared memory and it
+    /// fuses an RMS norm or has two blocks an SM or more: every projection of the Llama-3.2-1B shape and the
+    /// Q/K/V projections of configs (b) and (c), not their output projections.
     #[test]
-    fn gemvs_stage_their_row_only_across_many_waves_when_it_fits() {
-        assert_eq!(gemv_stage(true, 2048, 16_384 / GEMV_WARPS), Some(8192), "gate/up");
-        assert_eq!(gemv_stage(true, 2048, 128_256_u32.div_ceil(GEMV_WARPS)), Some(8192), "vocabulary");
-        assert_eq!(gemv_stage(true, 8192, 2048 / GEMV_WARPS), None, "down: one wave");
-        assert_eq!(gemv_stage(true, 1024, 3072 / GEMV_WARPS), None, "(c)'s Q/K/V");
-        assert_eq!(gemv_stage(false, 2048, 4096), None, "not whole aligned chunks");
-        assert_eq!(gemv_stage(true, 12_288, 4096), Some(48 << 10), "the largest row that fits");
-        assert_eq!(gemv_stage(true, 12_289, 4096), None, "a row past 48 KiB");
-        assert_eq!(gemv_stage(true, u32::MAX, 4096), None, "no overflow");
+    fn gemvs_stage_their_row_when_normalised_or_many_blocks_and_it_fits() {
+        let stage = |vec_ok, k, blocks, norm| gemv_stage(vec_ok, k, blocks, norm, GEMV_STAGE_MIN_BLOCKS);
+        assert_eq!(stage(true, 2048, 16_384 / GEMV_WARPS, true), Some(8192), "gate/up");
+        assert_eq!(stage(true, 2048, 128_256_u32.div_ceil(GEMV_WARPS), true), Some(8192), "vocabulary");
+        assert_eq!(stage(true, 8192, 2048 / GEMV_WARPS, false), Some(32 << 10), "down");
+        assert_eq!(stage(true, 2048, 2048 / GEMV_WARPS, false), Some(8192), "output");
+        assert_eq!(stage(true, 2048, 3072 / GEMV_WARPS, true), Some(8192), "Q/K/V");
+        assert_eq!(stage(true, 1024, 3072 / GEMV_WARPS, true), Some(4096), "(c)'s Q/K/V");
+        assert_eq!(stage(true, 1024, 1024 / GEMV_WARPS, false), None, "(c)'s output projection");
+        assert_eq!(stage(true, 512, 1536 / GEMV_WARPS, true), Some(2048), "(b)'s Q/K/V");
+        assert_eq!(stage(true, 512, 512 / GEMV_WARPS, false), None, "(b)'s output projection");
+        assert_eq!(stage(false, 2048, 4096, true), None, "not whole aligned chunks");
+        assert_eq!(stage(true, 12_032, 4096, false), Some(47 << 10), "the largest row that fits");
+        assert_eq!(stage(true, 12_288, 4096, true), None, "48 KiB and the kernel's static shared memory");
+        assert_eq!(stage(true, u32::MAX, 4096, true), None, "no overflow");
+        assert_eq!(gemv_stage(true, 2048, 4096, false, 4097), None, "a sweep's higher threshold");
     }
 }

@@ -96,7 +96,8 @@ impl Engine {
         let columns: u32 = mats.iter().map(|mat| mat.n).sum();
         let vec_ok = aligned && k % kernels::vec_width(float) == 0;
         let blocks = columns.div_ceil(kernels::GEMV_WARPS);
-        let stage = kernels::gemv_stage(vec_ok, k, blocks.saturating_mul(m));
+        let min_blocks = kernels::gemv_stage_min_blocks();
+        let stage = kernels::gemv_stage(vec_ok, k, blocks.saturating_mul(m), norm.is_some(), min_blocks);
         let config = cfg((blocks, m, 1), kernels::GEMV_WARPS * 32, stage.unwrap_or(0));
         let params = GemvP {
             a: p(a),
@@ -171,11 +172,11 @@ impl Engine {
             && vec_lanes <= 32;
         let lanes = if vec_ok { vec_lanes } else { dh.next_power_of_two().min(32) };
         let threads = kernels::ATTN_THREADS;
-        let groups = threads / lanes;
+        let warps = threads / 32;
         let (q_ts, q_hs) = s.q_strides();
-        // The groups' maxima, sums and outputs (the merge's sums reuse the outputs), a reduction's scratch,
+        // The warps' maxima, sums and outputs (the merge's sums reuse the outputs), a reduction's scratch,
         // the merge's range weights and sums.
-        let shared = (2 * groups + (groups * dh).max(4 * threads) + 32 + 2 * splits) * 4;
+        let shared = (2 * warps + (warps * dh).max(4 * threads) + 32 + 2 * splits) * 4;
         Launch::Attention(
             cfg((s.heads, splits, s.rows), threads, shared),
             AttnP {

@@ -10,6 +10,8 @@
 // each).
 __device__ unsigned long long kv_trace[KV_TRACE_CAP * 4];
 __device__ unsigned int kv_trace_n;
+// When thread 0 of the block passed its wait: block-wide, so a helper a kernel calls may mark it too.
+__shared__ unsigned long long kv_trace_waited;
 
 __device__ __forceinline__ unsigned long long trace_now() {
     unsigned long long t;
@@ -18,9 +20,11 @@ __device__ __forceinline__ unsigned long long trace_now() {
 }
 
 struct Trace {
-    unsigned long long t0, t1, t2;
+    unsigned long long t0, t2;
     unsigned int kind;
-    __device__ explicit Trace(unsigned int k) : t0(trace_now()), t1(0), t2(0), kind(k) {}
+    __device__ explicit Trace(unsigned int k) : t0(trace_now()), t2(0), kind(k) {
+        if (threadIdx.x == 0) kv_trace_waited = 0;
+    }
     __device__ ~Trace() {
         if (threadIdx.x != 0) return;
         const unsigned long long t3 = trace_now();
@@ -32,13 +36,14 @@ struct Trace {
         const unsigned long long grid = (unsigned long long)gridDim.x * gridDim.y * gridDim.z;
         unsigned long long* r = kv_trace + (unsigned long long)slot * 4;
         r[0] = t0;
+        const unsigned long long t1 = kv_trace_waited;
         r[1] = (t1 ? t1 - t0 : 0ull) | ((t2 ? t2 - t0 : 0ull) << 32);
         r[2] = (t3 - t0) | ((unsigned long long)kind << 32) | ((unsigned long long)sm << 40);
         r[3] = block | (grid << 32);
     }
 };
 #define TRACE_BEGIN(k) Trace trace_(k)
-#define TRACE_WAITED() (trace_.t1 = trace_now())
+#define TRACE_WAITED() (threadIdx.x == 0 ? (void)(kv_trace_waited = trace_now()) : (void)0)
 #define TRACE_WORKED() (trace_.t2 = trace_now())
 #define TRACE_KIND(k) (trace_.kind = (k))
 #else

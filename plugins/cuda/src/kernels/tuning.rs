@@ -28,6 +28,18 @@ pub fn options(base: &[&str]) -> Vec<String> {
     options
 }
 
+/// With the `tuning` feature, the value of `-D<name>=<value>` in [`DEFINES_ENV`] when it is a number, else
+/// `default`: a sweep also sets the few launch rules measured with it (e.g. `-DKV_GEMV_STAGE_MIN_BLOCKS=1024`),
+/// which NVRTC receives as an unused define.
+pub fn override_of(name: &str, default: u64) -> u64 {
+    if !cfg!(feature = "tuning") {
+        return default;
+    }
+    let defines = std::env::var(DEFINES_ENV).unwrap_or_default();
+    let prefix = format!("-D{name}=");
+    defines.split_whitespace().find_map(|word| word.strip_prefix(&prefix)?.parse().ok()).unwrap_or(default)
+}
+
 /// Where a tuning build writes the kernels' trace when the delegate is torn down (see `kernels/trace.cuh`).
 pub const TRACE_ENV: &str = "KV_CUDA_TRACE";
 
@@ -67,11 +79,12 @@ pub fn compile_module(ctx: &Context, source: &str, base: &[&str]) -> cuda_rt::Re
 mod tests {
     use super::*;
 
-    /// A sweep's defines reach NVRTC only in a build with the `tuning` feature (the GPU bundle), and only the
-    /// `-D` ones; any other build compiles the sources as written whatever the environment says. The only
-    /// test that sets the variable, so no other test sees it.
+    /// A sweep's defines reach NVRTC, and its numeric rule overrides the launches, only in a build with the
+    /// `tuning` feature (the GPU bundle), and only the `-D` ones; any other build compiles the sources as
+    /// written and keeps its rules, whatever the environment says. The only test that sets the variable, so
+    /// no other test sees it.
     #[test]
-    fn defines_apply_only_with_the_tuning_feature() {
+    fn defines_and_overrides_apply_only_with_the_tuning_feature() {
         std::env::set_var(DEFINES_ENV, "-DGEMV_PRE=2 --use_fast_math -DATTN_U=2");
         let got = options(&["-DKV_F16"]);
         std::env::remove_var(DEFINES_ENV);
@@ -80,5 +93,10 @@ mod tests {
         } else {
             assert_eq!(got, ["-DKV_F16"]);
         }
+        std::env::set_var(DEFINES_ENV, "-DATTN_U=2 -DKV_RULE=7 -DKV_BAD=x");
+        let rules = [override_of("KV_RULE", 3), override_of("KV_BAD", 3), override_of("KV_NONE", 3)];
+        std::env::remove_var(DEFINES_ENV);
+        let want = if cfg!(feature = "tuning") { [7, 3, 3] } else { [3, 3, 3] };
+        assert_eq!(rules, want, "a rule's override is a number, and only in a tuning build");
     }
 }
