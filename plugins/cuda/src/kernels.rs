@@ -60,6 +60,7 @@ pub fn gemv_stage(vec_ok: bool, k: u32, blocks: u32, norm: bool, min_blocks: u32
     let bytes = k.checked_mul(4)?;
     (vec_ok && bytes <= GEMV_STAGE_BYTES && (norm || blocks >= min_blocks)).then_some(bytes)
 }
+
 /// Threads of an argmax block (`ARGMAX_THREADS` in the source).
 pub const ARGMAX_THREADS: u32 = 256;
 /// Most blocks an argmax launch takes (its scratch holds one value and one index per block).

@@ -24,10 +24,10 @@
 // of warps computes one column of both, and the block writes silu(gate) * up into `y[0]` instead (rounded as
 // the separate ops round).
 // A launch that fuses the norm, or of two blocks an SM or more (`p.staged`, decided by `kernels::gemv_stage`),
-// takes `gemv_stream` instead: each block stages its row of `a` once, times the norm's gains, in f32 in shared memory, and its
-// warps then only stream weights. There the row's conversion and normalisation, done by every warp, cost more
-// issue slots than the bandwidth leaves (Nsight Compute on the H200: the vocabulary projection issued an
-// instruction in 68 % of its schedulers' cycles at 63 % of the DRAM bandwidth).
+// takes `gemv_stream` instead: each block stages its row of `a` once, times the norm's gains, in f32 in shared
+// memory, and its warps then only stream weights. There the row's conversion and normalisation, done by every
+// warp, cost more issue slots than the bandwidth leaves (Nsight Compute on the H200: the vocabulary projection
+// issued an instruction in 68 % of its schedulers' cycles at 63 % of the DRAM bandwidth).
 // Grid (ceil(total columns / GEMV_WARPS), M); block GEMV_WARPS warps (`gemv_glu`: GEMV_WARPS / 2 columns of
 // each matrix a block).
 

@@ -195,8 +195,9 @@ struct Pair {
 
 impl Pair {
     fn new(ctx: &Context, dtype: ElemType) -> Pair {
-        // A vocabulary and SwiGLU wide enough that the vocabulary and gate/up projections are launches of
-        // many waves, which stage their row (`kernels::gemv_stage`): 1 125 and 1 024 blocks.
+        // Every normalised projection stages its row (`kernels::gemv_stage`); a vocabulary and SwiGLU this
+        // wide make the vocabulary and gate/up projections launches of many waves (1 125 and 1 024 blocks),
+        // so blocks of later waves stage theirs too.
         let cfg = Hf { vocab: 9000, ffn: 4096, ..Hf::tiny(dtype) };
         let reference = Plugin::embedded(reference_delegate::delegate_root()).expect("reference plugin");
         let cuda = super::plugin();
