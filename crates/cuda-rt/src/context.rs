@@ -16,6 +16,7 @@ pub struct Context {
     integrated: bool,
     pageable_memory_access: bool,
     compute_capability: (i32, i32),
+    multiprocessors: u32,
 }
 
 impl std::fmt::Debug for Context {
@@ -25,6 +26,7 @@ impl std::fmt::Debug for Context {
             .field("integrated", &self.integrated)
             .field("pageable_memory_access", &self.pageable_memory_access)
             .field("compute_capability", &self.compute_capability)
+            .field("multiprocessors", &self.multiprocessors)
             .finish()
     }
 }
@@ -68,7 +70,17 @@ impl Context {
                 attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)?,
                 attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)?,
             );
-            Ok(Context { ctx, ordinal, integrated, pageable_memory_access, compute_capability })
+            let multiprocessors =
+                attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?;
+            let multiprocessors = u32::try_from(multiprocessors).unwrap_or(1).max(1);
+            Ok(Context {
+                ctx,
+                ordinal,
+                integrated,
+                pageable_memory_access,
+                compute_capability,
+                multiprocessors,
+            })
         })
     }
 
@@ -90,6 +102,11 @@ impl Context {
     /// The device's compute capability, `(major, minor)`.
     pub fn compute_capability(&self) -> (i32, i32) {
         self.compute_capability
+    }
+
+    /// The device's streaming multiprocessors (at least 1).
+    pub fn multiprocessors(&self) -> u32 {
+        self.multiprocessors
     }
 
     /// Whether kernels can be launched overlapping the previous kernel of their stream (programmatic

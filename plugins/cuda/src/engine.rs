@@ -48,6 +48,8 @@ pub struct Engine {
     argmax_part: (DevicePtr, DevicePtr, DevicePtr),
     /// Whether typed launches overlap the previous kernel of the call (programmatic dependent launch).
     overlap: bool,
+    /// The most blocks a staged GEMV launch takes: a wave on this device (`kernels::gemv_wave`).
+    gemv_wave: u32,
     err: Allocation<Device>,
     /// Where the error word is copied after each call queued on a caller's stream; read at the next call.
     err_seen: Allocation<Pinned>,
@@ -202,6 +204,7 @@ impl Engine {
         // One launch a step at most, so a call never grows it.
         let launches = Vec::with_capacity(plan.steps.len());
         let overlap = ctx.overlaps_launches();
+        let gemv_wave = kernels::gemv_wave(ctx.multiprocessors());
         Ok(Engine {
             ctx,
             typed,
@@ -219,6 +222,7 @@ impl Engine {
             attn_counters,
             argmax_part,
             overlap,
+            gemv_wave,
             err,
             err_seen,
             ptrs,

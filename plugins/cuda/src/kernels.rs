@@ -53,12 +53,35 @@ pub fn gemv_stage_min_blocks() -> u32 {
 }
 
 /// The dynamic shared memory (bytes) of a GEMV launch of `blocks` blocks over rows of `k` values that stages
-/// its activation row (`gemv_stream` in `kernels/linear.cu`), or `None` when it reads the row from global
+/// its activation row (`gemv_staged` in `kernels/linear.cu`), or `None` when it reads the row from global
 /// memory: only whole 16-byte chunks (`vec_ok`) that fit, and only a launch that fuses an RMS norm (`norm`) or
 /// has at least `min_blocks` blocks ([`gemv_stage_min_blocks`]).
 pub fn gemv_stage(vec_ok: bool, k: u32, blocks: u32, norm: bool, min_blocks: u32) -> Option<u32> {
     let bytes = k.checked_mul(4)?;
     (vec_ok && bytes <= GEMV_STAGE_BYTES && (norm || blocks >= min_blocks)).then_some(bytes)
+}
+
+/// GEMV blocks an SM holds at once (`GEMV_BLOCKS_PER_SM` in the source: the kernels' launch bound, which
+/// budgets their registers).
+pub const GEMV_BLOCKS_PER_SM: u32 = 3;
+
+/// The most blocks a staged GEMV launch takes on a device of `multiprocessors` SMs: one wave,
+/// [`GEMV_BLOCKS_PER_SM`] an SM (a tuning sweep's `-DGEMV_BLOCKS_PER_SM=N` sets both sides), or what a sweep
+/// sets with `-DKV_GEMV_WAVE=N` (0: no limit). Read once, when a delegate loads.
+pub fn gemv_wave(multiprocessors: u32) -> u32 {
+    let per_sm = tuning::override_of("GEMV_BLOCKS_PER_SM", GEMV_BLOCKS_PER_SM.into());
+    let wave = tuning::override_of("KV_GEMV_WAVE", u64::from(multiprocessors).saturating_mul(per_sm));
+    u32::try_from(wave).unwrap_or(u32::MAX)
+}
+
+/// Blocks across of a GEMV launch of `groups` groups of columns: one a group, but at most `wave` (unless 0)
+/// when the launch stages its activation row, whose blocks then take several groups with one staging.
+pub fn gemv_blocks(groups: u32, staged: bool, wave: u32) -> u32 {
+    if staged && wave > 0 {
+        groups.min(wave)
+    } else {
+        groups
+    }
 }
 
 /// Threads of an argmax block (`ARGMAX_THREADS` in the source).
@@ -149,6 +172,7 @@ pub struct GemvP {
     pub rope_half: i32,
     pub rope_mats: i32,
     pub staged: i32,
+    pub groups: i32,
 }
 
 /// `KvP`.
@@ -259,12 +283,18 @@ pub struct Kernels {
     gather: Function,
     add: Function,
     rms_norm: Function,
-    gemv: Function,
-    gemv_glu: Function,
-    gemv_rope: Function,
+    /// Each GEMV entry (plain, gate/up, rotated): a block a group, and a block several (`_waves`).
+    gemv: [Function; 2],
+    gemv_glu: [Function; 2],
+    gemv_rope: [Function; 2],
     kv_update: Function,
     attention: Function,
     argmax: Function,
+}
+
+/// The entry of a GEMV launch: the `_waves` one when its blocks are fewer than its groups of columns.
+fn gemv_entry<'a>(entries: &'a [Function; 2], config: &LaunchConfig, p: &GemvP) -> &'a Function {
+    &entries[usize::from(u32::try_from(p.groups).unwrap_or(0) > config.grid.0)]
 }
 
 impl Kernels {
@@ -275,9 +305,9 @@ impl Kernels {
             gather: module.function("gather")?,
             add: module.function("add")?,
             rms_norm: module.function("rms_norm")?,
-            gemv: module.function("gemv")?,
-            gemv_glu: module.function("gemv_glu")?,
-            gemv_rope: module.function("gemv_rope")?,
+            gemv: [module.function("gemv")?, module.function("gemv_waves")?],
+            gemv_glu: [module.function("gemv_glu")?, module.function("gemv_glu_waves")?],
+            gemv_rope: [module.function("gemv_rope")?, module.function("gemv_rope_waves")?],
             kv_update: module.function("kv_update")?,
             attention: module.function("attention")?,
             argmax: module.function("argmax")?,
@@ -314,9 +344,9 @@ impl Kernels {
                 Launch::Gather(c, p) => go(&self.gather, *c, stream, p, overlapped),
                 Launch::Add(c, p) => go(&self.add, *c, stream, p, overlapped),
                 Launch::RmsNorm(c, p) => go(&self.rms_norm, *c, stream, p, overlapped),
-                Launch::Gemv(c, p) => go(&self.gemv, *c, stream, p, overlapped),
-                Launch::GemvGlu(c, p) => go(&self.gemv_glu, *c, stream, p, overlapped),
-                Launch::GemvRope(c, p) => go(&self.gemv_rope, *c, stream, p, overlapped),
+                Launch::Gemv(c, p) => go(gemv_entry(&self.gemv, c, p), *c, stream, p, overlapped),
+                Launch::GemvGlu(c, p) => go(gemv_entry(&self.gemv_glu, c, p), *c, stream, p, overlapped),
+                Launch::GemvRope(c, p) => go(gemv_entry(&self.gemv_rope, c, p), *c, stream, p, overlapped),
                 Launch::KvUpdate(c, p) => go(&self.kv_update, *c, stream, p, overlapped),
                 Launch::Attention(c, p) => go(&self.attention, *c, stream, p, overlapped),
                 Launch::Argmax(c, p) => go(&self.argmax, *c, stream, p, overlapped),
@@ -353,6 +383,9 @@ mod tests {
                         "gemv",
                         "gemv_glu",
                         "gemv_rope",
+                        "gemv_waves",
+                        "gemv_glu_waves",
+                        "gemv_rope_waves",
                         "kv_update",
                         "attention",
                         "argmax",
@@ -393,5 +426,21 @@ mod tests {
         assert_eq!(stage(true, 12_288, 4096, true), None, "48 KiB and the kernel's static shared memory");
         assert_eq!(stage(true, u32::MAX, 4096, true), None, "no overflow");
         assert_eq!(gemv_stage(true, 2048, 4096, false, 4097), None, "a sweep's higher threshold");
+    }
+
+    /// A staged launch of more groups than a wave has a wave of blocks (the H200: 132 SMs, 396 blocks); any
+    /// other launch a block a group; the wave matches the source's launch bound.
+    #[test]
+    fn staged_gemvs_take_at_most_a_wave_of_blocks() {
+        assert!(SOURCE.contains(&format!("#define GEMV_BLOCKS_PER_SM {GEMV_BLOCKS_PER_SM}\n")));
+        let wave = gemv_wave(132);
+        if !cfg!(feature = "tuning") {
+            assert_eq!(wave, 396);
+        }
+        assert_eq!(gemv_blocks(2048, true, 396), 396, "the Llama shape's gate/up");
+        assert_eq!(gemv_blocks(128_256_u32.div_ceil(GEMV_WARPS), true, 396), 396, "its vocabulary");
+        assert_eq!(gemv_blocks(384, true, 396), 384, "its Q/K/V: less than a wave");
+        assert_eq!(gemv_blocks(2048, false, 396), 2048, "not staged");
+        assert_eq!(gemv_blocks(2048, true, 0), 2048, "a sweep's no limit");
     }
 }

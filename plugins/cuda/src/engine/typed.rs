@@ -95,9 +95,10 @@ impl Engine {
         let geometry = cache_rows.map_or((0, 0, 0), |r| (r.heads as i32, r.len as i32, r.head_dim as i32));
         let columns: u32 = mats.iter().map(|mat| mat.n).sum();
         let vec_ok = aligned && k % kernels::vec_width(float) == 0;
-        let blocks = columns.div_ceil(kernels::GEMV_WARPS);
+        let groups = columns.div_ceil(kernels::GEMV_WARPS);
         let min_blocks = kernels::gemv_stage_min_blocks();
-        let stage = kernels::gemv_stage(vec_ok, k, blocks.saturating_mul(m), norm.is_some(), min_blocks);
+        let stage = kernels::gemv_stage(vec_ok, k, groups.saturating_mul(m), norm.is_some(), min_blocks);
+        let blocks = kernels::gemv_blocks(groups, stage.is_some(), self.gemv_wave);
         let config = cfg((blocks, m, 1), kernels::GEMV_WARPS * 32, stage.unwrap_or(0));
         let params = GemvP {
             a: p(a),
@@ -124,6 +125,7 @@ impl Engine {
             rope_half: rope.map_or(0, |t| t.half as i32),
             rope_mats: mats.iter().enumerate().map(|(i, mat)| i32::from(mat.roped) << i).sum(),
             staged: i32::from(stage.is_some()),
+            groups: groups as i32,
         };
         match (glu, rope) {
             (Some(_), _) => Launch::GemvGlu(config, params),

@@ -27,9 +27,11 @@
 // takes `gemv_stream` instead: each block stages its row of `a` once, times the norm's gains, in f32 in shared
 // memory, and its warps then only stream weights. There the row's conversion and normalisation, done by every
 // warp, cost more issue slots than the bandwidth leaves (Nsight Compute on the H200: the vocabulary projection
-// issued an instruction in 68 % of its schedulers' cycles at 63 % of the DRAM bandwidth).
-// Grid (ceil(total columns / GEMV_WARPS), M); block GEMV_WARPS warps (`gemv_glu`: GEMV_WARPS / 2 columns of
-// each matrix a block).
+// issued an instruction in 68 % of its schedulers' cycles at 63 % of the DRAM bandwidth). Such a launch has at
+// most a wave of blocks (`kernels::gemv_blocks`); one of more groups of columns than that takes the `_waves`
+// entries (`gemv_waves_body`), whose blocks each take several groups with one staging.
+// Grid (one block a group of GEMV_WARPS columns, or a wave of blocks for the `_waves` entries; M); block
+// GEMV_WARPS warps (`gemv_glu`: a group is GEMV_WARPS / 2 columns of each matrix).
 
 #define GEMV_WARPS 8
 // Tunables (`#ifndef`: a sweep may set them, see `kernels/tuning.rs`).
@@ -59,6 +61,8 @@ struct GemvP {
     const T* sin;
     int rope_half, rope_mats;
     int staged;  // the launch stages `a`'s row in dynamic shared memory (4 * K bytes, `kernels::gemv_stage`)
+    int groups;  // groups of GEMV_WARPS columns (`gemv_glu`: GEMV_WARPS / 2 of each matrix): the blocks of a
+                 // full grid; the `_waves` entries' blocks take every gridDim.x-th
 };
 
 // 16 bytes of a weight row: read once a step, so never kept in L1 (measured on the H200: the Llama-3.2-1B
@@ -75,6 +79,21 @@ __device__ __forceinline__ uint4 ld_weight(const T* p, bool fixed) {
                      : "=r"(u.x), "=r"(u.y), "=r"(u.z), "=r"(u.w)
                      : "l"(p));
     }
+    return u;
+}
+
+// `ld_weight` as one statement, each form predicated on `fixed`: no branch around every load (`gemv_rings`).
+// Measured on the H200 in the experiment that grew that loop, where every weight load took this form: config
+// (c) at 4096, 572.7 -> 548.8 us a step. The one-group loops keep `ld_weight`: their registers are at the
+// launch bound, and this form was not measured against it there alone.
+__device__ __forceinline__ uint4 ld_weight_pred(const T* p, bool fixed) {
+    uint4 u;
+    asm volatile(
+        "{\n\t.reg .pred f;\n\tsetp.ne.b32 f, %5, 0;\n\t"
+        "@f ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];\n\t"
+        "@!f ld.global.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];\n\t}"
+        : "=r"(u.x), "=r"(u.y), "=r"(u.z), "=r"(u.w)
+        : "l"(p), "r"((int)fixed));
     return u;
 }
 
@@ -267,6 +286,15 @@ __device__ __forceinline__ uint4 gemv_w(const GemvP& p, const T* wr, bool live, 
     return live && k < p.K ? ld_weight(wr + k, p.early) : make_uint4(0u, 0u, 0u, 0u);
 }
 
+// Adds the staged row's VEC values at `x` times a chunk of weights to `acc`, four at a time.
+__device__ __forceinline__ void gemv_fma(float& acc, const float* x, const float* wv) {
+#pragma unroll
+    for (int v = 0; v < VEC; v += 4) {
+        const float4 xv = *reinterpret_cast<const float4*>(x + v);
+        acc += xv.x * wv[v] + xv.y * wv[v + 1] + xv.z * wv[v + 2] + xv.w * wv[v + 3];
+    }
+}
+
 // A staged block's dynamic shared memory: `a`'s row times the norm's gains, in f32 (`p.staged`: 4 * K bytes).
 extern __shared__ float gemv_xs[];
 
@@ -348,11 +376,7 @@ __device__ __forceinline__ float gemv_stream(const GemvP& p, int mat, int m, int
                 float wv[VEC];
                 cvt_vec(w[i], wv);
                 w[i] = gemv_w(p, wr, live, (c + GEMV_DEPTH * 32) * VEC);
-#pragma unroll
-                for (int v = 0; v < VEC; v += 4) {
-                    const float4 x = *reinterpret_cast<const float4*>(gemv_xs + c * VEC + v);
-                    acc += x.x * wv[v] + x.y * wv[v + 1] + x.z * wv[v + 2] + x.w * wv[v + 3];
-                }
+                gemv_fma(acc, gemv_xs + c * VEC, wv);
             }
         }
     }
@@ -370,29 +394,167 @@ __device__ __forceinline__ float gemv_stream(const GemvP& p, int mat, int m, int
 #define GEMV_PLAIN 0
 #define GEMV_GLU 1
 #define GEMV_ROPE 2
+
+// The column a warp computes in group `g` (the GEMV_WARPS columns block g of a full grid would take), of
+// which matrix, and its weight row; `live` is false past the last column.
+struct GemvCol {
+    int col, mat;
+    bool live;
+    const T* wr;
+};
+
+template <int KIND>
+__device__ __forceinline__ GemvCol gemv_col(const GemvP& p, int g) {
+    GemvCol c;
+    c.col = g * GEMV_WARPS + (threadIdx.x >> 5);
+    c.mat = 0;
+    if (p.nmat > 1 && c.col >= p.n[0]) {
+        c.col -= p.n[0];
+        c.mat = 1;
+        if (p.nmat > 2 && c.col >= p.n[1]) {
+            c.col -= p.n[1];
+            c.mat = 2;
+        }
+    }
+    if (KIND == GEMV_ROPE && roped(p, c.mat)) c.col = rope_col(c.col, p.rope_half);
+    if (KIND == GEMV_GLU) {
+        // Warps 2j and 2j + 1: column g * GEMV_WARPS / 2 + j of the gate and of the up matrix.
+        c.col = g * (GEMV_WARPS / 2) + (threadIdx.x >> 6);
+        c.mat = (threadIdx.x >> 5) & 1;
+    }
+    c.live = c.col < pick(p.n, c.mat);
+    c.wr = pick(p.w, c.mat) + (i64)(c.live ? c.col : 0) * p.K;
+    return c;
+}
+
+// The warp's lanes' sums made one and stored as the launch's kind stores.
+template <int KIND>
+__device__ __forceinline__ void gemv_finish(const GemvP& p, const GemvCol& c, int m, float acc,
+                                            const GemvTail& tail) {
+    const bool stores = c.live && (threadIdx.x & 31) == 0;
+    acc = warp_sum(acc);
+    if (KIND == GEMV_GLU) {
+        gemv_glu_store(p, c.mat, m, c.col, acc, tail, stores);
+    } else if (KIND == GEMV_ROPE) {
+        gemv_rope_store(p, c.mat, m, c.col, acc, tail, stores);
+    } else if (stores) {
+        gemv_store(p, c.mat, m, c.col, acc, tail);
+    }
+}
+
+// A warp's sum (each lane its part) over a row of whole rings (chunks a multiple of GEMV_DEPTH * 32) with the
+// staged row: `w` holds the row's first ring; each load is replaced as it is used by the one a ring ahead,
+// and in the last ring by the first of the warp's next column (`next`, none when it is not live), so a
+// warp's loads run on from column to column with no bounds check.
+__device__ __forceinline__ float gemv_rings(const GemvP& p, uint4 (&w)[GEMV_DEPTH], const T* wr,
+                                            const GemvCol& next, int rings) {
+    const int lane = threadIdx.x & 31;
+    float acc = 0.f;
+    for (int r = 0; r < rings; r++) {
+        const int cb = lane + r * GEMV_DEPTH * 32;
+        const bool last = r == rings - 1;
+        const T* from = last ? next.wr + lane * VEC : wr + (cb + GEMV_DEPTH * 32) * VEC;
+        const bool more = !last || next.live;
+#pragma unroll
+        for (int i = 0; i < GEMV_DEPTH; i++) {
+            float wv[VEC];
+            cvt_vec(w[i], wv);
+            w[i] = more ? ld_weight_pred(from + i * 32 * VEC, p.early) : make_uint4(0u, 0u, 0u, 0u);
+            gemv_fma(acc, gemv_xs + (cb + i * 32) * VEC, wv);
+        }
+    }
+    return acc;
+}
+
+// The same for any row of whole chunks: each load is replaced by the one a ring ahead while the row has one.
+__device__ __forceinline__ float gemv_ragged(const GemvP& p, uint4 (&w)[GEMV_DEPTH], const GemvCol& c) {
+    const int lane = threadIdx.x & 31, chunks = p.K / VEC;
+    float acc = 0.f;
+    for (int cb = lane; cb < chunks; cb += GEMV_DEPTH * 32) {
+#pragma unroll
+        for (int i = 0; i < GEMV_DEPTH; i++) {
+            const int k = cb + i * 32;
+            if (k < chunks) {
+                float wv[VEC];
+                cvt_vec(w[i], wv);
+                w[i] = gemv_w(p, c.wr, c.live, (k + GEMV_DEPTH * 32) * VEC);
+                gemv_fma(acc, gemv_xs + k * VEC, wv);
+            }
+        }
+    }
+    return acc;
+}
+
+// The `_waves` entries' staged path (a launch of more groups than a wave of blocks, `kernels::gemv_blocks`):
+// as `gemv_stream`, but a block takes the groups blockIdx.x, blockIdx.x + gridDim.x, ... with one staging of
+// the row, and over rows of whole rings a warp's loads run on from one column into its next (measured on the
+// H200, same call: the Llama-3.2-1B shape 1029.0 -> 965.3 us a step, its gate/up and vocabulary projections
+// 1 024 and 16 032 groups on 396 blocks). A group's residual and cache row are requested as it starts: in a
+// build where one kernel took both paths, requesting the first group's before the staging held registers
+// across it (spills), and config (c) lost 20 us a step. Its own entries keep `gemv_stream` as it was.
+template <int KIND>
+__device__ __forceinline__ void gemv_waves_body(const GemvP& p) {
+    TRACE_BEGIN(TRACE_GEMV);
+    __shared__ float s_ss[GEMV_WARPS];
+    const int lane = threadIdx.x & 31, chunks = p.K / VEC, c0 = threadIdx.x, m = blockIdx.y;
+    const int rings = chunks / (GEMV_DEPTH * 32);
+    const bool whole = chunks % (GEMV_DEPTH * 32) == 0;
+    const T* ar = p.a + (i64)m * p.K;
+    if (!p.early) pdl_wait();  // a later `pdl_wait` returns at once
+    GemvCol c = gemv_col<KIND>(p, blockIdx.x);
+    GemvTail tail = gemv_bias(p, c.mat, c.col, c.live && lane == 0);
+    uint4 w[GEMV_DEPTH];
+    uint4 g0 = make_uint4(0u, 0u, 0u, 0u);
+    if (p.norm_w && p.early && c0 < chunks) g0 = ld_raw(p.norm_w + c0 * VEC);
+#pragma unroll
+    for (int i = 0; i < GEMV_PRE && i < GEMV_DEPTH; i++) w[i] = gemv_w(p, c.wr, c.live, (i * 32 + lane) * VEC);
+    pdl_wait();
+    TRACE_WAITED();
+    pdl_launch();
+    if (p.norm_w && !p.early && c0 < chunks) g0 = ld_raw(p.norm_w + c0 * VEC);
+    float ss = gemv_stage_row(p, ar, g0);
+#pragma unroll
+    for (int i = GEMV_PRE; i < GEMV_DEPTH; i++) w[i] = gemv_w(p, c.wr, c.live, (i * 32 + lane) * VEC);
+    if (p.norm_w) {
+        ss = warp_sum(ss);
+        if (lane == 0) s_ss[threadIdx.x >> 5] = ss;
+    }
+    __syncthreads();
+    float inv = 1.f;
+    if (p.norm_w) {
+        ss = 0.f;
+#pragma unroll
+        for (int i = 0; i < GEMV_WARPS; i++) ss += s_ss[i];
+        inv = rsqrtf(ss / (float)p.K + p.eps);
+    }
+    for (int g = blockIdx.x; g < p.groups; g += gridDim.x) {
+        if (g != (int)blockIdx.x) {
+            c = gemv_col<KIND>(p, g);
+            tail = gemv_bias(p, c.mat, c.col, c.live && lane == 0);
+            if (!whole) {
+#pragma unroll
+                for (int i = 0; i < GEMV_DEPTH; i++) w[i] = gemv_w(p, c.wr, c.live, (i * 32 + lane) * VEC);
+            }
+        }
+        gemv_after_wait(p, c.mat, m, c.col, c.live && lane == 0, tail, KIND == GEMV_ROPE);
+        const float acc =
+            whole ? gemv_rings(p, w, c.wr, gemv_col<KIND>(p, g + gridDim.x), rings) : gemv_ragged(p, w, c);
+        gemv_finish<KIND>(p, c, m, acc * inv, tail);
+        // The epilogues' shared values are read before the next group writes them.
+        if (KIND != GEMV_PLAIN && g + gridDim.x < p.groups) __syncthreads();
+    }
+    TRACE_WORKED();
+}
+
 template <int KIND>
 __device__ __forceinline__ void gemv_body(const GemvP& p) {
     TRACE_BEGIN(TRACE_GEMV);
     const int lane = threadIdx.x & 31;
-    int col = blockIdx.x * GEMV_WARPS + (threadIdx.x >> 5);
     const int m = blockIdx.y;
-    int mat = 0;
-    if (p.nmat > 1 && col >= p.n[0]) {
-        col -= p.n[0];
-        mat = 1;
-        if (p.nmat > 2 && col >= p.n[1]) {
-            col -= p.n[1];
-            mat = 2;
-        }
-    }
-    if (KIND == GEMV_ROPE && roped(p, mat)) col = rope_col(col, p.rope_half);
-    if (KIND == GEMV_GLU) {
-        // Warps 2j and 2j + 1: column blockIdx.x * GEMV_WARPS / 2 + j of the gate and of the up matrix.
-        col = blockIdx.x * (GEMV_WARPS / 2) + (threadIdx.x >> 6);
-        mat = (threadIdx.x >> 5) & 1;
-    }
-    const bool live = col < pick(p.n, mat);
-    const T* wr = pick(p.w, mat) + (i64)(live ? col : 0) * p.K;
+    const GemvCol at = gemv_col<KIND>(p, blockIdx.x);
+    const int col = at.col, mat = at.mat;
+    const bool live = at.live;
+    const T* wr = at.wr;
     const T* ar = p.a + (i64)m * p.K;
     const bool stores = live && lane == 0;
     if (!p.early) pdl_wait();  // a later `pdl_wait` returns at once
@@ -441,4 +603,16 @@ extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32, GEMV_BLOCKS_PER_SM
 
 extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32, GEMV_BLOCKS_PER_SM) gemv_rope(GemvP p) {
     gemv_body<GEMV_ROPE>(p);
+}
+
+extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32, GEMV_BLOCKS_PER_SM) gemv_waves(GemvP p) {
+    gemv_waves_body<GEMV_PLAIN>(p);
+}
+
+extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32, GEMV_BLOCKS_PER_SM) gemv_glu_waves(GemvP p) {
+    gemv_waves_body<GEMV_GLU>(p);
+}
+
+extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32, GEMV_BLOCKS_PER_SM) gemv_rope_waves(GemvP p) {
+    gemv_waves_body<GEMV_ROPE>(p);
 }

@@ -195,10 +195,11 @@ struct Pair {
 
 impl Pair {
     fn new(ctx: &Context, dtype: ElemType) -> Pair {
-        // Every normalised projection stages its row (`kernels::gemv_stage`); a vocabulary and SwiGLU this
-        // wide make the vocabulary and gate/up projections launches of many waves (1 125 and 1 024 blocks),
-        // so blocks of later waves stage theirs too.
-        let cfg = Hf { vocab: 9000, ffn: 4096, ..Hf::tiny(dtype) };
+        // Every normalised projection stages its row (`kernels::gemv_stage`). A vocabulary and SwiGLU this
+        // wide make the vocabulary and gate/up projections 1 125 and 1 024 groups of columns, more than a
+        // wave of blocks, so a block takes several (`kernels::gemv_blocks`); a hidden size of 1 024 makes
+        // their rows whole rings of loads, which run on from one column into the next.
+        let cfg = Hf { vocab: 9000, ffn: 4096, dim: 1024, heads: 8, head_dim: 128, ..Hf::tiny(dtype) };
         let reference = Plugin::embedded(reference_delegate::delegate_root()).expect("reference plugin");
         let cuda = super::plugin();
         let prefill = Method::new(&cfg, PROMPT.len() as u64, &reference, &cuda);
