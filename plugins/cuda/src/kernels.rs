@@ -53,9 +53,9 @@ pub fn gemv_stage_min_blocks() -> u32 {
 }
 
 /// The dynamic shared memory (bytes) of a GEMV launch of `blocks` blocks over rows of `k` values that stages
-/// its activation row (`gemv_staged` in `kernels/linear.cu`), or `None` when it reads the row from global
-/// memory: only whole 16-byte chunks (`vec_ok`) that fit, and only a launch that fuses an RMS norm (`norm`) or
-/// has at least `min_blocks` blocks ([`gemv_stage_min_blocks`]).
+/// its activation row (`gemv_stream` and the `_waves` entries in `kernels/linear.cu`), or `None` when it reads
+/// the row from global memory: only whole 16-byte chunks (`vec_ok`) that fit, and only a launch that fuses an
+/// RMS norm (`norm`) or has at least `min_blocks` blocks ([`gemv_stage_min_blocks`]).
 pub fn gemv_stage(vec_ok: bool, k: u32, blocks: u32, norm: bool, min_blocks: u32) -> Option<u32> {
     let bytes = k.checked_mul(4)?;
     (vec_ok && bytes <= GEMV_STAGE_BYTES && (norm || blocks >= min_blocks)).then_some(bytes)
@@ -67,7 +67,7 @@ pub const GEMV_BLOCKS_PER_SM: u32 = 3;
 
 /// The most blocks a staged GEMV launch takes on a device of `multiprocessors` SMs: one wave,
 /// [`GEMV_BLOCKS_PER_SM`] an SM (a tuning sweep's `-DGEMV_BLOCKS_PER_SM=N` sets both sides), or what a sweep
-/// sets with `-DKV_GEMV_WAVE=N` (0: no limit). Read once, when a delegate loads.
+/// sets with `-DKV_GEMV_WAVE=N` (0: no limit). Read once an engine, when it is built.
 pub fn gemv_wave(multiprocessors: u32) -> u32 {
     let per_sm = tuning::override_of("GEMV_BLOCKS_PER_SM", GEMV_BLOCKS_PER_SM.into());
     let wave = tuning::override_of("KV_GEMV_WAVE", u64::from(multiprocessors).saturating_mul(per_sm));
