@@ -194,12 +194,21 @@ struct Pair {
 }
 
 impl Pair {
-    fn new(ctx: &Context, dtype: ElemType) -> Pair {
-        // Every normalised projection stages its row (`kernels::gemv_stage`). A vocabulary and SwiGLU this
-        // wide make the vocabulary and gate/up projections 1 125 and 1 024 groups of columns, more than a
-        // wave of blocks, so a block takes several (`kernels::gemv_blocks`); a hidden size of 1 024 makes
-        // their rows whole rings of loads, which run on from one column into the next.
-        let cfg = Hf { vocab: 9000, ffn: 4096, dim: 1024, heads: 8, head_dim: 128, ..Hf::tiny(dtype) };
+    /// Every normalised projection stages its row (`kernels::gemv_stage`). A vocabulary and SwiGLU this wide
+    /// make the vocabulary and gate/up projections 1 125 and 1 024 groups of columns, more than a wave of
+    /// blocks, so a block takes several (`kernels::gemv_blocks`, the `_waves` entries); a hidden size of
+    /// 1 024 makes their rows whole rings of loads, which run on from one column into the next.
+    fn wide(dtype: ElemType) -> Hf {
+        Hf { vocab: 9000, ffn: 4096, dim: 1024, heads: 8, head_dim: 128, ..Hf::tiny(dtype) }
+    }
+
+    /// The same projections over rows of 64 values, less than a ring: a block of the `_waves` entries loads
+    /// each of its groups' first ring as the group starts.
+    fn narrow(dtype: ElemType) -> Hf {
+        Hf { vocab: 9000, ffn: 4096, ..Hf::tiny(dtype) }
+    }
+
+    fn new(ctx: &Context, cfg: Hf) -> Pair {
         let reference = Plugin::embedded(reference_delegate::delegate_root()).expect("reference plugin");
         let cuda = super::plugin();
         let prefill = Method::new(&cfg, PROMPT.len() as u64, &reference, &cuda);
@@ -258,16 +267,18 @@ impl Pair {
 
 const DTYPES: [ElemType; 3] = [ElemType::F32, ElemType::F16, ElemType::Bf16];
 
-/// Prefill and 12 decode steps of the Hugging Face forms in f32, f16 and bf16: each step's logits against
-/// the CPU reference's (the GPU fed the reference's tokens, so a near tie that rounding breaks the other way
-/// cannot hide a wrong step), the tokens equal in f32, no host synchronisation in any decode `execute`, no
-/// byte staged or reflected, and the device caches equal to the reference's at the end.
+/// Prefill and 12 decode steps of the Hugging Face forms in f32, f16 and bf16, each in both shapes
+/// ([`Pair::wide`] and [`Pair::narrow`]: the `_waves` GEMVs over whole rings and over shorter rows): each
+/// step's logits against the CPU reference's (the GPU fed the reference's tokens, so a near tie that rounding
+/// breaks the other way cannot hide a wrong step), the tokens equal in f32, no host synchronisation in any
+/// decode `execute`, no byte staged or reflected, and the device caches equal to the reference's at the end.
 #[test]
 #[ignore = "needs an NVIDIA GPU and driver: `cargo xtask gpu-test` runs it on one (--include-ignored, KV_REQUIRE_GPU=1)"]
 fn hf_decoder_matches_the_cpu_reference_in_every_float_type() {
     let Some(ctx) = gpu() else { return };
-    for dtype in DTYPES {
-        let mut pair = Pair::new(&ctx, dtype);
+    for cfg in DTYPES.into_iter().flat_map(|dtype| [Pair::wide(dtype), Pair::narrow(dtype)]) {
+        let dtype = cfg.dtype;
+        let mut pair = Pair::new(&ctx, cfg);
         let mut token = pair.prefill();
         for step in 0..STEPS {
             let pos = (PROMPT.len() + step) as i64;
@@ -293,7 +304,7 @@ fn hf_decoder_matches_the_cpu_reference_in_every_float_type() {
 fn hf_decode_step_replays_as_a_cuda_graph() {
     let Some(ctx) = gpu() else { return };
     for dtype in DTYPES {
-        let mut pair = Pair::new(&ctx, dtype);
+        let mut pair = Pair::new(&ctx, Pair::wide(dtype));
         let mut token = pair.prefill();
         let pos = PROMPT.len() as i64;
         // The first step runs as a plain call (the delegate checks the new pointers with the driver once).
@@ -329,7 +340,7 @@ fn hf_decode_step_replays_as_a_cuda_graph() {
 #[ignore = "needs an NVIDIA GPU and driver: `cargo xtask gpu-test` runs it on one (--include-ignored, KV_REQUIRE_GPU=1)"]
 fn hf_out_of_range_token_and_position_are_reported() {
     let Some(ctx) = gpu() else { return };
-    let mut pair = Pair::new(&ctx, ElemType::Bf16);
+    let mut pair = Pair::new(&ctx, Pair::wide(ElemType::Bf16));
     let vocab = pair.cfg.vocab as i64;
     let max_len = pair.cfg.max_len as i64;
     for (ids, pos, expected) in [
