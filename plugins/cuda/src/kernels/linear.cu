@@ -337,6 +337,35 @@ __device__ __forceinline__ float gemv_stage_row(const GemvP& p, const T* ar, uin
     return ss;
 }
 
+// The norm's scale from the warps' sums of squares in `s_ss` (GEMV_WARPS floats, published by the staging's
+// barrier).
+__device__ __forceinline__ float gemv_norm_scale(const GemvP& p, const float* s_ss) {
+    float ss = 0.f;
+#pragma unroll
+    for (int i = 0; i < GEMV_WARPS; i++) ss += s_ss[i];
+    return rsqrtf(ss / (float)p.K + p.eps);
+}
+
+// A warp's sum (each lane its part) of its weight row `wr` times the staged row, `w` holding the row's first
+// ring of loads: each load is replaced as it is used by the one a ring ahead while the row has one.
+__device__ __forceinline__ float gemv_ragged(const GemvP& p, uint4 (&w)[GEMV_DEPTH], const T* wr, bool live) {
+    const int lane = threadIdx.x & 31, chunks = p.K / VEC;
+    float acc = 0.f;
+    for (int cb = lane; cb < chunks; cb += GEMV_DEPTH * 32) {
+#pragma unroll
+        for (int i = 0; i < GEMV_DEPTH; i++) {
+            const int k = cb + i * 32;
+            if (k < chunks) {
+                float wv[VEC];
+                cvt_vec(w[i], wv);
+                w[i] = gemv_w(p, wr, live, (k + GEMV_DEPTH * 32) * VEC);
+                gemv_fma(acc, gemv_xs + k * VEC, wv);
+            }
+        }
+    }
+    return acc;
+}
+
 // The warp's dot product (each lane its part) of its weight row with `a`'s row, normalised when the product
 // fuses a norm. The block stages the row once, times the gains, in f32 (`gemv_stage_row`), so a warp's loop is
 // only its weights: GEMV_DEPTH loads of 16 bytes a lane stay in flight (the first GEMV_PRE requested before
@@ -367,25 +396,8 @@ __device__ __forceinline__ float gemv_stream(const GemvP& p, int mat, int m, int
         if (lane == 0) s_ss[threadIdx.x >> 5] = ss;
     }
     __syncthreads();
-    float acc = 0.f;
-    for (int cb = lane; cb < chunks; cb += GEMV_DEPTH * 32) {
-#pragma unroll
-        for (int i = 0; i < GEMV_DEPTH; i++) {
-            const int c = cb + i * 32;
-            if (c < chunks) {
-                float wv[VEC];
-                cvt_vec(w[i], wv);
-                w[i] = gemv_w(p, wr, live, (c + GEMV_DEPTH * 32) * VEC);
-                gemv_fma(acc, gemv_xs + c * VEC, wv);
-            }
-        }
-    }
-    if (p.norm_w) {
-        ss = 0.f;
-#pragma unroll
-        for (int i = 0; i < GEMV_WARPS; i++) ss += s_ss[i];
-        acc *= rsqrtf(ss / (float)p.K + p.eps);
-    }
+    float acc = gemv_ragged(p, w, wr, live);
+    if (p.norm_w) acc *= gemv_norm_scale(p, s_ss);
     return acc;
 }
 
@@ -466,25 +478,6 @@ __device__ __forceinline__ float gemv_rings(const GemvP& p, uint4 (&w)[GEMV_DEPT
     return acc;
 }
 
-// The same for any row of whole chunks: each load is replaced by the one a ring ahead while the row has one.
-__device__ __forceinline__ float gemv_ragged(const GemvP& p, uint4 (&w)[GEMV_DEPTH], const GemvCol& c) {
-    const int lane = threadIdx.x & 31, chunks = p.K / VEC;
-    float acc = 0.f;
-    for (int cb = lane; cb < chunks; cb += GEMV_DEPTH * 32) {
-#pragma unroll
-        for (int i = 0; i < GEMV_DEPTH; i++) {
-            const int k = cb + i * 32;
-            if (k < chunks) {
-                float wv[VEC];
-                cvt_vec(w[i], wv);
-                w[i] = gemv_w(p, c.wr, c.live, (k + GEMV_DEPTH * 32) * VEC);
-                gemv_fma(acc, gemv_xs + k * VEC, wv);
-            }
-        }
-    }
-    return acc;
-}
-
 // The `_waves` entries' staged path (a launch of more groups than a wave of blocks, `kernels::gemv_blocks`):
 // as `gemv_stream`, but a block takes the groups blockIdx.x, blockIdx.x + gridDim.x, ... with one staging of
 // the row, and over rows of whole rings a warp's loads run on from one column into its next (measured on the
@@ -520,13 +513,7 @@ __device__ __forceinline__ void gemv_waves_body(const GemvP& p) {
         if (lane == 0) s_ss[threadIdx.x >> 5] = ss;
     }
     __syncthreads();
-    float inv = 1.f;
-    if (p.norm_w) {
-        ss = 0.f;
-#pragma unroll
-        for (int i = 0; i < GEMV_WARPS; i++) ss += s_ss[i];
-        inv = rsqrtf(ss / (float)p.K + p.eps);
-    }
+    const float inv = p.norm_w ? gemv_norm_scale(p, s_ss) : 1.f;
     for (int g = blockIdx.x; g < p.groups; g += gridDim.x) {
         if (g != (int)blockIdx.x) {
             c = gemv_col<KIND>(p, g);
@@ -538,7 +525,7 @@ __device__ __forceinline__ void gemv_waves_body(const GemvP& p) {
         }
         gemv_after_wait(p, c.mat, m, c.col, c.live && lane == 0, tail, KIND == GEMV_ROPE);
         const float acc =
-            whole ? gemv_rings(p, w, c.wr, gemv_col<KIND>(p, g + gridDim.x), rings) : gemv_ragged(p, w, c);
+            whole ? gemv_rings(p, w, c.wr, gemv_col<KIND>(p, g + gridDim.x), rings) : gemv_ragged(p, w, c.wr, c.live);
         gemv_finish<KIND>(p, c, m, acc * inv, tail);
         // The epilogues' shared values are read before the next group writes them.
         if (KIND != GEMV_PLAIN && g + gridDim.x < p.groups) __syncthreads();
