@@ -50,6 +50,8 @@ pub struct Engine {
     overlap: bool,
     /// The most blocks a staged GEMV launch takes: a wave on this device (`kernels::gemv_wave`).
     gemv_wave: u32,
+    /// The most blocks a tensor-core attention launch takes (`kernels::attention_tc_wave`).
+    attn_tc_wave: u32,
     err: Allocation<Device>,
     /// Where the error word is copied after each call queued on a caller's stream; read at the next call.
     err_seen: Allocation<Pinned>,
@@ -205,6 +207,7 @@ impl Engine {
         let launches = Vec::with_capacity(plan.steps.len());
         let overlap = ctx.overlaps_launches();
         let gemv_wave = kernels::gemv_wave(ctx.multiprocessors());
+        let attn_tc_wave = kernels::attention_tc_wave(ctx.multiprocessors());
         Ok(Engine {
             ctx,
             typed,
@@ -223,6 +226,7 @@ impl Engine {
             argmax_part,
             overlap,
             gemv_wave,
+            attn_tc_wave,
             err,
             err_seen,
             ptrs,

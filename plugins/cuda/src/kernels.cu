@@ -190,7 +190,8 @@ extern "C" __global__ void kv_update(KvP p) {
 // merges the ranges, writes the output and resets its counter for the next launch (or graph replay). With
 // `early` set (the call writes the caches only at rows pos[0].. and never writes `pos`), the first tile's rows
 // before pos[0] are requested before `pdl_wait`: the cache streams in while the projections that produce the
-// query finish.
+// query finish. f16 and bf16 heads of 64 or 128 values run `attention_tc` (kernels/attention_tc.cu) instead,
+// on tensor cores, where the device has them; both merge with `attn_merge`.
 
 #define ATTN_WARPS 4
 #ifndef ATTN_U
@@ -213,6 +214,7 @@ struct AttnP {
     int q_ts, q_hs;  // q's and out's strides (elements) per row t and per query head h
     int group;       // query heads per KV head: query head h reads KV head h / group
     int early;       // rows before pos[0] may be read before `pdl_wait`
+    int hpb;         // query heads a block takes (`attention_tc`; 1 for `attention`)
 };
 
 // A group's running softmax over the rows it has seen: max, sum of exp(score - max), and the lane's elements
@@ -255,58 +257,81 @@ __device__ __forceinline__ void soft_merge_warp(Soft& s, int lanes, int n) {
     }
 }
 
-// The last block of (t, h): out = sum_c exp(m_c - max) o_c / sum_c exp(m_c - max) l_c over the `nvalid`
-// ranges' partials (read from L2: other blocks wrote them; each maximum and sum once, kept in shared memory).
-// `wts` holds 2 * splits floats; `vr` 4 * blockDim.
-__device__ void attn_merge(const AttnP& p, int h, int t, int nvalid, float* wts, float* vr, float* scratch) {
-    const i64 base = ((i64)t * p.H + h) * p.splits;
-    float* sums = wts + p.splits;
-    float mx = NEG_INF;
-    for (int c = threadIdx.x; c < nvalid; c += blockDim.x) {
-        const float2 ml = __ldcg(reinterpret_cast<const float2*>(p.ml + (base + c) * 2));
-        wts[c] = ml.x;
-        sums[c] = ml.y;
-        mx = fmaxf(mx, ml.x);
-    }
-    mx = block_max(mx, scratch);
-    float den = 0.f;
-    for (int c = threadIdx.x; c < nvalid; c += blockDim.x) {  // the entries this thread wrote
-        const float w = __expf(wts[c] - mx);
-        wts[c] = w;
-        den += w * sums[c];
-    }
-    den = block_sum(den, scratch);  // its barriers also publish `wts`
-    // Groups of Dh / 4 threads each add every ngrp-th range's partial, 16 bytes at a time (one float at a
-    // time for a head size not a multiple of 4); the groups' sums meet in `vr`.
+#ifndef ATTN_MERGE_BATCH
+#define ATTN_MERGE_BATCH 8  // ranges a merging thread requests at once (tunable, see `kernels/tuning.rs`)
+#endif
+
+// The merge, by the last block of (t, heads h0 .. h0 + hpb - 1): each head's out = sum_c exp(m_c - M) o_c /
+// sum_c exp(m_c - M) l_c over the `nvalid` ranges' partials (read from L2: other blocks wrote them). A
+// thread takes 4 values of a head (1 for a head size not a multiple of 4) and every ngrp-th range: it requests
+// ATTN_MERGE_BATCH ranges' maxima, sums and values at once and merges them as they come (one round trip for
+// up to ATTN_MERGE_BATCH * ngrp ranges, no barrier); the groups' states meet in `sh` (6 max(blockDim, hpb Dh)
+// floats) after one barrier. Then it resets the ticket counter of (t, h0) for the next launch.
+__device__ void attn_merge(const AttnP& p, int h0, int hpb, int t, int nvalid, float* sh) {
     const int w4 = p.Dh % 4 == 0 ? 4 : 1;
-    const int dl = p.Dh / w4, ngrp = max(1, (int)blockDim.x / dl);
-    for (int idx = threadIdx.x; idx < ngrp * dl; idx += blockDim.x) {
-        const int grp = idx / dl, d = (idx % dl) * w4;
-        float acc[4] = {0.f, 0.f, 0.f, 0.f};
+    const int dl = p.Dh / w4, cols = hpb * dl;
+    const int ngrp = max(1, (int)blockDim.x / cols), span = ngrp * cols;
+    float* gm = sh;              // [span]: a group's max
+    float* gl = gm + span;       // [span]: its sum
+    float* go = gl + span;       // [4 span]: its values
+    for (int idx = threadIdx.x; idx < span; idx += blockDim.x) {
+        const int grp = idx / cols, col = idx % cols, n = col / dl, d = (col % dl) * w4;
+        const i64 base = ((i64)t * p.H + h0 + n) * p.splits;
         const float* part = p.o_part + base * p.Dh + d;
-#pragma unroll 16
-        for (int c = grp; c < nvalid; c += ngrp) {
-            const float w = wts[c];
-            if (w4 == 4) {
-                const float4 o = __ldcg(reinterpret_cast<const float4*>(part + (i64)c * p.Dh));
-                acc[0] += w * o.x;
-                acc[1] += w * o.y;
-                acc[2] += w * o.z;
-                acc[3] += w * o.w;
-            } else {
-                acc[0] += w * __ldcg(part + (i64)c * p.Dh);
+        float m = NEG_INF, l = 0.f, acc[4] = {0.f, 0.f, 0.f, 0.f};
+        for (int c0 = grp; c0 < nvalid; c0 += ATTN_MERGE_BATCH * ngrp) {
+            float2 ml[ATTN_MERGE_BATCH];
+            float4 o[ATTN_MERGE_BATCH];
+#pragma unroll
+            for (int b = 0; b < ATTN_MERGE_BATCH; b++) {
+                const int c = c0 + b * ngrp;
+                ml[b] = make_float2(NEG_INF, 0.f);
+                o[b] = make_float4(0.f, 0.f, 0.f, 0.f);
+                if (c < nvalid) {
+                    ml[b] = __ldcg(reinterpret_cast<const float2*>(p.ml + (base + c) * 2));
+                    if (w4 == 4) {
+                        o[b] = __ldcg(reinterpret_cast<const float4*>(part + (i64)c * p.Dh));
+                    } else {
+                        o[b].x = __ldcg(part + (i64)c * p.Dh);
+                    }
+                }
+            }
+#pragma unroll
+            for (int b = 0; b < ATTN_MERGE_BATCH; b++) {
+                if (ml[b].x == NEG_INF) continue;  // past the valid ranges
+                const float mn = fmaxf(m, ml[b].x);
+                const float a = __expf(m - mn), e = __expf(ml[b].x - mn);
+                l = l * a + ml[b].y * e;
+                acc[0] = acc[0] * a + o[b].x * e;
+                acc[1] = acc[1] * a + o[b].y * e;
+                acc[2] = acc[2] * a + o[b].z * e;
+                acc[3] = acc[3] * a + o[b].w * e;
+                m = mn;
             }
         }
-        for (int u = 0; u < w4; u++) vr[grp * p.Dh + d + u] = acc[u];
+        gm[idx] = m;
+        gl[idx] = l;
+#pragma unroll
+        for (int u = 0; u < 4; u++) go[idx * 4 + u] = acc[u];
     }
     __syncthreads();
-    const float inv = 1.f / den;
-    const i64 qbase = (i64)t * p.q_ts + (i64)h * p.q_hs;
-    for (int d = threadIdx.x; d < p.Dh; d += blockDim.x) {
-        float s = 0.f;
-        for (int g = 0; g < ngrp; g++) s += vr[g * p.Dh + d];
-        st(p.out, qbase + d, s * inv);
+    for (int col = threadIdx.x; col < cols; col += blockDim.x) {
+        const int n = col / dl, d = (col % dl) * w4;
+        float mx = NEG_INF;
+        for (int g = 0; g < ngrp; g++) mx = fmaxf(mx, gm[g * cols + col]);
+        float den = 0.f, num[4] = {0.f, 0.f, 0.f, 0.f};
+        for (int g = 0; g < ngrp; g++) {
+            const int k = g * cols + col;
+            if (gm[k] == NEG_INF) continue;  // a group with no range
+            const float w = __expf(gm[k] - mx);
+            den += w * gl[k];
+#pragma unroll
+            for (int u = 0; u < 4; u++) num[u] += w * go[k * 4 + u];
+        }
+        const i64 qbase = (i64)t * p.q_ts + (i64)(h0 + n) * p.q_hs + d;
+        for (int u = 0; u < w4; u++) st(p.out, qbase + u, num[u] / den);
     }
+    if (threadIdx.x == 0) p.counters[(i64)t * p.H + h0] = 0u;  // for the next launch (or graph replay)
 }
 
 // A ticket: adds 1 to `counter` and returns its old value, with one acquire-release atomic at GPU scope. After
@@ -318,6 +343,47 @@ __device__ __forceinline__ unsigned int atomic_add_acq_rel(unsigned int* counter
     unsigned int old;
     asm volatile("atom.add.acq_rel.gpu.global.u32 %0, [%1], 1;" : "=r"(old) : "l"(counter) : "memory");
     return old;
+}
+
+// Block c's range of query t's valid prefix (rows 0..=pos[0] + t): [start, stop) of `nvalid` ranges of whole
+// `grain` rows, at most `splits`; `pos0` is pos[0].
+struct AttnRange {
+    i64 pos0, start, stop;
+    int nvalid;
+};
+
+// Waits for the previous kernel (unless the call reads the caches early), reads the position and finds block
+// c's range of query t; false when the block has none. A position out of the cache sets ERR_POSITION (once a
+// launch: by its block `first`) and no block has a range.
+__device__ __forceinline__ bool attn_range(const AttnP& p, int t, int c, bool first, i64 grain, AttnRange& r) {
+    if (!p.early) {
+        pdl_wait();
+        TRACE_WAITED();
+    }
+    r.pos0 = p.pos[0];
+    const i64 qpos = r.pos0 + t;
+    if (qpos < 0 || qpos >= p.L) {
+        if (threadIdx.x == 0 && first) atomicOr(p.err, ERR_POSITION);
+        return false;
+    }
+    const i64 rows = qpos + 1;
+    const i64 per = ((rows + p.splits - 1) / p.splits + grain - 1) / grain * grain;
+    r.start = c * per;
+    r.stop = min(r.start + per, rows);
+    r.nvalid = (int)((rows + per - 1) / per);
+    return r.start < rows;
+}
+
+// Publishes the block's range and takes a ticket of (t, h): true in the last of the `nvalid` ranges, which
+// then merges them. One thread takes it for the block, after the barrier (its release publishes every
+// thread's writes), and the barrier after it hands the other ranges' writes, acquired with the last ticket,
+// to every thread of the last block.
+__device__ __forceinline__ bool attn_last_range(const AttnP& p, int t, int h, int nvalid) {
+    __shared__ unsigned int ticket;
+    __syncthreads();
+    if (threadIdx.x == 0) ticket = atomic_add_acq_rel(p.counters + (i64)t * p.H + h);
+    __syncthreads();
+    return ticket == (unsigned int)(nvalid - 1);
 }
 
 // One tile: row j of each of the group's ATTN_U rows (j >= stop: none), K and V 16 bytes a lane.
@@ -359,30 +425,14 @@ extern "C" __global__ void attention(AttnP p) {
     const int W = ATTN_WARPS;
     float* gm = sm;                                      // [W]: the warps' maxima
     float* gl = gm + W;                                  // [W]: and sums
-    float* go = gl + W;                                  // [max(W * Dh, 4 * blockDim)]: their outputs
-    float* scratch = go + max(W * p.Dh, 4 * (int)blockDim.x);  // [32]
-    float* wts = scratch + 32;                           // [2 * splits]: the merge's weights and sums
-    __shared__ unsigned int ticket;
+    float* go = gl + W;  // [max(W * Dh, 6 * max(blockDim, Dh))]: their outputs, then the merge's
     const int h = blockIdx.x, c = blockIdx.y, t = blockIdx.z;
-    if (!p.early) {
-        pdl_wait();
-        TRACE_WAITED();
-    }
-    const i64 pos0 = p.pos[0];
-    const i64 qpos = pos0 + t;
-    if (qpos < 0 || qpos >= p.L) {
-        if (threadIdx.x == 0 && h == 0 && c == 0) atomicOr(p.err, ERR_POSITION);
-        return;
-    }
-    // This block's rows: the valid prefix cut into at most `splits` ranges of whole loop iterations (two
-    // tiles of the block).
-    const i64 rows = qpos + 1;
+    // This block's rows: ranges of whole loop iterations (two tiles of the block).
     const int step = ATTN_U * G;
-    const i64 per = ((rows + p.splits - 1) / p.splits + 2 * step - 1) / (2 * step) * (2 * step);
-    const i64 start = c * per;
-    if (start >= rows) return;
-    const i64 stop = min(start + per, rows);
-    const int nvalid = (int)((rows + per - 1) / per);
+    AttnRange r;
+    if (!attn_range(p, t, c, h == 0 && c == 0, 2 * step, r)) return;
+    const i64 pos0 = r.pos0, start = r.start, stop = r.stop;
+    const int nvalid = r.nvalid;
     const int lr = threadIdx.x % p.lanes, grp = threadIdx.x / p.lanes, warp = threadIdx.x >> 5;
     const bool writes = (threadIdx.x & 31) < p.lanes;     // the warp's first group writes the warp's state
     const i64 kvh = h / p.group;
@@ -485,17 +535,9 @@ extern "C" __global__ void attention(AttnP p) {
         p.ml[slot * 2] = mx;
         p.ml[slot * 2 + 1] = l;
     }
-    // Publish this range, then take a ticket: the last of the valid ranges merges them. One thread takes it
-    // for the block, after the barrier (its release publishes every thread's writes), and the barrier after
-    // it hands the other ranges' writes, acquired with the last ticket, to every thread of the last block.
-    __syncthreads();
-    unsigned int* counter = p.counters + (i64)t * p.H + h;
-    if (threadIdx.x == 0) ticket = atomic_add_acq_rel(counter);
-    __syncthreads();
-    if (ticket != (unsigned int)(nvalid - 1)) return;
+    if (!attn_last_range(p, t, h, nvalid)) return;
     TRACE_KIND(TRACE_MERGE);
-    attn_merge(p, h, t, nvalid, wts, go, scratch);
-    if (threadIdx.x == 0) *counter = 0u;
+    attn_merge(p, h, 1, t, nvalid, go);
 }
 
 // ---------------------------------------------------------------------------------------------------------

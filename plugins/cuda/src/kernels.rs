@@ -19,6 +19,7 @@ pub const SOURCE: &str = concat!(
     include_str!("kernels/common.cuh"),
     include_str!("kernels/trace.cuh"),
     include_str!("kernels.cu"),
+    include_str!("kernels/attention_tc.cu"),
     include_str!("kernels/linear.cu")
 );
 
@@ -26,6 +27,46 @@ pub const SOURCE: &str = concat!(
 pub const ATTN_THREADS: u32 = 128;
 /// Largest head an attention block handles (a lane holds at most 8 elements of a row, 32 lanes a row).
 pub const ATTN_MAX_HEAD: u32 = 256;
+/// Whether a module for `float` on a device of compute capability `capability` has the tensor-core attention
+/// (`attention_tc`: f16 or bf16 MMAs, sm_80 and later).
+pub fn has_attention_tc(float: Float, capability: (i32, i32)) -> bool {
+    float != Float::F32 && capability >= (8, 0)
+}
+
+/// Whether an attention over heads of `head_dim` values runs on tensor cores in a module that has them: heads
+/// of 64 or 128 values in whole aligned 16-byte chunks (`vec_ok`; a lane's fragments are whole chunks).
+pub fn attention_on_tensor_cores(vec_ok: bool, head_dim: u32) -> bool {
+    vec_ok && matches!(head_dim, 64 | 128)
+}
+
+/// Query heads a tensor-core attention block takes, of the `group` that share a KV head: the most that divide
+/// it, up to 8 (an MMA's N).
+pub fn attention_heads_per_block(group: u32) -> u32 {
+    let mut n = 8;
+    while group % n != 0 {
+        n /= 2;
+    }
+    n
+}
+
+/// Blocks of `attention_tc` an SM holds at once (`ATTN_TC_BLOCKS_PER_SM` in the source: its launch bound).
+pub const ATTN_TC_BLOCKS_PER_SM: u32 = 3;
+
+/// The most blocks a tensor-core attention launch takes: a wave on a device of `multiprocessors` SMs, or what
+/// a tuning sweep sets with `-DKV_ATTN_TC_WAVE=N`. Read once an engine, when it is built.
+pub fn attention_tc_wave(multiprocessors: u32) -> u32 {
+    let per_sm = tuning::override_of("ATTN_TC_BLOCKS_PER_SM", ATTN_TC_BLOCKS_PER_SM.into());
+    let wave = tuning::override_of("KV_ATTN_TC_WAVE", u64::from(multiprocessors).saturating_mul(per_sm));
+    u32::try_from(wave).unwrap_or(u32::MAX)
+}
+
+/// Ranges a tensor-core attention cuts each head's rows into, for `head_blocks` blocks of heads (and query
+/// rows): as many as one `wave` holds, so every block is resident at once and none waits for a second wave;
+/// at most the plan's `splits` (what the scratch holds) and at least 1.
+pub fn attention_tc_splits(splits: u32, head_blocks: u32, wave: u32) -> u32 {
+    (wave / head_blocks.max(1)).clamp(1, splits.max(1))
+}
+
 /// Warps of a GEMV block (`GEMV_WARPS` in the source).
 pub const GEMV_WARPS: u32 = 8;
 /// The most shared memory a GEMV block stages its activation row in (4 bytes a value): 48 KiB, the most a block
@@ -217,6 +258,7 @@ pub struct AttnP {
     pub q_hs: i32,
     pub group: i32,
     pub early: i32,
+    pub hpb: i32,
 }
 
 /// `ArgmaxP`.
@@ -273,6 +315,8 @@ pub enum Launch {
     GemvRope(LaunchConfig, GemvP),
     KvUpdate(LaunchConfig, KvP),
     Attention(LaunchConfig, AttnP),
+    /// An attention on tensor cores (`attention_tc`): only in a module that [`Kernels::has_attention_tc`].
+    AttentionTc(LaunchConfig, AttnP),
     Argmax(LaunchConfig, ArgmaxP),
 }
 
@@ -289,6 +333,8 @@ pub struct Kernels {
     gemv_rope: [Function; 2],
     kv_update: Function,
     attention: Function,
+    /// `attention_tc`, where the module has it ([`has_attention_tc`]).
+    attention_tc: Option<Function>,
     argmax: Function,
 }
 
@@ -310,9 +356,19 @@ impl Kernels {
             gemv_rope: [module.function("gemv_rope")?, module.function("gemv_rope_waves")?],
             kv_update: module.function("kv_update")?,
             attention: module.function("attention")?,
+            attention_tc: if has_attention_tc(float, ctx.compute_capability()) {
+                Some(module.function("attention_tc")?)
+            } else {
+                None
+            },
             argmax: module.function("argmax")?,
             module,
         })
+    }
+
+    /// Whether the module has the tensor-core attention (`Launch::AttentionTc`).
+    pub fn has_attention_tc(&self) -> bool {
+        self.attention_tc.is_some()
     }
 
     /// The compiled module (a tuning build reads its trace from it).
@@ -349,6 +405,13 @@ impl Kernels {
                 Launch::GemvRope(c, p) => go(gemv_entry(&self.gemv_rope, c, p), *c, stream, p, overlapped),
                 Launch::KvUpdate(c, p) => go(&self.kv_update, *c, stream, p, overlapped),
                 Launch::Attention(c, p) => go(&self.attention, *c, stream, p, overlapped),
+                Launch::AttentionTc(c, p) => match &self.attention_tc {
+                    Some(f) => go(f, *c, stream, p, overlapped),
+                    None => Err(cuda_rt::Error::OutOfRange {
+                        call: "launching attention_tc",
+                        what: "a module without the tensor-core attention".into(),
+                    }),
+                },
                 Launch::Argmax(c, p) => go(&self.argmax, *c, stream, p, overlapped),
             }
         }
@@ -367,7 +430,14 @@ mod tests {
     /// NVRTC the test checks the typed error instead.
     #[test]
     fn kernels_compile_for_every_element_type() {
-        let tuned = ["-DGEMV_PRE=2", "-DGEMV_BLOCKS_PER_SM=4", "-DGEMV_DEPTH=8", "-DATTN_U=2", "-DKV_TRACE"];
+        let tuned = [
+            "-DGEMV_PRE=2",
+            "-DGEMV_BLOCKS_PER_SM=4",
+            "-DGEMV_DEPTH=8",
+            "-DATTN_U=2",
+            "-DATTN_TC_BLOCKS_PER_SM=4",
+            "-DKV_TRACE",
+        ];
         for (float, tunables) in
             [Float::F32, Float::F16, Float::Bf16].into_iter().flat_map(|f| [(f, &[][..]), (f, &tuned[..])])
         {
@@ -392,6 +462,8 @@ mod tests {
                     ] {
                         assert!(ptx.contains(&format!(".entry {kernel}(")), "{float:?}: no kernel {kernel}");
                     }
+                    let tc = ptx.contains(".entry attention_tc(");
+                    assert_eq!(tc, has_attention_tc(float, (9, 0)), "{float:?}: attention_tc");
                 }
                 Err(err) => {
                     assert!(
@@ -426,6 +498,34 @@ mod tests {
         assert_eq!(stage(true, 12_288, 4096, true), None, "48 KiB and the kernel's static shared memory");
         assert_eq!(stage(true, u32::MAX, 4096, true), None, "no overflow");
         assert_eq!(gemv_stage(true, 2048, 4096, false, 4097), None, "a sweep's higher threshold");
+    }
+
+    /// A tensor-core attention block takes the query heads of one KV head, as many as divide its group up
+    /// to an MMA's 8 columns; only f16 and bf16 on sm_80 and later, heads of 64 or 128 whole chunks.
+    #[test]
+    fn tensor_core_attention_takes_whole_groups_of_heads() {
+        let per_block: Vec<u32> = [1, 2, 3, 4, 6, 8, 12, 16, 32].map(attention_heads_per_block).into();
+        assert_eq!(per_block, [1, 2, 1, 4, 2, 8, 4, 8, 8]);
+        assert!(has_attention_tc(Float::Bf16, (8, 0)) && has_attention_tc(Float::F16, (9, 0)));
+        assert!(!has_attention_tc(Float::F32, (9, 0)) && !has_attention_tc(Float::F16, (7, 5)));
+        assert!(attention_on_tensor_cores(true, 64) && attention_on_tensor_cores(true, 128));
+        assert!(!attention_on_tensor_cores(false, 128), "unaligned rows");
+        assert!(!attention_on_tensor_cores(true, 96) && !attention_on_tensor_cores(true, 256));
+    }
+
+    /// A tensor-core attention launch fits one wave (the H200: 132 SMs, 396 blocks), within the plan's
+    /// scratch; its launch bound matches the source's.
+    #[test]
+    fn tensor_core_attention_fits_a_wave() {
+        assert!(SOURCE.contains(&format!("#define ATTN_TC_BLOCKS_PER_SM {ATTN_TC_BLOCKS_PER_SM} ")));
+        let wave = attention_tc_wave(132);
+        if !cfg!(feature = "tuning") {
+            assert_eq!(wave, 396);
+        }
+        assert_eq!(attention_tc_splits(80, 8, 396), 49, "config (c): 8 heads, 49 ranges each");
+        assert_eq!(attention_tc_splits(20, 8, 396), 20, "the Llama shape: the plan's 20 ranges");
+        assert_eq!(attention_tc_splits(80, 8 * 64, 396), 1, "more head blocks than a wave");
+        assert_eq!(attention_tc_splits(0, 0, 396), 1, "never 0");
     }
 
     /// A staged launch of more groups than a wave has a wave of blocks (the H200: 132 SMs, 396 blocks); any

@@ -387,17 +387,24 @@ fn upstream_example_on_device_caches_matches_the_oracle() {
 /// that read row `p + 1` (or any row the call has not written) would turn its logits NaN, and one that
 /// skipped row `p` would miss the row it just wrote; either fails the oracle check at that step. 300
 /// positions cross the boundary between two blocks of 256 cache rows (positions 255 and 256), in f32 and
-/// f16, through the ABI and (device memory) in place.
+/// f16 (heads of 16 values, and of 64: the tensor-core attention), through the ABI and (device memory) in
+/// place.
 #[test]
 #[ignore = "needs an NVIDIA GPU and driver: `cargo xtask gpu-test` runs it on one (--include-ignored, KV_REQUIRE_GPU=1)"]
 fn rows_past_the_position_are_never_read() {
     let Some(ctx) = gpu() else { return };
-    for dtype in [ElemType::F32, ElemType::F16] {
-        let cfg = Config { max_len: 300, dtype, ..Config::tiny() };
+    for (dtype, head_dim) in [(ElemType::F32, 16), (ElemType::F16, 16), (ElemType::F16, 64)] {
+        let cfg = Config { max_len: 300, dtype, head_dim, ..Config::tiny() };
         let poisoned = generate_from(&ctx, &cfg, false, false, true, Some(0xff));
-        assert!(poisoned.logits.iter().flatten().all(|v| v.is_finite()), "{dtype}: a NaN row was read");
+        assert!(
+            poisoned.logits.iter().flatten().all(|v| v.is_finite()),
+            "{dtype}, heads of {head_dim}: a NaN row was read"
+        );
         let zeroed = generate_run(&ctx, &cfg, false, false, true);
-        assert_eq!(poisoned.logits, zeroed.logits, "{dtype}: what lies past the position changed the logits");
+        assert_eq!(
+            poisoned.logits, zeroed.logits,
+            "{dtype}, heads of {head_dim}: what lies past the position changed the logits"
+        );
     }
 }
 

@@ -56,7 +56,8 @@ impl Engine {
             Step::Gemv { .. } => self.gemv(step, float),
             Step::KvUpdate { ref caches, position, layout } => self.kv_update(caches, position, layout),
             Step::Attention { q, k, v, position, out, shape, splits, early } => {
-                self.attention([q, k, v, position, out], shape, (splits, early), float)
+                let tensor_cores = self.typed[module].1.has_attention_tc();
+                self.attention([q, k, v, position, out], shape, (splits, early), float, tensor_cores)
             }
             Step::Argmax { input, out, m, n } => {
                 let (part_v, part_i, counter) = self.argmax_part;
@@ -159,8 +160,16 @@ impl Engine {
         )
     }
 
-    /// The launch of an attention; `t` is (q, k, v, position, out), `split` (ranges per head, early).
-    fn attention(&self, t: [TensorId; 5], s: AttnShape, split: (u32, bool), float: Float) -> Launch {
+    /// The launch of an attention; `t` is (q, k, v, position, out), `split` (ranges per head, early);
+    /// `tensor_cores`: the module has `attention_tc`.
+    fn attention(
+        &self,
+        t: [TensorId; 5],
+        s: AttnShape,
+        split: (u32, bool),
+        float: Float,
+        tensor_cores: bool,
+    ) -> Launch {
         let (splits, early) = split;
         let [q, k, v, position, out] = t.map(|id| self.p(id));
         let vec = kernels::vec_width(float);
@@ -173,37 +182,50 @@ impl Engine {
             && vec_lanes.is_power_of_two()
             && vec_lanes <= 32;
         let lanes = if vec_ok { vec_lanes } else { dh.next_power_of_two().min(32) };
+        let tc = tensor_cores && kernels::attention_on_tensor_cores(vec_ok, dh);
+        let hpb = if tc { kernels::attention_heads_per_block(s.group()) } else { 1 };
+        let head_blocks = s.heads / hpb;
+        let splits = if tc {
+            kernels::attention_tc_splits(splits, head_blocks * s.rows, self.attn_tc_wave)
+        } else {
+            splits
+        };
         let threads = kernels::ATTN_THREADS;
         let warps = threads / 32;
         let (q_ts, q_hs) = s.q_strides();
-        // The warps' maxima, sums and outputs (the merge's sums reuse the outputs), a reduction's scratch,
-        // the merge's range weights and sums.
-        let shared = (2 * warps + (warps * dh).max(4 * threads) + 32 + 2 * splits) * 4;
-        Launch::Attention(
-            cfg((s.heads, splits, s.rows), threads, shared),
-            AttnP {
-                q,
-                k,
-                v,
-                out,
-                pos: position,
-                o_part: self.attn_part,
-                ml: self.attn_ml,
-                counters: self.attn_counters,
-                err: self.err.device_ptr(),
-                tq: s.rows as i32,
-                h: s.heads as i32,
-                l: s.len as i32,
-                dh: dh as i32,
-                splits: splits as i32,
-                vec_ok: i32::from(vec_ok),
-                scale: s.scale,
-                lanes: lanes as i32,
-                q_ts: q_ts as i32,
-                q_hs: q_hs as i32,
-                group: s.group() as i32,
-                early: i32::from(early),
-            },
-        )
+        // The warps' maxima and sums (a head each; `attention_tc` 8 columns each), then their outputs or
+        // the merge's groups' states (6 floats a thread, or a head's value when there are more).
+        let columns = if tc { 8 } else { 1 };
+        let shared = (2 * warps * columns + (warps * hpb * dh).max(6 * threads.max(hpb * dh))) * 4;
+        let config = cfg((head_blocks, splits, s.rows), threads, shared);
+        let p = AttnP {
+            q,
+            k,
+            v,
+            out,
+            pos: position,
+            o_part: self.attn_part,
+            ml: self.attn_ml,
+            counters: self.attn_counters,
+            err: self.err.device_ptr(),
+            tq: s.rows as i32,
+            h: s.heads as i32,
+            l: s.len as i32,
+            dh: dh as i32,
+            splits: splits as i32,
+            vec_ok: i32::from(vec_ok),
+            scale: s.scale,
+            lanes: lanes as i32,
+            q_ts: q_ts as i32,
+            q_hs: q_hs as i32,
+            group: s.group() as i32,
+            early: i32::from(early),
+            hpb: hpb as i32,
+        };
+        if tc {
+            Launch::AttentionTc(config, p)
+        } else {
+            Launch::Attention(config, p)
+        }
     }
 }
