@@ -55,8 +55,14 @@ pub const ATTN_TC_BLOCKS_PER_SM: u32 = 3;
 /// The most blocks a tensor-core attention launch takes: a wave on a device of `multiprocessors` SMs, or what
 /// a tuning sweep sets with `-DKV_ATTN_TC_WAVE=N`. Read once an engine, when it is built.
 pub fn attention_tc_wave(multiprocessors: u32) -> u32 {
-    let per_sm = tuning::override_of("ATTN_TC_BLOCKS_PER_SM", ATTN_TC_BLOCKS_PER_SM.into());
-    let wave = tuning::override_of("KV_ATTN_TC_WAVE", u64::from(multiprocessors).saturating_mul(per_sm));
+    wave(multiprocessors, ("ATTN_TC_BLOCKS_PER_SM", ATTN_TC_BLOCKS_PER_SM), "KV_ATTN_TC_WAVE")
+}
+
+/// The blocks one wave of a kernel holds on `multiprocessors` SMs: `per_sm` (its launch bound's define and
+/// value: a sweep's `-DNAME=N` sets both sides) an SM, or what a sweep sets with `-D{wave_rule}=N`.
+fn wave(multiprocessors: u32, per_sm: (&str, u32), wave_rule: &str) -> u32 {
+    let per_sm = tuning::override_of(per_sm.0, per_sm.1.into());
+    let wave = tuning::override_of(wave_rule, u64::from(multiprocessors).saturating_mul(per_sm));
     u32::try_from(wave).unwrap_or(u32::MAX)
 }
 
@@ -110,9 +116,7 @@ pub const GEMV_BLOCKS_PER_SM: u32 = 3;
 /// [`GEMV_BLOCKS_PER_SM`] an SM (a tuning sweep's `-DGEMV_BLOCKS_PER_SM=N` sets both sides), or what a sweep
 /// sets with `-DKV_GEMV_WAVE=N` (0: no limit). Read once an engine, when it is built.
 pub fn gemv_wave(multiprocessors: u32) -> u32 {
-    let per_sm = tuning::override_of("GEMV_BLOCKS_PER_SM", GEMV_BLOCKS_PER_SM.into());
-    let wave = tuning::override_of("KV_GEMV_WAVE", u64::from(multiprocessors).saturating_mul(per_sm));
-    u32::try_from(wave).unwrap_or(u32::MAX)
+    wave(multiprocessors, ("GEMV_BLOCKS_PER_SM", GEMV_BLOCKS_PER_SM), "KV_GEMV_WAVE")
 }
 
 /// Blocks across of a GEMV launch of `groups` groups of columns: one a group, but at most `wave` (unless 0)
