@@ -112,9 +112,8 @@ __device__ __forceinline__ void tc_use(TcSoft<DH>& s, const TcTile<DH>& tl, cons
     for (int i = 0; i < 4; i++) x[i] = (i < 2 ? in0 : in1) ? (sa[i] + sb[i]) * sl2 : NEG_INF;
 #pragma unroll
     for (int e = 0; e < 2; e++) {
-        float mx = fmaxf(x[e], x[e + 2]);
-        for (int o = 4; o < 32; o <<= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
-        const float m = fmaxf(s.m[e], mx);  // finite: row r0 is below `stop`
+        const float mx = warp_reduce(fmaxf(x[e], x[e + 2]), MaxOp(), 4);  // over the tile's rows
+        const float m = fmaxf(s.m[e], mx);                                 // finite: row r0 is below `stop`
         alpha[e] = exp2_approx(s.m[e] - m);
         p[e] = exp2_approx(x[e] - m);
         p[e + 2] = exp2_approx(x[e + 2] - m);
@@ -203,7 +202,7 @@ __device__ __forceinline__ void attention_tc_body(const AttnP& p, float* sm) {
     // The warp's state a column: its sum over every row (the lanes' rows meet), its outputs in shared memory.
 #pragma unroll
     for (int e = 0; e < 2; e++) {
-        for (int o = 4; o < 32; o <<= 1) s.l[e] += __shfl_xor_sync(0xffffffffu, s.l[e], o);
+        s.l[e] = warp_reduce(s.l[e], SumOp(), 4);
         const int col = 2 * c4 + e;
         if (g == 0) {
             gm[warp * 8 + col] = s.m[e];

@@ -33,10 +33,12 @@ struct MaxOp {
     __device__ __forceinline__ float operator()(float a, float b) const { return fmaxf(a, b); }
 };
 
+// Over the lanes that differ from this one only in the lane index's bits from `from` up: 1, the whole warp; 4,
+// the 8 lanes of this lane % 4.
 template <typename Op>
-__device__ __forceinline__ float warp_reduce(float v, Op op) {
+__device__ __forceinline__ float warp_reduce(float v, Op op, int from = 1) {
 #pragma unroll
-    for (int o = 16; o > 0; o >>= 1) v = op(v, __shfl_xor_sync(0xffffffffu, v, o));
+    for (int o = 16; o >= from; o >>= 1) v = op(v, __shfl_xor_sync(0xffffffffu, v, o));
     return v;
 }
 
@@ -55,9 +57,6 @@ __device__ float block_reduce(float v, float identity, float* scratch, Op op) {
 __device__ __forceinline__ float warp_sum(float v) { return warp_reduce(v, SumOp()); }
 __device__ __forceinline__ float block_sum(float v, float* scratch) {
     return block_reduce(v, 0.f, scratch, SumOp());
-}
-__device__ __forceinline__ float block_max(float v, float* scratch) {
-    return block_reduce(v, NEG_INF, scratch, MaxOp());
 }
 
 // Programmatic dependent launch (sm_90 and later; a no-op before). A typed kernel launched with it may start

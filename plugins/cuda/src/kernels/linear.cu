@@ -580,26 +580,14 @@ __device__ __forceinline__ void gemv_body(const GemvP& p) {
     }
 }
 
-extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32, GEMV_BLOCKS_PER_SM) gemv(GemvP p) {
-    gemv_body<GEMV_PLAIN>(p);
-}
-
-extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32, GEMV_BLOCKS_PER_SM) gemv_glu(GemvP p) {
-    gemv_body<GEMV_GLU>(p);
-}
-
-extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32, GEMV_BLOCKS_PER_SM) gemv_rope(GemvP p) {
-    gemv_body<GEMV_ROPE>(p);
-}
-
-extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32, GEMV_BLOCKS_PER_SM) gemv_waves(GemvP p) {
-    gemv_waves_body<GEMV_PLAIN>(p);
-}
-
-extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32, GEMV_BLOCKS_PER_SM) gemv_glu_waves(GemvP p) {
-    gemv_waves_body<GEMV_GLU>(p);
-}
-
-extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32, GEMV_BLOCKS_PER_SM) gemv_rope_waves(GemvP p) {
-    gemv_waves_body<GEMV_ROPE>(p);
-}
+// The entries `kernels.rs` loads by name: each kind's one-group and `_waves` body.
+#define GEMV_ENTRY(name, body, kind)                                                          \
+    extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32, GEMV_BLOCKS_PER_SM) name(GemvP p) { \
+        body<kind>(p);                                                                             \
+    }
+GEMV_ENTRY(gemv, gemv_body, GEMV_PLAIN)
+GEMV_ENTRY(gemv_glu, gemv_body, GEMV_GLU)
+GEMV_ENTRY(gemv_rope, gemv_body, GEMV_ROPE)
+GEMV_ENTRY(gemv_waves, gemv_waves_body, GEMV_PLAIN)
+GEMV_ENTRY(gemv_glu_waves, gemv_waves_body, GEMV_GLU)
+GEMV_ENTRY(gemv_rope_waves, gemv_waves_body, GEMV_ROPE)
