@@ -200,14 +200,14 @@ run_trace() {
     echo "== trace: ($1) at $2, $KV_CUDA_DEFINES"
     KV_CUDA_TRACE="$out/trace-$1-$2" ./delegate-host run "$out/program-$1/program.toml" --position "$2" --hold-position --cuda-graph --steps 40 --json > "$out/trace.json" 2> "$out/trace.err" || { status=1; tail -3 "$out/trace.err"; continue; }
     python3 -c "import json,sys;print(f'  {json.load(open(sys.argv[1]))[\"stats\"][\"mean_decode_gpu_us\"]:.1f} us per step with the trace')" "$out/trace.json"
-    python3 trace_summary.py "$out/trace-$1-$2.$3" --step-table > "$out/trace-$1-$2.txt" || status=1
+    python3 trace_summary.py "$out/trace-$1-$2.$3" --step-table --attention > "$out/trace-$1-$2.txt" || status=1
     rm -f "$out/trace-$1-$2.$3"
     if [ "$1 $2" = "c 4096" ]; then head -n 24 "$out/trace-$1-$2.txt"; else head -n 3 "$out/trace-$1-$2.txt"; fi
     sed -n '/^per pair/,$p' "$out/trace-$1-$2.txt" | head -n 12
   done
   echo "== trace: Llama-3.2-1B shape at 1024"
   KV_CUDA_TRACE="$out/trace-llama" ./bench_hf_decode --preset llama-1b --position 1024 --max-len 2048 --steps 20 > "$out/trace-llama.json" 2> "$out/trace.err" || { status=1; tail -3 "$out/trace.err"; return; }
-  python3 trace_summary.py "$out/trace-llama.bf16" --step-table > "$out/trace-llama.txt" || status=1
+  python3 trace_summary.py "$out/trace-llama.bf16" --step-table --attention > "$out/trace-llama.txt" || status=1
   rm -f "$out/trace-llama.bf16"
   head -n 3 "$out/trace-llama.txt"
   sed -n '/^per pair/,$p' "$out/trace-llama.txt" | head -n 14

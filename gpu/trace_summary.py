@@ -5,7 +5,7 @@ main work and end, on the global timer) and prints, for the steps it holds, each
 mean of each phase over every step: how long after the previous launch ended its blocks passed their wait
 (the dependency's release), and how long they took from there.
 
-    python3 trace_summary.py TRACE [--step-table]
+    python3 trace_summary.py TRACE [--step-table] [--attention]
 """
 
 import sys
@@ -78,13 +78,40 @@ def describe(r, idx):
     }
 
 
+def attention_tail(r, idx):
+    """Where one attention launch's time goes, us from its first wait passed: its blocks' work done (median,
+    90th percentile, last of the blocks that did not merge), the merging blocks' work done and merge, the
+    launch's end; with -DKV_TRACE_MERGE (a merging block's work marked when its ticket is taken, its wait when
+    its loads are done) the merge's loads and what follows them. None for a launch without a merge."""
+    merge = r["kind"][idx] == MERGE
+    if not merge.any():
+        return None
+    t0 = r["t0"][idx] - (r["t0"][idx] + r["wait"][idx]).min()
+    work = (t0 + np.where(r["work"][idx] > 0, r["work"][idx], r["end"][idx])) / 1e3
+    end = (t0 + r["end"][idx]) / 1e3
+    loaded = (t0 + r["wait"][idx]) / 1e3
+    marked = merge & (loaded > work)
+    return {
+        "work median": np.median(work),
+        "90th pct.": np.percentile(work, 90),
+        "last unmerged": work[~merge].max(),
+        "merging blocks' work done": work[merge].mean(),
+        "merge mean": (end[merge] - work[merge]).mean(),
+        "merge longest": (end[merge] - work[merge]).max(),
+        "launch end": end.max(),
+        "marked: ticket -> loads done": (loaded - work)[marked].mean() if marked.any() else np.nan,
+        "marked: loads done -> end": (end - loaded)[marked].mean() if marked.any() else np.nan,
+    }
+
+
 def main():
     path = sys.argv[1]
     taken, r = load(path)
     gaps = np.diff(np.unique(r["t0"]))
     print(f"{taken} blocks recorded, {len(r['t0'])} in the ring; timer step (smallest gap between starts) "
           f"{gaps.min() if len(gaps) else 0} ns")
-    ls = [describe(r, idx) for idx in launches(r)]
+    groups = launches(r)
+    ls = [describe(r, idx) for idx in groups]
     # Steps end at an argmax; keep the whole steps after the first.
     ends = [i for i, l in enumerate(ls) if l["kind"] == "argmax"]
     steps = [ls[a + 1:b + 1] for a, b in zip(ends, ends[1:])]
@@ -95,6 +122,14 @@ def main():
     n = max(set(lengths), key=lengths.count)  # the usual step; a step the ring cut short is left out
     steps = [s for s in steps if len(s) == n]
     print(f"{len(steps)} whole steps of {n} launches")
+    if "--attention" in sys.argv:
+        attn = [g for g, l in zip(groups[ends[0] + 1:ends[-1] + 1], ls[ends[0] + 1:ends[-1] + 1])
+                if l["kind"] == "attention"]
+        tails = [t for t in (attention_tail(r, idx) for idx in attn) if t is not None]
+        if tails:
+            means = ", ".join(f"{k} {np.mean([t[k] for t in tails]):.2f}" for k in tails[0]
+                              if not np.isnan(tails[0][k]))
+            print(f"attention, {len(tails)} launches with a merge, us from the first wait passed (means): {means}")
     pick = steps[len(steps) // 2]
     if "--step-table" in sys.argv:
         base = pick[0]["start_first"]

@@ -440,7 +440,11 @@ mod tests {
             "-DGEMV_DEPTH=8",
             "-DATTN_U=2",
             "-DATTN_TC_BLOCKS_PER_SM=4",
+            "-DATTN_MERGE_SHFL=1",
+            "-DATTN_MERGE_BATCH=12",
+            "-DKV_DIAG_TICKET_ONLY",
             "-DKV_TRACE",
+            "-DKV_TRACE_MERGE",
         ];
         for (float, tunables) in
             [Float::F32, Float::F16, Float::Bf16].into_iter().flat_map(|f| [(f, &[][..]), (f, &tuned[..])])

@@ -245,8 +245,18 @@ __device__ __forceinline__ void attention_tc_body(const AttnP& p, float* sm) {
         }
     }
     TRACE_WORKED();
+#ifdef KV_DIAG_NO_MERGE  // diagnostics (`kernels/tuning.rs`): no ticket, no merge; timing only, wrong outputs
+    return;
+#endif
     if (nvalid == 1 || !attn_last_range(p, t, h0, nvalid)) return;
     TRACE_KIND(TRACE_MERGE);
+#ifdef KV_TRACE_MERGE
+    TRACE_WORKED();  // diagnostics: the ticket taken (the merge's loads: `attn_merge`)
+#endif
+#ifdef KV_DIAG_TICKET_ONLY  // diagnostics: the ticket, no merge; timing only, wrong outputs
+    if (threadIdx.x == 0) p.counters[(i64)t * p.H + h0] = 0u;
+    return;
+#endif
     attn_merge(p, h0, hpb, t, nvalid, go);
 }
 

@@ -3,6 +3,11 @@
 //! one session on the GPU measures several settings of the sources' tunables (the `#ifndef` defaults in
 //! `kernels.cu` and `kernels/linear.cu`) with `run.sh sweep`. Without the feature the sources compile as
 //! written, whatever the environment says.
+//!
+//! Three defines are diagnostics, not settings. Two price the attention merge and give wrong outputs:
+//! `-DKV_DIAG_NO_MERGE` ends every `attention_tc` block after its partial (no ticket, no merge),
+//! `-DKV_DIAG_TICKET_ONLY` takes the ticket and skips the merge. With `-DKV_TRACE`, `-DKV_TRACE_MERGE` marks
+//! a merging block's ticket and the end of its loads in the trace (`trace_summary.py --attention`).
 
 use std::sync::Arc;
 
