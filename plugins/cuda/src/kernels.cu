@@ -266,12 +266,62 @@ __device__ __forceinline__ void soft_merge_warp(Soft& s, int lanes, int n) {
 #define ATTN_MERGE_BATCH 8  // ranges a merging thread requests at once (tunable, see `kernels/tuning.rs`)
 #endif
 
+// Writes a merged head's values d .. d + w4 - 1 (of query t, head h): num / den.
+__device__ __forceinline__ void attn_store(const AttnP& p, int t, int h, int d, int w4, const float (&num)[4],
+                                           float den) {
+    const i64 at = (i64)t * p.q_ts + (i64)h * p.q_hs + d;
+#pragma unroll
+    for (int u = 0; u < 4; u++)
+        if (u < w4) st(p.out, at + u, num[u] / den);
+}
+
+// Resets the ticket counter of (t, h) for the next launch (or graph replay): the merge's last act.
+__device__ __forceinline__ void attn_reset_ticket(const AttnP& p, int t, int h) {
+    if (threadIdx.x == 0) p.counters[(i64)t * p.H + h] = 0u;
+}
+
+// The merge's states (max, sum, 4 values) of `ngrp` groups in adjacent lanes meet by shuffles: afterwards every
+// lane of the groups holds their merged state.
+__device__ __forceinline__ void attn_meet_lanes(float& m, float& l, float (&acc)[4], int ngrp) {
+    for (int o = 1; o < ngrp; o <<= 1) {
+        const float m2 = __shfl_xor_sync(0xffffffffu, m, o), l2 = __shfl_xor_sync(0xffffffffu, l, o);
+        const float mx = fmaxf(m, m2);
+        const float w1 = m == NEG_INF ? 0.f : __expf(m - mx), w2 = m2 == NEG_INF ? 0.f : __expf(m2 - mx);
+        l = l * w1 + l2 * w2;
+#pragma unroll
+        for (int u = 0; u < 4; u++) acc[u] = acc[u] * w1 + __shfl_xor_sync(0xffffffffu, acc[u], o) * w2;
+        m = mx;
+    }
+}
+
+// The merge's groups' states, in `sh` as `attn_merge` left them, meet: each column's output written.
+__device__ void attn_meet(const AttnP& p, int t, int h0, int cols, int dl, int w4, int ngrp, const float* sh) {
+    const int span = ngrp * cols;
+    const float *gm = sh, *gl = gm + span, *go = gl + span;
+    for (int col = threadIdx.x; col < cols; col += blockDim.x) {
+        const int n = col / dl, d = (col % dl) * w4;
+        float mx = NEG_INF;
+        for (int g = 0; g < ngrp; g++) mx = fmaxf(mx, gm[g * cols + col]);
+        float den = 0.f, num[4] = {0.f, 0.f, 0.f, 0.f};
+        for (int g = 0; g < ngrp; g++) {
+            const int k = g * cols + col;
+            if (gm[k] == NEG_INF) continue;  // a group with no range
+            const float w = __expf(gm[k] - mx);
+            den += w * gl[k];
+#pragma unroll
+            for (int u = 0; u < 4; u++) num[u] += w * go[k * 4 + u];
+        }
+        attn_store(p, t, h0 + n, d, w4, num, den);
+    }
+}
+
 // The merge, by the last block of (t, heads h0 .. h0 + hpb - 1): each head's out = sum_c exp(m_c - M) o_c /
 // sum_c exp(m_c - M) l_c over the `nvalid` ranges' partials (read from L2: other blocks wrote them). A
 // thread takes 4 values of a head (1 for a head size not a multiple of 4) and every ngrp-th range: it requests
 // ATTN_MERGE_BATCH ranges' maxima, sums and values at once and merges them as they come (one round trip for
 // up to ATTN_MERGE_BATCH * ngrp ranges, no barrier); the groups' states meet in `sh` (6 max(blockDim, hpb Dh)
-// floats) after one barrier. Then it resets the ticket counter of (t, h0) for the next launch.
+// floats) after one barrier, or with ATTN_MERGE_SHFL, where a column's groups are adjacent lanes of whole
+// warps, by shuffles. Then it resets the ticket counter of (t, h0) for the next launch.
 __device__ void attn_merge(const AttnP& p, int h0, int hpb, int t, int nvalid, float* sh) {
     const int w4 = p.Dh % 4 == 0 ? 4 : 1;
     const int dl = p.Dh / w4, cols = hpb * dl;
@@ -321,21 +371,8 @@ __device__ void attn_merge(const AttnP& p, int h0, int hpb, int t, int nvalid, f
         if (threadIdx.x == 0) kv_trace_waited = trace_now();  // diagnostics: the merge's loads done
 #endif
         if (lanes) {
-            for (int o = 1; o < ngrp; o <<= 1) {
-                const float m2 = __shfl_xor_sync(0xffffffffu, m, o), l2 = __shfl_xor_sync(0xffffffffu, l, o);
-                const float mx = fmaxf(m, m2);
-                const float w1 = m == NEG_INF ? 0.f : __expf(m - mx), w2 = m2 == NEG_INF ? 0.f : __expf(m2 - mx);
-                l = l * w1 + l2 * w2;
-#pragma unroll
-                for (int u = 0; u < 4; u++) acc[u] = acc[u] * w1 + __shfl_xor_sync(0xffffffffu, acc[u], o) * w2;
-                m = mx;
-            }
-            const i64 qbase = (i64)t * p.q_ts + (i64)(h0 + n) * p.q_hs + d;
-            if (grp == 0) {
-#pragma unroll
-                for (int u = 0; u < 4; u++)
-                    if (u < w4) st(p.out, qbase + u, acc[u] / l);
-            }
+            attn_meet_lanes(m, l, acc, ngrp);
+            if (grp == 0) attn_store(p, t, h0 + n, d, w4, acc, l);
             continue;
         }
         gm[idx] = m;
@@ -343,28 +380,11 @@ __device__ void attn_merge(const AttnP& p, int h0, int hpb, int t, int nvalid, f
 #pragma unroll
         for (int u = 0; u < 4; u++) go[idx * 4 + u] = acc[u];
     }
-    if (lanes) {
-        if (threadIdx.x == 0) p.counters[(i64)t * p.H + h0] = 0u;  // for the next launch (or graph replay)
-        return;
+    if (!lanes) {
+        __syncthreads();
+        attn_meet(p, t, h0, cols, dl, w4, ngrp, sh);
     }
-    __syncthreads();
-    for (int col = threadIdx.x; col < cols; col += blockDim.x) {
-        const int n = col / dl, d = (col % dl) * w4;
-        float mx = NEG_INF;
-        for (int g = 0; g < ngrp; g++) mx = fmaxf(mx, gm[g * cols + col]);
-        float den = 0.f, num[4] = {0.f, 0.f, 0.f, 0.f};
-        for (int g = 0; g < ngrp; g++) {
-            const int k = g * cols + col;
-            if (gm[k] == NEG_INF) continue;  // a group with no range
-            const float w = __expf(gm[k] - mx);
-            den += w * gl[k];
-#pragma unroll
-            for (int u = 0; u < 4; u++) num[u] += w * go[k * 4 + u];
-        }
-        const i64 qbase = (i64)t * p.q_ts + (i64)(h0 + n) * p.q_hs + d;
-        for (int u = 0; u < w4; u++) st(p.out, qbase + u, num[u] / den);
-    }
-    if (threadIdx.x == 0) p.counters[(i64)t * p.H + h0] = 0u;  // for the next launch (or graph replay)
+    attn_reset_ticket(p, t, h0);
 }
 
 // A ticket: adds 1 to `counter` and returns its old value, with one acquire-release atomic at GPU scope. After

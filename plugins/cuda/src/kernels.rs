@@ -429,7 +429,7 @@ mod tests {
 
     /// The source compiles for every element type (f32, f16, bf16), for the H200's architecture, with every
     /// kernel the launches name, as written and with its tunables set otherwise (what `run.sh sweep` may ask),
-    /// and with the trace marks of `run.sh trace` (`-DKV_TRACE`).
+    /// with the trace marks of `run.sh trace` (`-DKV_TRACE`), and with the merge diagnostics.
     /// Needs NVRTC (not a GPU): `cargo xtask test` provides it from PyPI and sets `KV_REQUIRE_NVRTC`; without
     /// NVRTC the test checks the typed error instead.
     #[test]
@@ -442,12 +442,13 @@ mod tests {
             "-DATTN_TC_BLOCKS_PER_SM=4",
             "-DATTN_MERGE_SHFL=1",
             "-DATTN_MERGE_BATCH=12",
-            "-DKV_DIAG_TICKET_ONLY",
             "-DKV_TRACE",
             "-DKV_TRACE_MERGE",
         ];
-        for (float, tunables) in
-            [Float::F32, Float::F16, Float::Bf16].into_iter().flat_map(|f| [(f, &[][..]), (f, &tuned[..])])
+        let diagnostics = ["-DKV_DIAG_NO_MERGE", "-DKV_DIAG_TICKET_ONLY"];
+        for (float, tunables) in [Float::F32, Float::F16, Float::Bf16]
+            .into_iter()
+            .flat_map(|f| [(f, &[][..]), (f, &tuned[..]), (f, &diagnostics[..])])
         {
             let mut opts = vec!["--gpu-architecture=compute_90"];
             opts.extend_from_slice(options(float));

@@ -254,7 +254,7 @@ __device__ __forceinline__ void attention_tc_body(const AttnP& p, float* sm) {
     TRACE_WORKED();  // diagnostics: the ticket taken (the merge's loads: `attn_merge`)
 #endif
 #ifdef KV_DIAG_TICKET_ONLY  // diagnostics: the ticket, no merge; timing only, wrong outputs
-    if (threadIdx.x == 0) p.counters[(i64)t * p.H + h0] = 0u;
+    attn_reset_ticket(p, t, h0);
     return;
 #endif
     attn_merge(p, h0, hpb, t, nvalid, go);
