@@ -29,18 +29,19 @@ profile() {
 
 case "${1:-}" in
   gemv)
-    # The down projection is the second plain `gemv` of a step, the output projection the first, the
-    # vocabulary projection the 33rd (two a layer, 16 layers).
-    profile gate-up gemv_glu 0 "${llama[@]}"
-    profile down gemv 1 "${llama[@]}"
-    profile vocabulary gemv 32 "${llama[@]}"
+    # The down projection is the second plain GEMV of a step, the output projection the first (the `_deep`
+    # entry: 256 blocks); the gate/up and vocabulary projections have more groups of columns than a wave of
+    # blocks (the `_waves` entries).
+    profile gate-up gemv_glu_waves 0 "${llama[@]}"
+    profile down gemv_deep 1 "${llama[@]}"
+    profile vocabulary gemv_waves 0 "${llama[@]}"
     profile qkv gemv_rope 0 "${llama[@]}"
-    profile output gemv 0 "${llama[@]}"
+    profile output gemv_deep 0 "${llama[@]}"
     ;;
   attention)
-    profile attention-llama attention 0 "${llama[@]}"
+    profile attention-llama attention_tc 0 "${llama[@]}"
     ./export-example c "$out/program-c" --backend cuda --memory device > /dev/null || exit 1
-    profile attention-c attention 0 ./delegate-host run "$out/program-c/program.toml" --position 4096 \
+    profile attention-c attention_tc 0 ./delegate-host run "$out/program-c/program.toml" --position 4096 \
       --hold-position --steps 2
     rm -rf "$out/program-c"
     ;;

@@ -50,6 +50,8 @@ pub struct Engine {
     overlap: bool,
     /// The most blocks a staged GEMV launch takes: a wave on this device (`kernels::gemv_wave`).
     gemv_wave: u32,
+    /// The most blocks a staged GEMV launch may have to take the `_deep` entries (`kernels::gemv_deep_wave`).
+    gemv_deep_wave: u32,
     /// The most blocks a tensor-core attention launch takes (`kernels::attention_tc_wave`).
     attn_tc_wave: u32,
     err: Allocation<Device>,
@@ -207,6 +209,7 @@ impl Engine {
         let launches = Vec::with_capacity(plan.steps.len());
         let overlap = ctx.overlaps_launches();
         let gemv_wave = kernels::gemv_wave(ctx.multiprocessors());
+        let gemv_deep_wave = kernels::gemv_deep_wave(ctx.multiprocessors());
         let attn_tc_wave = kernels::attention_tc_wave(ctx.multiprocessors());
         Ok(Engine {
             ctx,
@@ -226,6 +229,7 @@ impl Engine {
             argmax_part,
             overlap,
             gemv_wave,
+            gemv_deep_wave,
             attn_tc_wave,
             err,
             err_seen,

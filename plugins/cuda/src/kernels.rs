@@ -120,12 +120,65 @@ pub fn gemv_wave(multiprocessors: u32) -> u32 {
 }
 
 /// Blocks across of a GEMV launch of `groups` groups of columns: one a group, but at most `wave` (unless 0)
-/// when the launch stages its activation row, whose blocks then take several groups with one staging.
+/// when the launch stages its activation row, whose blocks then take several groups with one staging: as
+/// few blocks as take the same most groups each, so that every block takes that many but the last few (the
+/// Llama-3.2-1B shape's gate/up: 1 024 groups of both matrices on 342 blocks of 3, not 396 of 2 or 3, whose
+/// last third ran on 232 blocks).
 pub fn gemv_blocks(groups: u32, staged: bool, wave: u32) -> u32 {
-    if staged && wave > 0 {
-        groups.min(wave)
+    if staged && wave > 0 && groups > wave {
+        groups.div_ceil(groups.div_ceil(wave))
     } else {
         groups
+    }
+}
+
+/// Blocks of a `_deep` GEMV entry an SM holds at once (`GEMV_DEEP_BLOCKS_PER_SM` in the source: its launch
+/// bound, whose register budget holds twice the loads in flight a lane).
+pub const GEMV_DEEP_BLOCKS_PER_SM: u32 = 2;
+
+/// The most blocks (all rows) a staged GEMV launch may have to take the `_deep` entries: a wave of them on a
+/// device of `multiprocessors` SMs, [`GEMV_DEEP_BLOCKS_PER_SM`] an SM, or what a sweep sets with
+/// `-DKV_GEMV_DEEP_WAVE=N` (0: never). Read once an engine, when it is built.
+pub fn gemv_deep_wave(multiprocessors: u32) -> u32 {
+    wave(multiprocessors, ("GEMV_DEEP_BLOCKS_PER_SM", GEMV_DEEP_BLOCKS_PER_SM), "KV_GEMV_DEEP_WAVE")
+}
+
+/// The compiled body a GEMV launch runs; each kind (plain, gate/up, rotated) has all three.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GemvEntry {
+    /// A block a group of columns (`gemv`).
+    Group = 0,
+    /// Blocks that each take several groups with one staging of the row (`gemv_waves`).
+    Waves = 1,
+    /// A block a group, a staged launch few enough blocks to sit [`GEMV_DEEP_BLOCKS_PER_SM`] an SM: twice the
+    /// weight loads in flight a lane, all requested before its wait (`gemv_deep`). Its warps are too few to
+    /// keep the memory busy otherwise (Nsight Compute on the H200: the Llama shape's down projection, 256
+    /// blocks, 15 warps an SM, read at 50 % of the DRAM bandwidth).
+    Deep = 2,
+}
+
+/// The weight loads of 16 bytes a group entry's lane requests before its wait (`GEMV_PRE` in the source).
+pub const GEMV_PRE: u32 = 4;
+
+/// The entry of a GEMV launch of `groups` groups of columns on `blocks` blocks across and `rows` rows, staged
+/// or not, whose lanes load `row_loads` 16-byte chunks of each weight row: `_waves` when its blocks take
+/// several groups; `_deep` when it is staged, its blocks number at most `deep_wave` ([`gemv_deep_wave`]) and
+/// its rows are longer than the loads a group entry requests before its wait ([`GEMV_PRE`]; on the H200 a
+/// deep launch of shorter rows only costs: config (b)'s Q/K/V, rows of 64 chunks, 85.3 -> 91.7 us a step).
+pub fn gemv_entry(
+    groups: u32,
+    blocks: u32,
+    rows: u32,
+    staged: bool,
+    row_loads: u32,
+    deep_wave: u32,
+) -> GemvEntry {
+    if groups > blocks {
+        GemvEntry::Waves
+    } else if staged && row_loads > GEMV_PRE && blocks.saturating_mul(rows) <= deep_wave {
+        GemvEntry::Deep
+    } else {
+        GemvEntry::Group
     }
 }
 
@@ -312,11 +365,11 @@ pub enum Launch {
     Gather(LaunchConfig, GatherP),
     Add(LaunchConfig, AddP),
     RmsNorm(LaunchConfig, RmsP),
-    Gemv(LaunchConfig, GemvP),
+    Gemv(LaunchConfig, GemvP, GemvEntry),
     /// A gate and up GEMV that writes silu(gate) * up (`gemv_glu`).
-    GemvGlu(LaunchConfig, GemvP),
+    GemvGlu(LaunchConfig, GemvP, GemvEntry),
     /// A GEMV that stores some of its products rotated by RoPE (`gemv_rope`).
-    GemvRope(LaunchConfig, GemvP),
+    GemvRope(LaunchConfig, GemvP, GemvEntry),
     KvUpdate(LaunchConfig, KvP),
     Attention(LaunchConfig, AttnP),
     /// An attention on tensor cores (`attention_tc`): only in a module that [`Kernels::has_attention_tc`].
@@ -331,10 +384,10 @@ pub struct Kernels {
     gather: Function,
     add: Function,
     rms_norm: Function,
-    /// Each GEMV entry (plain, gate/up, rotated): a block a group, and a block several (`_waves`).
-    gemv: [Function; 2],
-    gemv_glu: [Function; 2],
-    gemv_rope: [Function; 2],
+    /// Each GEMV kind's entries (plain, gate/up, rotated), in the order of [`GemvEntry`].
+    gemv: [Function; 3],
+    gemv_glu: [Function; 3],
+    gemv_rope: [Function; 3],
     kv_update: Function,
     attention: Function,
     /// `attention_tc`, where the module has it ([`has_attention_tc`]).
@@ -342,9 +395,13 @@ pub struct Kernels {
     argmax: Function,
 }
 
-/// The entry of a GEMV launch: the `_waves` one when its blocks are fewer than its groups of columns.
-fn gemv_entry<'a>(entries: &'a [Function; 2], config: &LaunchConfig, p: &GemvP) -> &'a Function {
-    &entries[usize::from(u32::try_from(p.groups).unwrap_or(0) > config.grid.0)]
+/// A GEMV kind's three entries (`name`, `name_waves`, `name_deep`), in the order of [`GemvEntry`].
+fn gemv_entries(module: &Arc<Module>, name: &str) -> cuda_rt::Result<[Function; 3]> {
+    Ok([
+        module.function(name)?,
+        module.function(&format!("{name}_waves"))?,
+        module.function(&format!("{name}_deep"))?,
+    ])
 }
 
 impl Kernels {
@@ -355,9 +412,9 @@ impl Kernels {
             gather: module.function("gather")?,
             add: module.function("add")?,
             rms_norm: module.function("rms_norm")?,
-            gemv: [module.function("gemv")?, module.function("gemv_waves")?],
-            gemv_glu: [module.function("gemv_glu")?, module.function("gemv_glu_waves")?],
-            gemv_rope: [module.function("gemv_rope")?, module.function("gemv_rope_waves")?],
+            gemv: gemv_entries(&module, "gemv")?,
+            gemv_glu: gemv_entries(&module, "gemv_glu")?,
+            gemv_rope: gemv_entries(&module, "gemv_rope")?,
             kv_update: module.function("kv_update")?,
             attention: module.function("attention")?,
             attention_tc: if has_attention_tc(float, ctx.compute_capability()) {
@@ -404,9 +461,9 @@ impl Kernels {
                 Launch::Gather(c, p) => go(&self.gather, *c, stream, p, overlapped),
                 Launch::Add(c, p) => go(&self.add, *c, stream, p, overlapped),
                 Launch::RmsNorm(c, p) => go(&self.rms_norm, *c, stream, p, overlapped),
-                Launch::Gemv(c, p) => go(gemv_entry(&self.gemv, c, p), *c, stream, p, overlapped),
-                Launch::GemvGlu(c, p) => go(gemv_entry(&self.gemv_glu, c, p), *c, stream, p, overlapped),
-                Launch::GemvRope(c, p) => go(gemv_entry(&self.gemv_rope, c, p), *c, stream, p, overlapped),
+                Launch::Gemv(c, p, e) => go(&self.gemv[*e as usize], *c, stream, p, overlapped),
+                Launch::GemvGlu(c, p, e) => go(&self.gemv_glu[*e as usize], *c, stream, p, overlapped),
+                Launch::GemvRope(c, p, e) => go(&self.gemv_rope[*e as usize], *c, stream, p, overlapped),
                 Launch::KvUpdate(c, p) => go(&self.kv_update, *c, stream, p, overlapped),
                 Launch::Attention(c, p) => go(&self.attention, *c, stream, p, overlapped),
                 Launch::AttentionTc(c, p) => match &self.attention_tc {
@@ -438,6 +495,8 @@ mod tests {
             "-DGEMV_PRE=2",
             "-DGEMV_BLOCKS_PER_SM=4",
             "-DGEMV_DEPTH=8",
+            "-DGEMV_DEEP_DEPTH=12",
+            "-DGEMV_DEEP_PRE=12",
             "-DATTN_U=2",
             "-DATTN_TC_BLOCKS_PER_SM=4",
             "-DATTN_MERGE_SHFL=1",
@@ -465,6 +524,9 @@ mod tests {
                         "gemv_waves",
                         "gemv_glu_waves",
                         "gemv_rope_waves",
+                        "gemv_deep",
+                        "gemv_glu_deep",
+                        "gemv_rope_deep",
                         "kv_update",
                         "attention",
                         "argmax",
@@ -537,8 +599,9 @@ mod tests {
         assert_eq!(attention_tc_splits(0, 0, 396), 1, "never 0");
     }
 
-    /// A staged launch of more groups than a wave has a wave of blocks (the H200: 132 SMs, 396 blocks); any
-    /// other launch a block a group; the wave matches the source's launch bound.
+    /// A staged launch of more groups than a wave has at most a wave of blocks (the H200: 132 SMs, 396), as
+    /// few as take the same most groups each; any other launch a block a group; the wave matches the source's
+    /// launch bound.
     #[test]
     fn staged_gemvs_take_at_most_a_wave_of_blocks() {
         assert!(SOURCE.contains(&format!("#define GEMV_BLOCKS_PER_SM {GEMV_BLOCKS_PER_SM}\n")));
@@ -546,10 +609,38 @@ mod tests {
         if !cfg!(feature = "tuning") {
             assert_eq!(wave, 396);
         }
-        assert_eq!(gemv_blocks(2048, true, 396), 396, "the Llama shape's gate/up");
-        assert_eq!(gemv_blocks(128_256_u32.div_ceil(GEMV_WARPS), true, 396), 396, "its vocabulary");
+        assert_eq!(gemv_blocks(2048, true, 396), 342, "the Llama shape's gate/up: 6 groups each");
+        assert_eq!(gemv_blocks(128_256_u32.div_ceil(GEMV_WARPS), true, 396), 392, "its vocabulary: 41 each");
+        assert_eq!(gemv_blocks(792, true, 396), 396, "two groups each");
+        assert_eq!(gemv_blocks(397, true, 396), 199, "one more than a wave: two each");
         assert_eq!(gemv_blocks(384, true, 396), 384, "its Q/K/V: less than a wave");
         assert_eq!(gemv_blocks(2048, false, 396), 2048, "not staged");
         assert_eq!(gemv_blocks(2048, true, 0), 2048, "a sweep's no limit");
+    }
+
+    /// A launch whose blocks take several groups runs `_waves`; a staged launch of at most two blocks an SM
+    /// (the H200: 264) `_deep`; any other a block a group. The rule's constant matches the source's bound.
+    #[test]
+    fn gemv_launches_pick_their_entry_by_blocks_and_staging() {
+        assert!(SOURCE.contains(&format!("#define GEMV_DEEP_BLOCKS_PER_SM {GEMV_DEEP_BLOCKS_PER_SM}\n")));
+        let deep = gemv_deep_wave(132);
+        if !cfg!(feature = "tuning") {
+            assert_eq!(deep, 264);
+        }
+        assert!(SOURCE.contains(&format!("#define GEMV_PRE {GEMV_PRE}\n")));
+        let entry =
+            |groups, blocks, rows, staged, loads| gemv_entry(groups, blocks, rows, staged, loads, 264);
+        assert_eq!(entry(2048, 342, 1, true, 8), GemvEntry::Waves, "the Llama shape's gate/up");
+        assert_eq!(entry(256, 256, 1, true, 32), GemvEntry::Deep, "its down projection");
+        assert_eq!(entry(256, 256, 1, true, 8), GemvEntry::Deep, "its output projection");
+        assert_eq!(entry(384, 384, 1, true, 8), GemvEntry::Group, "its Q/K/V: three blocks an SM");
+        assert_eq!(
+            entry(192, 192, 1, true, 2),
+            GemvEntry::Group,
+            "config (b)'s Q/K/V: rows of 2 loads a lane"
+        );
+        assert_eq!(entry(192, 192, 1, false, 8), GemvEntry::Group, "not staged");
+        assert_eq!(entry(192, 192, 2, true, 8), GemvEntry::Group, "two rows: 384 blocks");
+        assert_eq!(gemv_entry(256, 256, 1, true, 8, 0), GemvEntry::Group, "a sweep's never");
     }
 }

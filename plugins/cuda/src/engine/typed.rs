@@ -101,6 +101,8 @@ impl Engine {
         let stage = kernels::gemv_stage(vec_ok, k, groups.saturating_mul(m), norm.is_some(), min_blocks);
         let blocks = kernels::gemv_blocks(groups, stage.is_some(), self.gemv_wave);
         let config = cfg((blocks, m, 1), kernels::GEMV_WARPS * 32, stage.unwrap_or(0));
+        let row_loads = k.div_ceil(32 * kernels::vec_width(float));
+        let entry = kernels::gemv_entry(groups, blocks, m, stage.is_some(), row_loads, self.gemv_deep_wave);
         let params = GemvP {
             a: p(a),
             w,
@@ -129,9 +131,9 @@ impl Engine {
             groups: groups as i32,
         };
         match (glu, rope) {
-            (Some(_), _) => Launch::GemvGlu(config, params),
-            (None, Some(_)) => Launch::GemvRope(config, params),
-            (None, None) => Launch::Gemv(config, params),
+            (Some(_), _) => Launch::GemvGlu(config, params, entry),
+            (None, Some(_)) => Launch::GemvRope(config, params, entry),
+            (None, None) => Launch::Gemv(config, params, entry),
         }
     }
 

@@ -21,17 +21,20 @@
 // heads of `2 * rope_half`; `cos` and `sin` one row of tables): warps 2j and 2j + 1 compute columns d and
 // d + rope_half of one head and meet in shared memory before they store.
 // `gemv_glu` is Hugging Face's SwiGLU: matrices 0 and 1 are the gate and up projections of one width, each pair
-// of warps computes one column of both, and the block writes silu(gate) * up into `y[0]` instead (rounded as
-// the separate ops round).
+// of warps computes one column of both (in the `_waves` entry, each warp both), and the block writes
+// silu(gate) * up into `y[0]` instead (rounded as the separate ops round).
 // A launch that fuses the norm, or of two blocks an SM or more (`p.staged`, decided by `kernels::gemv_stage`),
 // takes `gemv_stream` instead: each block stages its row of `a` once, times the norm's gains, in f32 in shared
 // memory, and its warps then only stream weights. There the row's conversion and normalisation, done by every
 // warp, cost more issue slots than the bandwidth leaves (Nsight Compute on the H200: the vocabulary projection
 // issued an instruction in 68 % of its schedulers' cycles at 63 % of the DRAM bandwidth). Such a launch has at
 // most a wave of blocks (`kernels::gemv_blocks`); one of more groups of columns than that takes the `_waves`
-// entries (`gemv_waves_body`), whose blocks each take several groups with one staging.
-// Grid (one block a group of GEMV_WARPS columns, or a wave of blocks for the `_waves` entries; M); block
-// GEMV_WARPS warps (`gemv_glu`: a group is GEMV_WARPS / 2 columns of each matrix).
+// entries (`gemv_waves_body`), whose blocks each take several groups with one staging. One of at most two
+// blocks an SM, over rows longer than GEMV_PRE loads a lane, takes the `_deep` entries (`kernels::gemv_entry`):
+// the budget of two blocks an SM holds twice the loads in flight, all requested before the wait.
+// Grid (one block a group of GEMV_WARPS columns, or at most a wave of blocks for the `_waves` entries; M);
+// block GEMV_WARPS warps (`gemv_glu`: a group is GEMV_WARPS / 2 columns of each matrix, GEMV_WARPS in its
+// `_waves` entry).
 
 #define GEMV_WARPS 8
 // Tunables (`#ifndef`: a sweep may set them, see `kernels/tuning.rs`).
@@ -40,6 +43,18 @@
 #endif
 #ifndef GEMV_BLOCKS_PER_SM
 #define GEMV_BLOCKS_PER_SM 3
+#endif
+// The `_deep` entries (`kernels::GemvEntry::Deep`): a staged launch of at most GEMV_DEEP_BLOCKS_PER_SM blocks an
+// SM keeps GEMV_DEEP_DEPTH weight loads of 16 bytes in flight a lane (the first GEMV_DEEP_PRE before its wait),
+// which the register budget of fewer blocks an SM allows.
+#ifndef GEMV_DEEP_BLOCKS_PER_SM
+#define GEMV_DEEP_BLOCKS_PER_SM 2
+#endif
+#ifndef GEMV_DEEP_DEPTH
+#define GEMV_DEEP_DEPTH 8
+#endif
+#ifndef GEMV_DEEP_PRE
+#define GEMV_DEEP_PRE 8
 #endif
 
 struct GemvP {
@@ -348,17 +363,18 @@ __device__ __forceinline__ float gemv_norm_scale(const GemvP& p, const float* s_
 
 // A warp's sum (each lane its part) of its weight row `wr` times the staged row, `w` holding the row's first
 // ring of loads: each load is replaced as it is used by the one a ring ahead while the row has one.
-__device__ __forceinline__ float gemv_ragged(const GemvP& p, uint4 (&w)[GEMV_DEPTH], const T* wr, bool live) {
+template <int DEPTH>
+__device__ __forceinline__ float gemv_ragged(const GemvP& p, uint4 (&w)[DEPTH], const T* wr, bool live) {
     const int lane = threadIdx.x & 31, chunks = p.K / VEC;
     float acc = 0.f;
-    for (int cb = lane; cb < chunks; cb += GEMV_DEPTH * 32) {
+    for (int cb = lane; cb < chunks; cb += DEPTH * 32) {
 #pragma unroll
-        for (int i = 0; i < GEMV_DEPTH; i++) {
+        for (int i = 0; i < DEPTH; i++) {
             const int k = cb + i * 32;
             if (k < chunks) {
                 float wv[VEC];
                 cvt_vec(w[i], wv);
-                w[i] = gemv_w(p, wr, live, (k + GEMV_DEPTH * 32) * VEC);
+                w[i] = gemv_w(p, wr, live, (k + DEPTH * 32) * VEC);
                 gemv_fma(acc, gemv_xs + k * VEC, wv);
             }
         }
@@ -368,21 +384,22 @@ __device__ __forceinline__ float gemv_ragged(const GemvP& p, uint4 (&w)[GEMV_DEP
 
 // The warp's dot product (each lane its part) of its weight row with `a`'s row, normalised when the product
 // fuses a norm. The block stages the row once, times the gains, in f32 (`gemv_stage_row`), so a warp's loop is
-// only its weights: GEMV_DEPTH loads of 16 bytes a lane stay in flight (the first GEMV_PRE requested before
-// `pdl_wait` when `early`), each replaced by the load GEMV_DEPTH steps ahead as it is used. The norm's scale
+// only its weights: DEPTH loads of 16 bytes a lane stay in flight (the first PRE requested before `pdl_wait`
+// when `early`), each replaced by the load DEPTH steps ahead as it is used. The norm's scale
 // multiplies the sum (a * g * inv . w = inv * (a * g . w)). One barrier publishes both the staged row and the
 // warps' sums of squares (`block_sum` would add a second).
+template <int DEPTH, int PRE>
 __device__ __forceinline__ float gemv_stream(const GemvP& p, int mat, int m, int col, bool stores,
                                              GemvTail& tail, const T* wr, const T* ar, bool live, bool rope) {
     __shared__ float s_ss[GEMV_WARPS];
     const int step = 32 * VEC;
     const int lane = threadIdx.x & 31, chunks = p.K / VEC, c0 = threadIdx.x;
     const uint4 zero = make_uint4(0u, 0u, 0u, 0u);
-    uint4 w[GEMV_DEPTH];
+    uint4 w[DEPTH];
     uint4 g0 = zero;
     if (p.norm_w && p.early && c0 < chunks) g0 = ld_raw(p.norm_w + c0 * VEC);
 #pragma unroll
-    for (int i = 0; i < GEMV_PRE && i < GEMV_DEPTH; i++) w[i] = gemv_w(p, wr, live, i * step + lane * VEC);
+    for (int i = 0; i < PRE && i < DEPTH; i++) w[i] = gemv_w(p, wr, live, i * step + lane * VEC);
     pdl_wait();
     TRACE_WAITED();
     pdl_launch();
@@ -390,13 +407,13 @@ __device__ __forceinline__ float gemv_stream(const GemvP& p, int mat, int m, int
     if (p.norm_w && !p.early && c0 < chunks) g0 = ld_raw(p.norm_w + c0 * VEC);
     float ss = gemv_stage_row(p, ar, g0);
 #pragma unroll
-    for (int i = GEMV_PRE; i < GEMV_DEPTH; i++) w[i] = gemv_w(p, wr, live, i * step + lane * VEC);
+    for (int i = PRE; i < DEPTH; i++) w[i] = gemv_w(p, wr, live, i * step + lane * VEC);
     if (p.norm_w) {
         ss = warp_sum(ss);
         if (lane == 0) s_ss[threadIdx.x >> 5] = ss;
     }
     __syncthreads();
-    float acc = gemv_ragged(p, w, wr, live);
+    float acc = gemv_ragged<DEPTH>(p, w, wr, live);
     if (p.norm_w) acc *= gemv_norm_scale(p, s_ss);
     return acc;
 }
@@ -478,62 +495,118 @@ __device__ __forceinline__ float gemv_rings(const GemvP& p, uint4 (&w)[GEMV_DEPT
     return acc;
 }
 
-// The `_waves` entries' staged path (a launch of more groups than a wave of blocks, `kernels::gemv_blocks`):
-// as `gemv_stream`, but a block takes the groups blockIdx.x, blockIdx.x + gridDim.x, ... with one staging of
-// the row, and over rows of whole rings a warp's loads run on from one column into its next (measured on the
-// H200, same call: the Llama-3.2-1B shape 1029.0 -> 965.3 us a step, its gate/up and vocabulary projections
-// 1 024 and 16 032 groups on 396 blocks). A group's residual and cache row are requested as it starts: in a
-// build where one kernel took both paths, requesting the first group's before the staging held registers
-// across it (spills), and config (c) lost 20 us a step. Its own entries keep `gemv_stream` as it was.
-template <int KIND>
-__device__ __forceinline__ void gemv_waves_body(const GemvP& p) {
-    TRACE_BEGIN(TRACE_GEMV);
+// The `_waves` entries' start, once a block: the warp's first ring of loads of its first weight row `wr` (the
+// first GEMV_PRE before `pdl_wait` when `early`) and the block's row of `a` staged around them; returns the
+// norm's scale (1 without a norm).
+__device__ __forceinline__ float gemv_waves_start(const GemvP& p, const T* wr, bool live, uint4 (&w)[GEMV_DEPTH]) {
     __shared__ float s_ss[GEMV_WARPS];
-    const int lane = threadIdx.x & 31, chunks = p.K / VEC, c0 = threadIdx.x, m = blockIdx.y;
-    const int rings = chunks / (GEMV_DEPTH * 32);
-    const bool whole = chunks % (GEMV_DEPTH * 32) == 0;
-    const T* ar = p.a + (i64)m * p.K;
-    if (!p.early) pdl_wait();  // a later `pdl_wait` returns at once
-    GemvCol c = gemv_col<KIND>(p, blockIdx.x);
-    GemvTail tail = gemv_bias(p, c.mat, c.col, c.live && lane == 0);
-    uint4 w[GEMV_DEPTH];
+    const int lane = threadIdx.x & 31, chunks = p.K / VEC, c0 = threadIdx.x;
     uint4 g0 = make_uint4(0u, 0u, 0u, 0u);
     if (p.norm_w && p.early && c0 < chunks) g0 = ld_raw(p.norm_w + c0 * VEC);
 #pragma unroll
-    for (int i = 0; i < GEMV_PRE && i < GEMV_DEPTH; i++) w[i] = gemv_w(p, c.wr, c.live, (i * 32 + lane) * VEC);
+    for (int i = 0; i < GEMV_PRE && i < GEMV_DEPTH; i++) w[i] = gemv_w(p, wr, live, (i * 32 + lane) * VEC);
     pdl_wait();
     TRACE_WAITED();
     pdl_launch();
     if (p.norm_w && !p.early && c0 < chunks) g0 = ld_raw(p.norm_w + c0 * VEC);
-    float ss = gemv_stage_row(p, ar, g0);
+    float ss = gemv_stage_row(p, p.a + (i64)blockIdx.y * p.K, g0);
 #pragma unroll
-    for (int i = GEMV_PRE; i < GEMV_DEPTH; i++) w[i] = gemv_w(p, c.wr, c.live, (i * 32 + lane) * VEC);
+    for (int i = GEMV_PRE; i < GEMV_DEPTH; i++) w[i] = gemv_w(p, wr, live, (i * 32 + lane) * VEC);
     if (p.norm_w) {
         ss = warp_sum(ss);
         if (lane == 0) s_ss[threadIdx.x >> 5] = ss;
     }
     __syncthreads();
-    const float inv = p.norm_w ? gemv_norm_scale(p, s_ss) : 1.f;
-    for (int g = blockIdx.x; g < p.groups; g += gridDim.x) {
-        if (g != (int)blockIdx.x) {
-            c = gemv_col<KIND>(p, g);
-            tail = gemv_bias(p, c.mat, c.col, c.live && lane == 0);
-            if (!whole) {
+    return p.norm_w ? gemv_norm_scale(p, s_ss) : 1.f;
+}
+
+// A warp's sum over weight row `wr` with the staged row, `w` holding its first ring: over rows of whole rings
+// (`rings` of them) the loads run on into `next`'s row (`gemv_rings`); else `w` then holds the first ring of
+// `next`'s row, loaded after this row's last (`gemv_ragged`).
+__device__ __forceinline__ float gemv_row(const GemvP& p, uint4 (&w)[GEMV_DEPTH], const T* wr, bool live,
+                                          const GemvCol& next, int rings, bool whole) {
+    if (whole) return gemv_rings(p, w, wr, next, rings);
+    const float acc = gemv_ragged<GEMV_DEPTH>(p, w, wr, live);
+    const int lane = threadIdx.x & 31;
 #pragma unroll
-                for (int i = 0; i < GEMV_DEPTH; i++) w[i] = gemv_w(p, c.wr, c.live, (i * 32 + lane) * VEC);
-            }
-        }
+    for (int i = 0; i < GEMV_DEPTH; i++) w[i] = gemv_w(p, next.wr, next.live, (i * 32 + lane) * VEC);
+    return acc;
+}
+
+// The `_waves` entries' staged path (a launch of more groups than a wave of blocks, `kernels::gemv_blocks`):
+// as `gemv_stream`, but a block takes the groups blockIdx.x, blockIdx.x + gridDim.x, ... with one staging of
+// the row, and a warp's loads run on from one column into its next (measured on the H200, same call: the
+// Llama-3.2-1B shape 1029.0 -> 965.3 us a step, its gate/up and vocabulary projections 1 024 and 16 032 groups
+// on 396 blocks). A group's residual and cache row are requested as it starts: in a build where one kernel
+// took both paths, requesting the first group's before the staging held registers across it (spills), and
+// config (c) lost 20 us a step. Its own entries keep `gemv_stream` as it was.
+template <int KIND>
+__device__ __forceinline__ void gemv_waves_body(const GemvP& p) {
+    TRACE_BEGIN(TRACE_GEMV);
+    const int lane = threadIdx.x & 31, chunks = p.K / VEC, m = blockIdx.y;
+    const int rings = chunks / (GEMV_DEPTH * 32);
+    const bool whole = chunks % (GEMV_DEPTH * 32) == 0;
+    if (!p.early) pdl_wait();  // a later `pdl_wait` returns at once
+    GemvCol c = gemv_col<KIND>(p, blockIdx.x);
+    GemvTail tail = gemv_bias(p, c.mat, c.col, c.live && lane == 0);
+    uint4 w[GEMV_DEPTH];
+    const float inv = gemv_waves_start(p, c.wr, c.live, w);
+    for (int g = blockIdx.x; g < p.groups; g += gridDim.x) {
+        if (g != (int)blockIdx.x) tail = gemv_bias(p, c.mat, c.col, c.live && lane == 0);
         gemv_after_wait(p, c.mat, m, c.col, c.live && lane == 0, tail, KIND == GEMV_ROPE);
-        const float acc =
-            whole ? gemv_rings(p, w, c.wr, gemv_col<KIND>(p, g + gridDim.x), rings) : gemv_ragged(p, w, c.wr, c.live);
+        const GemvCol next = gemv_col<KIND>(p, g + gridDim.x);
+        const float acc = gemv_row(p, w, c.wr, c.live, next, rings, whole);
         gemv_finish<KIND>(p, c, m, acc * inv, tail);
         // The epilogues' shared values are read before the next group writes them.
         if (KIND != GEMV_PLAIN && g + gridDim.x < p.groups) __syncthreads();
+        c = next;
     }
     TRACE_WORKED();
 }
 
-template <int KIND>
+// `gemv_glu`'s `_waves` entry: a warp computes column j of both the gate and the up matrix, its gate row and
+// then its up row, its loads running on from one row into the next and into its next column, and stores
+// silu(gate) * up itself (rounded as `gemv_glu_store` rounds), so no warp waits for another: the paired warps
+// of `gemv_glu` meet at a barrier every column, which a block of many columns pays at each. A block takes
+// GEMV_WARPS columns at a time: blockIdx.x, blockIdx.x + gridDim.x, ... of the width's groups of them.
+__device__ __forceinline__ GemvCol glu_col(const GemvP& p, int mat, int col) {
+    GemvCol c;
+    c.col = col;
+    c.mat = mat;
+    c.live = col < p.n[0];
+    c.wr = p.w[mat] + (i64)(c.live ? col : 0) * p.K;
+    return c;
+}
+
+__device__ __forceinline__ void gemv_glu_waves_body(const GemvP& p) {
+    const int groups = (p.n[0] + GEMV_WARPS - 1) / GEMV_WARPS;
+    if ((int)blockIdx.x >= groups) return;  // a launch sized by half-width groups (`kernels::gemv_blocks`)
+    TRACE_BEGIN(TRACE_GEMV);
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, chunks = p.K / VEC, m = blockIdx.y;
+    const int rings = chunks / (GEMV_DEPTH * 32);
+    const bool whole = chunks % (GEMV_DEPTH * 32) == 0;
+    if (!p.early) pdl_wait();  // a later `pdl_wait` returns at once
+    GemvCol gate = glu_col(p, 0, blockIdx.x * GEMV_WARPS + warp);
+    uint4 w[GEMV_DEPTH];
+    const float inv = gemv_waves_start(p, gate.wr, gate.live, w);
+    for (int g = blockIdx.x; g < groups; g += gridDim.x) {
+        const bool stores = gate.live && lane == 0;
+        const T bg = stores && p.bias[0] ? p.bias[0][gate.col] : (T)0;
+        const T bu = stores && p.bias[1] ? p.bias[1][gate.col] : (T)0;
+        const GemvCol up = glu_col(p, 1, gate.col), next = glu_col(p, 0, (g + gridDim.x) * GEMV_WARPS + warp);
+        const float sg = warp_sum(gemv_row(p, w, gate.wr, gate.live, up, rings, whole) * inv);
+        const float su = warp_sum(gemv_row(p, w, up.wr, up.live, next, rings, whole) * inv);
+        if (stores) {
+            const float xg = p.bias[0] ? sg + val(bg) : sg, xu = p.bias[1] ? su + val(bu) : su;
+            st(p.y[0], gemv_at(p, 0, m, gate.col), silu_t(rnd(xg)) * rnd(xu));
+        }
+        gate = next;
+    }
+    TRACE_WORKED();
+}
+
+// DEPTH and PRE: the staged path's loads in flight a lane and those requested before the wait (`gemv_stream`).
+template <int KIND, int DEPTH, int PRE>
 __device__ __forceinline__ void gemv_body(const GemvP& p) {
     TRACE_BEGIN(TRACE_GEMV);
     const int lane = threadIdx.x & 31;
@@ -548,7 +621,7 @@ __device__ __forceinline__ void gemv_body(const GemvP& p) {
     GemvTail tail = gemv_bias(p, mat, col, stores);
     float acc = 0.f;
     if (p.staged) {
-        acc = gemv_stream(p, mat, m, col, stores, tail, wr, ar, live, KIND == GEMV_ROPE);
+        acc = gemv_stream<DEPTH, PRE>(p, mat, m, col, stores, tail, wr, ar, live, KIND == GEMV_ROPE);
     } else if (p.vec_ok) {
         acc = gemv_dot(p, mat, m, col, stores, tail, wr, ar, live, KIND == GEMV_ROPE);
     } else {
@@ -581,13 +654,16 @@ __device__ __forceinline__ void gemv_body(const GemvP& p) {
 }
 
 // The entries `kernels.rs` loads by name: each kind's one-group and `_waves` body.
-#define GEMV_ENTRY(name, body, kind)                                                          \
-    extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32, GEMV_BLOCKS_PER_SM) name(GemvP p) { \
-        body<kind>(p);                                                                             \
-    }
-GEMV_ENTRY(gemv, gemv_body, GEMV_PLAIN)
-GEMV_ENTRY(gemv_glu, gemv_body, GEMV_GLU)
-GEMV_ENTRY(gemv_rope, gemv_body, GEMV_ROPE)
-GEMV_ENTRY(gemv_waves, gemv_waves_body, GEMV_PLAIN)
-GEMV_ENTRY(gemv_glu_waves, gemv_waves_body, GEMV_GLU)
-GEMV_ENTRY(gemv_rope_waves, gemv_waves_body, GEMV_ROPE)
+#define GEMV_ENTRY(name, per_sm, call)                                                           \
+    extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32, per_sm) name(GemvP p) { call; }
+#define GEMV_GROUP(kind) gemv_body<kind, GEMV_DEPTH, GEMV_PRE>(p)
+#define GEMV_DEEP(kind) gemv_body<kind, GEMV_DEEP_DEPTH, GEMV_DEEP_PRE>(p)
+GEMV_ENTRY(gemv, GEMV_BLOCKS_PER_SM, GEMV_GROUP(GEMV_PLAIN))
+GEMV_ENTRY(gemv_glu, GEMV_BLOCKS_PER_SM, GEMV_GROUP(GEMV_GLU))
+GEMV_ENTRY(gemv_rope, GEMV_BLOCKS_PER_SM, GEMV_GROUP(GEMV_ROPE))
+GEMV_ENTRY(gemv_deep, GEMV_DEEP_BLOCKS_PER_SM, GEMV_DEEP(GEMV_PLAIN))
+GEMV_ENTRY(gemv_glu_deep, GEMV_DEEP_BLOCKS_PER_SM, GEMV_DEEP(GEMV_GLU))
+GEMV_ENTRY(gemv_rope_deep, GEMV_DEEP_BLOCKS_PER_SM, GEMV_DEEP(GEMV_ROPE))
+GEMV_ENTRY(gemv_waves, GEMV_BLOCKS_PER_SM, gemv_waves_body<GEMV_PLAIN>(p))
+GEMV_ENTRY(gemv_glu_waves, GEMV_BLOCKS_PER_SM, gemv_glu_waves_body(p))
+GEMV_ENTRY(gemv_rope_waves, GEMV_BLOCKS_PER_SM, gemv_waves_body<GEMV_ROPE>(p))
