@@ -537,7 +537,7 @@ __device__ __forceinline__ float gemv_row(const GemvP& p, uint4 (&w)[GEMV_DEPTH]
 // as `gemv_stream`, but a block takes the groups blockIdx.x, blockIdx.x + gridDim.x, ... with one staging of
 // the row, and a warp's loads run on from one column into its next (measured on the H200, same call: the
 // Llama-3.2-1B shape 1029.0 -> 965.3 us a step, its gate/up and vocabulary projections 1 024 and 16 032 groups
-// on 396 blocks). A group's residual and cache row are requested as it starts: in a build where one kernel
+// on 396 blocks; now 342 and 392, `kernels::gemv_blocks`). A group's residual and cache row are requested as it starts: in a build where one kernel
 // took both paths, requesting the first group's before the staging held registers across it (spills), and
 // config (c) lost 20 us a step. Its own entries keep `gemv_stream` as it was.
 template <int KIND>
@@ -564,11 +564,7 @@ __device__ __forceinline__ void gemv_waves_body(const GemvP& p) {
     TRACE_WORKED();
 }
 
-// `gemv_glu`'s `_waves` entry: a warp computes column j of both the gate and the up matrix, its gate row and
-// then its up row, its loads running on from one row into the next and into its next column, and stores
-// silu(gate) * up itself (rounded as `gemv_glu_store` rounds), so no warp waits for another: the paired warps
-// of `gemv_glu` meet at a barrier every column, which a block of many columns pays at each. A block takes
-// GEMV_WARPS columns at a time: blockIdx.x, blockIdx.x + gridDim.x, ... of the width's groups of them.
+// Column `col` of the gate (`mat` 0) or up (1) matrix of `gemv_glu_waves_body`.
 __device__ __forceinline__ GemvCol glu_col(const GemvP& p, int mat, int col) {
     GemvCol c;
     c.col = col;
@@ -578,6 +574,12 @@ __device__ __forceinline__ GemvCol glu_col(const GemvP& p, int mat, int col) {
     return c;
 }
 
+// `gemv_glu`'s `_waves` entry: a warp computes column j of both the gate and the up matrix, its gate row and
+// then its up row, its loads running on from one row into the next and into its next column, and stores
+// silu(gate) * up itself (rounded as `gemv_glu_store` rounds), so no warp waits for another: the paired warps
+// of `gemv_glu` meet at two barriers a group. A block takes GEMV_WARPS columns at a time, the groups
+// blockIdx.x, blockIdx.x + gridDim.x, ... of them. Measured on the H200, same call: the Llama-3.2-1B shape
+// 937.9 -> 901.3 us a step (its gate/up, alone under Nsight Compute, 24.8 -> 22.9 us).
 __device__ __forceinline__ void gemv_glu_waves_body(const GemvP& p) {
     const int groups = (p.n[0] + GEMV_WARPS - 1) / GEMV_WARPS;
     if ((int)blockIdx.x >= groups) return;  // a launch sized by half-width groups (`kernels::gemv_blocks`)
