@@ -241,21 +241,27 @@ __device__ __forceinline__ float row_sum(float x, int lanes) {
     return x;
 }
 
-// Merges the running softmaxes of a warp's groups (`lanes` adjacent lanes each, the lane's first `n` values):
-// afterwards every group holds the warp's state.
-__device__ __forceinline__ void soft_merge_warp(Soft& s, int lanes, int n) {
-    for (int off = lanes; off < 32; off <<= 1) {
-        const float m2 = __shfl_xor_sync(0xffffffffu, s.m, off), l2 = __shfl_xor_sync(0xffffffffu, s.l, off);
-        const float m = fmaxf(s.m, m2);
-        const float c = s.m == NEG_INF ? 0.f : __expf(s.m - m), c2 = m2 == NEG_INF ? 0.f : __expf(m2 - m);
-        s.l = s.l * c + l2 * c2;
+// Merges running softmaxes (max `m`, sum `l`, the lane's first `n` values `o`) held by lanes whose indices
+// differ in the bits from `first` (a power of two) below `end`: afterwards each such set of lanes holds the
+// merged state.
+template <int N>
+__device__ __forceinline__ void lanes_merge(float& m, float& l, float (&o)[N], int n, int first, int end) {
+    for (int off = first; off < end; off <<= 1) {
+        const float m2 = __shfl_xor_sync(0xffffffffu, m, off), l2 = __shfl_xor_sync(0xffffffffu, l, off);
+        const float mx = fmaxf(m, m2);
+        const float c = m == NEG_INF ? 0.f : __expf(m - mx), c2 = m2 == NEG_INF ? 0.f : __expf(m2 - mx);
+        l = l * c + l2 * c2;
 #pragma unroll
-        for (int i = 0; i < 8; i++) {
-            if (i < n) s.o[i] = s.o[i] * c + __shfl_xor_sync(0xffffffffu, s.o[i], off) * c2;
+        for (int i = 0; i < N; i++) {
+            if (i < n) o[i] = o[i] * c + __shfl_xor_sync(0xffffffffu, o[i], off) * c2;
         }
-        s.m = m;
+        m = mx;
     }
 }
+
+// Merges the running softmaxes of a warp's groups (`lanes` adjacent lanes each, the lane's first `n` values):
+// afterwards every group holds the warp's state.
+__device__ __forceinline__ void soft_merge_warp(Soft& s, int lanes, int n) { lanes_merge(s.m, s.l, s.o, n, lanes, 32); }
 
 #ifndef ATTN_MERGE_SHFL
 // 1: a merge's groups meet by warp shuffles where they can, with no barrier (tunable). Measured on the H200
@@ -280,21 +286,8 @@ __device__ __forceinline__ void attn_reset_ticket(const AttnP& p, int t, int h) 
     if (threadIdx.x == 0) p.counters[(i64)t * p.H + h] = 0u;
 }
 
-// The merge's states (max, sum, 4 values) of `ngrp` groups in adjacent lanes meet by shuffles: afterwards every
-// lane of the groups holds their merged state.
-__device__ __forceinline__ void attn_meet_lanes(float& m, float& l, float (&acc)[4], int ngrp) {
-    for (int o = 1; o < ngrp; o <<= 1) {
-        const float m2 = __shfl_xor_sync(0xffffffffu, m, o), l2 = __shfl_xor_sync(0xffffffffu, l, o);
-        const float mx = fmaxf(m, m2);
-        const float w1 = m == NEG_INF ? 0.f : __expf(m - mx), w2 = m2 == NEG_INF ? 0.f : __expf(m2 - mx);
-        l = l * w1 + l2 * w2;
-#pragma unroll
-        for (int u = 0; u < 4; u++) acc[u] = acc[u] * w1 + __shfl_xor_sync(0xffffffffu, acc[u], o) * w2;
-        m = mx;
-    }
-}
-
-// The merge's groups' states, in `sh` as `attn_merge` left them, meet: each column's output written.
+// The merge's groups' states, in `sh` as `attn_merge` left them, meet: each column's output written (with
+// ATTN_MERGE_SHFL, where the groups are adjacent lanes, `lanes_merge` instead).
 __device__ void attn_meet(const AttnP& p, int t, int h0, int cols, int dl, int w4, int ngrp, const float* sh) {
     const int span = ngrp * cols;
     const float *gm = sh, *gl = gm + span, *go = gl + span;
@@ -371,7 +364,7 @@ __device__ void attn_merge(const AttnP& p, int h0, int hpb, int t, int nvalid, f
         if (threadIdx.x == 0) kv_trace_waited = trace_now();  // diagnostics: the merge's loads done
 #endif
         if (lanes) {
-            attn_meet_lanes(m, l, acc, ngrp);
+            lanes_merge(m, l, acc, 4, 1, ngrp);  // the column's `ngrp` groups, adjacent lanes
             if (grp == 0) attn_store(p, t, h0 + n, d, w4, acc, l);
             continue;
         }

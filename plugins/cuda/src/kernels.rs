@@ -585,15 +585,24 @@ mod tests {
         assert!(!attention_on_tensor_cores(true, 96) && !attention_on_tensor_cores(true, 256));
     }
 
+    /// The source defines `define` (a kernel's launch bound, blocks an SM) as the Rust constant `per_sm`, and
+    /// `wave` of the H200's 132 SMs is `h200` (unless a tuning build's sweep overrides it).
+    fn assert_launch_bound(define: &str, per_sm: u32, wave: fn(u32) -> u32, h200: u32) {
+        let line = format!("#define {define} {per_sm}");
+        assert!(
+            SOURCE.contains(&format!("{line}\n")) || SOURCE.contains(&format!("{line} ")),
+            "the source's {define} is not {per_sm}"
+        );
+        if !cfg!(feature = "tuning") {
+            assert_eq!(wave(132), h200, "{define}: a wave of 132 SMs");
+        }
+    }
+
     /// A tensor-core attention launch fits one wave (the H200: 132 SMs, 396 blocks), within the plan's
     /// scratch; its launch bound matches the source's.
     #[test]
     fn tensor_core_attention_fits_a_wave() {
-        assert!(SOURCE.contains(&format!("#define ATTN_TC_BLOCKS_PER_SM {ATTN_TC_BLOCKS_PER_SM} ")));
-        let wave = attention_tc_wave(132);
-        if !cfg!(feature = "tuning") {
-            assert_eq!(wave, 396);
-        }
+        assert_launch_bound("ATTN_TC_BLOCKS_PER_SM", ATTN_TC_BLOCKS_PER_SM, attention_tc_wave, 396);
         assert_eq!(attention_tc_splits(80, 8, 396), 49, "config (c): 8 heads, 49 ranges each");
         assert_eq!(attention_tc_splits(20, 8, 396), 20, "the Llama shape: the plan's 20 ranges");
         assert_eq!(attention_tc_splits(80, 8 * 64, 396), 1, "more head blocks than a wave");
@@ -605,11 +614,7 @@ mod tests {
     /// launch bound.
     #[test]
     fn staged_gemvs_take_at_most_a_wave_of_blocks() {
-        assert!(SOURCE.contains(&format!("#define GEMV_BLOCKS_PER_SM {GEMV_BLOCKS_PER_SM}\n")));
-        let wave = gemv_wave(132);
-        if !cfg!(feature = "tuning") {
-            assert_eq!(wave, 396);
-        }
+        assert_launch_bound("GEMV_BLOCKS_PER_SM", GEMV_BLOCKS_PER_SM, gemv_wave, 396);
         assert_eq!(gemv_blocks(2048, true, 396), 342, "the Llama shape's gate/up: 6 groups each");
         assert_eq!(gemv_blocks(128_256_u32.div_ceil(GEMV_WARPS), true, 396), 392, "its vocabulary: 41 each");
         assert_eq!(gemv_blocks(792, true, 396), 396, "two groups each");
@@ -623,11 +628,7 @@ mod tests {
     /// (the H200: 264) `_deep`; any other a block a group. The rule's constant matches the source's bound.
     #[test]
     fn gemv_launches_pick_their_entry_by_blocks_and_staging() {
-        assert!(SOURCE.contains(&format!("#define GEMV_DEEP_BLOCKS_PER_SM {GEMV_DEEP_BLOCKS_PER_SM}\n")));
-        let deep = gemv_deep_wave(132);
-        if !cfg!(feature = "tuning") {
-            assert_eq!(deep, 264);
-        }
+        assert_launch_bound("GEMV_DEEP_BLOCKS_PER_SM", GEMV_DEEP_BLOCKS_PER_SM, gemv_deep_wave, 264);
         assert!(SOURCE.contains(&format!("#define GEMV_PRE {GEMV_PRE}\n")));
         let entry =
             |groups, blocks, rows, staged, loads| gemv_entry(groups, blocks, rows, staged, loads, 264);
