@@ -5,7 +5,8 @@
 #   bash target/gpu-bundle/ncu.sh gemv        # the Llama-3.2-1B shape's GEMVs (`bench_hf_decode`): the first
 #                                             # gate/up, down, vocabulary, Q/K/V and output projection launches
 #   bash target/gpu-bundle/ncu.sh attention   # the first attention launch of the Llama shape at 1024 (32 query
-#                                             # heads over 8 KV heads of 64, bf16) and of config (c) at 4096
+#                                             # heads over 8 KV heads of 64, bf16: clustered) and of config (c)
+#                                             # at 4096
 set -uo pipefail
 cd "$(dirname "$0")"
 out="${OUT:-$PWD/out}"
@@ -39,7 +40,7 @@ case "${1:-}" in
     profile output gemv_deep 0 "${llama[@]}"
     ;;
   attention)
-    profile attention-llama attention_tc 0 "${llama[@]}"
+    profile attention-llama attention_tc_cluster 0 "${llama[@]}"
     ./export-example c "$out/program-c" --backend cuda --memory device > /dev/null || exit 1
     profile attention-c attention_tc 0 ./delegate-host run "$out/program-c/program.toml" --position 4096 \
       --hold-position --steps 2

@@ -94,7 +94,7 @@ def attention_tail(r, idx):
     return {
         "work median": np.median(work),
         "90th pct.": np.percentile(work, 90),
-        "last unmerged": work[~merge].max(),
+        "last unmerged": work[~merge].max() if (~merge).any() else np.nan,  # a clustered launch: all merge
         "merging blocks' work done": work[merge].mean(),
         "merge mean": (end[merge] - work[merge]).mean(),
         "merge longest": (end[merge] - work[merge]).max(),

@@ -253,28 +253,56 @@ impl Function {
         stream: StreamRef<'_>,
         params: &mut [*mut c_void],
     ) -> Result<()> {
+        let mut attributes = [overlap_attribute()];
+        // SAFETY: `launch_ex`'s contract is `launch`'s, which this function's includes; the kernel waits as the
+        // overlap attribute requires, per this function's contract.
+        unsafe { self.launch_ex(config, stream, params, &mut attributes) }
+    }
+
+    /// As [`Function::launch_overlapped`] when `overlapped`, else as [`Function::launch`] (but through
+    /// `cuLaunchKernelEx`), in thread-block clusters of `cluster` blocks (x, y, z; each divides the grid's):
+    /// a cluster's blocks run at once, on one GPU processing cluster, and may read each other's shared
+    /// memory. Compute capability 9.0 and later; a cluster of more than 8 blocks also needs
+    /// [`Function::allow_large_clusters`].
+    ///
+    /// # Safety
+    /// As [`Function::launch_overlapped`] when `overlapped`, else as [`Function::launch`]; and the kernel was
+    /// written for clusters of this shape (every block of a cluster meets the cluster's barriers).
+    ///
+    /// # Errors
+    /// [`Error::Driver`] when the driver refuses the launch (a cluster that does not divide the grid, or
+    /// larger than the device or the function allows).
+    pub unsafe fn launch_clustered(
+        &self,
+        config: LaunchConfig,
+        cluster: (u32, u32, u32),
+        overlapped: bool,
+        stream: StreamRef<'_>,
+        params: &mut [*mut c_void],
+    ) -> Result<()> {
+        let mut attributes = [cluster_attribute(cluster), overlap_attribute()];
+        let used = if overlapped { 2 } else { 1 };
+        // SAFETY: `launch_ex`'s contract is `launch`'s, which this function's includes; the kernel meets its
+        // clusters' barriers and (with the overlap attribute) waits as it requires, per this contract.
+        unsafe { self.launch_ex(config, stream, params, &mut attributes[..used]) }
+    }
+
+    /// `cuLaunchKernelEx` with `attributes`.
+    ///
+    /// # Safety
+    /// As [`Function::launch`], and whatever `attributes` ask of the kernel (see the callers).
+    unsafe fn launch_ex(
+        &self,
+        config: LaunchConfig,
+        stream: StreamRef<'_>,
+        params: &mut [*mut c_void],
+        attributes: &mut [sys::CUlaunchAttribute],
+    ) -> Result<()> {
         let ctx = &self.module.ctx;
         ctx.bind()?;
-        let mut attribute = sys::CUlaunchAttribute {
-            id: sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION,
-            pad: [0; 4],
-            value: sys::CUlaunchAttributeValue { pad: [0; 64] },
-        };
-        attribute.value.programmaticStreamSerializationAllowed = 1;
-        let launch = sys::CUlaunchConfig {
-            gridDimX: config.grid.0,
-            gridDimY: config.grid.1,
-            gridDimZ: config.grid.2,
-            blockDimX: config.block.0,
-            blockDimY: config.block.1,
-            blockDimZ: config.block.2,
-            sharedMemBytes: config.shared_mem_bytes,
-            hStream: stream.cu(),
-            attrs: &mut attribute,
-            numAttrs: 1,
-        };
+        let launch = cu_launch_config(config, stream.cu(), attributes);
         driver::call("cuLaunchKernelEx", ctx.ordinal(), || {
-            // SAFETY: `launch` and the attribute it points to live across the call; `raw` belongs to a loaded
+            // SAFETY: `launch` and the attributes it points to live across the call; `raw` belongs to a loaded
             // module (kept by `self.module`); the context is current; `params` and the memory they reach are
             // valid per this function's contract; `stream` is valid for its borrow; no `extra` array.
             unsafe { sys::cuLaunchKernelEx(&launch, self.raw, params.as_mut_ptr(), std::ptr::null_mut()) }
@@ -282,10 +310,89 @@ impl Function {
         })
     }
 
+    /// Lets the function run in clusters of more than 8 blocks (the portable most), up to what the device
+    /// allows (`CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED`; 16 on the H100 and H200).
+    ///
+    /// # Errors
+    /// [`Error::Driver`] when the driver refuses (e.g. before compute capability 9.0).
+    pub fn allow_large_clusters(&self) -> Result<()> {
+        let ctx = &self.module.ctx;
+        ctx.bind()?;
+        driver::call("cuFuncSetAttribute", ctx.ordinal(), || {
+            let attribute = sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED;
+            // SAFETY: `raw` belongs to a loaded module (kept by `self.module`); the context is current.
+            unsafe { sys::cuFuncSetAttribute(self.raw, attribute, 1) }.result()
+        })
+    }
+
+    /// The most blocks of `config` (its block size and shared memory) that one cluster of this function can
+    /// hold on the device, all resident at once (`cuOccupancyMaxPotentialClusterSize`, which respects the
+    /// function's launch bounds and [`Function::allow_large_clusters`]).
+    ///
+    /// # Errors
+    /// [`Error::Driver`] when the driver refuses (e.g. before compute capability 9.0).
+    pub fn max_cluster_blocks(&self, config: LaunchConfig) -> Result<u32> {
+        let ctx = &self.module.ctx;
+        ctx.bind()?;
+        let launch = cu_launch_config(config, std::ptr::null_mut(), &mut []);
+        let mut blocks: std::ffi::c_int = 0;
+        driver::call("cuOccupancyMaxPotentialClusterSize", ctx.ordinal(), || {
+            // SAFETY: `launch` (no attributes) and `blocks` live across the call; `raw` belongs to a loaded
+            // module (kept by `self.module`); the context is current.
+            unsafe { sys::cuOccupancyMaxPotentialClusterSize(&mut blocks, self.raw, &launch) }.result()
+        })?;
+        Ok(u32::try_from(blocks).unwrap_or(0))
+    }
+
     /// The module it belongs to.
     pub fn module(&self) -> &Arc<Module> {
         &self.module
     }
+}
+
+/// The driver's launch configuration of `config` on `stream` with `attributes` (which it points to: they must
+/// outlive its use).
+fn cu_launch_config(
+    config: LaunchConfig,
+    stream: sys::CUstream,
+    attributes: &mut [sys::CUlaunchAttribute],
+) -> sys::CUlaunchConfig {
+    sys::CUlaunchConfig {
+        gridDimX: config.grid.0,
+        gridDimY: config.grid.1,
+        gridDimZ: config.grid.2,
+        blockDimX: config.block.0,
+        blockDimY: config.block.1,
+        blockDimZ: config.block.2,
+        sharedMemBytes: config.shared_mem_bytes,
+        hStream: stream,
+        attrs: attributes.as_mut_ptr(),
+        numAttrs: attributes.len() as u32,
+    }
+}
+
+/// The launch attribute of programmatic stream serialization (see [`Function::launch_overlapped`]).
+fn overlap_attribute() -> sys::CUlaunchAttribute {
+    let mut attribute = sys::CUlaunchAttribute {
+        id: sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION,
+        pad: [0; 4],
+        value: sys::CUlaunchAttributeValue { pad: [0; 64] },
+    };
+    attribute.value.programmaticStreamSerializationAllowed = 1;
+    attribute
+}
+
+/// The launch attribute of clusters of `blocks` (x, y, z; see [`Function::launch_clustered`]).
+fn cluster_attribute(blocks: (u32, u32, u32)) -> sys::CUlaunchAttribute {
+    let mut attribute = sys::CUlaunchAttribute {
+        id: sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION,
+        pad: [0; 4],
+        value: sys::CUlaunchAttributeValue { pad: [0; 64] },
+    };
+    attribute.value.clusterDim.x = blocks.0;
+    attribute.value.clusterDim.y = blocks.1;
+    attribute.value.clusterDim.z = blocks.2;
+    attribute
 }
 
 /// A cache key: device, source hash, options.

@@ -73,6 +73,26 @@ pub fn attention_tc_splits(splits: u32, head_blocks: u32, wave: u32) -> u32 {
     (wave / head_blocks.max(1)).clamp(1, splits.max(1))
 }
 
+/// Threads of a clustered attention block (`ATTN_CLUSTER_WARPS` warps in the source).
+pub const ATTN_CLUSTER_THREADS: u32 = 256;
+/// The most blocks a clustered attention's merge reads (`ATTN_CLUSTER_MAX` in the source; sm_90's largest
+/// cluster).
+pub const ATTN_CLUSTER_MAX: u32 = 16;
+/// The head size the clustered attention is built for (`attention_tc_cluster`: 128 would spill at its launch
+/// bound of two blocks an SM).
+pub const ATTN_CLUSTER_HEAD: u32 = 64;
+
+/// Ranges a tensor-core attention over a cache of `len` rows cuts each head's rows into when its blocks merge
+/// in a cluster (`attention_tc_cluster`), on a device whose clusters hold `max_cluster` of its blocks: the
+/// fewest blocks whose warps cover the cache with one tile of 16 rows each, so no warp waits for a second
+/// load at any position. `None` (the ticket merge of `attention_tc`) when that is more than a cluster holds,
+/// or the head is not of [`ATTN_CLUSTER_HEAD`] values.
+pub fn attention_tc_cluster(len: u32, head_dim: u32, max_cluster: u32) -> Option<u32> {
+    let rows_per_block = ATTN_CLUSTER_THREADS / 32 * 16;
+    let splits = len.div_ceil(rows_per_block).max(1);
+    (head_dim == ATTN_CLUSTER_HEAD && splits <= max_cluster.min(ATTN_CLUSTER_MAX)).then_some(splits)
+}
+
 /// Warps of a GEMV block (`GEMV_WARPS` in the source).
 pub const GEMV_WARPS: u32 = 8;
 /// The most shared memory a GEMV block stages its activation row in (4 bytes a value): 48 KiB, the most a block
@@ -347,17 +367,39 @@ pub(crate) unsafe fn go<P: Copy>(
     p: &P,
     overlapped: bool,
 ) -> cuda_rt::Result<()> {
-    let mut value = *p;
-    let mut params = [(&mut value as *mut P).cast::<c_void>()];
     // SAFETY: one parameter, a pointer to a value of the kernel's single parameter struct (mirrored
     // `#[repr(C)]`), read during the call; the memory it addresses is valid per this function's contract.
-    unsafe {
+    with_params(p, |params| unsafe {
         if overlapped {
-            f.launch_overlapped(config, stream, &mut params)
+            f.launch_overlapped(config, stream, params)
         } else {
-            f.launch(config, stream, &mut params)
+            f.launch(config, stream, params)
         }
-    }
+    })
+}
+
+/// As [`go`], in clusters of `cluster` blocks ([`Function::launch_clustered`]).
+///
+/// # Safety
+/// As [`go`]; and `f` was written for clusters of this shape.
+pub(crate) unsafe fn go_clustered<P: Copy>(
+    f: &Function,
+    config: LaunchConfig,
+    cluster: (u32, u32, u32),
+    stream: StreamRef<'_>,
+    p: &P,
+    overlapped: bool,
+) -> cuda_rt::Result<()> {
+    // SAFETY: as `go`'s; and the kernel is written for the cluster, per this function's contract.
+    with_params(p, |params| unsafe { f.launch_clustered(config, cluster, overlapped, stream, params) })
+}
+
+/// Calls `launch` with a kernel's parameter array for its one parameter struct: a pointer to a copy of `p`,
+/// alive across the call.
+fn with_params<P: Copy, R>(p: &P, launch: impl FnOnce(&mut [*mut c_void]) -> R) -> R {
+    let mut value = *p;
+    let mut params = [(&mut value as *mut P).cast::<c_void>()];
+    launch(&mut params)
 }
 
 /// One kernel launch, its parameters resolved to addresses.
@@ -375,6 +417,9 @@ pub enum Launch {
     Attention(LaunchConfig, AttnP),
     /// An attention on tensor cores (`attention_tc`): only in a module that [`Kernels::has_attention_tc`].
     AttentionTc(LaunchConfig, AttnP),
+    /// An attention on tensor cores whose ranges merge in a cluster (`attention_tc_cluster`, clusters of
+    /// (1, `splits`, 1) blocks): only where [`Kernels::attention_cluster_max`] holds `splits`.
+    AttentionTcCluster(LaunchConfig, AttnP),
     Argmax(LaunchConfig, ArgmaxP),
 }
 
@@ -393,7 +438,49 @@ pub struct Kernels {
     attention: Function,
     /// `attention_tc`, where the module has it ([`has_attention_tc`]).
     attention_tc: Option<Function>,
+    /// `attention_tc_cluster` and the most blocks its cluster holds, where the device runs clusters.
+    attention_cluster: Option<(Function, u32)>,
     argmax: Function,
+}
+
+/// `attention_tc_cluster` of `module` with the most blocks a cluster of it holds on the device, where the
+/// device runs clusters of more than one (compute capability 9.0 and later); else `None`.
+fn attention_cluster(
+    ctx: &Context,
+    module: &Arc<Module>,
+    float: Float,
+) -> cuda_rt::Result<Option<(Function, u32)>> {
+    if !has_attention_tc(float, ctx.compute_capability()) || ctx.compute_capability() < (9, 0) {
+        return Ok(None);
+    }
+    let f = module.function("attention_tc_cluster")?;
+    // The largest block of heads: 8 heads of 64 values.
+    let shared = attention_shared(true, 8, ATTN_CLUSTER_HEAD, ATTN_CLUSTER_THREADS, true);
+    let block = (ATTN_CLUSTER_THREADS, 1, 1);
+    let config = LaunchConfig { grid: (1, ATTN_CLUSTER_MAX, 1), block, shared_mem_bytes: shared };
+    match f.allow_large_clusters().and_then(|()| f.max_cluster_blocks(config)) {
+        Ok(blocks) => {
+            // A sweep may cap it (`-DKV_ATTN_CLUSTER_MAX=N`; 0: the ticket merge everywhere).
+            let blocks = tuning::override_of("KV_ATTN_CLUSTER_MAX", blocks.into()).min(blocks.into()) as u32;
+            Ok((blocks > 1).then_some((f, blocks)))
+        }
+        Err(err) => {
+            // The ticket merge serves every launch then: slower, never wrong.
+            tracing::warn!("the attention's ranges merge by tickets: the device refused clusters: {err}");
+            Ok(None)
+        }
+    }
+}
+
+/// Dynamic shared memory of an attention block of `threads` threads over `hpb` heads of `head_dim` values
+/// (`tc`: `attention_tc`'s layout, 8 columns a warp; `cluster`: and its partial for the cluster's merge): the
+/// warps' maxima and sums, then their outputs or the merge's groups' states (6 floats a thread, or a head's
+/// value when there are more), then the cluster's partial (the heads' values, a max and sum a head).
+pub fn attention_shared(tc: bool, hpb: u32, head_dim: u32, threads: u32, cluster: bool) -> u32 {
+    let warps = threads / 32;
+    let columns = if tc { 8 } else { 1 };
+    let partial = if cluster { hpb * (head_dim + 2) } else { 0 };
+    (2 * warps * columns + (warps * hpb * head_dim).max(6 * threads.max(hpb * head_dim)) + partial) * 4
 }
 
 /// A GEMV kind's three entries (`name`, `name_waves`, `name_deep`), in the order of [`GemvEntry`].
@@ -423,6 +510,7 @@ impl Kernels {
             } else {
                 None
             },
+            attention_cluster: attention_cluster(ctx, &module, float)?,
             argmax: module.function("argmax")?,
             module,
         })
@@ -431,6 +519,12 @@ impl Kernels {
     /// Whether the module has the tensor-core attention (`Launch::AttentionTc`).
     pub fn has_attention_tc(&self) -> bool {
         self.attention_tc.is_some()
+    }
+
+    /// The most blocks a cluster of `attention_tc_cluster` holds on the device (`Launch::AttentionTcCluster`);
+    /// 0 where the module or the device has no clusters.
+    pub fn attention_cluster_max(&self) -> u32 {
+        self.attention_cluster.as_ref().map_or(0, |(_, blocks)| *blocks)
     }
 
     /// The compiled module (a tuning build reads its trace from it).
@@ -474,6 +568,13 @@ impl Kernels {
                         what: "a module without the tensor-core attention".into(),
                     }),
                 },
+                Launch::AttentionTcCluster(c, p) => match &self.attention_cluster {
+                    Some((f, _)) => go_clustered(f, *c, (1, p.splits as u32, 1), stream, p, overlapped),
+                    None => Err(cuda_rt::Error::OutOfRange {
+                        call: "launching attention_tc_cluster",
+                        what: "a module or device without clusters".into(),
+                    }),
+                },
                 Launch::Argmax(c, p) => go(&self.argmax, *c, stream, p, overlapped),
             }
         }
@@ -502,6 +603,9 @@ mod tests {
             "-DATTN_TC_BLOCKS_PER_SM=4",
             "-DATTN_MERGE_SHFL=1",
             "-DATTN_MERGE_BATCH=12",
+            "-DATTN_CLUSTER_END_SYNC=1",
+            "-DATTN_CLUSTER_BATCH=8",
+            "-DATTN_CLUSTER_BLOCKS_PER_SM=3",
             "-DKV_TRACE",
             "-DKV_TRACE_MERGE",
         ];
@@ -534,8 +638,10 @@ mod tests {
                     ] {
                         assert!(ptx.contains(&format!(".entry {kernel}(")), "{float:?}: no kernel {kernel}");
                     }
-                    let tc = ptx.contains(".entry attention_tc(");
-                    assert_eq!(tc, has_attention_tc(float, (9, 0)), "{float:?}: attention_tc");
+                    for kernel in ["attention_tc", "attention_tc_cluster"] {
+                        let has = ptx.contains(&format!(".entry {kernel}("));
+                        assert_eq!(has, has_attention_tc(float, (9, 0)), "{float:?}: {kernel}");
+                    }
                 }
                 Err(err) => {
                     assert!(
@@ -607,6 +713,32 @@ mod tests {
         assert_eq!(attention_tc_splits(20, 8, 396), 20, "the Llama shape: the plan's 20 ranges");
         assert_eq!(attention_tc_splits(80, 8 * 64, 396), 1, "more head blocks than a wave");
         assert_eq!(attention_tc_splits(0, 0, 396), 1, "never 0");
+    }
+
+    /// A tensor-core attention merges in a cluster where one cluster's warps cover the whole cache a tile
+    /// each (the fewest blocks that do), and by tickets otherwise; the constants match the source's.
+    #[test]
+    fn clustered_attention_covers_the_cache_a_tile_a_warp() {
+        for line in [
+            format!("#define ATTN_CLUSTER_MAX {ATTN_CLUSTER_MAX} "),
+            format!("#define ATTN_CLUSTER_WARPS {} ", ATTN_CLUSTER_THREADS / 32),
+        ] {
+            assert!(SOURCE.contains(&line), "the source lacks `{line}`");
+        }
+        assert_eq!(attention_tc_cluster(2048, 64, 16), Some(16), "the Llama shape at 2048 rows");
+        assert_eq!(attention_tc_cluster(1024, 64, 16), Some(8), "config (b): 1024 rows");
+        assert_eq!(attention_tc_cluster(1025, 64, 16), Some(9), "a row past 8 blocks' tiles");
+        assert_eq!(attention_tc_cluster(100, 64, 16), Some(1), "one block: no merge");
+        assert_eq!(attention_tc_cluster(2049, 64, 16), None, "more than 16 blocks");
+        assert_eq!(attention_tc_cluster(2048, 64, 8), None, "a device of portable clusters only");
+        assert_eq!(attention_tc_cluster(2048, 64, 32), Some(16), "at most the merge's 16");
+        assert_eq!(attention_tc_cluster(4096, 64, 32), None, "never past the merge's 16");
+        assert_eq!(attention_tc_cluster(1024, 128, 16), None, "heads of 128: the ticket merge");
+        assert_eq!(attention_tc_cluster(1024, 64, 0), None, "no clusters on the device");
+        // The cluster's partial follows the block's layout, 16-byte aligned for the merge's vector loads.
+        let base = attention_shared(true, 4, 64, ATTN_CLUSTER_THREADS, false);
+        assert_eq!(base % 16, 0);
+        assert_eq!(attention_shared(true, 4, 64, ATTN_CLUSTER_THREADS, true), base + 4 * 66 * 4);
     }
 
     /// A staged launch of more groups than a wave has at most a wave of blocks (the H200: 132 SMs, 396), as

@@ -4,7 +4,7 @@ use cuda_rt::{DevicePtr, LaunchConfig};
 use ref_graph::TensorId;
 
 use super::{Engine, Queued};
-use crate::kernels::{self, AddP, ArgmaxP, AttnP, GatherP, GemvP, KvP, Launch, RmsP};
+use crate::kernels::{self, AddP, ArgmaxP, AttnP, GatherP, GemvP, Kernels, KvP, Launch, RmsP};
 use crate::plan::{AttnShape, Float, KvLayout, Step};
 
 fn cfg(grid: (u32, u32, u32), block: u32, shared: u32) -> LaunchConfig {
@@ -56,8 +56,8 @@ impl Engine {
             Step::Gemv { .. } => self.gemv(step, float),
             Step::KvUpdate { ref caches, position, layout } => self.kv_update(caches, position, layout),
             Step::Attention { q, k, v, position, out, shape, splits, early } => {
-                let tensor_cores = self.typed[module].1.has_attention_tc();
-                self.attention([q, k, v, position, out], shape, (splits, early), float, tensor_cores)
+                let kernels = &self.typed[module].1;
+                self.attention([q, k, v, position, out], shape, (splits, early), float, kernels)
             }
             Step::Argmax { input, out, m, n } => {
                 let (part_v, part_i, counter) = self.argmax_part;
@@ -163,14 +163,14 @@ impl Engine {
     }
 
     /// The launch of an attention; `t` is (q, k, v, position, out), `split` (ranges per head, early);
-    /// `tensor_cores`: the module has `attention_tc`.
+    /// `kernels`: the module it runs in (whether it has `attention_tc`, and clusters).
     fn attention(
         &self,
         t: [TensorId; 5],
         s: AttnShape,
         split: (u32, bool),
         float: Float,
-        tensor_cores: bool,
+        kernels: &Kernels,
     ) -> Launch {
         let (splits, early) = split;
         let [q, k, v, position, out] = t.map(|id| self.p(id));
@@ -184,21 +184,21 @@ impl Engine {
             && vec_lanes.is_power_of_two()
             && vec_lanes <= 32;
         let lanes = if vec_ok { vec_lanes } else { dh.next_power_of_two().min(32) };
-        let tc = tensor_cores && kernels::attention_on_tensor_cores(vec_ok, dh);
+        let tc = kernels.has_attention_tc() && kernels::attention_on_tensor_cores(vec_ok, dh);
         let hpb = if tc { kernels::attention_heads_per_block(s.group()) } else { 1 };
         let head_blocks = s.heads / hpb;
-        let splits = if tc {
-            kernels::attention_tc_splits(splits, head_blocks * s.rows, self.attn_tc_wave)
-        } else {
-            splits
+        let cluster_max = kernels.attention_cluster_max();
+        let cluster = if tc { kernels::attention_tc_cluster(s.len, dh, cluster_max) } else { None };
+        let (splits, threads) = match cluster {
+            Some(blocks) => (blocks, kernels::ATTN_CLUSTER_THREADS),
+            None if tc => {
+                let splits = kernels::attention_tc_splits(splits, head_blocks * s.rows, self.attn_tc_wave);
+                (splits, kernels::ATTN_THREADS)
+            }
+            None => (splits, kernels::ATTN_THREADS),
         };
-        let threads = kernels::ATTN_THREADS;
-        let warps = threads / 32;
         let (q_ts, q_hs) = s.q_strides();
-        // The warps' maxima and sums (a head each; `attention_tc` 8 columns each), then their outputs or
-        // the merge's groups' states (6 floats a thread, or a head's value when there are more).
-        let columns = if tc { 8 } else { 1 };
-        let shared = (2 * warps * columns + (warps * hpb * dh).max(6 * threads.max(hpb * dh))) * 4;
+        let shared = kernels::attention_shared(tc, hpb, dh, threads, cluster.is_some());
         let config = cfg((head_blocks, splits, s.rows), threads, shared);
         let p = AttnP {
             q,
@@ -224,7 +224,9 @@ impl Engine {
             early: i32::from(early),
             hpb: hpb as i32,
         };
-        if tc {
+        if cluster.is_some() {
+            Launch::AttentionTcCluster(config, p)
+        } else if tc {
             Launch::AttentionTc(config, p)
         } else {
             Launch::Attention(config, p)

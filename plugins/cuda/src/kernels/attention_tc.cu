@@ -149,93 +149,212 @@ __device__ __forceinline__ void tc_use(TcSoft<DH>& s, const TcTile<DH>& tl, cons
     }
 }
 
+// Thread-block clusters (sm_90 and later): the block's rank in its cluster, the cluster's blocks, barriers of
+// every thread of the cluster, and loads from the shared memory of another block of the cluster (`at`: a
+// shared-memory address of this block, `rank`: whose same address).
+__device__ __forceinline__ int cluster_rank() {
+    unsigned r;
+    asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
+    return (int)r;
+}
+__device__ __forceinline__ int cluster_blocks() {
+    unsigned n;
+    asm volatile("mov.u32 %0, %%cluster_nctarank;" : "=r"(n));
+    return (int)n;
+}
+// Publishes the thread's writes to the cluster (release at cluster scope: on sm_90 a MEMBAR.GPU, which waits
+// for the thread's outstanding writes) and acquires every other thread's.
+__device__ __forceinline__ void cluster_sync() {
+    asm volatile("barrier.cluster.arrive.release;\n\tbarrier.cluster.wait.acquire;" ::: "memory");
+}
+// Waits until every thread of the cluster has arrived, publishing nothing: what a block needs before it exits
+// while the others may still read its shared memory (their reads are done once their values were used). No
+// MEMBAR, so no wait for the thread's output stores. Measured on the H200 against `cluster_sync` here:
+// see BENCHMARKS.md, "Thirteenth pass".
+__device__ __forceinline__ void cluster_meet() {
+    asm volatile("barrier.cluster.arrive.relaxed;\n\tbarrier.cluster.wait;" ::: "memory");
+}
+__device__ __forceinline__ unsigned cluster_map(const float* at, int rank) {
+    unsigned remote;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;"
+                 : "=r"(remote)
+                 : "r"((unsigned)__cvta_generic_to_shared(at)), "r"(rank));
+    return remote;
+}
+__device__ __forceinline__ float2 cluster_ld2(unsigned at) {
+    float2 v;
+    asm volatile("ld.shared::cluster.v2.f32 {%0, %1}, [%2];" : "=f"(v.x), "=f"(v.y) : "r"(at));
+    return v;
+}
+__device__ __forceinline__ float4 cluster_ld4(unsigned at) {
+    float4 v;
+    asm volatile("ld.shared::cluster.v4.f32 {%0, %1, %2, %3}, [%4];"
+                 : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
+                 : "r"(at));
+    return v;
+}
+
+#ifndef ATTN_CLUSTER_END_SYNC
+#define ATTN_CLUSTER_END_SYNC 0
+#endif
+#define ATTN_CLUSTER_MAX 16  // the most blocks a cluster merges (`kernels::ATTN_CLUSTER_MAX`: sm_90's largest)
+#ifndef ATTN_CLUSTER_BATCH
+#define ATTN_CLUSTER_BATCH 16  // blocks' partials a merging thread requests at once (tunable)
+#endif
+
+// The merge of a cluster's ranges (`attention_tc_cluster`: one cluster a block of heads, a block a range). Each
+// block left its partial in its own shared memory, `cp`: the heads' values, then a max (log2 units) and sum a
+// head (max NEG_INF: no range). After the cluster's barrier the 4-value columns of the heads are dealt to the
+// cluster's blocks in turn; a thread reads its column of ATTN_CLUSTER_BATCH blocks at once (distributed
+// shared memory, no L2 round trip, no ticket) and merges them. The last barrier keeps each block's shared
+// memory until the others have read it.
 template <int DH>
+__device__ __forceinline__ void attn_cluster_merge(const AttnP& p, int h0, int hpb, int t, const float* cp) {
+    cluster_sync();
+    const int rank = cluster_rank(), blocks = cluster_blocks();
+    const float* cml = cp + hpb * DH;
+    for (int col = rank + blocks * (int)threadIdx.x; col < hpb * DH / 4; col += blocks * (int)blockDim.x) {
+        const int n = 4 * col / DH, d = 4 * col % DH;
+        float m = NEG_INF, l = 0.f, acc[4] = {0.f, 0.f, 0.f, 0.f};
+        for (int b0 = 0; b0 < ATTN_CLUSTER_MAX && b0 < blocks; b0 += ATTN_CLUSTER_BATCH) {
+            float2 ml[ATTN_CLUSTER_BATCH];
+            float4 o[ATTN_CLUSTER_BATCH];
+#pragma unroll
+            for (int b = 0; b < ATTN_CLUSTER_BATCH; b++) {
+                if (b0 + b < blocks) {
+                    ml[b] = cluster_ld2(cluster_map(cml + 2 * n, b0 + b));
+                    o[b] = cluster_ld4(cluster_map(cp + 4 * col, b0 + b));
+                }
+            }
+#pragma unroll
+            for (int b = 0; b < ATTN_CLUSTER_BATCH; b++) {
+                if (b0 + b >= blocks || ml[b].x == NEG_INF) continue;  // past the cluster, or a block with no range
+                const float mn = fmaxf(m, ml[b].x);
+                const float a = exp2_approx(m - mn), e = exp2_approx(ml[b].x - mn);
+                l = l * a + ml[b].y * e;
+                acc[0] = acc[0] * a + o[b].x * e;
+                acc[1] = acc[1] * a + o[b].y * e;
+                acc[2] = acc[2] * a + o[b].z * e;
+                acc[3] = acc[3] * a + o[b].w * e;
+                m = mn;
+            }
+        }
+        if (m != NEG_INF) attn_store(p, t, h0 + n, d, 4, acc, l);
+    }
+#if ATTN_CLUSTER_END_SYNC  // tunable, 1: the end's barrier publishes too, as the first (what `cluster_meet` saves)
+    cluster_sync();
+#else
+    cluster_meet();
+#endif
+}
+
+// `attention_tc` with `W` warps a block; `CLUSTER`: the blocks of a head block's ranges are one cluster, and
+// merge in distributed shared memory (`attn_cluster_merge`) instead of by a ticket and L2.
+template <int DH, int W, bool CLUSTER>
 __device__ __forceinline__ void attention_tc_body(const AttnP& p, float* sm) {
     TRACE_BEGIN(TRACE_ATTN);
-    const int W = ATTN_WARPS, hpb = p.hpb;
+    const int hpb = p.hpb;
     float* gm = sm;                                              // [W * 8]: the warps' maxima a column
     float* gl = gm + W * 8;                                      // [W * 8]: and sums
     float* go = gl + W * 8;  // [max(W * hpb * DH, 6 * max(blockDim, hpb * DH))]: their outputs, the merge's
+    float* cp = go + max(W * hpb * DH, 6 * max((int)blockDim.x, hpb * DH));  // CLUSTER: [hpb (DH + 2)]
     const int h0 = blockIdx.x * hpb, c = blockIdx.y, t = blockIdx.z;
     // This block's rows: ranges of whole tiles, which its warps take in turn.
     const int step = 16 * W;
     AttnRange r;
-    if (!attn_range(p, t, c, h0 == 0 && c == 0, 16, r)) return;
-    const i64 pos0 = r.pos0, start = r.start, stop = r.stop;
+    const bool ranged = attn_range(p, t, c, h0 == 0 && c == 0, 16, r);
+    // A cluster's block with no range still meets the others, unless no block merges: a position out of the
+    // cache (no ranges) or one range.
+    if (!ranged && (!CLUSTER || r.pos0 + t < 0 || r.pos0 + t >= p.L || r.nvalid == 1)) return;
     const int nvalid = r.nvalid;
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, c4 = lane & 3;
-    const i64 kvh = h0 / p.group;
-    const T* kb = p.k + kvh * p.L * DH;
-    const T* vb = p.v + kvh * p.L * DH;
-    const i64 first = start + 16 * warp;
-    TcTile<DH> tile;
-    if (p.early) {  // rows before pos0 stream in while the projections that produce q finish
-        if (first < stop && first < pos0) tc_load(tile, kb, vb, first, 0, min(stop, pos0) - 1, g, c4);
-        pdl_wait();
-        TRACE_WAITED();
-        if (first < stop && first + 16 > pos0) tc_load(tile, kb, vb, first, pos0, stop - 1, g, c4);
-    } else if (first < stop) {
-        tc_load(tile, kb, vb, first, 0, stop - 1, g, c4);
-    }
-    pdl_launch();
-    uint4 qf[DH / 32];
-    const i64 qcol = (i64)t * p.q_ts + (i64)(h0 + g % hpb) * p.q_hs;
-#pragma unroll
-    for (int i = 0; i < DH / 32; i++) qf[i] = ld_raw(p.q + qcol + (4 * i + c4) * VEC);
-    TcSoft<DH> s;
-#pragma unroll
-    for (int e = 0; e < 2; e++) {
-        s.m[e] = NEG_INF;
-        s.l[e] = 0.f;
-    }
-#pragma unroll
-    for (int i = 0; i < DH / 16; i++)
-#pragma unroll
-        for (int e = 0; e < 4; e++) s.o[i][e] = 0.f;
-    const float sl2 = p.scale * LOG2E;
-    // One tile in flight a warp: the wave of blocks (`kernels::attention_tc_splits`) keeps enough in flight an
-    // SM; a second tile requested ahead needs 227 registers, two blocks an SM, and measured no faster.
-    for (i64 r0 = first; r0 < stop; r0 += step) {
-        if (r0 != first) tc_load(tile, kb, vb, r0, 0, stop - 1, g, c4);
-        tc_use(s, tile, qf, r0, stop, sl2, g, c4);
-    }
-    // The warp's state a column: its sum over every row (the lanes' rows meet), its outputs in shared memory.
-#pragma unroll
-    for (int e = 0; e < 2; e++) {
-        s.l[e] = warp_reduce(s.l[e], SumOp(), 4);
-        const int col = 2 * c4 + e;
-        if (g == 0) {
-            gm[warp * 8 + col] = s.m[e];
-            gl[warp * 8 + col] = s.l[e];
+    if (ranged) {
+        const i64 pos0 = r.pos0, start = r.start, stop = r.stop;
+        const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, c4 = lane & 3;
+        const i64 kvh = h0 / p.group;
+        const T* kb = p.k + kvh * p.L * DH;
+        const T* vb = p.v + kvh * p.L * DH;
+        const i64 first = start + 16 * warp;
+        TcTile<DH> tile;
+        if (p.early) {  // rows before pos0 stream in while the projections that produce q finish
+            if (first < stop && first < pos0) tc_load(tile, kb, vb, first, 0, min(stop, pos0) - 1, g, c4);
+            pdl_wait();
+            TRACE_WAITED();
+            if (first < stop && first + 16 > pos0) tc_load(tile, kb, vb, first, pos0, stop - 1, g, c4);
+        } else if (first < stop) {
+            tc_load(tile, kb, vb, first, 0, stop - 1, g, c4);
         }
-        if (col < hpb) {
-            float* out = go + (warp * hpb + col) * DH;
+        pdl_launch();
+        uint4 qf[DH / 32];
+        const i64 qcol = (i64)t * p.q_ts + (i64)(h0 + g % hpb) * p.q_hs;
 #pragma unroll
-            for (int i = 0; i < DH / 16; i++) {
-                const int d = 8 * (8 * (i / 4) + g) + 2 * (i % 4);
-                out[d] = s.o[i][e];
-                out[d + 1] = s.o[i][e + 2];
+        for (int i = 0; i < DH / 32; i++) qf[i] = ld_raw(p.q + qcol + (4 * i + c4) * VEC);
+        TcSoft<DH> s;
+#pragma unroll
+        for (int e = 0; e < 2; e++) {
+            s.m[e] = NEG_INF;
+            s.l[e] = 0.f;
+        }
+#pragma unroll
+        for (int i = 0; i < DH / 16; i++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) s.o[i][e] = 0.f;
+        const float sl2 = p.scale * LOG2E;
+        // One tile in flight a warp: the wave of blocks (`kernels::attention_tc_splits`) keeps enough in flight
+        // an SM; a second tile requested ahead needs 227 registers, two blocks an SM, and measured no faster.
+        for (i64 r0 = first; r0 < stop; r0 += step) {
+            if (r0 != first) tc_load(tile, kb, vb, r0, 0, stop - 1, g, c4);
+            tc_use(s, tile, qf, r0, stop, sl2, g, c4);
+        }
+        // The warp's state a column: its sum over every row (the lanes' rows meet), its outputs in shared
+        // memory.
+#pragma unroll
+        for (int e = 0; e < 2; e++) {
+            s.l[e] = warp_reduce(s.l[e], SumOp(), 4);
+            const int col = 2 * c4 + e;
+            if (g == 0) {
+                gm[warp * 8 + col] = s.m[e];
+                gl[warp * 8 + col] = s.l[e];
+            }
+            if (col < hpb) {
+                float* out = go + (warp * hpb + col) * DH;
+#pragma unroll
+                for (int i = 0; i < DH / 16; i++) {
+                    const int d = 8 * (8 * (i / 4) + g) + 2 * (i % 4);
+                    out[d] = s.o[i][e];
+                    out[d + 1] = s.o[i][e + 2];
+                }
             }
         }
+        __syncthreads();
+    } else {
+        // It writes outputs in the merge: only once the previous kernel is done.
+        if (p.early) pdl_wait();
+        pdl_launch();
     }
-    __syncthreads();
     // The warps' states, rescaled to the block's max, make the block's partial a head; a block whose range
     // is the whole prefix writes the outputs itself. Maxima go to `ml` in natural-log units, as `attention`'s.
     const i64 slot0 = ((i64)t * p.H + h0) * p.splits + c;  // head h0 + n: slot0 + n splits
     for (int idx = threadIdx.x; idx < hpb * DH; idx += blockDim.x) {
         const int n = idx / DH, d = idx % DH;
-        float mx = NEG_INF;
-        for (int w = 0; w < W; w++) mx = fmaxf(mx, gm[w * 8 + n]);
-        float l = 0.f, o = 0.f;
-        for (int w = 0; w < W; w++) {
-            if (gm[w * 8 + n] == NEG_INF) continue;
-            const float f = exp2_approx(gm[w * 8 + n] - mx);
-            l += f * gl[w * 8 + n];
-            o += f * go[(w * hpb + n) * DH + d];
+        float mx = NEG_INF, l = 0.f, o = 0.f;
+        if (ranged) {
+            for (int w = 0; w < W; w++) mx = fmaxf(mx, gm[w * 8 + n]);
+            for (int w = 0; w < W; w++) {
+                if (gm[w * 8 + n] == NEG_INF) continue;
+                const float f = exp2_approx(gm[w * 8 + n] - mx);
+                l += f * gl[w * 8 + n];
+                o += f * go[(w * hpb + n) * DH + d];
+            }
         }
         const i64 slot = slot0 + (i64)n * p.splits;
         if (nvalid == 1) {
             st(p.out, (i64)t * p.q_ts + (i64)(h0 + n) * p.q_hs + d, o / l);
+        } else if (CLUSTER) {
+            cp[idx] = o;
+            if (d == 0) {
+                cp[hpb * DH + 2 * n] = mx;
+                cp[hpb * DH + 2 * n + 1] = l;
+            }
         } else {
             p.o_part[slot * DH + d] = o;
             if (d == 0) {
@@ -248,7 +367,13 @@ __device__ __forceinline__ void attention_tc_body(const AttnP& p, float* sm) {
 #ifdef KV_DIAG_NO_MERGE  // diagnostics (`kernels/tuning.rs`): no ticket, no merge; timing only, wrong outputs
     return;
 #endif
-    if (nvalid == 1 || !attn_last_range(p, t, h0, nvalid)) return;
+    if (nvalid == 1) return;
+    if (CLUSTER) {
+        TRACE_KIND(TRACE_MERGE);
+        attn_cluster_merge<DH>(p, h0, hpb, t, cp);
+        return;
+    }
+    if (!attn_last_range(p, t, h0, nvalid)) return;
     TRACE_KIND(TRACE_MERGE);
 #ifdef KV_TRACE_MERGE
     TRACE_WORKED();  // diagnostics: the ticket taken (the merge's loads: `attn_merge`)
@@ -263,10 +388,25 @@ __device__ __forceinline__ void attention_tc_body(const AttnP& p, float* sm) {
 extern "C" __global__ void __launch_bounds__(ATTN_WARPS * 32, ATTN_TC_BLOCKS_PER_SM) attention_tc(AttnP p) {
     extern __shared__ float sm[];
     if (p.Dh == 64) {
-        attention_tc_body<64>(p, sm);
+        attention_tc_body<64, ATTN_WARPS, false>(p, sm);
     } else {
-        attention_tc_body<128>(p, sm);
+        attention_tc_body<128, ATTN_WARPS, false>(p, sm);
     }
 }
+
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900
+// `attention_tc` in clusters (sm_90 and later): launched with a cluster of `splits` blocks (1, splits, 1),
+// ATTN_CLUSTER_WARPS warps a block, and as many ranges as one cluster holds (`kernels::attention_tc_cluster`:
+// where a warp's tile each covers the cache).
+#define ATTN_CLUSTER_WARPS 8  // `kernels::ATTN_CLUSTER_THREADS`; two blocks an SM hold 128 registers a thread
+#ifndef ATTN_CLUSTER_BLOCKS_PER_SM
+#define ATTN_CLUSTER_BLOCKS_PER_SM 2  // the launch bound (tunable): 128 registers a thread, no spill
+#endif
+extern "C" __global__ void __launch_bounds__(ATTN_CLUSTER_WARPS * 32, ATTN_CLUSTER_BLOCKS_PER_SM)
+    attention_tc_cluster(AttnP p) {
+    extern __shared__ float sm[];
+    attention_tc_body<64, ATTN_CLUSTER_WARPS, true>(p, sm);
+}
+#endif
 
 #endif

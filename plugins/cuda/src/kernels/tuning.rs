@@ -1,8 +1,10 @@
 //! Kernel tuning for GPU sweeps (feature `tuning`, which `cargo xtask bench-gpu` builds the bundle with): the
 //! NVRTC defines in `KV_CUDA_DEFINES` (e.g. `-DGEMV_PRE=2 -DATTN_U=2`) are added to every module's options, so
 //! one session on the GPU measures several settings of the sources' tunables (the `#ifndef` defaults in
-//! `kernels.cu` and `kernels/linear.cu`) with `run.sh sweep`. Without the feature the sources compile as
-//! written, whatever the environment says.
+//! `kernels.cu`, `kernels/attention_tc.cu` and `kernels/linear.cu`) with `run.sh sweep`. A few settings are
+//! read on the host side too ([`override_of`]): waves of blocks, and `-DKV_ATTN_CLUSTER_MAX=N`, the most
+//! blocks an attention cluster may take (0: the ticket merge everywhere). Without the feature the sources
+//! compile as written, whatever the environment says.
 //!
 //! Three defines are diagnostics, not settings. Two price the attention merge and give wrong outputs:
 //! `-DKV_DIAG_NO_MERGE` ends every `attention_tc` block after its partial (no ticket, no merge),

@@ -208,6 +208,13 @@ impl Pair {
         Hf { vocab: 9000, ffn: 4096, ..Hf::tiny(dtype) }
     }
 
+    /// Two KV heads of 64 values, each shared by 4 query heads, over a cache of 1 024 rows: on sm_90 the
+    /// tensor-core attention's ranges of a KV head are one thread-block cluster of 8 blocks
+    /// (`kernels::attention_tc_cluster`), which merge through each other's shared memory.
+    fn clustered(dtype: ElemType) -> Hf {
+        Hf { dim: 512, heads: 8, kv_heads: 2, head_dim: 64, max_len: 1024, ..Hf::tiny(dtype) }
+    }
+
     fn new(ctx: &Context, cfg: Hf) -> Pair {
         let reference = Plugin::embedded(reference_delegate::delegate_root()).expect("reference plugin");
         let cuda = super::plugin();
@@ -328,6 +335,30 @@ fn hf_decode_step_replays_as_a_cuda_graph() {
             unsafe { graph.launch(pair.stream.as_ref()) }.expect("replay");
             pair.stream.synchronize().expect("stream");
             pair.check(&format!("replayed step {step}"), &expected, next);
+            token = next;
+        }
+        pair.check_caches();
+    }
+}
+
+/// Decode steps of [`Pair::clustered`] in f16 and bf16 (the types with the tensor-core attention) at positions
+/// across its cache: from 1 range of 8 to all 8, some of a cluster's blocks with no range and one whose range
+/// is short; each step's logits against the CPU reference's (the rows between are zero on both sides), and the
+/// caches at the end.
+#[test]
+#[ignore = "needs an NVIDIA GPU and driver: `cargo xtask gpu-test` runs it on one (--include-ignored, KV_REQUIRE_GPU=1)"]
+fn hf_attention_merged_in_clusters_matches_the_cpu_reference() {
+    let Some(ctx) = gpu() else { return };
+    for dtype in [ElemType::F16, ElemType::Bf16] {
+        let mut pair = Pair::new(&ctx, Pair::clustered(dtype));
+        let mut token = pair.prefill();
+        for pos in [5, 100, 129, 600, 1023] {
+            let (expected, next) = reference_call(&mut pair.decode, &mut pair.host_caches, &[token], pos);
+            pair.decode_io.set(&[token], pos);
+            cuda_call(&mut pair.decode, &mut pair.decode_io, &mut pair.caches, Some(&pair.stream))
+                .expect("decode");
+            pair.stream.synchronize().expect("stream");
+            pair.check(&format!("decode at {pos}"), &expected, next);
             token = next;
         }
         pair.check_caches();
