@@ -272,6 +272,26 @@ __device__ __forceinline__ void soft_merge_warp(Soft& s, int lanes, int n) { lan
 #define ATTN_MERGE_BATCH 8  // ranges a merging thread requests at once (tunable, see `kernels/tuning.rs`)
 #endif
 
+// One step of an online softmax merge: the running state (max `m`, sum `l`, four values `acc`) takes a
+// partial (max `pm`, sum `pl`, values `po`), both rescaled to the larger max. `ex` is the exponential the
+// maxima are exponents of: e^x for `attn_merge`'s (natural-log units), 2^x for the cluster merge's (log2).
+template <typename Exp>
+__device__ __forceinline__ void merge_add(float& m, float& l, float (&acc)[4], float pm, float pl, float4 po,
+                                          Exp ex) {
+    const float mn = fmaxf(m, pm);
+    const float a = ex(m - mn), e = ex(pm - mn);
+    l = __fmaf_rn(l, a, pl * e);
+    acc[0] = __fmaf_rn(acc[0], a, po.x * e);
+    acc[1] = __fmaf_rn(acc[1], a, po.y * e);
+    acc[2] = __fmaf_rn(acc[2], a, po.z * e);
+    acc[3] = __fmaf_rn(acc[3], a, po.w * e);
+    m = mn;
+}
+// e^x for `merge_add` (the fast `__expf`).
+struct ExpE {
+    __device__ __forceinline__ float operator()(float x) const { return __expf(x); }
+};
+
 // Writes a merged head's values d .. d + w4 - 1 (of query t, head h): num / den.
 __device__ __forceinline__ void attn_store(const AttnP& p, int t, int h, int d, int w4, const float (&num)[4],
                                            float den) {
@@ -350,14 +370,7 @@ __device__ void attn_merge(const AttnP& p, int h0, int hpb, int t, int nvalid, f
 #pragma unroll
             for (int b = 0; b < ATTN_MERGE_BATCH; b++) {
                 if (ml[b].x == NEG_INF) continue;  // past the valid ranges
-                const float mn = fmaxf(m, ml[b].x);
-                const float a = __expf(m - mn), e = __expf(ml[b].x - mn);
-                l = l * a + ml[b].y * e;
-                acc[0] = acc[0] * a + o[b].x * e;
-                acc[1] = acc[1] * a + o[b].y * e;
-                acc[2] = acc[2] * a + o[b].z * e;
-                acc[3] = acc[3] * a + o[b].w * e;
-                m = mn;
+                merge_add(m, l, acc, ml[b].x, ml[b].y, o[b], ExpE());
             }
         }
 #if defined(KV_TRACE) && defined(KV_TRACE_MERGE)

@@ -51,6 +51,11 @@ __device__ __forceinline__ float exp2_approx(float x) {
     return y;
 }
 
+// 2^x for `merge_add` (`exp2_approx`).
+struct Exp2 {
+    __device__ __forceinline__ float operator()(float x) const { return exp2_approx(x); }
+};
+
 __device__ __forceinline__ unsigned word(const uint4& u, int i) {
     return i == 0 ? u.x : i == 1 ? u.y : i == 2 ? u.z : u.w;
 }
@@ -229,14 +234,7 @@ __device__ __forceinline__ void attn_cluster_merge(const AttnP& p, int h0, int h
 #pragma unroll
             for (int b = 0; b < ATTN_CLUSTER_BATCH; b++) {
                 if (b0 + b >= blocks || ml[b].x == NEG_INF) continue;  // past the cluster, or a block with no range
-                const float mn = fmaxf(m, ml[b].x);
-                const float a = exp2_approx(m - mn), e = exp2_approx(ml[b].x - mn);
-                l = l * a + ml[b].y * e;
-                acc[0] = acc[0] * a + o[b].x * e;
-                acc[1] = acc[1] * a + o[b].y * e;
-                acc[2] = acc[2] * a + o[b].z * e;
-                acc[3] = acc[3] * a + o[b].w * e;
-                m = mn;
+                merge_add(m, l, acc, ml[b].x, ml[b].y, o[b], Exp2());
             }
         }
         if (m != NEG_INF) attn_store(p, t, h0 + n, d, 4, acc, l);
