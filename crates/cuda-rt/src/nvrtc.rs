@@ -371,24 +371,22 @@ fn cu_launch_config(
     }
 }
 
+/// A launch attribute `id` with its value zeroed (the caller sets the field `id` names).
+fn launch_attribute(id: sys::CUlaunchAttributeID) -> sys::CUlaunchAttribute {
+    sys::CUlaunchAttribute { id, pad: [0; 4], value: sys::CUlaunchAttributeValue { pad: [0; 64] } }
+}
+
 /// The launch attribute of programmatic stream serialization (see [`Function::launch_overlapped`]).
 fn overlap_attribute() -> sys::CUlaunchAttribute {
-    let mut attribute = sys::CUlaunchAttribute {
-        id: sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION,
-        pad: [0; 4],
-        value: sys::CUlaunchAttributeValue { pad: [0; 64] },
-    };
+    let mut attribute =
+        launch_attribute(sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION);
     attribute.value.programmaticStreamSerializationAllowed = 1;
     attribute
 }
 
 /// The launch attribute of clusters of `blocks` (x, y, z; see [`Function::launch_clustered`]).
 fn cluster_attribute(blocks: (u32, u32, u32)) -> sys::CUlaunchAttribute {
-    let mut attribute = sys::CUlaunchAttribute {
-        id: sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION,
-        pad: [0; 4],
-        value: sys::CUlaunchAttributeValue { pad: [0; 64] },
-    };
+    let mut attribute = launch_attribute(sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION);
     attribute.value.clusterDim.x = blocks.0;
     attribute.value.clusterDim.y = blocks.1;
     attribute.value.clusterDim.z = blocks.2;
