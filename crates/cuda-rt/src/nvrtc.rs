@@ -316,12 +316,30 @@ impl Function {
     /// # Errors
     /// [`Error::Driver`] when the driver refuses (e.g. before compute capability 9.0).
     pub fn allow_large_clusters(&self) -> Result<()> {
+        self.set_attribute(sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED, 1)
+    }
+
+    /// Asks the driver to run the function with `percent` of each SM's unified L1 and shared memory as
+    /// shared memory (`CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT`, a hint): kernels of one stream
+    /// that prefer the same split spare the SMs a reconfiguration between them.
+    ///
+    /// # Errors
+    /// [`Error::Driver`] when the driver refuses (a percentage past 100).
+    pub fn prefer_shared_carveout(&self, percent: u32) -> Result<()> {
+        let percent = std::ffi::c_int::try_from(percent).unwrap_or(std::ffi::c_int::MAX);
+        self.set_attribute(
+            sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT,
+            percent,
+        )
+    }
+
+    /// `cuFuncSetAttribute` of `attribute` to `value`.
+    fn set_attribute(&self, attribute: sys::CUfunction_attribute, value: std::ffi::c_int) -> Result<()> {
         let ctx = &self.module.ctx;
         ctx.bind()?;
         driver::call("cuFuncSetAttribute", ctx.ordinal(), || {
-            let attribute = sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED;
             // SAFETY: `raw` belongs to a loaded module (kept by `self.module`); the context is current.
-            unsafe { sys::cuFuncSetAttribute(self.raw, attribute, 1) }.result()
+            unsafe { sys::cuFuncSetAttribute(self.raw, attribute, value) }.result()
         })
     }
 

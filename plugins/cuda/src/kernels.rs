@@ -304,7 +304,7 @@ impl Kernels {
     /// Compiles (or takes from the process-wide cache) the kernels for `float` on `ctx`'s device.
     pub fn load(ctx: &Context, float: Float) -> cuda_rt::Result<Kernels> {
         let module: Arc<Module> = tuning::compile_module(ctx, SOURCE, options(float))?;
-        Ok(Kernels {
+        let kernels = Kernels {
             gather: module.function("gather")?,
             add: module.function("add")?,
             rms_norm: module.function("rms_norm")?,
@@ -321,7 +321,24 @@ impl Kernels {
             attention_cluster: attention_cluster(ctx, &module, float)?,
             argmax: module.function("argmax")?,
             module,
-        })
+        };
+        // A sweep may set every kernel's split of L1 and shared memory (`-DKV_CARVEOUT=percent`).
+        let carveout = tuning::override_of("KV_CARVEOUT", u64::MAX);
+        if carveout != u64::MAX {
+            for f in kernels.functions() {
+                f.prefer_shared_carveout(u32::try_from(carveout).unwrap_or(u32::MAX))?;
+            }
+        }
+        Ok(kernels)
+    }
+
+    /// Every function of the module it loaded.
+    fn functions(&self) -> impl Iterator<Item = &Function> {
+        [&self.gather, &self.add, &self.rms_norm, &self.kv_update, &self.attention, &self.argmax]
+            .into_iter()
+            .chain(self.gemv.iter().chain(&self.gemv_glu).chain(&self.gemv_rope))
+            .chain(self.attention_tc.iter())
+            .chain(self.attention_cluster.iter().map(|(f, _)| f))
     }
 
     /// Whether the module has the tensor-core attention (`Launch::AttentionTc`).

@@ -254,8 +254,10 @@ __device__ __forceinline__ void attention_tc_body(const AttnP& p, float* sm) {
     const int hpb = p.hpb;
     float* gm = sm;                                              // [W * 8]: the warps' maxima a column
     float* gl = gm + W * 8;                                      // [W * 8]: and sums
-    float* go = gl + W * 8;  // [max(W * hpb * DH, 6 * max(blockDim, hpb * DH))]: their outputs, the merge's
-    float* cp = go + max(W * hpb * DH, 6 * max((int)blockDim.x, hpb * DH));  // CLUSTER: [hpb (DH + 2)]
+    // [W * hpb * DH]: their outputs; for the ticket merge at least 6 * max(blockDim, hpb * DH), its states.
+    float* go = gl + W * 8;
+    const int outputs = W * hpb * DH;
+    float* cp = go + (CLUSTER ? outputs : max(outputs, 6 * max((int)blockDim.x, hpb * DH)));  // [hpb (DH + 2)]
     const int h0 = blockIdx.x * hpb, c = blockIdx.y, t = blockIdx.z;
     // This block's rows: ranges of whole tiles, which its warps take in turn.
     const int step = 16 * W;

@@ -191,14 +191,20 @@ pub const ARGMAX_THREADS: u32 = 256;
 pub const ARGMAX_BLOCKS: u32 = 128;
 
 /// Dynamic shared memory of an attention block of `threads` threads over `hpb` heads of `head_dim` values
-/// (`tc`: `attention_tc`'s layout, 8 columns a warp; `cluster`: and its partial for the cluster's merge): the
-/// warps' maxima and sums, then their outputs or the merge's groups' states (6 floats a thread, or a head's
-/// value when there are more), then the cluster's partial (the heads' values, a max and sum a head).
+/// (`tc`: `attention_tc`'s layout, 8 columns a warp; `cluster`: merging in its cluster): the warps' maxima
+/// and sums, then their outputs, or for the ticket merge the larger of those and its groups' states (6
+/// floats a thread, or a head's value when there are more), then the cluster's partial (the heads' values, a
+/// max and sum a head).
 pub fn attention_shared(tc: bool, hpb: u32, head_dim: u32, threads: u32, cluster: bool) -> u32 {
     let warps = threads / 32;
     let columns = if tc { 8 } else { 1 };
-    let partial = if cluster { hpb * (head_dim + 2) } else { 0 };
-    (2 * warps * columns + (warps * hpb * head_dim).max(6 * threads.max(hpb * head_dim)) + partial) * 4
+    let outputs = warps * hpb * head_dim;
+    let (middle, partial) = if cluster {
+        (outputs, hpb * (head_dim + 2))
+    } else {
+        (outputs.max(6 * threads.max(hpb * head_dim)), 0)
+    };
+    (2 * warps * columns + middle + partial) * 4
 }
 
 #[cfg(test)]
@@ -285,10 +291,25 @@ mod tests {
         assert_eq!(attention_tc_cluster(4096, 64, 32), None, "never past the merge's 16");
         assert_eq!(attention_tc_cluster(1024, 128, 16), None, "heads of 128: the ticket merge");
         assert_eq!(attention_tc_cluster(1024, 64, 0), None, "no clusters on the device");
-        // The cluster's partial follows the block's layout, 16-byte aligned for the merge's vector loads.
-        let base = attention_shared(true, 4, 64, ATTN_CLUSTER_THREADS, false);
-        assert_eq!(base % 16, 0);
-        assert_eq!(attention_shared(true, 4, 64, ATTN_CLUSTER_THREADS, true), base + 4 * 66 * 4);
+        // A clustered block holds its warps' maxima, sums and outputs, then its partial (at a 16-byte offset,
+        // for the merge's vector loads), and none of the ticket merge's scratch: (b)'s one head a block takes
+        // 2.8 KiB, not 6.5 KiB and a partial.
+        let warps = ATTN_CLUSTER_THREADS / 32;
+        for (hpb, bytes) in [(1, 2824), (4, 9760)] {
+            let outputs_end = (2 * warps * 8 + warps * hpb * 64) * 4;
+            assert_eq!(outputs_end % 16, 0);
+            assert_eq!(
+                attention_shared(true, hpb, 64, ATTN_CLUSTER_THREADS, true),
+                bytes,
+                "{hpb} heads a block"
+            );
+            assert_eq!(bytes, outputs_end + hpb * 66 * 4);
+        }
+        assert_eq!(
+            attention_shared(true, 1, 64, ATTN_CLUSTER_THREADS, false),
+            6656,
+            "the ticket merge's block"
+        );
     }
 
     /// A staged launch of more groups than a wave has at most a wave of blocks (the H200: 132 SMs, 396), as

@@ -2,9 +2,10 @@
 //! NVRTC defines in `KV_CUDA_DEFINES` (e.g. `-DGEMV_PRE=2 -DATTN_U=2`) are added to every module's options, so
 //! one session on the GPU measures several settings of the sources' tunables (the `#ifndef` defaults in
 //! `kernels.cu`, `kernels/attention_tc.cu` and `kernels/linear.cu`) with `run.sh sweep`. A few settings are
-//! read on the host side too ([`override_of`]): waves of blocks, and `-DKV_ATTN_CLUSTER_MAX=N`, the most
-//! blocks an attention cluster may take (0: the ticket merge everywhere). Without the feature the sources
-//! compile as written, whatever the environment says.
+//! read on the host side too ([`override_of`]): waves of blocks, `-DKV_ATTN_CLUSTER_MAX=N`, the most
+//! blocks an attention cluster may take (0: the ticket merge everywhere), and `-DKV_CARVEOUT=P`, the share of
+//! each SM's L1 every typed kernel prefers as shared memory (in percent; unset: the driver's choice). Without the
+//! feature the sources compile as written, whatever the environment says.
 //!
 //! Three defines are diagnostics, not settings. Two price the attention merge and give wrong outputs:
 //! `-DKV_DIAG_NO_MERGE` ends every `attention_tc` block after its partial (no ticket, no merge),
