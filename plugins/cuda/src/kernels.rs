@@ -323,10 +323,9 @@ impl Kernels {
             module,
         };
         // A sweep may set every kernel's split of L1 and shared memory (`-DKV_CARVEOUT=percent`).
-        let carveout = tuning::override_of("KV_CARVEOUT", u64::MAX);
-        if carveout != u64::MAX {
+        if let Some(percent) = tuning::define_of("KV_CARVEOUT") {
             for f in kernels.functions() {
-                f.prefer_shared_carveout(u32::try_from(carveout).unwrap_or(u32::MAX))?;
+                f.prefer_shared_carveout(u32::try_from(percent).unwrap_or(u32::MAX))?;
             }
         }
         Ok(kernels)

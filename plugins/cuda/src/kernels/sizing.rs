@@ -291,25 +291,13 @@ mod tests {
         assert_eq!(attention_tc_cluster(4096, 64, 32), None, "never past the merge's 16");
         assert_eq!(attention_tc_cluster(1024, 128, 16), None, "heads of 128: the ticket merge");
         assert_eq!(attention_tc_cluster(1024, 64, 0), None, "no clusters on the device");
-        // A clustered block holds its warps' maxima, sums and outputs, then its partial (at a 16-byte offset,
-        // for the merge's vector loads), and none of the ticket merge's scratch: (b)'s one head a block takes
-        // 2.8 KiB, not 6.5 KiB and a partial.
-        let warps = ATTN_CLUSTER_THREADS / 32;
-        for (hpb, bytes) in [(1, 2824), (4, 9760)] {
-            let outputs_end = (2 * warps * 8 + warps * hpb * 64) * 4;
-            assert_eq!(outputs_end % 16, 0);
-            assert_eq!(
-                attention_shared(true, hpb, 64, ATTN_CLUSTER_THREADS, true),
-                bytes,
-                "{hpb} heads a block"
-            );
-            assert_eq!(bytes, outputs_end + hpb * 66 * 4);
-        }
-        assert_eq!(
-            attention_shared(true, 1, 64, ATTN_CLUSTER_THREADS, false),
-            6656,
-            "the ticket merge's block"
-        );
+        // A clustered block holds its warps' maxima, sums and outputs (8 warps: 512 B, then 8 KiB a head),
+        // then its partial (264 B a head), and none of the ticket merge's scratch: (b)'s one head a block takes
+        // 2.8 KiB, where a block of the ticket merge takes 6.5 KiB.
+        let shared = |hpb, cluster| attention_shared(true, hpb, 64, ATTN_CLUSTER_THREADS, cluster);
+        assert_eq!(shared(1, true), 512 + 2048 + 264, "one head a block");
+        assert_eq!(shared(4, true), 512 + 4 * 2048 + 4 * 264, "four heads a block");
+        assert_eq!(shared(1, false), 6656, "the ticket merge's block");
     }
 
     /// A staged launch of more groups than a wave has at most a wave of blocks (the H200: 132 SMs, 396), as

@@ -40,12 +40,18 @@ pub fn options(base: &[&str]) -> Vec<String> {
 /// `default`: a sweep also sets the few launch rules measured with it (e.g. `-DKV_GEMV_STAGE_MIN_BLOCKS=1024`),
 /// which NVRTC receives as an unused define.
 pub fn override_of(name: &str, default: u64) -> u64 {
+    define_of(name).unwrap_or(default)
+}
+
+/// With the `tuning` feature, the value of `-D<name>=<value>` in [`DEFINES_ENV`] when it is a number; `None`
+/// otherwise: for a setting with no default of its own (`-DKV_CARVEOUT`: unset, the driver chooses).
+pub fn define_of(name: &str) -> Option<u64> {
     if !cfg!(feature = "tuning") {
-        return default;
+        return None;
     }
     let defines = std::env::var(DEFINES_ENV).unwrap_or_default();
     let prefix = format!("-D{name}=");
-    defines.split_whitespace().find_map(|word| word.strip_prefix(&prefix)?.parse().ok()).unwrap_or(default)
+    defines.split_whitespace().find_map(|word| word.strip_prefix(&prefix)?.parse().ok())
 }
 
 /// Where a tuning build writes the kernels' trace when the delegate is torn down (see `kernels/trace.cuh`).
@@ -103,8 +109,11 @@ mod tests {
         }
         std::env::set_var(DEFINES_ENV, "-DATTN_U=2 -DKV_RULE=7 -DKV_BAD=x");
         let rules = [override_of("KV_RULE", 3), override_of("KV_BAD", 3), override_of("KV_NONE", 3)];
+        let settings = [define_of("KV_RULE"), define_of("KV_BAD"), define_of("KV_NONE")];
         std::env::remove_var(DEFINES_ENV);
         let want = if cfg!(feature = "tuning") { [7, 3, 3] } else { [3, 3, 3] };
         assert_eq!(rules, want, "a rule's override is a number, and only in a tuning build");
+        let want = if cfg!(feature = "tuning") { [Some(7), None, None] } else { [None; 3] };
+        assert_eq!(settings, want, "a setting is a number, set only in a tuning build");
     }
 }
