@@ -362,6 +362,28 @@ impl Function {
         Ok(u32::try_from(blocks).unwrap_or(0))
     }
 
+    /// How many clusters of `cluster` blocks of `config` (its block size and shared memory; the grid is
+    /// ignored) the device holds resident at once (`cuOccupancyMaxActiveClusters`): where a launch has more,
+    /// the rest wait for a second wave.
+    ///
+    /// # Errors
+    /// [`Error::Driver`] when the driver refuses (e.g. a cluster larger than the function allows).
+    pub fn max_active_clusters(&self, config: LaunchConfig, cluster: (u32, u32, u32)) -> Result<u32> {
+        let ctx = &self.module.ctx;
+        ctx.bind()?;
+        let mut attributes = [cluster_attribute(cluster)];
+        // The driver checks the grid against the cluster: one cluster's worth.
+        let config = LaunchConfig { grid: cluster, ..config };
+        let launch = cu_launch_config(config, std::ptr::null_mut(), &mut attributes);
+        let mut clusters: std::ffi::c_int = 0;
+        driver::call("cuOccupancyMaxActiveClusters", ctx.ordinal(), || {
+            // SAFETY: `launch`, the attribute it points to and `clusters` live across the call; `raw` belongs to
+            // a loaded module (kept by `self.module`); the context is current.
+            unsafe { sys::cuOccupancyMaxActiveClusters(&mut clusters, self.raw, &launch) }.result()
+        })?;
+        Ok(u32::try_from(clusters).unwrap_or(0))
+    }
+
     /// The module it belongs to.
     pub fn module(&self) -> &Arc<Module> {
         &self.module

@@ -227,13 +227,13 @@ fn a_module_is_compiled_once_per_device_and_its_kernel_runs() {
     // nothing else until the stream synchronises below.
     unsafe { scale.launch(config, stream.as_ref(), &mut params) }.expect("launch");
     stream.synchronize().expect("synchronise");
-    let values: Vec<f32> = x
-        .host_bytes()
-        .expect("bytes")
-        .chunks_exact(4)
-        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-        .collect();
+    let values = words(&x, f32::from_le_bytes);
     assert!(values.iter().enumerate().all(|(i, &v)| v == i as f32 * 2.5), "{:?}", &values[..8]);
+}
+
+/// Managed memory's bytes as 4-byte little-endian values.
+fn words<T>(memory: &Allocation<Managed>, from: fn([u8; 4]) -> T) -> Vec<T> {
+    memory.host_bytes().expect("bytes").chunks_exact(4).map(|c| from([c[0], c[1], c[2], c[3]])).collect()
 }
 
 /// A `__device__` variable's bytes after the kernels that wrote it ran (what a tuning build's trace is read
@@ -306,4 +306,43 @@ fn cublas_multiplies_on_the_callers_stream() {
     // SAFETY: as above; cuBLAS refuses the leading dimension before touching memory.
     let err = unsafe { blas.sgemm(stream.as_ref(), &bad) }.expect_err("lda < m");
     assert!(matches!(err, Error::Blas { call: "cublasSgemm", .. }), "{err:?}");
+}
+
+/// Thread-block clusters on compute capability 9.0 and later: the driver's sizes (the most blocks a cluster,
+/// and how many clusters are resident at once, bounded by the SMs' threads), and a clustered launch whose
+/// blocks read their rank in their cluster. Before 9.0, the driver's refusal as a typed error.
+#[test]
+#[ignore = "needs an NVIDIA GPU and driver: `cargo xtask gpu-test` runs it on one (--include-ignored, KV_REQUIRE_GPU=1)"]
+fn clusters_are_sized_by_the_driver_and_launch_in_place() {
+    let Some(ctx) = open() else { return };
+    let source = "extern \"C\" __global__ void __launch_bounds__(1024, 1) rank(unsigned int* out) {\n\
+                  #if __CUDA_ARCH__ >= 900\n\
+                  unsigned r; asm volatile(\"mov.u32 %0, %%cluster_ctarank;\" : \"=r\"(r));\n\
+                  if (threadIdx.x == 0) out[blockIdx.x] = r;\n\
+                  #endif\n\
+                  }\n";
+    let f = ctx.compile_module(source, &[]).expect("compiles").function("rank").expect("kernel");
+    let config = LaunchConfig { grid: (8, 1, 1), block: (1024, 1, 1), shared_mem_bytes: 0 };
+    if ctx.compute_capability() < (9, 0) {
+        let err = f.max_active_clusters(config, (2, 1, 1)).expect_err("no clusters before 9.0");
+        assert!(!err.to_string().is_empty());
+        return;
+    }
+    f.allow_large_clusters().expect("large clusters on 9.0");
+    let most = f.max_cluster_blocks(config).expect("cluster size");
+    assert!(most >= 8, "a portable cluster holds 8 blocks, the driver says {most}");
+    // Blocks of 1 024 threads: at most two an SM (2 048 threads), so at most a cluster of two an SM.
+    let clusters = f.max_active_clusters(config, (2, 1, 1)).expect("active clusters");
+    eprintln!("{most} blocks a cluster at most; {clusters} clusters of 2 resident");
+    assert!(clusters >= 1 && clusters <= ctx.multiprocessors(), "{clusters} clusters of 2 resident");
+    let out = Allocation::<Managed>::zeroed(&ctx, 8 * 4).expect("managed");
+    let stream = Stream::new(&ctx).expect("stream");
+    let mut ptr = out.device_ptr();
+    let mut params: [*mut c_void; 1] = [(&mut ptr as *mut u64).cast()];
+    // SAFETY: the parameter matches `rank(unsigned int*)`; `out` holds the grid's 8 values and is used by
+    // nothing else until the stream synchronises below; the kernel needs nothing of its cluster but its rank.
+    unsafe { f.launch_clustered(config, (2, 1, 1), false, stream.as_ref(), &mut params) }.expect("launch");
+    stream.synchronize().expect("synchronise");
+    let ranks = words(&out, u32::from_le_bytes);
+    assert_eq!(ranks, [0, 1, 0, 1, 0, 1, 0, 1], "each block's rank in its cluster of 2");
 }

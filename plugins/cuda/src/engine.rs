@@ -54,6 +54,8 @@ pub struct Engine {
     gemv_deep_wave: u32,
     /// The most blocks a tensor-core attention launch takes (`kernels::attention_tc_wave`).
     attn_tc_wave: u32,
+    /// The most tiles a warp of a clustered attention takes (`kernels::attention_cluster_tiles`).
+    attn_cluster_tiles: u32,
     err: Allocation<Device>,
     /// Where the error word is copied after each call queued on a caller's stream; read at the next call.
     err_seen: Allocation<Pinned>,
@@ -211,6 +213,7 @@ impl Engine {
         let gemv_wave = kernels::gemv_wave(ctx.multiprocessors());
         let gemv_deep_wave = kernels::gemv_deep_wave(ctx.multiprocessors());
         let attn_tc_wave = kernels::attention_tc_wave(ctx.multiprocessors());
+        let attn_cluster_tiles = kernels::attention_cluster_tiles();
         Ok(Engine {
             ctx,
             typed,
@@ -231,6 +234,7 @@ impl Engine {
             gemv_wave,
             gemv_deep_wave,
             attn_tc_wave,
+            attn_cluster_tiles,
             err,
             err_seen,
             ptrs,

@@ -263,13 +263,14 @@ __device__ __forceinline__ void lanes_merge(float& m, float& l, float (&o)[N], i
 // afterwards every group holds the warp's state.
 __device__ __forceinline__ void soft_merge_warp(Soft& s, int lanes, int n) { lanes_merge(s.m, s.l, s.o, n, lanes, 32); }
 
+// The ticket merge's settings (tunable, see `kernels/tuning.rs`). Since (b) and the Llama shape merge in
+// clusters, only (c) (and f32) run it: there these measured 515.5 -> 504.9 us a step at 4096 and 627.6 -> 620.8
+// at 8191 on the H200, against shuffles off and batches of 8 (BENCHMARKS.md, "Sixteenth pass").
 #ifndef ATTN_MERGE_SHFL
-// 1: a merge's groups meet by warp shuffles where they can, with no barrier (tunable). Measured on the H200
-// with ATTN_MERGE_BATCH 12, against this default: config (c) 522.1 -> 510.5 us a step, (b) 85.6 -> 90.0.
-#define ATTN_MERGE_SHFL 0
+#define ATTN_MERGE_SHFL 1  // 1: a merge's groups meet by warp shuffles where they can, with no barrier
 #endif
 #ifndef ATTN_MERGE_BATCH
-#define ATTN_MERGE_BATCH 8  // ranges a merging thread requests at once (tunable, see `kernels/tuning.rs`)
+#define ATTN_MERGE_BATCH 12  // ranges a merging thread requests at once
 #endif
 
 // One step of an online softmax merge: the running state (max `m`, sum `l`, four values `acc`) takes a

@@ -237,7 +237,8 @@ pub enum Launch {
     /// An attention on tensor cores (`attention_tc`): only in a module that [`Kernels::has_attention_tc`].
     AttentionTc(LaunchConfig, AttnP),
     /// An attention on tensor cores whose ranges merge in a cluster (`attention_tc_cluster`, clusters of
-    /// (1, `splits`, 1) blocks): only where [`Kernels::attention_cluster_max`] holds `splits`.
+    /// (1, `splits`, 1) blocks): only where [`Kernels::attention_cluster`] holds `splits` blocks a cluster and
+    /// the launch's clusters at once.
     AttentionTcCluster(LaunchConfig, AttnP),
     Argmax(LaunchConfig, ArgmaxP),
 }
@@ -257,18 +258,18 @@ pub struct Kernels {
     attention: Function,
     /// `attention_tc`, where the module has it ([`has_attention_tc`]).
     attention_tc: Option<Function>,
-    /// `attention_tc_cluster` and the most blocks its cluster holds, where the device runs clusters.
-    attention_cluster: Option<(Function, u32)>,
+    /// `attention_tc_cluster` and what the device holds of it, where the device runs clusters.
+    attention_cluster: Option<(Function, ClusterRoom)>,
     argmax: Function,
 }
 
-/// `attention_tc_cluster` of `module` with the most blocks a cluster of it holds on the device, where the
-/// device runs clusters of more than one (compute capability 9.0 and later); else `None`.
+/// `attention_tc_cluster` of `module` with what the device holds of it, where the device runs clusters of
+/// more than one block (compute capability 9.0 and later); else `None`.
 fn attention_cluster(
     ctx: &Context,
     module: &Arc<Module>,
     float: Float,
-) -> cuda_rt::Result<Option<(Function, u32)>> {
+) -> cuda_rt::Result<Option<(Function, ClusterRoom)>> {
     if !has_attention_tc(float, ctx.compute_capability()) || ctx.compute_capability() < (9, 0) {
         return Ok(None);
     }
@@ -277,12 +278,14 @@ fn attention_cluster(
     let shared = attention_shared(true, 8, ATTN_CLUSTER_HEAD, ATTN_CLUSTER_THREADS, true);
     let block = (ATTN_CLUSTER_THREADS, 1, 1);
     let config = LaunchConfig { grid: (1, ATTN_CLUSTER_MAX, 1), block, shared_mem_bytes: shared };
-    match f.allow_large_clusters().and_then(|()| f.max_cluster_blocks(config)) {
-        Ok(blocks) => {
-            // A sweep may cap it (`-DKV_ATTN_CLUSTER_MAX=N`; 0: the ticket merge everywhere).
-            let blocks = tuning::override_of("KV_ATTN_CLUSTER_MAX", blocks.into()).min(blocks.into()) as u32;
-            Ok((blocks > 1).then_some((f, blocks)))
-        }
+    let room = f.allow_large_clusters().and_then(|()| f.max_cluster_blocks(config)).and_then(|blocks| {
+        // A sweep may cap it (`-DKV_ATTN_CLUSTER_MAX=N`; 0: the ticket merge everywhere).
+        let blocks = tuning::override_of("KV_ATTN_CLUSTER_MAX", blocks.into()).min(blocks.into()) as u32;
+        let clusters = if blocks > 1 { f.max_active_clusters(config, (1, blocks, 1))? } else { 0 };
+        Ok(ClusterRoom { blocks, clusters })
+    });
+    match room {
+        Ok(room) => Ok((room.blocks > 1 && room.clusters > 0).then_some((f, room))),
         Err(err) => {
             // The ticket merge serves every launch then: slower, never wrong.
             tracing::warn!("the attention's ranges merge by tickets: the device refused clusters: {err}");
@@ -345,10 +348,10 @@ impl Kernels {
         self.attention_tc.is_some()
     }
 
-    /// The most blocks a cluster of `attention_tc_cluster` holds on the device (`Launch::AttentionTcCluster`);
-    /// 0 where the module or the device has no clusters.
-    pub fn attention_cluster_max(&self) -> u32 {
-        self.attention_cluster.as_ref().map_or(0, |(_, blocks)| *blocks)
+    /// What the device holds of `attention_tc_cluster` (`Launch::AttentionTcCluster`); nothing where the
+    /// module or the device has no clusters.
+    pub fn attention_cluster(&self) -> ClusterRoom {
+        self.attention_cluster.as_ref().map_or(ClusterRoom::default(), |(_, room)| *room)
     }
 
     /// The compiled module (a tuning build reads its trace from it).
@@ -425,8 +428,8 @@ mod tests {
             "-DGEMV_DEEP_PRE=12",
             "-DATTN_U=2",
             "-DATTN_TC_BLOCKS_PER_SM=4",
-            "-DATTN_MERGE_SHFL=1",
-            "-DATTN_MERGE_BATCH=12",
+            "-DATTN_MERGE_SHFL=0",
+            "-DATTN_MERGE_BATCH=8",
             "-DATTN_CLUSTER_END_SYNC=1",
             "-DATTN_CLUSTER_BATCH=8",
             "-DATTN_CLUSTER_BLOCKS_PER_SM=3",

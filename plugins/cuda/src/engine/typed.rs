@@ -187,8 +187,9 @@ impl Engine {
         let tc = kernels.has_attention_tc() && kernels::attention_on_tensor_cores(vec_ok, dh);
         let hpb = if tc { kernels::attention_heads_per_block(s.group()) } else { 1 };
         let head_blocks = s.heads / hpb;
-        let cluster_max = kernels.attention_cluster_max();
-        let cluster = if tc { kernels::attention_tc_cluster(s.len, dh, cluster_max) } else { None };
+        let (room, tiles) = (kernels.attention_cluster(), self.attn_cluster_tiles);
+        let clusters = head_blocks * s.rows;
+        let cluster = if tc { kernels::attention_tc_cluster(s.len, dh, clusters, room, tiles) } else { None };
         let (splits, threads) = match cluster {
             Some(blocks) => (blocks, kernels::ATTN_CLUSTER_THREADS),
             None if tc => {

@@ -64,15 +64,39 @@ pub const ATTN_CLUSTER_MAX: u32 = 16;
 /// bound of two blocks an SM).
 pub const ATTN_CLUSTER_HEAD: u32 = 64;
 
+/// The most tiles of 16 rows a warp of a clustered attention takes from its block's range, or what a sweep
+/// sets with `-DKV_ATTN_CLUSTER_TILES=N`: past that the ranges merge by tickets. Read once an engine.
+pub fn attention_cluster_tiles() -> u32 {
+    u32::try_from(tuning::override_of("KV_ATTN_CLUSTER_TILES", 8)).unwrap_or(u32::MAX)
+}
+
+/// What a device holds of the clustered attention: the most blocks one cluster of it, and the most clusters
+/// of that many resident at once. The default: none.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ClusterRoom {
+    pub blocks: u32,
+    pub clusters: u32,
+}
+
 /// Ranges a tensor-core attention over a cache of `len` rows cuts each head's rows into when its blocks merge
-/// in a cluster (`attention_tc_cluster`), on a device whose clusters hold `max_cluster` of its blocks: the
-/// fewest blocks whose warps cover the cache with one tile of 16 rows each, so no warp waits for a second
-/// load at any position. `None` (the ticket merge of `attention_tc`) when that is more than a cluster holds,
-/// or the head is not of [`ATTN_CLUSTER_HEAD`] values.
-pub fn attention_tc_cluster(len: u32, head_dim: u32, max_cluster: u32) -> Option<u32> {
+/// in a cluster (`attention_tc_cluster`), for `clusters` clusters (blocks of heads, query rows) on a device
+/// that holds `room` of it: the fewest blocks whose warps cover the cache with one tile of 16 rows each, or,
+/// where a cluster has too few blocks for that, all it has, each warp taking at most `tiles` tiles. `None`
+/// (the ticket merge of `attention_tc`) when a cluster cannot cover the cache so, when the launch's clusters
+/// would not all be resident at once (a second wave), or for heads other than [`ATTN_CLUSTER_HEAD`]'s.
+pub fn attention_tc_cluster(
+    len: u32,
+    head_dim: u32,
+    clusters: u32,
+    room: ClusterRoom,
+    tiles: u32,
+) -> Option<u32> {
     let rows_per_block = ATTN_CLUSTER_THREADS / 32 * 16;
-    let splits = len.div_ceil(rows_per_block).max(1);
-    (head_dim == ATTN_CLUSTER_HEAD && splits <= max_cluster.min(ATTN_CLUSTER_MAX)).then_some(splits)
+    let most = room.blocks.min(ATTN_CLUSTER_MAX);
+    let splits = len.div_ceil(rows_per_block).clamp(1, most.max(1));
+    let covers = u64::from(splits) * u64::from(rows_per_block) * u64::from(tiles) >= u64::from(len);
+    let fits = head_dim == ATTN_CLUSTER_HEAD && most > 1 && clusters <= room.clusters;
+    (covers && fits).then_some(splits)
 }
 
 /// Warps of a GEMV block (`GEMV_WARPS` in the source).
@@ -272,25 +296,37 @@ mod tests {
     }
 
     /// A tensor-core attention merges in a cluster where one cluster's warps cover the whole cache a tile
-    /// each (the fewest blocks that do), and by tickets otherwise; the constants match the source's.
+    /// each (the fewest blocks that do), or where all a cluster's blocks cover it in at most `tiles` tiles a
+    /// warp, and all the launch's clusters are resident at once; by tickets otherwise. The constants match the
+    /// source's.
     #[test]
-    fn clustered_attention_covers_the_cache_a_tile_a_warp() {
+    fn clustered_attention_covers_the_cache_in_a_few_tiles_a_warp() {
         for line in [
             format!("#define ATTN_CLUSTER_MAX {ATTN_CLUSTER_MAX} "),
             format!("#define ATTN_CLUSTER_WARPS {} ", ATTN_CLUSTER_THREADS / 32),
         ] {
             assert!(SOURCE.contains(&line), "the source lacks `{line}`");
         }
-        assert_eq!(attention_tc_cluster(2048, 64, 16), Some(16), "the Llama shape at 2048 rows");
-        assert_eq!(attention_tc_cluster(1024, 64, 16), Some(8), "config (b): 1024 rows");
-        assert_eq!(attention_tc_cluster(1025, 64, 16), Some(9), "a row past 8 blocks' tiles");
-        assert_eq!(attention_tc_cluster(100, 64, 16), Some(1), "one block: no merge");
-        assert_eq!(attention_tc_cluster(2049, 64, 16), None, "more than 16 blocks");
-        assert_eq!(attention_tc_cluster(2048, 64, 8), None, "a device of portable clusters only");
-        assert_eq!(attention_tc_cluster(2048, 64, 32), Some(16), "at most the merge's 16");
-        assert_eq!(attention_tc_cluster(4096, 64, 32), None, "never past the merge's 16");
-        assert_eq!(attention_tc_cluster(1024, 128, 16), None, "heads of 128: the ticket merge");
-        assert_eq!(attention_tc_cluster(1024, 64, 0), None, "no clusters on the device");
+        // The H200: 16 blocks a cluster, 14 such clusters resident.
+        let h200 = ClusterRoom { blocks: 16, clusters: 14 };
+        let cluster = |len, room| attention_tc_cluster(len, 64, 8, room, 8);
+        assert_eq!(cluster(2048, h200), Some(16), "the Llama shape at 2048 rows: a tile a warp");
+        assert_eq!(cluster(1024, h200), Some(8), "config (b): 1024 rows");
+        assert_eq!(cluster(1025, h200), Some(9), "a row past 8 blocks' tiles");
+        assert_eq!(cluster(100, h200), Some(1), "one block: no merge");
+        assert_eq!(cluster(8192, h200), Some(16), "8 192 rows: 4 tiles a warp");
+        assert_eq!(cluster(16_384, h200), Some(16), "16 384 rows: 8 tiles a warp");
+        assert_eq!(cluster(16_385, h200), None, "a row past 8 tiles a warp");
+        assert_eq!(attention_tc_cluster(4096, 64, 8, h200, 1), None, "2 tiles a warp, 1 allowed");
+        assert_eq!(attention_tc_cluster(2048, 64, 15, h200, 8), None, "more clusters than the device holds");
+        assert_eq!(attention_tc_cluster(1024, 128, 8, h200, 8), None, "heads of 128: the ticket merge");
+        let portable = ClusterRoom { blocks: 8, ..h200 };
+        assert_eq!(cluster(2048, portable), Some(8), "clusters of 8: two tiles a warp");
+        assert_eq!(attention_tc_cluster(2048, 64, 8, portable, 1), None, "clusters of 8, a tile a warp");
+        let large = ClusterRoom { blocks: 32, ..h200 };
+        assert_eq!(cluster(2048, large), Some(16), "at most the merge's 16");
+        assert_eq!(cluster(1024, ClusterRoom::default()), None, "no clusters on the device");
+        assert_eq!(cluster(1024, ClusterRoom { blocks: 1, ..h200 }), None, "clusters of one block");
         // A clustered block holds its warps' maxima, sums and outputs (8 warps: 512 B, then 8 KiB a head),
         // then its partial (264 B a head), and none of the ticket merge's scratch: (b)'s one head a block takes
         // 2.8 KiB, where a block of the ticket merge takes 6.5 KiB.

@@ -3,9 +3,11 @@
 //! one session on the GPU measures several settings of the sources' tunables (the `#ifndef` defaults in
 //! `kernels.cu`, `kernels/attention_tc.cu` and `kernels/linear.cu`) with `run.sh sweep`. A few settings are
 //! read on the host side too ([`override_of`]): waves of blocks, `-DKV_ATTN_CLUSTER_MAX=N`, the most
-//! blocks an attention cluster may take (0: the ticket merge everywhere), and `-DKV_CARVEOUT=P`, the share of
-//! each SM's L1 every typed kernel prefers as shared memory (in percent; unset: the driver's choice). Without the
-//! feature the sources compile as written, whatever the environment says.
+//! blocks an attention cluster may take (0: the ticket merge everywhere), `-DKV_ATTN_CLUSTER_TILES=N`, the
+//! most tiles a warp of a cluster takes (1: clusters only where a tile a warp covers the cache), and
+//! `-DKV_CARVEOUT=P`, the share of each SM's L1 every typed kernel prefers as shared memory (in percent;
+//! unset: the driver's choice). Without the feature the sources compile as written, whatever the environment
+//! says.
 //!
 //! Three defines are diagnostics, not settings. Two price the attention merge and give wrong outputs:
 //! `-DKV_DIAG_NO_MERGE` ends every `attention_tc` block after its partial (no ticket, no merge),

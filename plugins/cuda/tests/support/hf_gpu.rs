@@ -215,6 +215,12 @@ impl Pair {
         Hf { dim: 512, heads: 8, kv_heads: 2, head_dim: 64, max_len: 1024, ..Hf::tiny(dtype) }
     }
 
+    /// As [`Pair::clustered`] over a cache of 8 192 rows: a KV head's ranges are one cluster of 16 blocks,
+    /// whose warps take up to 4 tiles of 16 rows each.
+    fn clustered_long(dtype: ElemType) -> Hf {
+        Hf { max_len: 8192, ..Pair::clustered(dtype) }
+    }
+
     fn new(ctx: &Context, cfg: Hf) -> Pair {
         let reference = Plugin::embedded(reference_delegate::delegate_root()).expect("reference plugin");
         let cuda = super::plugin();
@@ -341,27 +347,32 @@ fn hf_decode_step_replays_as_a_cuda_graph() {
     }
 }
 
-/// Decode steps of [`Pair::clustered`] in f16 and bf16 (the types with the tensor-core attention) at positions
-/// across its cache: from 1 range of 8 to all 8, some of a cluster's blocks with no range and one whose range
-/// is short; each step's logits against the CPU reference's (the rows between are zero on both sides), and the
-/// caches at the end.
+/// Decode steps of [`Pair::clustered`] and [`Pair::clustered_long`] in f16 and bf16 (the types with the
+/// tensor-core attention) at positions across their caches: from 1 range to all of a cluster's, some of its
+/// blocks with no range and one whose range is short, warps of one tile to four (the long cache at 8 191);
+/// each step's logits against the CPU reference's (the rows between are zero on both sides), and the caches
+/// at the end.
 #[test]
 #[ignore = "needs an NVIDIA GPU and driver: `cargo xtask gpu-test` runs it on one (--include-ignored, KV_REQUIRE_GPU=1)"]
 fn hf_attention_merged_in_clusters_matches_the_cpu_reference() {
     let Some(ctx) = gpu() else { return };
+    let narrow = [5, 100, 129, 600, 1023].as_slice();
+    let long = [5, 129, 600, 2100, 4096, 6000, 8191].as_slice();
     for dtype in [ElemType::F16, ElemType::Bf16] {
-        let mut pair = Pair::new(&ctx, Pair::clustered(dtype));
-        let mut token = pair.prefill();
-        for pos in [5, 100, 129, 600, 1023] {
-            let (expected, next) = reference_call(&mut pair.decode, &mut pair.host_caches, &[token], pos);
-            pair.decode_io.set(&[token], pos);
-            cuda_call(&mut pair.decode, &mut pair.decode_io, &mut pair.caches, Some(&pair.stream))
-                .expect("decode");
-            pair.stream.synchronize().expect("stream");
-            pair.check(&format!("decode at {pos}"), &expected, next);
-            token = next;
+        for (cfg, positions) in [(Pair::clustered(dtype), narrow), (Pair::clustered_long(dtype), long)] {
+            let mut pair = Pair::new(&ctx, cfg);
+            let mut token = pair.prefill();
+            for &pos in positions {
+                let (expected, next) = reference_call(&mut pair.decode, &mut pair.host_caches, &[token], pos);
+                pair.decode_io.set(&[token], pos);
+                cuda_call(&mut pair.decode, &mut pair.decode_io, &mut pair.caches, Some(&pair.stream))
+                    .expect("decode");
+                pair.stream.synchronize().expect("stream");
+                pair.check(&format!("{} rows: decode at {pos}", pair.cfg.max_len), &expected, next);
+                token = next;
+            }
+            pair.check_caches();
         }
-        pair.check_caches();
     }
 }
 
