@@ -310,7 +310,7 @@ fn cublas_multiplies_on_the_callers_stream() {
 
 /// Thread-block clusters on compute capability 9.0 and later: the driver's sizes (the most blocks a cluster,
 /// and how many clusters are resident at once, bounded by the SMs' threads), and a clustered launch whose
-/// blocks read their rank in their cluster. Before 9.0, the driver's refusal as a typed error.
+/// blocks read their rank in their cluster. Before 9.0, no cluster is resident.
 #[test]
 #[ignore = "needs an NVIDIA GPU and driver: `cargo xtask gpu-test` runs it on one (--include-ignored, KV_REQUIRE_GPU=1)"]
 fn clusters_are_sized_by_the_driver_and_launch_in_place() {
@@ -324,8 +324,10 @@ fn clusters_are_sized_by_the_driver_and_launch_in_place() {
     let f = ctx.compile_module(source, &[]).expect("compiles").function("rank").expect("kernel");
     let config = LaunchConfig { grid: (8, 1, 1), block: (1024, 1, 1), shared_mem_bytes: 0 };
     if ctx.compute_capability() < (9, 0) {
-        let err = f.max_active_clusters(config, (2, 1, 1)).expect_err("no clusters before 9.0");
-        assert!(!err.to_string().is_empty());
+        // The driver refuses, or holds none.
+        if let Ok(clusters) = f.max_active_clusters(config, (2, 1, 1)) {
+            assert_eq!(clusters, 0, "clusters before compute capability 9.0");
+        }
         return;
     }
     f.allow_large_clusters().expect("large clusters on 9.0");

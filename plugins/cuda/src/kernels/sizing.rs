@@ -61,7 +61,8 @@ pub const ATTN_CLUSTER_THREADS: u32 = 256;
 /// cluster).
 pub const ATTN_CLUSTER_MAX: u32 = 16;
 /// The head size the clustered attention is built for (`attention_tc_cluster`: 128 would spill at its launch
-/// bound of two blocks an SM).
+/// bound of two blocks an SM; blocks of 4 warps for heads of 128 measured slower than the ticket merge, see
+/// BENCHMARKS.md, "Sixteenth pass").
 pub const ATTN_CLUSTER_HEAD: u32 = 64;
 
 /// The most tiles of 16 rows a warp of a clustered attention takes from its block's range, or what a sweep
