@@ -350,16 +350,12 @@ impl Function {
     /// # Errors
     /// [`Error::Driver`] when the driver refuses (e.g. before compute capability 9.0).
     pub fn max_cluster_blocks(&self, config: LaunchConfig) -> Result<u32> {
-        let ctx = &self.module.ctx;
-        ctx.bind()?;
-        let launch = cu_launch_config(config, std::ptr::null_mut(), &mut []);
-        let mut blocks: std::ffi::c_int = 0;
-        driver::call("cuOccupancyMaxPotentialClusterSize", ctx.ordinal(), || {
-            // SAFETY: `launch` (no attributes) and `blocks` live across the call; `raw` belongs to a loaded
-            // module (kept by `self.module`); the context is current.
-            unsafe { sys::cuOccupancyMaxPotentialClusterSize(&mut blocks, self.raw, &launch) }.result()
-        })?;
-        Ok(u32::try_from(blocks).unwrap_or(0))
+        self.occupancy(
+            "cuOccupancyMaxPotentialClusterSize",
+            sys::cuOccupancyMaxPotentialClusterSize,
+            config,
+            &mut [],
+        )
     }
 
     /// How many clusters of `cluster` blocks of `config` (its block size and shared memory; the grid is
@@ -369,19 +365,32 @@ impl Function {
     /// # Errors
     /// [`Error::Driver`] when the driver refuses (e.g. a cluster larger than the function allows).
     pub fn max_active_clusters(&self, config: LaunchConfig, cluster: (u32, u32, u32)) -> Result<u32> {
-        let ctx = &self.module.ctx;
-        ctx.bind()?;
-        let mut attributes = [cluster_attribute(cluster)];
         // The driver checks the grid against the cluster: one cluster's worth.
         let config = LaunchConfig { grid: cluster, ..config };
-        let launch = cu_launch_config(config, std::ptr::null_mut(), &mut attributes);
-        let mut clusters: std::ffi::c_int = 0;
-        driver::call("cuOccupancyMaxActiveClusters", ctx.ordinal(), || {
-            // SAFETY: `launch`, the attribute it points to and `clusters` live across the call; `raw` belongs to
-            // a loaded module (kept by `self.module`); the context is current.
-            unsafe { sys::cuOccupancyMaxActiveClusters(&mut clusters, self.raw, &launch) }.result()
+        let attributes = &mut [cluster_attribute(cluster)];
+        self.occupancy("cuOccupancyMaxActiveClusters", sys::cuOccupancyMaxActiveClusters, config, attributes)
+    }
+
+    /// A driver occupancy query `query` (named `call`) of this function launched as `config` with
+    /// `attributes`: its count, 0 if negative.
+    fn occupancy(
+        &self,
+        call: &'static str,
+        query: unsafe fn(*mut std::ffi::c_int, sys::CUfunction, *const sys::CUlaunchConfig) -> sys::CUresult,
+        config: LaunchConfig,
+        attributes: &mut [sys::CUlaunchAttribute],
+    ) -> Result<u32> {
+        let ctx = &self.module.ctx;
+        ctx.bind()?;
+        let launch = cu_launch_config(config, std::ptr::null_mut(), attributes);
+        let mut count: std::ffi::c_int = 0;
+        driver::call(call, ctx.ordinal(), || {
+            // SAFETY: `query` is one of the driver's occupancy queries (count, function, launch configuration);
+            // `launch`, the attributes it points to and `count` live across the call; `raw` belongs to a loaded
+            // module (kept by `self.module`); the context is current.
+            unsafe { query(&mut count, self.raw, &launch) }.result()
         })?;
-        Ok(u32::try_from(clusters).unwrap_or(0))
+        Ok(u32::try_from(count).unwrap_or(0))
     }
 
     /// The module it belongs to.

@@ -285,7 +285,8 @@ fn attention_cluster(
         Ok(ClusterRoom { blocks, clusters })
     });
     match room {
-        Ok(room) => Ok((room.blocks > 1 && room.clusters > 0).then_some((f, room))),
+        // `kernels::attention_tc_cluster` decides what the room allows (none where `blocks` < 2).
+        Ok(room) => Ok(Some((f, room))),
         Err(err) => {
             // The ticket merge serves every launch then: slower, never wrong.
             tracing::warn!("the attention's ranges merge by tickets: the device refused clusters: {err}");
