@@ -221,6 +221,19 @@ impl Pair {
         Hf { max_len: 8192, ..Pair::clustered(dtype) }
     }
 
+    /// [`Pair::wide`]'s heads of 128 (4 query heads a KV head, one tensor-core block) over a cache of 8 192
+    /// rows: config (c)'s heads and cache, whose ranges (up to a few dozen a head) merge by tickets
+    /// (`kernels::attention_tc_cluster` keeps clusters for heads of 64).
+    fn ticket_long(dtype: ElemType) -> Hf {
+        Hf { max_len: 8192, ..Pair::wide(dtype) }
+    }
+
+    /// 12 query heads of 128 over 4 KV heads (3 a KV head, so one a tensor-core block) and 2 048 cache rows,
+    /// merged by tickets.
+    fn ticket_uneven(dtype: ElemType) -> Hf {
+        Hf { dim: 1536, heads: 12, kv_heads: 4, max_len: 2048, ..Pair::wide(dtype) }
+    }
+
     fn new(ctx: &Context, cfg: Hf) -> Pair {
         let reference = Plugin::embedded(reference_delegate::delegate_root()).expect("reference plugin");
         let cuda = super::plugin();
@@ -369,6 +382,34 @@ fn hf_attention_merged_in_clusters_matches_the_cpu_reference() {
                     .expect("decode");
                 pair.stream.synchronize().expect("stream");
                 pair.check(&format!("{} rows: decode at {pos}", pair.cfg.max_len), &expected, next);
+                token = next;
+            }
+            pair.check_caches();
+        }
+    }
+}
+
+/// Decode steps of [`Pair::ticket_long`] and [`Pair::ticket_uneven`] in f16 and bf16 (the tensor-core
+/// attention's ticket merge) at positions across their caches, from 1 range a head to all of them: each
+/// step's logits against the CPU reference's, and the caches at the end.
+#[test]
+#[ignore = "needs an NVIDIA GPU and driver: `cargo xtask gpu-test` runs it on one (--include-ignored, KV_REQUIRE_GPU=1)"]
+fn hf_attention_merged_by_tickets_matches_the_cpu_reference() {
+    let Some(ctx) = gpu() else { return };
+    let long = [5, 100, 1000, 4096, 8191].as_slice();
+    let uneven = [5, 33, 700, 2047].as_slice();
+    for dtype in [ElemType::F16, ElemType::Bf16] {
+        for (cfg, positions) in [(Pair::ticket_long(dtype), long), (Pair::ticket_uneven(dtype), uneven)] {
+            let mut pair = Pair::new(&ctx, cfg);
+            let mut token = pair.prefill();
+            for &pos in positions {
+                let (expected, next) = reference_call(&mut pair.decode, &mut pair.host_caches, &[token], pos);
+                pair.decode_io.set(&[token], pos);
+                cuda_call(&mut pair.decode, &mut pair.decode_io, &mut pair.caches, Some(&pair.stream))
+                    .expect("decode");
+                pair.stream.synchronize().expect("stream");
+                let what = format!("{} heads, {} rows: decode at {pos}", pair.cfg.heads, pair.cfg.max_len);
+                pair.check(&what, &expected, next);
                 token = next;
             }
             pair.check_caches();
