@@ -373,18 +373,7 @@ fn hf_attention_merged_in_clusters_matches_the_cpu_reference() {
     let long = [5, 129, 600, 2100, 4096, 6000, 8191].as_slice();
     for dtype in [ElemType::F16, ElemType::Bf16] {
         for (cfg, positions) in [(Pair::clustered(dtype), narrow), (Pair::clustered_long(dtype), long)] {
-            let mut pair = Pair::new(&ctx, cfg);
-            let mut token = pair.prefill();
-            for &pos in positions {
-                let (expected, next) = reference_call(&mut pair.decode, &mut pair.host_caches, &[token], pos);
-                pair.decode_io.set(&[token], pos);
-                cuda_call(&mut pair.decode, &mut pair.decode_io, &mut pair.caches, Some(&pair.stream))
-                    .expect("decode");
-                pair.stream.synchronize().expect("stream");
-                pair.check(&format!("{} rows: decode at {pos}", pair.cfg.max_len), &expected, next);
-                token = next;
-            }
-            pair.check_caches();
+            decode_at(&ctx, cfg, positions);
         }
     }
 }
@@ -400,21 +389,27 @@ fn hf_attention_merged_by_tickets_matches_the_cpu_reference() {
     let uneven = [5, 33, 700, 2047].as_slice();
     for dtype in [ElemType::F16, ElemType::Bf16] {
         for (cfg, positions) in [(Pair::ticket_long(dtype), long), (Pair::ticket_uneven(dtype), uneven)] {
-            let mut pair = Pair::new(&ctx, cfg);
-            let mut token = pair.prefill();
-            for &pos in positions {
-                let (expected, next) = reference_call(&mut pair.decode, &mut pair.host_caches, &[token], pos);
-                pair.decode_io.set(&[token], pos);
-                cuda_call(&mut pair.decode, &mut pair.decode_io, &mut pair.caches, Some(&pair.stream))
-                    .expect("decode");
-                pair.stream.synchronize().expect("stream");
-                let what = format!("{} heads, {} rows: decode at {pos}", pair.cfg.heads, pair.cfg.max_len);
-                pair.check(&what, &expected, next);
-                token = next;
-            }
-            pair.check_caches();
+            decode_at(&ctx, cfg, positions);
         }
     }
+}
+
+/// `cfg`'s prompt, then one decode step at each of `positions` (the rows between are zero on both sides),
+/// each step's logits against the CPU reference's, and the caches at the end.
+fn decode_at(ctx: &Context, cfg: Hf, positions: &[i64]) {
+    let mut pair = Pair::new(ctx, cfg);
+    let mut token = pair.prefill();
+    for &pos in positions {
+        let (expected, next) = reference_call(&mut pair.decode, &mut pair.host_caches, &[token], pos);
+        pair.decode_io.set(&[token], pos);
+        cuda_call(&mut pair.decode, &mut pair.decode_io, &mut pair.caches, Some(&pair.stream))
+            .expect("decode");
+        pair.stream.synchronize().expect("stream");
+        let what = format!("{} heads, {} rows: decode at {pos}", pair.cfg.heads, pair.cfg.max_len);
+        pair.check(&what, &expected, next);
+        token = next;
+    }
+    pair.check_caches();
 }
 
 /// A token id outside the vocabulary and a position past the cache, in the Hugging Face forms (`[1, T]` ids,
