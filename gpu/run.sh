@@ -4,7 +4,8 @@
 #
 #   bash target/gpu-bundle/run.sh test    # every GPU test; a missing GPU fails them (KV_REQUIRE_GPU=1)
 #   bash target/gpu-bundle/run.sh bench   # the side-by-side benchmark, ours and PyTorch's, then the
-#                                         # Llama-3.2-1B-shaped decoder; JSON to $OUT
+#                                         # Llama-3.2-1B-shaped decoder, ours and (with transformers)
+#                                         # PyTorch's; JSON to $OUT
 #   bash target/gpu-bundle/run.sh isolated  # only the isolated-plugin runs and benches, then again under
 #                                           # the CUDA Multi-Process Service when the machine has it
 #   bash target/gpu-bundle/run.sh sweep base "-DGEMV_PRE=2" "-DGEMV_PRE=2 -DATTN_U=2"
@@ -147,17 +148,28 @@ PY
 # A Llama-3.2-1B-shaped decoder (bf16, random weights, built on this machine by the bench) at position 1024,
 # replayed as a CUDA graph; its floor divides its bytes by the read bandwidth torch_baseline.py measured.
 run_llama() {
-  echo "== Llama-3.2-1B-shaped decoder, bf16, position 1024 of 2048 (bench_hf_decode)"
+  echo "== Llama-3.2-1B-shaped decoder, bf16, position 1024 of 2048 (bench_hf_decode; PyTorch beside it: llama_torch.py)"
   ./bench_hf_decode --preset llama-1b --position 1024 --max-len 2048 --steps 100 > "$out/llama-1b.json" 2> "$out/llama-1b.err" || { status=1; cat "$out/llama-1b.err"; return; }
-  python3 - "$out/llama-1b.json" "$out/torch_baseline.json" <<'PY' || status=1
-import json, sys
+  if python3 -c "import transformers" 2> /dev/null; then
+    python3 llama_torch.py --position 1024 --max-len 2048 --steps 100 > "$out/llama-torch.json" 2> "$out/llama-torch.err" || { status=1; tail -5 "$out/llama-torch.err"; }
+  else
+    echo "  PyTorch beside it: not run (this machine's Python has no transformers)"
+  fi
+  python3 - "$out/llama-1b.json" "$out/torch_baseline.json" "$out/llama-torch.json" <<'PY' || status=1
+import json, os, sys
 v = json.load(open(sys.argv[1]))
 hbm = json.load(open(sys.argv[2]))[0]["hbm"]
 bw = hbm.get("measured_bytes_per_s", hbm["peak_bytes_per_s"])
 floor = v["bytes_per_step"] / bw * 1e6
+ours = v["gpu_us_per_step"]
 print(f'  {v["parameters"] / 1e9:.3f} B parameters, {v["bytes_per_step"] / 1e9:.3f} GB read per step; GPU '
-      f'{v["gpu_us_per_step"]:.1f} us per step (CUDA graph); floor {floor:.1f} us at {bw / 1e12:.2f} TB/s '
-      f'(x{v["gpu_us_per_step"] / floor:.2f})')
+      f'{ours:.1f} us per step (CUDA graph); floor {floor:.1f} us at {bw / 1e12:.2f} TB/s (x{ours / floor:.2f})')
+if os.path.exists(sys.argv[3]) and os.path.getsize(sys.argv[3]) > 0:
+    t = json.load(open(sys.argv[3]))
+    for name, key in [("eager", "eager"), ('torch.compile(mode="reduce-overhead")', "compiled_reduce_overhead")]:
+        us = t[key]["gpu_us_per_step"]
+        print(f'  PyTorch {t["torch"]}, transformers {t["transformers"]} StaticCache, {name}: {us:.1f} us per '
+              f'step (x{us / floor:.2f} the floor; ours is {us / ours:.2f}x faster), {t["parameters"] / 1e9:.3f} B parameters')
 PY
 }
 
