@@ -1,104 +1,98 @@
 #!/usr/bin/env python3
-"""PyTorch beside `bench_hf_decode --preset llama-1b`: the Llama-3.2-1B shape through Hugging Face transformers.
+"""PyTorch beside `bench_hf_decode`: the decoder it measured, through Hugging Face transformers.
 
-The same shape and dtype as ours (16 layers, hidden 2048, 32 query / 8 KV heads of 64, SwiGLU 8192, vocabulary
-128 256, tied embeddings, no biases, bf16), random weights drawn by transformers from a fixed seed (not ours:
-the timing does not depend on their values), transformers' StaticCache, and one decode step at a held
-position, run as its users run it: plain eager, and `torch.compile(model.forward, mode="reduce-overhead",
-fullgraph=True)` (CUDA graphs), the recipe of transformers' static-cache documentation.
+The shape, dtype, cache length and position come from the JSON `bench_hf_decode` printed (its one source is
+the Rust preset, e.g. `--preset llama-1b`: 16 layers, hidden 2048, 32 query / 8 KV heads of 64, SwiGLU 8192,
+vocabulary 128 256, tied embeddings, bf16). The model is transformers' `LlamaForCausalLM` with random weights
+drawn by transformers from a fixed seed (not ours: the timing does not depend on their values), no biases
+(the JSON does not say; `llama-1b` has none), and transformers' `StaticCache`. One decode step at the held position is run as transformers' users run it: plain
+eager, and `torch.compile(model.forward, mode="reduce-overhead", fullgraph=True)` (CUDA graphs), the recipe of
+transformers' static-cache documentation. A StaticCache step attends over all `max_len` rows, masked by the
+position, so it costs the same at any position; its layers write each step's K and V row at their own running
+length (transformers 5.17's `StaticLayer` does not take the row from `cache_position`), so the cache is reset
+before each variant and a variant's calls must fit in the cache.
 
-    python3 gpu/llama_torch.py [--preset llama-1b|tiny] [--position 1024] [--max-len 2048] [--steps 100]
+    ./bench_hf_decode --preset llama-1b > llama-1b.json
+    python3 gpu/llama_torch.py --shape llama-1b.json [--steps 100] [--eager-steps 20]
 
-Prints one JSON object: each variant's GPU µs per step (the mean over `--steps` steps between two CUDA events,
-and the median of per-step event pairs), with the versions that made it. `tiny` is a quick check of the
-script (a two-layer model)."""
+Prints one JSON object: each variant's timing from `torch_baseline.time_cuda` (GPU µs per step over
+back-to-back steps between two CUDA events, as `bench_hf_decode` measures ours), with the versions that made
+it. `bench_hf_decode --preset tiny`'s JSON (a 40-row cache: `--steps 10 --eager-steps 5`) checks the script in
+seconds."""
 import argparse
 import json
-import statistics
+import os
+import sys
 
 import torch
 
-PRESETS = {
-    "llama-1b": dict(vocab_size=128256, hidden_size=2048, intermediate_size=8192, num_hidden_layers=16,
-                     num_attention_heads=32, num_key_value_heads=8, head_dim=64),
-    "tiny": dict(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                 num_attention_heads=4, num_key_value_heads=2, head_dim=16),
-}
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from torch_baseline import time_cuda  # noqa: E402
+
+DTYPES = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}
 SEED = 0
+# Calls of a variant besides its timed steps: warm-up (the compiled one's compiles and captures), then the host
+# clock's (`time_cuda`'s host_iters).
+WARM_EAGER, HOST_EAGER = 3, 3
+WARM, HOST = 5, 20
 
 
-def build(preset: str, max_len: int):
-    """The seeded model on the GPU in bf16, and an empty StaticCache of `max_len` rows for it."""
+def build(shape: dict):
+    """The seeded model of `shape` (bench_hf_decode's JSON) on the GPU, and an empty StaticCache for it."""
     import transformers
 
-    config = transformers.LlamaConfig(**PRESETS[preset], max_position_embeddings=max_len, rms_norm_eps=1e-5,
-                                      tie_word_embeddings=True, attention_bias=False, mlp_bias=False)
+    config = transformers.LlamaConfig(
+        vocab_size=shape["vocab"], hidden_size=shape["dim"], intermediate_size=shape["ffn"],
+        num_hidden_layers=shape["layers"], num_attention_heads=shape["heads"],
+        num_key_value_heads=shape["kv_heads"], head_dim=shape["head_dim"], max_position_embeddings=shape["max_len"],
+        tie_word_embeddings=shape["tied"], attention_bias=False, mlp_bias=False)
     torch.manual_seed(SEED)
     with torch.device("cuda"):
         model = transformers.LlamaForCausalLM(config)
-    model = model.to(torch.bfloat16).eval()
-    cache = transformers.StaticCache(config=config, max_cache_len=max_len)
+    model = model.to(DTYPES[shape["dtype"]]).eval()
+    cache = transformers.StaticCache(config=config, max_cache_len=shape["max_len"])
     return model, cache
-
-
-def gpu_us(step, steps: int, warm: int) -> dict:
-    """GPU µs per call of `step`: the mean over `steps` calls between two events, and the median of per-call
-    event pairs (a second pass)."""
-    for _ in range(warm):
-        step()
-    torch.cuda.synchronize()
-    first, last = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    first.record()
-    for _ in range(steps):
-        step()
-    last.record()
-    torch.cuda.synchronize()
-    mean = first.elapsed_time(last) * 1e3 / steps
-    pairs = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(steps)]
-    for a, b in pairs:
-        a.record()
-        step()
-        b.record()
-    torch.cuda.synchronize()
-    median = statistics.median(a.elapsed_time(b) * 1e3 for a, b in pairs)
-    return {"gpu_us_per_step": mean, "gpu_us_median": median, "steps": steps}
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--preset", choices=sorted(PRESETS), default="llama-1b")
-    ap.add_argument("--position", type=int, default=1024)
-    ap.add_argument("--max-len", type=int, default=2048)
-    ap.add_argument("--steps", type=int, default=100)
-    ap.add_argument("--eager-steps", type=int, default=20, help="eager steps (each is tens of ms)")
+    ap.add_argument("--shape", required=True, help="the JSON bench_hf_decode printed")
+    ap.add_argument("--steps", type=int, default=100, help="compiled steps timed")
+    ap.add_argument("--eager-steps", type=int, default=20, help="eager steps timed (each is tens of ms)")
     args = ap.parse_args()
-    if not 0 <= args.position < args.max_len:
-        ap.error(f"--position {args.position} is not a row of a cache of {args.max_len}")
+    with open(args.shape) as f:
+        shape = json.load(f)
+    calls = {"eager": (WARM_EAGER, args.eager_steps, HOST_EAGER), "compiled": (WARM, args.steps, HOST)}
+    for name, counts in calls.items():
+        if sum(counts) > shape["max_len"]:
+            ap.error(f"{name}: {sum(counts)} calls (warm-up, timed, host-timed) do not fit a cache of "
+                     f"{shape['max_len']} rows; lower --steps or --eager-steps")
     import transformers
 
-    model, cache = build(args.preset, args.max_len)
-    parameters = sum(p.numel() for p in model.parameters())
+    model, cache = build(shape)
     token = torch.tensor([[1]], device="cuda")
-    position = torch.tensor([args.position], device="cuda")
+    position = torch.tensor([shape["position"]], device="cuda")
 
     def step():
-        # One decode step at the held position: its K and V rows are written into the cache in place.
+        # One decode step, masked at the held position; its K and V rows are written into the cache in place.
         return model(input_ids=token, past_key_values=cache, cache_position=position, use_cache=True).logits
 
     with torch.inference_mode():
-        eager = gpu_us(step, args.eager_steps, warm=3)
+        cache.reset()
+        eager = time_cuda(step, args.eager_steps, warm=WARM_EAGER, host_iters=HOST_EAGER)
+        cache.reset()
         model.forward = torch.compile(model.forward, mode="reduce-overhead", fullgraph=True)
 
         def compiled_step():
             torch.compiler.cudagraph_mark_step_begin()
             return step()
 
-        compiled = gpu_us(compiled_step, args.steps, warm=5)
+        compiled = time_cuda(compiled_step, args.steps, warm=WARM, host_iters=HOST)
     print(json.dumps({
-        "preset": args.preset, "position": args.position, "max_len": args.max_len, "parameters": parameters,
-        "dtype": "bf16", "eager": eager, "compiled_reduce_overhead": compiled,
-        "torch": torch.__version__, "transformers": transformers.__version__,
-        "device": torch.cuda.get_device_name(0),
+        "layers": shape["layers"], "dim": shape["dim"], "dtype": shape["dtype"], "position": shape["position"],
+        "max_len": shape["max_len"], "parameters": sum(p.numel() for p in model.parameters()),
+        "eager": eager, "compiled_reduce_overhead": compiled, "torch": torch.__version__,
+        "transformers": transformers.__version__, "device": torch.cuda.get_device_name(0),
     }))
 
 

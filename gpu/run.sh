@@ -151,7 +151,7 @@ run_llama() {
   echo "== Llama-3.2-1B-shaped decoder, bf16, position 1024 of 2048 (bench_hf_decode; PyTorch beside it: llama_torch.py)"
   ./bench_hf_decode --preset llama-1b --position 1024 --max-len 2048 --steps 100 > "$out/llama-1b.json" 2> "$out/llama-1b.err" || { status=1; cat "$out/llama-1b.err"; return; }
   if python3 -c "import transformers" 2> /dev/null; then
-    python3 llama_torch.py --position 1024 --max-len 2048 --steps 100 > "$out/llama-torch.json" 2> "$out/llama-torch.err" || { status=1; tail -5 "$out/llama-torch.err"; }
+    python3 llama_torch.py --shape "$out/llama-1b.json" --steps 100 > "$out/llama-torch.json" 2> "$out/llama-torch.err" || { status=1; tail -5 "$out/llama-torch.err"; }
   else
     echo "  PyTorch beside it: not run (this machine's Python has no transformers)"
   fi
@@ -167,7 +167,7 @@ print(f'  {v["parameters"] / 1e9:.3f} B parameters, {v["bytes_per_step"] / 1e9:.
 if os.path.exists(sys.argv[3]) and os.path.getsize(sys.argv[3]) > 0:
     t = json.load(open(sys.argv[3]))
     for name, key in [("eager", "eager"), ('torch.compile(mode="reduce-overhead")', "compiled_reduce_overhead")]:
-        us = t[key]["gpu_us_per_step"]
+        us = t[key]["gpu_us"]
         print(f'  PyTorch {t["torch"]}, transformers {t["transformers"]} StaticCache, {name}: {us:.1f} us per '
               f'step (x{us / floor:.2f} the floor; ours is {us / ours:.2f}x faster), {t["parameters"] / 1e9:.3f} B parameters')
 PY
