@@ -4,7 +4,7 @@
 ``nn.Embedding`` and ``nn.Linear`` layers, RMSNorm decomposed (``pow``/``mean``/``+ eps``/``rsqrt``/``*``),
 rotary embeddings in the ``rotate_half`` form (or, with ``rope_interleaved``, the interleaved form) with cos/sin
 from ``inv_freq`` x positions, grouped-query
-attention through ``repeat_interleave``, one causal mask shared by every layer, a SwiGLU MLP, and caches
+attention through ``repeat_interleave`` (or, with ``gqa_tiled``, the tiled order ``expand(g, Hkv, L, Dh)``), one causal mask shared by every layer, a SwiGLU MLP, and caches
 ``[kv_heads, max_len, head_dim]`` updated with ``index_copy_``. Random weights from a seeded generator.
 """
 
@@ -46,6 +46,7 @@ class Layer(nn.Module):
         dim, heads, kv_heads = cfg["dim"], cfg["heads"], cfg["kv_heads"]
         self.heads, self.kv_heads, self.head_dim = heads, kv_heads, dim // heads
         self.rotate = rotate_interleaved if cfg.get("rope_interleaved") else rotate_half
+        self.gqa_tiled = bool(cfg.get("gqa_tiled"))
         self.attn_norm, self.mlp_norm = RMSNorm(dim), RMSNorm(dim)
         self.q_proj = nn.Linear(dim, heads * self.head_dim, bias=False)
         self.k_proj = nn.Linear(dim, kv_heads * self.head_dim, bias=False)
@@ -58,6 +59,14 @@ class Layer(nn.Module):
         self.register_buffer("k_cache", torch.zeros(cache))
         self.register_buffer("v_cache", torch.zeros(cache))
 
+    def repeat(self, cache: torch.Tensor) -> torch.Tensor:
+        """Each KV head's cache for the query heads that read it: query head h reads KV head h // group
+        (``repeat_interleave``), or with ``gqa_tiled`` KV head h % kv_heads (the group axis first)."""
+        group = self.heads // self.kv_heads
+        if self.gqa_tiled:
+            return cache.unsqueeze(0).expand(group, *cache.shape).reshape(self.heads, *cache.shape[1:])
+        return cache.repeat_interleave(group, dim=0)
+
     def forward(self, x, positions, cos, sin, mask):
         t = x.shape[0]
         h = self.attn_norm(x)
@@ -68,9 +77,7 @@ class Layer(nn.Module):
         k = k * cos + self.rotate(k) * sin
         self.k_cache.index_copy_(1, positions, k)
         self.v_cache.index_copy_(1, positions, v)
-        group = self.heads // self.kv_heads
-        keys = self.k_cache.repeat_interleave(group, dim=0)
-        values = self.v_cache.repeat_interleave(group, dim=0)
+        keys, values = self.repeat(self.k_cache), self.repeat(self.v_cache)
         a = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask)
         x = x + self.o_proj(a.transpose(0, 1).reshape(t, self.heads * self.head_dim))
         h = self.mlp_norm(x)

@@ -33,6 +33,7 @@ from kv_delegate.model import TINY, Decoder, GeluDecoder, greedy
 from kv_delegate.pack import have_packer
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from kv_delegate.llama_style import CONFIG as LLAMA_CONFIG  # noqa: E402
 from kv_delegate.llama_style import LlamaStyle  # noqa: E402
 from kv_delegate.llama_style import greedy as llama_greedy  # noqa: E402
 
@@ -98,8 +99,8 @@ def export(model: torch.nn.Module) -> Tuple[bytes, ReferencePartitioner, List[st
 @functools.lru_cache(maxsize=None)
 def exported(name: str) -> Tuple[bytes, Tuple, Tuple[str, ...], Tuple[int, ...]]:
     """``(pte, unsupported, edge ops, eager tokens)`` of one of the test models, exported once."""
-    if name == "llama_style":
-        model = LlamaStyle().eval()
+    if name in ("llama_style", "llama_tiled"):
+        model = LlamaStyle({**LLAMA_CONFIG, "gqa_tiled": int(name == "llama_tiled")}).eval()
         tokens = llama_greedy(model, PROMPT, STEPS)
     elif name == "odd_forms":
         model, tokens = OddForms().eval(), []
@@ -144,6 +145,18 @@ class PartitionerTest(unittest.TestCase):
         self.assertEqual(outside, (), [str(o) for o in outside])
         self.assertEqual(sum(op.endswith("executorch_call_delegate") for op in ops), 1)
         self.assertEqual(run_in_executorch(pte, self.tmp), list(tokens))
+
+    def test_grouped_query_attention_in_tiled_order_is_never_lowered_to_the_wrong_heads(self) -> None:
+        # Issue 46, item 7: `k.unsqueeze(0).expand(g, Hkv, L, Dh).reshape(H, L, Dh)` makes query head h read KV
+        # head h % Hkv, where the delegate's causal_attention reads h // groups: delegating it as repeat_kv's
+        # order gave other tokens than eager, silently. Both orders are delegated whole, each with eager's tokens.
+        for name in ("llama_style", "llama_tiled"):
+            with self.subTest(name):
+                pte, outside, ops, tokens = exported(name)
+                self.assertEqual(outside, (), [str(o) for o in outside])
+                self.assertEqual(sum(op.endswith("executorch_call_delegate") for op in ops), 1)
+                self.assertEqual(run_in_executorch(pte, self.tmp), list(tokens))
+        self.assertNotEqual(exported("llama_style")[3], exported("llama_tiled")[3], "the orders are two models")
 
     def test_reasons_name_nodes_ops_and_shapes_never_internal_values(self) -> None:
         _, outside, _, _ = exported("odd_forms")

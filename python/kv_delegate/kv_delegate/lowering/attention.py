@@ -108,13 +108,14 @@ class Attention:
             raise LoweringError(f"'{node.name}': index_copy along dim {dim}, cache rows are dim {len(shape) - 2}")
         return self._cache_update(node, cache, index, update)
 
-    def _cache(self, arg: Any, what: str, node: torch.fx.Node) -> Tuple[str, int]:
-        """An attention key or value operand: an updated cache, or one repeated per query-head group."""
+    def _cache(self, arg: Any, what: str, node: torch.fx.Node) -> Tuple[str, int, bool]:
+        """An attention key or value operand: an updated cache, or one repeated per query-head group; with the
+        number of groups and whether they are tiled (see :class:`CacheGroups`)."""
         value = self.value(arg)
         if isinstance(value, CacheGroups) and value.merged:
-            return value.cache, value.groups
+            return value.cache, value.groups, value.tiled
         if isinstance(value, Tensor) and value.name in self.cache_outputs:
-            return value.name, 1
+            return value.name, 1, False
         raise LoweringError(f"'{node.name}': the {what} {describe(arg)} is not a cache update's output in this "
                             f"delegate ({kind(value)})")
 
@@ -128,12 +129,17 @@ class Attention:
         if not isinstance(m, CausalMask):
             raise LoweringError(f"'{node.name}': the mask {describe(mask)} is not the causal mask over the cache "
                                 f"({kind(m)})")
-        k, _ = self._cache(node.args[1], "key", node)
-        v, _ = self._cache(node.args[2], "value", node)
+        k, groups, tiled = self._cache(node.args[1], "key", node)
+        v, v_groups, v_tiled = self._cache(node.args[2], "value", node)
         if self.desc.shapes[k][1][-2] != m.rows:
             raise LoweringError(f"'{node.name}': the mask covers {m.rows} rows, the cache is "
                                 f"{list(self.desc.shapes[k][1])}")
+        if (groups, tiled) != (v_groups, v_tiled):
+            raise LoweringError(f"'{node.name}': the keys and the values are repeated over the query heads in "
+                                "different orders")
         scale: Optional[float] = rest.get("scale")
+        if tiled:
+            return self.tiled_attention(node, k, v, groups, m.position, scale)
         q = self.value(node.args[0])
         if isinstance(q, HeadView) and q.heads_first:
             dtype, q_shape = self.desc.shapes[q.source]
@@ -142,6 +148,27 @@ class Attention:
             return HeadView(name, q.heads, q.head_dim, heads_first=True)
         return self.out(node, "causal_attention", q=self.tensor(node.args[0], "query", node), k=k, v=v,
                         position=m.position, scale=None if scale is None else float(scale))
+
+    def tiled_attention(self, node: torch.fx.Node, k: str, v: str, groups: int, position: str,
+                        scale: Optional[float]) -> Value:
+        """Attention whose query head ``h`` reads KV head ``h % Hkv`` (caches repeated in tiled order), as
+        ``causal_attention``, which reads KV head ``h // groups``: the query heads are reordered so that those of
+        one KV head are adjacent (``[g, Hkv]`` -> ``[Hkv, g]``), and the output's heads back."""
+        kv_heads = self.desc.shapes[k][1][-3]
+        q = self.heads_swapped(self.tensor(node.args[0], "query", node), groups, kv_heads, f"{node.name}_q")
+        dtype, shape = meta_shape(node)
+        out = self.desc.op("causal_attention", self.desc.fresh(f"{node.name}_grouped"), dtype, shape, q=q, k=k, v=v,
+                           position=position, scale=None if scale is None else float(scale))
+        return Tensor(self.heads_swapped(out, kv_heads, groups, node.name))
+
+    def heads_swapped(self, name: str, outer: int, inner: int, base: str) -> str:
+        """``[.., outer * inner, T, Dh]`` with its head axis read as ``[outer, inner]`` and written as
+        ``[inner, outer]``."""
+        _, shape = self.desc.shapes[name]
+        lead, rest, r = shape[:-3], shape[-2:], len(shape) - 3
+        split = self.reshape(name, lead + (outer, inner) + rest, f"{base}_heads")
+        swapped = self.permute(split, list(range(r)) + [r + 1, r, r + 2, r + 3], f"{base}_swapped")
+        return self.reshape(swapped, shape, f"{base}_merged")
 
 
 def _all_true(value: Value) -> bool:

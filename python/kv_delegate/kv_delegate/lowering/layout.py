@@ -57,7 +57,7 @@ class Layout:
         cache_shape = self.desc.shapes[value.cache][1]
         heads = cache_shape[-3]
         if shape[:-3] == cache_shape[:-3] and shape[-3] == heads * value.groups and shape[-2:] == cache_shape[-2:]:
-            return CacheGroups(value.cache, value.groups, shape, merged=True)
+            return CacheGroups(value.cache, value.groups, shape, merged=True, tiled=value.tiled)
         if math.prod(shape) == math.prod(value.shape) and value.groups == 1:
             return CacheGroups(value.cache, 1, shape, merged=False)
         raise LoweringError(f"'{node.name}': the repeated cache '{value.cache}' viewed as {list(shape)} is not "
@@ -79,7 +79,9 @@ class Layout:
         if isinstance(value, CacheGroups) and not value.merged:
             grown = [i for i, (a, b) in enumerate(zip(value.shape, shape)) if a != b]
             if len(value.shape) == len(shape) and len(grown) == 1 and value.shape[grown[0]] == 1:
-                return CacheGroups(value.cache, shape[grown[0]], shape, merged=False)
+                # `[.., Hkv, g, L, Dh]` (repeat_kv) or, with the group axis before the KV heads, tiled.
+                tiled = grown[0] < len(shape) - 3 and self.desc.shapes[value.cache][1][-3] > 1
+                return CacheGroups(value.cache, shape[grown[0]], shape, merged=False, tiled=tiled)
         if self.type_of(value) is not None and self.type_of(value)[1] == shape:
             return value
         raise LoweringError(f"'{node.name}': expand of {describe(node.args[0])} to {list(shape)} would materialise "

@@ -110,6 +110,9 @@ class CacheGroups:
     groups: int
     shape: Tuple[int, ...]
     merged: bool
+    #: The group axis before the KV-head axis (``k.unsqueeze(0).expand(g, Hkv, L, Dh)``): query head ``h`` reads
+    #: KV head ``h % Hkv``, not ``h // groups``; attention then permutes the query heads around it.
+    tiled: bool = False
 
 
 Value = Union[Tensor, Known, Positions, ShiftedPositions, AllTrue, FirstElement, CausalMask, HeadView, CacheGroups,
