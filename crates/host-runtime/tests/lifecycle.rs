@@ -15,34 +15,12 @@ use host_runtime::program::{Error, Mode, Program};
 #[path = "support/kv_pte.rs"]
 mod kv_pte;
 
+#[path = "support/cache_program.rs"]
+mod cache_program;
+use cache_program::{config, export, fresh_run, load};
+
 #[path = "support/in_place_blob.rs"]
 mod in_place_blob;
-
-/// The tiny example with heads of 8 (its caches `[2, 16, 8]`): one axis as long as the positions, the
-/// sequence axis, so a saved cache holds the prefix only (the tiny example's `[2, 16, 16]` is saved whole).
-fn config() -> kv_example::Config {
-    kv_example::Config { head_dim: 8, ..kv_example::Config::tiny() }
-}
-
-fn export(dir: &Path, config: &kv_example::Config) -> PathBuf {
-    kv_example::export::reference(config, dir).expect("export");
-    dir.join("program.toml")
-}
-
-fn load(path: &Path) -> Program {
-    let registry = Registry::discover(Discovery::new())
-        .with_embedded(reference_delegate::delegate_root(), &HostConfig::default());
-    Program::load(Manifest::load(path).expect("manifest"), &registry, Mode::ZeroCopy).expect("loads")
-}
-
-/// The tiny example's prompt (4 tokens) and a fresh run of 8 decode steps: the tokens fed at positions
-/// 0..12 and the 9 tokens generated.
-fn fresh_run(program: &mut Program) -> (Vec<i64>, Vec<i64>) {
-    let generation = generate(program, 8, |_, _| Ok(())).expect("generates");
-    let prompt = kv_example::Config::tiny().prompt;
-    let fed = prompt.iter().chain(&generation.tokens[..8]).copied().collect();
-    (fed, generation.tokens)
-}
 
 #[test]
 fn rewind_then_decode_equals_the_fresh_run_from_that_position() {

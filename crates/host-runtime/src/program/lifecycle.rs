@@ -16,28 +16,52 @@
 //!   program's identity.
 //!
 //! Restoring refuses, in one line naming the difference, a file of another format or version, of other
-//! buffers (names, dtypes, shapes, sequence axes) or other blobs, or a position past the caches.
+//! buffers (names, dtypes, shapes, sequence axes) or other blobs, holding a tensor that is no buffer of the
+//! program, or a position past the caches.
 //!
 //! The program's identity is the SHA-256 of each call's blob, taken once at load from the very bytes the call
 //! was initialised with, so saving and restoring read no blob, and a blob file replaced after load changes
 //! nothing.
+//!
+//! ## Saving and restoring safely
+//!
+//! A save never writes into the file at its path ([`replace`]): it writes a temporary file beside it, flushes
+//! it to disk and renames it over the path, so the previous file stays whole until the new one is (a save
+//! that fails part-way leaves it, and no temporary file), and of two saves at once one whole file remains.
+//! The path must be absent or a regular file: a symbolic link (dangling or not: its target is never created)
+//! and a FIFO or other non-regular file are refused without being opened. The tensors are streamed from the
+//! caches to the file: a save makes no copy of host-visible caches (a device cache is copied to the host one
+//! buffer at a time).
+//!
+//! A restore opens the file once, non-blocking, refuses anything but a regular file ([`read`]) and refuses
+//! unread a file larger than this program's cache file can be: the 8-byte length, a header of at most the
+//! program's bound (its buffers' and blobs' metadata at full size, 21 bytes for each token up to
+//! `[generate].max_positions`, or 2^20 tokens without it (a save records no more), 64 KiB for metadata added
+//! later) and every buffer's full size. A header length past its bound is refused before the header is
+//! parsed, so a hostile header costs memory in proportion to the program, not to the file. The whole file is
+//! checked before any buffer is written, and memory is allocated fallibly (an allocation refused is
+//! `MemoryAllocationFailed`, naming the size); a buffer write that fails part-way (a CUDA copy) marks torn
+//! the buffers written so far and the one that failed (see [`Program`]'s docs), so mixed caches are never
+//! decoded.
 
-use std::borrow::Cow;
-use std::collections::{BTreeMap, HashMap};
+mod format;
+mod read;
+mod replace;
+#[cfg(test)]
+mod tests;
+
+use std::io::Write;
 use std::path::Path;
 
-use blob_format::model::DType;
 use program_manifest::TensorDecl;
-use safetensors::tensor::TensorView;
-use safetensors::{Dtype, SafeTensors};
 
 use super::{Error, Program};
+use crate::buffer::Storage;
+use crate::cuda;
+use replace::Replacement;
 
 /// The version of the cache file format [`Program::save_cache`] writes and [`Program::restore_cache`] reads.
 pub const CACHE_FORMAT_VERSION: u32 = 1;
-
-/// The `format` value of a cache file's metadata.
-const FORMAT: &str = "kv-delegate-cache";
 
 /// What a restored cache file held besides the caches.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -52,18 +76,46 @@ pub struct SavedCache {
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum CacheFileProblem {
-    /// The file cannot be written or read (`AccessFailed`).
+    /// The file cannot be written or read, or its path holds a symbolic link, a FIFO or anything else than a
+    /// regular file (`AccessFailed`).
     #[error("cannot be {action}: {source}")]
     Io {
         /// `"written"` or `"read"`.
         action: &'static str,
-        /// What the system said.
+        /// What the system said, or what is at the path.
         source: std::io::Error,
+    },
+    /// The file is larger than a cache file of this program can be, refused before it is read
+    /// (`InvalidArgument`).
+    #[error("is {bytes} bytes, more than the {most} bytes a cache file of this program can be (its buffers' full sizes and the largest header it can have)")]
+    TooLarge {
+        /// The file's size.
+        bytes: u64,
+        /// The most a cache file of this program holds.
+        most: u64,
+    },
+    /// The file's header length is larger than a header of this program's cache file can be, refused before
+    /// the header is parsed (`InvalidArgument`).
+    #[error("is not a cache file of this program: its header is {bytes} bytes, more than the {most} bytes this program's header can be")]
+    HeaderTooLarge {
+        /// The header length the file states.
+        bytes: u64,
+        /// The most a header of this program's cache file holds.
+        most: u64,
+    },
+    /// Memory for the file or a buffer's restored bytes could not be allocated (`MemoryAllocationFailed`).
+    #[error("cannot allocate {bytes} bytes {what}")]
+    Memory {
+        /// The size asked for.
+        bytes: u64,
+        /// What for: `to read the file`, `to restore buffer 'k_cache_0'`.
+        what: String,
     },
     /// The file is not a cache file of this format version (`InvalidArgument`).
     #[error("is not a cache file this host reads: {0}")]
     Format(String),
-    /// The file was saved from another program: other buffers or other blobs (`InvalidArgument`).
+    /// The file was saved from another program: other buffers, other blobs or a tensor that is no buffer of
+    /// the program (`InvalidArgument`).
     #[error("was saved from another program: {0}")]
     OtherProgram(String),
     /// The position does not fit the caches, or the tokens do not match it (`InvalidArgument`).
@@ -75,50 +127,15 @@ impl CacheFileProblem {
     pub(super) fn error_code(&self) -> et_error::ErrorCode {
         match self {
             CacheFileProblem::Io { .. } => et_error::ErrorCode::AccessFailed,
+            CacheFileProblem::Memory { .. } => et_error::ErrorCode::MemoryAllocationFailed,
             _ => et_error::ErrorCode::InvalidArgument,
         }
     }
 }
 
-/// One buffer as the file describes it.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-struct BufferMeta {
-    dtype: String,
-    shape: Vec<u64>,
-    sequence_axis: Option<usize>,
-}
-
-/// A buffer's rows along its sequence axis: `outer` blocks of `rows` rows of `row_bytes` bytes.
-#[derive(Debug, Clone, Copy)]
-struct Rows {
-    outer: usize,
-    rows: usize,
-    row_bytes: usize,
-}
-
-impl Rows {
-    fn of(decl: &TensorDecl, axis: usize) -> Rows {
-        let dims: Vec<usize> = decl.shape.iter().map(|&d| d as usize).collect();
-        let outer = dims[..axis].iter().product();
-        let row_bytes = dims[axis + 1..].iter().product::<usize>() * decl.dtype.size_bytes();
-        Rows { outer, rows: dims[axis], row_bytes }
-    }
-
-    /// The first `position` rows of each block of `full`.
-    fn prefix(self, full: &[u8], position: usize) -> Vec<u8> {
-        let block = self.rows * self.row_bytes;
-        let take = position * self.row_bytes;
-        (0..self.outer).flat_map(|o| &full[o * block..o * block + take]).copied().collect()
-    }
-
-    /// Writes `prefix` (as [`Rows::prefix`] made it) over the first `position` rows of each block of `full`.
-    fn place(self, full: &mut [u8], prefix: &[u8], position: usize) {
-        let block = self.rows * self.row_bytes;
-        let take = position * self.row_bytes;
-        for o in 0..self.outer {
-            full[o * block..o * block + take].copy_from_slice(&prefix[o * take..(o + 1) * take]);
-        }
-    }
+/// The error of the cache file at `path`.
+fn cache_file_error(path: &Path, problem: CacheFileProblem) -> Error {
+    Error::CacheFile { path: path.into(), problem: Box::new(problem) }
 }
 
 /// The one axis of `decl` as long as the caches' positions, or `None` when there is none or several (the
@@ -130,57 +147,10 @@ pub(super) fn sequence_axis(decl: &TensorDecl, max_positions: Option<u64>) -> Op
     axes.next().is_none().then_some(axis)
 }
 
-/// A dtype's safetensors name; `None` for one a later blob-format adds that safetensors has no name for.
-fn safetensors_dtype(dtype: DType) -> Option<Dtype> {
-    Some(match dtype {
-        DType::F32 => Dtype::F32,
-        DType::F16 => Dtype::F16,
-        DType::BF16 => Dtype::BF16,
-        DType::F64 => Dtype::F64,
-        DType::I8 => Dtype::I8,
-        DType::U8 => Dtype::U8,
-        DType::I32 => Dtype::I32,
-        DType::I64 => Dtype::I64,
-        DType::Bool => Dtype::BOOL,
-        _ => return None,
-    })
-}
-
-/// A buffer's safetensors dtype, or the problem naming it.
-fn buffer_dtype(decl: &TensorDecl) -> Result<Dtype, CacheFileProblem> {
-    safetensors_dtype(decl.dtype).ok_or_else(|| {
-        CacheFileProblem::Format(format!(
-            "buffer '{}' is {}, which safetensors has no name for",
-            decl.name, decl.dtype
-        ))
-    })
-}
-
 impl Program {
     /// The positions the caches hold, when the program's `[generate]` says.
     pub(super) fn max_positions(&self) -> Option<u64> {
         self.manifest.generate.as_ref().and_then(|g| g.max_positions)
-    }
-
-    /// The program's identity: per call (`"METHOD/INDEX"`), the SHA-256 of its blob's bytes.
-    fn blob_identity(&self) -> &BTreeMap<String, String> {
-        &self.blob_identity
-    }
-
-    /// Each buffer as a cache file describes it.
-    fn buffer_metas(&self) -> BTreeMap<String, BufferMeta> {
-        let max = self.max_positions();
-        self.buffers
-            .iter()
-            .map(|b| {
-                let meta = BufferMeta {
-                    dtype: b.decl.dtype.name().to_owned(),
-                    shape: b.decl.shape.clone(),
-                    sequence_axis: sequence_axis(&b.decl, max),
-                };
-                (b.decl.name.clone(), meta)
-            })
-            .collect()
     }
 
     /// Refuses `position` past the caches.
@@ -224,51 +194,25 @@ impl Program {
     /// (see the module docs for the format). Waits for queued work (the host reads the caches), copying
     /// device memory to the host.
     ///
+    /// The file at `path` is replaced whole, never written in place: a save that fails leaves the previous
+    /// file as it was. `path` must be absent or a regular file; a symbolic link, a FIFO or anything else is
+    /// refused, never followed or opened (see the module docs).
+    ///
     /// # Errors
-    /// [`Error::CacheFile`] when the position does not fit, the tokens do not match it, or the file cannot be
-    /// written; [`Error::BufferAccess`] when reading a cache fails.
+    /// [`Error::CacheFile`] when the position does not fit, the tokens do not match it, something other than
+    /// a regular file is at `path`, or the file cannot be written; [`Error::BufferAccess`] when reading a
+    /// cache fails.
     pub fn save_cache(&self, path: &Path, position: u64, tokens: &[i64]) -> Result<(), Error> {
-        let fail = |problem| Error::CacheFile { path: path.into(), problem: Box::new(problem) };
+        let fail = |problem| cache_file_error(path, problem);
+        let io = |source| fail(CacheFileProblem::Io { action: "written", source });
         self.check_position(position).map_err(|why| fail(CacheFileProblem::Position(why)))?;
-        if !tokens.is_empty() && tokens.len() as u64 != position {
-            let why = format!("{} tokens were given for position {position}", tokens.len());
-            return Err(fail(CacheFileProblem::Position(why)));
-        }
-        let metas = self.buffer_metas();
-        let metadata = HashMap::from([
-            ("format".to_owned(), FORMAT.to_owned()),
-            ("format_version".to_owned(), CACHE_FORMAT_VERSION.to_string()),
-            ("position".to_owned(), position.to_string()),
-            ("tokens".to_owned(), serde_json::to_string(tokens).expect("integers serialise")),
-            ("buffers".to_owned(), serde_json::to_string(&metas).expect("plain data serialises")),
-            ("blobs".to_owned(), serde_json::to_string(self.blob_identity()).expect("strings serialise")),
-        ]);
+        self.check_tokens(position, tokens).map_err(fail)?;
+        let header = self.cache_header(position, tokens).map_err(fail)?;
+        let mut file = Replacement::begin(path).map_err(io)?;
         self.synchronize()?;
-        let mut data = Vec::with_capacity(self.buffers.len());
-        for buffer in &self.buffers {
-            let full = buffer.storage.read().map_err(|source| Error::BufferAccess {
-                buffer: buffer.decl.name.clone(),
-                action: "reading",
-                source,
-            })?;
-            let mut shape: Vec<usize> = buffer.decl.shape.iter().map(|&d| d as usize).collect();
-            let bytes = match metas[&buffer.decl.name].sequence_axis {
-                Some(axis) => {
-                    shape[axis] = position as usize;
-                    Cow::Owned(Rows::of(&buffer.decl, axis).prefix(&full, position as usize))
-                }
-                None => full,
-            };
-            let dtype = buffer_dtype(&buffer.decl).map_err(fail)?;
-            data.push((buffer.decl.name.clone(), dtype, shape, bytes));
-        }
-        let views = data.iter().map(|(name, dtype, shape, bytes)| {
-            let view = TensorView::new(*dtype, shape.clone(), bytes).expect("the shape is the bytes' own");
-            (name.as_str(), view)
-        });
-        let file = safetensors::serialize(views, Some(metadata))
-            .map_err(|err| fail(CacheFileProblem::Format(err.to_string())))?;
-        std::fs::write(path, file).map_err(|source| fail(CacheFileProblem::Io { action: "written", source }))
+        file.writer().write_all(&header.bytes).map_err(io)?;
+        self.write_tensors(file.writer(), &header.order, position, path)?;
+        file.commit().map_err(io)
     }
 
     /// Restores caches [`Program::save_cache`] saved from this program (the same buffers and blobs): their
@@ -277,171 +221,89 @@ impl Program {
     /// device caches are written by a synchronous host-to-device copy (the restore's one host
     /// synchronisation per device cache; the file is read on the host anyway).
     ///
+    /// The file is opened once, non-blocking, and read only when it is a regular file no larger than this
+    /// program's cache file can be; it is checked whole before any buffer is written (see the module docs).
+    ///
     /// # Errors
     /// [`Error::CacheFile`] naming what differs when the file is not a cache file of this format, was saved
-    /// from another program (other buffers, dtypes, shapes or blobs) or holds a position past the caches, or
-    /// cannot be read; [`Error::BufferAccess`] when writing a cache fails.
+    /// from another program (other buffers, dtypes, shapes, sequence axes, blobs, or a tensor that is no
+    /// buffer of the program), holds a position past the caches, is larger than the program allows, cannot
+    /// be read or is not a regular file, or its bytes cannot be allocated; [`Error::BufferAccess`] when
+    /// writing a cache fails (the buffers written so far and that one are torn then).
     pub fn restore_cache(&mut self, path: &Path) -> Result<SavedCache, Error> {
-        let fail = |problem| Error::CacheFile { path: path.into(), problem: Box::new(problem) };
-        let bytes =
-            std::fs::read(path).map_err(|source| fail(CacheFileProblem::Io { action: "read", source }))?;
-        let (saved, tensors) = self.check_cache_file(&bytes).map_err(fail)?;
+        self.restore_cache_with(path, Storage::write)
+    }
+
+    /// [`Program::restore_cache`], each buffer written with `write` ([`Storage::write`]; a test's failing
+    /// writer).
+    fn restore_cache_with(
+        &mut self,
+        path: &Path,
+        write: impl FnMut(&mut Storage, &[u8]) -> Result<(), cuda::Error>,
+    ) -> Result<SavedCache, Error> {
+        let fail = |problem| cache_file_error(path, problem);
+        let bounds = self.cache_file_bounds().map_err(fail)?;
+        let bytes = read::read_at_most(path, bounds.file).map_err(fail)?;
+        let (saved, tensors) = self.check_cache_file(&bytes, bounds).map_err(fail)?;
         self.synchronize()?;
-        for (buffer, prefix) in self.buffers.iter_mut().zip(tensors) {
-            let mut full = vec![0u8; buffer.storage.len()];
-            match sequence_axis(&buffer.decl, self.manifest.generate.as_ref().and_then(|g| g.max_positions)) {
-                Some(axis) => Rows::of(&buffer.decl, axis).place(&mut full, prefix, saved.position as usize),
-                None => full.copy_from_slice(prefix),
-            }
-            buffer.storage.write(&full).map_err(|source| Error::BufferAccess {
-                buffer: buffer.decl.name.clone(),
-                action: "writing",
-                source,
-            })?;
-        }
+        self.write_restored(path, saved.position, &tensors, write)?;
         self.torn = None;
         self.position = Some(saved.position);
         Ok(saved)
     }
 
-    /// Checks a cache file against this program; returns what it holds and each buffer's saved bytes, in the
-    /// program's buffer order.
-    fn check_cache_file<'b>(&self, bytes: &'b [u8]) -> Result<(SavedCache, Vec<&'b [u8]>), CacheFileProblem> {
-        let format = |why: String| CacheFileProblem::Format(why);
-        let tensors = SafeTensors::deserialize(bytes).map_err(|err| format(err.to_string()))?;
-        let (_, header) = SafeTensors::read_metadata(bytes).map_err(|err| format(err.to_string()))?;
-        let meta = header.metadata().clone().unwrap_or_default();
-        let field = |key: &str| meta.get(key).ok_or_else(|| format(format!("its metadata has no '{key}'")));
-        if field("format")? != FORMAT || field("format_version")? != &CACHE_FORMAT_VERSION.to_string() {
-            return Err(format(format!(
-                "format '{}' version {}, where this host reads '{FORMAT}' version {CACHE_FORMAT_VERSION}",
-                field("format")?,
-                field("format_version")?
-            )));
-        }
-        let position: u64 =
-            field("position")?.parse().map_err(|_| format("its position is no integer".into()))?;
-        let tokens: Vec<i64> =
-            serde_json::from_str(field("tokens")?).map_err(|e| format(format!("tokens: {e}")))?;
-        let buffers: BTreeMap<String, BufferMeta> =
-            serde_json::from_str(field("buffers")?).map_err(|e| format(format!("buffers: {e}")))?;
-        let blobs: BTreeMap<String, String> =
-            serde_json::from_str(field("blobs")?).map_err(|e| format(format!("blobs: {e}")))?;
-        compare_buffers(&buffers, &self.buffer_metas()).map_err(CacheFileProblem::OtherProgram)?;
-        compare_blobs(&blobs, self.blob_identity()).map_err(CacheFileProblem::OtherProgram)?;
-        self.check_position(position).map_err(CacheFileProblem::Position)?;
-        if !tokens.is_empty() && tokens.len() as u64 != position {
-            return Err(CacheFileProblem::Position(format!(
-                "{} tokens for position {position}",
-                tokens.len()
-            )));
-        }
-        let mut saved = Vec::with_capacity(self.buffers.len());
-        for buffer in &self.buffers {
-            let name = &buffer.decl.name;
-            let view = tensors.tensor(name).map_err(|e| format(format!("buffer '{name}': {e}")))?;
-            let mut shape: Vec<usize> = buffer.decl.shape.iter().map(|&d| d as usize).collect();
-            if let Some(axis) = buffers[name].sequence_axis {
-                shape[axis] = position as usize;
+    /// Writes each buffer's restored bytes (`tensors`, checked, in the program's buffer order) with `write`:
+    /// the saved rows, the rest zeroed. A write that fails marks torn the buffers written so far and the one
+    /// that failed, naming the restore of `path`.
+    fn write_restored(
+        &mut self,
+        path: &Path,
+        position: u64,
+        tensors: &[&[u8]],
+        mut write: impl FnMut(&mut Storage, &[u8]) -> Result<(), cuda::Error>,
+    ) -> Result<(), Error> {
+        let axes = self.sequence_axes();
+        let mut staged = self.restore_staging(&axes).map_err(|problem| cache_file_error(path, problem))?;
+        for (b, saved) in tensors.iter().enumerate() {
+            let bytes = match axes[b] {
+                Some(axis) => {
+                    staged.clear();
+                    staged.resize(self.buffers[b].storage.len(), 0);
+                    format::Rows::of(&self.buffers[b].decl, axis).place(
+                        &mut staged,
+                        saved,
+                        position as usize,
+                    );
+                    &staged[..]
+                }
+                None => saved,
+            };
+            if let Err(source) = write(&mut self.buffers[b].storage, bytes) {
+                let buffer = self.buffers[b].decl.name.clone();
+                self.tear_buffers(0..=b, format!("the restore of cache file {}", path.display()));
+                return Err(Error::BufferAccess { buffer, action: "writing", source });
             }
-            let dtype = buffer_dtype(&buffer.decl)?;
-            if view.dtype() != dtype || view.shape() != shape.as_slice() {
-                return Err(format(format!(
-                    "tensor '{name}' is {:?} {:?}, where position {position} needs {dtype:?} {shape:?}",
-                    view.dtype(),
-                    view.shape(),
-                )));
-            }
-            saved.push(view.data());
         }
-        Ok((SavedCache { position, tokens }, saved))
+        Ok(())
     }
-}
 
-/// The first difference between the file's buffers and the program's, in words.
-fn compare_buffers(
-    file: &BTreeMap<String, BufferMeta>,
-    program: &BTreeMap<String, BufferMeta>,
-) -> Result<(), String> {
-    let show = |m: &BufferMeta| format!("{} {:?}", m.dtype, m.shape);
-    for (name, meta) in program {
-        match file.get(name) {
-            None => return Err(format!("it has no buffer '{name}'")),
-            Some(saved) if saved != meta => {
-                return Err(format!(
-                    "buffer '{name}' is {} in the file, {} in the program",
-                    show(saved),
-                    show(meta)
-                ))
-            }
-            Some(_) => {}
+    /// Memory for the largest buffer with a sequence axis (whose saved rows are placed in zeros before it is
+    /// written), allocated fallibly, before any buffer is written.
+    fn restore_staging(&self, axes: &[Option<usize>]) -> Result<Vec<u8>, CacheFileProblem> {
+        let largest = self
+            .buffers
+            .iter()
+            .zip(axes)
+            .filter(|(_, axis)| axis.is_some())
+            .max_by_key(|(b, _)| b.storage.len());
+        let mut staged = Vec::new();
+        if let Some((buffer, _)) = largest {
+            let bytes = buffer.storage.len();
+            staged.try_reserve_exact(bytes).map_err(|_| CacheFileProblem::Memory {
+                bytes: bytes as u64,
+                what: format!("to restore buffer '{}'", buffer.decl.name),
+            })?;
         }
-    }
-    match file.keys().find(|name| !program.contains_key(*name)) {
-        Some(extra) => Err(format!("it has a buffer '{extra}' the program does not")),
-        None => Ok(()),
-    }
-}
-
-/// The first difference between the file's blob hashes and the program's, in words.
-fn compare_blobs(file: &BTreeMap<String, String>, program: &BTreeMap<String, String>) -> Result<(), String> {
-    let call = |key: &str| match key.rsplit_once('/') {
-        Some((method, index)) => format!("the blob of method '{method}', call {index}"),
-        None => format!("the blob of '{key}'"),
-    };
-    for (key, sha) in program {
-        match file.get(key) {
-            None => return Err(format!("it records no {}", call(key))),
-            Some(saved) if saved != sha => {
-                return Err(format!(
-                    "{} differs (sha256 {saved} in the file, {sha} in the program)",
-                    call(key)
-                ))
-            }
-            Some(_) => {}
-        }
-    }
-    match file.keys().find(|key| !program.contains_key(*key)) {
-        Some(extra) => Err(format!("it records {}, which the program does not have", call(extra))),
-        None => Ok(()),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_prefix_along_the_sequence_axis_round_trips_and_leaves_later_rows_alone() {
-        // [2, 4, 1] u8: two blocks of four one-byte rows.
-        let decl =
-            TensorDecl::new("k", DType::U8, vec![2, 4, 1], program_manifest::MemoryKind::Host).expect("decl");
-        assert_eq!(sequence_axis(&decl, Some(4)), Some(1));
-        assert_eq!(sequence_axis(&decl, Some(3)), None, "no axis of that length");
-        let square =
-            TensorDecl::new("v", DType::U8, vec![4, 4], program_manifest::MemoryKind::Host).expect("decl");
-        assert_eq!(sequence_axis(&square, Some(4)), None, "two axes of that length: no axis known");
-        let rows = Rows::of(&decl, 1);
-        let prefix = rows.prefix(&[1, 2, 3, 4, 5, 6, 7, 8], 2);
-        assert_eq!(prefix, [1, 2, 5, 6]);
-        let mut full = [0u8; 8];
-        rows.place(&mut full, &prefix, 2);
-        assert_eq!(full, [1, 2, 0, 0, 5, 6, 0, 0]);
-    }
-
-    #[test]
-    fn the_first_difference_is_named() {
-        let meta = |shape: Vec<u64>| BufferMeta { dtype: "f32".into(), shape, sequence_axis: Some(1) };
-        let program = BTreeMap::from([("k".to_owned(), meta(vec![2, 16, 8]))]);
-        let file = BTreeMap::from([("k".to_owned(), meta(vec![2, 32, 8]))]);
-        let err = compare_buffers(&file, &program).expect_err("shapes differ");
-        assert_eq!(err, "buffer 'k' is f32 [2, 32, 8] in the file, f32 [2, 16, 8] in the program");
-        let blobs = BTreeMap::from([("decode/0".to_owned(), "aa".to_owned())]);
-        let other = BTreeMap::from([("decode/0".to_owned(), "bb".to_owned())]);
-        let err = compare_blobs(&other, &blobs).expect_err("blobs differ");
-        assert_eq!(
-            err,
-            "the blob of method 'decode', call 0 differs (sha256 bb in the file, aa in the program)"
-        );
+        Ok(staged)
     }
 }

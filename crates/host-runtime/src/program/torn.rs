@@ -88,9 +88,16 @@ impl Program {
             Some((i, call)) => format!("method '{name}', call {i} ({})", call.backend),
             None => format!("method '{name}'"),
         };
+        self.tear_buffers(written, failed);
+    }
+
+    /// Marks `buffers` (indices in the manifest's declarations) torn after `failed` (as `method 'decode',
+    /// call 0 (ReferenceBackend)` or `the restore of cache file x`) failed part-way through writing them; the
+    /// first failure is the one named.
+    pub(super) fn tear_buffers(&mut self, buffers: impl IntoIterator<Item = usize>, failed: String) {
         match &mut self.torn {
-            Some(torn) => torn.buffers.extend(written),
-            None => self.torn = Some(Torn { buffers: written, failed }),
+            Some(torn) => torn.buffers.extend(buffers),
+            None => self.torn = Some(Torn { buffers: buffers.into_iter().collect(), failed }),
         }
     }
 }
