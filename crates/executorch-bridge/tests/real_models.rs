@@ -14,7 +14,10 @@ use executorch_bridge::runner::{self, Protocol};
 #[test]
 fn real_models_give_eager_tokens_in_executorch_on_the_reference_delegate() {
     let fixtures = real_models::load(&common::workspace_root());
-    assert!(fixtures.programs.len() >= 7, "llama and qwen2 in f32/f16/bf16, and the hand-written model");
+    assert!(
+        fixtures.programs.len() >= 15,
+        "llama and qwen2 in f32/f16/bf16, the LayerNorm families and the hand-written model"
+    );
     let registry = common::dylib_registry();
     let mut failures = Vec::new();
     for program in &fixtures.programs {

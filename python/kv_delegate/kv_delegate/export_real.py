@@ -7,7 +7,9 @@ Models (random weights from a fixed seed; no hub here): Hugging Face ``LlamaForC
 ``Qwen2ForCausalLM`` (biased q/k/v, tied embeddings), both with grouped-query attention and exported with
 transformers' own ExecuTorch recipe (``TorchExportableModuleWithStaticCache``, StaticCache,
 ``forward(input_ids i64 [1, 1], cache_position i64 [1]) -> logits [1, 1, vocab]``), and the hand-written
-:class:`~kv_delegate.llama_style.LlamaStyle` (``forward(tokens i64 [T], input_pos i64 [1])``). Each in f32,
+:class:`~kv_delegate.llama_style.LlamaStyle` (``forward(tokens i64 [T], input_pos i64 [1])``), and the
+LayerNorm families of issue 46 (Phi, StableLM, GPT-NeoX, GPT-2, Starcoder2, Falcon) with random biases and norm
+gains (:data:`RANDOM_VECTORS`). Each in f32,
 and the Hugging Face models also in f16 and bf16 (weights, caches and activations in that type). Every method
 also returns the greedy next token (:class:`WithNextToken`), which the runtimes' device loop feeds back.
 
@@ -58,12 +60,28 @@ HF_MODELS: Dict[str, Tuple[str, str, Dict[str, object]]] = {
     "phi3": ("Phi3ForCausalLM", "Phi3Config", {"pad_token_id": 0}),
     "gemma": ("GemmaForCausalLM", "GemmaConfig", {"head_dim": 16}),
     "mistral": ("MistralForCausalLM", "MistralConfig", {}),
+    # LayerNorm families (issue 46): partial rotary embeddings, parallel attention + MLP residuals, tanh-GeLU
+    # written with pow(x, 3), biases everywhere; GPT-2 with learned positions and a fused c_attn. The ones
+    # without grouped-query attention get as many KV heads as query heads.
+    "phi": ("PhiForCausalLM", "PhiConfig", {"partial_rotary_factor": 0.5, "pad_token_id": 5}),
+    "stablelm": ("StableLmForCausalLM", "StableLmConfig", {"partial_rotary_factor": 0.25, "use_qkv_bias": True}),
+    "neox": ("GPTNeoXForCausalLM", "GPTNeoXConfig", {"rotary_pct": 0.25, "num_key_value_heads": 4}),
+    "gpt2": ("GPT2LMHeadModel", "GPT2Config", {"num_key_value_heads": 4}),
+    "starcoder2": ("Starcoder2ForCausalLM", "Starcoder2Config", {}),
+    "falcon": ("FalconForCausalLM", "FalconConfig", {"num_key_value_heads": 4, "new_decoder_architecture": False,
+                                                     "multi_query": False, "parallel_attn": True, "bias": True}),
 }
+#: The models whose one-dimensional parameters (biases, norm gains) are drawn at random around their defaults,
+#: as trained models have them (Hugging Face initialises biases to 0 and gains to 1, which tests neither): a
+#: lowering that drops a bias or a gain gives other tokens.
+RANDOM_VECTORS = {"phi", "stablelm", "neox", "gpt2", "starcoder2", "falcon"}
 #: What is exported: (model, dtype).
 PROGRAMS: Tuple[Tuple[str, str], ...] = (
     ("llama", "f32"), ("llama", "f16"), ("llama", "bf16"),
     ("qwen2", "f32"), ("qwen2", "f16"), ("qwen2", "bf16"),
     ("hand", "f32"),
+    ("phi", "f32"), ("phi", "bf16"), ("neox", "f32"), ("neox", "f16"), ("stablelm", "f32"), ("gpt2", "f32"),
+    ("starcoder2", "f32"), ("falcon", "f32"),
 )
 
 Step = Callable[[int, int], torch.Tensor]
@@ -75,7 +93,12 @@ def hf_model(kind: str, dtype: torch.dtype) -> torch.nn.Module:
 
     torch.manual_seed(SEED)
     model_class, config_class, extra = HF_MODELS[kind]
-    model = getattr(transformers, model_class)(getattr(transformers, config_class)(**HF_SIZES, **extra))
+    model = getattr(transformers, model_class)(getattr(transformers, config_class)(**{**HF_SIZES, **extra}))
+    if kind in RANDOM_VECTORS:
+        with torch.no_grad():
+            for param in model.parameters():
+                if param.dim() == 1:
+                    param.add_(torch.randn(param.shape) * 0.2)
     model = model.to(dtype).eval()
     model.generation_config.cache_implementation = "static"
     model.generation_config.cache_config = {"batch_size": 1, "max_cache_len": MAX_LEN, "device": "cpu"}

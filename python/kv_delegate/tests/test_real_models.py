@@ -60,6 +60,35 @@ class RealModelsTest(unittest.TestCase):
                     self.assertEqual(done.returncode, 0, done.stderr[-2000:])
                     self.assertEqual(json.loads(done.stdout)["tokens"], tokens)
 
+    def test_layer_norm_families_are_delegated_whole_and_give_eager_tokens_in_executorch(self) -> None:
+        # Issue 46: LayerNorm with biases (native_layer_norm), partial rotary embeddings, parallel attention + MLP
+        # residuals, gelu_new's pow(x, 3), a padding index (Phi's pad_token_id 5), GPT-2's learned positions and
+        # fused c_attn; random biases and gains, so a dropped one changes the tokens.
+        import json
+        import subprocess
+        import tempfile
+        from pathlib import Path
+
+        from kv_delegate.export_real import PROMPT, STEPS, greedy, module, step_fn
+        from test_partitioner import et_run
+
+        tool = et_run()
+        if tool is None:
+            self.skipTest("et-run not built (cargo build -p executorch-bridge --bin et-run)")
+        for kind in ("phi", "stablelm", "neox", "gpt2", "starcoder2", "falcon"):
+            with self.subTest(kind):
+                data, outside = export(kind, torch.float32)
+                self.assertEqual([str(o) for o in outside], [])
+                tokens, _ = greedy(step_fn(kind, module(kind, torch.float32)))
+                with tempfile.TemporaryDirectory() as tmp:
+                    path = Path(tmp) / f"{kind}.pte"
+                    path.write_bytes(data)
+                    prompt = ",".join(map(str, PROMPT))
+                    done = subprocess.run([str(tool), str(path), "--prompt", prompt, "--steps", str(STEPS), "--json"],
+                                          capture_output=True, text=True, timeout=300)
+                    self.assertEqual(done.returncode, 0, done.stderr[-2000:])
+                    self.assertEqual(json.loads(done.stdout)["tokens"], tokens)
+
 
 if __name__ == "__main__":
     unittest.main()

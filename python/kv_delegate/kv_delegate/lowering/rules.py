@@ -67,6 +67,7 @@ class Rules:
             "aten.mean.dim": self.mean,
             "aten.gelu.default": self.gelu,
             "aten.rms_norm.default": self.rms_norm,
+            "aten.native_layer_norm.default": self.layer_norm,
             "aten.argmax.default": self.argmax,
             "aten._to_copy.default": self.to_copy,
             "dim_order_ops._to_dim_order_copy.default": self.to_copy,
@@ -98,9 +99,9 @@ class Rules:
 
     # -- gathers and products ------------------------------------------------------------------------------------
     def embedding(self, node: torch.fx.Node) -> Value:
+        # `padding_idx`, `scale_grad_by_freq` and `sparse` (the other arguments) change gradients only: the forward
+        # pass is the row gather whatever they are.
         weight, indices = node.args[0], node.args[1]
-        if any(a not in (-1, False) for a in node.args[2:]):
-            raise LoweringError(f"'{node.name}': embedding with padding/scaling arguments {node.args[2:]}")
         return self.out(node, "gather", table=self.tensor(weight, "weight", node),
                         indices=self.tensor(indices, "indices", node))
 
@@ -180,9 +181,16 @@ class Rules:
         exponent = node.args[1]
         if exponent == 1:
             return self.value(node.args[0])
+        if exponent in (3, 3.0):
+            # x * x^2: tanh-GeLU as written by hand (`gelu_new`: `0.044715 * pow(x, 3.0)`).
+            dtype, shape = meta_shape(node)
+            x = self.operand(node.args[0], dtype, "input", node)
+            square = self.desc.op("unary", self.desc.fresh(f"{node.name}_square"), dtype, shape, func="square",
+                                  input=x)
+            return self.out(node, "mul", a=x, b=square)
         func = POWERS.get(exponent)
         if func is None:
-            raise LoweringError(f"'{node.name}': pow with exponent {exponent} (the reference graph takes 2, 0.5, "
+            raise LoweringError(f"'{node.name}': pow with exponent {exponent} (the reference graph takes 2, 3, 0.5, "
                                 "-0.5, -1)")
         return self.unary(node, func)
 
@@ -212,6 +220,30 @@ class Rules:
         if shape != [self.desc.shapes[name][1][-1]]:
             raise LoweringError(f"'{node.name}': rms_norm over {shape}, not the last axis")
         return self.out(node, "rms_norm", input=name, weight=self.tensor(weight, "weight", node), eps=float(eps))
+
+    def layer_norm(self, node: torch.fx.Node) -> Value:
+        """``native_layer_norm`` over the last axis, with or without weight and bias, as torch computes it: in f32
+        (the input cast up), ``(x - mean) * rsqrt(var + eps) * weight + bias``, rounded once to the input's type.
+        Its mean and rstd outputs (used by training only) are not lowered."""
+        x, shape, weight, bias, eps = node.args[:5]
+        name = self.tensor(x, "input", node)
+        dtype, x_shape = self.desc.shapes[name]
+        if list(shape) != [x_shape[-1]]:
+            raise LoweringError(f"'{node.name}': layer_norm over {list(shape)}, not the last axis of {list(x_shape)}")
+        rows = x_shape[:-1] + (1,)
+        f32 = lambda op, base, out_shape, **args: self.desc.op(op, self.desc.fresh(f"{node.name}_{base}"), "f32",
+                                                               out_shape, **args)
+        x32 = self.cast(name, "f32", f"{node.name}_input_f32")
+        centred = f32("sub", "centred", x_shape, a=x32, b=f32("mean", "mean", rows, input=x32))
+        var = f32("mean", "var", rows, input=f32("unary", "squared", x_shape, func="square", input=centred))
+        eps_name = self.known(Known(torch.tensor(float(eps), dtype=torch.float32), f"{node.name}_eps"))
+        rstd = f32("unary", "rstd", rows, func="rsqrt", input=f32("add", "var_eps", rows, a=var, b=eps_name))
+        out = f32("mul", "normed", x_shape, a=centred, b=rstd)
+        if weight is not None:
+            out = f32("mul", "scaled", x_shape, a=out, b=self.operand(weight, "f32", "weight", node))
+        if bias is not None:
+            out = f32("add", "biased", x_shape, a=out, b=self.operand(bias, "f32", "bias", node))
+        return (Tensor(self.cast(out, dtype, node.name)), None, None)
 
     def argmax(self, node: torch.fx.Node) -> Value:
         """The greedy next token of one row of logits (the reference graph's ``argmax`` of the last row)."""
