@@ -15,7 +15,9 @@
 //!                                      ├─ is_available, compatibility, init
 //!                                      ├─ execute, destroy (unsafe: they take a RawHandle and raw memory)
 //!                                      ├─ set_option, get_option
-//!                                      └─ poison_message (guarded: added after the last prefix field)
+//!                                      ├─ poison_message (guarded: added after the last prefix field)
+//!                                      └─ keeps_sequence_state (guarded, appended after 0.1.0: unsafe,
+//!                                           per instance; an older table answers through the capability)
 //! ```
 //!
 //! # Evolution rules
@@ -36,7 +38,11 @@
 //!   [`crate::host`]. Whether an entry is `unsafe` is not part of the C ABI, but abi_stable's layout check
 //!   compares it (`FnQualifierMismatch`): making an entry `unsafe` or safe is a layout change like any other.
 //! - Values the other side writes are never Rust enums with invalid bit patterns: codes cross as integer
-//!   newtypes ([`crate::RawDType`], [`crate::RawMemoryKind`]) and are decoded with `TryFrom`.
+//!   newtypes ([`crate::RawDType`], [`crate::RawMemoryKind`]) and are decoded with `TryFrom`; a new entry
+//!   answers a yes or no as a `u8` (`keeps_sequence_state`). Where a field of [`PluginInfoRecord`] already
+//!   has such a type (its `bool`s, the `ROption` tag of `in_place_memory_kinds`), the host reads the byte
+//!   the plugin wrote as an integer before anything reads the field at its type, and refuses a plugin whose
+//!   byte is out of range ([`RecordError`]): a plugin written in another language may write any byte.
 //! - abi_stable checks the layout of every type reachable from the root (tables, [`TensorArg`],
 //!   [`ExecStats`], ...) before the handshake. Never change such a type in place: add a new type and a new,
 //!   appended table entry that uses it (e.g. `execute_v2`), guarded by the negotiated version. ABI version
@@ -46,6 +52,7 @@ use std::ffi::c_void;
 use std::fmt;
 
 use abi_stable::library::RootModule;
+use abi_stable::prefix_type::PrefixTypeTrait;
 use abi_stable::sabi_types::VersionStrings;
 use abi_stable::std_types::{ROption, RResult, RSlice, RStr, RString};
 use abi_stable::StableAbi;
@@ -447,11 +454,53 @@ impl PluginInfoRecord {
     }
 }
 
+/// The tag [`ROption::RSome`] has in memory: `ROption` is `#[repr(u8)]` with `RSome` declared first (its layout,
+/// discriminants included, is part of what abi_stable's layout check compares).
+const ROPTION_SOME: u8 = 0;
+/// The tag of [`ROption::RNone`], declared second.
+const ROPTION_NONE: u8 = 1;
+
+/// A byte of a plugin's [`PluginInfoRecord`] that its field's Rust type does not allow: a `bool` other than 0
+/// or 1, an `ROption` tag other than `RSome`'s or `RNone`'s. A plugin written in another language may write
+/// any byte; the host reads these fields as integers first and refuses such a plugin at load (reading the
+/// byte as the field's type would be undefined behaviour).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("plugin {plugin} writes {byte} into its info record's field `{field}`, which takes {takes}")]
+pub struct RecordError {
+    /// The name the plugin gives itself.
+    pub plugin: String,
+    /// The field, as `PluginInfoRecord` names it.
+    pub field: &'static str,
+    /// The byte found.
+    pub byte: u8,
+    /// What the field takes, in words.
+    pub takes: &'static str,
+}
+
+/// The byte the plugin wrote first into `$record`'s field `$field` of [`PluginInfoRecord`]
+/// ([`PluginInfoRecordRef::raw_byte`]), the field's name and offset taken from the one field named.
+macro_rules! raw_field {
+    ($record:expr, $field:ident) => {
+        $record.raw_byte(stringify!($field), std::mem::offset_of!(PluginInfoRecord, $field))
+    };
+}
+
+/// `$record`'s `bool` field `$field`, read as an integer ([`PluginInfoRecordRef::flag`]).
+macro_rules! flag {
+    ($record:expr, $field:ident) => {
+        $record.flag(stringify!($field), raw_field!($record, $field))
+    };
+}
+
 impl PluginInfoRecordRef {
     /// To the safe form (copies the strings into host allocations). A memory-kind code this build does not
     /// know (from a newer plugin) is skipped with a warning: the host never passes memory of that kind.
-    pub fn to_info(self) -> PluginInfo {
-        PluginInfo {
+    ///
+    /// # Errors
+    /// [`RecordError`] when a `bool` field holds a byte other than 0 or 1, or the tag of
+    /// `in_place_memory_kinds` is neither `RSome`'s nor `RNone`'s.
+    pub fn to_info(self) -> Result<PluginInfo, RecordError> {
+        Ok(PluginInfo {
             name: self.name().to_string(),
             version: self.version().to_string(),
             backends: self.backends().iter().map(|b| b.to_string()).collect(),
@@ -461,28 +510,76 @@ impl PluginInfoRecordRef {
                 .map(|w| WireFormatSupport { format: w.format.to_string(), versions: w.versions.to_string() })
                 .collect(),
             memory_kinds: self.known_kinds(self.memory_kinds()),
-            binds_aliases_in_place: self.binds_aliases_in_place(),
-            capabilities: self.capabilities(),
-        }
+            // A prefix field: every plugin's record has it.
+            binds_aliases_in_place: flag!(self, binds_aliases_in_place)?.unwrap_or_default(),
+            capabilities: self.capabilities()?,
+        })
     }
 
     /// The appended capability fields; each one a plugin does not have (built before it) reads as
     /// [`Capabilities::default`]'s.
-    fn capabilities(self) -> Capabilities {
+    fn capabilities(self) -> Result<Capabilities, RecordError> {
         let default = Capabilities::default();
-        Capabilities {
-            in_place_memory_kinds: self
-                .in_place_memory_kinds()
-                .and_then(ROption::into_option)
-                .map(|kinds| self.known_kinds(kinds)),
-            caller_stream: self.caller_stream().unwrap_or(default.caller_stream),
-            cuda_graph_capturable: self.cuda_graph_capturable().unwrap_or(default.cuda_graph_capturable),
-            device_positions: self.device_positions().unwrap_or(default.device_positions),
-            rewind_fork_without_reinit: self
-                .rewind_fork_without_reinit()
+        Ok(Capabilities {
+            in_place_memory_kinds: self.in_place_kinds()?,
+            caller_stream: flag!(self, caller_stream)?.unwrap_or(default.caller_stream),
+            cuda_graph_capturable: flag!(self, cuda_graph_capturable)?
+                .unwrap_or(default.cuda_graph_capturable),
+            device_positions: flag!(self, device_positions)?.unwrap_or(default.device_positions),
+            rewind_fork_without_reinit: flag!(self, rewind_fork_without_reinit)?
                 .unwrap_or(default.rewind_fork_without_reinit),
             max_positions: self.max_positions().unwrap_or(default.max_positions),
+        })
+    }
+
+    /// `in_place_memory_kinds`, its tag checked before the field is read: `None` when the plugin's record
+    /// lacks it or states `RNone`.
+    fn in_place_kinds(self) -> Result<Option<Vec<MemoryKind>>, RecordError> {
+        match raw_field!(self, in_place_memory_kinds) {
+            None | Some(ROPTION_NONE) => Ok(None),
+            // The tag is `RSome`'s, so the field is a valid `ROption` and its accessor may read it.
+            Some(ROPTION_SOME) => {
+                let kinds = self.in_place_memory_kinds().and_then(ROption::into_option);
+                Ok(kinds.map(|kinds| self.known_kinds(kinds)))
+            }
+            Some(byte) => Err(self.record_error(
+                "in_place_memory_kinds",
+                byte,
+                "an ROption tag: 0 (RSome) or 1 (RNone)",
+            )),
         }
+    }
+
+    /// A `bool` field's byte (`raw`, from [`raw_field!`]) as a `bool`: `None` when the record lacks the field.
+    fn flag(self, field: &'static str, raw: Option<u8>) -> Result<Option<bool>, RecordError> {
+        match raw {
+            None => Ok(None),
+            Some(0) => Ok(Some(false)),
+            Some(1) => Ok(Some(true)),
+            Some(byte) => Err(self.record_error(field, byte, "a bool: 0 or 1")),
+        }
+    }
+
+    fn record_error(self, field: &'static str, byte: u8, takes: &'static str) -> RecordError {
+        RecordError { plugin: self.name().to_string(), field, byte, takes }
+    }
+
+    /// The first byte of field `name` of the plugin's record, `offset` bytes into it, read as an integer:
+    /// `None` when the plugin's record lacks the field (built before it was appended).
+    fn raw_byte(self, name: &str, offset: usize) -> Option<u8> {
+        let mut fields = <PluginInfoRecord as PrefixTypeTrait>::PT_LAYOUT.get_field_names();
+        let index = fields.position(|field| field == name).expect("raw_field! names a field of the record");
+        if !self.0.field_accessibility().at(index).is_accessible() {
+            return None;
+        }
+        let record = self.0.to_raw_ptr();
+        // SAFETY: `record` points to the record the plugin built and leaked (`leak_into_prefix`: abi_stable's
+        // `WithMetadata_`, the metadata and then the whole `#[repr(C)]` record, never freed), so the place
+        // `value` is in bounds. The plugin's own accessibility bits, just read, say its record has field
+        // `name`; it lies `offset` bytes into the record (`offset_of!` of this build's `#[repr(C)]`
+        // `PluginInfoRecord`, whose fields up to this one the layout check found equal to the plugin's). The
+        // read is of a `u8`, valid for any byte, and nothing writes the record (it is immutable once leaked).
+        Some(unsafe { std::ptr::addr_of!((*record).value).cast::<u8>().add(offset).read() })
     }
 
     /// The memory kinds this build knows among `raw`; an unknown code (from a newer plugin) is skipped with a
@@ -547,4 +644,14 @@ pub struct PluginModule {
     pub get_option: extern "C" fn(key: RStr<'_>) -> RResult<ROptionValue, RError>,
     /// Since ABI 1 (guarded): the message of the panic that poisoned the plugin, if one did.
     pub poison_message: extern "C" fn() -> ROption<RString>,
+    // Appended after release 0.1.0, within ABI 1: a plugin built before it lacks it and its accessor answers
+    // `None`; the host then takes the plugin-level capability (`host::Instance::sequence_state`).
+    /// `Delegate::keeps_sequence_state` of one instance, as a byte: `0` when it keeps no sequence state of its
+    /// own (a rewind, a restored cache or a fork of the caller's caches carries the whole sequence), `1` when
+    /// it does. The host refuses any other byte.
+    ///
+    /// # Safety
+    /// `handle` is one this table's `init` returned and `destroy` has not consumed, used by no other call
+    /// at the same time.
+    pub keeps_sequence_state: unsafe extern "C" fn(handle: RawHandle) -> RResult<u8, RError>,
 }

@@ -14,8 +14,18 @@
 //! | `caller_stream` | `false` | the host may not count on work queued on its stream; it waits for the call to return. |
 //! | `cuda_graph_capturable` | `false` | a CUDA-graph run is refused at load rather than captured and broken mid-run. |
 //! | `device_positions` | `false` | the host writes each step's position where the plugin reads it on the host side. |
-//! | `rewind_fork_without_reinit` | `false` | the plugin may keep per-sequence state: a rewind or fork needs a new `init`. |
+//! | `rewind_fork_without_reinit` | `false` | any instance may keep sequence state of its own: a host that cannot ask the instance refuses to rewind, restore or fork its sequence. |
 //! | `max_positions` | `0` (no limit stated) | the plugin checks positions itself at `init`/`execute`, as it did before. |
+//!
+//! # Per instance: `Delegate::keeps_sequence_state`
+//!
+//! `rewind_fork_without_reinit` is a statement about every instance. Whether one instance keeps sequence
+//! state of its own may depend on its blob (the reference delegate keeps a graph's delegate-owned `state`
+//! itself, and nothing for a graph without), so a host asks each instance
+//! ([`Delegate::keeps_sequence_state`](crate::Delegate::keeps_sequence_state), the table entry
+//! `keeps_sequence_state` appended after release 0.1.0) and that answer decides. The plugin-level statement
+//! answers where the instance cannot be asked (a plugin built before the entry) and is the method's default.
+//! A plugin whose instances differ states `false` and answers per instance.
 //!
 //! Build one with struct update syntax (`Capabilities { caller_stream: true, ..Capabilities::default() }`),
 //! so a field added later does not break your plugin.
@@ -37,8 +47,10 @@ pub struct Capabilities {
     /// Whether it reads the position input from device memory when it is there (on the stream), so a replayed
     /// graph sees each step's position.
     pub device_positions: bool,
-    /// Whether one initialised instance serves any position in any order (all its sequence state is in the
-    /// caller's caches), so a rewind or a fork needs no new `init`.
+    /// Whether every initialised instance serves any position in any order (all its sequence state is in the
+    /// caller's caches), so a rewind, a restored cache or a fork needs no new `init`. An instance's own
+    /// answer ([`Delegate::keeps_sequence_state`](crate::Delegate::keeps_sequence_state)) decides where a
+    /// host can ask it: see the [module docs](self).
     pub rewind_fork_without_reinit: bool,
     /// The most positions (cache rows) it supports; `0`: no limit stated.
     pub max_positions: u64,

@@ -451,6 +451,25 @@ pub trait Delegate: Send + Sync + 'static {
     /// program's stream to every plugin that accepts device memory, and none to the others.
     fn execute(&self, handle: &mut Self::Handle, args: &mut ExecuteArgs<'_>) -> Result<(), DelegateError>;
 
+    /// Whether this initialised instance keeps sequence state of its own: state its later calls read that is
+    /// not in the caller's caches (e.g. caches the delegate holds itself, reference-graph payload 1.2's
+    /// `state`). A host moves a sequence by moving the caller's caches only: it rewinds them, restores them
+    /// from a file, or forks them into a second set. With state of its own the instance would then run on
+    /// state of another position or another sequence, so a host refuses those (host-runtime's
+    /// `Program::rewind`, `Program::restore_cache`, `Program::fork`) for a program holding such an instance.
+    ///
+    /// Answered per instance, since it may depend on the blob (the reference delegate keeps state for a graph
+    /// with `state` and none otherwise). The default answers what [`Delegate::info`] states for every instance:
+    /// `!capabilities.rewind_fork_without_reinit` (see [`crate::capabilities`]). Cheap and without side
+    /// effects; a host may ask any number of times.
+    fn keeps_sequence_state(&self, handle: &Self::Handle) -> bool
+    where
+        Self: Sized,
+    {
+        let _ = handle;
+        !Self::info().capabilities.rewind_fork_without_reinit
+    }
+
     /// Releases a handle. The default drops it.
     fn destroy(&self, handle: Self::Handle) {
         drop(handle);

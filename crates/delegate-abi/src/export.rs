@@ -177,6 +177,7 @@ fn module<E: Exported>() -> PluginModuleRef {
             set_option: set_option_entry::<E>,
             get_option: get_option_entry::<E>,
             poison_message: poison_message_entry::<E>,
+            keeps_sequence_state: keeps_sequence_state_entry::<E>,
         }
         .leak_into_prefix()
     })
@@ -280,6 +281,24 @@ unsafe extern "C" fn execute_entry<E: Exported>(
         // `host::ArgList`), and its codes were checked just above.
         let mut args = unsafe { ExecuteArgs::new(args, stream, stats) };
         d.execute(handle, &mut args)
+    })
+}
+
+/// # Safety
+/// [`PluginModule::keeps_sequence_state`]'s contract.
+unsafe extern "C" fn keeps_sequence_state_entry<E: Exported>(handle: RawHandle) -> RResult<u8, RError> {
+    guarded::<E, _>("keeps_sequence_state", |d| {
+        if handle.as_ptr().is_null() {
+            return Err(DelegateError::new(
+                ErrorCode::DelegateInvalidHandle,
+                "keeps_sequence_state called with a null handle",
+            ));
+        }
+        // SAFETY: the caller passes a handle returned by `init_entry::<E>` of this plugin and not yet
+        // destroyed, used by no other call now (`PluginModule::keeps_sequence_state`'s contract), so this is a
+        // live `Box<E::Delegate::Handle>`, borrowed shared for the call.
+        let handle = unsafe { &*handle.as_ptr().cast::<<E::Delegate as Delegate>::Handle>() };
+        Ok(u8::from(d.keeps_sequence_state(handle)))
     })
 }
 

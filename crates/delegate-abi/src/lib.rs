@@ -226,6 +226,18 @@
 //! Build it with `..Capabilities::default()`; the defaults claim nothing, and a host refuses at load what
 //! you do not claim (a `--cuda-graph` run of a plugin without `cuda_graph_capturable`).
 //!
+//! ### Sequence state of your own
+//!
+//! A host moves a sequence by moving the caller's caches: it rewinds them to an earlier position, restores
+//! them from a file, or forks them into a second set that the same instance then runs. If an instance keeps
+//! state of its own that later calls read (caches it holds itself, a recurrent state, a position counter),
+//! answer `true` from [`Delegate::keeps_sequence_state`] for that instance: the host then refuses those
+//! moves for the program holding it, in one line naming the call and your plugin, instead of running your
+//! instance on state of another position or sequence. Its default answers what your capabilities state for
+//! every instance (`!rewind_fork_without_reinit`); override it when the answer depends on the blob, as the
+//! reference delegate does (state for a graph with delegate-owned `state`, none otherwise). A host asks an
+//! instance at any time after `init`, never during `execute`.
+//!
 //! ## Feature Flags
 //!
 //! - `test-support`: the `testing` module, delegates in a few lines for tests, benchmarks and test plugins

@@ -100,6 +100,14 @@ fn error_codes_round_trip() {
 }
 
 #[test]
+fn an_instance_answers_whether_it_keeps_sequence_state_across_the_library_boundary() {
+    // abi-test states `rewind_fork_without_reinit` and answers through the appended entry (its default).
+    let instance = load().init(&ctx(&[])).expect("init");
+    let answer = instance.sequence_state().expect("answers");
+    assert_eq!(answer, delegate_abi::host::SequenceState { keeps_own: false, per_instance: true });
+}
+
+#[test]
 fn an_error_code_of_ok_is_reported_as_internal() {
     let plugin = load();
     let specs = [Spec { key: "execute", value: b"fail:0" }];

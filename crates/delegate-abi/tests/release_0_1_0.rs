@@ -2,12 +2,14 @@
 //! (`fixtures/releases/0.1.0`, built before the capabilities were appended to `PluginInfoRecord`) loads in
 //! this build's host, negotiates ABI 1, and reads the default capabilities. abi_stable alone refuses it
 //! ("too many fields: expected 12, found 6"); `host::root` accepts a plugin whose layout is a prefix of ours.
+//! Its table lacks the per-instance entry `keeps_sequence_state`: an instance of it is answered for by its
+//! plugin-level capability, which it does not state, so it may keep sequence state of its own.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use delegate_abi::host::{HostConfig, Plugin};
-use delegate_abi::{Capabilities, MemoryKind};
+use delegate_abi::host::{HostConfig, Plugin, SequenceState};
+use delegate_abi::{Capabilities, InitContext, MemoryKind};
 
 const BUNDLE: &str = "reference-delegate-dylib-0.1.0-x86_64-unknown-linux-gnu";
 
@@ -42,4 +44,23 @@ fn a_plugin_from_release_0_1_0_loads_with_the_default_capabilities() {
     // And it still works: a header-only question answered by the old code.
     let answer = plugin.compatibility(b"not a blob").expect("answers");
     assert!(matches!(answer, delegate_abi::Compatibility::Unsupported { .. }), "{answer:?}");
+}
+
+#[test]
+fn an_instance_of_a_plugin_from_release_0_1_0_is_answered_for_by_its_capability() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let Some(library) = unpack_0_1_0_reference(dir.path()) else { return };
+    let plugin = Plugin::load(&library, &HostConfig::default()).expect("the 0.1.0 plugin loads in this host");
+    // A blob 0.1.0's reference delegate runs: the tiny example decoder, caches in the caller's memory.
+    let cfg = kv_example::Config::tiny();
+    let weights = kv_example::Weights::generate(&cfg);
+    let blob = kv_example::export::blob(&cfg, &weights, 1, kv_example::Backend::Reference).expect("blob");
+    let instance = plugin
+        .init(&InitContext { blob: &blob, compile_specs: &[], runtime_specs: &[] })
+        .expect("the 0.1.0 plugin initialises it");
+    // Its table has no `keeps_sequence_state`: not asked, answered by the capability it does not state.
+    assert_eq!(
+        instance.sequence_state().expect("answered"),
+        SequenceState { keeps_own: true, per_instance: false }
+    );
 }

@@ -6,7 +6,7 @@ use abi_stable::std_types::{RResult, RSlice};
 
 use super::args::ArgList;
 use super::plugin::Plugin;
-use crate::abi::{PluginModuleRef, RawHandle};
+use crate::abi::{PluginModuleRef, RError, RawHandle};
 use crate::delegate::{CudaStream, DelegateError, ExecStats};
 
 /// One initialised delegate handle. Dropping it calls the plugin's `destroy`.
@@ -31,6 +31,17 @@ impl fmt::Debug for Instance {
             .field("handle", &self.handle)
             .finish()
     }
+}
+
+/// Whether an instance keeps sequence state of its own, and how the host knows ([`Instance::sequence_state`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SequenceState {
+    /// It keeps state its later calls read beyond the caller's caches: a host that rewinds, restores or forks
+    /// the caches would run it on state of another position or sequence.
+    pub keeps_own: bool,
+    /// Whether the instance answered itself; `false`: the plugin predates the per-instance entry and its
+    /// plugin-level capability (`rewind_fork_without_reinit`) answered.
+    pub per_instance: bool,
 }
 
 impl Instance {
@@ -64,6 +75,33 @@ impl Instance {
         match result {
             RResult::ROk(()) => Ok(stats),
             RResult::RErr(err) => Err(err.into_delegate()),
+        }
+    }
+
+    /// Whether this instance keeps sequence state of its own (`Delegate::keeps_sequence_state`), so that a
+    /// rewind, a restored cache or a fork of the caller's caches would not carry the whole sequence. A plugin
+    /// built before the per-instance entry (release 0.1.0) cannot be asked: its plugin-level capability
+    /// answers for every instance (`keeps_own` unless it states `rewind_fork_without_reinit`, which 0.1.0
+    /// plugins do not).
+    ///
+    /// # Errors
+    /// The plugin's error (`InvalidState` when it is poisoned); `Internal` when it answers a byte other than
+    /// 0 or 1.
+    pub fn sequence_state(&self) -> Result<SequenceState, DelegateError> {
+        let plugin = self.plugin.info();
+        let Some(entry) = self.module.keeps_sequence_state() else {
+            let keeps_own = !plugin.capabilities.rewind_fork_without_reinit;
+            return Ok(SequenceState { keeps_own, per_instance: false });
+        };
+        // SAFETY: `self.handle` came from this module's `init` and is destroyed only on drop; `Instance` is not
+        // `Sync` and `execute` takes `&mut self`, so no other call uses the handle meanwhile.
+        let answer = unsafe { entry(self.handle) }.into_result().map_err(RError::into_delegate)?;
+        match answer {
+            0 | 1 => Ok(SequenceState { keeps_own: answer == 1, per_instance: true }),
+            byte => Err(DelegateError::internal(format!(
+                "plugin {} answers {byte} to keeps_sequence_state, which is 0 or 1",
+                plugin.name
+            ))),
         }
     }
 

@@ -19,7 +19,8 @@
 //!
 //! - [`Plugin`] (`plugin`): loading, the handshake and metadata checks; [`LoadError`] (`load_error`) says
 //!   why a library is not a usable plugin, in one line;
-//! - [`Instance`] (`instance`): one initialised handle, executed and destroyed through the tables;
+//! - [`Instance`] (`instance`): one initialised handle, executed, asked whether it keeps sequence state of
+//!   its own ([`SequenceState`]) and destroyed through the tables;
 //! - [`ArgList`] (`args`): the safe builder of call arguments, tied to the caller's borrows.
 
 mod args;
@@ -29,7 +30,7 @@ mod plugin;
 mod root;
 
 pub use args::{ArgError, ArgList, Slot};
-pub use instance::Instance;
+pub use instance::{Instance, SequenceState};
 pub use load_error::LoadError;
 pub use plugin::Plugin;
 

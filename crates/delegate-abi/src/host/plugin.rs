@@ -105,7 +105,10 @@ impl Plugin {
             return Err(LoadError::BadAnswer { path, chosen: negotiated.version, host, plugin });
         }
         let module = negotiated.module;
-        let info = (module.info())().to_info();
+        let info = match (module.info())().to_info() {
+            Ok(info) => info,
+            Err(err) => return Err(LoadError::InvalidInfo { path, reason: err.to_string() }),
+        };
         if info.name.trim().is_empty() {
             return Err(LoadError::InvalidInfo { path, reason: "the plugin name is empty".into() });
         }
