@@ -27,7 +27,7 @@ use delegate_abi::{
 use et_error::{ErrorCode, HasErrorCode};
 use ref_graph::TensorId;
 use reference_delegate::delegate::{
-    blob_compatibility, read_blob, reference_graph_info, ArgSpec, BindingPlan,
+    blob_compatibility, keeps_sequence_state, read_blob, reference_graph_info, ArgSpec, BindingPlan,
 };
 
 use crate::engine::Engine;
@@ -127,6 +127,9 @@ fn check(specs: &[ArgSpec], args: &[TensorArg]) -> Result<(), Error> {
 pub struct CudaHandle {
     specs: Vec<ArgSpec>,
     engine: Engine,
+    /// Whether its graph keeps sequence state of its own (delegate-owned `state`; [`Plan::new`] refuses such
+    /// a graph today, so `false`), answered by [`Delegate::keeps_sequence_state`].
+    keeps_state: bool,
 }
 
 impl CudaHandle {
@@ -163,7 +166,7 @@ impl CudaDelegate {
             device = ordinal,
             "initialised a reference graph on the GPU"
         );
-        Ok(CudaHandle { specs, engine })
+        Ok(CudaHandle { specs, engine, keeps_state: keeps_sequence_state(&graph) })
     }
 }
 
@@ -182,6 +185,9 @@ impl Delegate for CudaDelegate {
             caller_stream: true,
             cuda_graph_capturable: true,
             device_positions: true,
+            // Every instance: `Plan::new` refuses a graph with delegate-owned state, so all of an instance's
+            // sequence state is in the caller's caches (each instance says so too: `keeps_sequence_state`).
+            rewind_fork_without_reinit: true,
             ..info.capabilities
         };
         PluginInfo { capabilities, ..info }
@@ -206,6 +212,10 @@ impl Delegate for CudaDelegate {
         check(&handle.specs, args.args())?;
         Ok(handle.engine.run(&handle.specs, args)?)
     }
+
+    fn keeps_sequence_state(&self, handle: &CudaHandle) -> bool {
+        handle.keeps_state
+    }
 }
 
 #[cfg(test)]
@@ -220,6 +230,7 @@ mod tests {
         assert!(info.binds_aliases_in_place);
         let c = &info.capabilities;
         assert!(c.caller_stream && c.cuda_graph_capturable && c.device_positions, "{c:?}");
+        assert!(c.rewind_fork_without_reinit, "no instance keeps state of its own: {c:?}");
     }
 
     #[test]

@@ -383,13 +383,22 @@ pub fn reference_graph_info(
         }],
         memory_kinds: memory_kinds.to_vec(),
         binds_aliases_in_place: true,
-        // Computes on the host, in the caller's memory; all sequence state is in the caller's caches.
+        // Updates the caller's memory in place. Not `rewind_fork_without_reinit`: that is a statement about
+        // every instance, and an instance of a graph with delegate-owned `state` (payload 1.2) keeps its
+        // caches itself; each instance answers for its own graph (`keeps_sequence_state`).
         capabilities: delegate_abi::Capabilities {
             in_place_memory_kinds: Some(memory_kinds.to_vec()),
-            rewind_fork_without_reinit: true,
             ..delegate_abi::Capabilities::default()
         },
     }
+}
+
+/// Whether an executor of `graph` keeps sequence state of its own: its delegate-owned `state` (payload 1.2),
+/// the caches it holds across calls, which no rewind, restored cache or fork of the caller's caches carries.
+/// The answer of [`Delegate::keeps_sequence_state`] for every executor of reference graphs (shared with the
+/// CUDA delegate).
+pub fn keeps_sequence_state(graph: &Graph) -> bool {
+    !graph.state().is_empty()
 }
 
 /// Whether `payload` is a reference graph of a major version this build reads, from its first six bytes.
@@ -469,5 +478,9 @@ impl Delegate for ReferenceDelegate {
 
     fn execute(&self, handle: &mut ReferenceHandle, args: &mut ExecuteArgs<'_>) -> Result<(), DelegateError> {
         Ok(self.execute_checked(handle, args)?)
+    }
+
+    fn keeps_sequence_state(&self, handle: &ReferenceHandle) -> bool {
+        keeps_sequence_state(&handle.graph)
     }
 }
