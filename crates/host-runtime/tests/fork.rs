@@ -21,8 +21,8 @@ mod kv_pte;
 #[path = "support/in_place_blob.rs"]
 mod in_place_blob;
 
-#[path = "support/half_writer.rs"]
-mod half_writer;
+#[path = "support/unstated.rs"]
+mod unstated;
 
 /// The tiny example with heads of 8: caches `[2, 16, 8]` f32 (2 heads, 16 positions, 8 values a row).
 fn config() -> kv_example::Config {
@@ -295,19 +295,21 @@ fn caches_forked_from_another_program_are_refused() {
 #[test]
 fn a_plugin_that_does_not_state_it_serves_any_sequence_is_not_forked() {
     let dir = tempfile::tempdir().expect("temp dir");
-    let registry = Registry::discover(Discovery::new())
-        .with_embedded(half_writer::delegate_root(), &HostConfig::default());
-    let manifest = in_place_blob::program(dir.path(), "HalfBackend", &[("step", "cache")]);
+    let registry =
+        Registry::discover(Discovery::new()).with_embedded(unstated::delegate_root(), &HostConfig::default());
+    let manifest = in_place_blob::program(dir.path(), "UnstatedBackend", &[("step", "cache")]);
     let program = Program::load(Manifest::load(&manifest).expect("manifest"), &registry, Mode::ZeroCopy)
         .expect("loads");
     let err = program.fork(0).expect_err("not forkable");
     assert_eq!(err.error_code(), ErrorCode::NotSupported);
     assert_eq!(
         err.to_string(),
-        "the program cannot fork its caches: method 'step', call 0 (HalfBackend) is served by plugin \
-         'half-writer', which does not state the capability rewind_fork_without_reinit (it may keep \
-         per-sequence state)"
+        "the program cannot fork its caches: method 'step', call 0 (UnstatedBackend) is served by plugin \
+         'unstated', whose instance says it keeps sequence state of its own (keeps_sequence_state), which a \
+         forked sequence does not carry"
     );
+    let err = program.new_caches().expect_err("not forkable either");
+    assert!(matches!(err, Error::NotForkable { .. }), "{err}");
 }
 
 #[test]

@@ -294,11 +294,21 @@ pub enum Error {
     #[error("{0}")]
     Usage(String),
     /// [`Program::fork`](super::Program::fork) of a program whose calls cannot serve a second sequence
-    /// through the same instances: a call in a worker process (its memory was shared once, at start), or a
-    /// plugin that does not state `rewind_fork_without_reinit` (it may keep per-sequence state)
-    /// (`NotSupported`).
+    /// through the same instances: a call in a worker process (its memory was shared once, at start), or an
+    /// instance that keeps sequence state of its own, or may (a plugin that does not state
+    /// `rewind_fork_without_reinit` and cannot be asked per instance) (`NotSupported`).
     #[error("the program cannot fork its caches: {reason}")]
     NotForkable {
+        /// Which call and why.
+        reason: String,
+    },
+    /// [`Program::rewind`](super::Program::rewind) or [`Program::restore_cache`](super::Program::restore_cache)
+    /// of a program with a call whose instance keeps sequence state of its own, or may, or runs in a worker
+    /// process that cannot be asked: the caches alone do not hold its sequence (`NotSupported`).
+    #[error("cannot {action}: {reason}")]
+    NotRewindable {
+        /// What was asked, as `rewind to position 5` or `restore cache file x.safetensors`.
+        action: String,
         /// Which call and why.
         reason: String,
     },
@@ -372,7 +382,7 @@ impl et_error::HasErrorCode for Error {
             Error::LoopMemory { source, .. } => source.error_code(),
             Error::FeedbackAddress { .. } | Error::LostFeedback { .. } => ErrorCode::Internal,
             Error::NotAGenerator | Error::Usage(_) => ErrorCode::InvalidArgument,
-            Error::NotForkable { .. } => ErrorCode::NotSupported,
+            Error::NotForkable { .. } | Error::NotRewindable { .. } => ErrorCode::NotSupported,
             Error::ForkPastPosition { .. } => ErrorCode::InvalidArgument,
             Error::PositionUnknown | Error::TornFork { .. } => ErrorCode::InvalidState,
             Error::CacheFile { problem, .. } => problem.error_code(),

@@ -20,18 +20,34 @@
 //!
 //! A call's argument list is built from the storages' addresses (see `crate::lend`); a swap rebuilds every
 //! list over the new storages, so each `execute` is given the caches of the current sequence. That is enough
-//! for a delegate that reads the caches only through the arguments of each call, which is what the plugin
-//! capability `rewind_fork_without_reinit` states (the reference and CUDA delegates state it: the CUDA engine
-//! rebinds every argument's address per call and re-checks the residency of a changed address). A fork is
-//! refused ([`Error::NotForkable`]) when a call's plugin does not state it, and when a call runs in a worker
-//! process (its worker mapped the program's memory once, at start). A CUDA graph holds the addresses it was
-//! captured with: a replay after a swap is refused ([`Program::replay`]) and the generation loop captures
-//! its graph anew on every run.
+//! for a delegate instance that reads the caches only through the arguments of each call and keeps no
+//! sequence state of its own. A CUDA graph holds the addresses it was captured with: a replay after a swap is
+//! refused ([`Program::replay`]) and the generation loop captures its graph anew on every run.
+//!
+//! ## The one rule of moving a sequence: [`Program::check_sequence_reuse`]
+//!
+//! A fork, a rewind ([`Program::rewind`]) and a restored cache file ([`Program::restore_cache`]) each move
+//! the sequence by moving the caller's caches only, so each is refused, in one line naming the action, the
+//! method, the call, the plugin and why, unless every call of the program can take it:
+//! - a call in this process whose instance keeps sequence state of its own (the instance's own answer,
+//!   `Instance::sequence_state`: the reference delegate's graphs with delegate-owned `state`, a plugin that
+//!   does not state `rewind_fork_without_reinit` for every instance) is refused, since that state would stay
+//!   at another position or sequence ([`Error::NotForkable`] for a fork, [`Error::NotRewindable`] for the
+//!   others, both `NotSupported`);
+//! - a call in a worker process is refused: the host cannot ask its instance, and for a fork its worker
+//!   mapped the program's memory once, at start.
+//!
+//! [`Program::reset`] is not refused: it starts a new sequence at position 0, which a causal decoder's state
+//! indexed by position (the reference graph's `state`) rewrites row by row before reading it, as it does
+//! the caller's caches.
 
 use std::ops::Range;
+use std::path::Path;
+
+use delegate_abi::host::SequenceState;
 
 use super::torn::Torn;
-use super::{lifecycle, Buffer, CallInstance, Error, Program};
+use super::{lifecycle, Buffer, CallInstance, Error, LoadedCall, Program};
 use crate::buffer::Storage;
 use crate::cuda::{self, Contexts};
 
@@ -120,31 +136,86 @@ fn copy_host(dst: &mut [u8], src: &[u8], ranges: &[Range<usize>]) -> u64 {
     bytes
 }
 
+/// A move of the sequence that carries the caller's caches only ([`Program::check_sequence_reuse`]).
+#[derive(Debug, Clone, Copy)]
+pub(super) enum Reuse<'a> {
+    /// [`Program::rewind`] to this position.
+    Rewind(u64),
+    /// [`Program::restore_cache`] of this file.
+    Restore(&'a Path),
+    /// [`Program::fork`], [`Program::new_caches`] or [`Program::fork_into`].
+    Fork,
+}
+
+impl Reuse<'_> {
+    /// The action, for `cannot ...`.
+    fn action(self) -> String {
+        match self {
+            Reuse::Rewind(position) => format!("rewind to position {position}"),
+            Reuse::Restore(path) => format!("restore cache file {}", path.display()),
+            Reuse::Fork => "fork".to_owned(),
+        }
+    }
+
+    /// The action as the subject of "does not carry".
+    fn noun(self) -> &'static str {
+        match self {
+            Reuse::Rewind(_) => "a rewind",
+            Reuse::Restore(_) => "a restored cache file",
+            Reuse::Fork => "a forked sequence",
+        }
+    }
+}
+
+/// Why `call` cannot take `reuse`, after "is served by plugin 'NAME'" (see the module docs), or `None`.
+fn call_refusal(call: &LoadedCall, reuse: Reuse<'_>) -> Option<String> {
+    let CallInstance::InProcess(instance) = &call.instance else {
+        return Some(match reuse {
+            Reuse::Fork => " in a worker process, which maps the program's memory once, at start".to_owned(),
+            _ => " in a worker process, where the host cannot ask its instance whether it keeps sequence state \
+                  of its own"
+                .to_owned(),
+        });
+    };
+    match instance.sequence_state() {
+        Ok(SequenceState { keeps_own: false, .. }) => None,
+        Ok(SequenceState { per_instance: true, .. }) => Some(format!(
+            ", whose instance says it keeps sequence state of its own (keeps_sequence_state), which {} does \
+             not carry",
+            reuse.noun()
+        )),
+        Ok(SequenceState { per_instance: false, .. }) => Some(
+            ", which predates per-instance answers and does not state the capability \
+             rewind_fork_without_reinit (it may keep sequence state of its own)"
+                .to_owned(),
+        ),
+        Err(err) => {
+            Some(format!(", which cannot say whether its instance keeps sequence state of its own: {err}"))
+        }
+    }
+}
+
 impl Program {
-    /// Why the program's calls cannot serve a forked sequence, or `None` (see the module docs).
-    fn fork_refusal(&self) -> Option<String> {
-        self.methods.iter().find_map(|m| {
+    /// Refuses `reuse` unless every call of the program can take it (see the module docs): a fork with
+    /// [`Error::NotForkable`], a rewind or a restore with [`Error::NotRewindable`], naming the first call that
+    /// cannot, its plugin and why.
+    pub(super) fn check_sequence_reuse(&self, reuse: Reuse<'_>) -> Result<(), Error> {
+        let refusal = self.methods.iter().find_map(|m| {
             m.calls.iter().enumerate().find_map(|(index, call)| {
-                let at = format!("method '{}', call {index} ({})", m.decl.name, call.backend);
-                match &call.instance {
-                    CallInstance::InProcess(instance) => {
-                        let info = instance.plugin().info();
-                        (!info.capabilities.rewind_fork_without_reinit).then(|| {
-                            format!(
-                                "{at} is served by plugin '{}', which does not state the capability \
-                                 rewind_fork_without_reinit (it may keep per-sequence state)",
-                                info.name
-                            )
-                        })
-                    }
-                    _ => Some(format!(
-                        "{at} is served by plugin '{}' in a worker process, which maps the program's memory \
-                         once, at start",
-                        call.instance.plugin_name()
-                    )),
-                }
+                let why = call_refusal(call, reuse)?;
+                Some(format!(
+                    "method '{}', call {index} ({}) is served by plugin '{}'{why}",
+                    m.decl.name,
+                    call.backend,
+                    call.instance.plugin_name()
+                ))
             })
-        })
+        });
+        match (refusal, reuse) {
+            (None, _) => Ok(()),
+            (Some(reason), Reuse::Fork) => Err(Error::NotForkable { reason }),
+            (Some(reason), _) => Err(Error::NotRewindable { action: reuse.action(), reason }),
+        }
     }
 
     /// Forks the sequence: a second set of caches ([`Caches`], the same buffers in the same memory kinds)
@@ -174,9 +245,7 @@ impl Program {
     /// # Errors
     /// [`Error::NotForkable`] (see the module docs); [`Error::BufferMemory`] when allocating fails.
     pub fn new_caches(&self) -> Result<Caches, Error> {
-        if let Some(reason) = self.fork_refusal() {
-            return Err(Error::NotForkable { reason });
-        }
+        self.check_sequence_reuse(Reuse::Fork)?;
         let mut contexts = Contexts::new();
         let storages = self
             .buffers
@@ -214,9 +283,7 @@ impl Program {
 
     /// Refuses a fork of `prefix` positions of the program's caches.
     fn check_fork(&self, prefix: u64) -> Result<(), Error> {
-        if let Some(reason) = self.fork_refusal() {
-            return Err(Error::NotForkable { reason });
-        }
+        self.check_sequence_reuse(Reuse::Fork)?;
         if let Some(torn) = &self.torn {
             let names: Vec<String> = self.torn_buffers().iter().map(|n| format!("'{n}'")).collect();
             let noun = if names.len() == 1 { "buffer" } else { "buffers" };

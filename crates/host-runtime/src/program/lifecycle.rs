@@ -178,6 +178,7 @@ impl Program {
     /// [`Error::Usage`] for a position past the caches; [`Error::Stream`] when waiting or writing the
     /// position input fails.
     pub fn rewind(&mut self, position: u64) -> Result<(), Error> {
+        self.check_sequence_reuse(super::fork::Reuse::Rewind(position))?;
         self.check_position(position).map_err(Error::Usage)?;
         self.synchronize()?;
         if let Some(g) = self.manifest.generate.clone() {
@@ -231,6 +232,7 @@ impl Program {
     /// be read or is not a regular file, or its bytes cannot be allocated; [`Error::BufferAccess`] when
     /// writing a cache fails (the buffers written so far and that one are torn then).
     pub fn restore_cache(&mut self, path: &Path) -> Result<SavedCache, Error> {
+        self.check_sequence_reuse(super::fork::Reuse::Restore(path))?;
         self.restore_cache_with(path, Storage::write)
     }
 

@@ -1,10 +1,11 @@
 //! A test delegate for `HalfBackend` that adds 1 to each float of its cache in place; when [`FAIL`] is set it
-//! updates the first half only and then fails, as a plugin that dies mid-call leaves a cache.
+//! updates the first half only and then fails, as a plugin that dies mid-call leaves a cache. It keeps no
+//! sequence state of its own and states so (`rewind_fork_without_reinit`): programs of it rewind and restore.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use delegate_abi::testing::{self, Fixture, Scripted};
-use delegate_abi::{DelegateError, ExecuteArgs, PluginInfo};
+use delegate_abi::{Capabilities, DelegateError, ExecuteArgs, PluginInfo};
 
 /// Set: the next calls update half the cache, then fail.
 pub static FAIL: AtomicBool = AtomicBool::new(false);
@@ -14,7 +15,8 @@ pub struct HalfWriter;
 
 impl Fixture for HalfWriter {
     fn info() -> PluginInfo {
-        testing::info("half-writer", "HalfBackend")
+        let capabilities = Capabilities { rewind_fork_without_reinit: true, ..Capabilities::default() };
+        PluginInfo { capabilities, ..testing::info("half-writer", "HalfBackend") }
     }
     fn execute(args: &mut ExecuteArgs<'_>) -> Result<(), DelegateError> {
         let ([], [cache]) = args.borrow_typed::<f32, 0, 1>([], [1])?;
