@@ -2,7 +2,8 @@
 //
 // - `kvd_register_backend`: registers one `BackendInterface` per backend id; its four entries forward to the
 //   Rust callbacks given at registration (no logic here: errors are ExecuTorch codes both ways).
-// - `kvd_module_*`: `executorch::extension::Module` for the runner (load, execute, copy outputs out); a
+// - `kvd_module_*`: `executorch::extension::Module` for the runner over program bytes Rust read and checked
+//   (a `BufferDataLoader`: ExecuTorch never opens the file), load, execute, copy outputs out; a
 //   method's planned memory is either the Module's own (host) buffers or spans the caller supplies
 //   (`kvd_planned_new`, a `HierarchicalAllocator` over Rust's CUDA managed memory, `kvd_module_load_method_planned`).
 // - counting copy kernels: every method the runner loads gets a method-scoped kernel registry in which each
@@ -24,12 +25,14 @@
 #include <cstring>
 #include <exception>
 #include <limits>
+#include <memory>
 #include <mutex>
 #include <new>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include <executorch/extension/data_loader/buffer_data_loader.h>
 #include <executorch/extension/module/module.h>
 #include <executorch/extension/tensor/tensor_ptr_maker.h>
 #include <executorch/runtime/backend/interface.h>
@@ -445,11 +448,15 @@ bool kvd_backend_registered(const char* name) noexcept {
   return found;
 }
 
-// A Module over `path` (mmapped), arenas shared across methods when `share_arenas`, into `*module`.
-uint32_t kvd_module_new(const char* path, bool share_arenas, void** module) noexcept {
+// A Module over the `len` program bytes at `data` (the caller's, read once and checked; they must outlive the
+// Module), arenas shared across methods when `share_arenas`, into `*module`. ExecuTorch loads the program through
+// a `BufferDataLoader` over exactly those bytes: it never opens a file, and delegate payloads and constants are
+// lent from them, uncopied.
+uint32_t kvd_module_new(const uint8_t* data, size_t len, bool share_arenas, void** module) noexcept {
   *module = nullptr;
   return as_code(guard("kvd_module_new", [&] {
-    *module = new Module(std::string(path), Module::LoadMode::Mmap, nullptr, nullptr, nullptr, share_arenas);
+    auto loader = std::make_unique<executorch::extension::BufferDataLoader>(data, len);
+    *module = new Module(std::move(loader), nullptr, nullptr, nullptr, nullptr, share_arenas);
     return rt::Error::Ok;
   }));
 }

@@ -233,7 +233,7 @@ pub fn is_registered(id: &str) -> bool {
 
 /// What an argument position is, from the blob's bindings and aliases.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum ArgKind {
+pub(crate) enum ArgKind {
     /// Read only.
     Input,
     /// A buffer input some output updates in place (our `ARG_INOUT`).
@@ -242,6 +242,40 @@ enum ArgKind {
     Output,
     /// The KV output of the input at this position.
     KvOutput { input: usize },
+}
+
+impl ArgKind {
+    /// What the delegate does with an argument of this kind that it writes (`None`: it only reads it).
+    pub(crate) fn written_as(self) -> Option<&'static str> {
+        match self {
+            ArgKind::Input => None,
+            ArgKind::InOut => Some("a buffer the delegate updates in place"),
+            ArgKind::Output | ArgKind::KvOutput { .. } => Some("an output the delegate writes"),
+        }
+    }
+}
+
+/// Per argument position of the DelegateCall whose payload is the blob with `header`, what it is and the
+/// blob's name for it: the one reading of a blob's argument layout, for `init` and for the pre-flight check
+/// of what delegates write ([`crate::written`]).
+pub(crate) fn arg_kinds(
+    header: &blob_format::model::Header,
+) -> Result<Vec<(ArgKind, String)>, DelegateError> {
+    let plan = alias_validate::validate_format(header)?;
+    let layout = ArgLayout::new(header, &plan)?;
+    Ok(layout
+        .slots()
+        .iter()
+        .map(|slot| {
+            let kind = match (slot.role, slot.in_place_of()) {
+                (Role::Input, _) if slot.is_alias_target() => ArgKind::InOut,
+                (Role::Input, _) => ArgKind::Input,
+                (Role::Output, Some(input)) => ArgKind::KvOutput { input },
+                (Role::Output, None) => ArgKind::Output,
+            };
+            (kind, slot.name.clone())
+        })
+        .collect())
 }
 
 /// One initialised handle: the plugin instance, what each argument position is, and a reused list.
@@ -290,18 +324,7 @@ impl BackendSlot {
                 ),
             ));
         }
-        let plan = alias_validate::validate_format(header)?;
-        let layout = ArgLayout::new(header, &plan)?;
-        let mut kinds = Vec::with_capacity(layout.len());
-        for slot in layout.slots() {
-            kinds.push(match (slot.role, slot.in_place_of()) {
-                (Role::Input, _) if slot.is_alias_target() => ArgKind::InOut,
-                (Role::Input, _) => ArgKind::Input,
-                (Role::Output, Some(input)) => ArgKind::KvOutput { input },
-                (Role::Output, None) => ArgKind::Output,
-            });
-        }
-        let names = layout.slots().iter().map(|s| s.name.clone()).collect();
+        let (kinds, names): (Vec<ArgKind>, Vec<String>) = arg_kinds(header)?.into_iter().unzip();
         // The payload is lent, not copied: ExecuTorch keeps it alive until `destroy` (see `ffi`).
         let instance = plugin.init(&InitContext { blob, compile_specs, runtime_specs: &[] })?;
         let n = kinds.len();

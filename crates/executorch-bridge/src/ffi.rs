@@ -28,7 +28,8 @@ use delegate_abi::{Spec, TensorArg};
 use et_error::ErrorCode;
 
 use crate::backend::{self, BackendSlot, Handle};
-use crate::planned::ManagedPlan;
+use crate::planned::{ManagedPlan, SpanError};
+use crate::program_file::ProgramFile;
 
 /// Dimensions a `KvdArg` / `KvdTensor` carries (ExecuTorch's own limit is 16).
 pub(crate) const KVD_MAX_RANK: usize = 16;
@@ -105,7 +106,7 @@ extern "C" {
     fn kvd_register_backend(name: *const c_char, callbacks: *const KvdCallbacks) -> u32;
     fn kvd_backend_registered(name: *const c_char) -> bool;
     fn kvd_take_exception(out: *mut c_char, cap: usize) -> usize;
-    fn kvd_module_new(path: *const c_char, share_arenas: bool, module: *mut *mut c_void) -> u32;
+    fn kvd_module_new(data: *const u8, len: usize, share_arenas: bool, module: *mut *mut c_void) -> u32;
     fn kvd_module_free(module: *mut c_void);
     fn kvd_module_load(module: *mut c_void) -> u32;
     fn kvd_module_load_method(module: *mut c_void, method: *const c_char) -> u32;
@@ -350,39 +351,57 @@ pub(crate) fn write_back(dst: &KvdArg, src: &[u8]) -> u64 {
     len as u64
 }
 
-/// An ExecuTorch `Module` (`executorch::extension::Module`), and the managed planned memory its methods
-/// use when it has some (freed after the Module).
-pub(crate) struct RawModule(*mut c_void, Option<(ManagedPlan, Vec<RawPlanned>)>);
+/// An ExecuTorch `Module` (`executorch::extension::Module`) over the program bytes it owns, and the managed
+/// planned memory its methods use when it has some (both freed after the Module).
+pub(crate) struct RawModule {
+    module: *mut c_void,
+    managed: Option<(ManagedPlan, Vec<RawPlanned>)>,
+    /// The bytes ExecuTorch loads from (its `BufferDataLoader` reads them in place); dropped after the Module.
+    program: ProgramFile,
+}
 
 /// Why [`RawModule::load_method_managed`] failed.
 #[derive(Debug)]
 pub(crate) enum LoadFailure {
-    /// Managed memory for the method's own buffers could not be allocated.
-    Memory(cuda_rt::Error),
+    /// The managed plan gave no spans for the method (not sized for it, or no memory for its own buffers).
+    Plan(SpanError),
     /// ExecuTorch's code.
     Code(ErrorCode),
 }
 
 impl RawModule {
-    pub(crate) fn new(path: &CStr, share_arenas: bool) -> Result<RawModule, ErrorCode> {
+    /// A Module that loads `program`'s bytes (and only them: ExecuTorch opens no file) and owns them.
+    pub(crate) fn new(program: ProgramFile, share_arenas: bool) -> Result<RawModule, ErrorCode> {
         route_logs();
+        let bytes = program.bytes();
         let mut ptr: *mut c_void = std::ptr::null_mut();
-        // SAFETY: a NUL-terminated path, copied by the Module's constructor; `ptr` is writable for one pointer.
-        shim_call(|| unsafe { kvd_module_new(path.as_ptr(), share_arenas, &mut ptr) })?;
+        // SAFETY: `bytes` are `bytes.len()` readable bytes on the heap, owned by `program`, which the returned
+        // `RawModule` keeps (moving it does not move the heap buffer) and drops only after freeing the Module:
+        // they outlive every use ExecuTorch makes of them. ExecuTorch takes them as `const` (its
+        // `BufferDataLoader`) and reads the program, payloads and constants from them in place; no delegate is
+        // handed one of them to write, since `runner::Module` makes a `RawModule` only after `crate::written`
+        // found every argument a delegate writes to be planned memory (this module's test makes one over an
+        // empty program, which has no call). `ptr` is writable for one pointer.
+        shim_call(|| unsafe { kvd_module_new(bytes.as_ptr(), bytes.len(), share_arenas, &mut ptr) })?;
         if ptr.is_null() {
             return Err(ErrorCode::MemoryAllocationFailed);
         }
-        Ok(RawModule(ptr, None))
+        Ok(RawModule { module: ptr, managed: None, program })
+    }
+
+    /// The program bytes this Module loads from.
+    pub(crate) fn program(&self) -> &ProgramFile {
+        &self.program
     }
 
     pub(crate) fn load(&mut self) -> Result<(), ErrorCode> {
-        // SAFETY: `self.0` is a live Module (freed only on drop); `&mut self` keeps calls exclusive.
-        shim_call(|| unsafe { kvd_module_load(self.0) })
+        // SAFETY: `self.module` is a live Module (freed only on drop); `&mut self` keeps calls exclusive.
+        shim_call(|| unsafe { kvd_module_load(self.module) })
     }
 
     pub(crate) fn load_method(&mut self, method: &CStr) -> Result<(), ErrorCode> {
         // SAFETY: as in `load`; the name is NUL-terminated and copied.
-        shim_call(|| unsafe { kvd_module_load_method(self.0, method.as_ptr()) })
+        shim_call(|| unsafe { kvd_module_load_method(self.module, method.as_ptr()) })
     }
 
     /// The sizes of `method`'s memory-planned buffers, mem_id 1 first (`MethodMeta`).
@@ -393,7 +412,13 @@ impl RawModule {
             // SAFETY: as in `load`; `sizes` is writable for `sizes.len()` values and the shim writes at most
             // that many; `n` is writable for one `size_t`.
             shim_call(|| unsafe {
-                kvd_module_planned_sizes(self.0, method.as_ptr(), sizes.as_mut_ptr(), sizes.len(), &mut n)
+                kvd_module_planned_sizes(
+                    self.module,
+                    method.as_ptr(),
+                    sizes.as_mut_ptr(),
+                    sizes.len(),
+                    &mut n,
+                )
             })?;
             if n <= sizes.len() {
                 sizes.truncate(n);
@@ -406,28 +431,30 @@ impl RawModule {
     /// Makes `plan` this Module's planned memory: methods loaded with [`RawModule::load_method_managed`]
     /// from now on place their planned tensors in it. The Module owns it, and frees it after itself.
     pub(crate) fn use_managed(&mut self, plan: ManagedPlan) {
-        self.1 = Some((plan, Vec::new()));
+        self.managed = Some((plan, Vec::new()));
     }
 
     /// This Module's managed planned memory, when it has some.
     pub(crate) fn managed(&self) -> Option<&ManagedPlan> {
-        self.1.as_ref().map(|(plan, _)| plan)
+        self.managed.as_ref().map(|(plan, _)| plan)
     }
 
     /// Loads `method` with its planned buffers in this Module's managed memory ([`RawModule::use_managed`]):
     /// the shared buffers, then allocations of its own, under a `HierarchicalAllocator` ExecuTorch places its
-    /// tensors with (instead of buffers the Module allocates).
+    /// tensors with (instead of buffers the Module allocates). A method the plan was not sized for is refused
+    /// before ExecuTorch sees a span ([`ManagedPlan::spans`]).
     pub(crate) fn load_method_managed(&mut self, method: &CStr) -> Result<(), LoadFailure> {
         let sizes = self.planned_sizes(method).map_err(LoadFailure::Code)?;
-        let (plan, allocators) = self.1.as_mut().ok_or(LoadFailure::Code(ErrorCode::InvalidState))?;
-        let spans = plan.spans(&sizes).map_err(LoadFailure::Memory)?;
+        let (plan, allocators) = self.managed.as_mut().ok_or(LoadFailure::Code(ErrorCode::InvalidState))?;
+        let spans = plan.spans(&method.to_string_lossy(), &sizes).map_err(LoadFailure::Plan)?;
         let allocator = RawPlanned::new(&spans).map_err(LoadFailure::Code)?;
         let planned = allocator.0;
         allocators.push(allocator);
-        // SAFETY: as in `load`; `planned` is a live `PlannedSpans` over `plan`'s allocations. Both are owned by
-        // `self.1`, which `Drop` frees only after the Module (and with it every method and delegate that
-        // uses them); nothing else uses that memory.
-        shim_call(|| unsafe { kvd_module_load_method_planned(self.0, method.as_ptr(), planned) })
+        // SAFETY: as in `load`; `planned` is a live `PlannedSpans` over `plan`'s allocations, each span no
+        // longer than its allocation (`spans` gives the shared buffers only to the methods they were sized for,
+        // at their largest size). Both are owned by `self.managed`, which `Drop` frees only after the Module
+        // (and with it every method and delegate that uses them); nothing else uses that memory.
+        shim_call(|| unsafe { kvd_module_load_method_planned(self.module, method.as_ptr(), planned) })
             .map_err(LoadFailure::Code)
     }
 
@@ -446,7 +473,7 @@ impl RawModule {
         // `&mut [u8]`), and the shim writes at most that many.
         shim_call(|| unsafe {
             kvd_module_execute(
-                self.0,
+                self.module,
                 method.as_ptr(),
                 inputs.as_ptr(),
                 inputs.len(),
@@ -496,9 +523,9 @@ pub(crate) fn caller_stream(stream: &cuda_rt::Stream) -> Option<delegate_abi::Cu
 
 impl Drop for RawModule {
     fn drop(&mut self) {
-        // SAFETY: the Module made by `kvd_module_new`, freed once, here. Its planned memory (`self.1`) is
-        // dropped after this body, once no method uses it.
-        unsafe { kvd_module_free(self.0) }
+        // SAFETY: the Module made by `kvd_module_new`, freed once, here. Its planned memory (`self.managed`)
+        // and its program bytes (`self.program`) are dropped after this body, once nothing uses them.
+        unsafe { kvd_module_free(self.module) }
     }
 }
 
@@ -509,16 +536,20 @@ mod tests {
     /// Calls the shim's `kvd_module_execute` with `n_inputs` inputs that do not exist: the shim reserves room
     /// for them before it reads one, so a count no vector can hold makes it throw there.
     fn execute_with_inputs(n_inputs: usize) -> (Result<(), ErrorCode>, Option<String>) {
-        let module = RawModule::new(c"/nonexistent/never-loaded.pte", true).expect("a Module (loads lazily)");
+        let dir = tempfile::tempdir().expect("temp dir");
+        let path = dir.path().join("empty.pte");
+        std::fs::write(&path, b"").expect("write");
+        let program = ProgramFile::read(&path).expect("an empty file reads");
+        let module = RawModule::new(program, true).expect("a Module (loads lazily)");
         let mut written = 0usize;
         take_exception();
         backend::take_last_error();
-        // SAFETY: `module.0` is a live Module. The shim's first use of `inputs` is reserving `n_inputs` entries,
-        // which throws for the counts below before any input is read, so the dangling pointer is never
+        // SAFETY: `module.module` is a live Module. The shim's first use of `inputs` is reserving `n_inputs`
+        // entries, which throws for the counts below before any input is read, so the dangling pointer is never
         // dereferenced; there are no outputs.
         let result = shim_call(|| unsafe {
             kvd_module_execute(
-                module.0,
+                module.module,
                 c"forward".as_ptr(),
                 std::ptr::NonNull::<KvdTensor>::dangling().as_ptr(),
                 n_inputs,

@@ -27,13 +27,17 @@
 //!   manifest says `"isolate": true`, or the registry isolates every library plugin) is never loaded here:
 //!   [`BridgeError::Isolated`] names it, the backend, and `delegate-host run PROGRAM.pte`, which isolates it.
 //!
-//! The runner ([`runner`], binary `et-run`) loads a `.pte` with `share_memory_arenas = true` (methods
+//! The runner ([`runner`], binary `et-run`) reads a `.pte` once ([`ProgramFile`]: a regular file only, opened
+//! without blocking), checks those bytes and has ExecuTorch load exactly them (never the path again), with
+//! `share_memory_arenas = true` (methods
 //! sharing mutable buffers see each other's caches; ExecuTorch's `Module` zero-fills its arenas, so caches
 //! start at zero), its planned memory in host memory or, for a program a GPU delegate runs, in CUDA managed
 //! memory the bridge allocates and hands to ExecuTorch's `Module::load_method` ([`planned`]: the delegate
-//! updates the caches in place on the GPU, with no copy per step), checks with `pte-format` first that every DelegateCall's backend is served, then runs
-//! prefill and greedy decode steps. [`runner::Module::execute`] checks each input before the shim sees it:
-//! its slice is exactly shape x dtype bytes, and every size fits ExecuTorch's 32-bit sizes. With
+//! updates the caches in place on the GPU, with no copy per step), checks with `pte-format` first that every
+//! DelegateCall's backend is served and that every argument a delegate writes is planned memory ([`written`]:
+//! never a constant of the program), then runs prefill and greedy decode steps. [`runner::Module::execute`]
+//! checks each input before the shim sees it: its slice is exactly shape x dtype bytes, and every size fits
+//! ExecuTorch's 32-bit sizes. With
 //! [`runner::Protocol::require_zero_copy`] (`et-run --require-zero-copy`) a program that would copy cache
 //! bytes per step is refused before ExecuTorch loads it ([`strict`]).
 //!
@@ -71,13 +75,16 @@
 pub mod backend;
 mod ffi;
 pub mod planned;
+pub mod program_file;
 pub mod runner;
 pub mod strict;
+pub mod written;
 
 pub use backend::{
     counted_copy_kernels, is_registered, register, register_backends, take_last_error, take_stats, CopyStats,
 };
 pub use planned::{PlannedMemory, SyncStats};
+pub use program_file::ProgramFile;
 
 use delegate_abi::DTypeCode;
 use et_error::{ErrorCode, HasErrorCode};
@@ -175,6 +182,41 @@ pub enum BridgeError {
         /// Why it is copied.
         reason: String,
     },
+    /// A DelegateCall argument that the delegate writes (an output, or a buffer it updates in place) is not
+    /// planned memory: a constant of the program, or memory the caller binds. The program is refused before
+    /// ExecuTorch loads it (`InvalidProgram`; see [`written`]).
+    #[error(
+        "method '{method}', {instruction}: {argument} is {written}, but it is not planned memory: {reason}; the \
+         program is refused before ExecuTorch loads it"
+    )]
+    UnplannedWrite {
+        /// The method.
+        method: String,
+        /// The call, as `chains[0].instructions[0] (DelegateCall to ReferenceBackend)`.
+        instruction: String,
+        /// The argument, as `argument 4 ('k_cache_out_0', value 4)`: its position in the call, the payload's
+        /// name for it and the program's value index.
+        argument: String,
+        /// What the delegate does with it: `an output the delegate writes` or `a buffer the delegate updates
+        /// in place`.
+        written: String,
+        /// Why it is not planned memory.
+        reason: String,
+    },
+    /// A method loaded into a Module whose managed planned memory was not sized for it (not among
+    /// [`runner::Module::open_with`]'s `methods`): its planned buffers could overrun the shared allocation, so
+    /// it is refused before ExecuTorch sees it (`InvalidArgument`).
+    #[error(
+        "method '{method}' cannot be loaded: this Module's managed planned memory was sized for {} only; list \
+         every method to be loaded in Module::open_with",
+        if planned_for.is_empty() { "no method".to_owned() } else { format!("{planned_for:?}") }
+    )]
+    MethodNotPlanned {
+        /// The method refused.
+        method: String,
+        /// The methods the planned memory was sized for.
+        planned_for: Vec<String>,
+    },
     /// The planned memory was to be CUDA managed memory ([`planned`]), which cannot be had: no CUDA driver or
     /// GPU (`NotSupported`), or the driver refused the allocation (`MemoryAllocationFailed`).
     #[error("cannot place the planned memory in CUDA managed memory: {source} (--memory host keeps it in host memory)")]
@@ -206,7 +248,8 @@ impl HasErrorCode for BridgeError {
             BridgeError::UnservedBackend { .. } => ErrorCode::NotFound,
             BridgeError::PluginUnavailable { .. } | BridgeError::Isolated { .. } => ErrorCode::NotSupported,
             BridgeError::NotZeroCopy { .. } => ErrorCode::NotSupported,
-            BridgeError::Input { .. } => ErrorCode::InvalidArgument,
+            BridgeError::Input { .. } | BridgeError::MethodNotPlanned { .. } => ErrorCode::InvalidArgument,
+            BridgeError::UnplannedWrite { .. } => ErrorCode::InvalidProgram,
             BridgeError::Registration { code, .. } | BridgeError::Runtime { code, .. } => *code,
             BridgeError::ManagedMemory { source } => source.error_code(),
             BridgeError::Protocol(_) => ErrorCode::InvalidProgram,

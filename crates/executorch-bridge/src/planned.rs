@@ -130,7 +130,13 @@ impl Buffer {
 /// The planned buffers of a Module in CUDA managed memory, and the stream its delegates run on. Registered
 /// in [`kind_of`]'s ranges while alive; must outlive the Module that loaded methods over them (`RawModule`
 /// frees its ExecuTorch Module first).
+///
+/// The shared buffers are sized for the methods the plan was made for, and only those methods get spans
+/// ([`ManagedPlan::spans`]): another method's planned buffers may be larger than the shared allocation, and
+/// ExecuTorch would place its tensors past the end.
 pub(crate) struct ManagedPlan {
+    /// The methods the shared buffers were sized for.
+    methods: Vec<String>,
     /// mem_id 1 and 2, shared by every method (each at its largest size over the methods).
     shared: Vec<Buffer>,
     /// Per method, its buffers from mem_id 3 on.
@@ -151,28 +157,43 @@ impl std::fmt::Debug for ManagedPlan {
 /// How many planned buffers (from mem_id 1) the methods share, as ExecuTorch's `share_memory_arenas` does.
 pub(crate) const SHARED_BUFFERS: usize = 2;
 
+/// Why [`ManagedPlan::spans`] gave no spans.
+#[derive(Debug)]
+pub(crate) enum SpanError {
+    /// The method is not one the plan was sized for.
+    NotPlannedFor {
+        /// The method.
+        method: String,
+        /// The methods the plan was sized for.
+        planned_for: Vec<String>,
+    },
+    /// Managed memory for the method's own buffers could not be allocated.
+    Memory(cuda_rt::Error),
+}
+
 impl ManagedPlan {
     /// Opens device 0 and allocates the shared buffers: per index below [`SHARED_BUFFERS`], the largest size
-    /// any method plans there (`sizes`: per method, its buffer sizes from mem_id 1).
-    pub(crate) fn new(sizes: &[Vec<u64>]) -> Result<ManagedPlan, cuda_rt::Error> {
+    /// any method plans there (`methods`: per method, its name and its buffer sizes from mem_id 1).
+    pub(crate) fn new(methods: &[(String, Vec<u64>)]) -> Result<ManagedPlan, cuda_rt::Error> {
         let ctx = Context::open(0)?;
         let stream = Arc::new(Stream::new(&ctx)?);
-        ManagedPlan::with(sizes, Some((ctx, stream)))
+        ManagedPlan::with(methods, Some((ctx, stream)))
     }
 
     /// The same route over zeroed host memory (no stream): tests the allocator route without a GPU.
     #[cfg(test)]
-    pub(crate) fn in_host_memory(sizes: &[Vec<u64>]) -> ManagedPlan {
-        ManagedPlan::with(sizes, None).unwrap_or_else(|e| panic!("host memory: {e}"))
+    pub(crate) fn in_host_memory(methods: &[(String, Vec<u64>)]) -> ManagedPlan {
+        ManagedPlan::with(methods, None).unwrap_or_else(|e| panic!("host memory: {e}"))
     }
 
     fn with(
-        sizes: &[Vec<u64>],
+        methods: &[(String, Vec<u64>)],
         device: Option<(Context, Arc<Stream>)>,
     ) -> Result<ManagedPlan, cuda_rt::Error> {
-        let mut plan = ManagedPlan { shared: Vec::new(), own: Vec::new(), device };
+        let names = methods.iter().map(|(name, _)| name.clone()).collect();
+        let mut plan = ManagedPlan { methods: names, shared: Vec::new(), own: Vec::new(), device };
         for index in 0..SHARED_BUFFERS {
-            let Some(&largest) = sizes.iter().filter_map(|s| s.get(index)).max() else { break };
+            let Some(&largest) = methods.iter().filter_map(|(_, s)| s.get(index)).max() else { break };
             let buffer = plan.zeroed(largest)?;
             plan.shared.push(buffer);
         }
@@ -199,18 +220,26 @@ impl ManagedPlan {
         Ok(buffer)
     }
 
-    /// The spans (pointer, length) of one method whose buffers have `sizes`: the shared buffers first, then
-    /// new allocations of this plan for the rest.
+    /// The spans (pointer, length) of `method`, whose buffers have `sizes`: the shared buffers first, then new
+    /// allocations of this plan for the rest. Only for a method the plan was sized for: the shared buffers hold
+    /// the largest of those methods' buffers, and no other's.
     pub(crate) fn spans(
         &mut self,
+        method: &str,
         sizes: &[u64],
-    ) -> Result<Vec<(*mut std::ffi::c_void, u64)>, cuda_rt::Error> {
+    ) -> Result<Vec<(*mut std::ffi::c_void, u64)>, SpanError> {
+        if !self.methods.iter().any(|m| m == method) {
+            return Err(SpanError::NotPlannedFor {
+                method: method.to_owned(),
+                planned_for: self.methods.clone(),
+            });
+        }
         let mut spans = Vec::with_capacity(sizes.len());
         for (index, &size) in sizes.iter().enumerate() {
             let ptr = match self.shared.get(index) {
                 Some(shared) => shared.ptr(),
                 None => {
-                    let buffer = self.zeroed(size)?;
+                    let buffer = self.zeroed(size).map_err(SpanError::Memory)?;
                     let ptr = buffer.ptr();
                     self.own.push(buffer);
                     ptr
@@ -390,6 +419,59 @@ mod tests {
         // The caches written by prefill are read by decode: the methods share the supplied mem_id 2, as the
         // Module's own arenas are shared; any difference (unshared, unzeroed, misplaced) changes the logits.
         assert_eq!(outputs(supplied, &summary), own, "the same logits and tokens over supplied memory");
+    }
+
+    #[test]
+    fn a_plan_gives_spans_only_to_the_methods_it_was_sized_for() {
+        // Sized for `decode` (T = 1); `prefill` (T = 4) plans more activations than the shared mem_id 1 holds.
+        let mut plan = ManagedPlan::in_host_memory(&[("decode".to_owned(), vec![256, 64, 32])]);
+        let spans = plan.spans("decode", &[256, 64, 32]).expect("sized for it");
+        assert_eq!(spans.iter().map(|&(_, len)| len).collect::<Vec<_>>(), [256, 64, 32]);
+        match plan.spans("prefill", &[1024, 64]) {
+            Err(SpanError::NotPlannedFor { method, planned_for }) => {
+                assert_eq!(
+                    (method.as_str(), planned_for.as_slice()),
+                    ("prefill", &["decode".to_owned()][..])
+                );
+            }
+            other => panic!("a 1024-byte span over a 256-byte buffer: {other:?}"),
+        }
+        // A plan sized for no method gives spans to none.
+        let mut empty = ManagedPlan::in_host_memory(&[]);
+        assert!(matches!(empty.spans("decode", &[8]), Err(SpanError::NotPlannedFor { .. })));
+    }
+
+    #[test]
+    fn loading_a_method_the_managed_plan_was_not_sized_for_is_refused_naming_both() {
+        use et_error::{ErrorCode, HasErrorCode};
+        let dir = tempfile::tempdir().expect("temp dir");
+        let path = dir.path().join("kv.pte");
+        std::fs::write(&path, common::program(&kv_example::Config::tiny(), 2, true, common::BACKEND))
+            .expect("write");
+        crate::register_backends(&embedded_reference(), &[common::BACKEND.to_owned()]).expect("register");
+        // The route `Module::open_with(path, Managed, ["decode"])` takes, over host memory (no GPU needed):
+        // prefill's activations (T = 4) are larger than the shared buffer sized for decode (T = 1).
+        let mut module =
+            crate::runner::Module::open_host_supplied(&path, &["decode".to_owned()]).expect("open");
+        let err = module.load_method("prefill").expect_err("not sized for it");
+        assert!(
+            matches!(&err, crate::BridgeError::MethodNotPlanned { method, planned_for }
+                if method == "prefill" && planned_for == &["decode".to_owned()]),
+            "{err:?}"
+        );
+        assert_eq!(err.error_code(), ErrorCode::InvalidArgument);
+        assert_eq!(
+            err.to_string(),
+            "method 'prefill' cannot be loaded: this Module's managed planned memory was sized for [\"decode\"] \
+             only; list every method to be loaded in Module::open_with"
+        );
+        module.load_method("decode").expect("the method it was sized for loads");
+    }
+
+    fn embedded_reference() -> host_runtime::plugins::Registry {
+        use host_runtime::plugins::{Discovery, Registry};
+        Registry::discover(Discovery::new().use_env(false))
+            .with_embedded(reference_delegate::delegate_root(), &delegate_abi::host::HostConfig::default())
     }
 
     #[test]

@@ -11,7 +11,8 @@ use pte_format::Program;
 
 use crate::backend::{self, scalar_type_of, CopyStats};
 use crate::ffi::{KvdTensor, LoadFailure, RawModule, KVD_MAX_RANK};
-use crate::planned::{ActiveStream, ManagedPlan, PlannedMemory, SyncStats};
+use crate::planned::{ActiveStream, ManagedPlan, PlannedMemory, SpanError, SyncStats};
+use crate::program_file::ProgramFile;
 use crate::{BridgeError, InputProblem};
 use host_runtime::generate;
 
@@ -28,14 +29,19 @@ pub struct ProgramSummary {
     pub batched_tokens: Vec<String>,
 }
 
-/// Parses `bytes` with `pte-format` and checks that every DelegateCall's backend id is in `served`.
+/// Parses `bytes` with `pte-format` and checks that every DelegateCall's backend id is in `served` and that
+/// every argument a delegate writes is planned memory ([`crate::written`]).
 ///
 /// # Errors
 /// [`BridgeError::Program`] for a file that is not a readable program (truncated, corrupted);
-/// [`BridgeError::UnservedBackend`] naming the first backend id nobody serves.
+/// [`BridgeError::UnservedBackend`] naming the first backend id nobody serves;
+/// [`BridgeError::UnplannedWrite`] naming the first DelegateCall argument a delegate writes that is not planned
+/// memory (a constant of the program).
 pub fn check_program(path: &Path, bytes: &[u8], served: &[String]) -> Result<ProgramSummary, BridgeError> {
-    let program = Program::parse(bytes)
-        .map_err(|source| BridgeError::Program { path: path.display().to_string(), source })?;
+    let program = parse(path, bytes)?;
+    if let Some(refusal) = crate::written::unplanned_write(&program) {
+        return Err(refusal);
+    }
     let mut backends = Vec::new();
     let mut output_bytes = Vec::new();
     let mut batched_tokens = Vec::new();
@@ -72,10 +78,14 @@ pub fn check_program(path: &Path, bytes: &[u8], served: &[String]) -> Result<Pro
 /// Strict zero-copy's check of the program in `bytes` ([`crate::strict`]), with the plugins `registry`
 /// serves (a backend no plugin serves was refused before).
 fn refuse_copies(path: &Path, bytes: &[u8], registry: &Registry) -> Result<(), BridgeError> {
-    let program = Program::parse(bytes)
-        .map_err(|source| BridgeError::Program { path: path.display().to_string(), source })?;
+    let program = parse(path, bytes)?;
     let binds = |backend: &str| registry.served(backend).is_some_and(|p| p.info().binds_aliases_in_place);
     crate::strict::zero_copy_refusal(&program, binds).map_or(Ok(()), Err)
+}
+
+/// `bytes` read by `pte-format`, a failure naming `path`.
+fn parse<'a>(path: &Path, bytes: &'a [u8]) -> Result<Program<'a>, BridgeError> {
+    Program::parse(bytes).map_err(|source| BridgeError::Program { path: path.display().to_string(), source })
 }
 
 /// A method input: caller memory, read (copied into the method's planned input) during the call only.
@@ -101,16 +111,17 @@ pub struct OutputMeta {
 }
 
 /// An ExecuTorch `Module` over one `.pte`, arenas shared across its methods (`share_memory_arenas = true`),
-/// the file memory-mapped (delegate payloads are read in place); its planned memory in host memory (the
-/// Module's own buffers) or in CUDA managed memory ([`Module::open_with`], [`crate::planned`]).
+/// loaded from the program's bytes read once ([`ProgramFile`]; ExecuTorch never opens the file, and delegate
+/// payloads are lent from those bytes, uncopied); its planned memory in host memory (the Module's own buffers)
+/// or in CUDA managed memory ([`Module::open_with`], [`crate::planned`]). Every Module checks, before
+/// ExecuTorch loads the program, that each argument a delegate writes is planned memory ([`crate::written`]).
 pub struct Module {
     raw: RawModule,
-    path: String,
 }
 
 impl std::fmt::Debug for Module {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Module").field("path", &self.path).finish()
+        f.debug_struct("Module").field("path", &self.path()).finish()
     }
 }
 
@@ -119,24 +130,40 @@ fn runtime(what: String, code: ErrorCode) -> BridgeError {
 }
 
 impl Module {
-    /// Opens and loads the program (not its methods).
+    /// Reads ([`ProgramFile::read`]) and loads the program (not its methods).
     ///
     /// # Errors
-    /// [`BridgeError::Runtime`] with ExecuTorch's code when it cannot load the program.
+    /// As [`Module::from_program`], and [`BridgeError::Io`] when the file cannot be read.
     pub fn open(path: &Path) -> Result<Module, BridgeError> {
         Module::open_with(path, PlannedMemory::Host, &[])
     }
 
-    /// Opens and loads the program with its planned memory in `memory`. For [`PlannedMemory::Managed`],
-    /// `methods` are the methods whose planned buffers mem_id 1 and 2 are shared (sized to the largest of
-    /// them, as ExecuTorch's `share_memory_arenas` sizes its own): every method that will be loaded.
+    /// Reads ([`ProgramFile::read`]) and loads the program with its planned memory in `memory`, as
+    /// [`Module::from_program`].
     ///
     /// # Errors
+    /// As [`Module::from_program`], and [`BridgeError::Io`] when the file cannot be read.
+    pub fn open_with(path: &Path, memory: PlannedMemory, methods: &[String]) -> Result<Module, BridgeError> {
+        Module::from_program(ProgramFile::read(path)?, memory, methods)
+    }
+
+    /// Loads the program in `program` (those bytes: ExecuTorch opens no file) with its planned memory in
+    /// `memory`. For [`PlannedMemory::Managed`], `methods` are the methods whose planned buffers mem_id 1 and 2
+    /// are shared (sized to the largest of them, as ExecuTorch's `share_memory_arenas` sizes its own): every
+    /// method that will be loaded; [`Module::load_method`] refuses any other.
+    ///
+    /// # Errors
+    /// [`BridgeError::Program`] or [`BridgeError::UnplannedWrite`] for a program that `pte-format` cannot read
+    /// or whose DelegateCall writes a tensor that is not planned memory (checked before ExecuTorch loads it);
     /// [`BridgeError::Runtime`] with ExecuTorch's code when it cannot load the program;
     /// [`BridgeError::ManagedMemory`] when managed memory cannot be had (no CUDA driver or GPU, or the
     /// allocation failed).
-    pub fn open_with(path: &Path, memory: PlannedMemory, methods: &[String]) -> Result<Module, BridgeError> {
-        let mut module = Module::open_host(path)?;
+    pub fn from_program(
+        program: ProgramFile,
+        memory: PlannedMemory,
+        methods: &[String],
+    ) -> Result<Module, BridgeError> {
+        let mut module = Module::load_host(program)?;
         if memory == PlannedMemory::Managed {
             let sizes = module.planned_sizes(methods)?;
             let plan = ManagedPlan::new(&sizes).map_err(|source| BridgeError::ManagedMemory { source })?;
@@ -149,22 +176,29 @@ impl Module {
     /// allocator route of [`Module::open_with`], tested without a GPU.
     #[cfg(test)]
     pub(crate) fn open_host_supplied(path: &Path, methods: &[String]) -> Result<Module, BridgeError> {
-        let mut module = Module::open_host(path)?;
+        let mut module = Module::load_host(ProgramFile::read(path)?)?;
         let sizes = module.planned_sizes(methods)?;
         module.raw.use_managed(ManagedPlan::in_host_memory(&sizes));
         Ok(module)
     }
 
-    /// Per method, the sizes of its planned buffers (mem_id 1 first).
-    fn planned_sizes(&mut self, methods: &[String]) -> Result<Vec<Vec<u64>>, BridgeError> {
+    /// Per method, its name and the sizes of its planned buffers (mem_id 1 first).
+    fn planned_sizes(&mut self, methods: &[String]) -> Result<Vec<(String, Vec<u64>)>, BridgeError> {
         let mut sizes = Vec::with_capacity(methods.len());
         for method in methods {
             let name = cname(method)?;
-            sizes.push(self.raw.planned_sizes(&name).map_err(|code| {
-                runtime(format!("{}: reading method '{method}''s planned buffers", self.path), code)
-            })?);
+            let planned = self.raw.planned_sizes(&name);
+            let planned = planned.map_err(|code| {
+                runtime(format!("{}: reading method '{method}''s planned buffers", self.path()), code)
+            })?;
+            sizes.push((method.clone(), planned));
         }
         Ok(sizes)
+    }
+
+    /// The path the program was read from, as messages show it.
+    pub fn path(&self) -> &str {
+        self.raw.program().path()
     }
 
     /// Where this Module's planned memory lives.
@@ -176,32 +210,41 @@ impl Module {
         }
     }
 
-    fn open_host(path: &Path) -> Result<Module, BridgeError> {
-        let display = path.display().to_string();
-        let c_path = CString::new(path.as_os_str().as_encoded_bytes())
-            .map_err(|_| BridgeError::Protocol(format!("{display}: the path contains a NUL byte")))?;
-        let mut raw = RawModule::new(&c_path, true)
-            .map_err(|code| runtime(format!("{display}: creating the Module"), code))?;
-        raw.load().map_err(|code| runtime(format!("{display}: ExecuTorch cannot load the program"), code))?;
+    /// Checks what the program's delegates write ([`crate::written`]), then has ExecuTorch load it from
+    /// `program`'s bytes, its planned memory the Module's own.
+    fn load_host(program: ProgramFile) -> Result<Module, BridgeError> {
+        let path = program.path().to_owned();
+        if let Some(refusal) = crate::written::unplanned_write(&parse(Path::new(&path), program.bytes())?) {
+            return Err(refusal);
+        }
+        let mut raw = RawModule::new(program, true)
+            .map_err(|code| runtime(format!("{path}: creating the Module"), code))?;
+        raw.load().map_err(|code| runtime(format!("{path}: ExecuTorch cannot load the program"), code))?;
         let (wrapped, write_backs) = crate::counted_copy_kernels();
-        tracing::debug!(target: "executorch_bridge", wrapped, write_backs, path = %path.display(), "copy kernels counted");
-        Ok(Module { raw, path: display })
+        tracing::debug!(target: "executorch_bridge", wrapped, write_backs, path = %path, "copy kernels counted");
+        Ok(Module { raw })
     }
 
     /// Loads `method`: ExecuTorch plans its memory and runs every delegate's `init`.
     ///
     /// # Errors
-    /// [`BridgeError::Runtime`] with ExecuTorch's code (a plugin's `init` error keeps its code).
+    /// [`BridgeError::Runtime`] with ExecuTorch's code (a plugin's `init` error keeps its code);
+    /// [`BridgeError::MethodNotPlanned`] for a method a managed Module's planned memory was not sized for
+    /// ([`Module::from_program`]'s `methods`), refused before ExecuTorch sees it.
     pub fn load_method(&mut self, method: &str) -> Result<(), BridgeError> {
         let name = cname(method)?;
         backend::take_last_error();
-        let what = || format!("{}: loading method '{method}'", self.path);
-        if self.raw.managed().is_none() {
-            return self.raw.load_method(&name).map_err(|code| runtime(what(), code));
-        }
-        self.raw.load_method_managed(&name).map_err(|failure| match failure {
-            LoadFailure::Memory(source) => BridgeError::ManagedMemory { source },
-            LoadFailure::Code(code) => runtime(what(), code),
+        let loaded = if self.raw.managed().is_none() {
+            self.raw.load_method(&name).map_err(LoadFailure::Code)
+        } else {
+            self.raw.load_method_managed(&name)
+        };
+        loaded.map_err(|failure| match failure {
+            LoadFailure::Plan(SpanError::NotPlannedFor { method, planned_for }) => {
+                BridgeError::MethodNotPlanned { method, planned_for }
+            }
+            LoadFailure::Plan(SpanError::Memory(source)) => BridgeError::ManagedMemory { source },
+            LoadFailure::Code(code) => runtime(format!("{}: loading method '{method}'", self.path()), code),
         })
     }
 
@@ -241,7 +284,7 @@ impl Module {
         let count = self
             .raw
             .execute(&name, &raw_inputs, &mut raw_outputs)
-            .map_err(|code| runtime(format!("{}: executing method '{method}'", self.path), code))?;
+            .map_err(|code| runtime(format!("{}: executing method '{method}'", self.path()), code))?;
         Ok(raw_outputs
             .iter()
             .take(count)
@@ -344,17 +387,17 @@ impl Report {
     }
 }
 
-/// Reads and checks the program at `path` (strict zero-copy's refusals included), registers the backends it
-/// calls, and says which plugin serves each: (the summary, (backend, plugin location) per backend).
-fn prepare(
-    path: &Path,
-    registry: &Registry,
-    protocol: &Protocol,
-) -> Result<(ProgramSummary, Vec<(String, String)>), BridgeError> {
-    let bytes =
-        std::fs::read(path).map_err(|source| BridgeError::Io { path: path.display().to_string(), source })?;
+/// What [`prepare`] read, checked and learned: the program's bytes (what ExecuTorch will load), its summary,
+/// and (backend, plugin location) per backend it calls.
+type Prepared = (ProgramFile, ProgramSummary, Vec<(String, String)>);
+
+/// Reads the program at `path` once and checks those bytes (strict zero-copy's refusals included), registers
+/// the backends it calls, and says which plugin serves each.
+fn prepare(path: &Path, registry: &Registry, protocol: &Protocol) -> Result<Prepared, BridgeError> {
+    let file = ProgramFile::read(path)?;
+    let bytes = file.bytes();
     let served = registry.backends();
-    let summary = check_program(path, &bytes, &served).map_err(|err| match err {
+    let summary = check_program(path, bytes, &served).map_err(|err| match err {
         // Offered, but by plugins that cannot serve it: their reasons say more than "unserved".
         BridgeError::UnservedBackend { backend, .. }
             if registry.unavailable_for(&backend).next().is_some() =>
@@ -364,9 +407,8 @@ fn prepare(
         other => other,
     })?;
     if protocol.require_zero_copy {
-        refuse_copies(path, &bytes, registry)?;
+        refuse_copies(path, bytes, registry)?;
     }
-    drop(bytes);
     // Only what the program calls: a plugin listed from its manifest is loaded when a program needs it.
     // A plugin that must run isolated is refused here, naming this program in the fix.
     crate::register_backends(registry, &summary.backends).map_err(|err| match err {
@@ -381,7 +423,7 @@ fn prepare(
         let at = plugin.path().map_or_else(|| "(embedded)".to_owned(), |p| p.display().to_string());
         served_by.push((id.clone(), at));
     }
-    Ok((summary, served_by))
+    Ok((file, summary, served_by))
 }
 
 /// The run protocol's methods: `prefill` and `decode`, or `forward` for both.
@@ -444,11 +486,12 @@ pub fn run_with_memory(
     if protocol.prompt.is_empty() {
         return Err(BridgeError::Protocol("the prompt is empty".to_owned()));
     }
-    let (summary, served_by) = prepare(path, registry, protocol)?;
+    let (file, summary, served_by) = prepare(path, registry, protocol)?;
     let (prefill, decode) = generation_methods(path, &summary)?;
     let memory = planned_memory_for(&summary, registry, memory)?;
     let methods: Vec<String> = [prefill, decode].iter().map(|m| (*m).to_owned()).collect();
-    let mut module = Module::open_with(path, memory, &methods)?;
+    // The bytes just checked: ExecuTorch never reads the path again.
+    let mut module = Module::from_program(file, memory, &methods)?;
     for method in [prefill, decode] {
         module.load_method(method)?;
     }

@@ -1,6 +1,10 @@
 //! `et-run PROGRAM.pte`: runs a `.pte` inside ExecuTorch 1.5.1's own runtime (`Module` API, arenas shared
 //! across methods) with our plugins registered as its backends: prefill the prompt, then greedy decode steps.
 //!
+//! The program is read once (a regular file only, opened without blocking: a FIFO or a device in its place is
+//! refused at once), checked (every backend served; every argument a delegate writes is planned memory, never
+//! a constant of the program), and ExecuTorch loads exactly those bytes: it never opens the path itself.
+//!
 //! Planned memory (activations and the caches' mutable buffers): host memory, or CUDA managed memory for a
 //! program a GPU delegate runs, so it updates the caches in place on the GPU (`executorch_bridge::planned`);
 //! `--memory host|managed` overrides the choice, and the report says which it was.

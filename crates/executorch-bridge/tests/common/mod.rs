@@ -218,6 +218,29 @@ pub fn program(cfg: &Config, methods: usize, planned: bool, backend: &str) -> Ve
 
 /// [`program`] with the caches laid out as `layout` says.
 pub fn program_with(cfg: &Config, methods: usize, layout: Layout, backend: &str) -> Vec<u8> {
+    program_spec(cfg, methods, layout, backend).to_bytes()
+}
+
+/// The value of [`program`]'s method whose K output is the delegate's new K cache (`k_cache_out_0`).
+pub const K_NEW: usize = 4;
+
+/// A hostile program: `buffers_1m.pte`'s design (one `forward`, KV outputs written back by `copy_`) whose
+/// DelegateCall output `k_cache_out_0` (value [`K_NEW`]) is not planned memory but a constant of the program
+/// (`data_buffer_idx` 1, in the constant segment, read-only when ExecuTorch maps the file): the delegate
+/// would write its new K cache into the program's constant data.
+pub fn kv_output_in_constant_data(cfg: &Config) -> Vec<u8> {
+    let mut spec = program_spec(cfg, 1, Layout::Separate, BACKEND);
+    let ValueSpec::Tensor(k_new) = &mut spec.methods[0].values[K_NEW] else { unreachable!("a tensor") };
+    k_new.allocation = None;
+    k_new.data_buffer_idx = 1;
+    // Constant 1 at offset 0 of the constant segment (offsets[0] is reserved), as large as the tensor.
+    spec.segments[0] = vec![0; cfg.cache_len() * 4];
+    spec.constant_segment = Some((0, vec![0, 0]));
+    spec.to_bytes()
+}
+
+/// The [`ProgramSpec`] behind [`program_with`], for tests that change one thing.
+pub fn program_spec(cfg: &Config, methods: usize, layout: Layout, backend: &str) -> ProgramSpec {
     let weights = Weights::generate(cfg);
     let rows_of = |name: &str| if name == "prefill" { PROMPT.len() } else { 1 };
     let names: &[&str] = if methods == 1 { &["forward"] } else { &["prefill", "decode"] };
@@ -237,7 +260,6 @@ pub fn program_with(cfg: &Config, methods: usize, layout: Layout, backend: &str)
         constant_segment: Some((0, vec![0])),
         named_data: Vec::new(),
     }
-    .to_bytes()
 }
 
 /// The blob kind for a DelegateCall naming `backend`: the CUDA delegate's header for `CudaBackend`, the
