@@ -13,6 +13,16 @@ pub struct MatMulOptions {
     pub bias: Option<TensorId>,
 }
 
+/// The optional attributes of a [`GraphBuilder::causal_attention_with`]; the default is the plain 1.0
+/// `causal_attention` (scale `1 / sqrt(Dh)`, no cap).
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct AttentionOptions {
+    /// The score scale (payload 1.3); `None` means `1 / sqrt(Dh)`.
+    pub scale: Option<f32>,
+    /// Logit soft-capping `c`: scores become `c * tanh(s / c)` (payload 1.4); `None` means no cap.
+    pub softcap: Option<f32>,
+}
+
 /// Builds a [`Graph`]: declare inputs and constants, add ops (each returns its output tensor, with type and
 /// shape inferred and checked), mark outputs, then [`GraphBuilder::finish`] validates the whole graph.
 ///
@@ -283,7 +293,7 @@ impl GraphBuilder {
         v: TensorId,
         position: TensorId,
     ) -> Result<TensorId, Error> {
-        self.op(name, |out| Op::CausalAttention { q, k, v, position, scale: None, out })
+        self.op(name, |out| Op::CausalAttention { q, k, v, position, scale: None, softcap: None, out })
     }
 
     /// Causal attention with an explicit score `scale` (payload 1.3), see [`Op::CausalAttention`].
@@ -296,7 +306,19 @@ impl GraphBuilder {
         position: TensorId,
         scale: f32,
     ) -> Result<TensorId, Error> {
-        self.op(name, |out| Op::CausalAttention { q, k, v, position, scale: Some(scale), out })
+        self.op(name, |out| Op::CausalAttention { q, k, v, position, scale: Some(scale), softcap: None, out })
+    }
+
+    /// Causal attention with explicit `options` (a score scale, logit soft-capping: payload 1.3 and 1.4),
+    /// see [`Op::CausalAttention`].
+    pub fn causal_attention_with(
+        &mut self,
+        name: &str,
+        [q, k, v, position]: [TensorId; 4],
+        options: AttentionOptions,
+    ) -> Result<TensorId, Error> {
+        let AttentionOptions { scale, softcap } = options;
+        self.op(name, |out| Op::CausalAttention { q, k, v, position, scale, softcap, out })
     }
 
     /// The index of the largest value of `input`'s last row, as `i64 [1]`; see [`Op::Argmax`].

@@ -71,13 +71,16 @@
 //! | 1.1 | the `f16` element type; `argmax` |
 //! | 1.2 | delegate-owned `state` (below) |
 //! | 1.3 | the `bf16` element type; `sub`, `mul`, `div`, `unary`, `mean`, `cast`, `reshape`, `permute`, `slice`, `concat`; `mat_mul`'s `transpose_b` and `bias`, `causal_attention`'s `scale`; relaxed forms of the older ops: broadcasting and `i64` `add`, indices of any rank for `gather`, leading axes for `mat_mul`'s `a`, `rms_norm` and `argmax`, `[1, H, L, Dh]` caches, head-major updates and queries, grouped-query attention; `assign` |
+//! | 1.4 | `causal_attention`'s `softcap` (logit soft-capping, Gemma 2) |
 //!
-//! [`Graph::encode`] writes the oldest version that expresses the graph ([`Graph::payload_version`]): 1.3
-//! when it uses anything 1.3 added, else 1.2 when it has state, else 1.1. An older reader refuses a graph
-//! that uses an addition with a typed error naming it (`bf16` as an unknown dtype, a new op as an unknown op,
-//! a state cache as a tensor read before anything defines it, a relaxed form as an operand of the wrong rank
-//! or shape); a new attribute is an unknown JSON field, which an older reader ignores, so 1.3 is written
-//! whenever one is present.
+//! [`Graph::encode`] writes the oldest version that expresses the graph ([`Graph::payload_version`]): 1.4
+//! when it has a soft-capped attention, else 1.3 when it uses anything 1.3 added, else 1.2 when it has state,
+//! else 1.1. An older reader refuses a graph that uses an addition with a typed error naming it (`bf16` as an
+//! unknown dtype, a new op as an unknown op, a state cache as a tensor read before anything defines it, a
+//! relaxed form as an operand of the wrong rank or shape); a new attribute is an unknown JSON field, which an
+//! older reader ignores, so the version that added it is written whenever one is present (a 1.3 reader
+//! computes a 1.4 soft-capped attention uncapped; the blob header's `engine_library_version` names the
+//! version).
 //!
 //! ## Delegate-owned state
 //!
@@ -131,15 +134,15 @@ use alias_validate::{EngineIntrospect, EngineTensor};
 use blob_format::model::{DType, Dim, Role};
 use serde::{Deserialize, Serialize};
 
-pub use builder::{GraphBuilder, MatMulOptions};
+pub use builder::{AttentionOptions, GraphBuilder, MatMulOptions};
 pub use error::Error;
 /// The `half` crate, whose [`half::f16`] and [`half::bf16`] are the elements of [`Data::F16`] and
 /// [`Data::Bf16`].
 pub use half;
 pub use ops::{argmax, Op, UnaryFn};
 pub use payload::{
-    CONSTANT_ALIGN, PAYLOAD_MAGIC, PAYLOAD_MINOR_WITHOUT_STATE, PAYLOAD_MINOR_WITH_STATE,
-    PAYLOAD_VERSION_MAJOR, PAYLOAD_VERSION_MINOR,
+    CONSTANT_ALIGN, PAYLOAD_MAGIC, PAYLOAD_MINOR_DECODER_OPS, PAYLOAD_MINOR_WITHOUT_STATE,
+    PAYLOAD_MINOR_WITH_STATE, PAYLOAD_VERSION_MAJOR, PAYLOAD_VERSION_MINOR,
 };
 pub use typing::broadcast_shape;
 

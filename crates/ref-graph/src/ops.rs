@@ -225,7 +225,9 @@ pub enum Op<T> {
     /// `float [T, Hq * Dh]` or head-major `[Hq, T, Dh]` / `[1, Hq, T, Dh]` (payload 1.3), `k`, `v`
     /// `float [Hkv, L, Dh]` or `[1, Hkv, L, Dh]` (outputs of a `KvCacheUpdate`), `position` `i64 [1]`, `out`
     /// the shape of `q`. Grouped-query attention (payload 1.3): `Hq` is a multiple of `Hkv` and query head `h`
-    /// reads KV head `h / (Hq / Hkv)`; the repeated keys and values are never materialised.
+    /// reads KV head `h / (Hq / Hkv)`; the repeated keys and values are never materialised. With `softcap`
+    /// `c` (payload 1.4, Gemma 2's `attn_logit_softcapping`) each scaled score `s` becomes `c * tanh(s / c)`
+    /// before the softmax.
     CausalAttention {
         /// Queries.
         q: T,
@@ -238,6 +240,10 @@ pub enum Op<T> {
         /// The score scale; absent means `1 / sqrt(Dh)` (payload 1.3 added it).
         #[serde(default, skip_serializing_if = "Option::is_none")]
         scale: Option<f32>,
+        /// Logit soft-capping: each scaled score `s` becomes `softcap * tanh(s / softcap)`; absent means no
+        /// cap (payload 1.4 added it). Finite and positive.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        softcap: Option<f32>,
         /// Attention output, in the layout of `q`.
         out: T,
     },
@@ -521,12 +527,13 @@ impl<T> Op<T> {
                 position: f("position", position)?,
                 out: out(&mut f)?,
             },
-            Op::CausalAttention { q, k, v, position, scale, .. } => Op::CausalAttention {
+            Op::CausalAttention { q, k, v, position, scale, softcap, .. } => Op::CausalAttention {
                 q: f("q", q)?,
                 k: f("k", k)?,
                 v: f("v", v)?,
                 position: f("position", position)?,
                 scale: *scale,
+                softcap: *softcap,
                 out: out(&mut f)?,
             },
             Op::Argmax { input, .. } => Op::Argmax { input: f("input", input)?, out: out(&mut f)? },

@@ -12,11 +12,15 @@ use crate::{Data, ElemType, Error, Graph, Op, TensorDecl, TensorId};
 pub const PAYLOAD_MAGIC: [u8; 4] = *b"RGRF";
 /// Major version this build writes and reads.
 pub const PAYLOAD_VERSION_MAJOR: u16 = 1;
-/// Newest minor version this build writes: 3 (1.1 added the `f16` element type and the `argmax` op, 1.2
-/// delegate-owned `state`, 1.3 the ops of real decoders, `bf16` and relaxed forms of the older ops; see the
-/// crate docs). A graph is written with the oldest minor that expresses it: 1.3 only when it uses something
-/// 1.3 added, 1.2 when it has state, so older readers keep reading every graph they can express.
-pub const PAYLOAD_VERSION_MINOR: u16 = 3;
+/// Newest minor version this build writes: 4 (1.1 added the `f16` element type and the `argmax` op, 1.2
+/// delegate-owned `state`, 1.3 the ops of real decoders, `bf16` and relaxed forms of the older ops, 1.4
+/// `causal_attention`'s `softcap`; see the crate docs). A graph is written with the oldest minor that
+/// expresses it: 1.4 only for a soft-capped attention, 1.3 when it uses something 1.3 added, 1.2 when it has
+/// state, so older readers keep reading every graph they can express.
+pub const PAYLOAD_VERSION_MINOR: u16 = 4;
+/// The minor version written for a graph that uses something 1.3 added (the ops of real decoders, `bf16`,
+/// relaxed forms) and nothing from 1.4.
+pub const PAYLOAD_MINOR_DECODER_OPS: u16 = 3;
 /// The minor version written for a graph with delegate-owned state and nothing from 1.3.
 pub const PAYLOAD_MINOR_WITH_STATE: u16 = 2;
 /// The minor version written for a graph without delegate-owned state.
@@ -53,14 +57,21 @@ impl Graph {
     /// The `(major, minor)` payload version [`Graph::encode`] writes for this graph: the oldest that
     /// expresses it.
     pub fn payload_version(&self) -> (u16, u16) {
-        let minor = if self.uses_1_3() {
+        let minor = if self.uses_1_4() {
             PAYLOAD_VERSION_MINOR
+        } else if self.uses_1_3() {
+            PAYLOAD_MINOR_DECODER_OPS
         } else if self.state.is_empty() {
             PAYLOAD_MINOR_WITHOUT_STATE
         } else {
             PAYLOAD_MINOR_WITH_STATE
         };
         (PAYLOAD_VERSION_MAJOR, minor)
+    }
+
+    /// Whether the graph uses anything payload 1.4 added: a `causal_attention` with a `softcap`.
+    fn uses_1_4(&self) -> bool {
+        self.ops.iter().any(|op| matches!(op, Op::CausalAttention { softcap: Some(_), .. }))
     }
 
     /// Whether the graph uses anything payload 1.3 added: `bf16`, a new op, a new attribute, or a form of an

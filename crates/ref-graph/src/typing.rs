@@ -97,8 +97,8 @@ impl Op<TensorId> {
             Op::KvCacheUpdate { cache, update, position, .. } => {
                 t.kv_cache_update(*cache, *update, *position)
             }
-            Op::CausalAttention { q, k, v, position, scale, .. } => {
-                t.causal_attention(*q, *k, *v, *position, *scale)
+            Op::CausalAttention { q, k, v, position, scale, softcap, .. } => {
+                t.causal_attention(*q, *k, *v, *position, [("scale", *scale), ("softcap", *softcap)])
             }
             Op::Argmax { input, .. } => {
                 t.floats.operand("input", *input, Rank::AtLeast(2))?;
@@ -377,7 +377,7 @@ impl<'a> Typer<'a> {
         k: TensorId,
         v: TensorId,
         position: TensorId,
-        scale: Option<f32>,
+        attributes: [(&str, Option<f32>); 2],
     ) -> Typed {
         let sq = self.floats.operand("q", q, Rank::AtLeast(2))?;
         let [hkv, l, dh] = self.cache("k", k)?;
@@ -412,8 +412,10 @@ impl<'a> Typer<'a> {
                 self.name(q)
             ));
         }
-        if let Some(scale) = scale.filter(|s| !(s.is_finite() && *s > 0.0)) {
-            return Err(format!("attribute 'scale' is {scale}, expected a finite positive number"));
+        for (attribute, value) in attributes {
+            if let Some(value) = value.filter(|s| !(s.is_finite() && *s > 0.0)) {
+                return Err(format!("attribute '{attribute}' is {value}, expected a finite positive number"));
+            }
         }
         Ok((self.floats.dtype(), sq.to_vec()))
     }

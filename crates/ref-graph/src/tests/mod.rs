@@ -554,3 +554,4 @@ fn a_graph_given_as_description_and_constants_is_the_decoded_graph() {
 mod assign;
 mod typing;
 mod v1_3;
+mod v1_4;

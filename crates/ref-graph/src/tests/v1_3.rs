@@ -72,7 +72,7 @@ fn a_graph_of_every_1_3_op_round_trips_as_1_3() {
 
     let payload = graph.encode();
     assert_eq!(u16::from_le_bytes([payload[6], payload[7]]), 3);
-    assert_eq!(graph.payload_version(), (1, PAYLOAD_VERSION_MINOR));
+    assert_eq!(graph.payload_version(), (1, PAYLOAD_MINOR_DECODER_OPS));
     let decoded = Graph::decode(&payload).expect("valid payload");
     assert_eq!(decoded, graph);
     let bq = decoded.constant(decoded.find("bq").expect("declared")).expect("a constant");
