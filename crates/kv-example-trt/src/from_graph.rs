@@ -212,7 +212,13 @@ impl Builder<'_> {
                 let cache = self.name(cache);
                 self.add(out, Op::KvCacheUpdate { cache, update, write_indices });
             }
-            RefOp::CausalAttention { q, k, v, position, scale, .. } => {
+            RefOp::CausalAttention { softcap: Some(_), .. } => {
+                return Err(bad(
+                    &out,
+                    "soft-capped causal_attention (softcap) has no TensorRT translation here",
+                ));
+            }
+            RefOp::CausalAttention { q, k, v, position, scale, softcap: None, .. } => {
                 self.attention(out, [q, k, v, position], scale)?
             }
             ref other => {

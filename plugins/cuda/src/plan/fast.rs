@@ -146,7 +146,7 @@ impl<'g> Lowering<'g> {
             }
             Op::MatMul { .. } => self.gemv(i),
             Op::KvCacheUpdate { .. } => self.kv_update(i),
-            Op::CausalAttention { q, k, v, position, scale, out } => {
+            Op::CausalAttention { q, k, v, position, scale, softcap: None, out } => {
                 self.attention(q, k, v, position, scale, out)?;
                 Ok(1)
             }

@@ -95,10 +95,24 @@ pub struct Attention {
     pub position: usize,
     /// The score scale.
     pub scale: f32,
+    /// Logit soft-capping `c`: each scaled score `s` becomes `c * tanh(s / c)`; `None` means no cap.
+    pub softcap: Option<f32>,
+}
+
+impl Attention {
+    /// The score of a query-key dot product: scaled, then capped when the op has a `softcap`.
+    fn score(&self, dot: f32) -> f32 {
+        let s = dot * self.scale;
+        match self.softcap {
+            Some(c) => (s / c).tanh() * c,
+            None => s,
+        }
+    }
 }
 
 /// Causal attention of `q` over caches `k`, `v`: query `t` of head `h` attends to rows `0 ..= position + t` of
-/// KV head `h / (Hq / Hkv)` with `softmax(q k^T * scale) v`, in `f32`. `scores` is scratch of at least `L`
+/// KV head `h / (Hq / Hkv)` with `softmax(cap(q k^T * scale)) v` (`cap` the op's soft-capping, if any), in
+/// `f32`. `scores` is scratch of at least `L`
 /// values, `acc` of at least `Dh`.
 pub fn causal_attention<T: Float>(
     q: &[T],
@@ -116,7 +130,7 @@ pub fn causal_attention<T: Float>(
         for t in 0..at.queries.rows {
             let start = at.queries.offset(t, h);
             let acc = &mut acc[..dh];
-            attend(&q[start..start + dh], k_h, v_h, at.scale, &mut scores[..at.position + t + 1], acc);
+            attend(&q[start..start + dh], k_h, v_h, &at, &mut scores[..at.position + t + 1], acc);
             for (o, a) in out[start..start + dh].iter_mut().zip(acc.iter()) {
                 *o = T::from_f32(*a);
             }
@@ -125,10 +139,10 @@ pub fn causal_attention<T: Float>(
 }
 
 /// One query over the first `scores.len()` rows of one head's keys and values, into `acc`.
-fn attend<T: Float>(q: &[T], k: &[T], v: &[T], scale: f32, scores: &mut [f32], acc: &mut [f32]) {
+fn attend<T: Float>(q: &[T], k: &[T], v: &[T], at: &Attention, scores: &mut [f32], acc: &mut [f32]) {
     let dh = q.len();
     for (s, k_row) in scores.iter_mut().zip(k.chunks_exact(dh)) {
-        *s = q.iter().zip(k_row).map(|(x, y)| x.to_f32() * y.to_f32()).sum::<f32>() * scale;
+        *s = at.score(q.iter().zip(k_row).map(|(x, y)| x.to_f32() * y.to_f32()).sum::<f32>());
     }
     let max = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
     let mut total = 0.0f32;
@@ -209,7 +223,7 @@ impl Executor {
         graph: &Graph,
         at: OpAt<'_>,
         [q, k, v, position]: [TensorId; 4],
-        scale: Option<f32>,
+        (scale, softcap): (Option<f32>, Option<f32>),
         mut out: Out<'_>,
         args: &mut ExecuteArgs<'_>,
     ) -> Result<(), Error> {
@@ -217,7 +231,7 @@ impl Executor {
         let queries = Rows::of(&graph.tensor(q).shape, cache.head_dim);
         let position = self.position(graph, at, position, queries.rows, cache.len)?;
         let scale = scale.unwrap_or(1.0 / (cache.head_dim as f32).sqrt());
-        let geometry = Attention { cache, queries, position, scale };
+        let geometry = Attention { cache, queries, position, scale, softcap };
         let dtype = out.decl.dtype;
         let homes = (self.home(graph, k)?, self.home(graph, v)?);
         let (t, work) = (&self.tensors, &mut self.work);
@@ -299,7 +313,7 @@ mod tests {
         let (k, v) = ([0.0f32; 3], [1.0f32, 3.0, 100.0]);
         let mut out = [0.0f32; 2];
         // Equal scores: query 0 at position 0 averages row 0; query 1 averages rows 0 and 1; row 2 is unseen.
-        let at = Attention { cache, queries: Rows::of(&[2, 1], 1), position: 0, scale: 1.0 };
+        let at = Attention { cache, queries: Rows::of(&[2, 1], 1), position: 0, scale: 1.0, softcap: None };
         causal_attention(&[1.0f32, 1.0], &k, &v, at, work(3, 1).get(), &mut out);
         assert_eq!(out, [1.0, 2.0]);
     }
@@ -312,11 +326,31 @@ mod tests {
         let mut out = [0.0f32; 4];
         for (scale, score) in [(0.5, 1.0f32), (1.5, 3.0)] {
             // scores = [2 * scale, 0]; 0.5 is the default 1 / sqrt(4).
-            let at = Attention { cache, queries: Rows::of(&[1, 4], 4), position: 1, scale };
+            let at = Attention { cache, queries: Rows::of(&[1, 4], 4), position: 1, scale, softcap: None };
             causal_attention(&[2.0f32, 0.0, 0.0, 0.0], &k, &v, at, work(2, 4).get(), &mut out);
             let w0 = score.exp() / (score.exp() + 1.0);
             assert!((out[0] - w0).abs() < 1e-6 && (out[1] - (1.0 - w0)).abs() < 1e-6, "{out:?}");
         }
+    }
+
+    #[test]
+    fn a_softcap_caps_the_scaled_scores_before_the_softmax() {
+        let cache = CacheShape { heads: 1, len: 2, head_dim: 4 };
+        let k = [1.0f32, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0];
+        let v = [1.0f32, 0.0, 0.0, 0.0, 0.0, 1.0, 0.0, 0.0];
+        let q = [2.0f32, 0.0, 0.0, 0.0];
+        // scores = [2 * 1.5, 0] = [3, 0]; capped at 2: [2 tanh(1.5), 0] (Gemma 2's tanh(s / c) * c).
+        let mut out = [0.0f32; 4];
+        let capped =
+            Attention { cache, queries: Rows::of(&[1, 4], 4), position: 1, scale: 1.5, softcap: Some(2.0) };
+        causal_attention(&q, &k, &v, capped, work(2, 4).get(), &mut out);
+        let score = 2.0 * 1.5f32.tanh();
+        let w0 = score.exp() / (score.exp() + 1.0);
+        assert!((out[0] - w0).abs() < 1e-6 && (out[1] - (1.0 - w0)).abs() < 1e-6, "{out:?}");
+        // Without the cap the weights differ (the attribute is not ignored).
+        let mut plain = [0.0f32; 4];
+        causal_attention(&q, &k, &v, Attention { softcap: None, ..capped }, work(2, 4).get(), &mut plain);
+        assert!((plain[0] - out[0]).abs() > 0.05, "{plain:?} vs {out:?}");
     }
 
     #[test]
@@ -330,6 +364,7 @@ mod tests {
             queries: Rows::of(&[2, (hq * dh) as u64], dh),
             position: 1,
             scale: 0.5,
+            softcap: None,
         };
         causal_attention(&q, &k, &v, at, work(len, dh).get(), &mut grouped);
         // The caches with each KV head repeated Hq / Hkv times (what `repeat_kv` materialises).
@@ -361,7 +396,7 @@ mod tests {
         }
         let cache = CacheShape { heads, len, head_dim: dh };
         let (mut out_tm, mut out_hm) = (vec![0.0f32; 12], vec![0.0f32; 12]);
-        let at = Attention { cache, queries: tm, position: 0, scale: 0.7 };
+        let at = Attention { cache, queries: tm, position: 0, scale: 0.7, softcap: None };
         causal_attention(&token_major, &k, &v, at, work(len, dh).get(), &mut out_tm);
         causal_attention(
             &head_major,
@@ -389,6 +424,7 @@ mod tests {
             queries: Rows::of(&[2, 4], dh),
             position: 1,
             scale: 0.5,
+            softcap: None,
         };
         let mut wide = vec![0.0f32; q.len()];
         causal_attention(&widen(&q), &widen(&k), &widen(&v), at, work(len, dh).get(), &mut wide);

@@ -335,8 +335,8 @@ impl Executor {
             Op::KvCacheUpdate { cache, update, position, .. } => {
                 self.kv_cache_update(graph, at, [cache, update, position], out, args)
             }
-            Op::CausalAttention { q, k, v, position, scale, .. } => {
-                self.causal_attention(graph, at, [q, k, v, position], scale, out, args)
+            Op::CausalAttention { q, k, v, position, scale, softcap, .. } => {
+                self.causal_attention(graph, at, [q, k, v, position], (scale, softcap), out, args)
             }
             Op::Argmax { input, .. } => self.argmax(graph, input, out),
             Op::Assign { target, value, .. } => self.assign(graph, [target, value], out, args),
