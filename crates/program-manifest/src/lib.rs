@@ -195,7 +195,12 @@
 //!   decides the next token.
 //! - `max_positions` (integer, optional): how many positions the caches hold (prompt plus decode steps). At
 //!   least the prompt's length; a host refuses to run more decode steps than
-//!   [`Generate::max_decode_steps`] allows before it starts, instead of overflowing a cache mid-run.
+//!   [`Generate::max_decode_steps`] allows before it starts, instead of overflowing a cache mid-run. When it
+//!   is absent, a host takes it from the buffers' shapes ([`Manifest::positions_from_buffers`]): the second
+//!   to last dimension (`[heads, positions, head_dim]`, or ExecuTorch's and transformers' `[batch, heads,
+//!   positions, head_dim]`) when every buffer of two or more dimensions has the same one; when none has two
+//!   dimensions or they disagree, the shapes do not say which axis is the sequence and nothing is taken (only
+//!   the plugins' own checks stand then: write `max_positions`).
 //!
 //! ## Memory kinds
 //!

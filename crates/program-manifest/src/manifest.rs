@@ -228,6 +228,17 @@ impl<'a> Source<'a> {
 pub const MAX_MANIFEST_BYTES: u64 = 1 << 20;
 
 impl Manifest {
+    /// How many positions the caches hold as the buffers' shapes tell, for a program whose `[generate]` names
+    /// no `max_positions` (the crate docs' rule): the second to last dimension (`[heads, positions,
+    /// head_dim]`, ExecuTorch's and transformers' `[batch, heads, positions, head_dim]`) when every buffer of
+    /// two or more dimensions has the same one. `None` when no buffer has two dimensions or they disagree:
+    /// the shapes then do not say which axis is the sequence.
+    pub fn positions_from_buffers(&self) -> Option<u64> {
+        let mut rows = self.buffers.values().filter_map(|b| b.shape.iter().rev().nth(1).copied());
+        let first = rows.next()?;
+        rows.all(|r| r == first).then_some(first)
+    }
+
     /// Reads and checks a manifest file.
     ///
     /// Only a regular file of at most [`MAX_MANIFEST_BYTES`] is read. The file is opened once, non-blocking,
@@ -550,7 +561,7 @@ fn check_generate(
         );
     }
     if let Some(max) = g.max_positions {
-        if (max as usize) < g.prompt.len() {
+        if max < g.prompt.len() as u64 {
             return src.error(
                 at("max_positions"),
                 format!("max_positions is {max} but the prompt alone has {} tokens", g.prompt.len()),

@@ -112,7 +112,8 @@ pub struct GenerateSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub next_token_output: Option<String>,
     /// How many positions the caches hold (prompt plus decode steps), so a host can refuse a run that would
-    /// overflow them before it starts.
+    /// overflow them before it starts; when absent, a host takes it from the buffers' shapes
+    /// (`Manifest::positions_from_buffers`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_positions: Option<u64>,
 }
@@ -120,7 +121,8 @@ pub struct GenerateSpec {
 impl GenerateSpec {
     /// Decode steps that fit after the prompt, when the program says how many positions it holds.
     pub fn max_decode_steps(&self) -> Option<usize> {
-        self.max_positions.map(|max| (max as usize).saturating_sub(self.prompt.len()))
+        self.max_positions
+            .map(|max| usize::try_from(max).unwrap_or(usize::MAX).saturating_sub(self.prompt.len()))
     }
 }
 

@@ -134,3 +134,25 @@ fn errors_name_line_and_column() {
         assert_eq!(error(&text), expected);
     }
 }
+
+#[test]
+fn the_buffers_tell_the_positions_only_when_every_buffer_agrees_on_its_second_to_last_axis() {
+    let with = |shapes: &[&str]| {
+        let buffers: String = shapes
+            .iter()
+            .enumerate()
+            .map(|(i, shape)| format!("[buffers.b{i}]\ndtype = \"f32\"\nshape = {shape}\n"))
+            .collect();
+        let text = GOOD.replace("[buffers.k]\ndtype = \"f32\"\nshape = [2, 4]\n", &buffers);
+        parse(&text.replace("\"buffer:k\", \"buffer:k\"", "\"buffer:b0\", \"buffer:b0\"")).expect("valid")
+    };
+    assert_eq!(with(&["[2, 16, 8]", "[2, 16, 8]"]).positions_from_buffers(), Some(16));
+    assert_eq!(
+        with(&["[1, 2, 16, 8]", "[16, 4]", "[3]"]).positions_from_buffers(),
+        Some(16),
+        "rank 1: no rows"
+    );
+    assert_eq!(with(&["[2, 16, 8]", "[2, 32, 8]"]).positions_from_buffers(), None, "they disagree");
+    assert_eq!(with(&["[2, 16, 8]", "[1, 8]"]).positions_from_buffers(), None, "a [1, 8] state is no cache");
+    assert_eq!(with(&["[16]"]).positions_from_buffers(), None, "no buffer has rows");
+}
