@@ -6,7 +6,7 @@ use std::time::Instant;
 
 use program_manifest::Generate;
 
-use super::{i64_bytes, read_token, Generation, Options, Step, Timing};
+use super::{i64_bytes, read_token, reserve, Generation, Options, Step, Timing};
 use crate::buffer::{AllocError, Storage};
 use crate::cuda::{Contexts, DevicePtr, FeedbackArgs, FeedbackKernel};
 use crate::program::{Captured, CopyStats, Error, Program, RunStats};
@@ -147,8 +147,10 @@ pub(super) fn device_loop(
 ) -> Result<Generation, Error> {
     let next = g.next_token_output.as_deref().expect("the device loop needs a next-token output");
     let steps = options.steps;
-    let capacity = u32::try_from(steps + 1)
-        .map_err(|_| Error::Usage(format!("{steps} decode steps are more than the device loop counts")))?;
+    let capacity = steps
+        .checked_add(1)
+        .and_then(|tokens| u32::try_from(tokens).ok())
+        .ok_or_else(|| Error::Usage(format!("{steps} decode steps are more than the device loop counts")))?;
     let device = DeviceLoop::new(program, capacity)?;
     let inputs = (g.token_input.as_str(), g.position_input.as_str());
     let rows = i64::from(!options.hold_position);
@@ -163,8 +165,8 @@ pub(super) fn device_loop(
     let history = device.tokens()?;
     let readback_host_syncs = cuda_rt::stats::thread_host_syncs() - readback_before;
     let gpu_micros = match &timing {
-        Some(timing) => timing.step_micros()?.into_iter().map(Some).collect(),
-        None => vec![None; steps],
+        Some(timing) => timing.step_micros()?,
+        None => Vec::new(),
     };
     let tokens: Vec<i64> = prefill_token_on_host.into_iter().chain(history).collect();
     if tokens.len() != steps + 1 {
@@ -172,7 +174,7 @@ pub(super) fn device_loop(
     }
     let mut generation = Generation {
         tokens: tokens.clone(),
-        steps: Vec::with_capacity(steps + 1),
+        steps: Vec::with_capacity(reserve(g, steps) + 1),
         device_loop: true,
         cuda_graph: decode.captured.is_some(),
         capture_micros: decode.capture_micros,
@@ -198,7 +200,7 @@ pub(super) fn device_loop(
             input_tokens: vec![tokens[step - 1]],
             token: tokens[step],
             micros: decode.step_host[step - 1],
-            gpu_micros: gpu_micros[step - 1],
+            gpu_micros: gpu_micros.get(step - 1).copied(),
             copies: decode.step_copies[step - 1],
         });
     }
@@ -270,8 +272,8 @@ fn decode_steps(
 ) -> Result<DecodeRun, Error> {
     let decode = program.method_id(&g.decode)?;
     let mut run = DecodeRun {
-        step_host: Vec::with_capacity(options.steps),
-        step_copies: Vec::with_capacity(options.steps),
+        step_host: Vec::with_capacity(reserve(g, options.steps)),
+        step_copies: Vec::with_capacity(reserve(g, options.steps)),
         captured: None,
         capture_micros: None,
         host_syncs: 0,

@@ -246,7 +246,8 @@ fn refusal(program: &Program, g: &Generate) -> Result<Option<String>, Error> {
 ///
 /// # Errors
 /// [`Error::NotAGenerator`] when the program has no `[generate]`, [`Error::Usage`] when the steps (from the
-/// start position) do not fit the caches, [`Error::GraphNeedsDeviceLoop`] when a CUDA graph is asked of a
+/// start position) do not fit the caches or an `i64` position, before anything runs,
+/// [`Error::GraphNeedsDeviceLoop`] when a CUDA graph is asked of a
 /// program the device loop cannot run; the errors of the
 /// runs themselves, [`Error::TornBuffers`] among them when an earlier failed run left the caches torn (reset
 /// them with [`Program::reset`] first: a generation starts at position 0).
@@ -256,30 +257,7 @@ pub fn generate_with(
     observe: impl FnMut(&Step, &Program) -> Result<(), Error>,
 ) -> Result<Generation, Error> {
     let g: Generate = program.manifest().generate.clone().ok_or(Error::NotAGenerator)?;
-    let steps = options.steps;
-    let prompt = g.prompt.len() as i64;
-    let start = options.start_position.unwrap_or(prompt);
-    if let Some(max) = g.max_positions {
-        let advance = if options.hold_position { 1 } else { steps as i64 };
-        let end = start.checked_add(advance).filter(|&end| start >= prompt && end <= max as i64);
-        if end.is_none() {
-            let most = g.max_decode_steps().unwrap_or_default();
-            return Err(Error::Usage(if options.start_position.is_some() {
-                format!(
-                    "{steps} decode steps from position {start} do not fit: the caches hold {max} positions and the prompt takes {prompt}, so decode may start at positions {prompt}..{max} and run until position {}",
-                    max - 1
-                )
-            } else {
-                format!(
-                    "{steps} decode steps do not fit: the caches hold {max} positions and the prompt takes {prompt}, so at most {most} decode steps"
-                )
-            }));
-        }
-    } else if start < prompt {
-        return Err(Error::Usage(format!(
-            "decode cannot start at position {start}, inside the prompt of {prompt} tokens"
-        )));
-    }
+    let end = decode_end(&g, options)?;
     let refusal = refusal(program, &g)?;
     let generation = match (refusal, options.host_loop) {
         (None, false) => {
@@ -296,11 +274,62 @@ pub fn generate_with(
             host_loop(program, &g, options, observe)
         }
     }?;
-    // The rows written: the prompt's, then one per decode step from the start (one, held).
-    let decoded = if options.hold_position { steps.min(1) } else { steps } as i64;
-    let end = if steps == 0 { prompt } else { start + decoded };
     program.set_position(u64::try_from(end).ok());
     Ok(generation)
+}
+
+/// Refuses, as [`generate_with`] would before anything runs, `options` whose decode steps do not fit the
+/// program's caches (`max_positions`) or an `i64` position: for a caller that does other work first (a
+/// restore) and would otherwise find out after it.
+///
+/// # Errors
+/// [`Error::NotAGenerator`] when the program has no `[generate]`; [`Error::Usage`] naming what does not fit.
+pub fn check_fit(program: &Program, options: &Options) -> Result<(), Error> {
+    let g = program.manifest().generate.as_ref().ok_or(Error::NotAGenerator)?;
+    decode_end(g, options).map(|_| ())
+}
+
+/// The position after the rows a generation writes (the prompt's, then one per decode step from the start,
+/// or one when held), once checked: decode starts at or after the prompt, and every position fits the
+/// caches (`max_positions`) and an `i64` position input. The step count is the caller's, so every
+/// conversion of it is checked.
+fn decode_end(g: &Generate, options: &Options) -> Result<i64, Error> {
+    let steps = options.steps;
+    let prompt = i64::try_from(g.prompt.len()).unwrap_or(i64::MAX);
+    let start = options.start_position.unwrap_or(prompt);
+    let advance = if options.hold_position { Some(1) } else { i64::try_from(steps).ok() };
+    let end = advance.and_then(|advance| start.checked_add(advance)).filter(|_| start >= prompt);
+    let fits = match g.max_positions {
+        Some(max) => end.filter(|&end| u64::try_from(end).is_ok_and(|end| end <= max)),
+        None => end,
+    };
+    match (fits, g.max_positions) {
+        (Some(end), _) => Ok(if steps == 0 { prompt } else { end }),
+        (None, Some(max)) => Err(Error::Usage(if options.start_position.is_some() {
+            format!(
+                "{steps} decode steps from position {start} do not fit: the caches hold {max} positions and the prompt takes {prompt}, so decode may start at positions {prompt}..{max} and run until position {}",
+                max.saturating_sub(1)
+            )
+        } else {
+            let most = g.max_decode_steps().unwrap_or_default();
+            format!(
+                "{steps} decode steps do not fit: the caches hold {max} positions and the prompt takes {prompt}, so at most {most} decode steps"
+            )
+        })),
+        (None, None) if start < prompt => Err(Error::Usage(format!(
+            "decode cannot start at position {start}, inside the prompt of {prompt} tokens"
+        ))),
+        (None, None) => Err(Error::Usage(format!(
+            "{steps} decode steps from position {start} run past position {}, the last a position input holds",
+            i64::MAX
+        ))),
+    }
+}
+
+/// How many steps' records to reserve for `steps` decode steps: at most as many as the caches hold (the
+/// count is the caller's, never trusted with an allocation; records past it grow as the steps run).
+pub(super) fn reserve(g: &Generate, steps: usize) -> usize {
+    steps.min(g.max_positions.and_then(|max| usize::try_from(max).ok()).unwrap_or(0))
 }
 
 /// Timed events around each decode step (a start and an end per step, so host work between steps is not
@@ -391,6 +420,59 @@ mod tests {
         // f16: NaN (0x7e00), 0.5 (0x3800), 1.0 (0x3c00).
         let f16s: Vec<u8> = [0x7e00u16, 0x3800, 0x3c00].iter().flat_map(|x| x.to_le_bytes()).collect();
         assert_eq!(logits_token(&f16s, DType::F16, 3), 2);
+    }
+
+    fn generate(max_positions: Option<u64>) -> Generate {
+        Generate {
+            prefill: "prefill".into(),
+            decode: "decode".into(),
+            prompt: vec![1, 7, 3, 12],
+            token_input: "tokens".into(),
+            position_input: "input_pos".into(),
+            logits_output: "logits".into(),
+            next_token_output: None,
+            max_positions,
+        }
+    }
+
+    fn options(steps: usize, start: Option<i64>, hold: bool) -> Options {
+        Options { start_position: start, hold_position: hold, ..Options::steps(steps) }
+    }
+
+    #[test]
+    fn decode_steps_fit_the_caches_and_an_i64_position_whatever_the_count() {
+        let usage = |result: Result<i64, Error>| match result {
+            Err(Error::Usage(message)) => message,
+            other => panic!("{other:?}"),
+        };
+        let held = generate(Some(16));
+        assert_eq!(decode_end(&held, &options(12, None, false)).ok(), Some(16));
+        assert_eq!(decode_end(&held, &options(0, None, false)).ok(), Some(4), "the prompt's rows");
+        assert_eq!(decode_end(&held, &options(usize::MAX, Some(15), true)).ok(), Some(16), "held: one row");
+        // `usize::MAX as i64` is -1, which once passed the check.
+        for steps in [13, 1 << 40, usize::MAX] {
+            let message = usage(decode_end(&held, &options(steps, None, false)));
+            assert!(message.ends_with("so at most 12 decode steps"), "{message}");
+        }
+        let message = usage(decode_end(&held, &options(usize::MAX, Some(i64::MAX), false)));
+        assert!(message.contains("from position 9223372036854775807 do not fit"), "{message}");
+        assert!(
+            usage(decode_end(&generate(Some(0)), &options(1, Some(0), false))).ends_with("until position 0")
+        );
+
+        let untold = generate(None);
+        assert_eq!(decode_end(&untold, &options(1 << 40, None, false)).ok(), Some(4 + (1 << 40)));
+        let message = usage(decode_end(&untold, &options(usize::MAX, None, false)));
+        assert!(message.contains("run past position 9223372036854775807"), "{message}");
+        let message = usage(decode_end(&untold, &options(1, Some(3), false)));
+        assert!(message.contains("inside the prompt of 4 tokens"), "{message}");
+    }
+
+    #[test]
+    fn records_are_reserved_for_no_more_steps_than_the_caches_hold() {
+        assert_eq!(reserve(&generate(Some(16)), usize::MAX), 16);
+        assert_eq!(reserve(&generate(Some(16)), 3), 3);
+        assert_eq!(reserve(&generate(None), 1 << 40), 0);
     }
 
     #[test]

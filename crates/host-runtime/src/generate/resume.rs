@@ -3,7 +3,7 @@
 
 use program_manifest::Generate;
 
-use super::{i64_bytes, read_token};
+use super::{i64_bytes, read_token, reserve};
 use crate::program::{Error, Program};
 
 /// Feeds `feed` at positions `position..` through the decode method (the tokens at those positions: after a
@@ -13,7 +13,8 @@ use crate::program::{Error, Program};
 ///
 /// # Errors
 /// [`Error::NotAGenerator`] when the program has no `[generate]`; [`Error::Usage`] when `feed` is empty or
-/// the positions do not fit the caches; the errors of the runs, [`Error::TornBuffers`] among them.
+/// the positions do not fit the caches or an `i64` position, before anything runs; the errors of the runs,
+/// [`Error::TornBuffers`] among them.
 pub fn continue_from(
     program: &mut Program,
     position: u64,
@@ -24,15 +25,22 @@ pub fn continue_from(
     if feed.is_empty() {
         return Err(Error::Usage("continuing needs the token at the position to feed".into()));
     }
-    let end = position.saturating_add((feed.len() + steps) as u64);
+    let fed = feed.len();
+    let end = fed.checked_add(steps).and_then(|n| position.checked_add(u64::try_from(n).ok()?));
+    let end = end.filter(|&end| i64::try_from(end).is_ok()).ok_or_else(|| {
+        Error::Usage(format!(
+            "{fed} tokens fed and {steps} decode steps from position {position} run past position {}, the last a position input holds",
+            i64::MAX
+        ))
+    })?;
     if let Some(max) = g.max_positions.filter(|&max| end > max) {
         return Err(Error::Usage(format!(
-            "{} tokens fed and {steps} decode steps from position {position} do not fit: the caches hold {max} positions",
-            feed.len()
+            "{fed} tokens fed and {steps} decode steps from position {position} do not fit: the caches hold {max} positions"
         )));
     }
+    // `position <= end`, which fits an i64.
     let mut position = i64::try_from(position).map_err(|_| Error::Usage(format!("position {position}")))?;
-    let mut tokens = Vec::with_capacity(steps + 1);
+    let mut tokens = Vec::with_capacity(reserve(&g, steps).saturating_add(1));
     let mut token = 0;
     for &fed in feed {
         token = step(program, &g, fed, position)?;

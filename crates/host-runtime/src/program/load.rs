@@ -27,7 +27,9 @@ impl Program {
     /// Every call is checked before any memory is allocated or any delegate initialised; then the buffers
     /// are allocated in their declared memory kinds (opening a CUDA context only for device, managed or
     /// pinned memory), then the inputs and outputs, the program's stream (when it declares CUDA memory),
-    /// and each call's copy-back scratch and delegate instance.
+    /// and each call's copy-back scratch and delegate instance. A token generator whose `[generate]` names no
+    /// `max_positions` is given the one its buffers' shapes tell ([`Manifest::positions_from_buffers`]), as
+    /// [`Program::manifest`] then shows.
     ///
     /// # Errors
     /// Besides the argument, plugin and allocation errors: [`Error::Devices`] when the program's CUDA memory
@@ -38,11 +40,12 @@ impl Program {
 
     /// [`Program::load`] with blobs and host copies from `attached` (a `.pte` program).
     pub(crate) fn load_attached(
-        manifest: Manifest,
+        mut manifest: Manifest,
         registry: &Registry,
         mode: Mode,
         mut attached: Attached,
     ) -> Result<Program, Error> {
+        fill_max_positions(&mut manifest);
         let device = program_device(&manifest)?;
         let planned = plan_calls(&manifest, registry, mode, &mut attached)?;
         let blob_identity = blob_identity(&manifest, &planned);
@@ -91,6 +94,17 @@ impl Program {
             position: Some(0),
             cache_epoch: 0,
         })
+    }
+}
+
+/// A token generator whose `[generate]` names no `max_positions` holds as many positions as its buffers'
+/// shapes tell ([`Manifest::positions_from_buffers`]), so every check of positions (the steps a generation
+/// may run, a plugin's stated limit, the caches' sequence axis) applies to it too. Set before any call is
+/// planned.
+fn fill_max_positions(manifest: &mut Manifest) {
+    let from_buffers = manifest.positions_from_buffers();
+    if let Some(g) = manifest.generate.as_mut() {
+        g.max_positions = g.max_positions.or(from_buffers);
     }
 }
 
