@@ -288,21 +288,11 @@ pub fn convert(input: &Path, output: &Path, to: Target) -> Result<(), Failure> {
     let write_err = |err: std::io::Error| {
         Failure::coded(ErrorCode::AccessFailed, format!("cannot write {}: {err}", output.display()))
     };
-    let dir = match output.parent() {
-        Some(dir) if !dir.as_os_str().is_empty() => dir,
-        _ => Path::new("."),
-    };
-    let temp =
-        tempfile::Builder::new().prefix(".delegate-host-convert").tempfile_in(dir).map_err(write_err)?;
-    let mut out = std::io::BufWriter::new(temp);
-    match &tr02 {
-        None => blob_format::native::write(&blob.header, blob.engine, &mut out).map_err(write_err)?,
-        Some(bytes) => out.write_all(bytes).map_err(write_err)?,
-    }
-    let temp = out.into_inner().map_err(|err| write_err(err.into_error()))?;
-    temp.as_file().sync_all().map_err(write_err)?;
-    temp.persist(output).map_err(|err| write_err(err.error))?;
-    Ok(())
+    crate::out_file::replace(output, |out| match &tr02 {
+        None => blob_format::native::write(&blob.header, blob.engine, out),
+        Some(bytes) => out.write_all(bytes),
+    })
+    .map_err(write_err)
 }
 
 /// Whether `a` and `b` name the same file (after links): by device and inode on Unix, by canonical path

@@ -102,7 +102,8 @@ pub fn run(
     let b = on_other(program, &mut other, |p| {
         continue_from(p, fork_position as u64, &branch[fork_position..], steps)
     })?;
-    let a_position = (g.prompt.len() + steps) as u64;
+    // A's generation fitted its positions, so this does too; were it not, `continue_from` would refuse it.
+    let a_position = u64::try_from(g.prompt.len().saturating_add(steps)).unwrap_or(u64::MAX);
     let a_next = continue_from(program, a_position, &a[steps..], 0)?[0];
     let branches = Branches { a, a_next, b, fork_position, bytes_copied };
     report(&branches, branch, mode, json)

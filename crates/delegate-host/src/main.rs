@@ -8,6 +8,7 @@
 mod blob;
 mod branch;
 mod npy;
+mod out_file;
 mod plugins;
 mod prompt_cache;
 mod pte;
@@ -108,7 +109,8 @@ enum Command {
         #[arg(long = "input", value_name = "NAME=FILE")]
         inputs: Vec<String>,
         /// Write every output of the methods that ran (output.<method>.<name>.npy) and every buffer's final
-        /// value (buffer.<name>.npy) into this directory.
+        /// value (buffer.<name>.npy) into this directory; each file is replaced whole, and one whose name is
+        /// taken by anything but a regular file (a FIFO, a device, a symbolic link) refuses the run.
         #[arg(long)]
         output_dir: Option<PathBuf>,
         /// How buffer-mutation outputs are passed.
@@ -154,7 +156,8 @@ struct ProgramArgs {
     #[arg(long, value_delimiter = ',', num_args = 1..)]
     prompt: Option<Vec<i64>>,
     /// Decode steps after prefill (bench: per run, each from zeroed caches) [default: as many as the caches
-    /// hold, or 15 when the program does not say]
+    /// hold ([generate] max_positions, a .pte's max_seq_len, or the rows its buffers' shapes share), or 15
+    /// when the program does not tell]
     #[arg(long)]
     steps: Option<usize>,
     /// Start decode steps at this position, e.g. max/2 or max-1 (written into the position input after

@@ -10,7 +10,7 @@
 use std::path::Path;
 use std::time::Instant;
 
-use host_runtime::generate::{continue_from, generate_with, Options};
+use host_runtime::generate::{check_fit, continue_from, generate_with, Options};
 use host_runtime::program::{Mode, Program};
 use serde_json::json;
 
@@ -38,6 +38,8 @@ fn shared_prefix(saved: &[i64], prompt: &[i64]) -> usize {
 pub fn run(program: &mut Program, file: &Path, steps: usize, mode: Mode, json: bool) -> Result<(), Failure> {
     let g = program.manifest().generate.clone().expect("run_program checked [generate]");
     let prompt = g.prompt.clone();
+    // Before the file is read: steps that do not fit are refused as a plain run refuses them.
+    check_fit(program, &Options::steps(steps))?;
     let start = Instant::now();
     let reused = match file.exists() {
         true => shared_prefix(&program.restore_cache(file)?.tokens, &prompt),

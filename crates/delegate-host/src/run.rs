@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 
 use clap::ValueEnum;
 use host_runtime::generate::{device_loop_refusal, generate_with, Generation, Options};
-use host_runtime::manifest::Manifest;
+use host_runtime::manifest::{Manifest, TensorDecl};
 use host_runtime::program::{CopyStats, Mode, Program};
 use serde_json::{json, Value};
 
@@ -86,22 +86,15 @@ fn load(
 
 /// `--steps`, or as many decode steps as the program's caches hold (from `--position` when given), or 15.
 ///
-/// The caches hold `[generate] max_positions` (a `.pte`'s `max_seq_len` compile spec). A `.pte` that does not
-/// say (`pte` true) holds as many as its shortest mutable buffer's sequence axis, the second to last (`[H, L,
-/// Dh]`, ExecuTorch's and transformers' `[B, H, L, Dh]`), so the default never runs past a cache.
-fn default_steps(manifest: &Manifest, steps: Option<usize>, position: Option<i64>, pte: bool) -> usize {
+/// The caches hold `[generate] max_positions` (a `.pte`'s `max_seq_len` compile spec); a program that does
+/// not say was given, at load, the positions its buffers' shapes tell (`Manifest::positions_from_buffers`:
+/// the second to last dimension every buffer of two or more has), so the default never runs past a cache.
+fn default_steps(manifest: &Manifest, steps: Option<usize>, position: Option<i64>) -> usize {
     steps
         .or_else(|| {
             let g = manifest.generate.as_ref()?;
-            let rows = || {
-                let seq = manifest
-                    .buffers
-                    .values()
-                    .filter_map(|b| b.shape.len().checked_sub(2).map(|a| b.shape[a]));
-                seq.min().filter(|_| pte)
-            };
-            let max = g.max_positions.or_else(rows)?;
-            let from = position.unwrap_or(g.prompt.len() as i64);
+            let max = g.max_positions?;
+            let from = position.unwrap_or_else(|| i64::try_from(g.prompt.len()).unwrap_or(i64::MAX));
             Some(usize::try_from(i64::try_from(max).unwrap_or(i64::MAX).saturating_sub(from)).unwrap_or(0))
         })
         .unwrap_or(15)
@@ -168,7 +161,7 @@ pub fn run_program(path: &Path, mode: Mode, dirs: &[PathBuf], args: &RunArgs) ->
         let used = plugins_used(&program, &registry);
         return run_once(&mut program, path, mode, args, &used);
     }
-    let steps = default_steps(program.manifest(), args.steps, args.position, is_pte(path));
+    let steps = default_steps(program.manifest(), args.steps, args.position);
     if let Some(file) = &args.prompt_cache {
         if args.position.is_some() || args.hold_position || args.cuda_graph {
             return Err(failure(
@@ -182,9 +175,12 @@ pub fn run_program(path: &Path, mode: Mode, dirs: &[PathBuf], args: &RunArgs) ->
         // Decided at load, before any method runs: a plugin that cannot be captured is refused now.
         program.require_capturable(&g.decode)?;
     }
+    if let Some(dir) = &args.output_dir {
+        refuse_output_files(&program, dir, &generation_methods(&program, true))?;
+    }
     let options = options(steps, args, &program, args.cuda_graph);
     let bar = if std::io::stderr().is_terminal() && !json {
-        let bar = indicatif::ProgressBar::new(steps as u64 + 1);
+        let bar = indicatif::ProgressBar::new(u64::try_from(steps).unwrap_or(u64::MAX).saturating_add(1));
         bar.set_style(
             indicatif::ProgressStyle::with_template("{spinner} {msg} [{bar:30}] {pos}/{len} steps")
                 .expect("static template")
@@ -201,12 +197,7 @@ pub fn run_program(path: &Path, mode: Mode, dirs: &[PathBuf], args: &RunArgs) ->
     })?;
     bar.finish_and_clear();
     if let Some(dir) = &args.output_dir {
-        let g = program.manifest().generate.clone().expect("a generation ran");
-        let mut methods = vec![g.prefill.clone()];
-        if g.decode != g.prefill && generation.steps.len() > 1 {
-            methods.push(g.decode);
-        }
-        write_outputs(&program, dir, &methods)?;
+        write_outputs(&program, dir, &generation_methods(&program, generation.steps.len() > 1))?;
     }
     report(&generation, mode, json, &plugins_used(&program, &registry))
 }
@@ -227,7 +218,7 @@ fn run_branch(
             if is_pte(path) { " until given --prompt" } else { " (it has no [generate] section)" }
         )));
     };
-    let default = default_steps(program.manifest(), None, None, is_pte(path));
+    let default = default_steps(program.manifest(), None, None);
     let steps = crate::branch::steps(default, args.steps, &prompt, branch);
     crate::branch::run(program, branch, steps, mode, args.json)
 }
@@ -299,24 +290,68 @@ fn file_part(name: &str) -> String {
     name.chars().map(|c| if c == '/' || c == '\\' || c.is_control() { '_' } else { c }).collect()
 }
 
-/// Writes every (non-internal) output of `methods`, as their last run left them, to
-/// `DIR/output.<method>.<output>.npy`, and every buffer's value to `DIR/buffer.<buffer>.npy`.
+/// The methods whose outputs a generation leaves: prefill, and decode when it ran (`decoded`).
+fn generation_methods(program: &Program, decoded: bool) -> Vec<String> {
+    let Some(g) = &program.manifest().generate else { return Vec::new() };
+    let mut methods = vec![g.prefill.clone()];
+    if g.decode != g.prefill && decoded {
+        methods.push(g.decode.clone());
+    }
+    methods
+}
+
+/// A tensor `--output-dir` writes.
+enum Written<'p> {
+    /// Output `decl` of `method`.
+    Output { method: &'p str, decl: &'p TensorDecl },
+    /// A buffer.
+    Buffer(&'p TensorDecl),
+}
+
+/// Every file `--output-dir` writes for `methods`, with its tensor: each (non-internal) output of `methods`
+/// as `DIR/output.<method>.<output>.npy`, each buffer as `DIR/buffer.<buffer>.npy`.
+fn output_files<'p>(program: &'p Program, dir: &Path, methods: &'p [String]) -> Vec<(PathBuf, Written<'p>)> {
+    let manifest = program.manifest();
+    let outputs = methods.iter().flat_map(|method| {
+        let decls = manifest.methods[method].outputs.iter();
+        decls.filter(|d| !host_runtime::pte::is_internal(&d.name)).map(move |decl| {
+            let path = dir.join(format!("output.{}.{}.npy", file_part(method), file_part(&decl.name)));
+            (path, Written::Output { method, decl })
+        })
+    });
+    let buffers = manifest
+        .buffers
+        .iter()
+        .map(|(name, decl)| (dir.join(format!("buffer.{}.npy", file_part(name))), Written::Buffer(decl)));
+    outputs.chain(buffers).collect()
+}
+
+/// Refuses, before anything runs, an `--output-dir` where a file it would write for `methods` is something
+/// other than a regular file (a FIFO, a device, a symbolic link): [`npy::write`] refuses it again when it
+/// writes.
+fn refuse_output_files(program: &Program, dir: &Path, methods: &[String]) -> Result<(), Failure> {
+    for (path, _) in output_files(program, dir, methods) {
+        crate::out_file::refuse_special(&path).map_err(|source| npy::Error::Write { path, source })?;
+    }
+    Ok(())
+}
+
+/// Writes every file [`output_files`] names for `methods` (outputs as their last run left them, buffers'
+/// values) into `dir`, created if missing.
 fn write_outputs(program: &Program, dir: &Path, methods: &[String]) -> Result<Vec<PathBuf>, Failure> {
     std::fs::create_dir_all(dir).map_err(|source| npy::Error::Write { path: dir.to_owned(), source })?;
     let mut written = Vec::new();
-    for method in methods {
-        let decl = &program.manifest().methods[method];
-        for output in decl.outputs.iter().filter(|d| !host_runtime::pte::is_internal(&d.name)) {
-            let path = dir.join(format!("output.{}.{}.npy", file_part(method), file_part(&output.name)));
-            let bytes = program.read_output(method, &output.name)?;
-            npy::write(&path, &format!("output '{}' of method '{method}'", output.name), output, &bytes)?;
-            written.push(path);
+    for (path, tensor) in output_files(program, dir, methods) {
+        match tensor {
+            Written::Output { method, decl } => {
+                let bytes = program.read_output(method, &decl.name)?;
+                npy::write(&path, &format!("output '{}' of method '{method}'", decl.name), decl, &bytes)?;
+            }
+            Written::Buffer(decl) => {
+                let bytes = program.buffer(&decl.name)?;
+                npy::write(&path, &format!("buffer '{}'", decl.name), decl, &bytes)?;
+            }
         }
-    }
-    for (name, decl) in &program.manifest().buffers {
-        let path = dir.join(format!("buffer.{}.npy", file_part(name)));
-        let bytes = program.buffer(name)?;
-        npy::write(&path, &format!("buffer '{name}'"), decl, &bytes)?;
         written.push(path);
     }
     Ok(written)
@@ -332,6 +367,9 @@ fn run_once(
 ) -> Result<(), Failure> {
     let method = pick_method(program, args.method.as_deref())?;
     let decl = program.manifest().methods[&method].clone();
+    if let Some(dir) = &args.output_dir {
+        refuse_output_files(program, dir, std::slice::from_ref(&method))?;
+    }
     for arg in &args.inputs {
         let (name, file) = npy::split(arg)?;
         let input = decl.inputs.iter().find(|d| d.name == name).ok_or_else(|| npy::Error::UnknownInput {
@@ -493,7 +531,7 @@ fn bench_row(
         "gpu_median_us": gpu(0.5),
         "gpu_p10_us": gpu(0.1),
         "gpu_p90_us": gpu(0.9),
-        "host_syncs_per_step": syncs as f64 / (measured_runs.max(1) * steps as u64) as f64,
+        "host_syncs_per_step": syncs as f64 / (measured_runs.max(1) as f64 * steps as f64),
         "bytes_copied_per_step": copies.total(),
         "reflect_bytes_per_step": copies.reflect_bytes,
         "writeback_bytes_per_step": copies.writeback_bytes,
@@ -516,7 +554,7 @@ pub fn bench(path: &Path, runs: usize, dirs: &[PathBuf], args: &RunArgs) -> Resu
                 if is_pte(path) { " until given --prompt" } else { " (it has no [generate] section)" }
             )));
         }
-        steps = default_steps(program.manifest(), args.steps, args.position, is_pte(path));
+        steps = default_steps(program.manifest(), args.steps, args.position);
         if steps == 0 || runs < 2 {
             return Err(failure("bench needs --steps >= 1 and --runs >= 2 (the first run is a warm-up)"));
         }
