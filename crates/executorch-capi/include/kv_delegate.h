@@ -2,9 +2,17 @@
  * kv_delegate.h: kv-delegate's backends inside a C or C++ ExecuTorch 1.5.1 application.
  *
  * Link libkv_delegate.a or libkv_delegate.so (crates/executorch-capi) with the executorch==1.5.1 wheel's
- * libexecutorch.so, call kvd_register_backends() once before loading a program, then load and run the program
- * with ExecuTorch's own API (Module, or Program/Method): its DelegateCalls to ReferenceBackend and CudaBackend
- * run on our delegates. docs/cpp.md has the link lines.
+ * libexecutorch.so, call kvd_register_backends() once before loading a program, then, for every program:
+ *
+ *   1. read its bytes once into memory you own (not a path ExecuTorch opens again, not a mapping);
+ *   2. kvd_check_program(bytes, len) on them, and load nothing it refuses;
+ *   3. load and run exactly those bytes with ExecuTorch's own API (Module over a BufferDataLoader, or
+ *      Program/Method): its DelegateCalls to ReferenceBackend and CudaBackend run on our delegates.
+ *
+ * Step 2 is not optional for a program you did not export yourself: ExecuTorch hands a delegate every tensor
+ * as writable, and our delegates never see the program, so only this check stops a crafted program whose
+ * delegate would write into its own constants (a crash, or silently changed weights). docs/cpp.md has the
+ * load sequence and the link lines.
  *
  * Every function may be called from any thread. Strings returned live for the whole process; the caller
  * frees nothing. Names starting with `kvd_` are reserved by this library.
@@ -53,6 +61,31 @@ typedef uint32_t kvd_error;
  */
 kvd_error kvd_register_backends(void);
 
+/*
+ * Checks the len program bytes at data before ExecuTorch loads them: that they are a readable .pte, and that
+ * every DelegateCall argument one of our delegates writes (an output, or a buffer it updates in place) is
+ * memory ExecuTorch's planner placed, never a constant of the program (bytes ExecuTorch may have mapped
+ * read-only: the delegate's write would crash the process, or overwrite the program's weights) nor memory the
+ * caller binds. The same check et-run makes. Reads the bytes during the call only; needs no registration;
+ * DelegateCalls to backends that are not ours are not judged. Any thread.
+ *
+ * Then load exactly these bytes (executorch::extension::BufferDataLoader over them, kept alive as long as the
+ * Module): a file reopened or mapped by path could have changed since it was checked.
+ *
+ * Returns 0 (Error::Ok), or:
+ *  - InvalidProgram (0x23): not a readable program (truncated, corrupted, not a .pte), or a delegate writes
+ *    outside planned memory; the message names the method, the call, the argument and why, e.g.
+ *    "kvd_check_program: method 'forward', chains[0].instructions[0] (DelegateCall to ReferenceBackend):
+ *    argument 4 ('k_cache_out_0', value 4) is an output the delegate writes, but it is not planned memory:
+ *    it is constant data of the program (data_buffer_idx 1, no allocation_info); ...";
+ *  - NotSupported (0x10): a .pte of an ExecuTorch version this library does not read;
+ *  - InvalidArgument (0x12): data is NULL while len is not 0, or len is larger than any memory (NULL with
+ *    len 0 is an empty buffer: InvalidProgram);
+ *  - Internal (0x1): a bug in the library (a Rust panic, caught).
+ * kvd_last_error() gives the message, one line.
+ */
+kvd_error kvd_check_program(const void* data, size_t len);
+
 /* The number of backend ids kvd_register_backends() registered (0 before it succeeded). */
 size_t kvd_backend_count(void);
 
@@ -63,12 +96,12 @@ const char* kvd_backend_name(size_t index);
 const char* kvd_version(void);
 
 /*
- * The message of the last failure on the calling thread: of kvd_register_backends(), or of one of our
- * delegates' init or execute while ExecuTorch loaded or ran a method (ExecuTorch itself carries only the
- * code). Copies at most cap - 1 bytes and a NUL into buf (nothing when buf is NULL or cap is 0) and returns
- * the message's whole length (0 when there is none). A message copied whole is forgotten (the next call
- * returns 0 until another failure), so an old message is never mistaken for a later failure's; one cut short,
- * or only measured (buf NULL), stays, so a second call with a larger buffer gets all of it.
+ * The message of the last failure on the calling thread: of kvd_register_backends() or kvd_check_program(),
+ * or of one of our delegates' init or execute while ExecuTorch loaded or ran a method (ExecuTorch itself
+ * carries only the code). Copies at most cap - 1 bytes and a NUL into buf (nothing when buf is NULL or cap is
+ * 0) and returns the message's whole length (0 when there is none). A message copied whole is forgotten (the
+ * next call returns 0 until another failure), so an old message is never mistaken for a later failure's; one
+ * cut short, or only measured (buf NULL), stays, so a second call with a larger buffer gets all of it.
  */
 size_t kvd_last_error(char* buf, size_t cap);
 

@@ -1,16 +1,18 @@
 //! Our delegates for a C or C++ ExecuTorch 1.5.1 application: this crate builds `libkv_delegate.a` and
 //! `libkv_delegate.so`, whose C functions (declared in `include/kv_delegate.h`) register the reference delegate,
 //! the CUDA delegate (where a driver and a GPU are) and the plugin libraries in `DELEGATE_PLUGIN_PATH` in
-//! ExecuTorch's backend registry through `executorch-bridge`. The application then loads and runs programs with ExecuTorch's own API.
+//! ExecuTorch's backend registry through `executorch-bridge`, and check a program's bytes before ExecuTorch
+//! loads them. The application then loads and runs programs with ExecuTorch's own API.
 //!
 //! The C functions:
 //!
 //! | function | what it does |
 //! |---|---|
 //! | `kvd_register_backends()` | registers once; returns ExecuTorch's error code (0 is `Error::Ok`) |
+//! | `kvd_check_program(data, len)` | checks a program's bytes before ExecuTorch loads exactly those bytes: a delegate output in the program's constant data is `InvalidProgram` ([`check`]) |
 //! | `kvd_backend_count()`, `kvd_backend_name(i)` | the backend ids registered |
 //! | `kvd_version()` | this library's version (the header's `KVD_VERSION`) |
-//! | `kvd_last_error(buf, cap)` | the message of the calling thread's last failure: registration, or a delegate's `init`/`execute` |
+//! | `kvd_last_error(buf, cap)` | the message of the calling thread's last failure: registration, the check, or a delegate's `init`/`execute` |
 //!
 //! `docs/cpp.md` is the guide (link lines for the static and the shared library, the run-time library path, the
 //! errors); `examples/cpp/decode.cpp` is a whole application (greedy decode through ExecuTorch's `Module`),
@@ -25,6 +27,10 @@
 //! assert_eq!(code, 0, "{}", kv_delegate::last_error().unwrap_or_default());
 //! let ids: Vec<String> = kv_delegate::registered().iter().map(|id| id.to_string_lossy().into_owned()).collect();
 //! assert!(ids.iter().any(|id| id == "ReferenceBackend"));
+//! // Before ExecuTorch loads a program: check the bytes it will load (the safe function behind
+//! // `kvd_check_program`).
+//! let bytes = std::fs::read("fixtures/executorch/buffers_2m_planned.pte").expect("a program");
+//! kv_delegate::check::check_program(&bytes).expect("a program ExecuTorch may load");
 //! ```
 //!
 //! ## Logging
@@ -37,7 +43,8 @@
 //! ## Unsafe code
 //!
 //! Only in the private `ffi` module (the exported `#[no_mangle]` functions, the caller's buffer in
-//! `kvd_last_error`), every block with a `// SAFETY:` comment; the rest of the crate denies `unsafe_code`.
+//! `kvd_last_error`, the caller's program bytes in `kvd_check_program`), every block with a `// SAFETY:`
+//! comment; the rest of the crate denies `unsafe_code`.
 //!
 //! ## Feature Flags
 //!
@@ -45,8 +52,12 @@
 #![deny(missing_docs)]
 #![deny(unsafe_code)]
 
+pub mod check;
 mod ffi;
 mod registration;
 
-pub use ffi::{kvd_backend_count, kvd_backend_name, kvd_last_error, kvd_register_backends, kvd_version};
+pub use ffi::{
+    kvd_backend_count, kvd_backend_name, kvd_check_program, kvd_last_error, kvd_register_backends,
+    kvd_version,
+};
 pub use registration::{last_error, registered, VERSION};

@@ -32,9 +32,9 @@ pub fn registered() -> &'static [CString] {
     REGISTERED.get().map_or(&[], Vec::as_slice)
 }
 
-/// The calling thread's last failure: of `kvd_register_backends`, or, newer, of a delegate's `init` or
-/// `execute` under ExecuTorch (the bridge's message). It stays until the next failure on this thread, or until
-/// `kvd_last_error` copied it whole.
+/// The calling thread's last failure: of `kvd_register_backends` or `kvd_check_program`, or, newer, of a
+/// delegate's `init` or `execute` under ExecuTorch (the bridge's message). It stays until the next failure on
+/// this thread, or until `kvd_last_error` copied it whole.
 pub fn last_error() -> Option<String> {
     let newer = executorch_bridge::take_last_error();
     LAST_ERROR.with(|last| {

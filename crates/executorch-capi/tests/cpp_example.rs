@@ -2,8 +2,10 @@
 //! `examples/cpp/decode.cpp` linked once against `libkv_delegate.a` and once against `libkv_delegate.so`, each
 //! run on a committed program (`fixtures/executorch/buffers_2m_planned.pte`: `prefill` + `decode`, caches
 //! shared across methods and updated in place) and checked against torch eager's tokens committed beside it
-//! (`expected.json`); a delegate's failure reaching the application with its reason; `examples/c` from C99;
-//! an id the application already took refused by ExecuTorch (`tests/cpp/taken_id.cpp`).
+//! (`expected.json`); every other committed program decoded to eager's tokens too; the hostile fixture (a
+//! delegate output in the program's constant data) and a device refused before ExecuTorch loads anything; a
+//! delegate's failure reaching the application with its reason; `examples/c` from C99; an id the application
+//! already took refused by ExecuTorch (`tests/cpp/taken_id.cpp`).
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -46,7 +48,12 @@ fn library_dir() -> PathBuf {
 
 /// The tokens eager torch decoded, committed beside the program, and the prompt and steps they are for.
 fn expected() -> (Vec<i64>, Vec<i64>, usize) {
-    let path = fixtures().join("expected.json");
+    expected_in(&fixtures()).0
+}
+
+/// [`expected`] for the programs of `dir` (its `expected.json`), and the names of those programs.
+fn expected_in(dir: &Path) -> ((Vec<i64>, Vec<i64>, usize), Vec<String>) {
+    let path = dir.join("expected.json");
     let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
     let json: serde_json::Value = serde_json::from_str(&text).expect("expected.json is JSON");
     let ints = |key: &str| -> Vec<i64> {
@@ -58,7 +65,9 @@ fn expected() -> (Vec<i64>, Vec<i64>, usize) {
             .collect()
     };
     let steps = json["steps"].as_u64().expect("expected.json has 'steps'") as usize;
-    (ints("prompt"), ints("tokens"), steps)
+    let programs =
+        json["programs"].as_object().expect("expected.json has 'programs'").keys().cloned().collect();
+    ((ints("prompt"), ints("tokens"), steps), programs)
 }
 
 /// How the example links our library: statically (the archive, then the system libraries Rust's standard
@@ -177,10 +186,13 @@ fn example(link: Link) -> &'static Path {
 }
 
 fn check(link: Link) {
+    check_program(link, &fixtures().join(PROGRAM), expected());
+}
+
+/// The example linked as `link` decodes `program` to `expected`'s tokens.
+fn check_program(link: Link, program: &Path, (prompt, tokens, steps): (Vec<i64>, Vec<i64>, usize)) {
     let exe = example(link);
-    let (prompt, tokens, steps) = expected();
     let prompt: Vec<String> = prompt.iter().map(i64::to_string).collect();
-    let program = fixtures().join(PROGRAM);
     let args = [program.display().to_string(), prompt.join(","), steps.to_string()];
     let output = run_bounded(exe, &args, &[]);
     let stdout = String::from_utf8_lossy(&output.stdout);
@@ -192,7 +204,12 @@ fn check(link: Link) {
             && banner.contains(" ReferenceBackend"),
         "{link:?}: the registration line is '{banner}'"
     );
-    assert_eq!(tokens_of(&stdout), tokens, "{link:?}: the example's tokens are not eager's ({PROGRAM})");
+    assert_eq!(
+        tokens_of(&stdout),
+        tokens,
+        "{link:?}: the example's tokens are not eager's ({})",
+        program.display()
+    );
 }
 
 #[test]
@@ -203,6 +220,51 @@ fn the_cpp_example_linked_statically_decodes_eagers_tokens() {
 #[test]
 fn the_cpp_example_linked_dynamically_decodes_eagers_tokens() {
     check(Link::Shared);
+}
+
+#[test]
+fn the_cpp_example_checks_and_decodes_every_committed_program() {
+    // Each one passes kvd_check_program and runs from the bytes checked: one method or two, caches copied back
+    // or updated in place, owned by the delegate, an operator outside the delegate.
+    let mut ran = 0;
+    for dir in [fixtures(), fixtures().join("outside")] {
+        let (expected, programs) = expected_in(&dir);
+        for name in programs {
+            check_program(Link::Shared, &dir.join(name), expected.clone());
+            ran += 1;
+        }
+    }
+    assert!(ran >= 6, "only {ran} programs listed");
+}
+
+#[test]
+fn the_cpp_example_refuses_a_delegate_output_in_the_programs_constant_data_before_loading_it() {
+    // Before kvd_check_program the example loaded it and the delegate wrote its new K cache into the program's
+    // read-only mapping: SIGSEGV.
+    let program = fixtures().join("hostile/kv_out_in_constant.pte");
+    let args = [program.display().to_string()];
+    let output = run_bounded(example(Link::Shared), &args, &[("KVD_LOG", "off")]);
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(1), "{:?}: {stdout}{stderr}", output.status);
+    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+    let line = format!(
+        "error: checking {}: ExecuTorch error 0x23 (kvd_check_program: method 'forward', \
+         chains[0].instructions[0] (DelegateCall to ReferenceBackend): argument 4 ('k_cache_out_0', value 4) is \
+         an output the delegate writes, but it is not planned memory: it is constant data of the program",
+        program.display()
+    );
+    assert!(stderr.starts_with(&line), "{stderr}");
+    assert!(!stdout.contains("tokens:"), "{stdout}");
+}
+
+#[test]
+fn the_cpp_example_reads_only_a_regular_file() {
+    // /dev/zero would be read until memory runs out; it is refused from the open descriptor.
+    let output = run_bounded(example(Link::Shared), &["/dev/zero".to_owned()], &[("KVD_LOG", "off")]);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(1), "{stderr}");
+    assert_eq!(stderr.trim_end(), "error: cannot read /dev/zero: not a regular file");
 }
 
 #[test]

@@ -3,9 +3,12 @@
 //   decode PROGRAM.pte [PROMPT [STEPS]]     PROMPT: comma-separated token ids (default 1,7,3,12); STEPS: decode
 //                                           steps after the prompt (default 12)
 //
-// It registers kv-delegate's backends (kv_delegate.h), loads the program with ExecuTorch's `Module` (memory
-// arenas shared across methods, so `decode` sees the caches `prefill` wrote), feeds the prompt (one `prefill`
-// call, or `forward` token by token), then feeds back the argmax token STEPS times and prints
+// It registers kv-delegate's backends (kv_delegate.h), reads the program once (a regular file only, opened
+// without blocking), checks those bytes (kvd_check_program: a program whose delegate would write into its own
+// constants is refused) and has ExecuTorch's `Module` load exactly them (a BufferDataLoader: ExecuTorch never
+// opens the file, so a file changed after the check is never what runs), with memory arenas shared across
+// methods (so `decode` sees the caches `prefill` wrote). It feeds the prompt (one `prefill` call, or `forward`
+// token by token), then feeds back the argmax token STEPS times and prints
 //
 //   kv-delegate 0.1.0: ReferenceBackend CudaBackend
 //   tokens: 52 19 9 ...
@@ -16,14 +19,22 @@
 
 #include <kv_delegate.h>
 
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
+#include <memory>
 #include <sstream>
 #include <string>
 #include <vector>
 
+#include <executorch/extension/data_loader/buffer_data_loader.h>
 #include <executorch/extension/module/module.h>
 #include <executorch/extension/tensor/tensor_ptr_maker.h>
 
@@ -44,6 +55,37 @@ int fail(const std::string& what, Error err) {
   }
   std::fputc('\n', stderr);
   return 1;
+}
+
+// The whole file at `path` into `bytes`, read once: opened without blocking (a FIFO cannot stall the open) and
+// refused unless it is a regular file (a device such as /dev/zero is never read). An empty string, or why not.
+std::string read_program(const char* path, std::vector<uint8_t>& bytes) {
+  const int fd = ::open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+  if (fd < 0) {
+    return std::strerror(errno);
+  }
+  std::string why;
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) {
+    why = std::strerror(errno);
+  } else if (!S_ISREG(st.st_mode)) {
+    why = "not a regular file";
+  } else {
+    bytes.resize(static_cast<size_t>(st.st_size));
+    size_t done = 0;
+    while (why.empty() && done < bytes.size()) {
+      const ssize_t n = ::read(fd, bytes.data() + done, bytes.size() - done);
+      if (n < 0 && errno != EINTR) {
+        why = std::strerror(errno);
+      } else if (n == 0) {
+        why = "it shrank while being read";
+      } else if (n > 0) {
+        done += static_cast<size_t>(n);
+      }
+    }
+  }
+  ::close(fd);
+  return why;
 }
 
 // The greedy token: the index of the first largest logit; a NaN never wins (kv-delegate's rule,
@@ -144,7 +186,20 @@ int main(int argc, char** argv) {
   }
   std::printf("\n");
 
-  Module module(argv[1], Module::LoadMode::Mmap, nullptr, nullptr, nullptr, /*share_memory_arenas=*/true);
+  // The program's bytes, read once; checked before ExecuTorch sees them; then exactly those bytes loaded.
+  std::vector<uint8_t> program;
+  const std::string unreadable = read_program(argv[1], program);
+  if (!unreadable.empty()) {
+    std::fprintf(stderr, "error: cannot read %s: %s\n", argv[1], unreadable.c_str());
+    return 1;
+  }
+  Error checked = static_cast<Error>(kvd_check_program(program.data(), program.size()));
+  if (checked != Error::Ok) {
+    return fail(std::string("checking ") + argv[1], checked);
+  }
+  // `program` outlives `module` (declared before it): ExecuTorch lends delegate payloads from these bytes.
+  Module module(std::make_unique<executorch::extension::BufferDataLoader>(program.data(), program.size()),
+                nullptr, nullptr, nullptr, nullptr, /*share_memory_arenas=*/true);
   auto methods = module.method_names();
   if (!methods.ok()) {
     return fail(std::string("loading ") + argv[1], methods.error());
