@@ -499,8 +499,31 @@ impl PluginInfoRecordRef {
     /// # Errors
     /// [`RecordError`] when a `bool` field holds a byte other than 0 or 1, or the tag of
     /// `in_place_memory_kinds` is neither `RSome`'s nor `RNone`'s.
-    pub fn to_info(self) -> Result<PluginInfo, RecordError> {
-        Ok(PluginInfo {
+    pub fn try_to_info(self) -> Result<PluginInfo, RecordError> {
+        // A prefix field: every plugin's record has it.
+        let binds_aliases_in_place = flag!(self, binds_aliases_in_place)?.unwrap_or_default();
+        Ok(self.info_with(binds_aliases_in_place, self.capabilities()?))
+    }
+
+    /// To the safe form, as [`PluginInfoRecordRef::try_to_info`], except that a record with an out-of-range
+    /// byte is not refused: it is logged, and every `bool` and the in-place kinds read as their defaults
+    /// (`false`, [`Capabilities::default`]). Kept for one release for callers written before
+    /// [`RecordError`]; the host refuses such a plugin through `try_to_info`.
+    #[deprecated(
+        since = "0.2.0",
+        note = "use try_to_info, which refuses a record holding an out-of-range byte"
+    )]
+    pub fn to_info(self) -> PluginInfo {
+        self.try_to_info().unwrap_or_else(|err| {
+            tracing::warn!("{err}; reading the plugin's flags as their defaults");
+            let max_positions = self.max_positions().unwrap_or_default();
+            self.info_with(false, Capabilities { max_positions, ..Capabilities::default() })
+        })
+    }
+
+    /// The record's strings and lists, copied, with the flags and capabilities already read.
+    fn info_with(self, binds_aliases_in_place: bool, capabilities: Capabilities) -> PluginInfo {
+        PluginInfo {
             name: self.name().to_string(),
             version: self.version().to_string(),
             backends: self.backends().iter().map(|b| b.to_string()).collect(),
@@ -510,10 +533,9 @@ impl PluginInfoRecordRef {
                 .map(|w| WireFormatSupport { format: w.format.to_string(), versions: w.versions.to_string() })
                 .collect(),
             memory_kinds: self.known_kinds(self.memory_kinds()),
-            // A prefix field: every plugin's record has it.
-            binds_aliases_in_place: flag!(self, binds_aliases_in_place)?.unwrap_or_default(),
-            capabilities: self.capabilities()?,
-        })
+            binds_aliases_in_place,
+            capabilities,
+        }
     }
 
     /// The appended capability fields; each one a plugin does not have (built before it) reads as

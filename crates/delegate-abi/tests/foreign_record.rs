@@ -182,3 +182,18 @@ fn a_prefix_bool_is_read_as_an_integer_too() {
          `binds_aliases_in_place`, which takes a bool: 0 or 1"
     );
 }
+
+/// The one-release shim for callers of the old `to_info`: a record the host refuses reads as its defaults
+/// there (never as an invalid `bool`), while its names and lists are kept.
+#[test]
+#[allow(deprecated)]
+fn the_deprecated_to_info_reads_an_out_of_range_byte_as_the_default() {
+    let info = foreign_info::<1>().to_info();
+    assert_eq!(
+        (info.name.as_str(), info.backends.as_slice()),
+        ("foreign", ["ForeignBackend".to_owned()].as_slice())
+    );
+    assert!(!info.binds_aliases_in_place);
+    assert_eq!(info.capabilities, Capabilities { max_positions: 7, ..Capabilities::default() });
+    assert!(foreign_info::<0>().to_info().capabilities.caller_stream, "valid bytes read as they are");
+}

@@ -105,7 +105,7 @@ impl Plugin {
             return Err(LoadError::BadAnswer { path, chosen: negotiated.version, host, plugin });
         }
         let module = negotiated.module;
-        let info = match (module.info())().to_info() {
+        let info = match (module.info())().try_to_info() {
             Ok(info) => info,
             Err(err) => return Err(LoadError::InvalidInfo { path, reason: err.to_string() }),
         };
