@@ -57,9 +57,13 @@ fn a_delegate_owning_its_caches_is_refused_rewind_restore_and_fork() {
         format!("cannot rewind to position 2: {owner} a rewind does not carry")
     );
     assert_eq!(program.position(), Some(8), "a refused rewind changes nothing");
-    // Saving writes the caller's caches (this program has none); restoring them is what would mislead.
+    // A saved file would hold the caller's caches (this program has none) and claim the position.
     let file = dir.path().join("cache.safetensors");
-    program.save_cache(&file, 8, &[]).expect("saves");
+    assert_eq!(
+        refused(program.save_cache(&file, 8, &[])),
+        format!("cannot save cache file {}: {owner} a saved cache file does not carry", file.display())
+    );
+    assert!(!file.exists(), "a refused save writes nothing");
     assert_eq!(
         refused(program.restore_cache(&file)),
         format!("cannot restore cache file {}: {owner} a restored cache file does not carry", file.display())
@@ -98,13 +102,16 @@ fn a_plugin_that_states_nothing_is_refused_rewind_and_restore() {
         .expect("loads");
     program.execute("step").expect("runs");
     let file = dir.path().join("cache.safetensors");
-    program.save_cache(&file, 1, &[]).expect("saves");
     let unstated =
         "method 'step', call 0 (UnstatedBackend) is served by plugin 'unstated', whose instance says \
                     it keeps sequence state of its own (keeps_sequence_state), which";
     assert_eq!(
         refused(program.rewind(0)),
         format!("cannot rewind to position 0: {unstated} a rewind does not carry")
+    );
+    assert_eq!(
+        refused(program.save_cache(&file, 1, &[])),
+        format!("cannot save cache file {}: {unstated} a saved cache file does not carry", file.display())
     );
     assert_eq!(
         refused(program.restore_cache(&file)),
@@ -150,7 +157,10 @@ fn a_plugin_from_release_0_1_0_is_refused_rewind_and_restore() {
                may keep sequence state of its own)";
     assert_eq!(refused(program.rewind(2)), format!("cannot rewind to position 2: {old}"));
     let file = dir.path().join("cache.safetensors");
-    program.save_cache(&file, 6, &[]).expect("saves");
+    assert_eq!(
+        refused(program.save_cache(&file, 6, &[])),
+        format!("cannot save cache file {}: {old}", file.display())
+    );
     assert_eq!(
         refused(program.restore_cache(&file)),
         format!("cannot restore cache file {}: {old}", file.display())

@@ -302,8 +302,8 @@ pub enum Error {
         /// Which call and why.
         reason: String,
     },
-    /// [`Program::rewind`](super::Program::rewind) or [`Program::restore_cache`](super::Program::restore_cache)
-    /// of a program with a call whose instance keeps sequence state of its own, or may, or runs in a worker
+    /// [`Program::rewind`](super::Program::rewind), [`Program::restore_cache`](super::Program::restore_cache)
+    /// or [`Program::save_cache`](super::Program::save_cache) of a program with a call whose instance keeps sequence state of its own, or may, or runs in a worker
     /// process that cannot be asked: the caches alone do not hold its sequence (`NotSupported`).
     #[error("cannot {action}: {reason}")]
     NotRewindable {

@@ -143,6 +143,8 @@ pub(super) enum Reuse<'a> {
     Rewind(u64),
     /// [`Program::restore_cache`] of this file.
     Restore(&'a Path),
+    /// [`Program::save_cache`] to this file (which a later restore would read back).
+    Save(&'a Path),
     /// [`Program::fork`], [`Program::new_caches`] or [`Program::fork_into`].
     Fork,
 }
@@ -153,6 +155,7 @@ impl Reuse<'_> {
         match self {
             Reuse::Rewind(position) => format!("rewind to position {position}"),
             Reuse::Restore(path) => format!("restore cache file {}", path.display()),
+            Reuse::Save(path) => format!("save cache file {}", path.display()),
             Reuse::Fork => "fork".to_owned(),
         }
     }
@@ -162,6 +165,7 @@ impl Reuse<'_> {
         match self {
             Reuse::Rewind(_) => "a rewind",
             Reuse::Restore(_) => "a restored cache file",
+            Reuse::Save(_) => "a saved cache file",
             Reuse::Fork => "a forked sequence",
         }
     }

@@ -200,10 +200,12 @@ impl Program {
     /// refused, never followed or opened (see the module docs).
     ///
     /// # Errors
-    /// [`Error::CacheFile`] when the position does not fit, the tokens do not match it, something other than
-    /// a regular file is at `path`, or the file cannot be written; [`Error::BufferAccess`] when reading a
-    /// cache fails.
+    /// [`Error::NotRewindable`] when a call's instance keeps sequence state of its own (the file could not
+    /// hold it); [`Error::CacheFile`] when the position does not fit, the tokens do not match it, something
+    /// other than a regular file is at `path`, or the file cannot be written; [`Error::BufferAccess`] when
+    /// reading a cache fails.
     pub fn save_cache(&self, path: &Path, position: u64, tokens: &[i64]) -> Result<(), Error> {
+        self.check_sequence_reuse(super::fork::Reuse::Save(path))?;
         let fail = |problem| cache_file_error(path, problem);
         let io = |source| fail(CacheFileProblem::Io { action: "written", source });
         self.check_position(position).map_err(|why| fail(CacheFileProblem::Position(why)))?;
