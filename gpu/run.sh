@@ -6,6 +6,7 @@
 #   bash target/gpu-bundle/run.sh bench   # the side-by-side benchmark, ours and PyTorch's, then the
 #                                         # Llama-3.2-1B-shaped decoder, ours and (with transformers)
 #                                         # PyTorch's; JSON to $OUT
+#   bash target/gpu-bundle/run.sh real    # every committed real model on the CUDA delegate (part of test)
 #   bash target/gpu-bundle/run.sh isolated  # only the isolated-plugin runs and benches, then again under
 #                                           # the CUDA Multi-Process Service when the machine has it
 #   bash target/gpu-bundle/run.sh sweep base "-DGEMV_PRE=2" "-DGEMV_PRE=2 -DATTN_U=2"
@@ -225,14 +226,51 @@ run_trace() {
   sed -n '/^per pair/,$p' "$out/trace-llama.txt" | head -n 14
 }
 
+# Every committed real model (fixtures/executorch/real/: Hugging Face exports, LayerNorm families, eager
+# attention) on the CUDA delegate through delegate-host, with and without a CUDA graph: eager's tokens (f32;
+# half types printed), no byte copied and no host synchronisation per decode step. The tree beside the bundle
+# holds the fixtures (the device tool carries tracked files).
+run_real() {
+  echo "== real models on the CUDA delegate"
+  python3 - "$here/../../fixtures/executorch/real" "$out" <<'PY' || status=1
+import json, subprocess, sys
+from pathlib import Path
+root, out = Path(sys.argv[1]), Path(sys.argv[2])
+expected = json.loads((root / "expected.json").read_text())
+prompt = ",".join(map(str, expected["prompt"]))
+failed = 0
+for name, meta in expected["programs"].items():
+    cuda = root / meta["cuda"]
+    for graph in ([], ["--cuda-graph"]):
+        cmd = ["./delegate-host", "run", str(cuda), "--prompt", prompt, "--steps", str(expected["steps"]), "--json"]
+        done = subprocess.run(cmd + graph, capture_output=True, text=True)
+        what = f"{meta['cuda']}{' graph' if graph else ''}"
+        if done.returncode != 0:
+            print(f"{what}: FAILED {done.stderr.strip()[-400:]}"); failed += 1; continue
+        report = json.loads(done.stdout); stats = report["stats"]
+        same = report["tokens"] == meta["tokens"]
+        clean = stats.get("mean_decode_bytes_copied_total") == 0 and stats.get("host_syncs_per_decode_step") == 0
+        print(f"{what}: tokens {'equal eager' if same else 'DIFFER'} ({meta['dtype']}) | bytes/step "
+              f"{stats.get('mean_decode_bytes_copied_total')} | syncs/step {stats.get('host_syncs_per_decode_step')}"
+              f" | GPU us/step {stats.get('mean_decode_gpu_us')}")
+        if not same:
+            n = next((i for i, (a, b) in enumerate(zip(report["tokens"], meta["tokens"])) if a != b), None)
+            print(f"    first difference at token {n}: {report['tokens'][n:n+4]} against eager's {meta['tokens'][n:n+4]}")
+        failed += (not clean) or (not same and meta["dtype"] == "f32")
+(out / "real.txt").write_text(f"failed {failed}\n")
+sys.exit(1 if failed else 0)
+PY
+}
+
 mode="${1:-test}"
 case "$mode" in
-  test) run_tests ;;
+  test) run_tests; run_real ;;
+  real) run_real ;;
   bench) run_bench ;;
   isolated) run_isolated_only ;;
   sweep) shift; run_sweep "${@:-base}" ;;
   trace) shift; run_trace "${1:-}" ;;
-  *) echo "usage: run.sh test|bench|isolated|sweep [SETTING...]|trace [SETTING]" >&2; exit 2 ;;
+  *) echo "usage: run.sh test|real|bench|isolated|sweep [SETTING...]|trace [SETTING]" >&2; exit 2 ;;
 esac
 if [ -n "${OUT:-}" ]; then
   tar czf "$OUT/results-$mode.tgz" --exclude='program-*' -C "$out" .
