@@ -125,6 +125,8 @@ fn a_non_delegated_operator_is_refused_before_running_naming_it() {
         ),
         "{line}"
     );
+    // Issue 46, item 5: a partly delegated program is refused pointing at the runtime that runs it.
+    assert!(line.contains(&format!("et-run {}", path.display())), "{line}");
     assert!(line.ends_with("[NotSupported]"), "{line}");
 }
 

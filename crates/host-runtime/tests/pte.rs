@@ -80,7 +80,8 @@ fn a_non_delegated_operator_refuses_the_program_naming_it() {
     assert_eq!(
         err.to_string(),
         format!(
-            "{}: method 'forward' instruction 4 calls operator 'aten::mul.out', which delegate-host does not run; it runs DelegateCalls, aten::copy_ write-backs and aten::clone.out only",
+            "{}: method 'forward' instruction 4 calls operator 'aten::mul.out', which delegate-host does not run; it runs DelegateCalls, aten::copy_ write-backs and aten::clone.out only. ExecuTorch's runtime runs the operators a partly delegated program keeps outside: et-run {}",
+            path.display(),
             path.display()
         )
     );

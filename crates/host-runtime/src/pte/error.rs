@@ -26,8 +26,10 @@ pub enum Error {
         /// What is wrong.
         source: pte_format::Error,
     },
-    /// An instruction calls an operator the host does not run (`NotSupported`).
-    #[error("{path}: method '{method}' instruction {at} calls operator '{operator}', which delegate-host does not run; it runs DelegateCalls, aten::copy_ write-backs and aten::clone.out only")]
+    /// An instruction calls an operator the host does not run (`NotSupported`). The host runs delegates, not
+    /// ExecuTorch's kernels: a program the partitioner left partly outside runs in ExecuTorch's own runtime,
+    /// which the message names with the command.
+    #[error("{path}: method '{method}' instruction {at} calls operator '{operator}', which delegate-host does not run; it runs DelegateCalls, aten::copy_ write-backs and aten::clone.out only. ExecuTorch's runtime runs the operators a partly delegated program keeps outside: et-run {}", path.display())]
     Operator {
         /// The file.
         path: PathBuf,
@@ -40,7 +42,7 @@ pub enum Error {
     },
     /// An instruction kind the host does not run: `MoveCall`, `JumpFalseCall` (control flow) or a newer
     /// kind (`NotSupported`).
-    #[error("{path}: method '{method}' instruction {at} is a {kind}, which delegate-host does not run")]
+    #[error("{path}: method '{method}' instruction {at} is a {kind}, which delegate-host does not run; ExecuTorch's runtime does: et-run {}", path.display())]
     Instruction {
         /// The file.
         path: PathBuf,
