@@ -3,14 +3,18 @@
 
 use program_manifest::Generate;
 
-use super::{i64_bytes, read_token, token_rows, Generation, Options, Step, Timing};
+use super::{i64_bytes, token_rows, Generation, Options, Step, Timing};
 use crate::program::{Error, Program, RunStats};
 
+/// Runs the host loop: `choose` picks each step's token once the step ran (`program`, the method that
+/// ran, the step's index), `observe` sees the step and says whether to go on (`false` ends the generation
+/// after this step, its token not fed).
 pub(super) fn host_loop(
     program: &mut Program,
     g: &Generate,
     options: &Options,
-    mut observe: impl FnMut(&Step, &Program) -> Result<(), Error>,
+    mut choose: impl FnMut(&Program, &str, usize) -> Result<i64, Error>,
+    mut observe: impl FnMut(&Step, &Program) -> Result<bool, Error>,
 ) -> Result<Generation, Error> {
     let timing = Timing::new(program, options)?;
     let mut generation = Generation {
@@ -42,7 +46,7 @@ pub(super) fn host_loop(
         if let Some(timing) = &timing {
             timing.mark(program, index, true)?;
         }
-        let token = read_token(program, g, method)?;
+        let token = choose(program, method, index)?;
         // The run itself, as before there was a device loop (writing inputs and reading the token are not
         // part of it).
         let micros = stats.elapsed.as_secs_f64() * 1e6;
@@ -56,7 +60,7 @@ pub(super) fn host_loop(
             gpu_micros: None,
             copies: stats.copies,
         };
-        observe(&step, program)?;
+        let go_on = observe(&step, program)?;
         position = if index == 0 {
             options.start_position.unwrap_or(feed.len() as i64)
         } else {
@@ -65,8 +69,11 @@ pub(super) fn host_loop(
         feed = vec![token];
         generation.tokens.push(token);
         generation.steps.push(step);
+        if !go_on {
+            break;
+        }
     }
-    if options.steps > 0 {
+    if generation.steps.len() > 1 {
         generation.host_syncs = cuda_rt::stats::thread_host_syncs() - syncs_before;
     }
     if let Some(timing) = timing {

@@ -271,10 +271,44 @@ pub fn generate_with(
                 let why = refusal.unwrap_or_else(|| "the host loop was asked for".into());
                 return Err(Error::GraphNeedsDeviceLoop { why });
             }
-            host_loop(program, &g, options, observe)
+            host_loop(program, &g, options, |p, method, _| read_token(p, &g, method), go_on(observe))
         }
     }?;
     program.set_position(u64::try_from(end).ok());
+    Ok(generation)
+}
+
+/// `observe`, going on after every step.
+fn go_on(
+    mut observe: impl FnMut(&Step, &Program) -> Result<(), Error>,
+) -> impl FnMut(&Step, &Program) -> Result<bool, Error> {
+    move |step, program| observe(step, program).map(|()| true)
+}
+
+/// Runs prefill over the prompt, then up to `options.steps` decode steps on the host loop, where `choose`
+/// picks each step's token from the last row of its logits (widened to f32) and the step's index (0 for
+/// prefill), in place of the argmax; `observe` sees each step right after it ran and ends the generation by
+/// returning `false` (its token is then not fed). A sampler and stop conditions run here (`delegate-host run
+/// --temperature`, `--stop`).
+///
+/// # Errors
+/// As [`generate_with`]; [`Error::GraphNeedsDeviceLoop`] when `options.cuda_graph` asks for a graph (the
+/// host loop runs no graph).
+pub fn generate_choosing(
+    program: &mut Program,
+    options: &Options,
+    mut choose: impl FnMut(&[f32], usize) -> i64,
+    observe: impl FnMut(&Step, &Program) -> Result<bool, Error>,
+) -> Result<Generation, Error> {
+    let g: Generate = program.manifest().generate.clone().ok_or(Error::NotAGenerator)?;
+    decode_end(&g, options)?;
+    if options.cuda_graph {
+        return Err(Error::GraphNeedsDeviceLoop { why: "a chosen token is picked on the host".into() });
+    }
+    let pick = |p: &Program, method: &str, index: usize| Ok(choose(&logits_row(p, &g, method)?, index));
+    let generation = host_loop(program, &g, options, pick, observe)?;
+    let ran = Options { steps: generation.steps.len().saturating_sub(1), ..options.clone() };
+    program.set_position(decode_end(&g, &ran).ok().and_then(|end| u64::try_from(end).ok()));
     Ok(generation)
 }
 
@@ -385,6 +419,11 @@ fn read_token(program: &Program, g: &Generate, method: &str) -> Result<i64, Erro
             .ok_or_else(|| Error::Generation(format!("output '{next}' of method '{method}' holds no i64")))?;
         return Ok(i64::from_le_bytes(bytes));
     }
+    Ok(ref_graph::argmax(&logits_row(program, g, method)?) as i64)
+}
+
+/// The last row of `method`'s logits, widened to f32.
+fn logits_row(program: &Program, g: &Generate, method: &str) -> Result<Vec<f32>, Error> {
     let decl = program.manifest().methods[method]
         .outputs
         .iter()
@@ -392,18 +431,23 @@ fn read_token(program: &Program, g: &Generate, method: &str) -> Result<i64, Erro
         .expect("manifest checked the logits output");
     let vocab = decl.shape.last().copied().unwrap_or(1) as usize;
     let bytes = program.read_output(method, &g.logits_output)?;
-    Ok(logits_token(&bytes, decl.dtype, vocab))
+    Ok(widen_last_row(&bytes, decl.dtype, vocab))
+}
+
+/// The last row of `[T, vocab]` logits of `dtype`, widened to f32.
+fn widen_last_row(bytes: &[u8], dtype: DType, vocab: usize) -> Vec<f32> {
+    match dtype {
+        DType::F16 => last_row_f16(bytes, vocab),
+        DType::BF16 => last_row_bf16(bytes, vocab),
+        _ => last_row(bytes, vocab),
+    }
 }
 
 /// The greedy token of `[T, vocab]` logits: [`ref_graph::argmax`] of the last row (first of equals, NaN never
 /// wins), the rule every delegate's `next_token` follows.
+#[cfg(test)]
 fn logits_token(bytes: &[u8], dtype: DType, vocab: usize) -> i64 {
-    let row = match dtype {
-        DType::F16 => last_row_f16(bytes, vocab),
-        DType::BF16 => last_row_bf16(bytes, vocab),
-        _ => last_row(bytes, vocab),
-    };
-    ref_graph::argmax(&row) as i64
+    ref_graph::argmax(&widen_last_row(bytes, dtype, vocab)) as i64
 }
 
 #[cfg(test)]
