@@ -13,6 +13,9 @@ mod plugins;
 mod prompt_cache;
 mod pte;
 mod run;
+mod stream;
+mod text;
+mod text_run;
 
 use std::io::{IsTerminal, Write};
 use std::path::PathBuf;
@@ -96,8 +99,9 @@ enum Command {
     #[command(hide = true)]
     Worker,
     /// Run a program (a TOML manifest or an ExecuTorch .pte): a token generator prefills once, then decodes
-    /// feeding back the argmax token; any other program, or one given --input or --method, runs one method
-    /// once.
+    /// feeding back the argmax token (or a sampled one: --temperature); with a tokenizer (--tokenizer, or a
+    /// tokenizer.json beside the program) the prompt is text and the reply is printed as text while it is
+    /// generated; any other program, or one given --input or --method, runs one method once.
     Run {
         #[command(flatten)]
         common: ProgramArgs,
@@ -133,6 +137,8 @@ enum Command {
         /// (--isolate) cannot fork.
         #[arg(long, value_delimiter = ',', num_args = 1.., value_name = "TOKENS")]
         branch: Option<Vec<i64>>,
+        #[command(flatten)]
+        generation: text_run::GenArgs,
     },
     /// Measure decode steps of a program in both modes, side by side: time per step and bytes copied per step;
     /// with CUDA memory also GPU time per step, host synchronisations per step, and zero-copy as a CUDA graph.
@@ -151,10 +157,18 @@ enum Command {
 struct ProgramArgs {
     /// The program: a manifest (TOML) or an ExecuTorch program (.pte).
     program: PathBuf,
-    /// The prompt's token ids, e.g. 1,7,3,12 (needed to generate with a .pte, which carries none;
-    /// replaces a manifest's [generate] prompt).
-    #[arg(long, value_delimiter = ',', num_args = 1..)]
-    prompt: Option<Vec<i64>>,
+    /// The prompt (needed to generate with a .pte, which carries none; replaces a manifest's [generate]
+    /// prompt): text when there is a tokenizer (--tokenizer, or a tokenizer.json beside the program), else
+    /// token ids, e.g. 1,7,3,12.
+    #[arg(long)]
+    prompt: Option<String>,
+    /// The prompt as token ids, e.g. 1,7,3,12, with or without a tokenizer.
+    #[arg(long, value_delimiter = ',', num_args = 1.., conflicts_with = "prompt", value_name = "TOKENS")]
+    prompt_ids: Option<Vec<i64>>,
+    /// The model's tokenizer.json (Hugging Face tokenizers) [default: the tokenizer.json beside the program,
+    /// when there is one]
+    #[arg(long, value_name = "PATH")]
+    tokenizer: Option<PathBuf>,
     /// Decode steps after prefill (bench: per run, each from zeroed caches) [default: as many as the caches
     /// hold ([generate] max_positions, a .pte's max_seq_len, or the rows its buffers' shapes share), or 15
     /// when the program does not tell]
@@ -185,8 +199,11 @@ struct ProgramArgs {
 }
 
 impl ProgramArgs {
-    /// The options `run` and `bench` share; `run`'s own are set by the caller.
-    fn run_args(self) -> (PathBuf, Vec<PathBuf>, run::RunArgs) {
+    /// The options `run` and `bench` share; `run`'s own are set by the caller. The prompt is read here: text
+    /// encoded by the tokenizer, or token ids.
+    fn run_args(self) -> Result<(PathBuf, Vec<PathBuf>, run::RunArgs), Failure> {
+        let tokenizer = text::find_tokenizer(&self.program, self.tokenizer.as_deref())?;
+        let prompt = text::prompt_ids(self.prompt.as_deref(), self.prompt_ids, tokenizer.as_ref())?;
         let args = run::RunArgs {
             steps: self.steps,
             position: self.position,
@@ -195,14 +212,16 @@ impl ProgramArgs {
             allow_outside_blobs: self.allow_outside_blobs,
             json: self.json,
             require_zero_copy: self.require_zero_copy,
-            prompt: self.prompt,
+            prompt,
             inputs: Vec::new(),
             method: None,
             output_dir: None,
             prompt_cache: None,
             branch: None,
+            tokenizer,
+            generation: None,
         };
-        (self.program, self.plugin_dirs, args)
+        Ok((self.program, self.plugin_dirs, args))
     }
 }
 
@@ -352,14 +371,37 @@ fn dispatch(command: Command) -> Result<(), Failure> {
         Command::Plugins { plugin_dirs, json } => plugins::plugins(&plugin_dirs, json),
         Command::PluginManifest { libraries, isolate } => plugins::write_manifests(&libraries, isolate),
         Command::Worker => plugins::worker(),
-        Command::Run { common, method, inputs, output_dir, mode, cuda_graph, prompt_cache, branch } => {
-            let (program, plugin_dirs, args) = common.run_args();
-            let args = run::RunArgs { cuda_graph, inputs, method, output_dir, prompt_cache, branch, ..args };
+        Command::Run {
+            common,
+            method,
+            inputs,
+            output_dir,
+            mode,
+            cuda_graph,
+            prompt_cache,
+            branch,
+            generation,
+        } => {
+            let (program, plugin_dirs, args) = common.run_args()?;
+            let generation = generation.settings(&program, args.tokenizer.is_some())?;
+            let steps = args.steps.or(generation.steps);
+            let generation = Some(generation);
+            let args = run::RunArgs {
+                cuda_graph,
+                inputs,
+                method,
+                output_dir,
+                prompt_cache,
+                branch,
+                generation,
+                steps,
+                ..args
+            };
             let mode = run::strict(mode.into(), args.require_zero_copy)?;
             run::run_program(&program, mode, &plugin_dirs, &args)
         }
         Command::Bench { common, runs } => {
-            let (program, plugin_dirs, args) = common.run_args();
+            let (program, plugin_dirs, args) = common.run_args()?;
             run::bench(&program, runs, &plugin_dirs, &args)
         }
     }
@@ -403,7 +445,7 @@ mod tests {
             let (Command::Run { common, .. } | Command::Bench { common, .. }) = parsed else {
                 panic!("{command} parsed as another command");
             };
-            let (program, plugin_dirs, args) = common.run_args();
+            let (program, plugin_dirs, args) = common.run_args().ok().expect("no tokenizer: ids");
             assert_eq!(program, PathBuf::from("p.toml"));
             assert_eq!(plugin_dirs, [PathBuf::from("plugins")]);
             assert_eq!(

@@ -136,9 +136,13 @@ pub struct RunArgs {
     pub prompt_cache: Option<PathBuf>,
     /// `--branch`: a second prompt, run on a fork of the caches.
     pub branch: Option<Vec<i64>>,
+    /// The tokenizer (`--tokenizer`, or the tokenizer.json beside the program).
+    pub tokenizer: Option<crate::text::TextTokenizer>,
+    /// `run`'s sampling and stop settings (`None` for `bench`).
+    pub generation: Option<crate::text_run::Settings>,
 }
 
-fn options(steps: usize, args: &RunArgs, program: &Program, cuda_graph: bool) -> Options {
+pub(crate) fn options(steps: usize, args: &RunArgs, program: &Program, cuda_graph: bool) -> Options {
     let mut options = Options::steps(steps);
     options.start_position = args.position;
     options.hold_position = args.hold_position;
@@ -162,6 +166,10 @@ pub fn run_program(path: &Path, mode: Mode, dirs: &[PathBuf], args: &RunArgs) ->
         return run_once(&mut program, path, mode, args, &used);
     }
     let steps = default_steps(program.manifest(), args.steps, args.position);
+    if let Some(settings) = args.generation.as_ref().filter(|s| s.wanted(args)) {
+        let used = plugins_used(&program, &registry);
+        return crate::text_run::run(&mut program, steps, mode, args, settings, &used);
+    }
     if let Some(file) = &args.prompt_cache {
         if args.position.is_some() || args.hold_position || args.cuda_graph {
             return Err(failure(
@@ -225,7 +233,7 @@ fn run_branch(
 
 /// The plugin serving each backend the program calls: which one, from where, and whether it runs isolated
 /// (item 20 of issue 17: plugin-wide state lives once per worker when it does).
-fn plugins_used(program: &Program, registry: &host_runtime::plugins::Registry) -> Vec<Value> {
+pub(crate) fn plugins_used(program: &Program, registry: &host_runtime::plugins::Registry) -> Vec<Value> {
     let backends: std::collections::BTreeSet<&str> = program
         .manifest()
         .methods
@@ -434,7 +442,7 @@ fn copies_text(copies: &CopyStats) -> String {
     )
 }
 
-fn report(generation: &Generation, mode: Mode, json: bool, used: &[Value]) -> Result<(), Failure> {
+pub(crate) fn report(generation: &Generation, mode: Mode, json: bool, used: &[Value]) -> Result<(), Failure> {
     let time = generation.mean_decode_time();
     let copies = generation.mean_decode_copies();
     let gpu = generation.mean_decode_gpu_micros();

@@ -1,0 +1,128 @@
+//! Text in and out for `run`: the model's `tokenizer.json` (given with `--tokenizer`, or found beside the
+//! program), the prompt as text or token ids, and the end-of-sequence ids of `generation_config.json` beside
+//! the program.
+
+use std::path::{Path, PathBuf};
+
+use et_error::ErrorCode;
+use host_runtime::blob_file::BlobFile;
+use tokenizers::Tokenizer;
+
+use crate::{failure, Failure};
+
+/// The file names a Hugging Face checkpoint uses, looked for beside the program.
+const TOKENIZER_FILE: &str = "tokenizer.json";
+const GENERATION_CONFIG_FILE: &str = "generation_config.json";
+
+/// A tokenizer and where it came from.
+pub struct TextTokenizer {
+    /// The tokenizer.
+    pub tokenizer: Tokenizer,
+    /// The file it was read from.
+    pub path: PathBuf,
+}
+
+/// The tokenizer `--tokenizer` names, else the `tokenizer.json` beside `program` when there is one.
+pub fn find_tokenizer(program: &Path, given: Option<&Path>) -> Result<Option<TextTokenizer>, Failure> {
+    let path = match given {
+        Some(path) => path.to_owned(),
+        None => {
+            let beside = beside(program, TOKENIZER_FILE);
+            if !beside.exists() {
+                return Ok(None);
+            }
+            beside
+        }
+    };
+    let bytes = read(&path, "--tokenizer")?;
+    let tokenizer = Tokenizer::from_bytes(bytes.bytes()).map_err(|err| {
+        failure(format!(
+            "--tokenizer {}: not a tokenizer.json the tokenizers library reads: {err}",
+            path.display()
+        ))
+    })?;
+    Ok(Some(TextTokenizer { tokenizer, path }))
+}
+
+/// The end-of-sequence ids of the `generation_config.json` beside `program` (`eos_token_id`: one id or a list),
+/// none when there is no such file or it names none.
+pub fn eos_ids(program: &Path) -> Result<Vec<i64>, Failure> {
+    let path = beside(program, GENERATION_CONFIG_FILE);
+    if !path.exists() {
+        return Ok(Vec::new());
+    }
+    let bytes = read(&path, "the generation config")?;
+    let bad = |why: &str| Failure::coded(ErrorCode::InvalidArgument, format!("{}: {why}", path.display()));
+    let value: serde_json::Value =
+        serde_json::from_slice(bytes.bytes()).map_err(|err| bad(&format!("not JSON: {err}")))?;
+    let eos = value.get("eos_token_id").cloned().unwrap_or(serde_json::Value::Null);
+    let ids = match &eos {
+        serde_json::Value::Null => Some(Vec::new()),
+        serde_json::Value::Number(n) => n.as_i64().map(|id| vec![id]),
+        serde_json::Value::Array(items) => items.iter().map(serde_json::Value::as_i64).collect(),
+        _ => None,
+    };
+    ids.ok_or_else(|| bad(&format!("eos_token_id {eos} is neither a token id nor a list of token ids")))
+}
+
+/// The prompt's token ids: `--prompt-ids`, or `--prompt` encoded by the tokenizer when there is one, or
+/// `--prompt` read as comma-separated token ids when there is none.
+pub fn prompt_ids(
+    prompt: Option<&str>,
+    ids: Option<Vec<i64>>,
+    tokenizer: Option<&TextTokenizer>,
+) -> Result<Option<Vec<i64>>, Failure> {
+    match (prompt, ids, tokenizer) {
+        (Some(_), Some(_), _) => Err(failure("--prompt and --prompt-ids both give the prompt: give one")),
+        (None, ids, _) => Ok(ids),
+        (Some(text), None, Some(t)) => {
+            let encoding = t.tokenizer.encode(text, true).map_err(|err| {
+                failure(format!("--prompt: the tokenizer {} cannot encode it: {err}", t.path.display()))
+            })?;
+            if encoding.get_ids().is_empty() {
+                return Err(failure(format!("--prompt {text:?} encodes to no tokens")));
+            }
+            Ok(Some(encoding.get_ids().iter().map(|&id| i64::from(id)).collect()))
+        }
+        (Some(text), None, None) => parse_ids(text).map(Some).map_err(|bad| {
+            failure(format!(
+                "--prompt: {bad:?} is not a token id, and no tokenizer.json was given (--tokenizer) or found \
+                 beside the program to read the prompt as text"
+            ))
+        }),
+    }
+}
+
+/// Comma-separated token ids; the first part that is not one.
+fn parse_ids(text: &str) -> Result<Vec<i64>, String> {
+    text.split(',').map(|part| part.trim().parse().map_err(|_| part.to_owned())).collect()
+}
+
+fn beside(program: &Path, name: &str) -> PathBuf {
+    program.parent().unwrap_or(Path::new("")).join(name)
+}
+
+fn read(path: &Path, what: &str) -> Result<BlobFile, Failure> {
+    BlobFile::open(path).map_err(|err| {
+        let code = if err.kind() == std::io::ErrorKind::NotFound {
+            ErrorCode::NotFound
+        } else {
+            ErrorCode::AccessFailed
+        };
+        Failure::coded(code, format!("{what} {}: {err}", path.display()))
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_prompt_without_a_tokenizer_is_token_ids() {
+        assert_eq!(prompt_ids(Some("1, 7,3"), None, None).ok().flatten(), Some(vec![1, 7, 3]));
+        assert_eq!(prompt_ids(None, Some(vec![4]), None).ok().flatten(), Some(vec![4]));
+        let Err(err) = prompt_ids(Some("Hello"), None, None) else { panic!("text without a tokenizer") };
+        assert!(err.message.contains("\"Hello\" is not a token id"), "{}", err.message);
+        assert!(prompt_ids(Some("1"), Some(vec![1]), None).is_err());
+    }
+}

@@ -1,0 +1,223 @@
+//! `run`'s generation with a sampler, stop conditions and a streamed text reply: the host loop picks each
+//! token from the logits ([`sampling::Sampler`]), ends at an end-of-sequence id of the checkpoint's
+//! `generation_config.json`, at a `--stop` string or after `--max-new-tokens`, and prints the reply as it is
+//! generated (one flush per token); `--json` reports the text, the ids, the time to first token and the
+//! tokens per second instead. The ids are every generated id, the end-of-sequence id or the one that
+//! completed a stop string included; the text stops before either. Without a tokenizer (a sampled run of
+//! token ids) the report is `run`'s usual one.
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use host_runtime::generate::{generate_choosing, Generation, Options};
+use host_runtime::program::{Mode, Program};
+use sampling::{Params, Sampler};
+use serde_json::{json, Value};
+
+use crate::run::RunArgs;
+use crate::stream::Detokenizer;
+use crate::{emit, failure, Failure};
+
+/// `run`'s sampling and stop options.
+#[derive(clap::Args)]
+pub struct GenArgs {
+    /// Generate at most N tokens (the first comes from prefill: N - 1 decode steps) [default: as --steps]
+    #[arg(long, value_name = "N", conflicts_with = "steps", value_parser = clap::value_parser!(u64).range(1..))]
+    max_new_tokens: Option<u64>,
+    /// End the reply where this text appears (not printed); repeatable. Needs a tokenizer.
+    #[arg(long = "stop", value_name = "STRING")]
+    stops: Vec<String>,
+    /// Sampling temperature; 0 picks the most likely token (greedy).
+    #[arg(long, default_value_t = 0.0)]
+    temperature: f32,
+    /// Sample among the K most likely tokens only; 0 keeps all.
+    #[arg(long, default_value_t = 0, value_name = "K")]
+    top_k: usize,
+    /// Sample among the most likely tokens whose probabilities reach P; 1 keeps all.
+    #[arg(long, default_value_t = 1.0, value_name = "P")]
+    top_p: f32,
+    /// Drop tokens less likely than P times the most likely one; 0 keeps all.
+    #[arg(long, default_value_t = 0.0, value_name = "P")]
+    min_p: f32,
+    /// Divide positive (multiply negative) logits of tokens already in the prompt or reply by R; 1 is off.
+    #[arg(long, default_value_t = 1.0, value_name = "R")]
+    repetition_penalty: f32,
+    /// The sampler's seed: the same seed gives the same tokens.
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+}
+
+/// [`GenArgs`], checked, with the checkpoint's end-of-sequence ids.
+pub struct Settings {
+    sampler: Sampler,
+    stops: Vec<String>,
+    eos: Vec<i64>,
+    /// `--max-new-tokens` as decode steps.
+    pub steps: Option<usize>,
+}
+
+impl GenArgs {
+    /// Checks the options for `program`; `text`: whether a tokenizer reads the reply.
+    pub fn settings(self, program: &Path, text: bool) -> Result<Settings, Failure> {
+        let params = Params {
+            temperature: self.temperature,
+            top_k: self.top_k,
+            top_p: self.top_p,
+            min_p: self.min_p,
+            repetition_penalty: self.repetition_penalty,
+            seed: self.seed,
+        };
+        let sampler = Sampler::new(params).map_err(|err| failure(err.to_string()))?;
+        if !self.stops.is_empty() && !text {
+            return Err(failure(
+                "--stop ends the reply at a text, but there is no tokenizer (--tokenizer, or a tokenizer.json beside the program)",
+            ));
+        }
+        let eos = if text { crate::text::eos_ids(program)? } else { Vec::new() };
+        let steps = self.max_new_tokens.map(|n| usize::try_from(n - 1).unwrap_or(usize::MAX));
+        Ok(Settings { sampler, stops: self.stops, eos, steps })
+    }
+}
+
+impl Settings {
+    /// Whether the run needs this loop: a text reply, a sampler other than the argmax, or stop strings.
+    pub fn wanted(&self, args: &RunArgs) -> bool {
+        args.tokenizer.is_some() || !self.sampler.is_plain_greedy() || !self.stops.is_empty()
+    }
+}
+
+/// Why the generation ended.
+#[derive(Clone, Copy)]
+enum Stop {
+    /// An end-of-sequence id.
+    Eos,
+    /// A `--stop` string.
+    Text,
+    /// The steps ran out.
+    Length,
+    /// Stdout went away.
+    Closed,
+}
+
+impl Stop {
+    fn name(self) -> &'static str {
+        match self {
+            Stop::Eos => "eos",
+            Stop::Text => "stop_string",
+            Stop::Length => "length",
+            Stop::Closed => "closed",
+        }
+    }
+}
+
+/// Runs the generation of `program` for up to `steps` decode steps (see the module docs).
+pub fn run(
+    program: &mut Program,
+    steps: usize,
+    mode: Mode,
+    args: &RunArgs,
+    settings: &Settings,
+    used: &[Value],
+) -> Result<(), Failure> {
+    if args.cuda_graph || args.hold_position || args.output_dir.is_some() || args.prompt_cache.is_some() {
+        return Err(failure(
+            "a sampled, stopped or text generation runs on the host loop from the prompt: \
+             it takes no --cuda-graph, --hold-position, --output-dir or --prompt-cache",
+        ));
+    }
+    let prompt = program.manifest().generate.as_ref().map(|g| g.prompt.clone()).unwrap_or_default();
+    let mut options: Options = crate::run::options(steps, args, program, false);
+    options.host_loop = true;
+    let mut detokenizer = args.tokenizer.as_ref().map(|t| Detokenizer::new(&t.tokenizer, &settings.stops));
+    let stream = !args.json && detokenizer.is_some();
+    let mut history = prompt.clone();
+    let (mut stop, mut failed) = (Stop::Length, None);
+    let start = Instant::now();
+    let mut times = Vec::new();
+    let choose = |row: &[f32], index: usize| {
+        let token = settings.sampler.pick(row, &history, index as u64) as i64;
+        history.push(token);
+        token
+    };
+    let generation = generate_choosing(program, &options, choose, |step, _| {
+        times.push(start.elapsed());
+        if settings.eos.contains(&step.token) {
+            stop = Stop::Eos;
+            return Ok(false);
+        }
+        let Some(d) = detokenizer.as_mut() else { return Ok(true) };
+        let pushed = d.push(step.token);
+        if pushed.stopped {
+            stop = Stop::Text;
+        }
+        if stream && !pushed.text.is_empty() {
+            if let Err(err) = emit(&pushed.text) {
+                failed = Some(err);
+                stop = Stop::Closed;
+                return Ok(false);
+            }
+        }
+        Ok(!pushed.stopped)
+    })?;
+    if let Some(err) = failed {
+        return Err(err);
+    }
+    let Some(mut detokenizer) = detokenizer else {
+        return crate::run::report(&generation, mode, args.json, used);
+    };
+    let rest = if matches!(stop, Stop::Text) { String::new() } else { detokenizer.finish() };
+    if stream {
+        emit(&format!("{rest}\n"))?;
+        eprintln!("{}", summary(&generation, stop, &times));
+        return Ok(());
+    }
+    let (ttft, rate) = speed(&times);
+    let value = json!({
+        "mode": mode,
+        "text": detokenizer.text(),
+        "ids": generation.tokens,
+        "prompt_ids": prompt,
+        "stop": stop.name(),
+        "time_to_first_token_ms": ttft.map(|t| t.as_secs_f64() * 1e3),
+        "tokens_per_s": rate,
+        "sampling": params_json(settings.sampler.params()),
+        "plugins": used,
+    });
+    emit(&format!("{value}\n"))
+}
+
+/// The time to the first token and the tokens per second after it (decode tokens over the time from the
+/// first token to the last), from each token's time since the start.
+fn speed(times: &[Duration]) -> (Option<Duration>, Option<f64>) {
+    let first = times.first().copied();
+    let rate = match (first, times.last()) {
+        (Some(first), Some(&last)) if times.len() > 1 && last > first => {
+            Some((times.len() - 1) as f64 / (last - first).as_secs_f64())
+        }
+        _ => None,
+    };
+    (first, rate)
+}
+
+/// `N tokens (stop: eos), time to first token X ms, Y tokens/s`.
+fn summary(generation: &Generation, stop: Stop, times: &[Duration]) -> String {
+    let (ttft, rate) = speed(times);
+    let reason = stop.name();
+    format!(
+        "{} tokens (stop: {reason}), time to first token {:.1} ms, {}",
+        generation.tokens.len(),
+        ttft.unwrap_or_default().as_secs_f64() * 1e3,
+        rate.map_or("- tokens/s".to_owned(), |r| format!("{r:.1} tokens/s"))
+    )
+}
+
+fn params_json(p: &Params) -> Value {
+    json!({
+        "temperature": p.temperature,
+        "top_k": p.top_k,
+        "top_p": p.top_p,
+        "min_p": p.min_p,
+        "repetition_penalty": p.repetition_penalty,
+        "seed": p.seed,
+    })
+}

@@ -1,0 +1,193 @@
+//! `run` with text in and out (issue 47): a BPE tokenizer trained here (byte-level, with multi-byte
+//! characters) saved beside a copy of a committed Llama program (vocabulary 128), the prompt as text, the
+//! reply streamed as text, stops at an end-of-sequence id or a `--stop` string, and sampling with a seed.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+
+use serde_json::Value;
+use tokenizers::decoders::byte_level::ByteLevel as ByteLevelDecoder;
+use tokenizers::models::bpe::{BpeTrainerBuilder, BPE};
+use tokenizers::models::TrainerWrapper;
+use tokenizers::pre_tokenizers::byte_level::ByteLevel;
+use tokenizers::{AddedToken, Tokenizer};
+
+use common::stdout_json;
+
+const VOCAB: usize = 128;
+
+fn corpus() -> Vec<String> {
+    let lines = [
+        "héllo wörld 日本",
+        "hello world, the quick brown fox jumps over the lazy dog",
+        "wörld of héllo: 日本語 and 日本 again",
+        "a cache holds keys and values; the model reads them back",
+        "tokens stream out one by one, never half a character",
+    ];
+    lines.iter().map(|l| (*l).to_owned()).collect()
+}
+
+/// A byte-level BPE of exactly 128 ids (the program's vocabulary), trained on [`corpus`], with `<eos>` as id 0.
+fn train() -> Tokenizer {
+    let trainer = BpeTrainerBuilder::new()
+        .vocab_size(VOCAB)
+        .min_frequency(0)
+        .show_progress(false)
+        .special_tokens(vec![AddedToken::from("<eos>", true)])
+        .build();
+    let mut trainer: TrainerWrapper = trainer.into();
+    let mut tokenizer = Tokenizer::new(BPE::default());
+    tokenizer.with_pre_tokenizer(Some(ByteLevel::default()));
+    tokenizer.with_decoder(Some(ByteLevelDecoder::default()));
+    let corpus: Vec<String> = corpus().into_iter().cycle().take(50).collect();
+    tokenizer.train(&mut trainer, corpus.into_iter()).expect("trains");
+    assert_eq!(tokenizer.get_vocab_size(true), VOCAB, "the program's vocabulary");
+    tokenizer
+}
+
+/// A directory with a copy of the Llama program and the trained tokenizer.json beside it.
+fn program_dir() -> (tempfile::TempDir, PathBuf, Tokenizer) {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let dir = tempfile::tempdir().expect("temp dir");
+    let program = dir.path().join("llama.pte");
+    std::fs::copy(root.join("fixtures/executorch/real/llama_f32.pte"), &program).expect("copies the program");
+    let tokenizer = train();
+    tokenizer.save(dir.path().join("tokenizer.json"), false).expect("saves tokenizer.json");
+    (dir, program, tokenizer)
+}
+
+fn run(program: &Path, args: &[&str]) -> std::process::Output {
+    let mut cmd = common::host();
+    cmd.env_remove("DELEGATE_PLUGIN_PATH").arg("run").arg(program).args(args);
+    common::run(&mut cmd)
+}
+
+fn ids(value: &Value) -> Vec<i64> {
+    value.as_array().expect("ids").iter().map(|v| v.as_i64().expect("an id")).collect()
+}
+
+fn encode(tokenizer: &Tokenizer, text: &str) -> Vec<i64> {
+    tokenizer.encode(text, true).expect("encodes").get_ids().iter().map(|&id| i64::from(id)).collect()
+}
+
+fn joined(ids: &[i64]) -> String {
+    ids.iter().map(i64::to_string).collect::<Vec<_>>().join(",")
+}
+
+const PROMPT: &str = "héllo wörld 日本";
+
+#[test]
+fn a_text_prompt_is_the_tokenizers_ids_and_the_reply_is_their_text() {
+    let (_dir, program, tokenizer) = program_dir();
+    let prompt = encode(&tokenizer, PROMPT);
+    let text = stdout_json(&run(&program, &["--prompt", PROMPT, "--max-new-tokens", "6", "--json"]));
+    assert_eq!(ids(&text["prompt_ids"]), prompt, "{text}");
+    let by_ids =
+        stdout_json(&run(&program, &["--prompt-ids", &joined(&prompt), "--max-new-tokens", "6", "--json"]));
+    assert_eq!(text["ids"], by_ids["ids"], "the same prompt, as text or ids, gives the same tokens");
+    let reply = ids(&text["ids"]);
+    assert_eq!(reply.len(), 6, "--max-new-tokens 6: {text}");
+    let reply_u32: Vec<u32> = reply.iter().map(|&id| u32::try_from(id).expect("an id")).collect();
+    assert_eq!(text["text"], tokenizer.decode(&reply_u32, true).expect("decodes"), "{text}");
+    assert!(text["time_to_first_token_ms"].as_f64().is_some_and(|t| t > 0.0), "{text}");
+    assert!(text["tokens_per_s"].as_f64().is_some_and(|r| r > 0.0), "{text}");
+    assert_eq!(text["stop"], "length");
+
+    // Streamed: the same text on stdout, then a newline; the summary on stderr.
+    let out = run(&program, &["--prompt", PROMPT, "--max-new-tokens", "6"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(
+        String::from_utf8(out.stdout).expect("utf-8"),
+        format!("{}\n", text["text"].as_str().expect("text"))
+    );
+    assert!(String::from_utf8_lossy(&out.stderr).contains("time to first token"));
+}
+
+#[test]
+fn greedy_text_runs_give_the_argmax_tokens_of_an_id_run() {
+    let (_dir, program, tokenizer) = program_dir();
+    let prompt = joined(&encode(&tokenizer, PROMPT));
+    let text = stdout_json(&run(&program, &["--prompt", PROMPT, "--steps", "5", "--json"]));
+    // The same program without a tokenizer beside it: today's argmax run.
+    let plain = program.with_file_name("plain").join("llama.pte");
+    std::fs::create_dir(plain.parent().expect("dir")).expect("dir");
+    std::fs::copy(&program, &plain).expect("copies");
+    let argmax = stdout_json(&run(&plain, &["--prompt", &prompt, "--steps", "5", "--json"]));
+    assert_eq!(text["ids"], argmax["tokens"]);
+}
+
+#[test]
+fn an_end_of_sequence_id_of_generation_config_ends_the_run() {
+    let (dir, program, _) = program_dir();
+    let first = stdout_json(&run(&program, &["--prompt", PROMPT, "--max-new-tokens", "8", "--json"]));
+    let all = ids(&first["ids"]);
+    // The third token as the checkpoint's end of sequence (a list, as Llama 3's config gives).
+    let eos = all[2];
+    let first_eos = all.iter().position(|&id| id == eos).expect("present");
+    std::fs::write(dir.path().join("generation_config.json"), format!("{{\"eos_token_id\": [999, {eos}]}}"))
+        .expect("writes");
+    let stopped = stdout_json(&run(&program, &["--prompt", PROMPT, "--max-new-tokens", "8", "--json"]));
+    assert_eq!(stopped["stop"], "eos", "{stopped}");
+    assert_eq!(ids(&stopped["ids"]), all[..=first_eos], "ends at the end-of-sequence id");
+    // One id, as most configs give.
+    std::fs::write(dir.path().join("generation_config.json"), format!("{{\"eos_token_id\": {eos}}}"))
+        .expect("writes");
+    let stopped = stdout_json(&run(&program, &["--prompt", PROMPT, "--max-new-tokens", "8", "--json"]));
+    assert_eq!(ids(&stopped["ids"]), all[..=first_eos]);
+    // A config that is not one is named.
+    std::fs::write(dir.path().join("generation_config.json"), "{\"eos_token_id\": \"x\"}").expect("writes");
+    let err = common::one_line_error(&run(&program, &["--prompt", PROMPT]));
+    assert!(err.contains("generation_config.json: eos_token_id \"x\" is neither"), "{err}");
+}
+
+#[test]
+fn a_stop_string_ends_the_run_and_is_not_printed() {
+    let (_dir, program, _) = program_dir();
+    let full = stdout_json(&run(&program, &["--prompt", PROMPT, "--max-new-tokens", "12", "--json"]));
+    let text = full["text"].as_str().expect("text").to_owned();
+    // A stop string from the middle of the reply: two characters starting at its third character.
+    let chars: Vec<char> = text.chars().collect();
+    assert!(chars.len() >= 6, "a reply long enough to cut: {text:?}");
+    let stop: String = chars[3..5].iter().collect();
+    let before = &text[..text.find(&stop).expect("present")];
+    let out = run(&program, &["--prompt", PROMPT, "--max-new-tokens", "12", "--stop", &stop]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(
+        String::from_utf8(out.stdout).expect("utf-8"),
+        format!("{before}\n"),
+        "stop {stop:?} in {text:?}"
+    );
+    let json = stdout_json(&run(
+        &program,
+        &["--prompt", PROMPT, "--max-new-tokens", "12", "--stop", &stop, "--json"],
+    ));
+    assert_eq!(json["stop"], "stop_string");
+    assert_eq!(json["text"], before);
+}
+
+#[test]
+fn sampling_with_a_seed_reproduces_and_another_seed_differs() {
+    let (_dir, program, _) = program_dir();
+    let sampled = |seed: &str| {
+        let args =
+            ["--prompt", PROMPT, "--max-new-tokens", "16", "--temperature", "5", "--seed", seed, "--json"];
+        ids(&stdout_json(&run(&program, &args))["ids"])
+    };
+    assert_eq!(sampled("1"), sampled("1"));
+    assert_ne!(sampled("1"), sampled("2"));
+    let greedy = stdout_json(&run(&program, &["--prompt", PROMPT, "--max-new-tokens", "16", "--json"]));
+    assert_ne!(ids(&greedy["ids"]), sampled("1"), "a hot temperature leaves the argmax");
+    let err = common::one_line_error(&run(&program, &["--prompt", PROMPT, "--top-p", "0"]));
+    assert!(err.contains("--top-p 0: must be in (0, 1]") && err.ends_with("[InvalidArgument]"), "{err}");
+}
+
+#[test]
+fn a_text_prompt_without_a_tokenizer_is_named() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let program = root.join("fixtures/executorch/real/llama_f32.pte");
+    let err = common::one_line_error(&run(&program, &["--prompt", "Hello"]));
+    assert!(err.contains("--prompt: \"Hello\" is not a token id, and no tokenizer.json"), "{err}");
+    let err = common::one_line_error(&run(&program, &["--prompt", "1,2", "--stop", "x"]));
+    assert!(err.contains("--stop ends the reply at a text, but there is no tokenizer"), "{err}");
+}
