@@ -191,3 +191,23 @@ fn a_text_prompt_without_a_tokenizer_is_named() {
     let err = common::one_line_error(&run(&program, &["--prompt", "1,2", "--stop", "x"]));
     assert!(err.contains("--stop ends the reply at a text, but there is no tokenizer"), "{err}");
 }
+
+#[test]
+fn tokenizer_names_a_tokenizer_json_anywhere_and_a_bad_one_is_named() {
+    let (dir, program, tokenizer) = program_dir();
+    let elsewhere = dir.path().join("plain");
+    std::fs::create_dir(&elsewhere).expect("dir");
+    let plain = elsewhere.join("llama.pte");
+    std::fs::copy(&program, &plain).expect("copies");
+    let file = dir.path().join("tokenizer.json");
+    let file = file.to_str().expect("utf-8 path");
+    let json =
+        stdout_json(&run(&plain, &["--tokenizer", file, "--prompt", PROMPT, "--steps", "2", "--json"]));
+    assert_eq!(ids(&json["prompt_ids"]), encode(&tokenizer, PROMPT), "{json}");
+    let bad = dir.path().join("bad.json");
+    std::fs::write(&bad, "{}").expect("writes");
+    let bad = bad.to_str().expect("utf-8 path");
+    let err = common::one_line_error(&run(&plain, &["--tokenizer", bad, "--prompt", PROMPT]));
+    assert!(err.contains("bad.json: not a tokenizer.json the tokenizers library reads"), "{err}");
+    assert!(err.ends_with("[InvalidArgument]"), "{err}");
+}
