@@ -9,7 +9,8 @@ transformers' own ExecuTorch recipe (``TorchExportableModuleWithStaticCache``, S
 ``forward(input_ids i64 [1, 1], cache_position i64 [1]) -> logits [1, 1, vocab]``), and the hand-written
 :class:`~kv_delegate.llama_style.LlamaStyle` (``forward(tokens i64 [T], input_pos i64 [1])``), and the
 LayerNorm families of issue 46 (Phi, StableLM, GPT-NeoX, GPT-2, Starcoder2, Falcon) with random biases and norm
-gains (:data:`RANDOM_VECTORS`). Each in f32,
+gains (:data:`RANDOM_VECTORS`), and attention written by hand (Gemma 2 with logit soft-capping, Llama with
+``attn_implementation="eager"``). Each in f32,
 and the Hugging Face models also in f16 and bf16 (weights, caches and activations in that type). Every method
 also returns the greedy next token (:class:`WithNextToken`), which the runtimes' device loop feeds back.
 
@@ -70,11 +71,21 @@ HF_MODELS: Dict[str, Tuple[str, str, Dict[str, object]]] = {
     "starcoder2": ("Starcoder2ForCausalLM", "Starcoder2Config", {}),
     "falcon": ("FalconForCausalLM", "FalconConfig", {"num_key_value_heads": 4, "new_decoder_architecture": False,
                                                      "multi_query": False, "parallel_attn": True, "bias": True}),
+    # Attention written by hand (issue 46): Gemma 2's eager attention (bmm, scale, logit soft-capping, the mask
+    # added as floats, softmax, bmm) with final-logit soft-capping, alternating sliding-window and full layers
+    # (a window as long as the cache), and Llama with transformers' eager attention. Gemma 2's caps are small and
+    # its scores large (query_pre_attn_scalar = head_dim, untied lm_head) so that each cap changes the tokens or
+    # the logits of these random weights (with Gemma 2's own 50 and 30 nothing here reaches them).
+    "gemma2": ("Gemma2ForCausalLM", "Gemma2Config", {"head_dim": 16, "query_pre_attn_scalar": 16,
+                                                     "attn_logit_softcapping": 2.0, "final_logit_softcapping": 3.0,
+                                                     "sliding_window": MAX_LEN, "tie_word_embeddings": False,
+                                                     "initializer_range": 0.3}),
+    "llama_eager": ("LlamaForCausalLM", "LlamaConfig", {"attn_implementation": "eager"}),
 }
 #: The models whose one-dimensional parameters (biases, norm gains) are drawn at random around their defaults,
 #: as trained models have them (Hugging Face initialises biases to 0 and gains to 1, which tests neither): a
 #: lowering that drops a bias or a gain gives other tokens.
-RANDOM_VECTORS = {"phi", "stablelm", "neox", "gpt2", "starcoder2", "falcon"}
+RANDOM_VECTORS = {"phi", "stablelm", "neox", "gpt2", "starcoder2", "falcon", "gemma2"}
 #: What is exported: (model, dtype).
 PROGRAMS: Tuple[Tuple[str, str], ...] = (
     ("llama", "f32"), ("llama", "f16"), ("llama", "bf16"),
@@ -82,6 +93,7 @@ PROGRAMS: Tuple[Tuple[str, str], ...] = (
     ("hand", "f32"),
     ("phi", "f32"), ("phi", "bf16"), ("neox", "f32"), ("neox", "f16"), ("stablelm", "f32"), ("gpt2", "f32"),
     ("starcoder2", "f32"), ("falcon", "f32"),
+    ("gemma2", "f32"), ("gemma2", "f16"), ("llama_eager", "f32"), ("llama_eager", "f16"),
 )
 
 Step = Callable[[int, int], torch.Tensor]

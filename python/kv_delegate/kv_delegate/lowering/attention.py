@@ -8,15 +8,17 @@ from typing import Any, Optional, Tuple
 import torch
 
 from .common import LoweringError, describe, meta_shape, op_name
+from .eager import EagerAttention
 from .rules import is_arange
 from .values import AllTrue, CacheGroups, CausalMask, HeadView, Known, Positions, ShiftedPositions, Tensor, Value, kind
 
 
-class Attention:
+class Attention(EagerAttention):
     """Mixed into :class:`..walk.Walk`."""
 
     def attention_rules(self) -> dict:
         return {
+            **self.eager_rules(self.ordinary_rules()),
             "aten.le.Tensor": self.le,
             "aten.ge.Tensor": self.le,
             "aten.gt.Tensor": self.window,
@@ -139,7 +141,9 @@ class Attention:
                                 "different orders")
         scale: Optional[float] = rest.get("scale")
         if tiled:
-            return self.tiled_attention(node, k, v, groups, m.position, scale)
+            q_name = self.tensor(node.args[0], "query", node)
+            scale = None if scale is None else float(scale)
+            return Tensor(self.tiled_attention(node, q_name, k, v, groups, m.position, scale, None))
         q = self.value(node.args[0])
         if isinstance(q, HeadView) and q.heads_first:
             dtype, q_shape = self.desc.shapes[q.source]
@@ -149,17 +153,17 @@ class Attention:
         return self.out(node, "causal_attention", q=self.tensor(node.args[0], "query", node), k=k, v=v,
                         position=m.position, scale=None if scale is None else float(scale))
 
-    def tiled_attention(self, node: torch.fx.Node, k: str, v: str, groups: int, position: str,
-                        scale: Optional[float]) -> Value:
-        """Attention whose query head ``h`` reads KV head ``h % Hkv`` (caches repeated in tiled order), as
-        ``causal_attention``, which reads KV head ``h // groups``: the query heads are reordered so that those of
-        one KV head are adjacent (``[g, Hkv]`` -> ``[Hkv, g]``), and the output's heads back."""
+    def tiled_attention(self, node: torch.fx.Node, query: str, k: str, v: str, groups: int, position: str,
+                        scale: Optional[float], softcap: Optional[float]) -> str:
+        """Attention of ``query`` (head-major) whose query head ``h`` reads KV head ``h % Hkv`` (caches repeated in
+        tiled order), as ``causal_attention``, which reads KV head ``h // groups``: the query heads are reordered
+        so that those of one KV head are adjacent (``[g, Hkv]`` -> ``[Hkv, g]``), and the output's heads back."""
         kv_heads = self.desc.shapes[k][1][-3]
-        q = self.heads_swapped(self.tensor(node.args[0], "query", node), groups, kv_heads, f"{node.name}_q")
-        dtype, shape = meta_shape(node)
+        q = self.heads_swapped(query, groups, kv_heads, f"{node.name}_q")
+        dtype, shape = self.desc.shapes[q]
         out = self.desc.op("causal_attention", self.desc.fresh(f"{node.name}_grouped"), dtype, shape, q=q, k=k, v=v,
-                           position=position, scale=None if scale is None else float(scale))
-        return Tensor(self.heads_swapped(out, kv_heads, groups, node.name))
+                           position=position, scale=scale, softcap=softcap)
+        return self.heads_swapped(out, kv_heads, groups, node.name)
 
     def heads_swapped(self, name: str, outer: int, inner: int, base: str) -> str:
         """``[.., outer * inner, T, Dh]`` with its head axis read as ``[outer, inner]`` and written as

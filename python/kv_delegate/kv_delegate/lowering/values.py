@@ -115,8 +115,49 @@ class CacheGroups:
     tiled: bool = False
 
 
+@dataclass(frozen=True)
+class AdditiveMask:
+    """A causal mask as an additive float tensor, ``where(mask, 0, very negative)`` (eager attention's
+    ``attention_mask``), shaped ``shape``: added to the scores, it hides what ``mask`` hides."""
+
+    mask: CausalMask
+    shape: Tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class KeysT:
+    """An updated key cache (or its repeats per query-head group, as :class:`CacheGroups`) with its last two axes
+    swapped, ``[.., H, Dh, L]``: the right operand of eager attention's ``q @ k^T``."""
+
+    cache: str
+    groups: int
+    tiled: bool
+    shape: Tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class Scores:
+    """Eager attention on its way to one ``causal_attention``: ``q @ k^T`` of the query tensor ``query`` and the
+    keys of ``cache`` (repeated ``groups`` times per KV head, ``tiled`` as :class:`CacheGroups`), shaped
+    ``shape``, times ``scale``; with ``tanh`` the scaled scores have been through ``tanh`` (a multiplication by
+    ``c`` then makes it the soft-capping ``c * tanh(s / c)``: ``softcap``); ``mask`` once the causal mask is
+    applied; ``probs`` once the softmax is. ``scale`` or ``softcap`` is ``nan`` when a factor's value is not
+    known (the partitioner's dry run sees fake constants; preprocess reads them)."""
+
+    query: str
+    cache: str
+    groups: int
+    tiled: bool
+    shape: Tuple[int, ...]
+    scale: float = 1.0
+    softcap: Optional[float] = None
+    tanh: bool = False
+    mask: Optional[CausalMask] = None
+    probs: bool = False
+
+
 Value = Union[Tensor, Known, Positions, ShiftedPositions, AllTrue, FirstElement, CausalMask, HeadView, CacheGroups,
-              None]
+              AdditiveMask, KeysT, Scores, None]
 
 
 def kind(value: object) -> str:
@@ -141,6 +182,13 @@ def kind(value: object) -> str:
         return f"'{value.source}' seen as {order} with H = {value.heads}, Dh = {value.head_dim}"
     if isinstance(value, CacheGroups):
         return f"the cache '{value.cache}' repeated {value.groups} times per KV head"
+    if isinstance(value, AdditiveMask):
+        return f"a causal mask of {value.mask.count} x {value.mask.rows} as additive float values"
+    if isinstance(value, KeysT):
+        return f"the cache '{value.cache}' transposed (the keys of q @ k^T)"
+    if isinstance(value, Scores):
+        stage = "probabilities" if value.probs else "masked scores" if value.mask else "scores"
+        return f"attention {stage} of '{value.query}' over the cache '{value.cache}'"
     if value is None:
         return "a value computed outside this delegate or not a tensor"
     return type(value).__name__
