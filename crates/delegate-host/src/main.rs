@@ -7,6 +7,7 @@
 
 mod blob;
 mod branch;
+mod chat;
 mod npy;
 mod out_file;
 mod plugins;
@@ -18,7 +19,7 @@ mod text;
 mod text_run;
 
 use std::io::{IsTerminal, Write};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
@@ -169,6 +170,16 @@ struct ProgramArgs {
     /// when there is one]
     #[arg(long, value_name = "PATH")]
     tokenizer: Option<PathBuf>,
+    /// Talk to the model: the prompt is --system (if any) and --user rendered with the checkpoint's chat template
+    /// (the tokenizer_config.json beside the tokenizer), ending where the assistant's reply begins.
+    #[arg(long, requires = "user", conflicts_with_all = ["prompt", "prompt_ids"])]
+    chat: bool,
+    /// The system turn of --chat.
+    #[arg(long, requires = "chat", value_name = "TEXT")]
+    system: Option<String>,
+    /// The user turn of --chat.
+    #[arg(long, requires = "chat", value_name = "TEXT")]
+    user: Option<String>,
     /// Decode steps after prefill (bench: per run, each from zeroed caches) [default: as many as the caches
     /// hold ([generate] max_positions, a .pte's max_seq_len, or the rows its buffers' shapes share), or 15
     /// when the program does not tell]
@@ -203,7 +214,14 @@ impl ProgramArgs {
     /// encoded by the tokenizer, or token ids.
     fn run_args(self) -> Result<(PathBuf, Vec<PathBuf>, run::RunArgs), Failure> {
         let tokenizer = text::find_tokenizer(&self.program, self.tokenizer.as_deref())?;
-        let prompt = text::prompt_ids(self.prompt.as_deref(), self.prompt_ids, tokenizer.as_ref())?;
+        let prompt =
+            match (self.chat, &tokenizer) {
+                (true, Some(t)) => Some(chat_prompt(t, self.system, self.user.unwrap_or_default())?),
+                (true, None) => return Err(failure(
+                    "--chat needs the model's tokenizer: --tokenizer, or a tokenizer.json beside the program",
+                )),
+                (false, _) => text::prompt_ids(self.prompt.as_deref(), self.prompt_ids, tokenizer.as_ref())?,
+            };
         let args = run::RunArgs {
             steps: self.steps,
             position: self.position,
@@ -223,6 +241,13 @@ impl ProgramArgs {
         };
         Ok((self.program, self.plugin_dirs, args))
     }
+}
+
+/// The ids of `--system` and `--user` rendered with the chat template beside the tokenizer (`chat`).
+fn chat_prompt(t: &text::TextTokenizer, system: Option<String>, user: String) -> Result<Vec<i64>, Failure> {
+    let config = t.path.parent().unwrap_or(Path::new("")).join(chat::TOKENIZER_CONFIG_FILE);
+    let rendered = chat::ChatTemplate::load(&config)?.render(&chat::messages(system, user))?;
+    text::encode(t, "--chat", &rendered, false)
 }
 
 /// A failure the CLI reports in one line, with the ExecuTorch code where one applies.

@@ -75,15 +75,7 @@ pub fn prompt_ids(
     match (prompt, ids, tokenizer) {
         (Some(_), Some(_), _) => Err(failure("--prompt and --prompt-ids both give the prompt: give one")),
         (None, ids, _) => Ok(ids),
-        (Some(text), None, Some(t)) => {
-            let encoding = t.tokenizer.encode(text, true).map_err(|err| {
-                failure(format!("--prompt: the tokenizer {} cannot encode it: {err}", t.path.display()))
-            })?;
-            if encoding.get_ids().is_empty() {
-                return Err(failure(format!("--prompt {text:?} encodes to no tokens")));
-            }
-            Ok(Some(encoding.get_ids().iter().map(|&id| i64::from(id)).collect()))
-        }
+        (Some(text), None, Some(t)) => encode(t, "--prompt", text, true).map(Some),
         (Some(text), None, None) => parse_ids(text).map(Some).map_err(|bad| {
             failure(format!(
                 "--prompt: {bad:?} is not a token id, and no tokenizer.json was given (--tokenizer) or found \
@@ -91,6 +83,18 @@ pub fn prompt_ids(
             ))
         }),
     }
+}
+
+/// `text`'s token ids (`what` names the argument in errors); `add_special`: the tokenizer adds its special
+/// tokens (a BOS), as for a plain prompt, not for a rendered chat template, which holds its own.
+pub fn encode(t: &TextTokenizer, what: &str, text: &str, add_special: bool) -> Result<Vec<i64>, Failure> {
+    let encoding = t.tokenizer.encode(text, add_special).map_err(|err| {
+        failure(format!("{what}: the tokenizer {} cannot encode it: {err}", t.path.display()))
+    })?;
+    if encoding.get_ids().is_empty() {
+        return Err(failure(format!("{what} {text:?} encodes to no tokens")));
+    }
+    Ok(encoding.get_ids().iter().map(|&id| i64::from(id)).collect())
 }
 
 /// Comma-separated token ids; the first part that is not one.

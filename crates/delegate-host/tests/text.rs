@@ -211,3 +211,39 @@ fn tokenizer_names_a_tokenizer_json_anywhere_and_a_bad_one_is_named() {
     assert!(err.contains("bad.json: not a tokenizer.json the tokenizers library reads"), "{err}");
     assert!(err.ends_with("[InvalidArgument]"), "{err}");
 }
+
+/// ChatML (Qwen2's form, with Python's `.strip()`), in a `tokenizer_config.json` beside the tokenizer.
+const CHATML: &str = "{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\\n' + m['content'].strip() + \
+                      '<|im_end|>\\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}\
+                      {% endif %}";
+
+#[test]
+fn chat_renders_the_checkpoints_template_and_feeds_its_ids_without_added_special_tokens() {
+    let (dir, program, tokenizer) = program_dir();
+    let config = serde_json::json!({ "chat_template": CHATML, "eos_token": "<eos>" });
+    std::fs::write(dir.path().join("tokenizer_config.json"), config.to_string()).expect("writes the config");
+    let args =
+        ["--chat", "--system", "Be brief.", "--user", " héllo 日本 ", "--max-new-tokens", "4", "--json"];
+    let json = stdout_json(&run(&program, &args));
+    let rendered =
+        "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nhéllo 日本<|im_end|>\n<|im_start|>assistant\n";
+    let expected: Vec<i64> = tokenizer
+        .encode(rendered, false)
+        .expect("encodes")
+        .get_ids()
+        .iter()
+        .map(|&id| i64::from(id))
+        .collect();
+    assert_eq!(ids(&json["prompt_ids"]), expected, "{json}");
+    assert_eq!(ids(&json["ids"]).len(), 4, "{json}");
+
+    // Without a template, or with one that raises, one line naming the file.
+    std::fs::write(dir.path().join("tokenizer_config.json"), "{}").expect("writes the config");
+    let out = run(&program, &["--chat", "--user", "hi"]);
+    let line = common::one_line_error(&out);
+    assert!(line.contains("tokenizer_config.json: it has no chat_template"), "{line}");
+    let raises = serde_json::json!({ "chat_template": "{{ raise_exception('System role not supported') }}" });
+    std::fs::write(dir.path().join("tokenizer_config.json"), raises.to_string()).expect("writes the config");
+    let line = common::one_line_error(&run(&program, &["--chat", "--user", "hi"]));
+    assert!(line.contains("System role not supported") && line.ends_with("[InvalidArgument]"), "{line}");
+}
