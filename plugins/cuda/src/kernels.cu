@@ -215,7 +215,11 @@ struct AttnP {
     int group;       // query heads per KV head: query head h reads KV head h / group
     int early;       // rows before pos[0] may be read before `pdl_wait`
     int hpb;         // query heads a block takes (`attention_tc`; 1 for `attention`)
+    float softcap;   // logit soft-capping c (a scaled score s becomes c tanh(s / c)); 0: none
 };
+
+// Gemma 2's logit soft-capping of a scaled score `s` at `c` (> 0), in f32.
+__device__ __forceinline__ float soft_cap(float s, float c) { return c * tanhf(s / c); }
 
 // A group's running softmax over the rows it has seen: max, sum of exp(score - max), and the lane's elements
 // of sum exp(score - max) v.
@@ -463,8 +467,10 @@ __device__ __forceinline__ void tile_load(Tile& tl, const T* kb, const T* vb, i6
     }
 }
 
+// `CAP`: the scores are soft-capped at `cap` (a separate instantiation, so the uncapped loop is unchanged).
+template <bool CAP>
 __device__ __forceinline__ void tile_use(Soft& s, const Tile& tl, const float* qv, i64 row, int G, i64 stop,
-                                         int lanes) {
+                                         int lanes, float cap) {
 #pragma unroll
     for (int u = 0; u < ATTN_U; u++) {
         float kv[VEC], vv[VEC];
@@ -473,8 +479,21 @@ __device__ __forceinline__ void tile_use(Soft& s, const Tile& tl, const float* q
 #pragma unroll
         for (int e = 0; e < VEC; e++) dot += qv[e] * kv[e];
         dot = row_sum(dot, lanes);
+        if (CAP) dot = soft_cap(dot, cap);
         cvt_vec(tl.v[u], vv);
         soft_add(s, row + (i64)u * G < stop ? dot : NEG_INF, vv, VEC);
+    }
+}
+
+// The vectorised rows of `attention` from `first` on, two tiles in flight (`a` holds the first, loaded).
+template <bool CAP>
+__device__ __forceinline__ void attn_tiles(Soft& s, Tile& a, Tile& b, const T* kb, const T* vb, const float* qv,
+                                           i64 first, int grp, int step, int G, i64 stop, const AttnP& p) {
+    for (i64 row = first; row - grp < stop; row += 2 * step) {
+        tile_load(b, kb, vb, row + step, G, 0, stop, p.Dh);
+        tile_use<CAP>(s, a, qv, row, G, stop, p.lanes, p.softcap);
+        tile_load(a, kb, vb, row + 2 * step, G, 0, stop, p.Dh);
+        tile_use<CAP>(s, b, qv, row + step, G, stop, p.lanes, p.softcap);
     }
 }
 
@@ -522,11 +541,10 @@ extern "C" __global__ void attention(AttnP p) {
         for (int e = 0; e < VEC; e++) qv[e] *= p.scale;
         // Every group runs the same number of tiles (the shuffles need the whole warp): rows past `stop`
         // are not loaded and score NEG_INF.
-        for (i64 row = first; row - grp < stop; row += 2 * step) {
-            tile_load(b, kb, vb, row + step, G, 0, stop, p.Dh);
-            tile_use(s, a, qv, row, G, stop, p.lanes);
-            tile_load(a, kb, vb, row + 2 * step, G, 0, stop, p.Dh);
-            tile_use(s, b, qv, row + step, G, stop, p.lanes);
+        if (p.softcap > 0.f) {
+            attn_tiles<true>(s, a, b, kb, vb, qv, first, grp, step, G, stop, p);
+        } else {
+            attn_tiles<false>(s, a, b, kb, vb, qv, first, grp, step, G, stop, p);
         }
         soft_merge_warp(s, p.lanes, VEC);
         if (writes) {
@@ -558,6 +576,7 @@ extern "C" __global__ void attention(AttnP p) {
                 vv[i] = in ? ld(vb, j * p.Dh + d) : 0.f;
             }
             dot = row_sum(dot, p.lanes);
+            if (p.softcap > 0.f) dot = soft_cap(dot, p.softcap);
             soft_add(s, j < stop ? dot : NEG_INF, vv, n);
         }
         soft_merge_warp(s, p.lanes, n);

@@ -156,6 +156,8 @@ pub struct AttnP {
     pub group: i32,
     pub early: i32,
     pub hpb: i32,
+    /// Logit soft-capping `c` (scores become `c * tanh(s / c)`); 0 for none.
+    pub softcap: f32,
 }
 
 /// `ArgmaxP`.

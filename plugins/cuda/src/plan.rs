@@ -344,6 +344,8 @@ pub struct AttnShape {
     pub head_dim: u32,
     pub head_major: bool,
     pub scale: f32,
+    /// Logit soft-capping (`causal_attention`'s `softcap`): each scaled score `s` becomes `c * tanh(s / c)`.
+    pub softcap: Option<f32>,
 }
 
 impl AttnShape {

@@ -224,6 +224,7 @@ impl Engine {
             group: s.group() as i32,
             early: i32::from(early),
             hpb: hpb as i32,
+            softcap: s.softcap.unwrap_or(0.0),
         };
         if cluster.is_some() {
             Launch::AttentionTcCluster(config, p)

@@ -101,10 +101,12 @@ __device__ __forceinline__ void tc_load(TcTile<DH>& tl, const T* kb, const T* vb
 }
 
 // Adds the tile at row r0 (rows from `stop` on score NEG_INF) to the warp's softmax; `qf` is Q^T's fragment,
-// `sl2` the score scale times log2 e.
-template <int DH>
+// `sl2` the score scale times log2 e. `CAP`: `sl2` is the score scale itself and the scaled scores are
+// soft-capped at `cap` before the change to log2 units (a separate instantiation: the uncapped loop is
+// unchanged).
+template <int DH, bool CAP>
 __device__ __forceinline__ void tc_use(TcSoft<DH>& s, const TcTile<DH>& tl, const uint4 (&qf)[DH / 32], i64 r0,
-                                       i64 stop, float sl2, int g, int c4) {
+                                       i64 stop, float sl2, float cap, int g, int c4) {
     float sa[4] = {0.f, 0.f, 0.f, 0.f}, sb[4] = {0.f, 0.f, 0.f, 0.f};  // two chains of MMAs, not one
 #pragma unroll
     for (int c = 0; c < DH / 32; c++) {
@@ -114,7 +116,10 @@ __device__ __forceinline__ void tc_use(TcSoft<DH>& s, const TcTile<DH>& tl, cons
     const bool in0 = r0 + g < stop, in1 = r0 + g + 8 < stop;
     float x[4], p[4], alpha[2];
 #pragma unroll
-    for (int i = 0; i < 4; i++) x[i] = (i < 2 ? in0 : in1) ? (sa[i] + sb[i]) * sl2 : NEG_INF;
+    for (int i = 0; i < 4; i++) {
+        const float dot = CAP ? soft_cap((sa[i] + sb[i]) * sl2, cap) * LOG2E : (sa[i] + sb[i]) * sl2;
+        x[i] = (i < 2 ? in0 : in1) ? dot : NEG_INF;
+    }
 #pragma unroll
     for (int e = 0; e < 2; e++) {
         const float mx = warp_reduce(fmaxf(x[e], x[e + 2]), MaxOp(), 4);  // over the tile's rows
@@ -301,9 +306,16 @@ __device__ __forceinline__ void attention_tc_body(const AttnP& p, float* sm) {
         const float sl2 = p.scale * LOG2E;
         // One tile in flight a warp: the wave of blocks (`kernels::attention_tc_splits`) keeps enough in flight
         // an SM; a second tile requested ahead needs 227 registers, two blocks an SM, and measured no faster.
-        for (i64 r0 = first; r0 < stop; r0 += step) {
-            if (r0 != first) tc_load(tile, kb, vb, r0, 0, stop - 1, g, c4);
-            tc_use(s, tile, qf, r0, stop, sl2, g, c4);
+        if (p.softcap > 0.f) {
+            for (i64 r0 = first; r0 < stop; r0 += step) {
+                if (r0 != first) tc_load(tile, kb, vb, r0, 0, stop - 1, g, c4);
+                tc_use<DH, true>(s, tile, qf, r0, stop, p.scale, p.softcap, g, c4);
+            }
+        } else {
+            for (i64 r0 = first; r0 < stop; r0 += step) {
+                if (r0 != first) tc_load(tile, kb, vb, r0, 0, stop - 1, g, c4);
+                tc_use<DH, false>(s, tile, qf, r0, stop, sl2, 0.f, g, c4);
+            }
         }
         // The warp's state a column: its sum over every row (the lanes' rows meet), its outputs in shared
         // memory.

@@ -259,6 +259,7 @@ impl Emulator<'_> {
             let scores: Vec<f64> = rows
                 .clone()
                 .map(|j| (0..dh).map(|d| qv[base + d] * s.scale as f64 * kv[krow(j) + d]).sum())
+                .map(|x: f64| s.softcap.map_or(x, |c| c as f64 * (x / c as f64).tanh()))
                 .collect();
             let mx = scores.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
             let e: Vec<f64> = scores.iter().map(|x| (x - mx).exp()).collect();

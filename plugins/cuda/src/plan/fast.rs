@@ -146,8 +146,8 @@ impl<'g> Lowering<'g> {
             }
             Op::MatMul { .. } => self.gemv(i),
             Op::KvCacheUpdate { .. } => self.kv_update(i),
-            Op::CausalAttention { q, k, v, position, scale, softcap: None, out } => {
-                self.attention(q, k, v, position, scale, out)?;
+            Op::CausalAttention { q, k, v, position, scale, softcap, out } => {
+                self.attention(q, k, v, position, (scale, softcap), out)?;
                 Ok(1)
             }
             Op::Argmax { input, out } => {
@@ -472,7 +472,7 @@ impl Lowering<'_> {
         k: TensorId,
         v: TensorId,
         position: TensorId,
-        scale: Option<f32>,
+        (scale, softcap): (Option<f32>, Option<f32>),
         out: TensorId,
     ) -> Result<(), Unsupported> {
         let c = self.shape(k);
@@ -498,7 +498,7 @@ impl Lowering<'_> {
             )));
         }
         let scale = scale.unwrap_or(1.0 / (head_dim as f32).sqrt());
-        let shape = AttnShape { rows, heads, kv_heads, len, head_dim, head_major, scale };
+        let shape = AttnShape { rows, heads, kv_heads, len, head_dim, head_major, scale, softcap };
         self.float(q)?;
         let splits = attention_splits(heads, rows, len);
         let heads_rows = rows as usize * heads as usize;

@@ -113,8 +113,9 @@ fn attention_steps_have_the_layers_shape_and_scratch() {
             let Step::Attention { q, k, v, position, out, shape, splits, early } = *step else {
                 unreachable!()
             };
-            let AttnShape { rows: r, heads, kv_heads, len, head_dim, head_major, scale } = shape;
+            let AttnShape { rows: r, heads, kv_heads, len, head_dim, head_major, scale, softcap } = shape;
             assert_eq!((kv_heads, head_major, scale), (3, false, 0.25), "token-major, no GQA, 1/sqrt(16)");
+            assert_eq!(softcap, None, "no soft-capping");
             assert_eq!(q, find(&format!("layer{layer}.q")));
             assert_eq!((k, v), (find(&model::k_cache_out(layer)), find(&model::v_cache_out(layer))));
             assert_eq!(position, find(model::INPUT_POS));
@@ -310,8 +311,10 @@ fn hf_expected(dtype: ElemType, layers: usize, rows: u64) -> Vec<String> {
 /// for a reshape.
 #[test]
 fn hugging_face_forms_lower_with_caches_in_place_and_reshapes_free() {
-    for dtype in [ElemType::F32, ElemType::F16, ElemType::Bf16] {
-        let cfg = hf::Hf::tiny(dtype);
+    let capped = |dtype| hf::Hf { softcap: Some(2.0), ..hf::Hf::tiny(dtype) };
+    let dtypes = [ElemType::F32, ElemType::F16, ElemType::Bf16];
+    for cfg in dtypes.map(hf::Hf::tiny).into_iter().chain(dtypes.map(capped)) {
+        let dtype = cfg.dtype;
         for rows in [1, 5] {
             let graph = hf::build(&cfg, rows);
             let plan = Plan::new(&graph).unwrap_or_else(|e| panic!("{dtype}, {rows} rows: {e}"));
@@ -369,6 +372,7 @@ fn check_hf_caches_and_attention(graph: &ref_graph::Graph, plan: &Plan, cfg: &hf
                     head_dim: 16,
                     head_major: true,
                     scale,
+                    softcap: cfg.softcap,
                 };
                 assert_eq!(shape, expected, "GQA: 4 query heads read 2 KV heads");
                 layer += 1;

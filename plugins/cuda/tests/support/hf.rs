@@ -8,7 +8,7 @@
 
 #![allow(dead_code)]
 
-use ref_graph::{half, ElemType, Graph, GraphBuilder, MatMulOptions, TensorId, UnaryFn};
+use ref_graph::{half, AttentionOptions, ElemType, Graph, GraphBuilder, MatMulOptions, TensorId, UnaryFn};
 
 /// The decoder's sizes.
 #[derive(Debug, Clone)]
@@ -29,6 +29,8 @@ pub struct Hf {
     /// RMSNorms as `rms_norm` ops (what the Python lowering fuses them into), or decomposed as Hugging Face
     /// writes them.
     pub norm_op: bool,
+    /// Gemma 2's logit soft-capping in every attention (`causal_attention`'s `softcap`), or none.
+    pub softcap: Option<f32>,
 }
 
 impl Hf {
@@ -47,6 +49,7 @@ impl Hf {
             bias: true,
             tied: false,
             norm_op: false,
+            softcap: None,
         }
     }
 
@@ -66,6 +69,7 @@ impl Hf {
             bias: false,
             tied: true,
             norm_op: true,
+            softcap: None,
         }
     }
 
@@ -269,7 +273,8 @@ fn decoder_layer(
     let k = b.kv_cache_update(&k_cache_out(l), k_cache, k, s.pos).expect("k update");
     let v = b.kv_cache_update(&v_cache_out(l), v_cache, v, s.pos).expect("v update");
     let scale = 1.0 / (dh as f32).sqrt();
-    let attn = b.causal_attention_scaled(&format!("l{l}.attn"), q, k, v, s.pos, scale).expect("attention");
+    let options = AttentionOptions { scale: Some(scale), softcap: cfg.softcap };
+    let attn = b.causal_attention_with(&format!("l{l}.attn"), [q, k, v, s.pos], options).expect("attention");
     let attn = b.permute(&format!("l{l}.attn_t"), attn, &[0, 2, 1, 3]).expect("permute");
     let attn = b.reshape(&format!("l{l}.attn_flat"), attn, &[1, rows, cfg.heads * dh]).expect("reshape");
     let o = s.linear(&format!("l{l}.o_proj"), attn, cfg.heads * dh, dim, false);
