@@ -61,5 +61,51 @@ class EagerAttentionTest(unittest.TestCase):
             self.assertIn(b'"scale":0.25', op, "head_dim 16: transformers' scaling 16 ** -0.5")
 
 
+def eager_sdpa(form: str):
+    """``scaled_dot_product_attention`` written by hand, the mask applied by ``form``: ``masked_fill`` of ``~mask``,
+    ``where``, or an additive float mask built with ``masked_fill`` of zeros."""
+
+    def attention(q, k, v, attn_mask):
+        scores = q @ k.transpose(-2, -1) / q.shape[-1] ** 0.5
+        if form == "masked_fill":
+            scores = scores.masked_fill(~attn_mask, float("-inf"))
+        elif form == "where":
+            scores = torch.where(attn_mask, scores, torch.finfo(scores.dtype).min)
+        else:
+            scores = scores + torch.zeros(attn_mask.shape).masked_fill(attn_mask.logical_not(), -1e9)
+        return torch.softmax(scores.float(), dim=-1).to(q.dtype) @ v
+
+    return attention
+
+
+@unittest.skipUnless(have_packer(), "delegate-pack not found (set KV_DELEGATE_PACK)")
+class HandWrittenMaskTest(unittest.TestCase):
+    def test_each_way_of_applying_the_mask_folds_into_one_attention_with_eager_tokens(self) -> None:
+        from types import SimpleNamespace
+
+        import torch.nn.functional as F
+
+        from kv_delegate import llama_style
+        from kv_delegate.llama_style import CONFIG, LlamaStyle, greedy as greedy_style
+        from test_partitioner import PROMPT as P, STEPS as S, export as export_module
+
+        require_et_run()
+        for form in ("masked_fill", "where", "additive"):
+            with self.subTest(form):
+                patched = SimpleNamespace(**{n: getattr(F, n) for n in dir(F) if not n.startswith("__")})
+                patched.scaled_dot_product_attention = eager_sdpa(form)
+                original, llama_style.F = llama_style.F, patched
+                try:
+                    model = LlamaStyle(CONFIG).eval()
+                    tokens = greedy_style(model, P, S)
+                    model.reset_caches()
+                    pte, partitioner, ops = export_module(model)
+                finally:
+                    llama_style.F = original
+                self.assertEqual([str(o) for o in partitioner.unsupported()], [])
+                self.assertEqual(len(payload_ops(pte)), CONFIG["layers"], "one causal_attention per layer")
+                self.assertEqual(run_in_executorch(pte, P, S), tokens)
+
+
 if __name__ == "__main__":
     unittest.main()

@@ -17,7 +17,8 @@ from typing import Any, Callable, Dict, Optional
 import torch
 
 from .common import LoweringError, describe, meta_shape, op_name, val_shape
-from .values import AdditiveMask, AllTrue, CacheGroups, CausalMask, Known, KeysT, Scores, Tensor, Value, kind
+from .values import (AdditiveMask, AllTrue, CacheGroups, CausalMask, HiddenMask, Known, KeysT, Scores, Tensor, Value,
+                     kind)
 
 #: Ordinary operators that eager attention's values pass through (the ordinary rule takes any other value).
 _PASSING = ("aten.permute_copy.default", "aten.view_copy.default", "aten.view.default", "aten.expand_copy.default",
@@ -37,15 +38,20 @@ class EagerAttention:
             "aten.bmm.default": self.bmm,
             "aten._softmax.default": self.softmax,
             "aten.where.self": self.where,
+            "aten.logical_not.default": self.hidden,
+            "aten.bitwise_not.default": self.hidden,
+            "aten.masked_fill.Scalar": self.masked_fill,
+            "aten.masked_fill.Tensor": self.masked_fill,
         }
         for name in _PASSING:
-            rules[name] = lambda node, name=name: self.eager_or(node, ordinary[name])
+            if name in ordinary:
+                rules[name] = lambda node, base=ordinary[name]: self.eager_or(node, base)
         return rules
 
     def eager_or(self, node: torch.fx.Node, ordinary: Callable[[torch.fx.Node], Value]) -> Value:
         """``node``'s value when it takes one of eager attention's values, else what ``ordinary`` makes of it."""
         args = [self.value(a) for a in node.args[:2]]
-        eager = (KeysT, Scores, AdditiveMask)
+        eager = (KeysT, Scores, AdditiveMask, HiddenMask)
         if any(isinstance(a, eager) for a in args):
             return self.eager_step(node, args)
         if isinstance(args[0], Tensor) and args[0].name in self.cache_outputs and _transposes(node):
@@ -92,8 +98,8 @@ class EagerAttention:
         if not same_rows:
             raise LoweringError(f"'{node.name}': {kind(value)} {list(old)} seen as {list(shape)} (only unit axes may "
                                 "change)")
-        if isinstance(value, AdditiveMask):
-            return AdditiveMask(value.mask, shape)
+        if isinstance(value, (AdditiveMask, HiddenMask)):
+            return type(value)(value.mask, shape)
         return replace(value, shape=shape)
 
     def scaled(self, node: torch.fx.Node, op: str, args: list) -> Value:
@@ -133,20 +139,47 @@ class EagerAttention:
         return replace(scores, mask=mask)
 
     def where(self, node: torch.fx.Node) -> Value:
-        """``where(mask, 0, min)``: the causal mask as additive float values; ``where(mask, scores, min)``: the
-        mask applied to the scores."""
+        """``where(mask, 0, min)`` (or ``where(~mask, min, 0)``, a decomposed ``masked_fill``): the causal mask as
+        additive float values; ``where(mask, scores, min)`` (or ``where(~mask, min, scores)``): the mask applied
+        to the scores."""
         cond, a, b = (self.value(x) for x in node.args[:3])
-        if isinstance(cond, AllTrue) or not isinstance(cond, CausalMask):
+        if isinstance(cond, CausalMask):
+            keep, fill, fill_arg = a, b, node.args[2]
+        elif isinstance(cond, HiddenMask):
+            cond, keep, fill, fill_arg = cond.mask, b, a, node.args[1]
+        else:
             raise LoweringError(f"'{node.name}': where over {kind(cond)}, not the causal mask")
-        if not _hidden(b):
-            raise LoweringError(f"'{node.name}': where fills hidden positions with {describe(node.args[2])}, not a "
-                                "very negative number")
-        if isinstance(a, Scores):
-            return self.with_mask(node, a, cond)
-        if _factor(a) == 0.0:
+        if not _hidden(fill):
+            raise LoweringError(f"'{node.name}': where fills hidden positions with {describe(fill_arg)}, not a very "
+                                "negative number")
+        if isinstance(keep, Scores):
+            return self.with_mask(node, keep, cond)
+        if _factor(keep) == 0.0 or (isinstance(keep, Known) and keep.value.dtype != torch.bool and _all_zero(keep)):
             return AdditiveMask(cond, val_shape(node))
-        raise LoweringError(f"'{node.name}': where(mask, {describe(node.args[1])}, ..) is neither 0 (a float mask) "
-                            "nor the attention scores")
+        raise LoweringError(f"'{node.name}': where keeps {kind(keep)} where the mask shows, neither 0 (a float "
+                            "mask) nor the attention scores")
+
+    def hidden(self, node: torch.fx.Node) -> Value:
+        """``~mask``: where the causal mask hides (for ``masked_fill``)."""
+        mask = self.value(node.args[0])
+        if not isinstance(mask, CausalMask):
+            raise LoweringError(f"'{node.name}': not of {kind(mask)}, not of the causal mask")
+        return HiddenMask(mask, val_shape(node))
+
+    def masked_fill(self, node: torch.fx.Node) -> Value:
+        """``scores.masked_fill(~mask, min)``: the mask applied to the scores; ``zeros.masked_fill(~mask, min)``:
+        the causal mask as additive float values."""
+        x, where, fill = self.value(node.args[0]), self.value(node.args[1]), self.value(node.args[2])
+        if not isinstance(where, HiddenMask):
+            raise LoweringError(f"'{node.name}': masked_fill where {kind(where)}, not where the causal mask hides")
+        if not _hidden(fill):
+            raise LoweringError(f"'{node.name}': masked_fill with {describe(node.args[2])}, not a very negative "
+                                "number")
+        if isinstance(x, Scores):
+            return self.with_mask(node, x, where.mask)
+        if isinstance(x, Known) and not x.value.dtype == torch.bool and _all_zero(x):
+            return AdditiveMask(where.mask, val_shape(node))
+        raise LoweringError(f"'{node.name}': masked_fill of {kind(x)}, neither the attention scores nor zeros")
 
     def bmm(self, node: torch.fx.Node) -> Value:
         a, b = self.value(node.args[0]), self.value(node.args[1])
@@ -225,6 +258,13 @@ def _factor(value: Value) -> Optional[float]:
 
         return math.nan if isinstance(value.value, FakeTensor) else float(value.value.reshape(()).item())
     return None
+
+
+def _all_zero(value: Known) -> bool:
+    """Whether a known value is zero everywhere (``False`` when the dry run cannot read it)."""
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    return not isinstance(value.value, FakeTensor) and bool((value.value == 0).all())
 
 
 def _hidden(value: Value) -> bool:

@@ -125,6 +125,15 @@ class AdditiveMask:
 
 
 @dataclass(frozen=True)
+class HiddenMask:
+    """Where a causal mask hides (``~mask``, ``logical_not(mask)``), shaped ``shape``: what ``masked_fill``
+    fills."""
+
+    mask: CausalMask
+    shape: Tuple[int, ...]
+
+
+@dataclass(frozen=True)
 class KeysT:
     """An updated key cache (or its repeats per query-head group, as :class:`CacheGroups`) with its last two axes
     swapped, ``[.., H, Dh, L]``: the right operand of eager attention's ``q @ k^T``."""
@@ -157,7 +166,7 @@ class Scores:
 
 
 Value = Union[Tensor, Known, Positions, ShiftedPositions, AllTrue, FirstElement, CausalMask, HeadView, CacheGroups,
-              AdditiveMask, KeysT, Scores, None]
+              AdditiveMask, HiddenMask, KeysT, Scores, None]
 
 
 def kind(value: object) -> str:
@@ -184,6 +193,8 @@ def kind(value: object) -> str:
         return f"the cache '{value.cache}' repeated {value.groups} times per KV head"
     if isinstance(value, AdditiveMask):
         return f"a causal mask of {value.mask.count} x {value.mask.rows} as additive float values"
+    if isinstance(value, HiddenMask):
+        return f"where a causal mask of {value.mask.count} x {value.mask.rows} hides"
     if isinstance(value, KeysT):
         return f"the cache '{value.cache}' transposed (the keys of q @ k^T)"
     if isinstance(value, Scores):
