@@ -7,7 +7,13 @@ dry-runs each group as ExecuTorch will hand it to ``preprocess`` (the same subpr
 ``create_submodule_from_nodes`` / ``create_exported_program_from_submodule`` on a copy of the program), lowers it
 and has the packer check it. A node the lowering or the packer refuses leaves the claim with the reason, and the
 groups are proposed again, until every group lowers. So an export never fails because of a node claimed here;
-what is left outside runs on ExecuTorch's kernels.
+what is left outside runs on ExecuTorch's kernels, named by :meth:`~ReferencePartitioner.unsupported` with its
+cause (:mod:`kv_delegate.outside`).
+
+``sdpa`` and ``rms_norm`` have no portable kernel: ``ops_to_not_decompose`` keeps one whole only where the
+partition claims it, decided by a first pass on the edge program ExecuTorch will make (:meth:`_decide`,
+:mod:`kv_delegate.keep_whole`); one the delegate cannot take is decomposed and its parts partitioned like any
+node. So an export never aborts on a node the delegate cannot take.
 """
 
 from __future__ import annotations
@@ -26,7 +32,9 @@ from torch.export.graph_signature import OutputKind
 from torch.fx.passes.infra.partitioner import CapabilityBasedPartitioner
 from torch.fx.passes.operator_support import OperatorSupportBase
 
-from .lowering import _DTYPES, LoweringError, lower, op_name, rule_names
+from .keep_whole import KEPT_WHOLE, RMS_NORM, SDPA, edge_program, has_form, source
+from .lowering import LoweringError, lower, op_name, rule_names
+from .outside import Outside, at_split, is_outside, no_rule, part_of, reason_of, value_of, with_causes
 from .names import BUFFER_META, CACHE_META, CUDA_BACKEND, OUTPUT_NAME_META, REFERENCE_BACKEND, TENSORRT_BACKEND
 from .pack import PackError, pack, packer
 
@@ -36,46 +44,15 @@ log = logging.getLogger("kv_delegate")
 #: makes a node a candidate; the dry run decides whether it is claimed.
 SUPPORTED_OPS = rule_names()
 
-#: The operators ``ops_to_not_decompose`` may keep whole (ExecuTorch has no portable kernel for them).
-KEPT_WHOLE = ("aten.scaled_dot_product_attention.default", "aten.rms_norm.default")
-
 #: The most dry-run rounds before the partitioner gives up claiming anything (each round leaves at least one
 #: more node outside, so this bounds the work on a pathological graph).
 MAX_ROUNDS = 256
-
-
-class Outside(NamedTuple):
-    """A node left outside the delegate: its name, operator, value (dtype and shape) and why, in the user's
-    words."""
-
-    node: str
-    op: str
-    value: str
-    reason: str
-
-    def __str__(self) -> str:
-        return f"'{self.node}' ({self.op}, {self.value}): {self.reason}"
 
 
 def cache_out_name(cache: str) -> str:
     """The reference-graph name of a cache's updated value: ``k_cache_0`` -> ``k_cache_out_0`` (kv-example's)."""
     match = re.fullmatch(r"(.*)_(\d+)", cache)
     return f"{match.group(1)}_out_{match.group(2)}" if match else f"{cache}_out"
-
-
-def _value(node: torch.fx.Node) -> str:
-    val = node.meta.get("val")
-    if isinstance(val, torch.Tensor):
-        return f"{_DTYPES.get(val.dtype, str(val.dtype).replace('torch.', ''))} {list(val.shape)}"
-    if isinstance(val, (list, tuple)):
-        return "(" + ", ".join(_value_of(v) for v in val) + ")"
-    return "no tensor value"
-
-
-def _value_of(val: object) -> str:
-    if isinstance(val, torch.Tensor):
-        return f"{_DTYPES.get(val.dtype, str(val.dtype).replace('torch.', ''))} {list(val.shape)}"
-    return type(val).__name__
 
 
 def _annotate_buffers(ep: ExportedProgram) -> None:
@@ -115,66 +92,6 @@ class _Support(OperatorSupportBase):
         return node.op == "call_function" and op_name(node) in SUPPORTED_OPS and node.name not in self.refused
 
 
-#: ATen operators that only change a view of their input (skipped when looking for what produced a value).
-VIEWS = ("aten.alias", "aten.clone", "aten.view", "aten._to_copy", "aten.contiguous", "aten.expand",
-         "aten.unsqueeze", "aten.squeeze", "aten.reshape", "aten._unsafe_view")
-
-
-def _producer(node: object, skip: Tuple[str, ...] = VIEWS) -> Optional[torch.fx.Node]:
-    """The first producer of ``node`` that is not a copy or view (aten graph, before decomposition)."""
-    for _ in range(12):
-        if not isinstance(node, torch.fx.Node) or node.op != "call_function":
-            return node if isinstance(node, torch.fx.Node) else None
-        name = op_name(node)
-        if not any(name.startswith(s + ".") for s in skip):
-            return node
-        node = node.args[0]
-    return None
-
-
-def _keep_sdpa(node: torch.fx.Node) -> bool:
-    """Whether ``aten.scaled_dot_product_attention`` has a form the lowering takes: ``q`` ``[.., H, T, Dh]``,
-    ``k``/``v`` cache updates (directly, or repeated per query-head group as transformers' ``repeat_kv`` and
-    ``repeat_interleave`` do, or with ``enable_gqa``), an explicit causal mask ``le(...)`` (or its ``&`` with a
-    sliding window's part), no dropout, no
-    ``is_causal``, batch 1, f32, f16 or bf16. Any other ``sdpa`` is decomposed by ExecuTorch."""
-    args = list(node.args)
-    mask = args[3] if len(args) > 3 else node.kwargs.get("attn_mask")
-    extra = dict(zip(("dropout_p", "is_causal", "scale", "enable_gqa"), args[4:]))
-    extra.update({k: v for k, v in node.kwargs.items() if k != "attn_mask"})
-    if not isinstance(mask, torch.fx.Node) or extra.get("dropout_p", 0.0) != 0.0 or extra.get("is_causal", False):
-        return False
-    vals = [a.meta.get("val") if isinstance(a, torch.fx.Node) else None for a in args[:3]]
-    if not all(isinstance(v, torch.Tensor) and v.dim() in (3, 4) and v.dim() == vals[0].dim() for v in vals):
-        return False
-    q, k, v = vals
-    if q.dtype not in (torch.float32, torch.float16, torch.bfloat16) or (q.dim() == 4 and q.shape[0] != 1):
-        return False
-    if k.shape != v.shape or q.shape[-3] % k.shape[-3] != 0:
-        return False
-    for cache in args[1:3]:
-        update = _producer(cache)
-        if update is None or not op_name(update).startswith(("aten.index_put", "aten.index_copy")):
-            return False
-    producer = _producer(mask)
-    # `le`/`ge` (the causal mask), or `&` of it with a sliding window's part (which the lowering folds away).
-    masks = ("aten.le.", "aten.ge.", "aten.bitwise_and.", "aten.logical_and.")
-    return producer is not None and op_name(producer).startswith(masks)
-
-
-def _keep_rms_norm(node: torch.fx.Node) -> bool:
-    """Whether ``aten.rms_norm`` has the form the lowering takes: a weight, an explicit eps, over the last axis."""
-    args = list(node.args)
-    if len(args) < 4 or args[2] is None or args[3] is None:
-        return False
-    val = args[0].meta.get("val") if isinstance(args[0], torch.fx.Node) else None
-    return (
-        isinstance(val, torch.Tensor)
-        and val.dtype in (torch.float32, torch.float16, torch.bfloat16)
-        and list(args[1]) == [val.shape[-1]]
-    )
-
-
 class ReferencePartitioner(Partitioner):
     """Partitions an edge program for ``ReferenceBackend``.
 
@@ -194,22 +111,56 @@ class ReferencePartitioner(Partitioner):
         self.output_names = list(output_names)
         self.delegation_spec = DelegationSpec(self.backend_id, [])
         self._outside: List[Outside] = []
+        #: What :meth:`_decide` found, one per program it saw (a method each).
+        self._decisions: List[_Decision] = []
 
     def ops_to_not_decompose(
         self, ep: ExportedProgram
     ) -> Tuple[List[torch._ops.OpOverload], Optional[Callable[[torch.fx.Node], bool]]]:
         """Keeps ``aten.rms_norm`` and ``aten.scaled_dot_product_attention`` whole (one reference-graph op each)
-        only when they have the exact form the lowering takes (:func:`_keep_rms_norm`, :func:`_keep_sdpa`);
-        any other is decomposed by ExecuTorch and its parts are partitioned like any node."""
+        when they have the exact form the lowering takes (:func:`~kv_delegate.keep_whole.keeps_sdpa`,
+        :func:`~kv_delegate.keep_whole.keeps_rms_norm`) and the partition of the program claims them
+        (:meth:`_decide`, run when ExecuTorch first asks about one); any other is decomposed by ExecuTorch and its
+        parts are partitioned like any node, so a node kept whole is never left without a kernel."""
+        decided: List[Dict[str, bool]] = []
 
         def keep(node: torch.fx.Node) -> bool:
-            if node.target == torch.ops.aten.rms_norm.default:
-                return _keep_rms_norm(node)
-            if node.target == torch.ops.aten.scaled_dot_product_attention.default:
-                return _keep_sdpa(node)
-            return True
+            if node.target not in (SDPA, RMS_NORM):
+                return True
+            if not has_form(node, SUPPORTED_OPS):
+                return False
+            if not decided:
+                decided.append(self._decide(ep))
+            return decided[0].get(source(node), False)
 
-        return ([torch.ops.aten.rms_norm.default, torch.ops.aten.scaled_dot_product_attention.default], keep)
+        return ([RMS_NORM, SDPA], keep)
+
+    def _decide(self, program: ExportedProgram) -> Dict[str, bool]:
+        """The first pass: which ``sdpa`` and ``rms_norm`` nodes of ``program`` (an ATen program) stay whole, by
+        :func:`~kv_delegate.keep_whole.source` name. Makes the edge program ExecuTorch will make
+        (:func:`~kv_delegate.keep_whole.edge_program`) and partitions it; a node kept whole that is left outside
+        (the delegate refuses it, or what it reads, such as the causal mask, is computed in another delegate
+        call) is decomposed instead, and the program is made and partitioned again, until every node kept whole
+        is claimed. The last partition, made with the real weights and constants, is what :meth:`partition`
+        claims on the same edge program (ExecuTorch hands it over with fake ones)."""
+        candidates = [n for n in program.graph.nodes
+                      if n.op == "call_function" and n.target in (SDPA, RMS_NORM) and has_form(n, SUPPORTED_OPS)]
+        kept = {source(n) for n in candidates}
+        decomposed: Dict[str, str] = {}
+        causes: Set[str] = set()
+        while True:  # each pass decomposes at least one more node, so at most len(kept) + 1 passes
+            edge = edge_program(program, kept - set(decomposed))
+            self._annotate(edge)
+            refused, groups, found = self._claim(edge, decomposed, causes)
+            causes |= found
+            claimed = {name for names in groups.values() for name in names}
+            left = [n for n in edge.graph.nodes if is_outside(n, claimed) and op_name(n) in KEPT_WHOLE]
+            if not {source(n) for n in left} - set(decomposed):
+                break  # nothing more to decompose (partition names what is left)
+            for node in left:
+                decomposed[source(node)] = refused.get(node.name) or no_rule(op_name(node))
+        self._decisions.append(_Decision(_signature(edge), refused, decomposed))
+        return {name: name not in decomposed for name in kept}
 
     def unsupported(self) -> List[Outside]:
         """Every node the last :meth:`partition` left outside the delegate: ``(node, op, value, reason)``
@@ -314,38 +265,55 @@ class ReferencePartitioner(Partitioner):
                         refused[name] = reason
         return refused
 
-    def partition(self, exported_program: ExportedProgram) -> PartitionResult:
-        """Claims what lowers (module docs), tags the constants the claimed nodes read and (``owned_state``)
-        the caches; logs every node left outside with the reason."""
-        ep = exported_program
-        self._annotate(ep)
-        self.delegation_spec = DelegationSpec(self.backend_id, _compile_specs(ep))
+    def _claim(self, ep: ExportedProgram, decomposed: Dict[str, str],
+               causes: Set[str]) -> Tuple[Dict[str, str], Dict[str, List[str]], Set[str]]:
+        """The groups that lower (module docs): ``({node: why it is left outside}, {tag: node names}, causes)``;
+        the reason of a node refused where the graph is split names what splits it, the causes
+        (:func:`~kv_delegate.outside.with_causes`; ``decomposed`` and ``causes``: :meth:`_decide`'s so far)."""
         refused: Dict[str, str] = {}
+        split: Set[str] = set()
         groups: Dict[str, List[str]] = {}
         for _ in range(MAX_ROUNDS):
             groups = self._propose(ep, refused)
             new = {k: v for k, v in self._dry_run(ep, groups).items() if k not in refused}
             if not new:
                 break
+            split |= at_split(ep.graph, groups, new)
             refused.update(new)
         else:
             for names in groups.values():
                 refused.update({n: f"not claimed: no stable partition after {MAX_ROUNDS} rounds" for n in names})
             groups = {}
-        claimed: Set[str] = {name for names in groups.values() for name in names}
+        claimed = {name for names in groups.values() for name in names}
+        reasons, found = with_causes(ep.graph, refused, split, claimed, decomposed, causes)
+        return reasons, groups, found
+
+    def partition(self, exported_program: ExportedProgram) -> PartitionResult:
+        """Claims what lowers (module docs), tags the constants the claimed nodes read and (``owned_state``)
+        the caches; logs every node left outside with the reason. On the edge program :meth:`_decide` made
+        (``to_edge_transform_and_lower``), its partition is claimed as it is."""
+        ep = exported_program
+        self._annotate(ep)
+        self.delegation_spec = DelegationSpec(self.backend_id, _compile_specs(ep))
+        signature = _signature(ep)
+        decision = next((d for d in reversed(self._decisions) if d.signature == signature), None)
+        if decision is not None:
+            refused, groups = dict(decision.refused), self._propose(ep, decision.refused)
+        else:
+            refused, groups, _ = self._claim(ep, {}, set())
+        decomposed = decision.decomposed if decision is not None else {}
         tags: Dict[str, DelegationSpec] = {}
         tag_of = {name: tag for tag, names in groups.items() for name in names}
+        claimed = set(tag_of)
         self._outside = []
         for node in ep.graph.nodes:
             if node.name in tag_of:
                 node.meta["delegation_tag"] = tag_of[node.name]
                 tags[tag_of[node.name]] = self.delegation_spec
-            elif node.op == "call_function" and node.name not in claimed:
+            elif is_outside(node, claimed):
                 op = op_name(node)
-                if op in ("_operator.getitem", "getitem"):
-                    continue
-                reason = refused.get(node.name) or f"{op} is not an operator the reference graph runs"
-                self._outside.append(Outside(node.name, op, _value(node), reason))
+                reason = part_of(node, decomposed, SUPPORTED_OPS) or refused.get(node.name) or no_rule(op)
+                self._outside.append(Outside(node.name, op, value_of(node), reason_of(node, reason)))
         tag_constant_data(ep)
         if self.owned_state:
             tag_mutated_buffer(ep)
@@ -353,15 +321,30 @@ class ReferencePartitioner(Partitioner):
             log.warning("kv_delegate: not delegated to %s: %s", self.backend_id, outside)
         kept = [o for o in self._outside if o.op in KEPT_WHOLE]
         if kept:
-            # ExecuTorch would fail later with "was not decomposed or delegated": say which node and why.
+            # Only an edge program not made by to_edge_transform_and_lower from the program _decide() saw.
             raise RuntimeError(
-                f"kv_delegate: {kept[0]} was kept whole for {self.backend_id} (ops_to_not_decompose) but cannot be "
-                "claimed, and ExecuTorch has no kernel for it; please report this model: the keep test and the "
-                "lowering disagree"
+                f"kv_delegate: {kept[0]}; ExecuTorch has no kernel for {kept[0].op} and it was kept whole for "
+                f"{self.backend_id}: export with to_edge_transform_and_lower(..., partitioner=[...]) and the default "
+                "EdgeCompileConfig, so that the partitioner decides before ExecuTorch decomposes the program"
             )
         log.info("kv_delegate: %d partition(s) for %s, %d node(s) left outside", len(tags), self.backend_id,
                  len(self._outside))
         return PartitionResult(tagged_exported_program=ep, partition_tags=tags)
+
+
+class _Decision(NamedTuple):
+    """What :meth:`ReferencePartitioner._decide` found for one edge program."""
+
+    #: The edge program's nodes, ``(name, operator)`` in order: the program this partition is for.
+    signature: Tuple[Tuple[str, str], ...]
+    #: The nodes left outside the claim, with why.
+    refused: Dict[str, str]
+    #: The nodes that were not kept whole after all (by source name), with why the delegate refused them.
+    decomposed: Dict[str, str]
+
+
+def _signature(ep: ExportedProgram) -> Tuple[Tuple[str, str], ...]:
+    return tuple((n.name, op_name(n) if n.op == "call_function" else n.op) for n in ep.graph.nodes)
 
 
 def _compile_specs(ep: ExportedProgram) -> List[CompileSpec]:

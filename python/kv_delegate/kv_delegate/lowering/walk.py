@@ -205,8 +205,10 @@ class Walk:
         sig = self.program.graph_signature
         spec = {s.arg.name: s for s in sig.input_specs if hasattr(s.arg, "name")}[node.name]
         mutated = set(sig.buffers_to_mutate.values())
+        # Named after the cache it is (the cache update's first operand), never after one it only indexes.
         cache_names = {
-            user.meta[CACHE_META]["cache"]: user for user in node.users if user.meta.get(CACHE_META)
+            user.meta[CACHE_META]["cache"]: user for user in node.users
+            if user.meta.get(CACHE_META) and user.args and user.args[0] is node
         }
         cache_names.update({user.meta[BUFFER_META]["buffer"]: user for user in node.users
                             if user.meta.get(BUFFER_META) and user.args and user.args[0] is node})
