@@ -1,49 +1,26 @@
 //! `export-pte DIR`: exports the example decoder as ExecuTorch `.pte` programs for `ReferenceBackend`, every
 //! variant (`python/kv_delegate`), plus torch eager's tokens and logits: what `fixtures/executorch/` holds.
 //!
-//! Sets up `.cache/export-venv` on first use: a venv with torch [`TORCH_VERSION`] (reused from
-//! `.cache/torch-venv` when that has this very version, same Python: a `.pth` file points at its
-//! site-packages, saving a 5 GB install; installed from PyPI otherwise), then `executorch==1.5.1` without its
-//! dependencies (its pinned torch would replace ours) and the few packages its exporter imports. A venv whose
-//! torch is another version gets the pinned one installed: the export's bytes depend on torch's version (the
-//! delegate's argument order changed between 2.13 and 2.15), so the fixtures are reproducible only with it.
-//! Then [`TRANSFORMERS`] (pinned beside torch; its models' exports depend on its version too). Builds the packer
-//! `delegate-pack` and runs `python -m kv_delegate.export DIR` with it, then `python -m kv_delegate.export_real
-//! DIR/real` (the Hugging Face Llama and Qwen2 models and the hand-written Llama-style decoder, issue 18).
+//! Sets up `.cache/export-venv` on first use (`export_venv`: torch, executorch 1.5.1 and transformers, pinned),
+//! builds the packer `delegate-pack` and runs `python -m kv_delegate.export DIR` with it, then `python -m
+//! kv_delegate.export_real DIR/real` (the Hugging Face Llama and Qwen2 models and the hand-written Llama-style
+//! decoder, issue 18).
 //!
 //! `--tensorrt` exports the `TensorRTBackend` programs instead (`tensorrt_buffers_*.pte`): it also installs the
 //! TensorRT-RTX library (`trt_setup`), builds kv-example-trt's `trt_pack` (the same spec built into an engine,
 //! on the CPU) and passes it as `KV_TRT_PACK`.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 
-use anyhow::{bail, Context};
+use anyhow::Context;
 
-use crate::{trt_setup, util};
-
-/// The export venv, relative to the project root.
-pub const VENV: &str = ".cache/export-venv";
-/// The torch venv the export venv reuses when present (`gpu/`'s baseline uses it too).
-const TORCH_VENV: &str = ".cache/torch-venv";
-/// The ExecuTorch release the fixtures are made with.
-const EXECUTORCH: &str = "executorch==1.5.1";
-/// The torch the fixtures are exported with (`fixtures/executorch/README.md`); PyPI's wheel, run on the CPU.
-/// ExecuTorch 1.5.1's Python runtime (`executorch.runtime`) is built against 2.13 and does not load with it;
-/// the export does not need that runtime (`et-run` runs the programs).
-const TORCH_VERSION: &str = "2.15.0";
-/// [`TORCH_VERSION`] as a pip requirement.
-const TORCH: &str = "torch==2.15.0";
-/// Hugging Face transformers, for exporting its models with its own ExecuTorch recipe
-/// (`transformers.integrations.executorch`; `docs/real-models.md`).
-const TRANSFORMERS: &str = "transformers==5.24.0";
-/// What `executorch.exir` and its exporter import beyond torch's own dependencies.
-const EXPORT_DEPS: [&str; 6] = ["numpy", "ruamel.yaml", "pyyaml", "flatbuffers", "tabulate", "packaging"];
+use crate::{export_venv, trt_setup, util};
 
 /// Sets up the venv, builds `delegate-pack` (and `trt_pack` with `tensorrt`), and exports every variant into
 /// `dir`.
 pub fn run(root: &Path, dir: &Path, tensorrt: bool) -> anyhow::Result<()> {
-    let python = ensure_venv(root)?;
+    let python = export_venv::ensure(root)?;
     eprintln!("xtask: building delegate-pack");
     util::run_cmd(root, util::cargo().args(["build", "-p", "delegate-pack"]))?;
     let debug = util::target_dir(root)?.join("debug");
@@ -74,82 +51,4 @@ pub fn run(root: &Path, dir: &Path, tensorrt: bool) -> anyhow::Result<()> {
         .env("PYTHONPATH", root.join("python").join("kv_delegate"))
         .env("KV_DELEGATE_PACK", &packer);
     util::run_cmd(root, &mut cmd)
-}
-
-/// Whether `python` can import `module`.
-fn imports(python: &Path, module: &str) -> bool {
-    Command::new(python)
-        .args(["-c", &format!("import {module}")])
-        .output()
-        .is_ok_and(|out| out.status.success())
-}
-
-/// The version of the torch `python` imports, without a local suffix (`2.15.0+cu130` -> `2.15.0`).
-fn torch_version(python: &Path) -> Option<String> {
-    let out = Command::new(python).args(["-c", "import torch; print(torch.__version__)"]).output().ok()?;
-    let text = String::from_utf8_lossy(&out.stdout);
-    let version = text.trim().split('+').next()?.to_owned();
-    (out.status.success() && !version.is_empty()).then_some(version)
-}
-
-/// `python`'s site-packages directory.
-fn site_packages(python: &Path) -> anyhow::Result<PathBuf> {
-    let out = Command::new(python)
-        .args(["-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"])
-        .output()
-        .with_context(|| format!("running {}", python.display()))?;
-    if !out.status.success() {
-        bail!("{} cannot name its site-packages", python.display());
-    }
-    Ok(PathBuf::from(String::from_utf8_lossy(&out.stdout).trim()))
-}
-
-/// The export venv's Python, after making sure torch, executorch and the exporter's imports are there.
-fn ensure_venv(root: &Path) -> anyhow::Result<PathBuf> {
-    let venv = root.join(VENV);
-    let python = venv.join("bin").join("python");
-    if !python.exists() {
-        eprintln!("xtask: creating {}", venv.display());
-        util::run_cmd(root, Command::new("python3").args(["-m", "venv"]).arg(&venv))?;
-        let torch_python = root.join(TORCH_VENV).join("bin").join("python");
-        if torch_version(&torch_python).as_deref() == Some(TORCH_VERSION) {
-            let theirs = site_packages(&torch_python)?;
-            let ours = site_packages(&python)?;
-            if theirs.file_name().is_some()
-                && theirs.parent().and_then(Path::file_name) == ours.parent().and_then(Path::file_name)
-            {
-                eprintln!("xtask: reusing torch from {}", theirs.display());
-                std::fs::write(ours.join("zz-torch-venv.pth"), format!("{}\n", theirs.display()))
-                    .context("writing the .pth file")?;
-            }
-        }
-    }
-    let pip = |args: &[&str]| -> anyhow::Result<()> {
-        let mut cmd = Command::new(&python);
-        cmd.args(["-m", "pip", "install", "--disable-pip-version-check", "--quiet"]).args(args);
-        util::run_cmd(root, &mut cmd)
-    };
-    match torch_version(&python) {
-        Some(v) if v == TORCH_VERSION => {}
-        found => {
-            let was = found.map(|v| format!(" (replacing torch {v})")).unwrap_or_default();
-            eprintln!(
-                "xtask: installing {TORCH} from PyPI{was} (about 5 GB with its CUDA wheels; it runs on the CPU)"
-            );
-            pip(&[TORCH])?;
-        }
-    }
-    if !imports(&python, "executorch.exir") {
-        eprintln!("xtask: installing {EXECUTORCH} (without dependencies) and what its exporter imports");
-        pip(&["--no-deps", EXECUTORCH])?;
-        pip(&EXPORT_DEPS)?;
-    }
-    if !imports(&python, "transformers") {
-        eprintln!("xtask: installing {TRANSFORMERS}");
-        pip(&[TRANSFORMERS])?;
-    }
-    if !imports(&python, "executorch.exir") {
-        bail!("{} cannot import executorch.exir after the install", python.display());
-    }
-    Ok(python)
 }

@@ -9,10 +9,12 @@ mod demo;
 mod dist;
 mod executorch_setup;
 mod export_pte;
+mod export_venv;
 mod gpu;
 mod leak_check;
 mod nvrtc_setup;
 mod plot;
+mod python_test;
 mod release;
 mod test;
 mod trt_setup;
@@ -36,6 +38,9 @@ enum Task {
     Demo,
     /// Everything CI checks: fmt, codegen --check, clippy, tests.
     Test,
+    /// The Python tests alone (`python/kv_delegate/tests`, part of `test`): sets up `.cache/export-venv`, builds
+    /// delegate-pack, et-run and delegate-host, and runs pytest with every skip a failure.
+    PythonTest,
     /// Install the executorch 1.5.1 wheel (runtime, kernels, headers; no torch) under .cache/executorch/ and
     /// print the EXECUTORCH_ROOT that `executorch-bridge` builds against.
     ExecutorchSetup,
@@ -221,6 +226,13 @@ fn main() -> anyhow::Result<()> {
     match cli.task {
         Task::Demo => demo::run(&root),
         Task::Test => test::run(&root),
+        Task::PythonTest => {
+            let executorch = executorch_setup::ensure(&root)?;
+            python_test::run(&root, &|mut cmd| {
+                executorch.apply(&mut cmd);
+                cmd
+            })
+        }
         Task::LeakCheck => leak_check::run(&root),
         Task::Codegen { check } => codegen::run(&root, check),
         Task::Dist { rebuild_check: true, no_tensorrt, .. } => dist::check_rebuild(&root, !no_tensorrt),

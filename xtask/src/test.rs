@@ -8,7 +8,8 @@ use crate::{executorch_setup, nvrtc_setup, trt_setup};
 
 /// Installs what the tests need (libclang for `trtx`'s bindings, the TensorRT-RTX library, NVRTC, `flatc`, the
 /// executorch wheel for `executorch-bridge`), then runs fmt, codegen --check, clippy and the whole test suite
-/// with the real plugin dylibs built first.
+/// with the real plugin dylibs built first, then the Python tests (`python_test`: torch, executorch and
+/// transformers installed into `.cache/export-venv` on first use).
 pub fn run(root: &Path) -> anyhow::Result<()> {
     run_cmd(root, cargo().args(["fmt", "--all", "--check"]))?;
     crate::codegen::run(root, true)?;
@@ -69,6 +70,9 @@ pub fn run(root: &Path) -> anyhow::Result<()> {
             // costs minutes on a loaded machine and says nothing a failing assertion does not.
             .env("RUST_BACKTRACE", "0"),
     )?;
+    // The ExecuTorch side's tests (torch, executorch and transformers in .cache/export-venv; the packer and
+    // et-run just built): the lowering checked against torch eager's tokens in ExecuTorch's runtime.
+    crate::python_test::run(root, &with_trt)?;
     tensorrt_smoke(root, &with_trt)?;
     // Release bundles built once, assembled twice and compared byte for byte; then the compatibility gate on
     // them (golden blobs, the previous release's plugins and host, symbols, changelog rule).
