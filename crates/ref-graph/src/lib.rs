@@ -71,16 +71,17 @@
 //! | 1.1 | the `f16` element type; `argmax` |
 //! | 1.2 | delegate-owned `state` (below) |
 //! | 1.3 | the `bf16` element type; `sub`, `mul`, `div`, `unary`, `mean`, `cast`, `reshape`, `permute`, `slice`, `concat`; `mat_mul`'s `transpose_b` and `bias`, `causal_attention`'s `scale`; relaxed forms of the older ops: broadcasting and `i64` `add`, indices of any rank for `gather`, leading axes for `mat_mul`'s `a`, `rms_norm` and `argmax`, `[1, H, L, Dh]` caches, head-major updates and queries, grouped-query attention; `assign` |
-//! | 1.4 | `causal_attention`'s `softcap` (logit soft-capping, Gemma 2) |
+//! | 1.4 | `causal_attention`'s `softcap` (logit soft-capping, Gemma 2), written as the op `causal_attention_softcapped` |
 //!
 //! [`Graph::encode`] writes the oldest version that expresses the graph ([`Graph::payload_version`]): 1.4
 //! when it has a soft-capped attention, else 1.3 when it uses anything 1.3 added, else 1.2 when it has state,
 //! else 1.1. An older reader refuses a graph that uses an addition with a typed error naming it (`bf16` as an
 //! unknown dtype, a new op as an unknown op, a state cache as a tensor read before anything defines it, a
-//! relaxed form as an operand of the wrong rank or shape); a new attribute is an unknown JSON field, which an
-//! older reader ignores, so the version that added it is written whenever one is present (a 1.3 reader
-//! computes a 1.4 soft-capped attention uncapped; the blob header's `engine_library_version` names the
-//! version).
+//! relaxed form as an operand of the wrong rank or shape). A new attribute is an unknown JSON field, which an
+//! older reader ignores; one that changes what an op computes therefore also changes the op's name on the
+//! wire, so an older reader refuses it as an unknown op instead of computing something else: a soft-capped
+//! attention is written as `causal_attention_softcapped` (read back as `causal_attention` with its
+//! `softcap`; a 1.3 reader refuses it), never as a `causal_attention` a 1.3 reader would run uncapped.
 //!
 //! ## Delegate-owned state
 //!

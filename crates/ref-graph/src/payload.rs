@@ -128,7 +128,9 @@ impl Graph {
                     Ok(named) => named,
                     Err(never) => match never {},
                 };
-                serde_json::to_value(named).expect("an op of strings and numbers always serializes")
+                let value =
+                    serde_json::to_value(named).expect("an op of strings and numbers always serializes");
+                wire_op_name(value)
             })
             .collect();
         let description = Description {
@@ -238,6 +240,7 @@ impl Description {
 
         let mut ops = Vec::with_capacity(self.ops.len());
         for (index, value) in self.ops.into_iter().enumerate() {
+            let value = read_op_name(value);
             let op_name = value.get("op").and_then(|v| v.as_str()).ok_or(Error::MissingOpName { index })?;
             if !OP_NAMES.contains(&op_name) {
                 return Err(Error::UnknownOp { index, op: op_name.to_owned(), known: OP_NAMES.join(", ") });
@@ -303,4 +306,31 @@ fn read_constant(constant: &ConstantRef, decl: &TensorDecl, data: &[u8]) -> Resu
                 .collect(),
         ),
     })
+}
+
+/// The op name a soft-capped attention has on the wire (see the crate docs on versions): a reader older than
+/// payload 1.4 ignores the unknown `softcap` field, so the op is renamed, and such a reader refuses it as an
+/// unknown op instead of computing it uncapped.
+pub(crate) const SOFTCAPPED_ATTENTION: &str = "causal_attention_softcapped";
+
+/// `op` as written: a `causal_attention` with a `softcap` becomes [`SOFTCAPPED_ATTENTION`].
+fn wire_op_name(mut op: serde_json::Value) -> serde_json::Value {
+    let capped = op.get("op").and_then(|v| v.as_str()) == Some("causal_attention")
+        && op.get("softcap").is_some_and(|c| !c.is_null());
+    if capped {
+        op["op"] = serde_json::Value::from(SOFTCAPPED_ATTENTION);
+    }
+    op
+}
+
+/// `op` as read: [`SOFTCAPPED_ATTENTION`] is `causal_attention` (its `softcap` is then required).
+fn read_op_name(mut op: serde_json::Value) -> serde_json::Value {
+    if op.get("op").and_then(|v| v.as_str()) == Some(SOFTCAPPED_ATTENTION) {
+        op["op"] = serde_json::Value::from("causal_attention");
+        if op.get("softcap").is_none_or(serde_json::Value::is_null) {
+            // Read as an attention with a missing required field: refused as a malformed op naming it.
+            op["softcap"] = serde_json::Value::from("missing: causal_attention_softcapped needs a softcap");
+        }
+    }
+    op
 }

@@ -26,7 +26,11 @@ fn a_soft_capped_attention_round_trips_as_1_4() {
     assert_eq!(PAYLOAD_VERSION_MINOR, 4);
     let payload = graph.encode();
     assert_eq!(u16::from_le_bytes([payload[6], payload[7]]), 4);
-    assert!(String::from_utf8_lossy(&payload[16..]).contains(r#""softcap":50.0"#), "the payload spells it");
+    let json = String::from_utf8_lossy(&payload[16..]);
+    assert!(json.contains(r#""softcap":50.0"#), "the payload spells it");
+    // Under another op name: a 1.3 reader ignores unknown fields, so it must refuse the op instead.
+    assert!(json.contains(r#""op":"causal_attention_softcapped""#), "{json}");
+    assert!(!crate::ops::OP_NAMES.contains(&"causal_attention_softcapped"), "not a name a 1.3 reader knows");
     let decoded = Graph::decode(&payload).expect("valid payload");
     assert_eq!(decoded, graph);
     assert!(matches!(decoded.ops()[2], Op::CausalAttention { softcap: Some(c), .. } if c == 50.0));
@@ -64,4 +68,17 @@ fn a_decoded_cap_is_checked_too() {
     bad[at..at + needle.len()].copy_from_slice(br#""softcap":-3.0"#);
     let message = Graph::decode(&bad).expect_err("refused").to_string();
     assert!(message.contains("attribute 'softcap' is -3"), "{message}");
+}
+
+#[test]
+fn a_softcapped_attention_without_its_cap_is_malformed() {
+    let graph = layer(AttentionOptions { scale: None, softcap: Some(30.0) }).expect("valid");
+    let payload = graph.encode();
+    // The same length, so the JSON length in the prefix still holds.
+    let needle = br#""softcap":30.0"#;
+    let at = payload.windows(needle.len()).position(|w| w == needle).expect("spelled");
+    let mut bad = payload.clone();
+    bad[at..at + needle.len()].copy_from_slice(br#""softcaq":30.0"#);
+    let message = Graph::decode(&bad).expect_err("refused").to_string();
+    assert!(message.contains("causal_attention_softcapped needs a softcap"), "{message}");
 }
