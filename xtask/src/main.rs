@@ -8,6 +8,7 @@ mod compat;
 mod demo;
 mod dist;
 mod executorch_setup;
+mod export_hf;
 mod export_pte;
 mod export_venv;
 mod gpu;
@@ -101,6 +102,14 @@ enum Task {
         /// library is installed when missing).
         #[arg(long)]
         tensorrt: bool,
+    },
+    /// A Hugging Face checkpoint folder (config.json, *.safetensors, tokenizer files) to a program: `python -m
+    /// kv_delegate export-hf ARGS` in `.cache/export-venv` (set up first) with `delegate-pack` built, e.g.
+    /// `cargo xtask export-hf DIR --dtype bf16 --max-len 2048 --out model.pte` (`-- --help` lists ARGS).
+    ExportHf {
+        /// The exporter's arguments: DIR --backend reference|cuda --dtype f32|f16|bf16 --max-len N --out FILE.
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<std::ffi::OsString>,
     },
     /// The release plan of every publishable crate (writes nothing): last release, commits since, semver check,
     /// STABILITY.md tier, proposed version and why, dependents bumped. `--execute` applies it (versions,
@@ -252,6 +261,7 @@ fn main() -> anyhow::Result<()> {
         Task::BenchGpu => gpu::bundle(&root, "bench"),
         Task::PlotBench { summary, out } => plot::run(&summary, &out),
         Task::ExportPte { dir, tensorrt } => export_pte::run(&root, &dir, tensorrt),
+        Task::ExportHf { args } => export_hf::run(&root, &args),
         Task::PackageCheck => release::package::run(&root),
         Task::Release { plan, publish } => {
             let step = |root: &std::path::Path| {
