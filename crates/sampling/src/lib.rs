@@ -190,14 +190,6 @@ impl Sampler {
     }
 }
 
-/// The first index of the largest value, a NaN never winning (the last index when all are NaN): the rule of
-/// `ref_graph::argmax`, kept here so this crate depends on nothing (a test checks they agree).
-pub fn argmax(values: &[f32]) -> usize {
-    let mut best = 0;
-    for (i, &v) in values.iter().enumerate() {
-        if v > values[best] || values[best].is_nan() {
-            best = i;
-        }
-    }
-    best
-}
+/// The greedy token: `ref_graph::argmax`, the one rule every delegate's `next_token` and every host follows
+/// (the first index of the largest value, a NaN never winning).
+pub use ref_graph::argmax;

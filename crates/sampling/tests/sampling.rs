@@ -97,7 +97,6 @@ fn greedy_is_the_reference_argmax_exactly() {
         for step in 0..4 {
             assert_eq!(greedy.pick(row, &[0, 1], step), ref_graph::argmax(row), "{row:?}");
         }
-        assert_eq!(sampling::argmax(row), ref_graph::argmax(row), "{row:?}");
     }
 }
 
