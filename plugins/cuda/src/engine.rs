@@ -111,6 +111,15 @@ fn upload_constants(
     let upload = |bytes: &[u8], name: &str| -> Result<Allocation<Device>, Error> {
         let mut a = alloc(ctx, bytes.len(), name)?;
         if !bytes.is_empty() {
+            // `alloc` gives at least 4 bytes, so a one-element f16 or bf16 constant (2 bytes) is written with
+            // zeros after it.
+            let padded;
+            let bytes = if bytes.len() < a.len() {
+                padded = [bytes, &vec![0; a.len() - bytes.len()]].concat();
+                &padded[..]
+            } else {
+                bytes
+            };
             a.write(bytes)
                 .map_err(|source| Error::Cuda { action: format!("uploading constant '{name}'"), source })?;
         }
