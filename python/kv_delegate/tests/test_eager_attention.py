@@ -17,8 +17,9 @@ from support import require_et_run, run_in_executorch
 
 
 def payload_ops(pte: bytes) -> list:
-    """The ``causal_attention`` ops of the reference-graph payloads in ``pte`` (their JSON is plain text)."""
-    return re.findall(rb'\{[^{}]*"op":"causal_attention"[^{}]*\}', pte)
+    """The ``causal_attention`` ops of the reference-graph payloads in ``pte`` (their JSON is plain text; a
+    soft-capped one is written ``causal_attention_softcapped``, which a reader older than payload 1.4 refuses)."""
+    return re.findall(rb'\{[^{}]*"op":"causal_attention(?:_softcapped)?"[^{}]*\}', pte)
 
 
 @unittest.skipUnless(have_packer(), "delegate-pack not found (set KV_DELEGATE_PACK)")
@@ -38,6 +39,7 @@ class EagerAttentionTest(unittest.TestCase):
         self.assertEqual(len(ops), 2, "one causal_attention per layer")
         cap = HF_MODELS["gemma2"][2]["attn_logit_softcapping"]
         for op in ops:
+            self.assertIn(b'"op":"causal_attention_softcapped"', op)
             self.assertIn(f'"softcap":{cap}'.encode(), op)
             # query_pre_attn_scalar = 16: the scale 16 ** -0.5, times the cap (c * tanh(s / c) with s scaled).
             self.assertIn(b'"scale":0.25', op)
