@@ -524,26 +524,7 @@ pub fn run_with_memory(
         let (meta, data) = metas.first().zip(outs.first()).ok_or_else(|| {
             BridgeError::Protocol(format!("method '{method}' returns no output; the protocol reads logits"))
         })?;
-        let vocab = usize::try_from(*meta.shape.last().unwrap_or(&0)).unwrap_or(0);
-        let bytes = &data[..meta.nbytes];
-        let last = match meta.scalar_type {
-            t if t == scalar_type_of(DTypeCode::F32) => generate::last_row(bytes, vocab),
-            t if t == scalar_type_of(DTypeCode::F16) => generate::last_row_f16(bytes, vocab),
-            t if t == scalar_type_of(DTypeCode::BF16) => generate::last_row_bf16(bytes, vocab),
-            _ => {
-                return Err(BridgeError::Protocol(format!(
-                "method '{method}' returns scalar type {} {:?} first; the protocol reads f32, f16 or bf16 \
-                     logits [T, vocab]",
-                meta.scalar_type, meta.shape
-            )))
-            }
-        };
-        if meta.shape.is_empty() {
-            return Err(BridgeError::Protocol(format!(
-                "method '{method}' returns a scalar first, not logits"
-            )));
-        }
-        Ok((last, stats))
+        Ok((last_logits_row(method, meta, &data[..meta.nbytes])?, stats))
     };
     let mut report = Report {
         methods: summary.methods.clone(),
@@ -577,6 +558,28 @@ pub fn run_with_memory(
         report.decode_syncs.push(crate::planned::take_syncs());
     }
     Ok(report)
+}
+
+/// The last row of the logits `method` returned first (`meta`, its `bytes`) as f32: the protocol reads f32,
+/// f16 or bf16 logits `[.., vocab]`.
+fn last_logits_row(method: &str, meta: &OutputMeta, bytes: &[u8]) -> Result<Vec<f32>, BridgeError> {
+    let vocab = usize::try_from(*meta.shape.last().unwrap_or(&0)).unwrap_or(0);
+    let last = match meta.scalar_type {
+        t if t == scalar_type_of(DTypeCode::F32) => generate::last_row(bytes, vocab),
+        t if t == scalar_type_of(DTypeCode::F16) => generate::last_row_f16(bytes, vocab),
+        t if t == scalar_type_of(DTypeCode::BF16) => generate::last_row_bf16(bytes, vocab),
+        _ => {
+            return Err(BridgeError::Protocol(format!(
+                "method '{method}' returns scalar type {} {:?} first; the protocol reads f32, f16 or bf16 \
+                 logits [T, vocab]",
+                meta.scalar_type, meta.shape
+            )))
+        }
+    };
+    if meta.shape.is_empty() {
+        return Err(BridgeError::Protocol(format!("method '{method}' returns a scalar first, not logits")));
+    }
+    Ok(last)
 }
 
 #[cfg(test)]
