@@ -64,10 +64,9 @@ def load(folder: Path, dtype: torch.dtype, max_len: int) -> torch.nn.Module:
     limit = getattr(model.config, "max_position_embeddings", None)
     if limit is not None and max_len > limit:
         raise CheckpointError(f"--max-len {max_len}: the checkpoint's max_position_embeddings is {limit}")
-    model = model.eval()
-    model.generation_config.cache_implementation = "static"
-    model.generation_config.cache_config = {"batch_size": 1, "max_cache_len": max_len, "device": "cpu"}
-    return model
+    from .export_real import with_static_cache
+
+    return with_static_cache(model.eval(), max_len)
 
 
 def weights_bytes(model: torch.nn.Module) -> int:

@@ -111,9 +111,13 @@ def hf_model(kind: str, dtype: torch.dtype) -> torch.nn.Module:
             for param in model.parameters():
                 if param.dim() == 1:
                     param.add_(torch.randn(param.shape) * 0.2)
-    model = model.to(dtype).eval()
+    return with_static_cache(model.to(dtype).eval(), MAX_LEN)
+
+
+def with_static_cache(model: torch.nn.Module, max_len: int) -> torch.nn.Module:
+    """``model`` set up for transformers' StaticCache export recipe: batch 1, ``max_len`` positions, on the CPU."""
     model.generation_config.cache_implementation = "static"
-    model.generation_config.cache_config = {"batch_size": 1, "max_cache_len": MAX_LEN, "device": "cpu"}
+    model.generation_config.cache_config = {"batch_size": 1, "max_cache_len": max_len, "device": "cpu"}
     return model
 
 
