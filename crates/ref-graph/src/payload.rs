@@ -240,7 +240,7 @@ impl Description {
 
         let mut ops = Vec::with_capacity(self.ops.len());
         for (index, value) in self.ops.into_iter().enumerate() {
-            let value = read_op_name(value);
+            let value = read_op_name(index, value)?;
             let op_name = value.get("op").and_then(|v| v.as_str()).ok_or(Error::MissingOpName { index })?;
             if !OP_NAMES.contains(&op_name) {
                 return Err(Error::UnknownOp { index, op: op_name.to_owned(), known: OP_NAMES.join(", ") });
@@ -323,14 +323,19 @@ fn wire_op_name(mut op: serde_json::Value) -> serde_json::Value {
     op
 }
 
-/// `op` as read: [`SOFTCAPPED_ATTENTION`] is `causal_attention` (its `softcap` is then required).
-fn read_op_name(mut op: serde_json::Value) -> serde_json::Value {
-    if op.get("op").and_then(|v| v.as_str()) == Some(SOFTCAPPED_ATTENTION) {
-        op["op"] = serde_json::Value::from("causal_attention");
-        if op.get("softcap").is_none_or(serde_json::Value::is_null) {
-            // Read as an attention with a missing required field: refused as a malformed op naming it.
-            op["softcap"] = serde_json::Value::from("missing: causal_attention_softcapped needs a softcap");
-        }
+/// `op` as read: [`SOFTCAPPED_ATTENTION`] is `causal_attention` with its `softcap`, which it must have.
+fn read_op_name(index: usize, mut op: serde_json::Value) -> Result<serde_json::Value, Error> {
+    if op.get("op").and_then(|v| v.as_str()) != Some(SOFTCAPPED_ATTENTION) {
+        return Ok(op);
     }
-    op
+    if op.get("softcap").is_none_or(serde_json::Value::is_null) {
+        return Err(Error::OpMismatch {
+            index,
+            op: SOFTCAPPED_ATTENTION,
+            detail: "it has no attribute 'softcap' (the cap is what this op adds to causal_attention)"
+                .to_owned(),
+        });
+    }
+    op["op"] = serde_json::Value::from("causal_attention");
+    Ok(op)
 }

@@ -80,5 +80,5 @@ fn a_softcapped_attention_without_its_cap_is_malformed() {
     let mut bad = payload.clone();
     bad[at..at + needle.len()].copy_from_slice(br#""softcaq":30.0"#);
     let message = Graph::decode(&bad).expect_err("refused").to_string();
-    assert!(message.contains("causal_attention_softcapped needs a softcap"), "{message}");
+    assert!(message.contains("(causal_attention_softcapped): it has no attribute 'softcap'"), "{message}");
 }
