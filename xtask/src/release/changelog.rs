@@ -3,6 +3,8 @@
 //! `## [Unreleased]` becomes `## [<version>] - <date>` and a fresh, empty `## [Unreleased]` goes above it.
 //! The hand-written text is kept verbatim, so every section a maintainer wrote (blob-format's wire-format
 //! notes, delegate-abi's ABI notes) stays where it was. Below it come what the text does not cover yet:
+//! - `### Breaking changes`: the breaking changes declared after the fact in `declared-breaks.toml` (what
+//!   broke, why, which commits), which no commit header says;
 //! - `### Dependencies`: the dependencies whose breaking release made this one (propagated bumps);
 //! - for crates with a separate section ([`special`]: blob-format's `Wire format`, delegate-abi's `ABI`),
 //!   `### <section> (commits)`: the commits that touched the files defining it, kept apart from the rest;
@@ -14,6 +16,7 @@
 use anyhow::bail;
 
 use super::commits::Commit;
+use super::declared::DeclaredBreak;
 
 /// A changelog section kept apart from the other commits: its title and the files (prefixes, relative to the
 /// repository root) whose commits belong in it.
@@ -57,6 +60,8 @@ pub struct Entry<'a> {
     pub date: String,
     /// The commits since the last release (empty for a first release).
     pub commits: &'a [Commit],
+    /// The breaking changes declared after the fact, each one line ([`declared_item`]).
+    pub breaking: Vec<String>,
     /// `dependency version` of each breaking dependency release that made this one.
     pub dependencies: Vec<String>,
     /// The crate's separate section, if any.
@@ -112,6 +117,7 @@ pub fn finalise(text: &str, entry: &Entry) -> anyhow::Result<String> {
             }
         }
     };
+    add("Breaking changes", entry.breaking.clone());
     add(
         "Dependencies",
         entry.dependencies.iter().map(|d| format!("Built against {d} (a breaking release).")).collect(),
@@ -125,6 +131,16 @@ pub fn finalise(text: &str, entry: &Entry) -> anyhow::Result<String> {
         out.push_str(&lines[end..].concat());
     }
     Ok(out)
+}
+
+/// A declared break as a changelog line: what broke, why, and the commits (declared after the fact).
+pub fn declared_item(b: &DeclaredBreak) -> String {
+    format!(
+        "{} ({}; commits `{}`, declared after the fact).",
+        b.summary.trim_end_matches('.'),
+        b.reason.trim_end_matches('.'),
+        b.commits
+    )
 }
 
 fn item(commit: &Commit) -> String {
@@ -171,6 +187,7 @@ mod tests {
             version: "0.2.0".into(),
             date: "2026-12-01".into(),
             commits: &commits,
+            breaking: vec!["Header lost a field (accepted; commits `a..b`, declared after the fact).".into()],
             dependencies: vec!["et-error 0.2.0".into()],
             special: special("blob-format"),
         };
@@ -189,6 +206,9 @@ mod tests {
 
         ### Wire format
         - Format 1.0 (`fix(blob-format): golden blobs`).
+
+        ### Breaking changes
+        - Header lost a field (accepted; commits `a..b`, declared after the fact).
 
         ### Dependencies
         - Built against et-error 0.2.0 (a breaking release).

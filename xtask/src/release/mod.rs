@@ -6,7 +6,7 @@
 //!   derived from it, so a fresh clone without tags still knows what was released, and from which commit.
 //! - [`plan`]: `cargo xtask release`: the proposed version of every crate and why ([`commits`] classifies
 //!   `git log`, [`semver_check`] runs cargo-semver-checks against cached baselines, [`stability`] reads the
-//!   tiers), and `--execute`'s writes ([`plan::apply`]: versions, requirements, [`changelog`]s).
+//!   tiers, [`declared`] reads the breaking changes declared after the fact), and `--execute`'s writes ([`plan::apply`]: versions, requirements, [`changelog`]s).
 //! - [`package`]: `cargo xtask package-check`: metadata, packaged files, tests that reach outside the
 //!   package, dev-dependency cycles.
 //! - [`command`]: the `release` subcommand: plan, print, and with `--execute`, apply and publish.
@@ -16,6 +16,7 @@
 pub mod changelog;
 pub mod command;
 pub mod commits;
+pub mod declared;
 pub mod index;
 pub mod package;
 pub mod plan;

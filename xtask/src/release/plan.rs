@@ -18,9 +18,10 @@
 //!     nothing: the dependents' requirements still accept them.
 //! - The version is the bump applied to the last released version with Cargo's 0.x rule ([`Bump::apply`]),
 //!   or the `Cargo.toml` version when that is already higher (an applied, not yet published plan).
-//! - A breaking change that the semver check finds but no commit declares (`!` or `BREAKING CHANGE`), such as
-//!   a `fix:` that removes a public item, stops the plan, unless the maintainer accepts it by name with
-//!   `--accept-breaking CRATE`.
+//! - A breaking change is declared by a commit since the release (`!` or `BREAKING CHANGE`) or, after the fact,
+//!   by an entry of `declared-breaks.toml` naming the crate and that release ([`super::declared`]); either asks
+//!   for a major bump. One that the semver check finds but nothing declares, such as a `fix:` that removes a
+//!   public item, stops the plan ([`Stop`], which `--json` prints).
 
 use std::collections::BTreeSet;
 use std::fmt::Write as _;
@@ -32,14 +33,15 @@ use serde::Serialize;
 
 use super::changelog;
 use super::commits::{self, Commit};
+use super::declared::DeclaredBreak;
 use super::record::{Record, Release};
 use super::semver_check::{Checker, Outcome};
 use super::stability::{Tier, Tiers};
 use super::workspace::Workspace;
 use super::Bump;
 
-mod decide;
-pub use decide::decide;
+pub mod decide;
+pub use decide::{decide, Stop};
 
 /// The facts about one crate that the decision needs.
 #[derive(Clone, Debug)]
@@ -106,8 +108,8 @@ pub struct CratePlan {
     pub proposed: Option<Version>,
     /// Why: one reason per source, `minor: feat in 3f2a1c4`.
     pub reasons: Vec<String>,
-    /// A semver-breaking change no commit declares, accepted with `--accept-breaking`.
-    pub accepted_breaking: bool,
+    /// The breaking changes `declared-breaks.toml` declares since the last release.
+    pub declared_breaks: Vec<DeclaredBreak>,
     /// The dependents that need a release because of this one.
     pub dependents: Vec<Dependent>,
 }
@@ -249,6 +251,7 @@ pub fn apply(ws: &Workspace, plan: &Plan, date: &str) -> anyhow::Result<Vec<Path
             version: version.to_string(),
             date: date.to_owned(),
             commits: &krate.commits,
+            breaking: krate.declared_breaks.iter().map(changelog::declared_item).collect(),
             dependencies: krate.propagated_from.clone(),
             special: changelog::special(&krate.name),
         };

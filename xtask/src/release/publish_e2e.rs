@@ -36,8 +36,7 @@ fn the_workspace_publishes_in_order_resumes_and_serves_a_consumer() {
 
     // Plan and apply first, as a maintainer does: a workspace that never released proposes every publishable
     // crate as a first release at its Cargo.toml version, in publish order; applying finalises the changelogs.
-    let (planned_ws, plan) =
-        super::command::compute_with_env(&scratch, true, &BTreeSet::new(), &env).expect("the plan");
+    let (planned_ws, plan) = super::command::compute_with_env(&scratch, true, &env).expect("the plan");
     let planned: Vec<String> = plan.releases().map(|(c, _)| c.name.clone()).collect();
     assert_eq!(planned, order, "the plan releases every publishable crate, in publish order");
     assert!(plan.crates.iter().all(|c| c.first_release && c.proposed == Some(c.current.clone())));

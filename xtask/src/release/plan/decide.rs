@@ -5,22 +5,21 @@
 use std::collections::BTreeSet;
 
 use anyhow::bail;
+use serde::Serialize;
 
 use super::{CratePlan, Dependent, Input, Plan};
 use crate::release::commits::Commit;
+use crate::release::declared::{self, Declared};
 use crate::release::record::Release;
 use crate::release::semver_check::Outcome;
 use crate::release::stability::Tier;
 use crate::release::Bump;
 
-/// Decides the plan. `inputs` must be in publish order (each crate after its dependencies). Fails, naming
-/// every such crate, when a semver check finds a breaking change that no commit declares and the crate is not
-/// in `accept_breaking`.
-pub fn decide(inputs: &[Input], accept_breaking: &BTreeSet<String>) -> anyhow::Result<Plan> {
+/// Decides the plan. `inputs` must be in publish order (each crate after its dependencies). Fails with a
+/// [`Stop`] naming every crate whose semver check finds a breaking change that neither a commit nor
+/// `declared` (`declared-breaks.toml`) declares.
+pub fn decide(inputs: &[Input], declared: &Declared) -> anyhow::Result<Plan> {
     let names: BTreeSet<&str> = inputs.iter().map(|i| i.name.as_str()).collect();
-    if let Some(unknown) = accept_breaking.iter().find(|n| !names.contains(n.as_str())) {
-        bail!("--accept-breaking {unknown}: no publishable crate has that name");
-    }
     let mut plans: Vec<CratePlan> = Vec::with_capacity(inputs.len());
     let mut errors = Vec::new();
     for input in inputs {
@@ -32,8 +31,8 @@ pub fn decide(inputs: &[Input], accept_breaking: &BTreeSet<String>) -> anyhow::R
                 plan.reasons.push(format!("first release at {} (Cargo.toml)", input.version));
             }
             Some(last) => {
-                let accept = accept_breaking.contains(&input.name);
-                if let Some(error) = decide_release(&mut plan, input, last, propagated.reasons, accept)? {
+                plan.declared_breaks = declared.for_release(&input.name, &last.version).cloned().collect();
+                if let Some(error) = decide_release(&mut plan, input, last, propagated.reasons)? {
                     errors.push(error);
                 }
             }
@@ -41,7 +40,7 @@ pub fn decide(inputs: &[Input], accept_breaking: &BTreeSet<String>) -> anyhow::R
         plans.push(plan);
     }
     if !errors.is_empty() {
-        bail!("the plan stops:\n  {}", errors.join("\n  "));
+        return Err(Stop { reasons: errors }.into());
     }
     link_dependents(&mut plans);
     Ok(Plan { crates: plans })
@@ -81,15 +80,14 @@ fn propagation(input: &Input, names: &BTreeSet<&str>, planned: &[CratePlan]) -> 
 }
 
 /// Decides the bump and version of a crate released before as `last`: the largest of what its commits, its
-/// semver check and its dependencies ask. Returns the error that stops the plan when the semver check finds
-/// a breaking change no commit declares and it is not accepted (`accept`).
+/// declared breaks (`plan.declared_breaks`), its semver check and its dependencies ask. Returns the reason the
+/// plan stops when the semver check finds a breaking change that neither declares.
 fn decide_release(
     plan: &mut CratePlan,
     input: &Input,
     last: &Release,
     propagated: Vec<String>,
-    accept: bool,
-) -> anyhow::Result<Option<String>> {
+) -> anyhow::Result<Option<StopReason>> {
     if input.version < last.version {
         bail!(
             "{}: Cargo.toml says {}, older than the recorded release {}",
@@ -99,6 +97,10 @@ fn decide_release(
         );
     }
     plan.reasons.extend(commit_reason(input, plan.commit_bump));
+    let declared_bump = if plan.declared_breaks.is_empty() { Bump::None } else { Bump::Major };
+    for b in &plan.declared_breaks {
+        plan.reasons.push(format!("major: declared in {} ({}): {}", declared::FILE, b.commits, b.summary));
+    }
     let semver_bump = input.semver.bump();
     if semver_bump > Bump::None {
         let lints = match &input.semver {
@@ -107,17 +109,10 @@ fn decide_release(
         };
         plan.reasons.push(format!("{}: semver check{lints}", semver_bump.name()));
     }
-    let mut error = None;
-    if semver_bump == Bump::Major && plan.commit_bump < Bump::Major {
-        if accept {
-            plan.accepted_breaking = true;
-            plan.reasons.push("major: undeclared breaking change accepted (--accept-breaking)".into());
-        } else {
-            error = Some(undeclared_breaking(input, last));
-        }
-    }
+    let error = (semver_bump == Bump::Major && plan.commit_bump.max(declared_bump) < Bump::Major)
+        .then(|| undeclared_breaking(input, last));
     plan.reasons.extend(propagated);
-    plan.bump = plan.commit_bump.max(semver_bump).max(plan.propagated_bump);
+    plan.bump = plan.commit_bump.max(declared_bump).max(semver_bump).max(plan.propagated_bump);
     propose(plan, input, last);
     Ok(error)
 }
@@ -133,19 +128,64 @@ fn commit_reason(input: &Input, bump: Bump) -> Option<String> {
     Some(format!("{}: {}{more}", bump.name(), first.describe()))
 }
 
-/// The error of a breaking change the semver check finds and no commit since `last` declares, with both ways
-/// out.
-fn undeclared_breaking(input: &Input, last: &Release) -> String {
-    let kinds: Vec<String> = input.commits.iter().map(Commit::describe).collect();
-    format!(
+/// Why the plan stops: every crate whose breaking change nobody declares. `release --json` prints it as JSON.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Stop {
+    /// One reason per crate, in publish order.
+    pub reasons: Vec<StopReason>,
+}
+
+/// One crate's undeclared breaking change.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct StopReason {
+    /// The package name.
+    #[serde(rename = "crate")]
+    pub krate: String,
+    /// Its last release.
+    pub since: semver::Version,
+    /// The semver check's outcome (the breaking lints).
+    pub semver: Outcome,
+    /// The commits since that release, as the plan names them (`fix in 3f2a1c4`).
+    pub commits: Vec<String>,
+    /// The whole reason, with both ways out.
+    pub message: String,
+}
+
+impl std::fmt::Display for Stop {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "the plan stops:")?;
+        for reason in &self.reasons {
+            write!(f, "\n  {}", reason.message)?;
+        }
+        Ok(())
+    }
+}
+
+impl std::error::Error for Stop {}
+
+/// The reason a breaking change the semver check finds and nothing since `last` declares stops the plan, with
+/// both ways out.
+fn undeclared_breaking(input: &Input, last: &Release) -> StopReason {
+    let commits: Vec<String> = input.commits.iter().map(Commit::describe).collect();
+    let message = format!(
         "{}: the semver check finds a breaking change ({}), but no commit since {} declares one ({}). Mark the \
-         commit breaking (`fix(...)!:` or a `BREAKING CHANGE:` footer), or accept it with `--accept-breaking {}`",
+         commit breaking (`fix(...)!:` or a `BREAKING CHANGE:` footer), or declare it after the fact in {} \
+         (`[[breaking]]` crate = \"{}\", since = \"{}\", summary, reason, commits)",
         input.name,
         input.semver.describe(),
         last.version,
-        if kinds.is_empty() { "no commits".to_owned() } else { kinds.join(", ") },
-        input.name
-    )
+        if commits.is_empty() { "no commits".to_owned() } else { commits.join(", ") },
+        declared::FILE,
+        input.name,
+        last.version
+    );
+    StopReason {
+        krate: input.name.clone(),
+        since: last.version.clone(),
+        semver: input.semver.clone(),
+        commits,
+        message,
+    }
 }
 
 /// The version `plan.bump` gives after `last` (or Cargo.toml's, when it already says more), or none and why.
@@ -204,7 +244,7 @@ impl CratePlan {
             bump: Bump::None,
             proposed: None,
             reasons: Vec::new(),
-            accepted_breaking: false,
+            declared_breaks: Vec::new(),
             dependents: Vec::new(),
         }
     }

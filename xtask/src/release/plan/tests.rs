@@ -4,8 +4,9 @@ use std::path::PathBuf;
 use proptest::prelude::*;
 use semver::Version;
 
-use super::{decide, Input, Plan};
+use super::{decide, Input, Plan, Stop};
 use crate::release::commits::Commit;
+use crate::release::declared::{Declared, DeclaredBreak};
 use crate::release::record::Release;
 use crate::release::semver_check::Outcome;
 use crate::release::stability::Tier;
@@ -82,7 +83,7 @@ fn the_largest_reason_wins_and_breaking_propagates_by_tier() {
         ),
         input("new-crate", None, vec![], Outcome::NoBaseline, "evolving", &["blob-format"]),
     ];
-    let plan = decide(&inputs, &BTreeSet::new()).expect("a plan");
+    let plan = decide(&inputs, &Declared::default()).expect("a plan");
 
     let blob = get(&plan, "blob-format");
     assert_eq!(blob.bump, Bump::Major);
@@ -115,8 +116,18 @@ fn the_largest_reason_wins_and_breaking_propagates_by_tier() {
     assert!(new.propagated_from.is_empty());
 }
 
+fn declared(krate: &str, since: &str) -> DeclaredBreak {
+    DeclaredBreak {
+        krate: krate.into(),
+        since: v(since),
+        summary: "a public function removed".into(),
+        reason: "its commit predates conventional headers".into(),
+        commits: "fb0d6b8..58084b0".into(),
+    }
+}
+
 #[test]
-fn an_undeclared_breaking_fix_stops_the_plan_unless_accepted() {
+fn an_undeclared_breaking_fix_stops_the_plan_unless_declared_after_the_fact() {
     let breaking = Outcome::Major {
         summary: "semver requires new major version".into(),
         lints: vec!["function_missing".into()],
@@ -129,27 +140,43 @@ fn an_undeclared_breaking_fix_stops_the_plan_unless_accepted() {
         "evolving",
         &[],
     )];
-    let err = decide(&inputs, &BTreeSet::new()).expect_err("stops").to_string();
+    let err = decide(&inputs, &Declared::default()).expect_err("stops");
+    let stop = err.downcast_ref::<Stop>().expect("a typed stop");
+    assert_eq!(stop.reasons.len(), 1);
+    assert_eq!(
+        (stop.reasons[0].krate.as_str(), &stop.reasons[0].commits[..]),
+        ("alias-validate", &["fix in 4444444".to_owned()][..])
+    );
+    let err = err.to_string();
     assert!(err.contains("alias-validate: the semver check finds a breaking change"), "{err}");
     assert!(err.contains("fix in 4444444"), "{err}");
-    assert!(err.contains("--accept-breaking alias-validate"), "{err}");
+    assert!(
+        err.contains("declared-breaks.toml (`[[breaking]]` crate = \"alias-validate\", since = \"1.2.3\""),
+        "{err}"
+    );
 
-    let accept = BTreeSet::from(["alias-validate".to_owned()]);
-    let plan = decide(&inputs, &accept).expect("accepted");
+    // An entry for an older release is history: it declares nothing now.
+    let old = Declared { breaks: vec![declared("alias-validate", "1.2.2")] };
+    assert!(decide(&inputs, &old).is_err());
+
+    let now = Declared { breaks: vec![declared("alias-validate", "1.2.3")] };
+    let plan = decide(&inputs, &now).expect("declared");
     let c = get(&plan, "alias-validate");
-    assert!(c.accepted_breaking);
+    assert_eq!(c.declared_breaks, now.breaks);
     assert_eq!(
         c.reasons,
         [
             "patch: fix in 4444444",
+            "major: declared in declared-breaks.toml (fb0d6b8..58084b0): a public function removed",
             "major: semver check: function_missing",
-            "major: undeclared breaking change accepted (--accept-breaking)"
         ]
     );
     assert_eq!(c.proposed, Some(v("2.0.0")));
 
-    let typo = BTreeSet::from(["alias-validat".to_owned()]);
-    assert!(decide(&inputs, &typo).expect_err("unknown").to_string().contains("alias-validat"));
+    // A declared break the semver check does not see is still a breaking release.
+    let mut quiet = inputs.clone();
+    quiet[0].semver = Outcome::Compatible;
+    assert_eq!(get(&decide(&quiet, &now).expect("plan"), "alias-validate").proposed, Some(v("2.0.0")));
 }
 
 #[test]
@@ -163,11 +190,11 @@ fn an_applied_plan_is_not_bumped_twice() {
         &[],
     );
     applied.version = v("0.2.0");
-    let plan = decide(&[applied.clone()], &BTreeSet::new()).expect("plan");
+    let plan = decide(&[applied.clone()], &Declared::default()).expect("plan");
     assert_eq!(get(&plan, "ref-graph").proposed, Some(v("0.2.0")));
     // Docs only, but Cargo.toml was moved by an earlier --execute: that version is still to be released.
     applied.commits = vec![commit("6666666", "docs(ref-graph): x")];
-    let plan = decide(&[applied], &BTreeSet::new()).expect("plan");
+    let plan = decide(&[applied], &Declared::default()).expect("plan");
     let c = get(&plan, "ref-graph");
     assert_eq!(c.proposed, Some(v("0.2.0")));
     assert!(c.reasons.iter().any(|r| r.contains("Cargo.toml already says 0.2.0")), "{:?}", c.reasons);
@@ -183,7 +210,7 @@ fn a_skipped_check_never_reads_as_compatible() {
         "stable",
         &[],
     )];
-    let plan = decide(&inputs, &BTreeSet::new()).expect("plan");
+    let plan = decide(&inputs, &Declared::default()).expect("plan");
     assert_eq!(get(&plan, "et-error").semver.describe(), "skipped (--no-semver)");
     let json = serde_json::to_value(&plan).expect("json");
     assert_eq!(json["crates"][0]["semver"]["result"], "skipped");
@@ -234,14 +261,17 @@ prop_compose! {
 proptest! {
     #[test]
     fn the_version_rule_holds(inputs in workspace()) {
-        let all: BTreeSet<String> = inputs.iter().map(|i| i.name.clone()).collect();
-        let undeclared = inputs.iter().any(|i| {
-            i.last.is_some()
-                && i.semver.bump() == Bump::Major
-                && i.commits.iter().map(Commit::bump).max().unwrap_or(Bump::None) < Bump::Major
-        });
-        prop_assert_eq!(decide(&inputs, &BTreeSet::new()).is_err(), undeclared);
-        let plan = decide(&inputs, &all).expect("every breaking change accepted");
+        let undeclared: Vec<DeclaredBreak> = inputs
+            .iter()
+            .filter(|i| {
+                i.semver.bump() == Bump::Major
+                    && i.commits.iter().map(Commit::bump).max().unwrap_or(Bump::None) < Bump::Major
+            })
+            .filter_map(|i| i.last.as_ref().map(|last| declared(&i.name, &last.version.to_string())))
+            .collect();
+        prop_assert_eq!(decide(&inputs, &Declared::default()).is_err(), !undeclared.is_empty());
+        let all = Declared { breaks: undeclared };
+        let plan = decide(&inputs, &all).expect("every breaking change declared");
         prop_assert_eq!(plan.crates.len(), inputs.len());
         for (input, c) in inputs.iter().zip(&plan.crates) {
             prop_assert_eq!(&input.name, &c.name);
@@ -280,7 +310,7 @@ proptest! {
 #[test]
 fn the_real_workspace_plans_every_publishable_crate_in_publish_order() {
     let root = crate::util::project_root();
-    let (ws, plan) = crate::release::command::compute(&root, true, &BTreeSet::new()).expect("a plan");
+    let (ws, plan) = crate::release::command::compute(&root, true).expect("a plan");
     let order: Vec<&str> = ws.publish_order().expect("order").iter().map(|c| c.name.as_str()).collect();
     let planned: Vec<&str> = plan.crates.iter().map(|c| c.name.as_str()).collect();
     assert_eq!(planned, order);
@@ -366,7 +396,7 @@ fn apply_writes_versions_requirements_and_changelogs() {
         "evolving",
         &[],
     )];
-    let plan = decide(&inputs, &BTreeSet::new()).expect("plan");
+    let plan = decide(&inputs, &Declared::default()).expect("plan");
     let changed = super::apply(&ws, &plan, "2026-12-01").expect("apply");
     assert_eq!(changed.len(), 3, "{changed:?}");
     let read = |p: &str| std::fs::read_to_string(root.join(p)).expect("read");
