@@ -1,7 +1,7 @@
 """``python -m kv_delegate COMMAND ...``: the package's commands.
 
-- ``export-hf DIR --backend cuda|reference --dtype f32|f16|bf16 --max-len N --out model.pte``: a Hugging Face
-  checkpoint folder to a program (:mod:`kv_delegate.export_hf`).
+- ``export-hf DIR --backend cuda|reference --dtype f32|f16|bf16 --max-len N [--prefill-chunk T] --out model.pte``:
+  a Hugging Face checkpoint folder to a program (:mod:`kv_delegate.export_hf`).
 """
 
 from __future__ import annotations

@@ -1,12 +1,16 @@
 """A Hugging Face checkpoint folder to a program, in one command (issue 47):
 
-    python -m kv_delegate export-hf DIR --backend cuda|reference --dtype f32|f16|bf16 --max-len N --out model.pte
+    python -m kv_delegate export-hf DIR --backend cuda|reference --dtype f32|f16|bf16 --max-len N [--prefill-chunk T]
+        --out model.pte
 
 ``DIR`` is a local checkpoint folder as ``save_pretrained`` writes it (``config.json``, ``*.safetensors``, the
 tokenizer files); nothing is fetched from the hub. The model is loaded once with transformers in ``--dtype`` and
 exported with transformers' own ExecuTorch recipe (``TorchExportableModuleWithStaticCache``: a StaticCache of
 ``--max-len`` positions, ``forward(input_ids i64 [1, 1], cache_position i64 [1]) -> logits [1, 1, vocab]``),
-also returning the greedy next token (:class:`~kv_delegate.export_real.WithNextToken`), with the project's
+also returning the greedy next token (:class:`~kv_delegate.export_real.WithNextToken`). With ``--prefill-chunk T``
+the program has two methods over the same caches (:mod:`kv_delegate.methods`): ``prefill(input_ids [1, T],
+cache_position [1])`` (the first token's position), which takes a prompt ``T`` tokens a call, and ``decode``, the
+one-token method; a runtime decodes the prompt's last tokens short of a chunk. Exported with the project's
 partitioner and :class:`~kv_delegate.planning.KvAliasMemoryPlanningPass`, as ``export_real.py`` exports its
 fixtures. It prints what stayed outside the delegate, copies ``tokenizer.json``, ``tokenizer_config.json`` and
 ``generation_config.json`` (those present) beside the program, and ends with the time and the process's peak
@@ -24,7 +28,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, BinaryIO, Callable, List, Sequence, Tuple
+from typing import TYPE_CHECKING, BinaryIO, Callable, List, Optional, Sequence, Tuple
 
 if TYPE_CHECKING:  # imported where used, so that the command's clock includes importing torch
     import torch
@@ -78,30 +82,23 @@ def weights_bytes(model: torch.nn.Module) -> int:
     return sum(seen.values())
 
 
-def export_decode(model: torch.nn.Module, backend: str, out: Path) -> List[object]:
+def export_decode(model: torch.nn.Module, backend: str, out: Path,
+                  prefill_chunk: Optional[int] = None) -> List[object]:
     """Writes ``model``'s decode method (StaticCache recipe, greedy next token) as a program to ``out`` for
-    ``backend`` (``reference`` or ``cuda``), streamed to the file; returns what the partitioner left outside."""
-    import torch
-    from executorch.exir import ExecutorchBackendConfig, to_edge_transform_and_lower
+    ``backend`` (``reference`` or ``cuda``), streamed to the file; with ``prefill_chunk`` also a ``prefill``
+    method of that many tokens a call over the same caches (:mod:`kv_delegate.methods`). Returns what the
+    partitioner left outside."""
     from transformers.integrations.executorch import TorchExportableModuleWithStaticCache
 
     from .export_real import WithNextToken
+    from .methods import method_rows, to_program
     from .partitioner import CudaPartitioner, ReferencePartitioner
-    from .planning import KvAliasMemoryPlanningPass
 
     module = WithNextToken(TorchExportableModuleWithStaticCache(model).eval()).eval()
-    kwargs = {"input_ids": torch.tensor([[1]]), "cache_position": torch.tensor([0])}
     partitioner = (CudaPartitioner if backend == "cuda" else ReferencePartitioner)(
         output_names=["logits", "next_token"])
-
-    with torch.no_grad():
-        ep = torch.export.export(module, (), kwargs, strict=True)
-        edge = to_edge_transform_and_lower(ep, partitioner=[partitioner])
-        del ep
-        program = edge.to_executorch(ExecutorchBackendConfig(
-            emit_mutable_buffer_names=True, memory_planning_pass=KvAliasMemoryPlanningPass()))
-        del edge
-        write_atomically(out, program.write_to_file)
+    program = to_program(module, method_rows(prefill_chunk), partitioner)
+    write_atomically(out, program.write_to_file)
     return partitioner.unsupported()
 
 
@@ -147,6 +144,9 @@ def parser() -> argparse.ArgumentParser:
                     help="the delegate the program is for (default: reference, the CPU delegate)")
     ap.add_argument("--dtype", choices=DTYPE_NAMES, default="f32", help="weights, caches and activations")
     ap.add_argument("--max-len", type=int, required=True, help="positions the caches hold (prompt + generation)")
+    ap.add_argument("--prefill-chunk", type=int, metavar="T",
+                    help="also export a method 'prefill' taking T prompt tokens a call over the same caches (the "
+                         "decode method is then 'decode'; a prompt's last tokens short of a chunk are decoded)")
     ap.add_argument("--out", type=Path, required=True, help="the program to write (.pte)")
     return ap
 
@@ -157,11 +157,14 @@ def run(args: argparse.Namespace) -> Tuple[int, List[object], List[str]]:
 
     if args.max_len < 1:
         raise CheckpointError(f"--max-len {args.max_len}: must be at least 1")
+    if args.prefill_chunk is not None and not 2 <= args.prefill_chunk <= args.max_len:
+        raise CheckpointError(f"--prefill-chunk {args.prefill_chunk}: must be at least 2 and at most --max-len "
+                              f"({args.max_len})")
     if not args.out.parent.is_dir():
         raise CheckpointError(f"--out {args.out}: directory {args.out.parent} does not exist")
     model = load(args.dir, DTYPES[args.dtype], args.max_len)
     args.weights_mib, args.loaded_mib = weights_bytes(model) / MIB, peak_rss_mib()
-    outside = export_decode(model, args.backend, args.out)
+    outside = export_decode(model, args.backend, args.out, args.prefill_chunk)
     return args.out.stat().st_size, outside, copy_side_files(args.dir, args.out.parent)
 
 

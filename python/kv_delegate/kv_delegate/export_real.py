@@ -1,7 +1,7 @@
 """Exports real decoders (issue 18) for ``ReferenceBackend`` with torch eager's tokens and logits beside them:
 the fixtures of ``fixtures/executorch/real/``.
 
-    python -m kv_delegate.export_real DIR [--only MODEL_DTYPE ...]
+    python -m kv_delegate.export_real DIR [--only MODEL_DTYPE ...] [--prefill-chunk T]
 
 Models (random weights from a fixed seed; no hub here): Hugging Face ``LlamaForCausalLM`` (untied lm_head) and
 ``Qwen2ForCausalLM`` (biased q/k/v, tied embeddings), both with grouped-query attention and exported with
@@ -20,6 +20,11 @@ logits row after the prompt and after each decode step, from torch eager running
 ``DIR/expected.json`` (versions, prompt, steps, each program's eager tokens, its f32 oracle, what stayed
 outside the delegate). The half-precision oracle is the f32 model with the half model's weights (rounded to
 the half type, then computed in f32): the program is checked against the f32 arithmetic of its own weights.
+
+With ``--prefill-chunk T`` every program also has a method ``prefill`` of ``T`` tokens a call over the same caches
+(its one-token method then named ``decode``: :mod:`kv_delegate.methods`), and ``expected.json`` names ``T``; eager's
+tokens are the same run protocol's (the prompt one token per call), which a chunked prefill must give. Write them
+into a directory of their own (``fixtures/executorch/prefill/``), as ``expected.json`` is written whole.
 """
 
 from __future__ import annotations
@@ -30,16 +35,15 @@ import logging
 import sys
 from importlib.metadata import version as dist_version
 from pathlib import Path
-from typing import Callable, Dict, List, Tuple
+from typing import Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 import torch
-from executorch.exir import ExecutorchBackendConfig, to_edge_transform_and_lower
 
 from .llama_style import CONFIG as HAND_CONFIG
 from .llama_style import LlamaStyle
+from .methods import Example, hf_example, method_rows, to_program
 from .partitioner import CudaPartitioner, ReferencePartitioner
-from .planning import KvAliasMemoryPlanningPass
 
 #: The prompt, and the greedy decode steps after it (positions 0 .. 35 of the 64 the caches hold).
 PROMPT = [1, 7, 3, 12]
@@ -184,34 +188,38 @@ def oracle(kind: str, dtype: torch.dtype, tokens: List[int]) -> torch.Tensor:
     return torch.stack(rows[len(PROMPT) - 1:])
 
 
-def export(kind: str, dtype: torch.dtype, cuda: bool = False) -> Tuple[bytes, List[object]]:
-    """The ``.pte`` of ``kind`` in ``dtype`` for ``ReferenceBackend`` (``CudaBackend`` with ``cuda``; caches
-    written in place), and what the partitioner left outside."""
-    m = WithNextToken(module(kind, dtype)).eval()
+def example(kind: str) -> Example:
+    """The method's inputs for ``rows`` tokens a call: the hand-written decoder's ``(tokens [T], input_pos [1])``,
+    else transformers' recipe (:func:`~kv_delegate.methods.hf_example`)."""
     if kind == "hand":
-        args, kwargs = (torch.zeros(1, dtype=torch.int64), torch.zeros(1, dtype=torch.int64)), {}
-    else:
-        args, kwargs = (), {"input_ids": torch.tensor([[1]]), "cache_position": torch.tensor([0])}
+        return lambda rows: ((torch.zeros(rows, dtype=torch.int64), torch.zeros(1, dtype=torch.int64)), {})
+    return hf_example
+
+
+def export(kind: str, dtype: torch.dtype, cuda: bool = False,
+           prefill_chunk: Optional[int] = None) -> Tuple[bytes, List[object]]:
+    """The ``.pte`` of ``kind`` in ``dtype`` for ``ReferenceBackend`` (``CudaBackend`` with ``cuda``; caches
+    written in place), with a ``prefill`` method of ``prefill_chunk`` tokens when given
+    (:mod:`kv_delegate.methods`), and what the partitioner left outside."""
+    m = WithNextToken(module(kind, dtype)).eval()
     partitioner = (CudaPartitioner if cuda else ReferencePartitioner)(output_names=["logits", "next_token"])
-    with torch.no_grad():
-        ep = torch.export.export(m, args, kwargs, strict=kind != "hand")
-        edge = to_edge_transform_and_lower(ep, partitioner=[partitioner])
-        program = edge.to_executorch(ExecutorchBackendConfig(
-            emit_mutable_buffer_names=True, memory_planning_pass=KvAliasMemoryPlanningPass()))
+    program = to_program(m, method_rows(prefill_chunk), partitioner, example(kind), strict=kind != "hand")
     return program.buffer, partitioner.unsupported()
 
 
-def export_one(dir: Path, kind: str, dtype_name: str) -> Dict[str, object]:
+def export_one(dir: Path, kind: str, dtype_name: str, prefill_chunk: Optional[int] = None) -> Dict[str, object]:
     dtype = DTYPES[dtype_name]
     name = f"{kind}_{dtype_name}"
     tokens, logits = greedy(step_fn(kind, module(kind, dtype)))
-    data, outside = export(kind, dtype)
+    data, outside = export(kind, dtype, prefill_chunk=prefill_chunk)
     (dir / f"{name}.pte").write_bytes(data)
-    cuda, _ = export(kind, dtype, cuda=True)
+    cuda, _ = export(kind, dtype, cuda=True, prefill_chunk=prefill_chunk)
     (dir / f"{name}.cuda.pte").write_bytes(cuda)
     np.save(dir / f"{name}.logits.npy", logits.numpy().astype(np.float32))
     entry: Dict[str, object] = {"model": kind, "dtype": dtype_name, "tokens": tokens, "logits": f"{name}.logits.npy",
                                 "cuda": f"{name}.cuda.pte", "outside": [o._asdict() for o in outside]}
+    if prefill_chunk is not None:
+        entry["prefill_chunk"] = prefill_chunk
     if dtype != torch.float32:
         reference = oracle(kind, dtype, tokens)
         np.save(dir / f"{name}.oracle.npy", reference.numpy().astype(np.float32))
@@ -225,12 +233,14 @@ def main(argv: List[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("dir", type=Path, help="output directory (created)")
     ap.add_argument("--only", action="append", default=[], help="export only MODEL_DTYPE, e.g. llama_f32")
+    ap.add_argument("--prefill-chunk", type=int, metavar="T",
+                    help="programs with methods 'prefill' (T tokens a call) and 'decode' over the same caches")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     for noisy in ("executorch", "torch", "transformers"):
         logging.getLogger(noisy).setLevel(logging.ERROR)
     args.dir.mkdir(parents=True, exist_ok=True)
-    programs = {f"{k}_{d}.pte": export_one(args.dir, k, d) for k, d in PROGRAMS
+    programs = {f"{k}_{d}.pte": export_one(args.dir, k, d, args.prefill_chunk) for k, d in PROGRAMS
                 if not args.only or f"{k}_{d}" in args.only}
     expected = {
         "torch": torch.__version__,
