@@ -6,6 +6,7 @@ use std::time::Instant;
 
 use program_manifest::Generate;
 
+use super::prompt::prompt_calls;
 use super::{i64_bytes, read_token, reserve, Generation, Options, Step, Timing};
 use crate::buffer::{AllocError, Storage};
 use crate::cuda::{Contexts, DevicePtr, FeedbackArgs, FeedbackKernel};
@@ -157,7 +158,7 @@ pub(super) fn device_loop(
     let decode_link = FeedbackLink::new(program, (&g.decode, next), rows, &g.decode, inputs)?;
     let timing = Timing::new(program, options)?;
 
-    let (prefill_token_on_host, prefill_stats, prefill_micros) = prefill(program, g, options, &device)?;
+    let prefilled = prefill(program, g, options, &device)?;
     let decode = decode_steps(program, g, options, (&device, &decode_link), timing.as_ref())?;
 
     let readback_before = cuda_rt::stats::thread_host_syncs();
@@ -168,7 +169,7 @@ pub(super) fn device_loop(
         Some(timing) => timing.step_micros()?,
         None => Vec::new(),
     };
-    let tokens: Vec<i64> = prefill_token_on_host.into_iter().chain(history).collect();
+    let tokens: Vec<i64> = prefilled.token_on_host.into_iter().chain(history).collect();
     if tokens.len() != steps + 1 {
         return Err(Error::LostFeedback { tokens: tokens.len(), steps: steps + 1 });
     }
@@ -183,19 +184,21 @@ pub(super) fn device_loop(
     };
     generation.steps.push(Step {
         index: 0,
-        method: g.prefill.clone(),
+        method: prefilled.method,
+        calls: prefilled.calls,
         position: 0,
         input_tokens: g.prompt.clone(),
         token: tokens[0],
-        micros: prefill_micros,
+        micros: prefilled.micros,
         gpu_micros: None,
-        copies: prefill_stats.copies,
+        copies: prefilled.stats.copies,
     });
     let first_decode = options.start_position.unwrap_or(g.prompt.len() as i64);
     for step in 1..=steps {
         generation.steps.push(Step {
             index: step,
             method: g.decode.clone(),
+            calls: 1,
             position: if options.hold_position { first_decode } else { first_decode + step as i64 - 1 },
             input_tokens: vec![tokens[step - 1]],
             token: tokens[step],
@@ -210,33 +213,44 @@ pub(super) fn device_loop(
     Ok(generation)
 }
 
-/// Prefill: its inputs from the host, then its token and position handed to decode on the device where its
-/// outputs live there, else through the host (once, before the decode steps). Returns the token when it
-/// went through the host, the run's cost and its host microseconds; everything it queued is complete.
+/// What prefill left: its token when it went through the host, the runs' cost and host microseconds, the method
+/// of the last call (whose outputs hold the token) and how many calls fed the prompt.
+struct Prefilled {
+    token_on_host: Option<i64>,
+    stats: RunStats,
+    micros: f64,
+    method: String,
+    calls: usize,
+}
+
+/// Prefill: the prompt's calls ([`prompt_calls`]) with their inputs from the host, then the last call's token
+/// and position handed to decode on the device where its outputs live there, else through the host (once,
+/// before the decode steps). Everything it queued is complete when it returns.
 fn prefill(
     program: &mut Program,
     g: &Generate,
     options: &Options,
     device: &DeviceLoop,
-) -> Result<(Option<i64>, RunStats, f64), Error> {
+) -> Result<Prefilled, Error> {
     let next = g.next_token_output.as_deref().expect("the device loop needs a next-token output");
     let prompt_len = g.prompt.len() as i64;
     let inputs = (g.token_input.as_str(), g.position_input.as_str());
-    // A method that takes fewer tokens than the prompt is fed it in chunks (one token each for `forward`);
-    // decode's position follows the last chunk's: its position input plus its rows.
-    let rows = super::token_rows(program, g, &g.prefill).unwrap_or(g.prompt.len()).max(1);
-    let last_rows = (g.prompt.len() - (g.prompt.len() - 1) / rows * rows) as i64;
-    let link = FeedbackLink::new(program, (&g.prefill, next), last_rows, &g.decode, inputs).ok();
+    let calls = prompt_calls(program, g)?;
+    let last =
+        *calls.last().ok_or_else(|| Error::Generation("the prompt is empty: nothing to feed".into()))?;
+    // Decode's position follows the last call's: its position input plus its rows.
+    let link =
+        FeedbackLink::new(program, (last.method, next), last.tokens.len() as i64, &g.decode, inputs).ok();
     let start = Instant::now();
     let mut stats = RunStats::default();
-    for (i, chunk) in g.prompt.chunks(rows).enumerate() {
+    for (i, call) in calls.iter().enumerate() {
         if i > 0 {
-            // The previous chunk's call may still be reading these inputs on the stream.
+            // The previous call may still be reading its inputs on the stream.
             program.synchronize()?;
         }
-        program.write_input(&g.prefill, &g.token_input, &i64_bytes(chunk))?;
-        program.write_input(&g.prefill, &g.position_input, &i64_bytes(&[(i * rows) as i64]))?;
-        let run = program.enqueue(&g.prefill)?;
+        program.write_input(call.method, &g.token_input, &i64_bytes(call.tokens))?;
+        program.write_input(call.method, &g.position_input, &i64_bytes(&[call.position]))?;
+        let run = program.enqueue(call.method)?;
         stats.elapsed += run.elapsed;
         stats.copies.add(run.copies);
     }
@@ -246,7 +260,7 @@ fn prefill(
             None
         }
         None => {
-            let token = read_token(program, g, &g.prefill)?;
+            let token = read_token(program, g, last.method)?;
             program.write_input(&g.decode, &g.token_input, &i64_bytes(&[token]))?;
             program.write_input(&g.decode, &g.position_input, &i64_bytes(&[prompt_len]))?;
             Some(token)
@@ -258,7 +272,7 @@ fn prefill(
     let micros = start.elapsed().as_secs_f64() * 1e6;
     // Everything before the decode steps is complete before they are counted.
     program.synchronize()?;
-    Ok((token_on_host, stats, micros))
+    Ok(Prefilled { token_on_host, stats, micros, method: last.method.to_owned(), calls: calls.len() })
 }
 
 /// The decode steps, each queued with its feedback: the first eagerly (delegates finish any lazy set-up

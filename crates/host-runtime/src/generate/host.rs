@@ -3,11 +3,12 @@
 
 use program_manifest::Generate;
 
-use super::{i64_bytes, token_rows, Generation, Options, Step, Timing};
+use super::prompt::{prompt_calls, Call};
+use super::{i64_bytes, Generation, Options, Step, Timing};
 use crate::program::{Error, Program, RunStats};
 
-/// Runs the host loop: `choose` picks each step's token once the step ran (`program`, the method that
-/// ran, the step's index), `observe` sees the step and says whether to go on (`false` ends the generation
+/// Runs the host loop, the prompt fed by [`prompt_calls`]: `choose` picks each step's token once the step ran
+/// (`program`, the method that ran last, the step's index), `observe` sees the step and says whether to go on (`false` ends the generation
 /// after this step, its token not fed).
 pub(super) fn host_loop(
     program: &mut Program,
@@ -26,33 +27,31 @@ pub(super) fn host_loop(
         host_syncs: 0,
         readback_host_syncs: 0,
     };
+    let prompt = prompt_calls(program, g)?;
     let mut position = 0i64;
     let mut feed = g.prompt.clone();
     let mut syncs_before = 0;
     for index in 0..=options.steps {
-        let method = if index == 0 { &g.prefill } else { &g.decode };
         if index == 1 {
             syncs_before = cuda_rt::stats::thread_host_syncs();
         }
-        let (chunk, chunk_position, chunk_stats) = run_head_chunks(program, g, method, &feed, position)?;
-        program.write_input(method, &g.token_input, &i64_bytes(chunk))?;
-        program.write_input(method, &g.position_input, &i64_bytes(&[chunk_position]))?;
+        let decode = [Call { method: &g.decode, tokens: &feed, position }];
+        let calls: &[Call<'_>] = if index == 0 { &prompt } else { &decode };
         if let Some(timing) = &timing {
             timing.mark(program, index, false)?;
         }
-        let mut stats = program.execute(method)?;
-        stats.elapsed += chunk_stats.elapsed;
-        stats.copies.add(chunk_stats.copies);
+        let (method, stats) = run_calls(program, g, calls)?;
         if let Some(timing) = &timing {
             timing.mark(program, index, true)?;
         }
         let token = choose(program, method, index)?;
-        // The run itself, as before there was a device loop (writing inputs and reading the token are not
+        // The runs themselves, as before there was a device loop (writing inputs and reading the token are not
         // part of it).
         let micros = stats.elapsed.as_secs_f64() * 1e6;
         let step = Step {
             index,
-            method: method.clone(),
+            method: method.to_owned(),
+            calls: calls.len(),
             position,
             input_tokens: feed.clone(),
             token,
@@ -85,35 +84,22 @@ pub(super) fn host_loop(
     Ok(generation)
 }
 
-/// A method that takes fewer tokens than it is fed (a single-method program's `forward` over the prompt)
-/// runs over them in chunks of its size: every chunk but the last runs here, to completion. Returns the last
-/// chunk (all of `feed` when it is not chunked), its position and what the runs before it cost.
-fn run_head_chunks<'f>(
+/// Runs `calls` in order, each to completion: the method of the last (whose outputs hold the next token) and
+/// what the runs cost together.
+fn run_calls<'g>(
     program: &mut Program,
     g: &Generate,
-    method: &str,
-    feed: &'f [i64],
-    position: i64,
-) -> Result<(&'f [i64], i64, RunStats), Error> {
+    calls: &[Call<'g>],
+) -> Result<(&'g str, RunStats), Error> {
     let mut stats = RunStats::default();
-    let Some(rows) = token_rows(program, g, method).filter(|&rows| rows > 0 && rows < feed.len()) else {
-        return Ok((feed, position, stats));
-    };
-    if feed.len() % rows != 0 {
-        return Err(Error::Generation(format!(
-            "method '{method}' takes {rows} tokens per call, which does not divide the prompt of {}",
-            feed.len()
-        )));
-    }
-    let (head, last) = feed.split_at(feed.len() - rows);
-    let mut chunk_position = position;
-    for part in head.chunks(rows) {
-        program.write_input(method, &g.token_input, &i64_bytes(part))?;
-        program.write_input(method, &g.position_input, &i64_bytes(&[chunk_position]))?;
-        let run = program.execute(method)?;
+    for call in calls {
+        program.write_input(call.method, &g.token_input, &i64_bytes(call.tokens))?;
+        program.write_input(call.method, &g.position_input, &i64_bytes(&[call.position]))?;
+        let run = program.execute(call.method)?;
         stats.elapsed += run.elapsed;
         stats.copies.add(run.copies);
-        chunk_position += rows as i64;
     }
-    Ok((last, chunk_position, stats))
+    let last =
+        calls.last().ok_or_else(|| Error::Generation("the prompt is empty: nothing to feed".into()))?;
+    Ok((last.method, stats))
 }

@@ -1,5 +1,9 @@
 //! Token generation: prefill once over the prompt, then decode steps that feed back the argmax token.
 //!
+//! Prefill feeds the prompt in chunks of the prefill method's token count, and the tokens short of a chunk one
+//! a call through the decode method (a prompt shorter than a chunk goes through decode alone): a program
+//! with a chunked prefill method takes any prompt, and leaves the caches as token-by-token prefill would.
+//!
 //! Two loops, one result:
 //! - **the host loop** (any program): each step's token and position are written into the method's inputs
 //!   by the host, the method runs to completion, and the host reads the next token back (from the
@@ -15,6 +19,7 @@
 
 mod device;
 mod host;
+mod prompt;
 mod resume;
 
 use std::time::Duration;
@@ -62,8 +67,12 @@ impl Options {
 pub struct Step {
     /// 0 for prefill, then 1, 2, ... for decode steps.
     pub index: usize,
-    /// The method that ran.
+    /// The method that ran (for prefill, the last of the prompt's calls: its outputs hold the token).
     pub method: String,
+    /// Method calls the step made: for prefill, the prompt's chunks through the prefill method and the tokens
+    /// short of a chunk through the decode method, one a call (the module docs); 1 for a decode
+    /// step.
+    pub calls: usize,
     /// Position of the first token this step processed.
     pub position: i64,
     /// Tokens fed in.

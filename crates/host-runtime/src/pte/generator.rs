@@ -27,7 +27,9 @@ pub(super) fn generator(
     if prompt.is_empty() {
         return Err("the prompt is empty".into());
     }
-    let names = step_names(&manifest.methods[prefill], Step::Prefill(prompt.len()))?;
+    // Beside a decode method, prefill takes the prompt in chunks and decode the tokens short of a chunk.
+    let step = if prefill == decode { Step::Prefill(prompt.len()) } else { Step::Chunks };
+    let names = step_names(&manifest.methods[prefill], step)?;
     if step_names(&manifest.methods[decode], Step::Decode)? != names {
         return Err("methods 'prefill' and 'decode' name their inputs and outputs differently".into());
     }
@@ -63,10 +65,12 @@ fn next_token(method: &Method) -> Option<String> {
     (next.dtype == DType::I64 && next.numel() == 1).then(|| next.name.clone())
 }
 
-/// What a method is used for: feeding a prompt of this many tokens, or decoding one token per call.
+/// What a method is used for: feeding a prompt of this many tokens alone, feeding a prompt in chunks beside a
+/// decode method, or decoding one token per call.
 #[derive(Clone, Copy)]
 enum Step {
     Prefill(usize),
+    Chunks,
     Decode,
 }
 
@@ -105,6 +109,7 @@ fn step_names(method: &Method, step: Step) -> Result<Names, String> {
                 "method '{m}' takes {rows} tokens, which does not divide the prompt of {prompt}"
             ));
         }
+        Step::Chunks if rows == 0 => return Err(format!("method '{m}' takes no tokens")),
         Step::Decode if rows != 1 => {
             return Err(format!("method '{m}' takes {rows} tokens per call; decoding feeds one"));
         }

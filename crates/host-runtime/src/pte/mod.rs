@@ -30,11 +30,12 @@
 //! ## Generation convention
 //!
 //! [`load`] with a prompt makes the program a token generator ([`crate::generate`]) when it has methods
-//! `prefill` and `decode`, or one method `forward` (then used for both, the prompt fed in chunks of its
-//! token count, one token at a time for `T = 1`). Each such method takes the tokens at input 0 (`i64 [T]`)
-//! and the position of the first at input 1 (`i64 [1]`), and gives the logits at output 0 (`f32` or `f16`
-//! `[T, vocab]`); the next token is the argmax of the last row. `max_positions` is the `max_seq_len` compile
-//! spec of a delegate (an ASCII integer) when one carries it.
+//! `prefill` and `decode` (the prompt fed in chunks of prefill's token count, the tokens short of a chunk
+//! through decode: [`crate::generate`]), or one method `forward` (then used for both, the prompt fed in chunks
+//! of its token count, which must divide it; one token at a time for `T = 1`). Each such method takes the
+//! tokens at input 0 (`i64 [T]`) and the position of the first at input 1 (`i64 [1]`), and gives the logits
+//! at output 0 (`f32` or `f16` `[T, vocab]`); the next token is the argmax of the last row. `max_positions`
+//! is the `max_seq_len` compile spec of a delegate (an ASCII integer) when one carries it.
 
 mod decl;
 mod error;
