@@ -446,12 +446,16 @@ pub(crate) fn report(generation: &Generation, mode: Mode, json: bool, used: &[Va
     let time = generation.mean_decode_time();
     let copies = generation.mean_decode_copies();
     let gpu = generation.mean_decode_gpu_micros();
+    // Time to first token: the prompt's runs (the prefill method's chunks and any tail through decode).
+    let prefill = generation.steps.first();
     if json {
         let value = json!({
             "mode": mode,
             "tokens": generation.tokens,
             "steps": generation.steps,
             "stats": {
+                "time_to_first_token_ms": prefill.map(|s| s.micros / 1e3),
+                "prefill_calls": prefill.map(|s| s.calls),
                 "decode_steps": generation.steps.len().saturating_sub(1),
                 "mean_decode_step_us": time.as_secs_f64() * 1e6,
                 "mean_decode_bytes_copied": copies,
@@ -468,9 +472,12 @@ pub(crate) fn report(generation: &Generation, mode: Mode, json: bool, used: &[Va
         return emit(&format!("{value}\n"));
     }
     let mut out = format!(
-        "tokens: {:?}\nsteps: prefill + {} decode, {:.1} us per decode step on the host ({} mode{})\n\
+        "tokens: {:?}\nsteps: prefill ({} calls, {:.1} ms) + {} decode, \
+         {:.1} us per decode step on the host ({} mode{})\n\
          bytes copied per decode step: {}\n",
         generation.tokens,
+        prefill.map_or(0, |s| s.calls),
+        prefill.map_or(0.0, |s| s.micros / 1e3),
         generation.steps.len().saturating_sub(1),
         time.as_secs_f64() * 1e6,
         mode.name(),

@@ -1,0 +1,79 @@
+//! Prefill in chunks (issue 45 item 4): `fixtures/executorch/prefill/llama_f32.pte` is the Hugging Face Llama of
+//! the real-model fixtures (same seed, same weights) exported with a second method, `prefill`, taking 3 tokens
+//! a call over the same caches as `decode` (`python -m kv_delegate.export_real fixtures/executorch/prefill --only
+//! llama_f32 --prefill-chunk 3`). `run --prompt` takes the prompt in chunks of 3 through `prefill` and the tokens
+//! short of a chunk through `decode`, on the reference delegate (the oracle), and gives the tokens of
+//! token-by-token prefill: torch eager's, and those of the one-method program of the same weights.
+
+mod common;
+use common::{run, stdout_json};
+
+use std::path::{Path, PathBuf};
+
+fn fixtures() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/executorch")
+}
+
+/// `run PROGRAM --prompt PROMPT --steps STEPS --json`'s report.
+fn generate(program: &Path, prompt: &[i64], steps: usize) -> serde_json::Value {
+    let prompt: Vec<String> = prompt.iter().map(i64::to_string).collect();
+    let mut cmd = common::host();
+    cmd.env_remove("DELEGATE_PLUGIN_PATH").arg("run").arg(program).args([
+        "--prompt",
+        &prompt.join(","),
+        "--steps",
+        &steps.to_string(),
+        "--json",
+    ]);
+    stdout_json(&run(&mut cmd))
+}
+
+fn tokens(json: &serde_json::Value) -> Vec<i64> {
+    json["tokens"].as_array().expect("tokens").iter().map(|t| t.as_i64().expect("i64")).collect()
+}
+
+#[test]
+fn a_chunked_prefill_gives_eager_tokens_copying_nothing_per_step() {
+    let dir = fixtures().join("prefill");
+    let expected: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(dir.join("expected.json")).expect("expected.json"))
+            .expect("json");
+    let prompt: Vec<i64> = serde_json::from_value(expected["prompt"].clone()).expect("prompt");
+    let entry = &expected["programs"]["llama_f32.pte"];
+    assert_eq!(entry["prefill_chunk"], 3);
+    let eager: Vec<i64> = serde_json::from_value(entry["tokens"].clone()).expect("tokens");
+    let steps = expected["steps"].as_u64().expect("steps") as usize;
+
+    let json = generate(&dir.join("llama_f32.pte"), &prompt, steps);
+    assert_eq!(tokens(&json), eager, "eager's tokens");
+    let stats = &json["stats"];
+    // The prompt of 4: one chunk of 3 through `prefill`, its last token through `decode`.
+    assert_eq!(stats["prefill_calls"], 2, "{stats}");
+    assert!(stats["time_to_first_token_ms"].as_f64().expect("a time") > 0.0, "{stats}");
+    assert_eq!(stats["mean_decode_bytes_copied_total"], 0, "{stats}");
+}
+
+#[test]
+fn chunks_and_a_tail_of_any_length_give_the_tokens_of_token_by_token_prefill() {
+    let chunked = fixtures().join("prefill/llama_f32.pte");
+    let one_by_one = fixtures().join("real/llama_f32.pte");
+    let long: Vec<i64> = (0..11).map(|i| (i * 37 + 5) % 128).collect();
+    let mut failures = Vec::new();
+    for len in [1, 2, 3, 5, 6, 7, 11] {
+        let prompt = &long[..len];
+        let json = generate(&chunked, prompt, 6);
+        let want = tokens(&generate(&one_by_one, prompt, 6));
+        if tokens(&json) != want {
+            failures.push(format!("prompt of {len}: {:?}, token by token {want:?}", tokens(&json)));
+        }
+        let calls = json["stats"]["prefill_calls"].as_u64().expect("calls") as usize;
+        if calls != len / 3 + len % 3 {
+            failures.push(format!(
+                "prompt of {len}: {calls} calls, not {} chunks and {} tokens",
+                len / 3,
+                len % 3
+            ));
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
