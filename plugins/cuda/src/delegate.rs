@@ -145,7 +145,7 @@ impl CudaHandle {
 }
 
 /// How the CUDA delegate names itself in reasons.
-const DELEGATE: &str = "the CUDA delegate";
+pub(crate) const DELEGATE: &str = "the CUDA delegate";
 
 impl CudaDelegate {
     fn init_blob(&self, bytes: &[u8]) -> Result<CudaHandle, Error> {

@@ -11,6 +11,8 @@
 //! - At `execute`: arguments are checked against the plan, device pointers are checked with the driver when
 //!   they change (the residency gate runs on the real pointer), and the launches are queued on the caller's
 //!   CUDA stream; with device-resident arguments nothing is copied and nothing waits.
+//! - [`report`]: the launches `init` would plan for a payload, fused or not and why, computed on the CPU
+//!   (`delegate-host inspect X.pte --plan`).
 //!
 //! Every op and form of reference-graph payload 1.3 runs, so Hugging Face Llama/Qwen2-style decoders exported
 //! by the Python lowering run on the GPU. Typed kernels (`src/kernels.cu`, `src/kernels/linear.cu`, one
@@ -51,6 +53,7 @@ mod delegate;
 mod engine;
 mod kernels;
 mod plan;
+pub mod report;
 
 pub use delegate::{CudaDelegate, CudaHandle, Error, MEMORY_KINDS, WIRE_FORMAT_VERSIONS};
 /// What one argument position carries: the reference delegate's binding plan, shared by every executor of

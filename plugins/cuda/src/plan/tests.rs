@@ -10,35 +10,7 @@ mod emulated;
 mod hf;
 
 fn kinds(plan: &Plan) -> Vec<String> {
-    plan.steps
-        .iter()
-        .map(|s| match s {
-            Step::Gather { plus: Some(_), .. } => "embedding".to_owned(),
-            Step::Gather { .. } => "gather".to_owned(),
-            Step::Positions { .. } => "positions".to_owned(),
-            Step::Add { .. } => "add".to_owned(),
-            Step::RmsNorm { .. } => "rms_norm".to_owned(),
-            Step::Binary { op, .. } => format!("b.{op:?}").to_lowercase(),
-            Step::Unary { func, .. } => format!("{func:?}").to_lowercase(),
-            Step::Mean { .. } => "mean".to_owned(),
-            Step::Cast { to, .. } => format!("cast_{to}"),
-            Step::Copy { .. } => "copy".to_owned(),
-            Step::Rope { .. } => "rope".to_owned(),
-            Step::Gemv { mats, norm, cache_rows, glu, rope, .. } => format!(
-                "{}gemv{}{}{}{}{}{}",
-                if norm.is_some() { "norm+" } else { "" },
-                mats.len(),
-                if mats.iter().any(|m| m.bias.is_some()) { "+bias" } else { "" },
-                if mats[0].residual.is_some() { "+residual" } else { "" },
-                if cache_rows.is_some() { "+kv_update" } else { "" },
-                if glu.is_some() { "+swiglu" } else { "" },
-                if rope.is_some() { "+rope" } else { "" }
-            ),
-            Step::KvUpdate { caches, .. } => format!("kv_update{}", caches.len()),
-            Step::Attention { .. } => "attention".to_owned(),
-            Step::Argmax { .. } => "argmax".to_owned(),
-        })
-        .collect()
+    plan.steps.iter().map(Step::label).collect()
 }
 
 #[test]

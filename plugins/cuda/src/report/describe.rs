@@ -1,0 +1,99 @@
+//! A step in words: its label, and the graph tensors it reads and writes.
+
+use ref_graph::TensorId;
+
+use crate::plan::Step;
+
+impl Step {
+    /// A short name of what the launch runs (see [`super::Launch::kind`]); the plan's tests compare these.
+    pub(crate) fn label(&self) -> String {
+        match self {
+            Step::Gather { plus: Some(_), .. } => "embedding".to_owned(),
+            Step::Gather { .. } => "gather".to_owned(),
+            Step::Positions { .. } => "positions".to_owned(),
+            Step::Add { .. } => "add".to_owned(),
+            Step::RmsNorm { .. } => "rms_norm".to_owned(),
+            Step::Binary { op, .. } => format!("b.{op:?}").to_lowercase(),
+            Step::Unary { func, .. } => format!("{func:?}").to_lowercase(),
+            Step::Mean { .. } => "mean".to_owned(),
+            Step::Cast { to, .. } => format!("cast_{to}"),
+            Step::Copy { .. } => "copy".to_owned(),
+            Step::Rope { .. } => "rope".to_owned(),
+            Step::Gemv { mats, norm, cache_rows, glu, rope, .. } => format!(
+                "{}gemv{}{}{}{}{}{}",
+                if norm.is_some() { "norm+" } else { "" },
+                mats.len(),
+                if mats.iter().any(|m| m.bias.is_some()) { "+bias" } else { "" },
+                if mats[0].residual.is_some() { "+residual" } else { "" },
+                if cache_rows.is_some() { "+kv_update" } else { "" },
+                if glu.is_some() { "+swiglu" } else { "" },
+                if rope.is_some() { "+rope" } else { "" }
+            ),
+            Step::KvUpdate { caches, .. } => format!("kv_update{}", caches.len()),
+            Step::Attention { .. } => "attention".to_owned(),
+            Step::Argmax { .. } => "argmax".to_owned(),
+        }
+    }
+
+    /// The tensors the launch writes: a SwiGLU GEMV its product alone (the gate and up are never stored),
+    /// a cache update (fused or not) the cache the caller passes.
+    pub(crate) fn writes(&self) -> Vec<TensorId> {
+        match self {
+            Step::Gemv { mats, glu, .. } => {
+                let products = match glu {
+                    Some(out) => vec![*out],
+                    None => mats.iter().map(|m| m.y).collect(),
+                };
+                products.into_iter().chain(mats.iter().filter_map(|m| m.cache)).collect()
+            }
+            Step::KvUpdate { caches, .. } => caches.iter().map(|&(cache, _)| cache).collect(),
+            Step::Copy { dst, .. } => vec![*dst],
+            Step::Gather { out, .. }
+            | Step::Positions { out, .. }
+            | Step::Add { out, .. }
+            | Step::RmsNorm { out, .. }
+            | Step::Attention { out, .. }
+            | Step::Argmax { out, .. }
+            | Step::Binary { out, .. }
+            | Step::Unary { out, .. }
+            | Step::Mean { out, .. }
+            | Step::Cast { out, .. }
+            | Step::Rope { out, .. } => vec![*out],
+        }
+    }
+
+    /// The tensors the launch reads (weights, gains and biases included).
+    pub(crate) fn reads(&self) -> Vec<TensorId> {
+        match self {
+            Step::Gather { table, indices, plus, .. } => {
+                let mut ids = vec![*table, *indices];
+                ids.extend(plus.iter().flat_map(|p| [p.table, p.position]));
+                ids
+            }
+            Step::Gemv { a, norm, mats, cache_rows, rope, .. } => {
+                let mut ids = vec![*a];
+                ids.extend(norm.map(|(gain, _)| gain));
+                for m in mats {
+                    ids.push(m.w);
+                    ids.extend(m.bias.iter().chain(&m.residual));
+                }
+                ids.extend(rope.iter().flat_map(|r| [r.cos, r.sin]));
+                ids.extend(cache_rows.map(|c| c.position));
+                ids
+            }
+            Step::KvUpdate { caches, position, .. } => {
+                caches.iter().map(|&(_, update)| update).chain([*position]).collect()
+            }
+            Step::Attention { q, k, v, position, .. } => vec![*q, *k, *v, *position],
+            Step::Positions { position, .. } => vec![*position],
+            Step::Add { a, b, .. } | Step::Binary { a, b, .. } => vec![*a, *b],
+            Step::RmsNorm { input, weight, .. } => vec![*input, *weight],
+            Step::Argmax { input, .. }
+            | Step::Unary { input, .. }
+            | Step::Mean { input, .. }
+            | Step::Cast { input, .. } => vec![*input],
+            Step::Rope { x, cos, sin, .. } => vec![*x, *cos, *sin],
+            Step::Copy { src, .. } => vec![*src],
+        }
+    }
+}
