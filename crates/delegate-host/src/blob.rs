@@ -48,7 +48,7 @@ pub(crate) struct Head {
 }
 
 impl Head {
-    fn open(path: &Path) -> Result<Head, Failure> {
+    pub(crate) fn open(path: &Path) -> Result<Head, Failure> {
         let access = |err: std::io::Error| {
             Failure::coded(ErrorCode::AccessFailed, format!("cannot read {}: {err}", path.display()))
         };

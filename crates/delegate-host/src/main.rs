@@ -10,6 +10,7 @@ mod branch;
 mod chat;
 mod npy;
 mod out_file;
+mod plan_report;
 mod plugins;
 mod prompt_cache;
 mod pte;
@@ -53,12 +54,18 @@ struct Cli {
 enum Command {
     /// Print what a blob says: format, backend, bindings in delegate-argument order, aliases, engine extent;
     /// or what an ExecuTorch program (.pte) holds: methods, delegate calls with their blobs, mutable buffers,
-    /// operators.
+    /// operators. With --plan: the kernel launches the CUDA delegate plans for each of its calls.
     Inspect {
         /// The blob or .pte file.
         blob: PathBuf,
         /// Print one JSON object instead of text.
         #[arg(long)]
+        /// For each call the CUDA delegate runs (CudaBackend), the launches of one call as its planner lowers
+        /// the payload (computed on the CPU, no GPU needed): each launch's kind, fused or on its own, the
+        /// tensors it writes and, for an op on its own, why it did not fuse; then launches a call and per
+        /// layer. Reads each such payload whole, one at a time.
+        #[arg(long)]
+        plan: bool,
         json: bool,
     },
     /// Check a blob's format-level rules (structure, integrity, alias table) without an engine.
@@ -390,7 +397,8 @@ fn main() -> ExitCode {
 
 fn dispatch(command: Command) -> Result<(), Failure> {
     match command {
-        Command::Inspect { blob, json } => blob::inspect(&blob, json),
+        Command::Inspect { blob, json, plan: false } => blob::inspect(&blob, json),
+        Command::Inspect { blob, json, plan: true } => plan_report::inspect_plan(&blob, json),
         Command::Validate { blob } => blob::validate(&blob),
         Command::Convert { input, output, to } => blob::convert(&input, &output, to),
         Command::Plugins { plugin_dirs, json } => plugins::plugins(&plugin_dirs, json),

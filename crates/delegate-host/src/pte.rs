@@ -1,6 +1,7 @@
 //! `inspect` of an ExecuTorch program (`.pte`): methods with inputs and outputs, each `DelegateCall` with its
 //! backend and its payload read as a delegate blob, mutable buffers, and the operators ExecuTorch runs itself.
 
+use std::borrow::Cow;
 use std::fmt::Write as _;
 use std::path::Path;
 
@@ -17,18 +18,47 @@ use crate::{emit, printable, Failure};
 /// blob's header are read: a payload in a segment is located and sized from the program, its engine never
 /// read, so a multi-gigabyte program costs its metadata in memory.
 pub fn inspect(path: &Path, head: &Head, json: bool) -> Result<(), Failure> {
-    let format =
-        |err: pte_format::Error| Failure::coded(err.error_code(), format!("{}: {err}", path.display()));
-    let extent = pte_format::program_extent(&head.first, head.len).map_err(format)?;
-    let bytes = head.read_at(0, extent).map_err(|err| {
-        Failure::coded(ErrorCode::AccessFailed, format!("cannot read {}: {err}", path.display()))
-    })?;
-    let program = Program::parse_prefix(&bytes, head.len).map_err(format)?;
+    let bytes = program_data(path, head)?;
+    let program = parse(path, head, &bytes)?;
     if json {
         emit(&format!("{}\n", program_json(head, &program)))
     } else {
         emit(&program_text(head, &program))
     }
+}
+
+fn format_error(path: &Path, err: pte_format::Error) -> Failure {
+    Failure::coded(err.error_code(), format!("{}: {err}", path.display()))
+}
+
+/// The program data of the program at `path` (opened as `head`): its first `program_extent` bytes, its
+/// payloads in segments not among them.
+pub(crate) fn program_data(path: &Path, head: &Head) -> Result<Vec<u8>, Failure> {
+    let extent = pte_format::program_extent(&head.first, head.len).map_err(|err| format_error(path, err))?;
+    head.read_at(0, extent).map_err(|err| {
+        Failure::coded(ErrorCode::AccessFailed, format!("cannot read {}: {err}", path.display()))
+    })
+}
+
+/// The program in `bytes`, its [`program_data`] ([`Program::parse_prefix`]).
+pub(crate) fn parse<'a>(path: &Path, head: &Head, bytes: &'a [u8]) -> Result<Program<'a>, Failure> {
+    Program::parse_prefix(bytes, head.len).map_err(|err| format_error(path, err))
+}
+
+/// A delegate's payload, whole: the bytes read with the program when it is among them (inline data),
+/// otherwise its `size` bytes read from the file at its offset (and no more).
+pub(crate) fn payload<'a>(head: &Head, p: &DelegateData<'a>) -> std::io::Result<Cow<'a, [u8]>> {
+    if p.data.len() as u64 == p.size {
+        return Ok(Cow::Borrowed(p.data));
+    }
+    let bytes = head.read_at(p.offset, p.size)?;
+    if bytes.len() as u64 != p.size {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::UnexpectedEof,
+            format!("the file ends {} bytes into a {}-byte payload", bytes.len(), p.size),
+        ));
+    }
+    Ok(Cow::Owned(bytes))
 }
 
 /// The header of a delegate's blob: from the bytes read when the payload is whole among them (inline data),
