@@ -7,7 +7,7 @@
 
 mod blob;
 mod branch;
-mod chat;
+mod interactive;
 mod npy;
 mod out_file;
 mod plan_report;
@@ -15,12 +15,11 @@ mod plugins;
 mod prompt_cache;
 mod pte;
 mod run;
-mod stream;
 mod text;
 mod text_run;
 
 use std::io::{IsTerminal, Write};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
@@ -60,13 +59,13 @@ enum Command {
         blob: PathBuf,
         /// Print one JSON object instead of text.
         #[arg(long)]
+        json: bool,
         /// For each call the CUDA delegate runs (CudaBackend), the launches of one call as its planner lowers
         /// the payload (computed on the CPU, no GPU needed): each launch's kind, fused or on its own, the
         /// tensors it writes and, for an op on its own, why it did not fuse; then launches a call and per
         /// layer. Reads each such payload whole, one at a time.
         #[arg(long)]
         plan: bool,
-        json: bool,
     },
     /// Check a blob's format-level rules (structure, integrity, alias table) without an engine.
     Validate {
@@ -147,6 +146,10 @@ enum Command {
         branch: Option<Vec<i64>>,
         #[command(flatten)]
         generation: text_run::GenArgs,
+        /// A conversation with --chat: each line of stdin is a user turn, each reply is streamed, and the
+        /// caches keep the conversation, so a turn feeds only its own tokens.
+        #[arg(long, requires = "chat", group = "turn", conflicts_with_all = ["user", "branch"])]
+        interactive: bool,
     },
     /// Measure decode steps of a program in both modes, side by side: time per step and bytes copied per step;
     /// with CUDA memory also GPU time per step, host synchronisations per step, and zero-copy as a CUDA graph.
@@ -179,13 +182,13 @@ struct ProgramArgs {
     tokenizer: Option<PathBuf>,
     /// Talk to the model: the prompt is --system (if any) and --user rendered with the checkpoint's chat template
     /// (the tokenizer_config.json beside the tokenizer), ending where the assistant's reply begins.
-    #[arg(long, requires = "user", conflicts_with_all = ["prompt", "prompt_ids"])]
+    #[arg(long, requires = "turn", conflicts_with_all = ["prompt", "prompt_ids"])]
     chat: bool,
     /// The system turn of --chat.
     #[arg(long, requires = "chat", value_name = "TEXT")]
     system: Option<String>,
     /// The user turn of --chat.
-    #[arg(long, requires = "chat", value_name = "TEXT")]
+    #[arg(long, requires = "chat", group = "turn", value_name = "TEXT")]
     user: Option<String>,
     /// Decode steps after prefill (bench: per run, each from zeroed caches) [default: as many as the caches
     /// hold ([generate] max_positions, a .pte's max_seq_len, or the rows its buffers' shapes share), or 15
@@ -223,7 +226,10 @@ impl ProgramArgs {
         let tokenizer = text::find_tokenizer(&self.program, self.tokenizer.as_deref())?;
         let prompt =
             match (self.chat, &tokenizer) {
-                (true, Some(t)) => Some(chat_prompt(t, self.system, self.user.unwrap_or_default())?),
+                (true, Some(t)) => match self.user {
+                    Some(user) => Some(chat_prompt(t, self.system, user)?),
+                    None => None, // --interactive: the turns come from stdin.
+                },
                 (true, None) => return Err(failure(
                     "--chat needs the model's tokenizer: --tokenizer, or a tokenizer.json beside the program",
                 )),
@@ -252,9 +258,8 @@ impl ProgramArgs {
 
 /// The ids of `--system` and `--user` rendered with the chat template beside the tokenizer (`chat`).
 fn chat_prompt(t: &text::TextTokenizer, system: Option<String>, user: String) -> Result<Vec<i64>, Failure> {
-    let config = t.path.parent().unwrap_or(Path::new("")).join(chat::TOKENIZER_CONFIG_FILE);
-    let rendered = chat::ChatTemplate::load(&config)?.render(&chat::messages(system, user))?;
-    text::encode(t, "--chat", &rendered, false)
+    let rendered = text_gen::ChatTemplate::beside(t)?.render(&text_gen::chat::messages(system, user))?;
+    Ok(text_gen::encode(t, "--chat", &rendered, false)?)
 }
 
 /// A failure the CLI reports in one line, with the ExecuTorch code where one applies.
@@ -345,9 +350,12 @@ pub(crate) fn printable(text: &str) -> std::borrow::Cow<'_, str> {
 /// A usage error as one line: clap's first line without its `error: ` prefix, then where to read more.
 fn usage_error(err: &clap::Error) -> Failure {
     let rendered = err.to_string();
-    let first = rendered.lines().find(|l| !l.trim().is_empty()).unwrap_or("invalid arguments");
-    let first = first.strip_prefix("error: ").unwrap_or(first).trim();
-    failure(format!("{first} (see delegate-host --help)"))
+    let mut lines = rendered.lines().map(str::trim).filter(|l| !l.is_empty());
+    let first = lines.next().unwrap_or("invalid arguments");
+    let first = first.strip_prefix("error: ").unwrap_or(first);
+    // "the following required arguments were not provided:" names them on the next line.
+    let named = if first.ends_with(':') { lines.next().unwrap_or_default() } else { "" };
+    failure(format!("{first} {named} (see delegate-host --help)").replace("  ", " "))
 }
 
 fn main() -> ExitCode {
@@ -414,7 +422,9 @@ fn dispatch(command: Command) -> Result<(), Failure> {
             prompt_cache,
             branch,
             generation,
+            interactive,
         } => {
+            let system = common.system.clone();
             let (program, plugin_dirs, args) = common.run_args()?;
             let generation = generation.settings(&program, args.tokenizer.is_some())?;
             let steps = args.steps.or(generation.steps);
@@ -431,6 +441,9 @@ fn dispatch(command: Command) -> Result<(), Failure> {
                 ..args
             };
             let mode = run::strict(mode.into(), args.require_zero_copy)?;
+            if interactive {
+                return interactive::run(&program, mode, &plugin_dirs, args, system);
+            }
             run::run_program(&program, mode, &plugin_dirs, &args)
         }
         Command::Bench { common, runs } => {

@@ -60,7 +60,7 @@ pub fn is_pte(path: &Path) -> bool {
 
 /// Loads the program at `path`: a `.pte` (with `--prompt`, as a token generator) or a TOML manifest (whose
 /// `[generate]` prompt `--prompt` replaces).
-fn load(
+pub(crate) fn load(
     path: &Path,
     registry: &host_runtime::plugins::Registry,
     mode: Mode,
@@ -166,7 +166,7 @@ pub fn run_program(path: &Path, mode: Mode, dirs: &[PathBuf], args: &RunArgs) ->
         return run_once(&mut program, path, mode, args, &used);
     }
     let steps = default_steps(program.manifest(), args.steps, args.position);
-    if let Some(settings) = args.generation.as_ref().filter(|s| s.wanted(args)) {
+    if let Some(settings) = args.generation.as_ref().filter(|s| s.wanted(args.tokenizer.is_some())) {
         let used = plugins_used(&program, &registry);
         return crate::text_run::run(&mut program, steps, mode, args, settings, &used);
     }

@@ -6,85 +6,17 @@
 //! completed a stop string included; the text stops before either. Without a tokenizer (a sampled run of
 //! token ids) the report is `run`'s usual one.
 
-use std::path::Path;
 use std::time::{Duration, Instant};
 
 use host_runtime::generate::{generate_choosing, Generation, Options};
 use host_runtime::program::{Mode, Program};
-use sampling::{Params, Sampler};
+use sampling::Params;
 use serde_json::{json, Value};
+use text_gen::Detokenizer;
+pub use text_gen::{GenArgs, Settings};
 
 use crate::run::RunArgs;
-use crate::stream::Detokenizer;
 use crate::{emit, failure, Failure};
-
-/// `run`'s sampling and stop options.
-#[derive(clap::Args)]
-pub struct GenArgs {
-    /// Generate at most N tokens (the first comes from prefill: N - 1 decode steps) [default: as --steps]
-    #[arg(long, value_name = "N", conflicts_with = "steps", value_parser = clap::value_parser!(u64).range(1..))]
-    max_new_tokens: Option<u64>,
-    /// End the reply where this text appears (not printed); repeatable. Needs a tokenizer.
-    #[arg(long = "stop", value_name = "STRING")]
-    stops: Vec<String>,
-    /// Sampling temperature; 0 picks the most likely token (greedy).
-    #[arg(long, default_value_t = 0.0)]
-    temperature: f32,
-    /// Sample among the K most likely tokens only; 0 keeps all.
-    #[arg(long, default_value_t = 0, value_name = "K")]
-    top_k: usize,
-    /// Sample among the most likely tokens whose probabilities reach P; 1 keeps all.
-    #[arg(long, default_value_t = 1.0, value_name = "P")]
-    top_p: f32,
-    /// Drop tokens less likely than P times the most likely one; 0 keeps all.
-    #[arg(long, default_value_t = 0.0, value_name = "P")]
-    min_p: f32,
-    /// Divide positive (multiply negative) logits of tokens already in the prompt or reply by R; 1 is off.
-    #[arg(long, default_value_t = 1.0, value_name = "R")]
-    repetition_penalty: f32,
-    /// The sampler's seed: the same seed gives the same tokens.
-    #[arg(long, default_value_t = 0)]
-    seed: u64,
-}
-
-/// [`GenArgs`], checked, with the checkpoint's end-of-sequence ids.
-pub struct Settings {
-    sampler: Sampler,
-    stops: Vec<String>,
-    eos: Vec<i64>,
-    /// `--max-new-tokens` as decode steps.
-    pub steps: Option<usize>,
-}
-
-impl GenArgs {
-    /// Checks the options for `program`; `text`: whether a tokenizer reads the reply.
-    pub fn settings(self, program: &Path, text: bool) -> Result<Settings, Failure> {
-        let params = Params {
-            temperature: self.temperature,
-            top_k: self.top_k,
-            top_p: self.top_p,
-            min_p: self.min_p,
-            repetition_penalty: self.repetition_penalty,
-            seed: self.seed,
-        };
-        let sampler = Sampler::new(params).map_err(|err| failure(err.to_string()))?;
-        if !self.stops.is_empty() && !text {
-            return Err(failure(
-                "--stop ends the reply at a text, but there is no tokenizer (--tokenizer, or a tokenizer.json beside the program)",
-            ));
-        }
-        let eos = if text { crate::text::eos_ids(program)? } else { Vec::new() };
-        let steps = self.max_new_tokens.map(|n| usize::try_from(n - 1).unwrap_or(usize::MAX));
-        Ok(Settings { sampler, stops: self.stops, eos, steps })
-    }
-}
-
-impl Settings {
-    /// Whether the run needs this loop: a text reply, a sampler other than the argmax, or stop strings.
-    pub fn wanted(&self, args: &RunArgs) -> bool {
-        args.tokenizer.is_some() || !self.sampler.is_plain_greedy() || !self.stops.is_empty()
-    }
-}
 
 /// Why the generation ended.
 #[derive(Clone, Copy)]

@@ -247,3 +247,75 @@ fn chat_renders_the_checkpoints_template_and_feeds_its_ids_without_added_special
     let line = common::one_line_error(&run(&program, &["--chat", "--user", "hi"]));
     assert!(line.contains("System role not supported") && line.ends_with("[InvalidArgument]"), "{line}");
 }
+
+/// `run --chat --interactive` with `turns` piped to stdin (one per line) and `args`.
+fn converse(program: &Path, turns: &str, args: &[&str]) -> std::process::Output {
+    use std::io::Write;
+    let mut cmd = common::host();
+    cmd.env_remove("DELEGATE_PLUGIN_PATH")
+        .arg("run")
+        .arg(program)
+        .args(["--chat", "--interactive"])
+        .args(args);
+    let mut child = cmd
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("delegate-host starts");
+    child.stdin.take().expect("stdin").write_all(turns.as_bytes()).expect("writes the turns");
+    child.wait_with_output().expect("delegate-host ends")
+}
+
+#[test]
+fn an_interactive_chat_feeds_only_each_new_turn_and_keeps_the_conversation_in_the_caches() {
+    let (dir, program, _) = program_dir();
+    // A terse template: two turns and their replies fit the program's 64 positions.
+    let terse =
+        "{% for m in messages %}{{ m['role'][0] + ':' + m['content'] + '\\n' }}{% endfor %}{{ 'a:' }}";
+    let config = serde_json::json!({ "chat_template": terse });
+    std::fs::write(dir.path().join("tokenizer_config.json"), config.to_string()).expect("writes the config");
+    let args = ["--system", "héllo", "--max-new-tokens", "4", "--json"];
+    let out = converse(&program, "日本\n\nthe fox\n", &args);
+    assert!(out.status.success(), "stderr: {}", String::from_utf8_lossy(&out.stderr));
+    let turns: Vec<Value> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("one JSON object per turn"))
+        .collect();
+    assert_eq!(turns.len(), 2, "an empty line is no turn: {turns:?}");
+    let (first, second) = (&turns[0], &turns[1]);
+    let (p1, p2) = (ids(&first["prompt_ids"]), ids(&second["prompt_ids"]));
+    assert_eq!((first["kept"].as_u64(), first["fed"].as_u64()), (Some(0), Some(p1.len() as u64)), "{first}");
+    // The second turn's conversation holds the first turn and its reply: the caches kept at least the first
+    // turn's tokens, and only the rest was fed.
+    assert_eq!(&p2[..p1.len()], &p1[..], "{second}");
+    let kept = second["kept"].as_u64().expect("kept") as usize;
+    assert!(kept >= p1.len(), "the first turn was fed again: {second}");
+    assert_eq!(second["fed"].as_u64(), Some((p2.len() - kept) as u64), "{second}");
+    assert_eq!(ids(&second["ids"]).len(), 4, "{second}");
+
+    // The kept caches are the conversation's: the replies are those of runs fed each whole conversation.
+    for turn in [first, second] {
+        let prompt = joined(&ids(&turn["prompt_ids"]));
+        let whole =
+            stdout_json(&run(&program, &["--prompt-ids", &prompt, "--max-new-tokens", "4", "--json"]));
+        assert_eq!(ids(&whole["ids"]), ids(&turn["ids"]), "{turn}");
+    }
+
+    // Streamed: each reply's text on its line, a stats line per turn on stderr naming what was fed.
+    let out = converse(&program, "日本\nthe fox\n", &args[..4]);
+    assert!(out.status.success(), "stderr: {}", String::from_utf8_lossy(&out.stderr));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let stats: Vec<&str> = stderr.lines().filter(|l| l.starts_with("fed ")).collect();
+    assert_eq!(stats.len(), 2, "{stderr}");
+    assert!(stats[1].contains(&format!("({kept} kept in the caches)")), "{stderr}");
+}
+
+#[test]
+fn interactive_without_chat_or_with_a_position_is_refused_in_one_line() {
+    let (_dir, program, _) = program_dir();
+    let line = common::one_line_error(&run(&program, &["--interactive"]));
+    assert!(line.contains("--chat"), "{line}");
+    let line = common::one_line_error(&converse(&program, "hi\n", &["--position", "3"]));
+    assert!(line.contains("--interactive runs a conversation on the host loop"), "{line}");
+}

@@ -1,7 +1,7 @@
 //! Streaming a reply as text while it is generated: the ids generated so far are decoded whole and only the
 //! new, complete part is released, so a character spread over several tokens (byte fallback, byte-level
-//! BPE) is never printed in halves, a merge that rewrites earlier text is waited out, and a `--stop` string
-//! is never printed, not even its beginning.
+//! BPE) is never printed in halves, a merge that rewrites earlier text is waited out, and a stop string is
+//! never printed, not even its beginning.
 
 use tokenizers::Tokenizer;
 

@@ -1,4 +1,4 @@
-//! `run --chat`: the conversation rendered with the checkpoint's own chat template, as Hugging Face's
+//! Chat: the conversation rendered with the checkpoint's own chat template, as Hugging Face's
 //! `apply_chat_template` and text-generation servers render it: `tokenizer_config.json`'s `chat_template` (a
 //! Jinja template; a list of named templates picks `default`) over `messages` (`{role, content}`: an optional
 //! `system` turn, then the `user` turn), with `add_generation_prompt` true and the config's `bos_token` /
@@ -10,12 +10,10 @@
 
 use std::path::{Path, PathBuf};
 
-use et_error::ErrorCode;
-use host_runtime::blob_file::BlobFile;
 use minijinja::{context, Environment, Error as JinjaError, ErrorKind};
 use serde_json::Value;
 
-use crate::Failure;
+use crate::TextError;
 
 /// The file a Hugging Face checkpoint keeps its chat template in.
 pub const TOKENIZER_CONFIG_FILE: &str = "tokenizer_config.json";
@@ -46,21 +44,29 @@ pub struct ChatTemplate {
 
 impl ChatTemplate {
     /// The template in `tokenizer_config.json` at `path`.
-    pub fn load(path: &Path) -> Result<ChatTemplate, Failure> {
-        let bytes = BlobFile::open(path).map_err(|err| {
-            let code = match err.kind() {
-                std::io::ErrorKind::NotFound => ErrorCode::NotFound,
-                _ => ErrorCode::AccessFailed,
-            };
-            Failure::coded(code, format!("--chat: {}: {err}", path.display()))
-        })?;
+    ///
+    /// # Errors
+    /// A file that cannot be read, is not JSON or holds no template.
+    pub fn load(path: &Path) -> Result<ChatTemplate, TextError> {
+        let bytes = crate::tokenizer::read(path, "--chat:")?;
         let config: Value = serde_json::from_slice(bytes.bytes())
             .map_err(|err| invalid(path, &format!("not JSON: {err}")))?;
         ChatTemplate::from_config(&config, path)
     }
 
+    /// The template in the `tokenizer_config.json` beside the tokenizer `t`.
+    ///
+    /// # Errors
+    /// As [`ChatTemplate::load`].
+    pub fn beside(t: &crate::TextTokenizer) -> Result<ChatTemplate, TextError> {
+        ChatTemplate::load(&t.dir().join(TOKENIZER_CONFIG_FILE))
+    }
+
     /// The template of a parsed `tokenizer_config.json` (`path` names it in errors).
-    pub fn from_config(config: &Value, path: &Path) -> Result<ChatTemplate, Failure> {
+    ///
+    /// # Errors
+    /// A config without a `chat_template`.
+    pub fn from_config(config: &Value, path: &Path) -> Result<ChatTemplate, TextError> {
         let source = template_source(config.get("chat_template")).ok_or_else(|| {
             invalid(path, "it has no chat_template (a string, or a list with one named default)")
         })?;
@@ -73,7 +79,10 @@ impl ChatTemplate {
     }
 
     /// The conversation as the model was trained to see it, ending where the assistant's reply begins.
-    pub fn render(&self, messages: &[Message]) -> Result<String, Failure> {
+    ///
+    /// # Errors
+    /// A template minijinja cannot read or render, or one that raises (its message, in one line).
+    pub fn render(&self, messages: &[Message]) -> Result<String, TextError> {
         let mut env = Environment::new();
         minijinja_contrib::add_to_environment(&mut env);
         env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
@@ -93,6 +102,47 @@ impl ChatTemplate {
                 eos_token => &self.eos_token,
             })
             .map_err(fail)
+    }
+}
+
+/// A conversation that grows turn by turn (`run --chat --interactive`): each user turn is rendered with the
+/// whole conversation before it, as the template must see it (a system turn, earlier replies), and the caller
+/// feeds only the tokens past what its caches already hold.
+#[derive(Debug)]
+pub struct Conversation {
+    template: ChatTemplate,
+    messages: Vec<Message>,
+}
+
+impl Conversation {
+    /// A conversation opening with `system`'s turn, if any.
+    pub fn new(template: ChatTemplate, system: Option<String>) -> Conversation {
+        let messages = system.map(|content| Message { role: "system", content }).into_iter().collect();
+        Conversation { template, messages }
+    }
+
+    /// Adds the user's turn; returns the whole conversation rendered, ending where the assistant's reply
+    /// begins. A turn the template refuses is not kept.
+    ///
+    /// # Errors
+    /// As [`ChatTemplate::render`].
+    pub fn user(&mut self, content: String) -> Result<String, TextError> {
+        self.messages.push(Message { role: "user", content });
+        let rendered = self.template.render(&self.messages);
+        if rendered.is_err() {
+            self.messages.pop();
+        }
+        rendered
+    }
+
+    /// Adds the assistant's reply (its text, a stop string left out).
+    pub fn assistant(&mut self, content: String) {
+        self.messages.push(Message { role: "assistant", content });
+    }
+
+    /// The turns so far.
+    pub fn messages(&self) -> &[Message] {
+        &self.messages
     }
 }
 
@@ -129,8 +179,8 @@ fn token_text(value: Option<&Value>) -> String {
     }
 }
 
-fn invalid(path: &Path, why: &str) -> Failure {
-    Failure::coded(ErrorCode::InvalidArgument, format!("--chat: {}: {why}", path.display()))
+fn invalid(path: &Path, why: &str) -> TextError {
+    TextError::invalid(format!("--chat: {}: {why}", path.display()))
 }
 
 #[cfg(test)]
@@ -147,7 +197,7 @@ mod tests {
             "bos_token": {"content": "<s>", "lstrip": false},
             "eos_token": "</s>",
         });
-        ChatTemplate::from_config(&config, Path::new("tokenizer_config.json")).ok().expect("a template")
+        ChatTemplate::from_config(&config, Path::new("tokenizer_config.json")).expect("a template")
     }
 
     #[test]
@@ -179,5 +229,21 @@ mod tests {
             panic!("no template")
         };
         assert!(err.message.contains("c.json: it has no chat_template"), "{}", err.message);
+    }
+
+    #[test]
+    fn a_conversation_renders_every_turn_so_far_and_drops_a_refused_one() {
+        let mut chat = Conversation::new(template(CHATML), Some("S".into()));
+        let first = chat.user("A".into()).expect("renders");
+        chat.assistant("B".into());
+        let second = chat.user("C".into()).expect("renders");
+        assert!(second.starts_with(&first), "{second:?}");
+        assert_eq!(
+            &second[first.len()..],
+            "B<|im_end|>\n<|im_start|>user\nC<|im_end|>\n<|im_start|>assistant\n"
+        );
+        let mut refused = Conversation::new(template(RAISES), Some("sys".into()));
+        assert!(refused.user("Hi".into()).is_err());
+        assert_eq!(refused.messages().len(), 1, "the refused turn is not kept");
     }
 }
