@@ -14,8 +14,12 @@
  * delegate would write into its own constants (a crash, or silently changed weights). docs/cpp.md has the
  * load sequence and the link lines.
  *
- * Every function may be called from any thread. Strings returned live for the whole process; the caller
- * frees nothing. Names starting with `kvd_` are reserved by this library.
+ * Every function may be called from any thread (a stop checker by one at a time). Strings returned live for
+ * the whole process; the caller frees only the samplers and stop checkers it made (their _free functions).
+ * Names starting with `kvd_` are reserved by this library.
+ *
+ * For generating text with your own Module: kvd_sampler_* picks each token from the logits and
+ * kvd_stop_checker_* ends the reply, as delegate-host run and et-run do.
  */
 #ifndef KV_DELEGATE_H
 #define KV_DELEGATE_H
@@ -104,6 +108,71 @@ const char* kvd_version(void);
  * cut short, or only measured (buf NULL), stays, so a second call with a larger buffer gets all of it.
  */
 size_t kvd_last_error(char* buf, size_t cap);
+
+/*
+ * Sampling: picking each token from the logits your own Module returned, with the arithmetic of
+ * `delegate-host run` and `et-run` (repetition penalty, temperature, top-k, top-p, min-p; a counter-based
+ * generator, so a seed gives the same tokens on every run and in every tool). A sampler is immutable: any
+ * thread may sample with it at once.
+ */
+typedef struct kvd_sampler kvd_sampler;
+
+/*
+ * A sampler in *out (free it with kvd_sampler_free). temperature 0 is greedy (the first largest logit, a NaN
+ * never wins); top_k 0, top_p 1, min_p 0 and repetition_penalty 1 each turn their step off.
+ * Returns 0, or InvalidArgument (0x12): out is NULL, or a parameter is out of range (temperature finite and
+ * >= 0, top_p in (0, 1], min_p in [0, 1], repetition_penalty finite and > 0); kvd_last_error() names it.
+ */
+kvd_error kvd_sampler_new(float temperature, uint32_t top_k, float top_p, float min_p, float repetition_penalty,
+                          uint64_t seed, kvd_sampler** out);
+
+/*
+ * The token for generated token `step` (0 for the token after the prompt, then 1, 2, ...; the seed's draw for
+ * that step) from the vocab logits of the last row, given the history (the prompt's and the generated ids,
+ * for the repetition penalty; NULL with history_len 0 for none), in *token.
+ * Returns 0, or InvalidArgument (0x12): sampler, logits or token is NULL (logits with vocab > 0), vocab is 0,
+ * or a length is larger than any array; Internal (0x1): a bug (a Rust panic, caught).
+ */
+kvd_error kvd_sampler_sample(const kvd_sampler* sampler, const float* logits, size_t vocab,
+                             const int64_t* history, size_t history_len, uint64_t step, int64_t* token);
+
+/* Frees a sampler of kvd_sampler_new; NULL does nothing. */
+void kvd_sampler_free(kvd_sampler* sampler);
+
+/* Why a reply ends, as kvd_stop_checker_push reports it. */
+#define KVD_STOP_NONE 0   /* it goes on */
+#define KVD_STOP_EOS 1    /* an end-of-sequence id (not part of the reply's text) */
+#define KVD_STOP_STRING 2 /* a stop string appeared in the reply's text */
+#define KVD_STOP_LENGTH 3 /* max_new_tokens tokens were generated */
+
+/*
+ * One reply's stop rules and state: not shared between threads while in use. Make one per reply.
+ */
+typedef struct kvd_stop_checker kvd_stop_checker;
+
+/*
+ * A stop checker in *out (free it with kvd_stop_checker_free): the end-of-sequence ids eos[0..eos_len]
+ * (generation_config.json's eos_token_id), the NUL-terminated UTF-8 stop strings stops[0..stops_len] (copied;
+ * empty ones never match), and at most max_new_tokens generated tokens (0: no budget). NULL arrays with a
+ * length of 0 are empty.
+ * Returns 0, or InvalidArgument (0x12): out is NULL, an array is NULL with a length, a stop string is NULL or
+ * not UTF-8; kvd_last_error() names which.
+ */
+kvd_error kvd_stop_checker_new(const int64_t* eos, size_t eos_len, const char* const* stops, size_t stops_len,
+                               uint64_t max_new_tokens, kvd_stop_checker** out);
+
+/*
+ * Adds generated token `token` and the text_len bytes of UTF-8 text it added to the reply (what your
+ * detokeniser released for it; may be empty, NULL with text_len 0); *stop gets a KVD_STOP_* value. The checks
+ * run in that order: an end-of-sequence id, then a stop string (found across tokens), then the budget.
+ * Returns 0, or InvalidArgument (0x12): checker or stop is NULL, text is NULL with a length, or text is not
+ * UTF-8 (a character split across tokens: pass its bytes once complete).
+ */
+kvd_error kvd_stop_checker_push(kvd_stop_checker* checker, int64_t token, const char* text, size_t text_len,
+                                int32_t* stop);
+
+/* Frees a stop checker of kvd_stop_checker_new; NULL does nothing. */
+void kvd_stop_checker_free(kvd_stop_checker* checker);
 
 #ifdef __cplusplus
 }  /* extern "C" */

@@ -12,10 +12,13 @@
 //! | `kvd_check_program(data, len)` | checks a program's bytes before ExecuTorch loads exactly those bytes: a delegate output in the program's constant data is `InvalidProgram` ([`check`]) |
 //! | `kvd_backend_count()`, `kvd_backend_name(i)` | the backend ids registered |
 //! | `kvd_version()` | this library's version (the header's `KVD_VERSION`) |
-//! | `kvd_last_error(buf, cap)` | the message of the calling thread's last failure: registration, the check, or a delegate's `init`/`execute` |
+//! | `kvd_last_error(buf, cap)` | the message of the calling thread's last failure: registration, the check, a sampler or stop checker call, or a delegate's `init`/`execute` |
+//! | `kvd_sampler_new(...)`, `kvd_sampler_sample(...)`, `kvd_sampler_free(s)` | picks each token from the logits the application's `Module` returned: repetition penalty, temperature, top-k, top-p, min-p and a seed, the arithmetic of `delegate-host run` and `et-run` ([`generation`]) |
+//! | `kvd_stop_checker_new(...)`, `kvd_stop_checker_push(...)`, `kvd_stop_checker_free(c)` | ends a reply at an end-of-sequence id, a stop string or a token budget |
 //!
 //! `docs/cpp.md` is the guide (link lines for the static and the shared library, the run-time library path, the
-//! errors); `examples/cpp/decode.cpp` is a whole application (greedy decode through ExecuTorch's `Module`),
+//! errors); `examples/cpp/decode.cpp` is a whole application (decoding through ExecuTorch's `Module`, each token
+//! picked by `kvd_sampler_sample` and the reply ended by `kvd_stop_checker_push`),
 //! built and run against a committed `.pte` by this crate's test `cpp_example`.
 //!
 //! ## Examples
@@ -42,9 +45,10 @@
 //!
 //! ## Unsafe code
 //!
-//! Only in the private `ffi` module (the exported `#[no_mangle]` functions, the caller's buffer in
-//! `kvd_last_error`, the caller's program bytes in `kvd_check_program`), every block with a `// SAFETY:`
-//! comment; the rest of the crate denies `unsafe_code`.
+//! Only in the private `ffi` and `generation_ffi` modules (the exported `#[no_mangle]` functions, the caller's
+//! buffer in `kvd_last_error`, the caller's program bytes in `kvd_check_program`, the caller's logits, ids and
+//! strings and the handles it owns in the sampler and stop-checker functions), every block with a
+//! `// SAFETY:` comment; the rest of the crate denies `unsafe_code`.
 //!
 //! ## Feature Flags
 //!
@@ -54,10 +58,16 @@
 
 pub mod check;
 mod ffi;
+pub mod generation;
+mod generation_ffi;
 mod registration;
 
 pub use ffi::{
     kvd_backend_count, kvd_backend_name, kvd_check_program, kvd_last_error, kvd_register_backends,
     kvd_version,
+};
+pub use generation_ffi::{
+    kvd_sampler_free, kvd_sampler_new, kvd_sampler_sample, kvd_stop_checker_free, kvd_stop_checker_new,
+    kvd_stop_checker_push, KvdSampler, KvdStopChecker,
 };
 pub use registration::{last_error, registered, VERSION};

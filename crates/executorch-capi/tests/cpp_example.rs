@@ -5,7 +5,8 @@
 //! (`expected.json`); every other committed program decoded to eager's tokens too; the hostile fixture (a
 //! delegate output in the program's constant data) and a device refused before ExecuTorch loads anything; a
 //! delegate's failure reaching the application with its reason; `examples/c` from C99; an id the application
-//! already took refused by ExecuTorch (`tests/cpp/taken_id.cpp`).
+//! already took refused by ExecuTorch (`tests/cpp/taken_id.cpp`); the example's tokens picked by the library's
+//! sampler (`kvd_sampler_*`) and its reply ended by its stop checker (`kvd_stop_checker_*`).
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -220,6 +221,38 @@ fn the_cpp_example_linked_statically_decodes_eagers_tokens() {
 #[test]
 fn the_cpp_example_linked_dynamically_decodes_eagers_tokens() {
     check(Link::Shared);
+}
+
+#[test]
+fn the_cpp_example_samples_with_the_librarys_sampler_reproducibly_for_a_seed() {
+    // Temperature 0 is the greedy path above; a temperature draws with the seed: the same seed gives the same
+    // tokens on every run, and the stop checker ends the reply after STEPS + 1 tokens.
+    let (prompt, _, steps) = expected();
+    let prompt: Vec<String> = prompt.iter().map(i64::to_string).collect();
+    let sampled = |seed: &str| {
+        let args = [
+            fixtures().join(PROGRAM).display().to_string(),
+            prompt.join(","),
+            steps.to_string(),
+            "5".into(),
+            seed.into(),
+        ];
+        let output = run_bounded(example(Link::Shared), &args, &[]);
+        let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
+        assert!(
+            output.status.success(),
+            "decode {args:?}: {stdout}{}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        tokens_of(&stdout)
+    };
+    let first = sampled("7");
+    assert_eq!(first.len(), steps + 1, "{first:?}");
+    assert_eq!(sampled("7"), first, "a seed reproduces");
+    assert!(
+        (8..16).map(|seed| sampled(&seed.to_string())).any(|other| other != first),
+        "seeds draw differently"
+    );
 }
 
 #[test]

@@ -1,14 +1,17 @@
-// decode: greedy decoding of a kv-delegate program inside a plain ExecuTorch 1.5.1 application.
+// decode: decoding a kv-delegate program inside a plain ExecuTorch 1.5.1 application.
 //
-//   decode PROGRAM.pte [PROMPT [STEPS]]     PROMPT: comma-separated token ids (default 1,7,3,12); STEPS: decode
-//                                           steps after the prompt (default 12)
+//   decode PROGRAM.pte [PROMPT [STEPS [TEMPERATURE [SEED]]]]
+//       PROMPT: comma-separated token ids (default 1,7,3,12); STEPS: decode steps after the prompt (default 12);
+//       TEMPERATURE (default 0: greedy) and SEED (default 0): the sampler's
 //
 // It registers kv-delegate's backends (kv_delegate.h), reads the program once (a regular file only, opened
 // without blocking), checks those bytes (kvd_check_program: a program whose delegate would write into its own
 // constants is refused) and has ExecuTorch's `Module` load exactly them (a BufferDataLoader: ExecuTorch never
 // opens the file, so a file changed after the check is never what runs), with memory arenas shared across
 // methods (so `decode` sees the caches `prefill` wrote). It feeds the prompt (one `prefill` call, or `forward`
-// token by token), then feeds back the argmax token STEPS times and prints
+// token by token), then feeds back each token kv-delegate's sampler picks from the logits (kvd_sampler_sample:
+// the argmax at temperature 0, a seed's draw above it, as `delegate-host run` and `et-run` pick) until its stop
+// checker ends the reply (kvd_stop_checker_push: STEPS + 1 tokens) and prints
 //
 //   kv-delegate 0.1.0: ReferenceBackend CudaBackend
 //   tokens: 52 19 9 ...
@@ -24,7 +27,6 @@
 #include <unistd.h>
 
 #include <cerrno>
-#include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -88,20 +90,9 @@ std::string read_program(const char* path, std::vector<uint8_t>& bytes) {
   return why;
 }
 
-// The greedy token: the index of the first largest logit; a NaN never wins (kv-delegate's rule,
-// `ref_graph::argmax`). -1 when every logit is NaN.
-int64_t argmax(const float* row, int64_t n) {
-  int64_t best = -1;
-  for (int64_t i = 0; i < n; ++i) {
-    if (!std::isnan(row[i]) && (best < 0 || row[i] > row[best])) {
-      best = i;
-    }
-  }
-  return best;
-}
-
-// Runs `method` on `tokens` at `position` (the first token's) and returns the argmax of the last logits row.
-Result<int64_t> step(Module& module, const std::string& method, std::vector<int64_t> tokens, int64_t position) {
+// Runs `method` on `tokens` at `position` (the first token's) and returns the last row of its logits.
+Result<std::vector<float>> step(Module& module, const std::string& method, std::vector<int64_t> tokens,
+                                int64_t position) {
   auto tokens_tensor = executorch::extension::from_blob(
       tokens.data(), {static_cast<executorch::aten::SizesType>(tokens.size())}, ScalarType::Long);
   auto position_tensor = executorch::extension::from_blob(&position, {1}, ScalarType::Long);
@@ -120,23 +111,19 @@ Result<int64_t> step(Module& module, const std::string& method, std::vector<int6
     return Error::InvalidProgram;
   }
   const int64_t vocab = logits.size(1);
-  int64_t token = argmax(logits.const_data_ptr<float>() + (logits.size(0) - 1) * vocab, vocab);
-  if (token < 0) {
-    std::fprintf(stderr, "%s: every logit of the last row is NaN\n", method.c_str());
-    return Error::InvalidProgram;
-  }
-  return token;
+  const float* last = logits.const_data_ptr<float>() + (logits.size(0) - 1) * vocab;
+  return std::vector<float>(last, last + vocab);
 }
 
-// The prompt's first generated token: one `prefill` call, or `forward` fed the prompt token by token.
-Result<int64_t> feed_prompt(Module& module, bool two_methods, const std::vector<int64_t>& prompt) {
+// The logits after the prompt: one `prefill` call, or `forward` fed the prompt token by token.
+Result<std::vector<float>> feed_prompt(Module& module, bool two_methods, const std::vector<int64_t>& prompt) {
   if (two_methods) {
     return step(module, "prefill", prompt, 0);
   }
   for (size_t i = 0; i + 1 < prompt.size(); ++i) {
-    Result<int64_t> token = step(module, "forward", {prompt[i]}, static_cast<int64_t>(i));
-    if (!token.ok()) {
-      return token.error();
+    Result<std::vector<float>> row = step(module, "forward", {prompt[i]}, static_cast<int64_t>(i));
+    if (!row.ok()) {
+      return row.error();
     }
   }
   return step(module, "forward", {prompt.back()}, static_cast<int64_t>(prompt.size() - 1));
@@ -159,8 +146,8 @@ bool parse_prompt(const std::string& text, std::vector<int64_t>& prompt) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc < 2 || argc > 4) {
-    std::fprintf(stderr, "usage: %s PROGRAM.pte [PROMPT [STEPS]]\n", argv[0]);
+  if (argc < 2 || argc > 6) {
+    std::fprintf(stderr, "usage: %s PROGRAM.pte [PROMPT [STEPS [TEMPERATURE [SEED]]]]\n", argv[0]);
     return 2;
   }
   std::vector<int64_t> prompt;
@@ -174,6 +161,29 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "error: the step count '%s' is not a number of steps\n", argv[3]);
     return 2;
   }
+  char* temperature_end = nullptr;
+  const float temperature = argc > 4 ? std::strtof(argv[4], &temperature_end) : 0.0f;
+  char* seed_end = nullptr;
+  const unsigned long long seed = argc > 5 ? std::strtoull(argv[5], &seed_end, 10) : 0;
+  if ((argc > 4 && (*argv[4] == '\0' || *temperature_end != '\0')) ||
+      (argc > 5 && (*argv[5] == '\0' || *seed_end != '\0'))) {
+    std::fprintf(stderr, "error: the temperature and the seed are numbers\n");
+    return 2;
+  }
+  // kv-delegate's sampler (it checks the temperature) and one reply's stop checker: STEPS + 1 tokens, no
+  // end-of-sequence id or stop string (the fixtures' vocabularies have no text).
+  kvd_sampler* sampler = nullptr;
+  Error made = static_cast<Error>(kvd_sampler_new(temperature, 0, 1.0f, 0.0f, 1.0f, seed, &sampler));
+  if (made != Error::Ok) {
+    return fail("kvd_sampler_new", made);
+  }
+  std::unique_ptr<kvd_sampler, void (*)(kvd_sampler*)> sampler_owner(sampler, kvd_sampler_free);
+  kvd_stop_checker* stops = nullptr;
+  made = static_cast<Error>(kvd_stop_checker_new(nullptr, 0, nullptr, 0, static_cast<uint64_t>(steps) + 1, &stops));
+  if (made != Error::Ok) {
+    return fail("kvd_stop_checker_new", made);
+  }
+  std::unique_ptr<kvd_stop_checker, void (*)(kvd_stop_checker*)> stops_owner(stops, kvd_stop_checker_free);
 
   // Before loading a program: its DelegateCalls find our backends in ExecuTorch's registry.
   Error registered = static_cast<Error>(kvd_register_backends());
@@ -205,18 +215,36 @@ int main(int argc, char** argv) {
     return fail(std::string("loading ") + argv[1], methods.error());
   }
   const bool two_methods = methods->count("prefill") > 0 && methods->count("decode") > 0;
-  Result<int64_t> first = feed_prompt(module, two_methods, prompt);
+  Result<std::vector<float>> first = feed_prompt(module, two_methods, prompt);
   if (!first.ok()) {
     return fail("the prompt", first.error());
   }
-  std::vector<int64_t> tokens{*first};
-  for (long i = 1; i <= steps; ++i) {
-    const int64_t position = static_cast<int64_t>(prompt.size()) - 1 + i;
-    Result<int64_t> token = step(module, two_methods ? "decode" : "forward", {tokens.back()}, position);
-    if (!token.ok()) {
-      return fail("decode step " + std::to_string(i), token.error());
+  std::vector<float> row = std::move(*first);
+  std::vector<int64_t> history = prompt;  // the repetition penalty's: the prompt and the reply
+  std::vector<int64_t> tokens;
+  for (uint64_t i = 0;; ++i) {
+    int64_t token = -1;
+    Error sampled = static_cast<Error>(
+        kvd_sampler_sample(sampler, row.data(), row.size(), history.data(), history.size(), i, &token));
+    if (sampled != Error::Ok) {
+      return fail("kvd_sampler_sample", sampled);
     }
-    tokens.push_back(*token);
+    tokens.push_back(token);
+    history.push_back(token);
+    int32_t stop = KVD_STOP_NONE;
+    Error checked = static_cast<Error>(kvd_stop_checker_push(stops, token, nullptr, 0, &stop));
+    if (checked != Error::Ok) {
+      return fail("kvd_stop_checker_push", checked);
+    }
+    if (stop != KVD_STOP_NONE) {
+      break;
+    }
+    const int64_t position = static_cast<int64_t>(prompt.size() + i);
+    Result<std::vector<float>> next = step(module, two_methods ? "decode" : "forward", {token}, position);
+    if (!next.ok()) {
+      return fail("decode step " + std::to_string(i + 1), next.error());
+    }
+    row = std::move(*next);
   }
   std::printf("tokens:");
   for (int64_t t : tokens) {
