@@ -27,13 +27,14 @@
 //! answers where the instance cannot be asked (a plugin built before the entry) and is the method's default.
 //! A plugin whose instances differ states `false` and answers per instance.
 //!
-//! Build one with struct update syntax (`Capabilities { caller_stream: true, ..Capabilities::default() }`),
-//! so a field added later does not break your plugin.
+//! Build one from the defaults with the `with_*` methods (`Capabilities::default().with_caller_stream(true)`):
+//! the struct is `#[non_exhaustive]`, so a field added later does not break your plugin.
 
 use crate::tensor::MemoryKind;
 
 /// What a plugin can do, stated before any `init`. See the [module docs](self) for each default.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct Capabilities {
     /// Memory kinds whose cache arguments it reads and writes where they are (no staging copy per call);
     /// `None`: not stated (the host infers, see the module docs).

@@ -365,8 +365,10 @@ impl fmt::Debug for ExecuteArgs<'_> {
     }
 }
 
-/// What a plugin says about itself before any `init`.
+/// What a plugin says about itself before any `init`. Built with [`PluginInfo::new`] and its `with_*` methods
+/// (`#[non_exhaustive]`: a field appended later breaks no plugin).
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct PluginInfo {
     /// Plugin name, e.g. `"reference-delegate"`.
     pub name: String,
@@ -386,8 +388,9 @@ pub struct PluginInfo {
     pub capabilities: Capabilities,
 }
 
-/// One blob wire format a plugin reads.
+/// One blob wire format a plugin reads ([`WireFormatSupport::new`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct WireFormatSupport {
     /// `"native"`, `"tr01"` or `"tr02"`.
     pub format: String,

@@ -15,8 +15,7 @@
 //! ```
 //! use delegate_abi::host::{ArgList, Plugin};
 //! use delegate_abi::{
-//!     Capabilities, Compatibility, DTypeCode, Delegate, DelegateError, ExecuteArgs, InitContext, MemoryKind,
-//!     PluginInfo, WireFormatSupport,
+//!     Compatibility, DTypeCode, Delegate, DelegateError, ExecuteArgs, InitContext, MemoryKind, PluginInfo,
 //! };
 //!
 //! pub struct Doubler;
@@ -25,15 +24,13 @@
 //!     type Handle = ();
 //!     fn new() -> Self { Doubler }
 //!     fn info() -> PluginInfo {
-//!         PluginInfo {
-//!             name: "doubler".into(),
-//!             version: "0.1.0".into(),
-//!             backends: vec!["DoublerBackend".into()],
-//!             wire_formats: vec![WireFormatSupport { format: "native".into(), versions: "^1".into() }],
-//!             memory_kinds: vec![MemoryKind::Host],
-//!             binds_aliases_in_place: true,
-//!             capabilities: Capabilities::default(),
-//!         }
+//!         // A constructor and `with_*` methods, never a struct literal: `PluginInfo` is `#[non_exhaustive]`,
+//!         // so a field appended to it later (with the default an older plugin is read as) breaks no build.
+//!         PluginInfo::new("doubler", "0.1.0")
+//!             .with_backend("DoublerBackend")
+//!             .with_wire_format("native", "^1")
+//!             .with_memory_kinds([MemoryKind::Host])
+//!             .with_binds_aliases_in_place(true)
 //!     }
 //!     fn compatibility(&self, _blob: &[u8]) -> Compatibility { Compatibility::Supported }
 //!     fn init(&self, _ctx: InitContext<'_>) -> Result<(), DelegateError> { Ok(()) }
@@ -223,8 +220,16 @@
 //! State what a host must know before it runs anything in [`PluginInfo::capabilities`] ([`Capabilities`]:
 //! memory kinds you update in place, whether you take the caller's stream, can be captured into a CUDA graph,
 //! read positions from device memory, serve rewinds and forks without a new `init`, and your most positions).
-//! Build it with `..Capabilities::default()`; the defaults claim nothing, and a host refuses at load what
-//! you do not claim (a `--cuda-graph` run of a plugin without `cuda_graph_capturable`).
+//! Build it from `Capabilities::default()` with its `with_*` methods (`PluginInfo::with_capabilities`); the
+//! defaults claim nothing, and a host refuses at load what you do not claim (a `--cuda-graph` run of a plugin
+//! without `cuda_graph_capturable`).
+//!
+//! ### Structs that grow
+//!
+//! [`PluginInfo`], [`WireFormatSupport`] and [`Capabilities`] are `#[non_exhaustive]`: build them with
+//! their constructors and `with_*` methods (as the example above does), never with a struct literal or
+//! struct update syntax, and a field appended in a later release breaks no plugin's build. A public function
+//! that is replaced stays one release as a `#[deprecated]` shim over its replacement.
 //!
 //! ### Sequence state of your own
 //!
@@ -247,6 +252,7 @@
 #![deny(missing_docs)]
 
 pub mod abi;
+mod build;
 pub mod capabilities;
 pub mod check;
 mod conv;

@@ -38,24 +38,19 @@
 use std::marker::PhantomData;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use crate::capabilities::Capabilities;
 use crate::delegate::{
     Compatibility, Delegate, DelegateError, ErrorCode, ExecuteArgs, InitContext, OptionValue, PluginInfo,
 };
 use crate::tensor::MemoryKind;
 
 /// Metadata for a test delegate: `name`, version `0.1.0`, one backend id, no wire formats, host memory,
-/// aliased outputs bound in place, no capabilities stated ([`Capabilities::default`]). Change fields with struct update syntax.
+/// aliased outputs bound in place, no capabilities stated ([`crate::Capabilities::default`]). Change it with the
+/// `with_*` methods, or set a field.
 pub fn info(name: &str, backend: &str) -> PluginInfo {
-    PluginInfo {
-        name: name.to_owned(),
-        version: "0.1.0".to_owned(),
-        backends: vec![backend.to_owned()],
-        wire_formats: vec![],
-        memory_kinds: vec![MemoryKind::Host],
-        binds_aliases_in_place: true,
-        capabilities: Capabilities::default(),
-    }
+    PluginInfo::new(name, "0.1.0")
+        .with_backend(backend)
+        .with_memory_kinds([MemoryKind::Host])
+        .with_binds_aliases_in_place(true)
 }
 
 /// What makes one test delegate differ from another; everything but [`Fixture::info`] has a default.

@@ -28,10 +28,7 @@ fn loads_negotiates_and_reads_metadata_before_init() {
     assert_eq!(info.name, "abi-test");
     assert_eq!(info.version, "0.1.0");
     assert_eq!(info.backends, ["AbiTestBackend"]);
-    assert_eq!(
-        info.wire_formats,
-        [WireFormatSupport { format: "native".into(), versions: ">=1.0, <2".into() }]
-    );
+    assert_eq!(info.wire_formats, [WireFormatSupport::new("native", ">=1.0, <2")]);
     assert_eq!(info.memory_kinds, [MemoryKind::Host, MemoryKind::Pinned]);
     assert!(info.binds_aliases_in_place);
     assert_eq!(plugin.path(), Some(common::abi_test_plugin().as_path()));

@@ -22,7 +22,9 @@ pub struct ProbeHandle {
 
 /// The metadata every delegate of this file starts from.
 fn probe_info() -> PluginInfo {
-    PluginInfo { version: "1.2.3".into(), ..testing::info("probe", "ProbeBackend") }
+    let mut info = testing::info("probe", "ProbeBackend");
+    info.version = "1.2.3".into();
+    info
 }
 
 impl Delegate for Probe {
@@ -74,7 +76,10 @@ mod current {
 pub struct NewerProbe;
 impl Fixture for NewerProbe {
     fn info() -> PluginInfo {
-        PluginInfo { name: "newer".into(), backends: vec!["B".into()], ..probe_info() }
+        let mut info = probe_info();
+        info.name = "newer".into();
+        info.backends = vec!["B".into()];
+        info
     }
 }
 
@@ -104,7 +109,9 @@ mod speaks_2_to_3 {
 pub struct Nameless;
 impl Fixture for Nameless {
     fn info() -> PluginInfo {
-        PluginInfo { backends: vec![], ..probe_info() }
+        let mut info = probe_info();
+        info.backends.clear();
+        info
     }
 }
 
@@ -308,7 +315,9 @@ fn delegate_error_messages_name_the_code() {
 pub struct BadVersion;
 impl Fixture for BadVersion {
     fn info() -> PluginInfo {
-        PluginInfo { version: "one".into(), ..probe_info() }
+        let mut info = probe_info();
+        info.version = "one".into();
+        info
     }
 }
 

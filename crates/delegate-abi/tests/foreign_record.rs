@@ -138,14 +138,13 @@ fn the_bytes_0_and_1_read_as_a_rust_plugins() {
     let info = plugin.info();
     assert_eq!(info.name, "foreign");
     assert!(info.binds_aliases_in_place);
-    let expected = Capabilities {
-        in_place_memory_kinds: Some(vec![MemoryKind::Host]),
-        caller_stream: true,
-        cuda_graph_capturable: false,
-        device_positions: true,
-        rewind_fork_without_reinit: true,
-        max_positions: 7,
-    };
+    let expected = Capabilities::default()
+        .with_in_place_memory_kinds([MemoryKind::Host])
+        .with_caller_stream(true)
+        .with_cuda_graph_capturable(false)
+        .with_device_positions(true)
+        .with_rewind_fork_without_reinit(true)
+        .with_max_positions(7);
     assert_eq!(info.capabilities, expected);
 }
 
@@ -194,6 +193,6 @@ fn the_deprecated_to_info_reads_an_out_of_range_byte_as_the_default() {
         ("foreign", ["ForeignBackend".to_owned()].as_slice())
     );
     assert!(!info.binds_aliases_in_place);
-    assert_eq!(info.capabilities, Capabilities { max_positions: 7, ..Capabilities::default() });
+    assert_eq!(info.capabilities, Capabilities::default().with_max_positions(7));
     assert!(foreign_info::<0>().to_info().capabilities.caller_stream, "valid bytes read as they are");
 }

@@ -61,8 +61,8 @@ mod unstated {
 pub struct Stated;
 impl Fixture for Stated {
     fn info() -> PluginInfo {
-        let capabilities = Capabilities { rewind_fork_without_reinit: true, ..Capabilities::default() };
-        PluginInfo { capabilities, ..testing::info("stated", "StatedBackend") }
+        let capabilities = Capabilities::default().with_rewind_fork_without_reinit(true);
+        testing::info("stated", "StatedBackend").with_capabilities(capabilities)
     }
 }
 

@@ -328,15 +328,13 @@ mod tests {
     use delegate_abi::Capabilities;
 
     fn plugin(kinds: &[MemoryKind], in_place: Option<Vec<MemoryKind>>) -> PluginInfo {
-        PluginInfo {
-            name: "p".into(),
-            version: "1".into(),
-            backends: vec!["B".into()],
-            wire_formats: vec![],
-            memory_kinds: kinds.to_vec(),
-            binds_aliases_in_place: true,
-            capabilities: Capabilities { in_place_memory_kinds: in_place, ..Capabilities::default() },
-        }
+        let mut capabilities = Capabilities::default();
+        capabilities.in_place_memory_kinds = in_place;
+        PluginInfo::new("p", "1")
+            .with_backend("B")
+            .with_memory_kinds(kinds.iter().copied())
+            .with_binds_aliases_in_place(true)
+            .with_capabilities(capabilities)
     }
 
     #[test]

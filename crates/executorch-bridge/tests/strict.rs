@@ -72,7 +72,7 @@ fn the_committed_unplanned_fixtures_are_refused_and_the_planned_ones_run() {
 struct NotInPlace;
 impl Fixture for NotInPlace {
     fn info() -> PluginInfo {
-        PluginInfo { binds_aliases_in_place: false, ..testing::info("not-in-place", common::BACKEND) }
+        testing::info("not-in-place", common::BACKEND).with_binds_aliases_in_place(false)
     }
 }
 delegate_abi::export_delegate!(@embedded Scripted<NotInPlace>);

@@ -159,17 +159,17 @@ impl ManifestCapabilities {
     /// As the ABI states them; a memory-kind name this build does not know is skipped (the host never
     /// passes memory of that kind).
     pub fn to_capabilities(&self) -> Capabilities {
-        Capabilities {
-            in_place_memory_kinds: self
-                .in_place_memory_kinds
-                .as_ref()
-                .map(|names| names.iter().filter_map(|n| MemoryKind::from_name(n)).collect()),
-            caller_stream: self.caller_stream,
-            cuda_graph_capturable: self.cuda_graph_capturable,
-            device_positions: self.device_positions,
-            rewind_fork_without_reinit: self.rewind_fork_without_reinit,
-            max_positions: self.max_positions,
-        }
+        let mut capabilities = Capabilities::default()
+            .with_caller_stream(self.caller_stream)
+            .with_cuda_graph_capturable(self.cuda_graph_capturable)
+            .with_device_positions(self.device_positions)
+            .with_rewind_fork_without_reinit(self.rewind_fork_without_reinit)
+            .with_max_positions(self.max_positions);
+        capabilities.in_place_memory_kinds = self
+            .in_place_memory_kinds
+            .as_ref()
+            .map(|names| names.iter().filter_map(|n| MemoryKind::from_name(n)).collect());
+        capabilities
     }
 
     /// Each capability as `(key, value)`, for naming differences.

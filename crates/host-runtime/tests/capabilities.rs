@@ -43,9 +43,7 @@ fn a_cuda_graph_of_a_plugin_that_cannot_be_captured_is_refused_at_load_naming_pl
 
 /// The reference delegate, stating that it supports at most 2 positions.
 mod short {
-    use delegate_abi::{
-        Capabilities, Compatibility, Delegate, DelegateError, ExecuteArgs, InitContext, PluginInfo,
-    };
+    use delegate_abi::{Compatibility, Delegate, DelegateError, ExecuteArgs, InitContext, PluginInfo};
     use reference_delegate::ReferenceDelegate;
 
     pub struct Short(ReferenceDelegate);
@@ -58,9 +56,10 @@ mod short {
         }
 
         fn info() -> PluginInfo {
-            let info = ReferenceDelegate::info();
-            let capabilities = Capabilities { max_positions: 2, ..info.capabilities.clone() };
-            PluginInfo { name: "short-reference".to_owned(), capabilities, ..info }
+            let mut info = ReferenceDelegate::info();
+            info.name = "short-reference".to_owned();
+            info.capabilities.max_positions = 2;
+            info
         }
 
         fn compatibility(&self, blob: &[u8]) -> Compatibility {

@@ -80,20 +80,16 @@ impl Delegate for Counting {
     }
 
     fn info() -> PluginInfo {
-        PluginInfo {
-            name: "counting-delegate".to_owned(),
-            version: "0.1.0".to_owned(),
-            backends: vec![BACKEND.to_owned()],
-            wire_formats: vec![],
-            memory_kinds: vec![MemoryKind::Device, MemoryKind::Managed],
-            binds_aliases_in_place: true,
-            capabilities: delegate_abi::Capabilities {
-                caller_stream: true,
-                cuda_graph_capturable: true,
-                rewind_fork_without_reinit: true,
-                ..delegate_abi::Capabilities::default()
-            },
-        }
+        PluginInfo::new("counting-delegate", "0.1.0")
+            .with_backend(BACKEND)
+            .with_memory_kinds([MemoryKind::Device, MemoryKind::Managed])
+            .with_binds_aliases_in_place(true)
+            .with_capabilities(
+                delegate_abi::Capabilities::default()
+                    .with_caller_stream(true)
+                    .with_cuda_graph_capturable(true)
+                    .with_rewind_fork_without_reinit(true),
+            )
     }
 
     fn compatibility(&self, _blob: &[u8]) -> Compatibility {

@@ -23,7 +23,7 @@ mod slot_writer {
     pub struct SlotWriter;
     impl Fixture for SlotWriter {
         fn info() -> PluginInfo {
-            PluginInfo { binds_aliases_in_place: false, ..testing::info("slot-writer", "SlotBackend") }
+            testing::info("slot-writer", "SlotBackend").with_binds_aliases_in_place(false)
         }
         fn execute(args: &mut ExecuteArgs<'_>) -> Result<(), DelegateError> {
             let ([cache], [slot]) = args.borrow_typed::<f32, 1, 1>([0], [1])?;

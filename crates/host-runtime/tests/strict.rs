@@ -31,7 +31,7 @@ mod no_alias {
     pub struct NoAlias;
     impl Fixture for NoAlias {
         fn info() -> PluginInfo {
-            PluginInfo { binds_aliases_in_place: false, ..testing::info("no-alias", "NoAliasBackend") }
+            testing::info("no-alias", "NoAliasBackend").with_binds_aliases_in_place(false)
         }
     }
     delegate_abi::export_delegate!(@embedded Scripted<NoAlias>);
@@ -45,10 +45,7 @@ mod stager {
     pub struct Stager;
     impl Fixture for Stager {
         fn info() -> PluginInfo {
-            PluginInfo {
-                memory_kinds: vec![MemoryKind::Device, MemoryKind::Host],
-                ..testing::info("stager", "StagerBackend")
-            }
+            testing::info("stager", "StagerBackend").with_memory_kinds([MemoryKind::Device, MemoryKind::Host])
         }
         fn execute(args: &mut ExecuteArgs<'_>) -> Result<(), DelegateError> {
             let staged = args.arg(0)?.nbytes;

@@ -19,7 +19,7 @@
 #![deny(missing_docs)]
 
 use delegate_abi::testing::{Fixture, Scripted};
-use delegate_abi::{Compatibility, DelegateError, InitContext, MemoryKind, PluginInfo, WireFormatSupport};
+use delegate_abi::{Compatibility, DelegateError, InitContext, MemoryKind, PluginInfo};
 
 /// A delegate that would serve `FutureBackend`, if a host could speak its ABI.
 #[derive(Debug)]
@@ -27,15 +27,11 @@ pub enum Future {}
 
 impl Fixture for Future {
     fn info() -> PluginInfo {
-        PluginInfo {
-            name: "abi-test-future".into(),
-            version: env!("CARGO_PKG_VERSION").into(),
-            backends: vec!["FutureBackend".into()],
-            wire_formats: vec![WireFormatSupport { format: "native".into(), versions: ">=2.0, <3".into() }],
-            memory_kinds: vec![MemoryKind::Host],
-            binds_aliases_in_place: true,
-            capabilities: delegate_abi::Capabilities::default(),
-        }
+        PluginInfo::new("abi-test-future", env!("CARGO_PKG_VERSION"))
+            .with_backend("FutureBackend")
+            .with_wire_format("native", ">=2.0, <3")
+            .with_memory_kinds([MemoryKind::Host])
+            .with_binds_aliases_in_place(true)
     }
 
     fn compatibility(_blob: &[u8]) -> Compatibility {

@@ -27,7 +27,6 @@
 use delegate_abi::testing::{Fixture, Scripted};
 use delegate_abi::{
     Capabilities, Compatibility, DelegateError, ErrorCode, InitContext, MemoryKind, OptionValue, PluginInfo,
-    WireFormatSupport,
 };
 
 /// Backend id this plugin serves.
@@ -42,21 +41,18 @@ impl Fixture for AbiTest {
         if let Ok(text) = std::env::var("ABI_TEST_PRINT") {
             println!("{text}");
         }
-        PluginInfo {
-            name: "abi-test".into(),
-            version: env!("CARGO_PKG_VERSION").into(),
-            backends: vec![BACKEND.into()],
-            wire_formats: vec![WireFormatSupport { format: "native".into(), versions: ">=1.0, <2".into() }],
-            memory_kinds: vec![MemoryKind::Host, MemoryKind::Pinned],
-            binds_aliases_in_place: true,
+        PluginInfo::new("abi-test", env!("CARGO_PKG_VERSION"))
+            .with_backend(BACKEND)
+            .with_wire_format("native", ">=1.0, <2")
+            .with_memory_kinds([MemoryKind::Host, MemoryKind::Pinned])
+            .with_binds_aliases_in_place(true)
             // Some of each kind of capability, for the listing and manifest tests; never CUDA-graph capturable.
-            capabilities: Capabilities {
-                in_place_memory_kinds: Some(vec![MemoryKind::Host, MemoryKind::Pinned]),
-                rewind_fork_without_reinit: true,
-                max_positions: 4096,
-                ..Capabilities::default()
-            },
-        }
+            .with_capabilities(
+                Capabilities::default()
+                    .with_in_place_memory_kinds([MemoryKind::Host, MemoryKind::Pinned])
+                    .with_rewind_fork_without_reinit(true)
+                    .with_max_positions(4096),
+            )
     }
 
     fn compatibility(blob: &[u8]) -> Compatibility {

@@ -180,17 +180,17 @@ impl Delegate for CudaDelegate {
     fn info() -> PluginInfo {
         let info =
             reference_graph_info("cuda-delegate", env!("CARGO_PKG_VERSION"), BACKEND_ID, &MEMORY_KINDS);
-        let capabilities = delegate_abi::Capabilities {
-            in_place_memory_kinds: Some(vec![MemoryKind::Device, MemoryKind::Managed]),
-            caller_stream: true,
-            cuda_graph_capturable: true,
-            device_positions: true,
+        let capabilities = info
+            .capabilities
+            .clone()
+            .with_in_place_memory_kinds([MemoryKind::Device, MemoryKind::Managed])
+            .with_caller_stream(true)
+            .with_cuda_graph_capturable(true)
+            .with_device_positions(true)
             // Every instance: `Plan::new` refuses a graph with delegate-owned state, so all of an instance's
             // sequence state is in the caller's caches (each instance says so too: `keeps_sequence_state`).
-            rewind_fork_without_reinit: true,
-            ..info.capabilities
-        };
-        PluginInfo { capabilities, ..info }
+            .with_rewind_fork_without_reinit(true);
+        info.with_capabilities(capabilities)
     }
 
     fn availability(&self) -> Result<(), DelegateError> {

@@ -55,7 +55,9 @@ impl Delegate for Misbehave {
     }
 
     fn info() -> PluginInfo {
-        PluginInfo { name: "misbehave-delegate".to_owned(), ..ReferenceDelegate::info() }
+        let mut info = ReferenceDelegate::info();
+        info.name = "misbehave-delegate".to_owned();
+        info
     }
 
     fn compatibility(&self, blob: &[u8]) -> Compatibility {

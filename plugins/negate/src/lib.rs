@@ -51,15 +51,9 @@ impl Delegate for NegateDelegate {
     }
 
     fn info() -> PluginInfo {
-        PluginInfo {
-            name: "negate-delegate".to_owned(),
-            version: env!("CARGO_PKG_VERSION").to_owned(),
-            backends: vec![BACKEND.to_owned()],
-            wire_formats: vec![],
-            memory_kinds: vec![MemoryKind::Host, MemoryKind::Pinned, MemoryKind::Managed],
-            binds_aliases_in_place: false,
-            capabilities: delegate_abi::Capabilities::default(),
-        }
+        PluginInfo::new("negate-delegate", env!("CARGO_PKG_VERSION"))
+            .with_backend(BACKEND)
+            .with_memory_kinds([MemoryKind::Host, MemoryKind::Pinned, MemoryKind::Managed])
     }
 
     fn compatibility(&self, _blob: &[u8]) -> Compatibility {

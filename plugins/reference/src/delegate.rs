@@ -28,7 +28,7 @@ use blob_format::Blob;
 use delegate_abi::check::{check_arg, check_count, ArgError, Expected};
 use delegate_abi::{
     Compatibility, DTypeCode, Delegate, DelegateError, ExecuteArgs, InitContext, MemoryKind, PluginInfo,
-    TensorArg, WireFormatSupport,
+    TensorArg,
 };
 use et_error::{ErrorCode, HasErrorCode};
 
@@ -373,24 +373,17 @@ pub fn reference_graph_info(
     backend: &str,
     memory_kinds: &[MemoryKind],
 ) -> PluginInfo {
-    PluginInfo {
-        name: name.to_owned(),
-        version: version.to_owned(),
-        backends: vec![backend.to_owned()],
-        wire_formats: vec![WireFormatSupport {
-            format: "native".to_owned(),
-            versions: WIRE_FORMAT_VERSIONS.to_owned(),
-        }],
-        memory_kinds: memory_kinds.to_vec(),
-        binds_aliases_in_place: true,
+    PluginInfo::new(name, version)
+        .with_backend(backend)
+        .with_wire_format("native", WIRE_FORMAT_VERSIONS)
+        .with_memory_kinds(memory_kinds.iter().copied())
+        .with_binds_aliases_in_place(true)
         // Updates the caller's memory in place. Not `rewind_fork_without_reinit`: that is a statement about
         // every instance, and an instance of a graph with delegate-owned `state` (payload 1.2) keeps its
         // caches itself; each instance answers for its own graph (`keeps_sequence_state`).
-        capabilities: delegate_abi::Capabilities {
-            in_place_memory_kinds: Some(memory_kinds.to_vec()),
-            ..delegate_abi::Capabilities::default()
-        },
-    }
+        .with_capabilities(
+            delegate_abi::Capabilities::default().with_in_place_memory_kinds(memory_kinds.iter().copied()),
+        )
 }
 
 /// Whether an executor of `graph` keeps sequence state of its own: its delegate-owned `state` (payload 1.2),

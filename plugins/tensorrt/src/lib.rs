@@ -43,7 +43,6 @@ use blob_format::model::{Header, PayloadKind, TENSORRT_BACKEND};
 use blob_format::Blob;
 use delegate_abi::{
     Compatibility, Delegate, DelegateError, ExecuteArgs, InitContext, MemoryKind, PluginInfo,
-    WireFormatSupport,
 };
 use trt_exec::{BindingPlan, Engine, PlanKind, Runner};
 
@@ -114,26 +113,21 @@ impl Delegate for TensorRtDelegate {
     }
 
     fn info() -> PluginInfo {
-        PluginInfo {
-            name: "tensorrt-delegate".to_owned(),
-            version: env!("CARGO_PKG_VERSION").to_owned(),
-            backends: vec![TENSORRT_BACKEND.to_owned()],
-            wire_formats: vec![
-                WireFormatSupport { format: "native".to_owned(), versions: ">=1.0, <2".to_owned() },
-                WireFormatSupport { format: "tr01".to_owned(), versions: "=1".to_owned() },
-                WireFormatSupport { format: "tr02".to_owned(), versions: "=2".to_owned() },
-            ],
-            memory_kinds: MemoryKind::ALL.to_vec(),
-            binds_aliases_in_place: true,
+        PluginInfo::new("tensorrt-delegate", env!("CARGO_PKG_VERSION"))
+            .with_backend(TENSORRT_BACKEND)
+            .with_wire_format("native", ">=1.0, <2")
+            .with_wire_format("tr01", "=1")
+            .with_wire_format("tr02", "=2")
+            .with_memory_kinds(MemoryKind::ALL)
+            .with_binds_aliases_in_place(true)
             // What hosts relied on before capabilities were stated: enqueueV3 on the caller's stream, captured
             // into the decode graph; caches bound where they are in device and managed memory.
-            capabilities: delegate_abi::Capabilities {
-                in_place_memory_kinds: Some(vec![MemoryKind::Device, MemoryKind::Managed]),
-                caller_stream: true,
-                cuda_graph_capturable: true,
-                ..delegate_abi::Capabilities::default()
-            },
-        }
+            .with_capabilities(
+                delegate_abi::Capabilities::default()
+                    .with_in_place_memory_kinds([MemoryKind::Device, MemoryKind::Managed])
+                    .with_caller_stream(true)
+                    .with_cuda_graph_capturable(true),
+            )
     }
 
     fn availability(&self) -> Result<(), DelegateError> {

@@ -113,22 +113,15 @@ impl Candidate {
 
     /// A library known from its manifest, not loaded.
     pub(super) fn listed(path: PathBuf, manifest: PluginManifest) -> Candidate {
-        let info = PluginInfo {
-            name: manifest.name.clone(),
-            version: manifest.version.clone(),
-            backends: manifest.backends.clone(),
-            wire_formats: manifest
-                .wire_formats
-                .iter()
-                .map(|w| WireFormatSupport { format: w.format.clone(), versions: w.versions.clone() })
-                .collect(),
-            memory_kinds: MemoryKind::ALL
-                .into_iter()
-                .filter(|k| manifest.memory_kinds.iter().any(|m| m == k.name()))
-                .collect(),
-            binds_aliases_in_place: manifest.binds_aliases_in_place,
-            capabilities: manifest.capabilities.to_capabilities(),
-        };
+        let mut info = PluginInfo::new(&manifest.name, &manifest.version)
+            .with_memory_kinds(
+                MemoryKind::ALL.into_iter().filter(|k| manifest.memory_kinds.iter().any(|m| m == k.name())),
+            )
+            .with_binds_aliases_in_place(manifest.binds_aliases_in_place)
+            .with_capabilities(manifest.capabilities.to_capabilities());
+        info.backends = manifest.backends.clone();
+        info.wire_formats =
+            manifest.wire_formats.iter().map(|w| WireFormatSupport::new(&w.format, &w.versions)).collect();
         Candidate {
             path: Some(path),
             status: Status::Listed,

@@ -55,6 +55,17 @@ impl Registry {
         self.serving.get(backend)?.iter().find_map(|&index| self.try_serve(&self.candidates[index]))
     }
 
+    /// The plugin serving `backend` in this process, if any: release 0.1.0's name for
+    /// `served(backend)?.in_process()`, kept one release for code written against it (a plugin served in a
+    /// worker process is `None` here).
+    #[deprecated(
+        since = "0.2.0",
+        note = "use `Registry::served`, which also says when a worker process serves it"
+    )]
+    pub fn for_backend(&self, backend: &str) -> Option<Arc<Plugin>> {
+        self.served(backend)?.in_process().cloned()
+    }
+
     /// `candidate` serving, or `None` (the reason recorded) when it cannot.
     fn try_serve(&self, candidate: &Candidate) -> Option<Served> {
         if candidate.failed() {

@@ -158,13 +158,7 @@ macro_rules! versioned {
         enum $ty {}
         impl delegate_abi::testing::Fixture for $ty {
             fn info() -> PluginInfo {
-                PluginInfo {
-                    name: stringify!($ty).into(),
-                    version: $version.into(),
-                    backends: vec![$($backend.into()),*],
-                    binds_aliases_in_place: false,
-                    ..delegate_abi::testing::info("", "")
-                }
+                PluginInfo::new(stringify!($ty), $version)$(.with_backend($backend))*
             }
         }
         mod $module {
@@ -217,6 +211,16 @@ fn an_application_embeds_more_plugins_under_the_same_duplicate_rule() {
     assert_eq!((c[2].status.clone(), c[2].serves.clone()), (Status::Loaded, vec!["X".to_string()]));
     assert_eq!(in_process(&registry, "X").map(|p| p.info().name.clone()).as_deref(), Some("V1_10"));
     assert_eq!(registry.candidates().len(), 3);
+}
+
+#[test]
+#[allow(deprecated)]
+fn release_0_1_0s_for_backend_still_answers_as_served_does() {
+    let registry = Registry::from_candidates(vec![], HostConfig::default())
+        .with_embedded(v1_2::delegate_root(), &HostConfig::default());
+    let plugin = registry.for_backend("X").expect("served in this process");
+    assert_eq!(plugin.info().name, "V1_2");
+    assert!(registry.for_backend("Nobody").is_none());
 }
 
 #[test]

@@ -462,9 +462,8 @@ mod tests {
     #[test]
     fn a_gpu_plugin_updates_device_and_managed_memory_in_place_and_a_cpu_plugin_host_pinned_and_managed() {
         use delegate_abi::testing::info;
-        let cpu =
-            PluginInfo { memory_kinds: vec![MemoryKind::Host, MemoryKind::Managed], ..info("cpu", "B") };
-        let gpu = PluginInfo { memory_kinds: vec![MemoryKind::Device, MemoryKind::Host], ..info("gpu", "B") };
+        let cpu = info("cpu", "B").with_memory_kinds([MemoryKind::Host, MemoryKind::Managed]);
+        let gpu = info("gpu", "B").with_memory_kinds([MemoryKind::Device, MemoryKind::Host]);
         let in_place = |info: &PluginInfo| {
             [MemoryKind::Host, MemoryKind::Pinned, MemoryKind::Managed, MemoryKind::Device]
                 .map(|memory| info.updates_in_place(memory))
@@ -472,12 +471,9 @@ mod tests {
         assert_eq!(in_place(&cpu), [true, true, true, false]);
         assert_eq!(in_place(&gpu), [false, false, true, true]);
         // What a plugin states wins over the inference.
-        let stated = |kinds: Vec<MemoryKind>| PluginInfo {
-            capabilities: delegate_abi::Capabilities {
-                in_place_memory_kinds: Some(kinds),
-                ..delegate_abi::Capabilities::default()
-            },
-            ..gpu.clone()
+        let stated = |kinds: Vec<MemoryKind>| {
+            gpu.clone()
+                .with_capabilities(delegate_abi::Capabilities::default().with_in_place_memory_kinds(kinds))
         };
         assert_eq!(in_place(&stated(vec![MemoryKind::Device])), [false, false, false, true]);
         assert_eq!(in_place(&stated(vec![])), [false; 4], "a plugin may state that it stages every kind");

@@ -15,8 +15,8 @@ pub struct HalfWriter;
 
 impl Fixture for HalfWriter {
     fn info() -> PluginInfo {
-        let capabilities = Capabilities { rewind_fork_without_reinit: true, ..Capabilities::default() };
-        PluginInfo { capabilities, ..testing::info("half-writer", "HalfBackend") }
+        let capabilities = Capabilities::default().with_rewind_fork_without_reinit(true);
+        testing::info("half-writer", "HalfBackend").with_capabilities(capabilities)
     }
     fn execute(args: &mut ExecuteArgs<'_>) -> Result<(), DelegateError> {
         let ([], [cache]) = args.borrow_typed::<f32, 0, 1>([], [1])?;
