@@ -1,7 +1,15 @@
 //! Lowering a reference graph to kernel launches, once at `init`: element types, where every tensor lives,
 //! and the launch sequence. Pure: no CUDA here, so it is tested on any machine.
 //!
-//! Two paths, tried in this order for every op:
+//! The graph is first put in its canonical form ([`canon`]): views are names of a value, not ops; what
+//! depends on the position alone (RoPE's tables, a StaticCache's counters) runs once, before the first
+//! layer; sibling products are adjacent. So an export lowers to the same launches whatever order and
+//! views its exporter wrote (transformers' Llama-family exports reach the five launches a layer of the
+//! hand-built graph). Exported decompositions are read as the op they spell: `x * sigmoid(x)` and
+//! `cast(silu(cast(x, f32)), T)` are a SiLU (then fused into the gate/up GEMV), and an `Assign` of a value
+//! nothing else reads computes that value into its target (no copy).
+//!
+//! Then two paths, tried in this order for every op:
 //! - the fast path ([`fast`]), the fusions a one-row decode step wants, each only where it cannot change a
 //!   result:
 //!   - every `MatMul` is a GEMV whose warps each own one output column and read its contiguous weight row:
@@ -35,6 +43,7 @@
 //! once per float type the plan uses ([`Plan::floats`]).
 #![forbid(unsafe_code)]
 
+mod canon;
 #[cfg(test)]
 mod emulate;
 mod fast;
@@ -425,9 +434,9 @@ impl Plan {
             )));
         }
         let mut lowering = fast::Lowering::new(graph);
-        let mut i = 0;
-        while i < graph.ops().len() {
-            i += lowering.op(i)?;
+        let mut p = 0;
+        while p < lowering.scheduled() {
+            p += lowering.op(p)?;
         }
         Ok(lowering.finish())
     }

@@ -3,15 +3,20 @@
 
 use ref_graph::{Graph, Op, TensorId, UnaryFn};
 
+use super::canon::Canon;
 use super::{
     attention_splits, general, rope, u32_of, AttnScratch, AttnShape, BinOp, CacheRows, Float, GemvMat, Home,
     KvLayout, Plan, PositionRows, RopeTables, Step, Unsupported,
 };
 use crate::kernels::ATTN_MAX_HEAD;
 
-/// A plan being built: the graph, where each tensor lives, the steps so far and the scratch they need.
+/// A plan being built: the graph in its canonical form, where each tensor lives, the steps so far and the
+/// scratch they need.
 pub(super) struct Lowering<'g> {
     pub(super) graph: &'g Graph,
+    canon: Canon,
+    /// Per value: reads that a fused step merged into one (the value counts as read that many times fewer).
+    merged_reads: Vec<usize>,
     pub(super) homes: Vec<Home>,
     pub(super) steps: Vec<Step>,
     attn_scratch: AttnScratch,
@@ -29,8 +34,16 @@ impl<'g> Lowering<'g> {
         for &id in graph.inputs().iter().chain(graph.outputs()) {
             homes[id.0] = Home::Io;
         }
+        let canon = Canon::new(graph);
+        for (id, &value) in canon.value.iter().enumerate() {
+            if value.0 != id {
+                homes[id] = Home::SameAs(value);
+            }
+        }
         let mut l = Lowering {
             graph,
+            canon,
+            merged_reads: vec![0; graph.tensors().len()],
             homes,
             steps: Vec::new(),
             attn_scratch: AttnScratch::default(),
@@ -38,11 +51,11 @@ impl<'g> Lowering<'g> {
             absorbed: vec![false; graph.ops().len()],
         };
         l.ropes = rope::find(&l);
-        for r in &l.ropes {
+        for r in l.ropes.clone() {
             for &i in &r.absorbed {
                 l.absorbed[i] = true;
                 // Never written or read: no allocation (the storage named is the RoPE's output's).
-                l.homes[graph.ops()[i].output().0] = Home::SameAs(r.out);
+                l.rehome(graph.ops()[i].output(), r.out);
             }
         }
         l
@@ -92,12 +105,50 @@ impl<'g> Lowering<'g> {
         &self.graph.tensor(id).shape
     }
 
+    /// How many ops read `id`'s value (under any of its names; views are names, not readers).
     fn uses(&self, id: TensorId) -> usize {
-        self.graph.ops().iter().filter(|op| op.operands().contains(&id)).count()
+        let value = self.canon.value[id.0];
+        let reads = |op: &Op<TensorId>| op.operands().iter().any(|&x| self.canon.value[x.0] == value);
+        let raw = self.canon.order.iter().filter(|&&i| reads(&self.graph.ops()[i])).count();
+        raw - self.merged_reads[value.0].min(raw)
     }
 
+    /// Whether `id`'s value is a graph output (under any of its names).
     pub(super) fn is_output(&self, id: TensorId) -> bool {
-        self.graph.outputs().contains(&id)
+        let value = self.canon.value[id.0];
+        self.graph.outputs().iter().any(|&o| self.canon.value[o.0] == value)
+    }
+
+    /// Whether `a` and `b` name one value.
+    pub(super) fn same(&self, a: TensorId, b: TensorId) -> bool {
+        self.canon.value[a.0] == self.canon.value[b.0]
+    }
+
+    /// The op `k` places after position `p` of the schedule.
+    fn ahead(&self, p: usize, k: usize) -> Option<&'g Op<TensorId>> {
+        let graph: &'g Graph = self.graph;
+        self.canon.order.get(p + k).map(|&i| &graph.ops()[i])
+    }
+
+    /// Ops to lower, in order (see [`Canon`]).
+    pub(super) fn scheduled(&self) -> usize {
+        self.canon.order.len()
+    }
+
+    /// `from` (never written: a fusion computes its value elsewhere) and every name sharing its storage now
+    /// share `to`'s.
+    pub(super) fn rehome(&mut self, from: TensorId, to: TensorId) {
+        let from = Home::root(&self.homes, from);
+        let to = Home::root(&self.homes, to);
+        if from == to {
+            return;
+        }
+        for home in &mut self.homes {
+            if *home == Home::SameAs(from) {
+                *home = Home::SameAs(to);
+            }
+        }
+        self.homes[from.0] = Home::SameAs(to);
     }
 
     /// Read by exactly one op and not a graph output: a tensor a fusion may leave unwritten.
@@ -112,8 +163,9 @@ impl<'g> Lowering<'g> {
             .ok_or_else(|| Unsupported(format!("tensor '{}' is {}, not a float", t.name, t.dtype)))
     }
 
-    /// Lowers the op at `i` (and any it fuses with): how many ops it took.
-    pub(super) fn op(&mut self, i: usize) -> Result<usize, Unsupported> {
+    /// Lowers the op at position `p` of the schedule (and any it fuses with): how many ops it took.
+    pub(super) fn op(&mut self, p: usize) -> Result<usize, Unsupported> {
+        let i = self.canon.order[p];
         if self.absorbed[i] {
             return Ok(1);
         }
@@ -126,7 +178,7 @@ impl<'g> Lowering<'g> {
         }
         let op = &self.graph.ops()[i];
         match *op {
-            Op::Gather { .. } => self.gather(i),
+            Op::Gather { .. } => self.gather(p),
             Op::Positions { position, count, out } => {
                 self.steps.push(Step::Positions { position, out, count: u32_of(count, "position count")? });
                 Ok(1)
@@ -144,8 +196,8 @@ impl<'g> Lowering<'g> {
                 self.steps.push(Step::RmsNorm { input, weight, out, rows, dim, eps });
                 Ok(1)
             }
-            Op::MatMul { .. } => self.gemv(i),
-            Op::KvCacheUpdate { .. } => self.kv_update(i),
+            Op::MatMul { .. } => self.gemv(p),
+            Op::KvCacheUpdate { .. } => self.kv_update(p),
             Op::CausalAttention { q, k, v, position, scale, softcap, out } => {
                 self.attention(q, k, v, position, (scale, softcap), out)?;
                 Ok(1)
@@ -157,12 +209,77 @@ impl<'g> Lowering<'g> {
                 self.steps.push(Step::Argmax { input, out, m, n });
                 Ok(1)
             }
-            ref other => {
-                general::lower(self, other)?;
-                self.fuse_glu();
+            Op::Unary { func: UnaryFn::Sigmoid, input, out } => self.silu_of_product(p, input, out),
+            Op::Cast { input, out, .. } => self.silu_in_f32(p, input, out),
+            Op::Assign { target, value, out } if self.assign_in_place(target, value) => {
+                self.homes[out.0] = Home::SameAs(target);
                 Ok(1)
             }
+            ref other => self.general(other),
         }
+    }
+
+    /// `op` on the general path, then SwiGLU fused into the GEMV before it if that completed one.
+    fn general(&mut self, op: &Op<TensorId>) -> Result<usize, Unsupported> {
+        general::lower(self, op)?;
+        self.fuse_glu();
+        Ok(1)
+    }
+
+    /// `sigmoid(x)` at `p` and `x * sigmoid(x)` next (SiLU as the export decomposes it): one SiLU step.
+    fn silu_of_product(&mut self, p: usize, x: TensorId, s: TensorId) -> Result<usize, Unsupported> {
+        let op = &self.graph.ops()[self.canon.order[p]];
+        let Some(&Op::Mul { a, b, out }) = self.ahead(p, 1) else { return self.general(op) };
+        let other = if a == s { b } else { a };
+        if !(a == s || b == s) || !self.same(other, x) || other == s || !self.private(s) {
+            return self.general(op);
+        }
+        let dtype = self.graph.tensor(out).dtype;
+        let n = self.graph.tensor(out).numel() as u64;
+        self.steps.push(Step::Unary { func: UnaryFn::Silu, input: x, out, n, dtype });
+        // The sigmoid's read of `x` and the product's are now the one read of the SiLU.
+        self.merged_reads[self.canon.value[x.0].0] += 1;
+        self.rehome(s, out);
+        Ok(2)
+    }
+
+    /// `cast(x, f32)` at `p`, `silu` of it and a cast back to `x`'s type (SiLU in f32 inside a half model):
+    /// one SiLU step of `x`'s type, which computes in f32 and rounds once, as the cast back does.
+    fn silu_in_f32(&mut self, p: usize, x: TensorId, c: TensorId) -> Result<usize, Unsupported> {
+        let op = &self.graph.ops()[self.canon.order[p]];
+        let (Some(&Op::Unary { func: UnaryFn::Silu, input, out: s }), Some(&Op::Cast { input: s2, out, .. })) =
+            (self.ahead(p, 1), self.ahead(p, 2))
+        else {
+            return self.general(op);
+        };
+        let dtype = self.graph.tensor(x).dtype;
+        let f32_inside = self.graph.tensor(c).dtype == ref_graph::ElemType::F32 && Float::of(dtype).is_some();
+        if input != c || s2 != s || self.graph.tensor(out).dtype != dtype || !f32_inside {
+            return self.general(op);
+        }
+        if !self.private(c) || !self.private(s) {
+            return self.general(op);
+        }
+        let n = self.graph.tensor(out).numel() as u64;
+        self.steps.push(Step::Unary { func: UnaryFn::Silu, input: x, out, n, dtype });
+        self.rehome(c, out);
+        self.rehome(s, out);
+        Ok(3)
+    }
+
+    /// Whether an `Assign` of `value` into `target` can be no launch: `value` is computed by an earlier step
+    /// into scratch, read by nothing else and no output, of the target's type and size, and nothing else
+    /// reads the target (so writing it early changes nothing). Then `value` is computed into the target.
+    fn assign_in_place(&mut self, target: TensorId, value: TensorId) -> bool {
+        let (t, v) = (self.graph.tensor(target), self.graph.tensor(value));
+        let ok = self.homes[value.0] == Home::Scratch
+            && self.private(value)
+            && self.uses(target) == 1
+            && (t.dtype, t.numel()) == (v.dtype, v.numel());
+        if ok {
+            self.rehome(value, target);
+        }
+        ok
     }
 
     /// When the last three steps are a GEMV of two matrices writing `gate` and `up` of one width,
@@ -182,9 +299,10 @@ impl<'g> Lowering<'g> {
         } else {
             return;
         };
+        let computes = |mat: &GemvMat, id: TensorId| self.same(mat.y, id);
         let gate_first = match mats[..] {
-            [ref g, ref u] if (g.y, u.y) == (gate, up) => true,
-            [ref u, ref g] if (g.y, u.y) == (gate, up) => false,
+            [ref g, ref u] if computes(g, gate) && computes(u, up) => true,
+            [ref u, ref g] if computes(g, gate) && computes(u, up) => false,
             _ => return,
         };
         let width = mats[0].n;
@@ -194,7 +312,12 @@ impl<'g> Lowering<'g> {
         let same_type =
             [gate, up, out].iter().all(|&id| self.graph.tensor(id).dtype == dtype) && dtype2 == dtype;
         let private = [gate, up, s].iter().all(|&id| self.private(id));
-        if !plain || n != elems || walk.dims.iter().product::<u64>() != elems || !contiguous || up == s {
+        if !plain
+            || n != elems
+            || walk.dims.iter().product::<u64>() != elems
+            || !contiguous
+            || self.same(up, s)
+        {
             return;
         }
         if !same_type || !private {
@@ -208,7 +331,7 @@ impl<'g> Lowering<'g> {
         *glu = Some(out);
         // Never written or read: no allocation (the storage named is the product's).
         for id in [gate, up, s] {
-            self.homes[id.0] = Home::SameAs(out);
+            self.rehome(id, out);
         }
     }
 
@@ -227,7 +350,9 @@ impl<'g> Lowering<'g> {
             t.dtype == dtype && t.numel() as u64 == width && t.shape.last() == Some(&width)
         };
         let Ok(half) = u32::try_from(r.half) else { return false };
-        let tables = RopeTables { cos: r.cos, sin: r.sin, half };
+        // The tables by value: every layer's view of them is one table.
+        let value = |id: TensorId| self.canon.value[id.0];
+        let tables = RopeTables { cos: value(r.cos), sin: value(r.sin), half };
         if !one_row(r.cos) || !one_row(r.sin) || self.graph.tensor(x).dtype != dtype || !self.rope_owns(x, r)
         {
             return false;
@@ -269,25 +394,25 @@ impl<'g> Lowering<'g> {
 
     /// A gather; with the next three ops `positions`, a second gather of them and the sum of both, one
     /// embedding launch (token rows plus the positions' rows).
-    fn gather(&mut self, i: usize) -> Result<usize, Unsupported> {
-        let ops = self.graph.ops();
-        let Op::Gather { table, indices, out } = ops[i] else { unreachable!("called for a gather") };
+    fn gather(&mut self, p: usize) -> Result<usize, Unsupported> {
+        let Some(&Op::Gather { table, indices, out }) = self.ahead(p, 0) else { unreachable!("a gather") };
         let t = self.shape(table);
         let rows = self.graph.tensor(indices).numel() as u64;
         let dim = t[1];
         let (mut out, mut plus, mut taken) = (out, None, 1);
         if let (
-            Some(&Op::Positions { position, count, out: p }),
+            Some(&Op::Positions { position, count, out: positions }),
             Some(&Op::Gather { table: t2, indices: i2, out: g2 }),
             Some(&Op::Add { a, b, out: sum }),
-        ) = (ops.get(i + 1), ops.get(i + 2), ops.get(i + 3))
+        ) = (self.ahead(p, 1), self.ahead(p, 2), self.ahead(p, 3))
         {
-            if i2 == p
+            let pair = |x: TensorId, y: TensorId| self.same(x, out) && self.same(y, g2);
+            if self.same(i2, positions)
                 && count == rows
                 && self.shape(t2)[1] == dim
                 && self.shape(out) == self.shape(g2)
-                && ((a, b) == (out, g2) || (a, b) == (g2, out))
-                && [out, p, g2].into_iter().all(|id| self.private(id))
+                && (pair(a, b) || pair(b, a))
+                && [out, positions, g2].into_iter().all(|id| self.private(id))
             {
                 plus =
                     Some(PositionRows { table: t2, position, n: u32_of(self.shape(t2)[0], "table rows")? });
@@ -312,18 +437,21 @@ impl Lowering<'_> {
     /// A product as a GEMV: with its siblings (the next products of the same activation, weights of the same
     /// inner extent and layout), or with the next op's residual `Add`, and with the `RmsNorm` before it when
     /// only these products read the norm.
-    fn gemv(&mut self, i: usize) -> Result<usize, Unsupported> {
-        let ops = self.graph.ops();
-        let Op::MatMul { a, transpose_b, .. } = ops[i] else { unreachable!("called for a mat_mul") };
+    fn gemv(&mut self, p: usize) -> Result<usize, Unsupported> {
+        let Some(first @ &Op::MatMul { a, transpose_b, .. }) = self.ahead(p, 0) else {
+            unreachable!("called for a mat_mul")
+        };
         self.float(a)?;
         let k = *self.shape(a).last().unwrap_or(&1);
         let m = self.graph.tensor(a).numel() as u64 / k.max(1);
         let (m, k) = (u32_of(m, "rows")?, u32_of(k, "inner extent")?);
-        let mut mats = vec![self.gemv_mat(&ops[i])?];
-        // Siblings: the next MatMuls reading the same `a` with weights of the same layout.
+        let mut mats = vec![self.gemv_mat(first)?];
+        // Siblings: the next MatMuls reading the same value with weights of the same layout.
         while mats.len() < 3 {
-            match ops.get(i + mats.len()) {
-                Some(op @ &Op::MatMul { a: a2, transpose_b: t2, .. }) if a2 == a && t2 == transpose_b => {
+            match self.ahead(p, mats.len()) {
+                Some(op @ &Op::MatMul { a: a2, transpose_b: t2, .. })
+                    if self.same(a2, a) && t2 == transpose_b =>
+                {
                     mats.push(self.gemv_mat(op)?);
                 }
                 _ => break,
@@ -331,7 +459,7 @@ impl Lowering<'_> {
         }
         let mut taken = mats.len();
         if mats.len() == 1 {
-            taken += self.residual(&mut mats[0], ops.get(i + 1));
+            taken += self.residual(&mut mats[0], self.ahead(p, 1));
         }
         let (a, norm) = self.fused_norm(a, mats.len());
         let early = mats.iter().all(|mat| self.fixed(mat.w) && mat.bias.is_none_or(|b| self.fixed(b)))
@@ -374,18 +502,19 @@ impl Lowering<'_> {
         if !self.private(out) {
             return 0;
         }
-        let other = if x == out {
+        let other = if self.same(x, out) {
             y
-        } else if y == out {
+        } else if self.same(y, out) {
             x
         } else {
             return 0;
         };
-        if other == out || self.shape(other) != self.shape(sum) || self.shape(out) != self.shape(sum) {
+        let numel = |id: TensorId| self.graph.tensor(id).numel();
+        if self.same(other, out) || self.shape(other) != self.shape(sum) || numel(out) != numel(sum) {
             return 0;
         }
         // The product itself is never stored: no allocation for it.
-        self.homes[out.0] = Home::SameAs(sum);
+        self.rehome(out, sum);
         *mat = GemvMat { y: sum, residual: Some(other), ..*mat };
         1
     }
@@ -394,7 +523,7 @@ impl Lowering<'_> {
     /// the GEMV: the norm's input and (weight, eps) instead of `a`.
     fn fused_norm(&mut self, a: TensorId, readers: usize) -> (TensorId, Option<(TensorId, f32)>) {
         if let Some(&Step::RmsNorm { input, weight, out: h, eps, .. }) = self.steps.last() {
-            if h == a && self.uses(h) == readers && !self.is_output(h) {
+            if self.same(h, a) && self.uses(h) == readers && !self.is_output(h) {
                 self.steps.pop();
                 return (input, Some((weight, eps)));
             }
@@ -404,15 +533,19 @@ impl Lowering<'_> {
 
     /// A cache update (with the next one at the same position and of the same shapes: K and V in one
     /// launch); token-major updates the previous GEMV computes are written by that GEMV.
-    fn kv_update(&mut self, i: usize) -> Result<usize, Unsupported> {
-        let ops = self.graph.ops();
-        let Op::KvCacheUpdate { cache, update, position, out } = ops[i] else { unreachable!("a kv update") };
-        self.homes[out.0] = Home::SameAs(cache);
+    fn kv_update(&mut self, p: usize) -> Result<usize, Unsupported> {
+        let Some(&Op::KvCacheUpdate { cache, update, position, out }) = self.ahead(p, 0) else {
+            unreachable!("a kv update")
+        };
+        self.rehome(out, cache);
         let layout = self.kv_layout(cache, update)?;
         let mut caches = vec![(cache, update)];
-        if let Some(&Op::KvCacheUpdate { cache: c2, update: u2, position: p2, out: o2 }) = ops.get(i + 1) {
-            if p2 == position && self.shape(c2) == self.shape(cache) && self.shape(u2) == self.shape(update) {
-                self.homes[o2.0] = Home::SameAs(c2);
+        if let Some(&Op::KvCacheUpdate { cache: c2, update: u2, position: p2, out: o2 }) = self.ahead(p, 1) {
+            // One row is in token-major order whichever way its update is shaped.
+            let one_row = |l: KvLayout| KvLayout { head_major: l.head_major && l.rows > 1, ..l };
+            let alike = one_row(self.kv_layout(c2, u2)?) == one_row(layout);
+            if p2 == position && self.shape(c2) == self.shape(cache) && alike {
+                self.rehome(o2, c2);
                 caches.push((c2, u2));
             }
         }

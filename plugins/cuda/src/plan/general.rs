@@ -165,7 +165,7 @@ fn reshape(l: &mut Lowering<'_>, input: TensorId, out: TensorId) -> Result<Optio
 
 /// Whether permuting `shape` by `dims` leaves every element where it is: the axes longer than 1 keep their
 /// order (a decode step's `[1, 1, H, Dh]` to `[1, H, 1, Dh]` head view). Such a permute is a reshape.
-fn keeps_memory_order(shape: &[u64], dims: &[u64]) -> bool {
+pub(super) fn keeps_memory_order(shape: &[u64], dims: &[u64]) -> bool {
     let moved: Vec<u64> =
         dims.iter().copied().filter(|&d| shape.get(d as usize).is_some_and(|&n| n > 1)).collect();
     moved.windows(2).all(|w| w[0] < w[1])

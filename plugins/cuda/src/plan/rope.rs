@@ -94,7 +94,8 @@ fn rotation(parts: &Parts<'_, '_>, rot: TensorId, x: TensorId) -> Option<(u64, [
     let half = width / 2;
     let ok = width % 2 == 0
         && [axis, a1, a2] == [last; 3]
-        && (s1, s2) == (x, x)
+        && parts.l.same(s1, x)
+        && parts.l.same(s2, x)
         && (h1, h2, e2) == (half, half, width);
     ok.then_some((half, [i_cat, i_neg, i_x2, i_x1]))
 }

@@ -8,6 +8,7 @@ use ref_graph::Op;
 mod emulated;
 #[path = "../../tests/support/hf.rs"]
 mod hf;
+mod real;
 
 fn kinds(plan: &Plan) -> Vec<String> {
     plan.steps.iter().map(Step::label).collect()
@@ -593,5 +594,58 @@ fn swiglu_fuses_into_its_gate_and_up_gemv_only_when_its_parts_are_private() {
             "part {part} read twice: {:?}",
             kinds(&plan)
         );
+    }
+}
+
+/// Launches per decode step of every committed real export: each Llama-family decoder (Llama, Qwen2, the
+/// eager-attention form, the hand-written decoder; f32, f16, bf16) runs each layer in the hand-built graph's
+/// five fused launches, with nothing of a layer on the general path; what depends on the position alone
+/// runs once before the first layer. The other families' layers keep today's counts (their LayerNorm, GELU
+/// and soft-capping have no fused form yet): a lost fusion fails here.
+#[test]
+fn real_exports_reach_the_fused_launches() {
+    let llama_layer = |bias: &str| {
+        vec![
+            format!("norm+gemv3{bias}+kv_update+rope"),
+            "attention".into(),
+            "gemv1+residual".into(),
+            "norm+gemv2+swiglu".into(),
+            "gemv1+residual".into(),
+        ]
+    };
+    // (fixture, launches from the embedding to the logits: both layers) of the families without a fused
+    // form for their layers' norm or MLP.
+    let others = [
+        ("falcon_f32", 46),
+        ("gemma2_f16", 91),
+        ("gemma2_f32", 43),
+        ("gpt2_f32", 56),
+        ("neox_f16", 97),
+        ("neox_f32", 62),
+        ("phi_bf16", 85),
+        ("phi_f32", 64),
+        ("stablelm_f32", 52),
+        ("starcoder2_f32", 32),
+    ];
+    for (name, graph) in real::fixtures() {
+        let plan = Plan::new(&graph).expect("lowered");
+        let all = kinds(&plan);
+        let parts = real::Parts::of(all.clone());
+        assert_eq!(parts.count, 2, "{name}: the fixtures have two layers: {all:?}");
+        if let Some(&(_, launches)) = others.iter().find(|(n, _)| *n == name) {
+            assert_eq!(parts.layers.len(), launches, "{name}: {all:?}");
+            continue;
+        }
+        let bias = if name.starts_with("qwen2") { "+bias" } else { "" };
+        let layers: Vec<String> = (0..parts.count).flat_map(|_| llama_layer(bias)).collect();
+        assert_eq!(parts.layers, layers, "{name}: {all:?}");
+        assert_eq!(parts.epilogue, ["norm+gemv1", "argmax"], "{name}");
+        // Before the first layer: the RoPE tables (positions, their angles, cos and sin, in the model's
+        // type) and one counter per layer of the StaticCache, nothing else.
+        let tables = ["positions", "cast_f32", "b.mul", "copy", "copy", "cos", "sin"];
+        assert_eq!(parts.prologue[..tables.len()], tables, "{name}: {all:?}");
+        let rest = &parts.prologue[tables.len()..];
+        assert!(rest.iter().all(|k| k.starts_with("cast_") || k == "b.add"), "{name}: {rest:?}");
+        assert!(rest.len() <= 2 + parts.count, "{name}: {rest:?}");
     }
 }

@@ -1,0 +1,87 @@
+//! The committed real exports' CUDA payloads (`fixtures/executorch/real/*.cuda.pte`), read out of their
+//! programs as the delegate's `init` reads them.
+
+use ref_graph::{Graph, Op};
+
+/// Every `*.cuda.pte` fixture's delegate graph, by file stem (`llama_bf16`), in name order.
+pub(crate) fn fixtures() -> Vec<(String, Graph)> {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/executorch/real");
+    let mut paths: Vec<_> = std::fs::read_dir(&dir)
+        .expect("the real fixtures")
+        .map(|e| e.expect("an entry").path())
+        .filter(|p| p.to_string_lossy().ends_with(".cuda.pte"))
+        .collect();
+    paths.sort();
+    assert!(paths.len() >= 19, "the real fixtures are committed: {}", dir.display());
+    paths
+        .iter()
+        .map(|path| {
+            let bytes = std::fs::read(path).expect("readable");
+            let program = pte_format::Program::parse(&bytes).expect("a program");
+            let calls: Vec<_> = program.methods.iter().flat_map(|m| &m.delegates).collect();
+            assert_eq!(calls.len(), 1, "{}: one delegate call", path.display());
+            let (_, graph) = reference_delegate::delegate::read_blob(
+                calls[0].processed.data,
+                calls[0].id,
+                "the CUDA delegate",
+            )
+            .expect("a reference graph");
+            let stem = path.file_name().expect("a name").to_string_lossy();
+            (stem.trim_end_matches(".cuda.pte").to_owned(), graph)
+        })
+        .collect()
+}
+
+/// The names of an export's token ids (the embedding's indices), position (the caches' update position),
+/// logits (the float output no op writes in place) and next token (the argmax).
+pub(crate) struct Roles {
+    pub ids: String,
+    pub pos: String,
+    pub logits: String,
+    pub next: String,
+}
+
+impl Roles {
+    pub(crate) fn of(graph: &Graph) -> Roles {
+        let name = |id| graph.tensor(id).name.clone();
+        let find = |f: &dyn Fn(&Op<ref_graph::TensorId>) -> Option<ref_graph::TensorId>| {
+            graph.ops().iter().find_map(f).map(name).expect("the role's op")
+        };
+        let ids = find(&|op| if let Op::Gather { indices, .. } = *op { Some(indices) } else { None });
+        let pos =
+            find(&|op| if let Op::KvCacheUpdate { position, .. } = *op { Some(position) } else { None });
+        let next = find(&|op| if let Op::Argmax { out, .. } = *op { Some(out) } else { None });
+        let logits = graph
+            .outputs()
+            .iter()
+            .copied()
+            .find(|&o| graph.in_place_of(o).is_none() && graph.tensor(o).dtype.is_float())
+            .map(name)
+            .expect("a logits output");
+        Roles { ids, pos, logits, next }
+    }
+}
+
+/// A plan's launches in three parts: before the embedding (what depends on the position alone: RoPE's
+/// tables, the caches' counters), the layers (from the embedding to the logits' product, both excluded),
+/// and after; with the number of layers (attention launches).
+pub(crate) struct Parts {
+    pub prologue: Vec<String>,
+    pub layers: Vec<String>,
+    pub epilogue: Vec<String>,
+    pub count: usize,
+}
+
+impl Parts {
+    pub(crate) fn of(kinds: Vec<String>) -> Parts {
+        let embedding = kinds.iter().position(|k| k == "gather" || k == "embedding").expect("an embedding");
+        let logits = kinds.iter().rposition(|k| k.contains("gemv")).expect("the logits' product");
+        let count = kinds.iter().filter(|k| *k == "attention").count();
+        Parts {
+            prologue: kinds[..embedding].to_vec(),
+            layers: kinds[embedding + 1..logits].to_vec(),
+            epilogue: kinds[logits..].to_vec(),
+            count,
+        }
+    }
+}
