@@ -62,7 +62,11 @@ fn chunks_and_a_tail_of_any_length_give_the_tokens_of_token_by_token_prefill() {
     for len in [1, 2, 3, 5, 6, 7, 11] {
         let prompt = &long[..len];
         let json = generate(&chunked, prompt, 6);
-        let want = tokens(&generate(&one_by_one, prompt, 6));
+        let reference = generate(&one_by_one, prompt, 6);
+        let want = tokens(&reference);
+        if reference["stats"]["prefill_calls"] != len {
+            failures.push(format!("prompt of {len}: the one-method program ran {}", reference["stats"]));
+        }
         if tokens(&json) != want {
             failures.push(format!("prompt of {len}: {:?}, token by token {want:?}", tokens(&json)));
         }
@@ -73,6 +77,46 @@ fn chunks_and_a_tail_of_any_length_give_the_tokens_of_token_by_token_prefill() {
                 len / 3,
                 len % 3
             ));
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+/// The same program for `CudaBackend` on a GPU (`cargo test -p delegate-host --test prefill -- --ignored` on an
+/// NVIDIA machine): the prompt's chunks and tail, then the device loop, with and without a CUDA graph, give the
+/// reference delegate's tokens with nothing copied and no host synchronisation per decode step.
+#[test]
+#[ignore = "needs an NVIDIA GPU"]
+fn a_chunked_prefill_on_the_cuda_delegate_gives_the_reference_tokens() {
+    let dir = fixtures().join("prefill");
+    let long: Vec<i64> = (0..11).map(|i| (i * 37 + 5) % 128).collect();
+    let mut failures = Vec::new();
+    for len in [2, 4, 9, 11] {
+        let prompt: Vec<String> = long[..len].iter().map(i64::to_string).collect();
+        let want = tokens(&generate(&dir.join("llama_f32.pte"), &long[..len], 16));
+        for graph in [false, true] {
+            let mut cmd = common::host();
+            cmd.env_remove("DELEGATE_PLUGIN_PATH").arg("run").arg(dir.join("llama_f32.cuda.pte")).args([
+                "--prompt",
+                &prompt.join(","),
+                "--steps",
+                "16",
+                "--json",
+            ]);
+            if graph {
+                cmd.arg("--cuda-graph");
+            }
+            let json = stdout_json(&run(&mut cmd));
+            let stats = &json["stats"];
+            if tokens(&json) != want {
+                failures.push(format!(
+                    "prompt of {len} (graph {graph}): {:?}, reference {want:?}",
+                    tokens(&json)
+                ));
+            }
+            if stats["mean_decode_bytes_copied_total"] != 0 || stats["host_syncs_per_decode_step"] != 0.0 {
+                failures.push(format!("prompt of {len} (graph {graph}): copies or syncs per step: {stats}"));
+            }
         }
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
