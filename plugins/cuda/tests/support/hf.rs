@@ -73,6 +73,27 @@ impl Hf {
         }
     }
 
+    /// Qwen2.5-0.5B's shape: 24 layers, hidden 896, 14 query and 2 KV heads of 64, SwiGLU 4864, vocabulary
+    /// 151 936, tied embeddings, Q/K/V biases, bf16, norms as `rms_norm` ops; `max_len` cache rows.
+    pub fn qwen_0_5b(max_len: u64) -> Hf {
+        Hf {
+            layers: 24,
+            dim: 896,
+            heads: 14,
+            kv_heads: 2,
+            ffn: 4864,
+            vocab: 151_936,
+            bias: true,
+            ..Hf::llama_1b(max_len)
+        }
+    }
+
+    /// Issue 45's 26.2 M-parameter Llama: 8 layers, hidden 512, 8 query and 2 KV heads of 64, SwiGLU 1536,
+    /// vocabulary 4096, tied embeddings, no biases, bf16, norms as `rms_norm` ops; `max_len` cache rows.
+    pub fn tiny_26m(max_len: u64) -> Hf {
+        Hf { layers: 8, dim: 512, heads: 8, kv_heads: 2, ffn: 1536, vocab: 4096, ..Hf::llama_1b(max_len) }
+    }
+
     /// `[1, kv_heads, max_len, head_dim]`.
     pub fn cache_shape(&self) -> [u64; 4] {
         [1, self.kv_heads, self.max_len, self.head_dim]
