@@ -1,12 +1,15 @@
 #!/usr/bin/env python3
-"""PyTorch beside `bench_hf_decode`: the decoder it measured, through Hugging Face transformers.
+"""PyTorch beside `bench_hf_decode` and `bench_export_decode`: the decoder they measured, through Hugging Face
+transformers.
 
 The shape, dtype, cache length and position come from the JSON `bench_hf_decode` printed (its one source is
 the Rust preset, e.g. `--preset llama-1b`: 16 layers, hidden 2048, 32 query / 8 KV heads of 64, SwiGLU 8192,
-vocabulary 128 256, tied embeddings, bf16). The model is transformers' `LlamaForCausalLM` with random weights
-drawn by transformers from a fixed seed (not ours: the timing does not depend on their values), no biases
-(the JSON does not say; `llama-1b` has none), and transformers' `StaticCache`. One decode step at the held position is run as transformers' users run it: plain
-eager, and `torch.compile(model.forward, mode="reduce-overhead", fullgraph=True)` (CUDA graphs), the recipe of
+vocabulary 128 256, tied embeddings, bf16) or `bench_export_decode` printed (the same keys). The model is
+transformers' `LlamaForCausalLM` with random weights drawn by transformers from a fixed seed (not ours: the
+timing does not depend on their values), no biases, and transformers' `StaticCache`; a JSON whose `bias` is
+true (`--preset qwen-0.5b`, the exported Qwen2.5-0.5B graph) gets `Qwen2ForCausalLM` (biased q/k/v). One
+decode step at the held position is run as transformers' users run it: plain eager, and
+`torch.compile(model.forward, mode="reduce-overhead", fullgraph=True)` (CUDA graphs), the recipe of
 transformers' static-cache documentation. A StaticCache step attends over all `max_len` rows, masked by the
 position, so it costs the same at any position; its layers write each step's K and V row at their own running
 length (transformers 5.17's `StaticLayer` does not take the row from `cache_position`), so the cache is reset
@@ -41,14 +44,19 @@ def build(shape: dict):
     """The seeded model of `shape` (bench_hf_decode's JSON) on the GPU, and an empty StaticCache for it."""
     import transformers
 
-    config = transformers.LlamaConfig(
+    sizes = dict(
         vocab_size=shape["vocab"], hidden_size=shape["dim"], intermediate_size=shape["ffn"],
         num_hidden_layers=shape["layers"], num_attention_heads=shape["heads"],
         num_key_value_heads=shape["kv_heads"], head_dim=shape["head_dim"], max_position_embeddings=shape["max_len"],
-        tie_word_embeddings=shape["tied"], attention_bias=False, mlp_bias=False)
+        tie_word_embeddings=shape["tied"])
+    if shape.get("bias", False):  # Qwen2: biased q/k/v projections, nothing else biased
+        config, model_class = transformers.Qwen2Config(**sizes), transformers.Qwen2ForCausalLM
+    else:
+        config = transformers.LlamaConfig(**sizes, attention_bias=False, mlp_bias=False)
+        model_class = transformers.LlamaForCausalLM
     torch.manual_seed(SEED)
     with torch.device("cuda"):
-        model = transformers.LlamaForCausalLM(config)
+        model = model_class(config)
     model = model.to(DTYPES[shape["dtype"]]).eval()
     cache = transformers.StaticCache(config=config, max_cache_len=shape["max_len"])
     return model, cache

@@ -13,6 +13,10 @@
 #                                         # GPU µs per step of each kernel setting (the sources' tunables,
 #                                         # through KV_CUDA_DEFINES; `base`: as written), in one session
 #   bash target/gpu-bundle/run.sh trace   # each config's step as a timeline of its launches (trace_summary.py)
+#   bash target/gpu-bundle/run.sh export-bench [SHAPE...]
+#                                         # exported graphs at real sizes (fixtures/bench/SHAPE.rgd: llama-1b,
+#                                         # qwen2.5-0.5b, tiny-26m; default all) beside the hand-built graph of
+#                                         # the same shape, PyTorch compiled and the floor, in one session
 set -uo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 cd "$here"
@@ -262,6 +266,32 @@ sys.exit(1 if failed else 0)
 PY
 }
 
+# Issue 45 item 3: each shape's exported graph (a hollow graph of fixtures/bench/, the payload transformers'
+# recipe and the CudaPartitioner give, filled from a seed by bench_export_decode) beside the hand-built graph of
+# the same shape (bench_hf_decode) and transformers + torch.compile(mode="reduce-overhead") on it
+# (llama_torch.py), at position 1024 of 2048 as CUDA graphs; export_bench.py measures the read bandwidth in
+# this session and prints each as µs per step and a ratio to the exported graph's floor (export-bench.json).
+run_export_bench() {
+  local shapes=("$@")
+  [ ${#shapes[@]} -gt 0 ] || shapes=(llama-1b qwen2.5-0.5b tiny-26m)
+  local fixtures="$here/../../fixtures/bench"
+  for shape in "${shapes[@]}"; do
+    case "$shape" in
+      qwen2.5-0.5b) preset=qwen-0.5b ;;
+      *) preset="$shape" ;;
+    esac
+    echo "== $shape: exported (bench_export_decode), hand-built (bench_hf_decode --preset $preset), PyTorch"
+    ./bench_export_decode --graph "$fixtures/$shape.rgd" --position 1024 --steps 100 > "$out/export-$shape.json" 2> "$out/export-$shape.err" || { status=1; tail -3 "$out/export-$shape.err"; }
+    ./bench_hf_decode --preset "$preset" --position 1024 --max-len 2048 --steps 100 > "$out/hand-$shape.json" 2> "$out/hand-$shape.err" || { status=1; tail -3 "$out/hand-$shape.err"; }
+    if ! python3 -c "import transformers" 2> /dev/null; then
+      echo "  PyTorch beside it: not run (this machine's Python has no transformers)"
+    elif [ -s "$out/export-$shape.json" ]; then
+      python3 llama_torch.py --shape "$out/export-$shape.json" --steps 100 > "$out/torch-$shape.json" 2> "$out/torch-$shape.err" || { status=1; tail -5 "$out/torch-$shape.err"; }
+    fi
+  done
+  python3 export_bench.py "$out" --shapes "${shapes[@]}" --json "$out/export-bench.json" || status=1
+}
+
 mode="${1:-test}"
 case "$mode" in
   test) run_tests; run_real ;;
@@ -270,7 +300,8 @@ case "$mode" in
   isolated) run_isolated_only ;;
   sweep) shift; run_sweep "${@:-base}" ;;
   trace) shift; run_trace "${1:-}" ;;
-  *) echo "usage: run.sh test|real|bench|isolated|sweep [SETTING...]|trace [SETTING]" >&2; exit 2 ;;
+  export-bench) shift; run_export_bench "$@" ;;
+  *) echo "usage: run.sh test|real|bench|isolated|sweep [SETTING...]|trace [SETTING]|export-bench [SHAPE...]" >&2; exit 2 ;;
 esac
 if [ -n "${OUT:-}" ]; then
   tar czf "$OUT/results-$mode.tgz" --exclude='program-*' -C "$out" .

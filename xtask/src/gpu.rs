@@ -1,5 +1,7 @@
 //! `gpu-test` and `bench-gpu`: build the GPU bundle here (release binaries, the CUDA delegate's and the CUDA
-//! layer's test executables, the Hugging Face-form decode benchmark, the PyTorch baseline) and say the one command that runs it on a GPU machine.
+//! layer's test executables, the decode benchmarks of the hand-built Hugging Face-form graph and of exported
+//! graphs, the PyTorch baseline) and say the one command that runs it on a GPU machine. The exported graphs
+//! the bench reads (`fixtures/bench/*.rgd`) are tracked files, which the `device` tool carries with the tree.
 //!
 //! The GPU machine has no Rust toolchain: everything it runs is built here and carried there (the `device`
 //! tool carries ignored paths named in `carry`; 64 MiB in all, so binaries are stripped).
@@ -19,7 +21,10 @@ const TUNING: &str = "cuda-delegate/tuning";
 pub const BUNDLE: &str = "target/gpu-bundle";
 
 /// Benchmark executables the bundle carries: (package, bench target, name in the bundle).
-const BENCHES: [(&str, &str, &str); 1] = [("cuda-delegate", "hf_decode", "bench_hf_decode")];
+const BENCHES: [(&str, &str, &str); 2] = [
+    ("cuda-delegate", "hf_decode", "bench_hf_decode"),
+    ("cuda-delegate", "export_decode", "bench_export_decode"),
+];
 
 /// Test executables the bundle carries: (package, test target, name in the bundle).
 const TESTS: [(&str, &str, &str); 5] = [
