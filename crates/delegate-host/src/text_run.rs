@@ -12,7 +12,7 @@ use host_runtime::generate::{generate_choosing, Generation, Options};
 use host_runtime::program::{Mode, Program};
 use sampling::Params;
 use serde_json::{json, Value};
-use text_gen::Detokenizer;
+use text_gen::{speed, Detokenizer};
 pub use text_gen::{GenArgs, Settings};
 
 use crate::run::RunArgs;
@@ -116,19 +116,6 @@ pub fn run(
         "plugins": used,
     });
     emit(&format!("{value}\n"))
-}
-
-/// The time to the first token and the tokens per second after it (decode tokens over the time from the
-/// first token to the last), from each token's time since the start.
-fn speed(times: &[Duration]) -> (Option<Duration>, Option<f64>) {
-    let first = times.first().copied();
-    let rate = match (first, times.last()) {
-        (Some(first), Some(&last)) if times.len() > 1 && last > first => {
-            Some((times.len() - 1) as f64 / (last - first).as_secs_f64())
-        }
-        _ => None,
-    };
-    (first, rate)
 }
 
 /// `N tokens (stop: eos), time to first token X ms, Y tokens/s`.

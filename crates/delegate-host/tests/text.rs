@@ -7,43 +7,15 @@ mod common;
 use std::path::{Path, PathBuf};
 
 use serde_json::Value;
-use tokenizers::decoders::byte_level::ByteLevel as ByteLevelDecoder;
-use tokenizers::models::bpe::{BpeTrainerBuilder, BPE};
-use tokenizers::models::TrainerWrapper;
-use tokenizers::pre_tokenizers::byte_level::ByteLevel;
-use tokenizers::{AddedToken, Tokenizer};
+use tokenizers::Tokenizer;
 
 use common::stdout_json;
 
 const VOCAB: usize = 128;
 
-fn corpus() -> Vec<String> {
-    let lines = [
-        "héllo wörld 日本",
-        "hello world, the quick brown fox jumps over the lazy dog",
-        "wörld of héllo: 日本語 and 日本 again",
-        "a cache holds keys and values; the model reads them back",
-        "tokens stream out one by one, never half a character",
-    ];
-    lines.iter().map(|l| (*l).to_owned()).collect()
-}
-
-/// A byte-level BPE of exactly 128 ids (the program's vocabulary), trained on [`corpus`], with `<eos>` as id 0.
+/// A byte-level BPE of exactly 128 ids (the program's vocabulary), with `<eos>` as id 0.
 fn train() -> Tokenizer {
-    let trainer = BpeTrainerBuilder::new()
-        .vocab_size(VOCAB)
-        .min_frequency(0)
-        .show_progress(false)
-        .special_tokens(vec![AddedToken::from("<eos>", true)])
-        .build();
-    let mut trainer: TrainerWrapper = trainer.into();
-    let mut tokenizer = Tokenizer::new(BPE::default());
-    tokenizer.with_pre_tokenizer(Some(ByteLevel::default()));
-    tokenizer.with_decoder(Some(ByteLevelDecoder::default()));
-    let corpus: Vec<String> = corpus().into_iter().cycle().take(50).collect();
-    tokenizer.train(&mut trainer, corpus.into_iter()).expect("trains");
-    assert_eq!(tokenizer.get_vocab_size(true), VOCAB, "the program's vocabulary");
-    tokenizer
+    text_gen::testing::train(VOCAB)
 }
 
 /// A directory with a copy of the Llama program and the trained tokenizer.json beside it.

@@ -1,5 +1,6 @@
 //! Running a `.pte` on ExecuTorch's `Module` API with our plugins registered: the pre-flight check
-//! ([`check_program`]), a safe [`Module`], and the run protocol ([`run`]: prefill, then greedy decode steps).
+//! ([`check_program`]), a safe [`Module`], and the run protocol ([`run`]: prefill, then greedy decode steps;
+//! [`run_choosing`]: each token picked by the caller, who may end the run early).
 
 use std::ffi::CString;
 use std::path::Path;
@@ -379,12 +380,17 @@ pub struct Report {
 }
 
 impl Report {
-    /// Records one step's last logits row and its greedy token, [`ref_graph::argmax`] (first of equals, NaN
-    /// never wins: the rule of every delegate's `next_token` and of host-runtime's generation).
-    fn record(&mut self, row: Vec<f32>) {
-        self.tokens.push(ref_graph::argmax(&row) as i64);
+    /// Records one step's last logits row and the token picked from it.
+    fn record(&mut self, row: Vec<f32>, token: i64) {
+        self.tokens.push(token);
         self.logits.push(row);
     }
+}
+
+/// The greedy token of a logits row: [`ref_graph::argmax`] (first of equals, NaN never wins: the rule of
+/// every delegate's `next_token` and of host-runtime's generation).
+fn greedy(row: &[f32], _step: usize) -> i64 {
+    ref_graph::argmax(row) as i64
 }
 
 /// What [`prepare`] read, checked and learned: the program's bytes (what ExecuTorch will load), its summary,
@@ -483,6 +489,25 @@ pub fn run_with_memory(
     protocol: &Protocol,
     memory: Option<PlannedMemory>,
 ) -> Result<Report, BridgeError> {
+    run_choosing(path, registry, protocol, memory, greedy, |_| true)
+}
+
+/// [`run_with_memory`] where `choose` picks each token from the last row of its step's logits (widened to
+/// f32) and the step's index (0 for the token after the prompt), in place of the argmax (`et-run
+/// --temperature`), and `go_on` sees each token as it is picked and ends the run by returning `false` (the
+/// token is then recorded but not fed: an end-of-sequence id, a stop string, a token budget). At most
+/// `protocol.steps` decode steps run.
+///
+/// # Errors
+/// As [`run_with_memory`].
+pub fn run_choosing(
+    path: &Path,
+    registry: &Registry,
+    protocol: &Protocol,
+    memory: Option<PlannedMemory>,
+    mut choose: impl FnMut(&[f32], usize) -> i64,
+    mut go_on: impl FnMut(i64) -> bool,
+) -> Result<Report, BridgeError> {
     if protocol.prompt.is_empty() {
         return Err(BridgeError::Protocol("the prompt is empty".to_owned()));
     }
@@ -547,15 +572,22 @@ pub fn run_with_memory(
         }
         last
     };
-    report.record(row);
+    let mut token = choose(&row, 0);
+    report.record(row, token);
     report.prefill = stats;
+    if !go_on(token) {
+        return Ok(report);
+    }
     for i in 0..protocol.steps {
-        let previous = *report.tokens.last().unwrap_or(&0);
-        let (row, stats) = step(decode, &[previous], (protocol.prompt.len() + i) as i64)?;
-        report.record(row);
+        let (row, stats) = step(decode, &[token], (protocol.prompt.len() + i) as i64)?;
+        token = choose(&row, i + 1);
+        report.record(row, token);
         report.decode.push(stats);
         // What `execute` synchronised (the step reset the counts before it).
         report.decode_syncs.push(crate::planned::take_syncs());
+        if !go_on(token) {
+            break;
+        }
     }
     Ok(report)
 }
@@ -600,7 +632,8 @@ mod tests {
         };
         for row in [vec![0.5, 2.0, 2.0, -1.0], vec![f32::NAN, 1.0, 0.5], vec![f32::NAN, f32::NAN], vec![3.0]]
         {
-            report.record(row);
+            let token = greedy(&row, 0);
+            report.record(row, token);
         }
         // A NaN first value never wins; an all-NaN row gives its last index, as `ref_graph::argmax`.
         assert_eq!(report.tokens, [1, 1, 1, 0]);

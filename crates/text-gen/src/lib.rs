@@ -18,7 +18,7 @@
 //!
 //! ## Feature Flags
 //!
-//! None.
+//! - `testing`: [`testing::train`], a small trained BPE tokenizer for the tools' tests.
 #![forbid(unsafe_code)]
 #![deny(missing_docs)]
 
@@ -26,12 +26,16 @@ pub mod chat;
 mod detokenizer;
 mod error;
 mod options;
+mod speed;
 mod stop;
+#[cfg(feature = "testing")]
+pub mod testing;
 pub mod tokenizer;
 
 pub use chat::{ChatTemplate, Conversation, Message};
 pub use detokenizer::{Detokenizer, Pushed};
 pub use error::TextError;
 pub use options::{GenArgs, Settings};
+pub use speed::speed;
 pub use stop::{StopChecker, StopReason, StopRules};
 pub use tokenizer::{encode, eos_ids, find_tokenizer, prompt_ids, TextTokenizer};

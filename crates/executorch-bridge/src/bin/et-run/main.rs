@@ -1,6 +1,12 @@
 //! `et-run PROGRAM.pte`: runs a `.pte` inside ExecuTorch 1.5.1's own runtime (`Module` API, arenas shared
 //! across methods) with our plugins registered as its backends: prefill the prompt, then greedy decode steps.
 //!
+//! Text, chat and sampling as `delegate-host run` has them (the `text-gen` crate's, shared): with a tokenizer
+//! (`--tokenizer`, or a `tokenizer.json` beside the program) `--prompt` is text and the reply is streamed as
+//! text; `--chat --system --user` renders the checkpoint's chat template; `--temperature`, `--top-k`,
+//! `--top-p`, `--min-p`, `--repetition-penalty` and `--seed` pick each token with the same sampler; the reply
+//! ends at the checkpoint's end-of-sequence ids, a `--stop` string or `--max-new-tokens` (`text`).
+//!
 //! The program is read once (a regular file only, opened without blocking: a FIFO or a device in its place is
 //! refused at once), checked (every backend served; every argument a delegate writes is planned memory, never
 //! a constant of the program), and ExecuTorch loads exactly those bytes: it never opens the path itself.
@@ -15,6 +21,8 @@
 //! its backend; `--probe` loads them all). A plugin whose manifest asks for isolation is never loaded: the run
 //! is refused, naming `delegate-host run PROGRAM.pte`, which isolates it. Every failure is one `error:` line and exit status 2; a reader of
 //! stdout that went away (`et-run ... | head -1`) ends it quietly with success, as `delegate-host`.
+
+mod text;
 
 use std::io::Write;
 use std::path::PathBuf;
@@ -36,12 +44,32 @@ struct Args {
     /// Extra plugin directories, searched before DELEGATE_PLUGIN_PATH and the embedded plugins.
     #[arg(long = "plugin-dir")]
     plugin_dirs: Vec<PathBuf>,
-    /// Prompt tokens, comma-separated.
-    #[arg(long, value_delimiter = ',', default_value = "1,7,3,12")]
-    prompt: Vec<i64>,
+    /// The prompt: text when there is a tokenizer (--tokenizer, or a tokenizer.json beside the program), else
+    /// comma-separated token ids [default: 1,7,3,12]
+    #[arg(long)]
+    prompt: Option<String>,
+    /// The prompt as token ids, e.g. 1,7,3,12, with or without a tokenizer.
+    #[arg(long, value_delimiter = ',', num_args = 1.., conflicts_with = "prompt", value_name = "TOKENS")]
+    prompt_ids: Option<Vec<i64>>,
+    /// The model's tokenizer.json (Hugging Face tokenizers) [default: the tokenizer.json beside the program,
+    /// when there is one]
+    #[arg(long, value_name = "PATH")]
+    tokenizer: Option<PathBuf>,
+    /// Talk to the model: the prompt is --system (if any) and --user rendered with the checkpoint's chat
+    /// template (the tokenizer_config.json beside the tokenizer), ending where the assistant's reply begins.
+    #[arg(long, requires = "user", conflicts_with_all = ["prompt", "prompt_ids"])]
+    chat: bool,
+    /// The system turn of --chat.
+    #[arg(long, requires = "chat", value_name = "TEXT")]
+    system: Option<String>,
+    /// The user turn of --chat.
+    #[arg(long, requires = "chat", value_name = "TEXT")]
+    user: Option<String>,
     /// Decode steps after prefill.
     #[arg(long, default_value_t = 12)]
     steps: usize,
+    #[command(flatten)]
+    generation: text_gen::GenArgs,
     /// Load every plugin library found now (checking those with a manifest against it), instead of reading
     /// manifests only and loading a library when the program needs its backend (as `delegate-host --probe`).
     #[arg(long)]
@@ -88,21 +116,30 @@ fn main() -> ExitCode {
         .init();
     let args = Args::parse();
     let registry = registry(&args);
+    let (tokenizer, prompt, settings) = match text::read(&args) {
+        Ok(read) => read,
+        Err(err) => return fail(&err),
+    };
     let protocol = Protocol {
-        prompt: args.prompt.clone(),
-        steps: args.steps,
+        prompt,
+        steps: settings.steps.unwrap_or(args.steps),
         require_zero_copy: args.require_zero_copy,
     };
+    if settings.wanted(tokenizer.is_some()) {
+        return text::run(&args, &registry, &protocol, &settings, tokenizer.as_ref());
+    }
     let report = match runner::run_with_memory(&args.program, &registry, &protocol, args.memory) {
         Ok(report) => report,
-        Err(err) => {
-            let code = et_error::HasErrorCode::error_code(&err);
-            eprintln!("error: {err} [{}]", code.name());
-            return ExitCode::from(2);
-        }
+        Err(err) => return fail(&err),
     };
     let text = if args.json { json_report(&args, &protocol, &report) } else { text_report(&report) };
     emit(&text)
+}
+
+/// One `error: ... [Code]` line on stderr and exit status 2.
+fn fail(err: &(impl et_error::HasErrorCode + std::fmt::Display)) -> ExitCode {
+    eprintln!("error: {err} [{}]", err.error_code().name());
+    ExitCode::from(2)
 }
 
 /// What `measured` says in the JSON report: where the byte counts come from.

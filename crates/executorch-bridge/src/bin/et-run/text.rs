@@ -1,0 +1,159 @@
+//! `et-run`'s text, chat and sampling: the prompt read as `delegate-host run` reads it, and the generation
+//! with a sampler, stop rules and a streamed text reply ([`executorch_bridge::runner::run_choosing`]).
+//!
+//! Streamed, the reply's text goes to stdout as it is generated (one flush per token) and a summary line to
+//! stderr (`N tokens (stop: eos), time to first token X ms, Y tokens/s`); `--json` prints one object instead:
+//! `text` (without a tokenizer, none), `ids` (every generated id, the one that ended the reply included),
+//! `prompt_ids`, `stop` (`eos`, `stop_string`, `length`), `time_to_first_token_ms`, `tokens_per_s`,
+//! `sampling`, `planned_memory` and `served_by`.
+
+use std::io::Write;
+use std::process::ExitCode;
+use std::time::Instant;
+
+use executorch_bridge::runner::{self, Protocol};
+use host_runtime::plugins::Registry;
+use sampling::Params;
+use text_gen::{Detokenizer, Settings, StopChecker, StopReason, StopRules, TextError, TextTokenizer};
+
+use crate::{fail, Args};
+
+/// The example's prompt, when none is given.
+const DEFAULT_PROMPT: [i64; 4] = [1, 7, 3, 12];
+
+/// The tokenizer (given or beside the program), the prompt's ids and the checked sampling and stop options.
+pub fn read(args: &Args) -> Result<(Option<TextTokenizer>, Vec<i64>, Settings), TextError> {
+    let tokenizer = text_gen::find_tokenizer(&args.program, args.tokenizer.as_deref())?;
+    let prompt = match (&args.user, &tokenizer) {
+        (Some(user), Some(t)) => {
+            let messages = text_gen::chat::messages(args.system.clone(), user.clone());
+            let rendered = text_gen::ChatTemplate::beside(t)?.render(&messages)?;
+            text_gen::encode(t, "--chat", &rendered, false)?
+        }
+        (Some(_), None) => {
+            return Err(TextError::invalid(
+                "--chat needs the model's tokenizer: --tokenizer, or a tokenizer.json beside the program",
+            ))
+        }
+        (None, t) => text_gen::prompt_ids(args.prompt.as_deref(), args.prompt_ids.clone(), t.as_ref())?
+            .unwrap_or_else(|| DEFAULT_PROMPT.to_vec()),
+    };
+    let settings = args.generation.clone().settings(&args.program, tokenizer.is_some())?;
+    Ok((tokenizer, prompt, settings))
+}
+
+/// Why writing the reply stopped early.
+enum Closed {
+    /// The reader of stdout went away: end quietly, with success.
+    Quietly,
+    /// Writing failed otherwise.
+    Failed(std::io::Error),
+}
+
+fn write_out(text: &str) -> Result<(), Closed> {
+    let mut stdout = std::io::stdout().lock();
+    stdout.write_all(text.as_bytes()).and_then(|()| stdout.flush()).map_err(|err| match err.kind() {
+        std::io::ErrorKind::BrokenPipe => Closed::Quietly,
+        _ => Closed::Failed(err),
+    })
+}
+
+/// Runs the generation (see the module docs).
+pub fn run(
+    args: &Args,
+    registry: &Registry,
+    protocol: &Protocol,
+    settings: &Settings,
+    tokenizer: Option<&TextTokenizer>,
+) -> ExitCode {
+    let mut detokenizer = tokenizer.map(|t| Detokenizer::new(&t.tokenizer, &settings.stops));
+    // The budget is the protocol's steps (`--max-new-tokens` set them).
+    let mut stops = StopChecker::new(StopRules { max_new_tokens: None, ..settings.stop_rules() });
+    let stream = !args.json && detokenizer.is_some();
+    let mut history = protocol.prompt.clone();
+    let (mut stop, mut closed) = (StopReason::Length, None);
+    let start = Instant::now();
+    let mut times = Vec::new();
+    let choose = |row: &[f32], step: usize| {
+        let token = settings.sampler.pick(row, &history, step as u64) as i64;
+        history.push(token);
+        token
+    };
+    let go_on = |token: i64| {
+        times.push(start.elapsed());
+        if let Some(reason) = stops.push(token, "") {
+            stop = reason;
+            return false;
+        }
+        let Some(d) = detokenizer.as_mut() else { return true };
+        let pushed = d.push(token);
+        if stream && !pushed.text.is_empty() {
+            if let Err(err) = write_out(&pushed.text) {
+                closed = Some(err);
+                return false;
+            }
+        }
+        if pushed.stopped {
+            stop = StopReason::StopString;
+        }
+        !pushed.stopped
+    };
+    let report = match runner::run_choosing(&args.program, registry, protocol, args.memory, choose, go_on) {
+        Ok(report) => report,
+        Err(err) => return fail(&err),
+    };
+    match closed {
+        Some(Closed::Quietly) => return ExitCode::SUCCESS,
+        Some(Closed::Failed(err)) => return write_failure(&err),
+        None => {}
+    }
+    let rest = match (&mut detokenizer, stop) {
+        (Some(d), reason) if reason != StopReason::StopString => d.finish(),
+        _ => String::new(),
+    };
+    let (ttft, rate) = text_gen::speed(&times);
+    if stream {
+        let written = write_out(&format!("{rest}\n"));
+        eprintln!(
+            "{} tokens (stop: {}), time to first token {:.1} ms, {}",
+            report.tokens.len(),
+            stop.name(),
+            ttft.unwrap_or_default().as_secs_f64() * 1e3,
+            rate.map_or("- tokens/s".to_owned(), |r| format!("{r:.1} tokens/s"))
+        );
+        return match written {
+            Err(Closed::Failed(err)) => write_failure(&err),
+            _ => ExitCode::SUCCESS,
+        };
+    }
+    let json = serde_json::json!({
+        "program": args.program.display().to_string(),
+        "runtime": "executorch 1.5.1",
+        "text": detokenizer.as_ref().map(|d| d.text().to_owned()),
+        "ids": report.tokens,
+        "prompt_ids": protocol.prompt,
+        "stop": stop.name(),
+        "time_to_first_token_ms": ttft.map(|t| t.as_secs_f64() * 1e3),
+        "tokens_per_s": rate,
+        "sampling": params_json(settings.sampler.params()),
+        "planned_memory": report.planned_memory,
+        "served_by": report.served_by.iter().cloned().collect::<std::collections::BTreeMap<_, _>>(),
+    });
+    crate::emit(&format!("{json}\n"))
+}
+
+fn write_failure(err: &std::io::Error) -> ExitCode {
+    eprintln!("error: cannot write to stdout: {err} [{}]", et_error::ErrorCode::AccessFailed.name());
+    ExitCode::from(2)
+}
+
+fn params_json(p: &Params) -> serde_json::Value {
+    serde_json::json!({
+        "temperature": p.temperature,
+        "top_k": p.top_k,
+        "top_p": p.top_p,
+        "min_p": p.min_p,
+        "repetition_penalty": p.repetition_penalty,
+        "seed": p.seed,
+    })
+}
