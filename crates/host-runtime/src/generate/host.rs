@@ -3,9 +3,9 @@
 
 use program_manifest::Generate;
 
-use super::prompt::{prompt_calls, Call};
-use super::{i64_bytes, Generation, Options, Step, Timing};
-use crate::program::{Error, Program, RunStats};
+use super::prompt::{prompt_calls, run_calls, Call};
+use super::{Generation, Options, Step, Timing};
+use crate::program::{Error, Program};
 
 /// Runs the host loop, the prompt fed by [`prompt_calls`]: `choose` picks each step's token once the step ran
 /// (`program`, the method that ran last, the step's index), `observe` sees the step and says whether to go on (`false` ends the generation
@@ -82,24 +82,4 @@ pub(super) fn host_loop(
         }
     }
     Ok(generation)
-}
-
-/// Runs `calls` in order, each to completion: the method of the last (whose outputs hold the next token) and
-/// what the runs cost together.
-fn run_calls<'g>(
-    program: &mut Program,
-    g: &Generate,
-    calls: &[Call<'g>],
-) -> Result<(&'g str, RunStats), Error> {
-    let mut stats = RunStats::default();
-    for call in calls {
-        program.write_input(call.method, &g.token_input, &i64_bytes(call.tokens))?;
-        program.write_input(call.method, &g.position_input, &i64_bytes(&[call.position]))?;
-        let run = program.execute(call.method)?;
-        stats.elapsed += run.elapsed;
-        stats.copies.add(run.copies);
-    }
-    let last =
-        calls.last().ok_or_else(|| Error::Generation("the prompt is empty: nothing to feed".into()))?;
-    Ok((last.method, stats))
 }

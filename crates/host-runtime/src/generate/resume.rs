@@ -1,20 +1,23 @@
 //! Continuing a sequence from a position (after [`Program::rewind`] or [`Program::restore_cache`]): the
-//! tokens fed one by one through the decode method, then greedy decode steps, on the host loop.
+//! tokens fed as a prompt is (chunks through the prefill method, the rest one by one through decode), then
+//! greedy decode steps, on the host loop.
 
 use program_manifest::Generate;
 
+use super::prompt::{feed_calls, run_calls};
 use super::{i64_bytes, read_token, reserve};
 use crate::program::{Error, Program};
 
-/// Feeds `feed` at positions `position..` through the decode method (the tokens at those positions: after a
-/// rewind to `p`, the token that was at `p`; after a restored prompt prefix, the rest of the prompt), then
+/// Feeds `feed` at positions `position..` as a prompt is fed (the module docs: the tokens at those positions,
+/// after a rewind to `p` the token that was at `p`, after a restored prompt prefix the rest of the prompt), then
 /// runs `steps` decode steps feeding back each token. Returns the token after the last fed one, then one per
 /// step. The caches must hold positions `0..position` ([`Program::rewind`], [`Program::restore_cache`]).
 ///
 /// # Errors
 /// [`Error::NotAGenerator`] when the program has no `[generate]`; [`Error::Usage`] when `feed` is empty or
 /// the positions do not fit the caches or an `i64` position, before anything runs; the errors of the runs,
-/// [`Error::TornBuffers`] among them.
+/// [`Error::TornBuffers`] among them; [`Error::Generation`] when `feed` is not a multiple of a one-method
+/// program's token count.
 pub fn continue_from(
     program: &mut Program,
     position: u64,
@@ -41,11 +44,9 @@ pub fn continue_from(
     // `position <= end`, which fits an i64.
     let mut position = i64::try_from(position).map_err(|_| Error::Usage(format!("position {position}")))?;
     let mut tokens = Vec::with_capacity(reserve(&g, steps).saturating_add(1));
-    let mut token = 0;
-    for &fed in feed {
-        token = step(program, &g, fed, position)?;
-        position += 1;
-    }
+    let (method, _) = run_calls(program, &g, &feed_calls(program, &g, feed, position)?)?;
+    let mut token = read_token(program, &g, method)?;
+    position += fed as i64;
     tokens.push(token);
     for _ in 0..steps {
         token = step(program, &g, token, position)?;
