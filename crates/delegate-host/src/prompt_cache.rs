@@ -4,8 +4,8 @@
 //!
 //! Without a usable prefix (no file yet, or nothing in common) the prompt runs through the prefill method as
 //! a plain `run` does; with one, the caches are restored, rewound to the shared prefix, and the rest of the
-//! prompt is fed one token at a time through the decode method. Time to first token is from before the
-//! restore to the first generated token.
+//! prompt is fed as a prompt is (`continue_from`: chunks through a prefill method, the rest through decode).
+//! Time to first token is from before the restore to the first generated token.
 
 use std::path::Path;
 use std::time::Instant;

@@ -82,6 +82,26 @@ fn chunks_and_a_tail_of_any_length_give_the_tokens_of_token_by_token_prefill() {
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
 
+#[test]
+fn the_rest_of_a_prompt_after_a_cached_prefix_is_fed_in_chunks_as_a_fresh_run_feeds_it() {
+    let program = fixtures().join("prefill/llama_f32.pte");
+    let dir = tempfile::tempdir().expect("temp dir");
+    let cache = dir.path().join("prompt.safetensors");
+    let long: Vec<i64> = (0..12).map(|i| (i * 37 + 5) % 128).collect();
+    let cached = |prompt: &[i64]| {
+        let prompt: Vec<String> = prompt.iter().map(i64::to_string).collect();
+        let mut cmd = common::host();
+        cmd.env_remove("DELEGATE_PLUGIN_PATH").arg("run").arg(&program).args(["--prompt", &prompt.join(",")]);
+        cmd.args(["--steps", "4", "--json", "--prompt-cache"]).arg(&cache);
+        stdout_json(&run(&mut cmd))
+    };
+    cached(&long[..4]);
+    // 4 positions reused, the 8 tokens after them fed from position 4: two chunks of 3, then two through decode.
+    let json = cached(&long);
+    assert_eq!(json["prompt_cache"]["reused_positions"], 4, "{json}");
+    assert_eq!(tokens(&json), tokens(&generate(&program, &long, 4)), "a fresh run's tokens");
+}
+
 /// The same program for `CudaBackend` on a GPU (`cargo test -p delegate-host --test prefill -- --ignored` on an
 /// NVIDIA machine): the prompt's chunks and tail, then the device loop, with and without a CUDA graph, give the
 /// reference delegate's tokens with nothing copied and no host synchronisation per decode step.
