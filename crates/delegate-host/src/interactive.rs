@@ -10,11 +10,14 @@
 //! string, `--max-new-tokens` (or `--steps` + 1) or the caches' last position; its last token is not fed
 //! (the next turn's render holds it, or what the template puts in its place).
 //!
-//! Per turn, a line on stderr says how many tokens were fed and how many the caches kept; with `--json`,
-//! stdout gets one JSON object per turn instead of the streamed text (`fed`, `kept`, `ids`, `text`, `stop`).
+//! Per turn, a line on stderr says how many tokens were fed, how many the caches kept, the time to the first
+//! token (from the turn's start, its feeding included) and the tokens per second; with `--json`, stdout gets
+//! one JSON object per turn instead of the streamed text (`fed`, `kept`, `prompt_ids`, `ids`, `text`, `stop`,
+//! `time_to_first_token_ms`, `tokens_per_s`).
 
 use std::io::BufRead;
 use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
 
 use blob_format::model::DType;
 use host_runtime::generate::{last_row, last_row_bf16, last_row_f16};
@@ -36,6 +39,8 @@ struct Turn {
     ids: Vec<i64>,
     /// Why the reply ended.
     stop: StopReason,
+    /// Each reply token's time since the turn began (its feeding included).
+    times: Vec<Duration>,
 }
 
 /// The conversation's state on the program: what its caches hold.
@@ -88,6 +93,7 @@ pub fn run(
         let mut detokenizer = Detokenizer::new(&tokenizer.tokenizer, &settings.stops);
         let turn = session.turn(&ids, &mut detokenizer, !args.json)?;
         let text = detokenizer.text().to_owned();
+        let (ttft, rate) = text_gen::speed(&turn.times);
         if args.json {
             let value = json!({
                 "fed": turn.fed,
@@ -96,16 +102,20 @@ pub fn run(
                 "ids": turn.ids,
                 "text": text,
                 "stop": turn.stop.name(),
+                "time_to_first_token_ms": ttft.map(|t| t.as_secs_f64() * 1e3),
+                "tokens_per_s": rate,
             });
             emit(&format!("{value}\n"))?;
         } else {
             emit("\n")?;
             eprintln!(
-                "fed {} tokens ({} kept in the caches), {} tokens (stop: {})",
+                "fed {} tokens ({} kept in the caches), {} tokens (stop: {}), time to first token {:.1} ms, {}",
                 turn.fed,
                 turn.kept,
                 turn.ids.len(),
-                turn.stop.name()
+                turn.stop.name(),
+                ttft.unwrap_or_default().as_secs_f64() * 1e3,
+                rate.map_or("- tokens/s".to_owned(), |r| format!("{r:.1} tokens/s"))
             );
         }
         conversation.assistant(text);
@@ -164,6 +174,7 @@ impl<'a> Session<'a> {
                 ids.len()
             )));
         }
+        let start = Instant::now();
         let kept = self.cached.iter().zip(ids).take_while(|(a, b)| a == b).count();
         // The last token must be fed to get the logits that pick the reply's first token.
         let kept = kept.min(ids.len() - 1);
@@ -179,13 +190,14 @@ impl<'a> Session<'a> {
             max_new_tokens: self.budget,
             ..self.settings.stop_rules()
         });
-        let mut reply = Vec::new();
+        let (mut reply, mut times) = (Vec::new(), Vec::new());
         loop {
             let mut history = self.cached.clone();
             history.extend_from_slice(&reply);
             let token = self.settings.sampler.pick(&row, &history, self.generated) as i64;
             self.generated += 1;
             reply.push(token);
+            times.push(start.elapsed());
             let mut stop = stops.push(token, "");
             if stop != Some(StopReason::Eos) {
                 let pushed = detokenizer.push(token);
@@ -196,40 +208,23 @@ impl<'a> Session<'a> {
                     stop = Some(StopReason::StopString);
                 }
             }
+            // The caches' last position is taken: the token cannot be fed.
             let full = self.generate.max_positions.is_some_and(|max| self.cached.len() as u64 >= max);
-            match (stop, full) {
-                (Some(stop), _) => {
-                    return self.finish(detokenizer, stream, ids.len() - kept, kept, reply, stop)
-                }
-                (None, true) => {
-                    return self.finish(
-                        detokenizer,
-                        stream,
-                        ids.len() - kept,
-                        kept,
-                        reply,
-                        StopReason::Length,
-                    )
-                }
-                (None, false) => row = self.feed(token)?,
+            if let Some(stop) = stop.or(full.then_some(StopReason::Length)) {
+                let done = Turn { fed: ids.len() - kept, kept, ids: reply, stop, times };
+                return self.finish(detokenizer, stream, done);
             }
+            row = self.feed(token)?;
         }
     }
 
-    fn finish(
-        &self,
-        detokenizer: &mut Detokenizer<'_>,
-        stream: bool,
-        fed: usize,
-        kept: usize,
-        ids: Vec<i64>,
-        stop: StopReason,
-    ) -> Result<Turn, Failure> {
-        let rest = if stop == StopReason::StopString { String::new() } else { detokenizer.finish() };
+    /// Releases the reply's last text (none after a stop string) and returns the turn.
+    fn finish(&self, detokenizer: &mut Detokenizer<'_>, stream: bool, turn: Turn) -> Result<Turn, Failure> {
+        let rest = if turn.stop == StopReason::StopString { String::new() } else { detokenizer.finish() };
         if stream && !rest.is_empty() {
             emit(&rest)?;
         }
-        Ok(Turn { fed, kept, ids, stop })
+        Ok(turn)
     }
 
     /// Feeds `token` at the next position through the decode method; the last row of its logits.

@@ -265,6 +265,7 @@ fn an_interactive_chat_feeds_only_each_new_turn_and_keeps_the_conversation_in_th
     assert!(kept >= p1.len(), "the first turn was fed again: {second}");
     assert_eq!(second["fed"].as_u64(), Some((p2.len() - kept) as u64), "{second}");
     assert_eq!(ids(&second["ids"]).len(), 4, "{second}");
+    assert!(second["time_to_first_token_ms"].as_f64().is_some() && second["tokens_per_s"].as_f64().is_some());
 
     // The kept caches are the conversation's: the replies are those of runs fed each whole conversation.
     for turn in [first, second] {
