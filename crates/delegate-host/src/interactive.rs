@@ -5,8 +5,9 @@
 //! system turn and the earlier replies), encodes it, and feeds only the tokens past the longest prefix the
 //! caches already hold: the earlier turns are never fed again. Where the template rewrites what the caches
 //! hold (a reply re-encoded differently, a template that drops earlier text), the caches are rewound to the
-//! shared prefix ([`Program::rewind`]) and only the rest is fed. Tokens are fed one per call of the decode
-//! method, then the reply is sampled ([`sampling::Sampler`]) and ends at an end-of-sequence id, a `--stop`
+//! shared prefix ([`Program::rewind`]) and only the rest is fed: as a prompt is fed (in chunks through the
+//! prefill method, the rest through decode: [`host_runtime::generate::continue_from`]) but for its last token,
+//! fed through the decode method, whose logits pick the reply's first token. Then the reply is sampled ([`sampling::Sampler`]) and ends at an end-of-sequence id, a `--stop`
 //! string, `--max-new-tokens` (or `--steps` + 1) or the caches' last position; its last token is not fed
 //! (the next turn's render holds it, or what the template puts in its place).
 //!
@@ -182,10 +183,14 @@ impl<'a> Session<'a> {
             self.program.rewind(kept as u64)?;
             self.cached.truncate(kept);
         }
-        let mut row = Vec::new();
-        for &id in &ids[kept..] {
-            row = self.feed(id)?;
+        // All but the last new token as a prompt is fed (chunks through the prefill method, the rest through
+        // decode); the last through decode, whose logits pick the reply's first token.
+        let (head, last) = ids[kept..].split_at(ids.len() - kept - 1);
+        if !head.is_empty() {
+            host_runtime::generate::continue_from(&mut self.program, kept as u64, head, 0)?;
+            self.cached.extend_from_slice(head);
         }
+        let mut row = self.feed(last[0])?;
         let mut stops = StopChecker::new(text_gen::StopRules {
             max_new_tokens: self.budget,
             ..self.settings.stop_rules()

@@ -275,6 +275,24 @@ fn an_interactive_chat_feeds_only_each_new_turn_and_keeps_the_conversation_in_th
         assert_eq!(ids(&whole["ids"]), ids(&turn["ids"]), "{turn}");
     }
 
+    // A program of the same weights with a `prefill` method of 3 tokens a call: each turn's new tokens go
+    // through it in chunks, and the replies are the same.
+    let chunked = dir.path().join("prefill");
+    std::fs::create_dir(&chunked).expect("mkdir");
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    std::fs::copy(root.join("fixtures/executorch/prefill/llama_f32.pte"), chunked.join("llama.pte"))
+        .expect("copies");
+    for file in ["tokenizer.json", "tokenizer_config.json"] {
+        std::fs::copy(dir.path().join(file), chunked.join(file)).expect("copies");
+    }
+    let out = converse(&chunked.join("llama.pte"), "日本\n\nthe fox\n", &args);
+    assert!(out.status.success(), "stderr: {}", String::from_utf8_lossy(&out.stderr));
+    let replies: Vec<Vec<i64>> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|l| ids(&serde_json::from_str::<Value>(l).expect("a turn")["ids"]))
+        .collect();
+    assert_eq!(replies, [ids(&first["ids"]), ids(&second["ids"])]);
+
     // Streamed: each reply's text on its line, a stats line per turn on stderr naming what was fed.
     let out = converse(&program, "日本\nthe fox\n", &args[..4]);
     assert!(out.status.success(), "stderr: {}", String::from_utf8_lossy(&out.stderr));
