@@ -3,19 +3,24 @@
 //! 1. Blobs ([`golden`]): every golden blob of every wire-format version still reads, to the same model
 //!    (blob-format's `golden_models` snapshots and `native` tests), and every golden blob a recorded
 //!    blob-format release had is still committed, byte for byte.
-//! 2. Plugins across releases: the previous release's bundles (`fixtures/releases/<version>/`, as `cargo xtask
-//!    dist --out` wrote them) are unpacked; the new host lists their manifests and loads (`--probe`) every old
-//!    plugin whose ABI range overlaps its own; the old host (from its bundle) loads every new plugin whose range
-//!    overlaps the old host's; every old plugin the new host loads shows the capabilities its manifest records
-//!    (a plugin built before capabilities existed: the defaults).
-//! 3. Libraries: every plugin library (new and old) exports exactly the entry symbol; its root interface
-//!    version equals the previous release's (and delegate-abi's); a changed ABI or wire-format range needs a
-//!    changelog entry ([`changelog`] states the rule).
+//! 2. Plugins across releases: every kept release's bundles (`fixtures/releases/<version>/`, as `cargo xtask
+//!    dist --out` wrote them: 0.1.0 and 0.2.0 today) are unpacked, and for each ([`kept_releases`]): the new
+//!    host lists their manifests and loads (`--probe`) every old plugin whose ABI range overlaps its own; the
+//!    old host (from its bundle) loads every new plugin whose range overlaps the old host's; every old plugin
+//!    the new host loads shows the capabilities its manifest records (a plugin built before capabilities
+//!    existed: the defaults).
+//! 3. Libraries: every plugin library (new and of each kept release) exports exactly the entry symbol; its root
+//!    interface version equals each kept release's (and delegate-abi's); a changed ABI or wire-format range
+//!    since a kept release needs a changelog entry ([`changelog`] states the rule).
+//!
+//! 4. Sources ([`sources`]): the plugin and embedder sources written from each release's docs
+//!    (`xtask/compat-sources/<version>/`) build against today's crates.
 //!
 //! Without release fixtures, step 2 runs the new host against the new plugins only and says so.
 
 pub mod changelog;
 pub mod golden;
+pub mod sources;
 pub mod symbols;
 
 use std::path::{Path, PathBuf};
@@ -37,6 +42,7 @@ pub const FIXTURES: &str = "fixtures/releases";
 pub fn run(root: &Path, dist_dir: Option<&Path>, tensorrt: bool) -> anyhow::Result<()> {
     let started = std::time::Instant::now();
     golden::check(root)?;
+    sources::check(root)?;
     let dist_dir = match dist_dir {
         Some(dir) => dir.to_path_buf(),
         None => {
@@ -50,23 +56,49 @@ pub fn run(root: &Path, dist_dir: Option<&Path>, tensorrt: bool) -> anyhow::Resu
     let new_set = Unpacked::new(&dist_dir, &new, &scratch.path().join("new"))?;
     check_libraries(&new_set.plugins, "this build's")?;
     let new_host = new_set.host.clone().context("this dist has no host bundle")?;
-    let new_range = delegate_abi::abi::AbiRange::CURRENT;
-    let new_span = AbiSpan { min: new_range.min, max: new_range.max };
     // The new plugins in the new host: the baseline every older host is compared with.
-    expect_loaded(&new_host, new_span, &new_set.plugins, "the new host", "new")?;
+    expect_loaded(&new_host, new_span(), &new_set.plugins, "the new host", "new")?;
 
-    let Some((version, dir)) = previous_release(root)? else {
+    let kept = kept_releases(root)?;
+    if kept.is_empty() {
         eprintln!(
-            "compat: no previous release fixtures under {FIXTURES}/ yet: old plugins in the new host, new plugins \
-             in the old host and the ABI/wire-format changelog rule are skipped. After recording a release, keep \
-             its bundles with `cargo xtask dist --out {FIXTURES}/<version>` (e.g. {FIXTURES}/0.1.0) and commit them."
+            "compat: no release fixtures under {FIXTURES}/ yet: old plugins in the new host, new plugins in the \
+             old host and the ABI/wire-format changelog rule are skipped. After recording a release, keep its \
+             bundles with `cargo xtask dist --out {FIXTURES}/<version>` (e.g. {FIXTURES}/0.1.0) and commit them."
         );
         eprintln!("compat: passed ({:.0?})", started.elapsed());
         return Ok(());
-    };
-    eprintln!("compat: previous release {version} ({})", dir.display());
-    let old = DistManifest::load(&dir)?;
-    let old_set = Unpacked::new(&dir, &old, &scratch.path().join("old"))?;
+    }
+    let workspace = Workspace::load(root)?;
+    let mut problems = Vec::new();
+    for (version, dir) in &kept {
+        let into = scratch.path().join(version.to_string());
+        problems.extend(check_release(root, &workspace, version, dir, &into, &new_set)?);
+    }
+    if !problems.is_empty() {
+        bail!("compat: {}", problems.join("\n  "));
+    }
+    let list: Vec<String> = kept.iter().map(|(v, _)| v.to_string()).collect();
+    eprintln!("compat: passed against releases {} ({:.0?})", list.join(", "), started.elapsed());
+    Ok(())
+}
+
+/// The gate against one kept release (`version`'s bundles in `dir`, unpacked into `into`): its plugins in the
+/// new host with the capabilities they record, the new plugins in its host, one entry symbol and the permanent
+/// root interface version, and the changelog rule since it. Returns the changelog rule's problems (and
+/// plugins the new dist lacks); fails at once on the rest.
+fn check_release(
+    root: &Path,
+    workspace: &Workspace,
+    version: &semver::Version,
+    dir: &Path,
+    into: &Path,
+    new_set: &Unpacked,
+) -> anyhow::Result<Vec<String>> {
+    eprintln!("compat: release {version} ({})", dir.display());
+    let new_host = new_set.host.clone().context("this dist has no host bundle")?;
+    let old = DistManifest::load(dir)?;
+    let old_set = Unpacked::new(dir, &old, into)?;
     check_libraries(&old_set.plugins, &format!("release {version}'s"))?;
     if let Some(host) = old.artifacts.iter().find_map(|a| a.host.as_ref()) {
         anyhow::ensure!(
@@ -79,7 +111,7 @@ pub fn run(root: &Path, dist_dir: Option<&Path>, tensorrt: bool) -> anyhow::Resu
     // Old plugins in the new host, with the capabilities they state (the defaults for plugins built before
     // capabilities were appended to the ABI).
     expect_listed(&new_host, &old_set.plugins)?;
-    expect_loaded(&new_host, new_span, &old_set.plugins, "the new host", &format!("release {version}'s"))?;
+    expect_loaded(&new_host, new_span(), &old_set.plugins, "the new host", &format!("release {version}'s"))?;
     expect_capabilities(&new_host, &old_set.plugins, &format!("release {version}'s"))?;
     // New plugins in the old host.
     let old_host = old_set.host.clone().with_context(|| format!("release {version} has no host bundle"))?;
@@ -88,15 +120,32 @@ pub fn run(root: &Path, dist_dir: Option<&Path>, tensorrt: bool) -> anyhow::Resu
         .iter()
         .find_map(|a| a.host.as_ref())
         .map(|h| AbiSpan { min: h.abi_min, max: h.abi_max })
-        .context("the previous dist-manifest.json does not say which ABI versions its host speaks")?;
+        .with_context(|| {
+            format!("release {version}'s dist-manifest.json does not say which ABI versions its host speaks")
+        })?;
     expect_loaded(&old_host, old_span, &new_set.plugins, &format!("release {version}'s host"), "new")?;
+    Ok(changelog_problems(root, workspace, version, &old_set, new_set))
+}
 
-    // ABI and wire-format changes need their changelog entries.
-    let workspace = Workspace::load(root)?;
+/// The changelog rule for every new plugin against its `version` bundle, and every plugin of that release the
+/// new dist lacks.
+fn changelog_problems(
+    root: &Path,
+    workspace: &Workspace,
+    version: &semver::Version,
+    old_set: &Unpacked,
+    new_set: &Unpacked,
+) -> Vec<String> {
     let mut problems = Vec::new();
     for new_plugin in &new_set.plugins {
         let Some(old_plugin) = old_set.plugins.iter().find(|p| p.krate == new_plugin.krate) else { continue };
-        let since = semver::Version::parse(&old_plugin.version)?;
+        let Ok(since) = semver::Version::parse(&old_plugin.version) else {
+            problems.push(format!(
+                "release {version}'s {} has no semver version ({})",
+                old_plugin.krate, old_plugin.version
+            ));
+            continue;
+        };
         let mut logs = Vec::new();
         let spec = PLUGINS.iter().find(|p| p.krate == new_plugin.krate);
         for krate in
@@ -120,17 +169,13 @@ pub fn run(root: &Path, dist_dir: Option<&Path>, tensorrt: bool) -> anyhow::Resu
             problems.push(format!("{} (release {version}) is not in this dist", old_plugin.krate));
         }
     }
-    if !problems.is_empty() {
-        bail!("compat: {}", problems.join("\n  "));
-    }
-    eprintln!("compat: passed against release {version} ({:.0?})", started.elapsed());
-    Ok(())
+    problems
 }
 
-/// The newest `fixtures/releases/<version>/` holding a `dist-manifest.json`.
-pub fn previous_release(root: &Path) -> anyhow::Result<Option<(semver::Version, PathBuf)>> {
+/// Every kept release: each `fixtures/releases/<version>/` holding a `dist-manifest.json`, oldest first.
+pub fn kept_releases(root: &Path) -> anyhow::Result<Vec<(semver::Version, PathBuf)>> {
     let dir = root.join(FIXTURES);
-    let Ok(entries) = std::fs::read_dir(&dir) else { return Ok(None) };
+    let Ok(entries) = std::fs::read_dir(&dir) else { return Ok(Vec::new()) };
     let mut found = Vec::new();
     for entry in entries {
         let path = entry?.path();
@@ -141,7 +186,7 @@ pub fn previous_release(root: &Path) -> anyhow::Result<Option<(semver::Version, 
         }
     }
     found.sort();
-    Ok(found.pop())
+    Ok(found)
 }
 
 /// One unpacked plugin bundle.
@@ -209,6 +254,12 @@ fn check_libraries(plugins: &[UnpackedPlugin], whose: &str) -> anyhow::Result<()
         );
     }
     Ok(())
+}
+
+/// The ABI versions this build's host speaks.
+fn new_span() -> AbiSpan {
+    let range = delegate_abi::abi::AbiRange::CURRENT;
+    AbiSpan { min: range.min, max: range.max }
 }
 
 fn overlaps(a: AbiSpan, b: AbiSpan) -> bool {
@@ -364,9 +415,9 @@ mod tests {
     }
 
     #[test]
-    fn the_previous_release_is_the_newest_version_directory_with_a_dist_manifest() {
+    fn every_version_directory_with_a_dist_manifest_is_a_kept_release_oldest_first() {
         let root = tempfile::tempdir().expect("tempdir");
-        assert!(previous_release(root.path()).expect("no fixtures").is_none());
+        assert!(kept_releases(root.path()).expect("no fixtures").is_empty());
         for (version, with_manifest) in [("0.1.0", true), ("0.10.0", true), ("0.9.0", true), ("1.0.0", false)]
         {
             let dir = root.path().join(FIXTURES).join(version);
@@ -376,8 +427,9 @@ mod tests {
             }
         }
         std::fs::create_dir_all(root.path().join(FIXTURES).join("notes")).expect("dir");
-        let (version, dir) = previous_release(root.path()).expect("read").expect("found");
-        assert_eq!(version, semver::Version::new(0, 10, 0));
-        assert!(dir.ends_with("fixtures/releases/0.10.0"));
+        let kept = kept_releases(root.path()).expect("read");
+        let versions: Vec<String> = kept.iter().map(|(v, _)| v.to_string()).collect();
+        assert_eq!(versions, ["0.1.0", "0.9.0", "0.10.0"]);
+        assert!(kept[2].1.ends_with("fixtures/releases/0.10.0"));
     }
 }

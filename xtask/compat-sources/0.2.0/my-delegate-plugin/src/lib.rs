@@ -1,0 +1,1 @@
+delegate_abi::export_delegate!(my_delegate::Doubler);
