@@ -108,34 +108,73 @@ pub fn validate_format(header: &Header) -> Result<AliasPlan, Error> {
 /// ```
 pub fn validate_with_engine(header: &Header, engine: &dyn EngineIntrospect) -> Result<AliasPlan, Error> {
     let FormatChecked { by_name, mut aliases, .. } = check_format(header)?;
-
-    // 1. The engine's tensors, by name.
     let tensors = engine.tensors();
-    let mut engine_by_name: HashMap<&str, &EngineTensor> = HashMap::with_capacity(tensors.len());
-    for tensor in &tensors {
-        if engine_by_name.insert(tensor.name.as_str(), tensor).is_some() {
-            return Err(Error::DuplicateEngineTensor { name: tensor.name.clone() });
-        }
+    let facts = EngineFacts::read(engine, &tensors)?;
+    check_bindings_against_engine(header, &facts)?;
+    check_engine_tensors_bound(&tensors, &facts, &by_name)?;
+    for alias in &aliases {
+        check_blob_alias(header, &facts, alias)?;
     }
-    let reports_aliases = engine.reports_aliases();
-    // The engine's own aliases, output -> input, in engine order (asked once per output).
-    let engine_aliases: Vec<(&str, String)> = if reports_aliases {
-        tensors
-            .iter()
-            .filter(|tensor| tensor.role == Role::Output)
-            .filter_map(|tensor| {
-                engine.aliased_input(&tensor.name).map(|input| (tensor.name.as_str(), input))
-            })
-            .collect()
-    } else {
-        Vec::new()
-    };
-    let engine_alias_of: HashMap<&str, &str> =
-        engine_aliases.iter().map(|(output, input)| (*output, input.as_str())).collect();
+    let mut warnings = Vec::new();
+    for (output, input) in &facts.aliases {
+        if aliases.iter().any(|alias| alias.output == *output) {
+            continue; // A blob alias of this output, verified in step 4.
+        }
+        let (alias, warning) = engine_alias_added(&facts, &by_name, &aliases, output, input)?;
+        tracing::warn!(output = %output, input = %input, "{warning}");
+        warnings.push(warning);
+        aliases.push(alias);
+    }
+    Ok(AliasPlan { aliases, warnings })
+}
 
-    // 2. Every binding against its engine tensor.
+/// What the engine says of itself, read once (engine rule 1).
+struct EngineFacts<'t> {
+    /// The engine's tensors, by name (names are unique).
+    by_name: HashMap<&'t str, &'t EngineTensor>,
+    /// Whether the engine can report its aliases.
+    reports_aliases: bool,
+    /// The engine's own aliases, output -> input, in engine order (asked once per output).
+    aliases: Vec<(&'t str, String)>,
+    /// Index into `aliases` by output name.
+    alias_index: HashMap<&'t str, usize>,
+}
+
+impl<'t> EngineFacts<'t> {
+    /// Indexes `tensors` (the engine's own) by name and asks the engine for each output's alias.
+    fn read(engine: &dyn EngineIntrospect, tensors: &'t [EngineTensor]) -> Result<Self, Error> {
+        let mut by_name: HashMap<&str, &EngineTensor> = HashMap::with_capacity(tensors.len());
+        for tensor in tensors {
+            if by_name.insert(tensor.name.as_str(), tensor).is_some() {
+                return Err(Error::DuplicateEngineTensor { name: tensor.name.clone() });
+            }
+        }
+        let reports_aliases = engine.reports_aliases();
+        let aliases: Vec<(&str, String)> = if reports_aliases {
+            tensors
+                .iter()
+                .filter(|tensor| tensor.role == Role::Output)
+                .filter_map(|tensor| {
+                    engine.aliased_input(&tensor.name).map(|input| (tensor.name.as_str(), input))
+                })
+                .collect()
+        } else {
+            Vec::new()
+        };
+        let alias_index = aliases.iter().enumerate().map(|(index, (output, _))| (*output, index)).collect();
+        Ok(EngineFacts { by_name, reports_aliases, aliases, alias_index })
+    }
+
+    /// The input the engine aliases onto `output`, if any.
+    fn alias_of(&self, output: &str) -> Option<&str> {
+        self.alias_index.get(output).map(|&index| self.aliases[index].1.as_str())
+    }
+}
+
+/// Engine rule 2: every binding against its engine tensor.
+fn check_bindings_against_engine(header: &Header, facts: &EngineFacts<'_>) -> Result<(), Error> {
     for binding in &header.bindings {
-        let Some(tensor) = engine_by_name.get(binding.name.as_str()) else {
+        let Some(tensor) = facts.by_name.get(binding.name.as_str()) else {
             return Err(Error::BindingNotInEngine { name: binding.name.clone(), role: binding.role });
         };
         if tensor.role != binding.role {
@@ -160,113 +199,115 @@ pub fn validate_with_engine(header: &Header, engine: &dyn EngineIntrospect) -> R
             }
         }
     }
+    Ok(())
+}
 
-    // 3. Every engine tensor the delegate must give storage to has a binding.
-    for tensor in &tensors {
-        let needs_binding = tensor.role == Role::Input || !engine_alias_of.contains_key(tensor.name.as_str());
+/// Engine rule 3: every engine tensor the delegate must give storage to has a binding.
+fn check_engine_tensors_bound(
+    tensors: &[EngineTensor],
+    facts: &EngineFacts<'_>,
+    by_name: &HashMap<&str, usize>,
+) -> Result<(), Error> {
+    for tensor in tensors {
+        let needs_binding = tensor.role == Role::Input || facts.alias_of(&tensor.name).is_none();
         if needs_binding && !by_name.contains_key(tensor.name.as_str()) {
             return Err(Error::EngineTensorUnbound { name: tensor.name.clone(), role: tensor.role });
         }
     }
+    Ok(())
+}
 
-    // 4. The blob's aliases against the engine's.
-    for alias in &aliases {
-        let engine_input = engine_alias_of.get(alias.output.as_str()).copied();
-        match alias.kind {
-            ValidKind::KvCacheUpdate => {
-                if !reports_aliases {
-                    return Err(Error::EngineCannotReportAliases {
-                        output: alias.output.clone(),
-                        input: alias.input.clone(),
-                    });
-                }
-                match engine_input {
-                    None => {
-                        return Err(Error::KvCacheNotAliasedByEngine {
-                            output: alias.output.clone(),
-                            input: alias.input.clone(),
-                        })
-                    }
-                    Some(engine_input) if engine_input != alias.input => {
-                        return Err(Error::KvCacheInputMismatch {
-                            output: alias.output.clone(),
-                            blob_input: alias.input.clone(),
-                            engine_input: engine_input.to_owned(),
-                        })
-                    }
-                    Some(_) => {}
-                }
+/// Engine rule 4: one blob alias against the engine's.
+fn check_blob_alias(header: &Header, facts: &EngineFacts<'_>, alias: &PlannedAlias) -> Result<(), Error> {
+    let engine_input = facts.alias_of(&alias.output);
+    match alias.kind {
+        ValidKind::KvCacheUpdate => check_kv_cache_alias(facts.reports_aliases, engine_input, alias),
+        ValidKind::User => {
+            if let Some(engine_input) = engine_input.filter(|&input| input != alias.input) {
+                return Err(Error::UserAliasConflictsWithEngine {
+                    output: alias.output.clone(),
+                    blob_input: alias.input.clone(),
+                    engine_input: engine_input.to_owned(),
+                });
             }
-            ValidKind::User => {
-                if let Some(engine_input) = engine_input.filter(|&input| input != alias.input) {
-                    return Err(Error::UserAliasConflictsWithEngine {
-                        output: alias.output.clone(),
-                        blob_input: alias.input.clone(),
-                        engine_input: engine_input.to_owned(),
-                    });
-                }
-                // Both names are engine tensors (rule 2); the engine's declaration decides the shapes, and
-                // the dtype is the engine's where it reports one, else the blob's (they agree when both exist).
-                let side = |name: &str, binding: Option<usize>| {
-                    let tensor = engine_by_name.get(name);
-                    let dtype = tensor
-                        .and_then(|t| t.dtype)
-                        .or_else(|| binding.and_then(|i| header.bindings.get(i)).and_then(|b| b.dtype));
-                    (dtype, tensor.map(|t| t.shape.as_slice()))
-                };
-                check_user(
-                    &alias.output,
-                    &alias.input,
-                    side(&alias.output, alias.output_binding),
-                    side(&alias.input, Some(alias.input_binding)),
-                )?;
-            }
+            // Both names are engine tensors (rule 2); the engine's declaration decides the shapes, and the
+            // dtype is the engine's where it reports one, else the blob's (they agree when both exist).
+            let side = |name: &str, binding: Option<usize>| {
+                let tensor = facts.by_name.get(name);
+                let dtype = tensor
+                    .and_then(|t| t.dtype)
+                    .or_else(|| binding.and_then(|i| header.bindings.get(i)).and_then(|b| b.dtype));
+                (dtype, tensor.map(|t| t.shape.as_slice()))
+            };
+            let output = side(&alias.output, alias.output_binding);
+            check_user(&alias.output, &alias.input, output, side(&alias.input, Some(alias.input_binding)))?;
+            Ok(())
         }
     }
+}
 
-    // 5. Engine aliases the blob lacks: the engine is the source of truth.
-    let mut warnings = Vec::new();
-    for (output, input) in &engine_aliases {
-        if aliases.iter().any(|alias| alias.output == *output) {
-            continue; // A blob alias of this output, verified in step 4.
-        }
-        let unresolved =
-            || Error::EngineAliasUnresolved { output: (*output).to_owned(), input: input.clone() };
-        let input_tensor = engine_by_name.get(input.as_str()).ok_or_else(unresolved)?;
-        if input_tensor.role != Role::Input {
-            return Err(unresolved());
-        }
-        // Step 3 bound every engine input; stay total regardless.
-        let input_binding = by_name
-            .get(input.as_str())
-            .copied()
-            .ok_or_else(|| Error::EngineTensorUnbound { name: input.clone(), role: Role::Input })?;
-        if let Some(previous) = aliases.iter().find(|alias| alias.input == *input) {
-            return Err(Error::InputAliasedTwice {
-                input: input.clone(),
-                first_output: previous.output.clone(),
-                second_output: (*output).to_owned(),
-            });
-        }
-        let output_binding = by_name.get(output).copied();
-        let warning = Warning::EngineAliasAdded {
-            output: (*output).to_owned(),
-            input: input.clone(),
-            output_bound: output_binding.is_some(),
-        };
-        tracing::warn!(output = %output, input = %input, "{warning}");
-        warnings.push(warning);
-        aliases.push(PlannedAlias {
-            output: (*output).to_owned(),
-            input: input.clone(),
-            kind: ValidKind::KvCacheUpdate,
-            output_binding,
-            input_binding,
-            source: AliasSource::Engine,
+/// A `kv_cache_update` alias must be the engine's own, which needs an engine that reports aliases.
+fn check_kv_cache_alias(
+    reports_aliases: bool,
+    engine_input: Option<&str>,
+    alias: &PlannedAlias,
+) -> Result<(), Error> {
+    let (output, input) = (alias.output.clone(), alias.input.clone());
+    if !reports_aliases {
+        return Err(Error::EngineCannotReportAliases { output, input });
+    }
+    match engine_input {
+        None => Err(Error::KvCacheNotAliasedByEngine { output, input }),
+        Some(engine_input) if engine_input != alias.input => Err(Error::KvCacheInputMismatch {
+            output,
+            blob_input: input,
+            engine_input: engine_input.to_owned(),
+        }),
+        Some(_) => Ok(()),
+    }
+}
+
+/// Engine rule 5: an engine alias the blob lacks, added (the engine is the source of truth) provided its input
+/// is a bound engine input no other alias targets.
+fn engine_alias_added(
+    facts: &EngineFacts<'_>,
+    by_name: &HashMap<&str, usize>,
+    aliases: &[PlannedAlias],
+    output: &str,
+    input: &str,
+) -> Result<(PlannedAlias, Warning), Error> {
+    let unresolved = || Error::EngineAliasUnresolved { output: output.to_owned(), input: input.to_owned() };
+    let input_tensor = facts.by_name.get(input).ok_or_else(unresolved)?;
+    if input_tensor.role != Role::Input {
+        return Err(unresolved());
+    }
+    // Rule 3 bound every engine input; stay total regardless.
+    let input_binding = by_name
+        .get(input)
+        .copied()
+        .ok_or_else(|| Error::EngineTensorUnbound { name: input.to_owned(), role: Role::Input })?;
+    if let Some(previous) = aliases.iter().find(|alias| alias.input == input) {
+        return Err(Error::InputAliasedTwice {
+            input: input.to_owned(),
+            first_output: previous.output.clone(),
+            second_output: output.to_owned(),
         });
     }
-
-    Ok(AliasPlan { aliases, warnings })
+    let output_binding = by_name.get(output).copied();
+    let warning = Warning::EngineAliasAdded {
+        output: output.to_owned(),
+        input: input.to_owned(),
+        output_bound: output_binding.is_some(),
+    };
+    let alias = PlannedAlias {
+        output: output.to_owned(),
+        input: input.to_owned(),
+        kind: ValidKind::KvCacheUpdate,
+        output_binding,
+        input_binding,
+        source: AliasSource::Engine,
+    };
+    Ok((alias, warning))
 }
 
 /// What the format rules established.
@@ -280,7 +321,22 @@ struct FormatChecked<'h> {
 }
 
 fn check_format(header: &Header) -> Result<FormatChecked<'_>, Error> {
-    // 1. Unique binding names.
+    let by_name = index_bindings(header)?;
+    let mut aliases: Vec<PlannedAlias> = Vec::with_capacity(header.aliases.len());
+    let mut unchecked_user = Vec::new();
+    for alias in &header.aliases {
+        let (planned, user_checked) = resolve_blob_alias(header, &by_name, &aliases, alias)?;
+        if !user_checked {
+            unchecked_user.push(aliases.len());
+        }
+        aliases.push(planned);
+    }
+    check_unthreaded(header, &aliases)?;
+    Ok(FormatChecked { by_name, aliases, unchecked_user })
+}
+
+/// Format rule 1: unique binding names; each binding's index by name.
+fn index_bindings(header: &Header) -> Result<HashMap<&str, usize>, Error> {
     let mut by_name: HashMap<&str, usize> = HashMap::with_capacity(header.bindings.len());
     for (index, binding) in header.bindings.iter().enumerate() {
         if let Some(&first) = by_name.get(binding.name.as_str()) {
@@ -288,71 +344,81 @@ fn check_format(header: &Header) -> Result<FormatChecked<'_>, Error> {
         }
         by_name.insert(binding.name.as_str(), index);
     }
+    Ok(by_name)
+}
 
-    // 2. The alias table.
-    let mut aliases: Vec<PlannedAlias> = Vec::with_capacity(header.aliases.len());
-    let mut unchecked_user = Vec::new();
-    for alias in &header.aliases {
-        let output_binding = by_name.get(alias.output.as_str()).copied();
-        let input_binding = by_name.get(alias.input.as_str()).copied();
-        let (Some(output_binding), Some(input_binding)) = (output_binding, input_binding) else {
-            return Err(Error::AliasNamesNotFound {
-                output: alias.output.clone(),
-                input: alias.input.clone(),
-                output_found: output_binding.is_some(),
-                input_found: input_binding.is_some(),
-            });
-        };
-        let output = &header.bindings[output_binding];
-        let input = &header.bindings[input_binding];
-        for (binding, expected) in [(output, Role::Output), (input, Role::Input)] {
-            if binding.role != expected {
-                return Err(Error::AliasRoleMismatch {
-                    output: alias.output.clone(),
-                    input: alias.input.clone(),
-                    name: binding.name.clone(),
-                    expected,
-                    found: binding.role,
-                });
-            }
-        }
-        let kind = ValidKind::from_alias_kind(&alias.kind).ok_or_else(|| unknown_kind(alias))?;
-        if let Some(previous) = aliases.iter().find(|planned| planned.output == alias.output) {
-            return Err(Error::OutputAliasedTwice {
-                output: alias.output.clone(),
-                first_input: previous.input.clone(),
-                second_input: alias.input.clone(),
-            });
-        }
-        if let Some(previous) = aliases.iter().find(|planned| planned.input == alias.input) {
-            return Err(Error::InputAliasedTwice {
-                input: alias.input.clone(),
-                first_output: previous.output.clone(),
-                second_output: alias.output.clone(),
-            });
-        }
-        if kind == ValidKind::User {
-            let checked = check_user(
-                &alias.output,
-                &alias.input,
-                (output.dtype, output.shape.as_deref()),
-                (input.dtype, input.shape.as_deref()),
-            )?;
-            if !checked {
-                unchecked_user.push(aliases.len());
-            }
-        }
-        aliases.push(PlannedAlias {
+/// Format rule 2 for one alias of the table, given the aliases before it: the alias resolved, and whether
+/// everything a `user` alias needs was recorded (always `true` for `kv_cache_update`).
+fn resolve_blob_alias(
+    header: &Header,
+    by_name: &HashMap<&str, usize>,
+    earlier: &[PlannedAlias],
+    alias: &Alias,
+) -> Result<(PlannedAlias, bool), Error> {
+    let output_binding = by_name.get(alias.output.as_str()).copied();
+    let input_binding = by_name.get(alias.input.as_str()).copied();
+    let (Some(output_binding), Some(input_binding)) = (output_binding, input_binding) else {
+        return Err(Error::AliasNamesNotFound {
             output: alias.output.clone(),
             input: alias.input.clone(),
-            kind,
-            output_binding: Some(output_binding),
-            input_binding,
-            source: AliasSource::Blob,
+            output_found: output_binding.is_some(),
+            input_found: input_binding.is_some(),
+        });
+    };
+    let output = &header.bindings[output_binding];
+    let input = &header.bindings[input_binding];
+    for (binding, expected) in [(output, Role::Output), (input, Role::Input)] {
+        if binding.role != expected {
+            return Err(Error::AliasRoleMismatch {
+                output: alias.output.clone(),
+                input: alias.input.clone(),
+                name: binding.name.clone(),
+                expected,
+                found: binding.role,
+            });
+        }
+    }
+    let kind = ValidKind::from_alias_kind(&alias.kind).ok_or_else(|| unknown_kind(alias))?;
+    check_aliased_once(earlier, alias)?;
+    let user_checked = kind != ValidKind::User
+        || check_user(
+            &alias.output,
+            &alias.input,
+            (output.dtype, output.shape.as_deref()),
+            (input.dtype, input.shape.as_deref()),
+        )?;
+    let planned = PlannedAlias {
+        output: alias.output.clone(),
+        input: alias.input.clone(),
+        kind,
+        output_binding: Some(output_binding),
+        input_binding,
+        source: AliasSource::Blob,
+    };
+    Ok((planned, user_checked))
+}
+
+/// No output and no input of `alias` appears in an earlier alias.
+fn check_aliased_once(earlier: &[PlannedAlias], alias: &Alias) -> Result<(), Error> {
+    if let Some(previous) = earlier.iter().find(|planned| planned.output == alias.output) {
+        return Err(Error::OutputAliasedTwice {
+            output: alias.output.clone(),
+            first_input: previous.input.clone(),
+            second_input: alias.input.clone(),
         });
     }
+    if let Some(previous) = earlier.iter().find(|planned| planned.input == alias.input) {
+        return Err(Error::InputAliasedTwice {
+            input: alias.input.clone(),
+            first_output: previous.output.clone(),
+            second_output: alias.output.clone(),
+        });
+    }
+    Ok(())
+}
 
-    // 3. Unthreaded bindings must be aliased outputs.
+/// Format rule 3: unthreaded bindings must be aliased outputs.
+fn check_unthreaded(header: &Header, aliases: &[PlannedAlias]) -> Result<(), Error> {
     for binding in header.bindings.iter().filter(|binding| !binding.threaded) {
         let aliased_output =
             binding.role == Role::Output && aliases.iter().any(|alias| alias.output == binding.name);
@@ -360,8 +426,7 @@ fn check_format(header: &Header) -> Result<FormatChecked<'_>, Error> {
             return Err(Error::UnthreadedNotAliasedOutput { name: binding.name.clone(), role: binding.role });
         }
     }
-
-    Ok(FormatChecked { by_name, aliases, unchecked_user })
+    Ok(())
 }
 
 /// Checks a `user` alias's two sides, `(dtype, shape)` each where known. `Ok(true)` when everything was
