@@ -22,6 +22,9 @@
 //!   by an entry of `declared-breaks.toml` naming the crate and that release ([`super::declared`]); either asks
 //!   for a major bump. One that the semver check finds but nothing declares, such as a `fix:` that removes a
 //!   public item, stops the plan ([`Stop`], which `--json` prints).
+//! - A `stable ABI` crate (delegate-abi) never takes a breaking bump: abi_stable writes its version into every
+//!   type layout and refuses another 0.x minor (or major), so its breaking source changes ship as a patch
+//!   (minor from 1.0) and propagate to its dependents as a breaking release would.
 
 use std::collections::BTreeSet;
 use std::fmt::Write as _;
@@ -110,6 +113,9 @@ pub struct CratePlan {
     pub reasons: Vec<String>,
     /// The breaking changes `declared-breaks.toml` declares since the last release.
     pub declared_breaks: Vec<DeclaredBreak>,
+    /// A `stable ABI` crate's breaking source change released in a compatible version (its version is part of
+    /// the binary ABI); it propagates to dependents as a breaking release does.
+    pub source_breaking: bool,
     /// The dependents that need a release because of this one.
     pub dependents: Vec<Dependent>,
 }

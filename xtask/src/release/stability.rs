@@ -24,6 +24,13 @@ impl Tier {
         self.name.trim().eq_ignore_ascii_case("internal")
     }
 
+    /// `stable ABI`: the crate's version is part of the plugins' binary ABI (abi_stable writes
+    /// `<crate>;<version>` into every type layout and refuses another 0.x minor, or another major), so it never
+    /// takes a breaking version bump while the ABI lasts.
+    pub fn is_binary_abi(&self) -> bool {
+        self.name.trim().eq_ignore_ascii_case("stable ABI")
+    }
+
     /// The tier of a crate the table does not list: treated as promising semver (never as internal).
     pub fn unlisted() -> Tier {
         Tier { name: "unlisted".into() }

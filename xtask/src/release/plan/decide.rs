@@ -66,7 +66,8 @@ fn propagation(input: &Input, names: &BTreeSet<&str>, planned: &[CratePlan]) -> 
         let Some(dep_plan) = planned.iter().find(|p| p.name == *dep) else {
             bail!("{} comes before its dependency {dep}: the inputs are not in publish order", input.name);
         };
-        if input.last.is_none() || dep_plan.first_release || dep_plan.bump != Bump::Major {
+        let breaking = dep_plan.bump == Bump::Major || dep_plan.source_breaking;
+        if input.last.is_none() || dep_plan.first_release || !breaking {
             continue;
         }
         let Some(version) = &dep_plan.proposed else { continue };
@@ -113,8 +114,26 @@ fn decide_release(
         .then(|| undeclared_breaking(input, last));
     plan.reasons.extend(propagated);
     plan.bump = plan.commit_bump.max(declared_bump).max(semver_bump).max(plan.propagated_bump);
+    cap_binary_abi(plan, input, last);
     propose(plan, input, last);
     Ok(error)
+}
+
+/// A `stable ABI` crate's breaking bump becomes the largest compatible one (patch at 0.x, minor from 1.0):
+/// abi_stable refuses a layout written by another 0.x minor (or major) of the crate, so a breaking version
+/// would make every plugin built with the last release unloadable in new hosts, and every new plugin in old
+/// hosts. Its breaking source changes still propagate to dependents ([`CratePlan::source_breaking`]).
+fn cap_binary_abi(plan: &mut CratePlan, input: &Input, last: &Release) {
+    if plan.bump != Bump::Major || !input.tier.is_binary_abi() {
+        return;
+    }
+    plan.source_breaking = true;
+    plan.bump = if last.version.major == 0 { Bump::Patch } else { Bump::Minor };
+    plan.reasons.push(format!(
+        "{}: capped (stable ABI): the version is part of the plugins' binary ABI, so the breaking source \
+         changes ship in a compatible version",
+        plan.bump.name()
+    ));
 }
 
 /// `minor: feat in 3f2a1c4 (+2 more)`: the first commit asking for `bump`, the largest any asks for.
@@ -245,6 +264,7 @@ impl CratePlan {
             proposed: None,
             reasons: Vec::new(),
             declared_breaks: Vec::new(),
+            source_breaking: false,
             dependents: Vec::new(),
         }
     }
