@@ -145,6 +145,11 @@ pub enum Step {
         out: TensorId,
         count: u32,
     },
+    /// Scalar i64 sums `out = src + add` in one launch (at most [`crate::kernels::general::COUNTERS_MAX`]):
+    /// a StaticCache's counters, each the position plus a constant.
+    Counters {
+        sums: Vec<CounterSum>,
+    },
     Add {
         a: TensorId,
         b: TensorId,
@@ -265,6 +270,7 @@ impl Step {
             Step::Attention { q, .. } => Some(q),
             Step::Argmax { input, .. } => Some(input),
             Step::Positions { .. }
+            | Step::Counters { .. }
             | Step::Binary { .. }
             | Step::Unary { .. }
             | Step::Mean { .. }
@@ -273,6 +279,14 @@ impl Step {
             | Step::Copy { .. } => None,
         }
     }
+}
+
+/// One sum of a [`Step::Counters`]: `out[0] = src[0] + add`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CounterSum {
+    pub src: TensorId,
+    pub add: i64,
+    pub out: TensorId,
 }
 
 /// A second table a fused embedding adds: row `position[0] + r` of `table` to output row `r`.

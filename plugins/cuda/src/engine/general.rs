@@ -4,7 +4,8 @@ use cuda_rt::LaunchConfig;
 
 use super::Engine;
 use crate::kernels::general::{
-    dtype_code, BinaryP, CastP, CopyP, GeneralLaunch, MeanP, PositionsP, RopeP, UnaryP, MAX_RANK,
+    dtype_code, BinaryP, CastP, CopyP, CountersP, GeneralLaunch, MeanP, PositionsP, RopeP, UnaryP,
+    COUNTERS_MAX, MAX_RANK,
 };
 use crate::plan::{Step, Walk};
 
@@ -107,6 +108,20 @@ impl Engine {
                 LaunchConfig { grid: (1, 1, 1), block: (32, 1, 1), shared_mem_bytes: 0 },
                 PositionsP { pos: p(position), out: p(out), count: count as i32 },
             ),
+            Step::Counters { ref sums } => {
+                let mut params = CountersP {
+                    src: [0; COUNTERS_MAX],
+                    dst: [0; COUNTERS_MAX],
+                    add: [0; COUNTERS_MAX],
+                    n: sums.len() as i32,
+                };
+                // The plan puts at most COUNTERS_MAX sums in a step.
+                for (i, sum) in sums.iter().enumerate() {
+                    (params.src[i], params.dst[i], params.add[i]) = (p(sum.src), p(sum.out), sum.add);
+                }
+                let config = LaunchConfig { grid: (1, 1, 1), block: (32, 1, 1), shared_mem_bytes: 0 };
+                GeneralLaunch::Counters(config, params)
+            }
             _ => unreachable!("the plan gives every typed step a float type, so it is lowered as typed"),
         }
     }

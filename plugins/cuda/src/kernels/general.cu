@@ -204,6 +204,26 @@ struct PositionsP {
     int count;
 };
 
+// ---------------------------------------------------------------------------------------------------------
+// Up to COUNTERS_MAX scalar i64 sums in one launch, `dst[i][0] = src[i][0] + add[i]`: a StaticCache's
+// counters (one a layer, each the position plus a constant), one thread each.
+
+#define COUNTERS_MAX 8
+
+struct CountersP {
+    const i64* src[COUNTERS_MAX];
+    i64* dst[COUNTERS_MAX];
+    i64 add[COUNTERS_MAX];
+    int n;
+};
+
+extern "C" __global__ void counters(CountersP p) {
+    pdl_wait();
+    pdl_launch();
+    const int i = threadIdx.x;
+    if (blockIdx.x == 0 && i < p.n) p.dst[i][0] = p.src[i][0] + p.add[i];
+}
+
 extern "C" __global__ void positions(PositionsP p) {
     pdl_wait();
     pdl_launch();

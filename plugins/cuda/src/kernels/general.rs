@@ -117,6 +117,19 @@ pub struct PositionsP {
 }
 
 /// One launch of an untyped kernel, its parameters resolved to addresses.
+/// Sums a [`CountersP`] launch takes at most (`COUNTERS_MAX` of the source).
+pub const COUNTERS_MAX: usize = 8;
+
+/// `counters`: `dst[i][0] = src[i][0] + add[i]` for `i < n`, scalar i64s.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct CountersP {
+    pub src: [DevicePtr; COUNTERS_MAX],
+    pub dst: [DevicePtr; COUNTERS_MAX],
+    pub add: [i64; COUNTERS_MAX],
+    pub n: i32,
+}
+
 #[derive(Debug, Clone, Copy)]
 pub enum GeneralLaunch {
     Binary(LaunchConfig, BinaryP),
@@ -126,6 +139,7 @@ pub enum GeneralLaunch {
     Copy(LaunchConfig, CopyP),
     Positions(LaunchConfig, PositionsP),
     Rope(LaunchConfig, RopeP),
+    Counters(LaunchConfig, CountersP),
 }
 
 /// The functions of the untyped module on one device.
@@ -138,10 +152,12 @@ pub struct General {
     copy: Function,
     positions: Function,
     rope: Function,
+    counters: Function,
 }
 
 /// Every kernel of the source, by the name the module exports.
-pub const KERNELS: [&str; 7] = ["binary", "unary", "mean_rows", "cast", "copy_strided", "positions", "rope"];
+pub const KERNELS: [&str; 8] =
+    ["binary", "unary", "mean_rows", "cast", "copy_strided", "positions", "rope", "counters"];
 
 impl General {
     /// Compiles (or takes from the process-wide cache) the untyped kernels on `ctx`'s device.
@@ -155,6 +171,7 @@ impl General {
             copy: module.function(KERNELS[4])?,
             positions: module.function(KERNELS[5])?,
             rope: module.function(KERNELS[6])?,
+            counters: module.function(KERNELS[7])?,
         })
     }
 
@@ -184,6 +201,7 @@ impl General {
                 GeneralLaunch::Copy(c, p) => go(&self.copy, *c, stream, p, overlapped),
                 GeneralLaunch::Positions(c, p) => go(&self.positions, *c, stream, p, overlapped),
                 GeneralLaunch::Rope(c, p) => go(&self.rope, *c, stream, p, overlapped),
+                GeneralLaunch::Counters(c, p) => go(&self.counters, *c, stream, p, overlapped),
             }
         }
     }
@@ -220,5 +238,6 @@ mod tests {
         assert_eq!(std::mem::size_of::<CopyP>(), 2 * 8 + 3 * 8 + 2 * 4 + 3 * 6 * 8);
         assert_eq!(std::mem::size_of::<RopeP>(), 4 * 8 + 8 + 4 * 4 + 3 * 6 * 8);
         assert_eq!(std::mem::size_of::<UnaryP>(), 2 * 8 + 8 + 2 * 4);
+        assert_eq!(std::mem::size_of::<CountersP>(), 3 * COUNTERS_MAX * 8 + 8);
     }
 }

@@ -96,6 +96,12 @@ impl<'g> Emulator<'g> {
     fn step(&mut self, step: &Step) -> Result<(), &'static str> {
         match step {
             Step::Gather { .. } => self.gather(step)?,
+            Step::Counters { sums } => {
+                for sum in sums {
+                    let v = self.get(sum.src)[0] + sum.add as f64;
+                    self.put(sum.out, 0, v);
+                }
+            }
             Step::Positions { position, out, count } => {
                 let p = self.get(*position)[0];
                 (0..*count as u64).for_each(|t| self.put(*out, t, p + t as f64));

@@ -5,9 +5,10 @@ use ref_graph::{Graph, Op, TensorId, UnaryFn};
 
 use super::canon::Canon;
 use super::{
-    attention_splits, general, rope, u32_of, AttnScratch, AttnShape, BinOp, CacheRows, Float, GemvMat, Home,
-    KvLayout, Plan, PositionRows, RopeTables, Step, Unsupported,
+    attention_splits, general, rope, u32_of, AttnScratch, AttnShape, BinOp, CacheRows, CounterSum, Float,
+    GemvMat, Home, KvLayout, Plan, PositionRows, RopeTables, Step, Unsupported,
 };
+use crate::kernels::general::COUNTERS_MAX;
 use crate::kernels::ATTN_MAX_HEAD;
 
 /// A plan being built: the graph in its canonical form, where each tensor lives, the steps so far and the
@@ -209,6 +210,7 @@ impl<'g> Lowering<'g> {
                 self.steps.push(Step::Argmax { input, out, m, n });
                 Ok(1)
             }
+            Op::Add { a, b, out } if self.counter(a, b, out) => Ok(1),
             Op::Unary { func: UnaryFn::Sigmoid, input, out } => self.silu_of_product(p, input, out),
             Op::Cast { input, out, .. } => self.silu_in_f32(p, input, out),
             Op::Assign { target, value, out } if self.assign_in_place(target, value) => {
@@ -217,6 +219,33 @@ impl<'g> Lowering<'g> {
             }
             ref other => self.general(other),
         }
+    }
+
+    /// A scalar i64 sum with a constant (a StaticCache's counter: the position plus the tokens of the call),
+    /// added to the previous step when that is a launch of such sums with room: whether it was taken.
+    fn counter(&mut self, a: TensorId, b: TensorId, out: TensorId) -> bool {
+        let scalar_i64 = |id: TensorId| {
+            let t = self.graph.tensor(id);
+            t.dtype == ref_graph::ElemType::I64 && t.numel() == 1
+        };
+        let constant = |id: TensorId| match self.graph.constant(id) {
+            Some(ref_graph::Data::I64(v)) => v.first().copied(),
+            _ => None,
+        };
+        let (src, add) = match (constant(a), constant(b)) {
+            (_, Some(add)) => (a, add),
+            (Some(add), None) => (b, add),
+            (None, None) => return false,
+        };
+        if ![a, b, out].into_iter().all(scalar_i64) {
+            return false;
+        }
+        let sum = CounterSum { src, add, out };
+        match self.steps.last_mut() {
+            Some(Step::Counters { sums }) if sums.len() < COUNTERS_MAX => sums.push(sum),
+            _ => self.steps.push(Step::Counters { sums: vec![sum] }),
+        }
+        true
     }
 
     /// `op` on the general path, then SwiGLU fused into the GEMV before it if that completed one.

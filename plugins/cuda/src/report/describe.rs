@@ -11,6 +11,7 @@ impl Step {
             Step::Gather { plus: Some(_), .. } => "embedding".to_owned(),
             Step::Gather { .. } => "gather".to_owned(),
             Step::Positions { .. } => "positions".to_owned(),
+            Step::Counters { sums } => format!("counters{}", sums.len()),
             Step::Add { .. } => "add".to_owned(),
             Step::RmsNorm { .. } => "rms_norm".to_owned(),
             Step::Binary { op, .. } => format!("b.{op:?}").to_lowercase(),
@@ -47,6 +48,7 @@ impl Step {
                 products.into_iter().chain(mats.iter().filter_map(|m| m.cache)).collect()
             }
             Step::KvUpdate { caches, .. } => caches.iter().map(|&(cache, _)| cache).collect(),
+            Step::Counters { sums } => sums.iter().map(|s| s.out).collect(),
             Step::Copy { dst, .. } => vec![*dst],
             Step::Gather { out, .. }
             | Step::Positions { out, .. }
@@ -86,6 +88,7 @@ impl Step {
             }
             Step::Attention { q, k, v, position, .. } => vec![*q, *k, *v, *position],
             Step::Positions { position, .. } => vec![*position],
+            Step::Counters { sums } => sums.iter().map(|s| s.src).collect(),
             Step::Add { a, b, .. } | Step::Binary { a, b, .. } => vec![*a, *b],
             Step::RmsNorm { input, weight, .. } => vec![*input, *weight],
             Step::Argmax { input, .. }

@@ -80,7 +80,11 @@ pub(super) fn why(ops: &Ops<'_>, plan: &Plan, index: usize) -> Option<String> {
 fn form(ops: &Ops<'_>, plan: &Plan, index: usize) -> Option<String> {
     let before = index.checked_sub(1).map(|i| &plan.steps[i]);
     match plan.steps[index] {
-        Step::Gather { .. } | Step::Gemv { .. } | Step::Attention { .. } | Step::Argmax { .. } => None,
+        Step::Gather { .. }
+        | Step::Gemv { .. }
+        | Step::Attention { .. }
+        | Step::Argmax { .. }
+        | Step::Counters { .. } => None,
         Step::Positions { position, out, .. } => Some(format!(
             "positions {} from {}: fused into the embedding only when a gather of a position table by them and \
              the add of both gathers follow it",
