@@ -53,6 +53,7 @@
 
 mod error;
 pub mod export;
+mod layers;
 mod network;
 pub mod samples;
 

@@ -1,12 +1,14 @@
 //! A small network description and `build_engine`: TensorRT-RTX builds it ahead of time, on CPU.
 
+#[cfg(feature = "progress")]
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use blob_format::model::DType;
-use trt_exec::{dtype_name, library, trt_dtype, AliasPair, EngineIo, IoMode, IoTensor, LogSink};
+use trt_exec::{dtype_name, library, AliasPair, EngineIo, IoMode, IoTensor, LogSink};
 
 use crate::error::{Error, Result};
+use crate::layers::{add_node, net_err, trt_err, Tensors};
 
 /// A network: nodes in topological order, each producing one tensor named after the node, and the node names
 /// marked as engine outputs, in order.
@@ -145,7 +147,7 @@ pub enum BinaryOp {
 }
 
 impl BinaryOp {
-    fn trt(self) -> trtx::ElementWiseOperation {
+    pub(crate) fn trt(self) -> trtx::ElementWiseOperation {
         use trtx::ElementWiseOperation as E;
         match self {
             BinaryOp::Add => E::kSUM,
@@ -168,7 +170,7 @@ pub enum UnaryOp {
 }
 
 impl UnaryOp {
-    fn trt(self) -> trtx::UnaryOperation {
+    pub(crate) fn trt(self) -> trtx::UnaryOperation {
         match self {
             UnaryOp::Sqrt => trtx::UnaryOperation::kSQRT,
             UnaryOp::Exp => trtx::UnaryOperation::kEXP,
@@ -242,14 +244,6 @@ impl trtx::interfaces::MonitorProgress for ProgressBars {
     }
 }
 
-fn net_err(node: &str, message: impl Into<String>) -> Error {
-    Error::Network { node: node.to_owned(), message: message.into() }
-}
-
-fn trt_err(node: &str, err: trtx::Error) -> Error {
-    net_err(node, format!("TensorRT refused the layer: {err}"))
-}
-
 /// Builds `desc` into a serialized TensorRT-RTX plan, on CPU (TensorRT-RTX builds ahead of time without a GPU).
 ///
 /// The returned [`BuiltEngine::io`] is read back from TensorRT's network after construction: I/O names,
@@ -258,162 +252,69 @@ fn trt_err(node: &str, err: trtx::Error) -> Error {
 pub fn build_engine(desc: &NetworkDesc, options: &BuildOptions) -> Result<BuiltEngine> {
     let lib = library::load()?;
     let sink = LogSink::default();
-    let logger = trtx::Logger::new(sink.clone()).map_err(|e| Error::Build {
-        message: format!("creating the logger: {e}"),
-        log: sink.take_errors(),
-    })?;
-    let build_err = |what: &str, e: trtx::Error| Error::Build {
-        message: format!("{what}: {e}"),
-        log: sink.take_errors(),
-    };
-    let mut builder = trtx::Builder::new(&logger).map_err(|e| build_err("creating the builder", e))?;
-    let mut network = builder.create_network(0).map_err(|e| build_err("creating the network", e))?;
+    let logger = trtx::Logger::new(sink.clone()).map_err(|e| build_err(&sink, "creating the logger", e))?;
+    let mut builder = trtx::Builder::new(&logger).map_err(|e| build_err(&sink, "creating the builder", e))?;
+    let mut network = builder.create_network(0).map_err(|e| build_err(&sink, "creating the network", e))?;
+    let tensors = add_nodes(&mut network, &desc.nodes)?;
+    mark_outputs(&mut network, &tensors, &desc.outputs)?;
+    let io = capture_io(&network, lib)?;
+    let mut config =
+        builder.create_config().map_err(|e| build_err(&sink, "creating the builder config", e))?;
+    configure(&mut config, options, &sink)?;
+    let started = Instant::now();
+    let plan = builder
+        .build_serialized_network(&mut network, &mut config)
+        .map_err(|e| build_err(&sink, "buildSerializedNetwork", e))?;
+    let build_time = started.elapsed();
+    let plan = plan.to_vec();
+    tracing::info!(bytes = plan.len(), ms = build_time.as_millis() as u64, "built TensorRT-RTX engine");
+    Ok(BuiltEngine { plan, io, build_time })
+}
 
-    let mut tensors: HashMap<String, trtx::Tensor<'_>> = HashMap::new();
-    for node in &desc.nodes {
-        if tensors.contains_key(&node.name) {
-            return Err(net_err(&node.name, "a tensor of this name already exists"));
-        }
-        let get = |name: &str| {
-            tensors
-                .get(name)
-                .copied()
-                .ok_or_else(|| net_err(&node.name, format!("uses unknown tensor '{name}'")))
-        };
+/// A build step TensorRT refused, with TensorRT's error-level log lines so far.
+fn build_err(sink: &LogSink, what: &str, e: trtx::Error) -> Error {
+    Error::Build { message: format!("{what}: {e}"), log: sink.take_errors() }
+}
+
+/// Adds every node's layer in order, each output tensor named after its node.
+fn add_nodes<'n>(network: &mut trtx::NetworkDefinition<'n>, nodes: &[Node]) -> Result<Tensors<'n>> {
+    let mut tensors = Tensors::new();
+    for node in nodes {
         let name = node.name.as_str();
-        let tensor = match &node.op {
-            Op::Input { dtype, shape } => {
-                let dt = trt_dtype(*dtype)
-                    .ok_or_else(|| net_err(name, format!("TensorRT has no {dtype} type")))?;
-                network.add_input(name, dt, shape).map_err(|e| trt_err(name, e))?
-            }
-            Op::Constant { dtype, shape, data } => {
-                let dt = trt_dtype(*dtype)
-                    .ok_or_else(|| net_err(name, format!("TensorRT has no {dtype} type")))?;
-                let numel =
-                    shape.iter().try_fold(1i64, |acc, &d| if d < 0 { None } else { acc.checked_mul(d) });
-                let expected = numel
-                    .and_then(|n| usize::try_from(n).ok())
-                    .and_then(|n| n.checked_mul(dtype.size_bytes()));
-                if expected != Some(data.len()) {
-                    return Err(net_err(
-                        name,
-                        format!(
-                            "constant of shape {shape:?} {dtype} needs {expected:?} bytes, got {}",
-                            data.len()
-                        ),
-                    ));
-                }
-                let layer = network
-                    .add_constant_owned(shape, data.clone(), dt, None)
-                    .map_err(|e| trt_err(name, e))?;
-                layer.output(&network, 0).map_err(|e| trt_err(name, e))?
-            }
-            Op::MatMul { a, transpose_a, b, transpose_b } => {
-                let (a, b) = (get(a)?, get(b)?);
-                let op = |t: bool| {
-                    if t {
-                        trtx::MatrixOperation::kTRANSPOSE
-                    } else {
-                        trtx::MatrixOperation::kNONE
-                    }
-                };
-                let layer = network
-                    .add_matrix_multiply(&a, op(*transpose_a), &b, op(*transpose_b))
-                    .map_err(|e| trt_err(name, e))?;
-                layer.output(&network, 0).map_err(|e| trt_err(name, e))?
-            }
-            Op::ElementWise { a, b, op } => {
-                let (a, b) = (get(a)?, get(b)?);
-                let layer = network.add_elementwise(&a, &b, op.trt()).map_err(|e| trt_err(name, e))?;
-                layer.output(&network, 0).map_err(|e| trt_err(name, e))?
-            }
-            Op::ReduceMean { input, axis } => {
-                let input = get(input)?;
-                if *axis >= 8 {
-                    return Err(net_err(name, format!("reduce axis {axis} is out of range")));
-                }
-                let layer = network
-                    .add_reduce(&input, trtx::ReduceOperation::kAVG, trtx::Axes::from_slice(&[*axis]), true)
-                    .map_err(|e| trt_err(name, e))?;
-                layer.output(&network, 0).map_err(|e| trt_err(name, e))?
-            }
-            Op::Unary { input, op } => {
-                let input = get(input)?;
-                let layer = network.add_unary(&input, op.trt()).map_err(|e| trt_err(name, e))?;
-                layer.output(&network, 0).map_err(|e| trt_err(name, e))?
-            }
-            Op::Softmax { input, axis } => {
-                let input = get(input)?;
-                if *axis >= 8 {
-                    return Err(net_err(name, format!("softmax axis {axis} is out of range")));
-                }
-                let layer = network
-                    .add_softmax(&input, trtx::Axes::from_slice(&[*axis]))
-                    .map_err(|e| trt_err(name, e))?;
-                layer.output(&network, 0).map_err(|e| trt_err(name, e))?
-            }
-            Op::Shuffle { input, first_transpose, reshape, second_transpose } => {
-                let input = get(input)?;
-                for perm in [first_transpose, second_transpose].into_iter().flatten() {
-                    if perm.len() > 8 {
-                        return Err(net_err(name, "a permutation has more than 8 axes"));
-                    }
-                }
-                let mut layer = network.add_shuffle(&input).map_err(|e| trt_err(name, e))?;
-                if let Some(perm) = first_transpose {
-                    layer.set_first_transpose(&mut network, perm).map_err(|e| trt_err(name, e))?;
-                }
-                if let Some(dims) = reshape {
-                    layer.set_reshape_dimensions(&mut network, dims).map_err(|e| trt_err(name, e))?;
-                }
-                if let Some(perm) = second_transpose {
-                    layer.set_second_transpose(&mut network, perm).map_err(|e| trt_err(name, e))?;
-                }
-                layer.output(&network, 0).map_err(|e| trt_err(name, e))?
-            }
-            Op::Gather { data, indices, axis } => {
-                let (data, indices) = (get(data)?, get(indices)?);
-                let layer = network.add_gather(&data, &indices, *axis).map_err(|e| trt_err(name, e))?;
-                layer.output(&network, 0).map_err(|e| trt_err(name, e))?
-            }
-            Op::Cast { input, to } => {
-                let input = get(input)?;
-                let dt = trt_dtype(*to).ok_or_else(|| net_err(name, format!("TensorRT has no {to} type")))?;
-                let layer = network.add_cast(&input, dt).map_err(|e| trt_err(name, e))?;
-                layer.output(&network, 0).map_err(|e| trt_err(name, e))?
-            }
-            Op::KvCacheUpdate { cache, update, write_indices } => {
-                let cache_t = get(cache)?;
-                if !cache_t.is_network_input(&network) {
-                    return Err(net_err(name, format!("KV cache '{cache}' must be an engine input")));
-                }
-                let (update, idx) = (get(update)?, get(write_indices)?);
-                let layer = network
-                    .add_kv_cache_update(&cache_t, &update, &idx, trtx::KVCacheMode::kLINEAR)
-                    .map_err(|e| trt_err(name, e))?;
-                layer.output(&network, 0).map_err(|e| trt_err(name, e))?
-            }
-        };
+        if tensors.contains_key(name) {
+            return Err(net_err(name, "a tensor of this name already exists"));
+        }
+        let tensor = add_node(network, &tensors, node)?;
         if !matches!(node.op, Op::Input { .. }) {
-            tensor.set_name(&mut network, name).map_err(|e| trt_err(name, e))?;
+            tensor.set_name(network, name).map_err(|e| trt_err(name, e))?;
         }
         tensors.insert(node.name.clone(), tensor);
     }
-    for output in &desc.outputs {
+    Ok(tensors)
+}
+
+/// Marks `outputs` as the engine's outputs, in order; none may be an engine input.
+fn mark_outputs(
+    network: &mut trtx::NetworkDefinition<'_>,
+    tensors: &Tensors<'_>,
+    outputs: &[String],
+) -> Result<()> {
+    for output in outputs {
         let tensor = tensors
             .get(output)
             .copied()
             .ok_or_else(|| net_err(output, "marked as an output but no node produces it"))?;
-        if tensor.is_network_input(&network) {
+        if tensor.is_network_input(network) {
             return Err(net_err(output, "an engine input cannot also be an engine output"));
         }
         network.mark_output(&tensor);
     }
+    Ok(())
+}
 
-    let io = capture_io(&network, lib)?;
-
-    let mut config = builder.create_config().map_err(|e| build_err("creating the builder config", e))?;
+/// Applies `options` to the builder config: the workspace pool, and the progress bars when asked for.
+#[cfg_attr(not(feature = "progress"), allow(unused_variables))]
+fn configure(config: &mut trtx::BuilderConfig<'_>, options: &BuildOptions, sink: &LogSink) -> Result<()> {
     config.set_memory_pool_limit(trtx::MemoryPoolType::kWORKSPACE, options.workspace_bytes);
     #[cfg(feature = "progress")]
     if options.progress {
@@ -423,16 +324,9 @@ pub fn build_engine(desc: &NetworkDesc, options: &BuildOptions) -> Result<BuiltE
         };
         config
             .set_progress_monitor(Box::new(monitor))
-            .map_err(|e| build_err("setting the progress monitor", e))?;
+            .map_err(|e| build_err(sink, "setting the progress monitor", e))?;
     }
-    let started = Instant::now();
-    let plan = builder
-        .build_serialized_network(&mut network, &mut config)
-        .map_err(|e| build_err("buildSerializedNetwork", e))?;
-    let build_time = started.elapsed();
-    let plan = plan.to_vec();
-    tracing::info!(bytes = plan.len(), ms = build_time.as_millis() as u64, "built TensorRT-RTX engine");
-    Ok(BuiltEngine { plan, io, build_time })
+    Ok(())
 }
 
 /// Reads I/O tensors and KV-cache aliases back from TensorRT's network.
