@@ -32,7 +32,7 @@ use trtx_sys::nvinfer1::IExecutionContext;
 
 use crate::error::{Error, Result};
 use crate::log::log_suffix;
-use crate::plan::{Address, ArgRole, ArgView, BindingError, BindingPlan, CallPlan, Copy};
+use crate::plan::{Address, ArgBinding, ArgRole, ArgView, BindingError, BindingPlan, CallPlan, Copy};
 use crate::runtime::Engine;
 
 /// Arguments held inline per call before spilling to the heap (the tiny decoder has 7, `big` 35).
@@ -192,6 +192,74 @@ impl std::fmt::Debug for Runner {
     }
 }
 
+/// Refuses engines with host-resident (shape) tensors: this delegate binds device tensors only.
+fn refuse_host_tensors(engine: &Engine) -> Result<()> {
+    for tensor in &engine.io().tensors {
+        if engine.tensor_on_host(&c_name(&tensor.name)?) {
+            return Err(Error::NotSupported(format!(
+                "engine tensor '{}' is a host-resident shape tensor; this delegate binds device tensors only",
+                tensor.name
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// Dynamic inputs with their profile bounds, each set to its maximum once, so the largest output shapes are
+/// known for sizing staging buffers.
+fn dynamic_inputs_at_max(
+    plan: &BindingPlan,
+    engine: &Engine,
+    context: &mut UniquePtr<IExecutionContext>,
+) -> Result<Vec<DynamicInput>> {
+    let mut dynamic_inputs = Vec::new();
+    for (arg, binding) in plan.args().iter().enumerate() {
+        let is_input = matches!(binding.role, ArgRole::Input { .. } | ArgRole::AliasedInput { .. });
+        if !is_input || binding.shape.iter().all(|d| matches!(d, Dim::Static(_))) {
+            continue;
+        }
+        let name = c_name(&binding.tensor)?;
+        let (min, max) = engine.profile_bounds(&name).ok_or_else(|| Error::Trt {
+            call: "getProfileShape",
+            message: format!("no profile shape for '{}'", binding.tensor),
+        })?;
+        set_input_shape(context, engine, &name, &max)?;
+        dynamic_inputs.push(DynamicInput { arg, name, min, max });
+    }
+    Ok(dynamic_inputs)
+}
+
+/// A static shape's extents as TensorRT dimensions.
+fn static_extents(shape: &[Dim]) -> Vec<i64> {
+    shape
+        .iter()
+        .map(|d| match d {
+            Dim::Static(n) => i64::try_from(*n).unwrap_or(i64::MAX),
+            Dim::Dynamic => -1,
+        })
+        .collect()
+}
+
+/// The staging buffer of `binding` at its `largest` shape; `None` for a zero-byte tensor.
+fn staging_allocation(
+    device: &Context,
+    binding: &ArgBinding,
+    largest: &[i64],
+) -> Result<Option<Allocation<Device>>> {
+    let bytes = tensor_bytes(binding.dtype, largest).ok_or_else(|| Error::Trt {
+        call: "getTensorShape",
+        message: format!("'{}' has no bounded size ({largest:?})", binding.tensor),
+    })?;
+    if bytes == 0 {
+        return Ok(None);
+    }
+    let bytes = usize::try_from(bytes).map_err(|_| Error::Trt {
+        call: "getTensorShape",
+        message: format!("'{}' needs {bytes} bytes", binding.tensor),
+    })?;
+    Ok(Some(Allocation::uninit(device, bytes)?))
+}
+
 fn c_name(name: &str) -> Result<CString> {
     CString::new(name)
         .map_err(|_| Error::Trt { call: "setTensorAddress", message: format!("{name:?} has a NUL") })
@@ -211,34 +279,11 @@ impl Runner {
         device.bind()?;
         let host_visible =
             host_memory_engine_visible(device.is_integrated(), device.pageable_memory_access());
-        for tensor in &engine.io().tensors {
-            if engine.tensor_on_host(&c_name(&tensor.name)?) {
-                return Err(Error::NotSupported(format!(
-                    "engine tensor '{}' is a host-resident shape tensor; this delegate binds device tensors only",
-                    tensor.name
-                )));
-            }
-        }
+        refuse_host_tensors(&engine)?;
         let mut context = engine.create_execution_context()?;
         let call = plan.new_call();
         let names = call.bindings.iter().map(|b| c_name(&b.tensor)).collect::<Result<Vec<_>>>()?;
-
-        // Dynamic inputs: profile bounds; set every one to its maximum once, so the largest output shapes
-        // are known for sizing staging buffers.
-        let mut dynamic_inputs = Vec::new();
-        for (arg, binding) in plan.args().iter().enumerate() {
-            let is_input = matches!(binding.role, ArgRole::Input { .. } | ArgRole::AliasedInput { .. });
-            if !is_input || binding.shape.iter().all(|d| matches!(d, Dim::Static(_))) {
-                continue;
-            }
-            let name = c_name(&binding.tensor)?;
-            let (min, max) = engine.profile_bounds(&name).ok_or_else(|| Error::Trt {
-                call: "getProfileShape",
-                message: format!("no profile shape for '{}'", binding.tensor),
-            })?;
-            set_input_shape(&mut context, &engine, &name, &max)?;
-            dynamic_inputs.push(DynamicInput { arg, name, min, max });
-        }
+        let dynamic_inputs = dynamic_inputs_at_max(&plan, &engine, &mut context)?;
         let mut dynamic_outputs = Vec::new();
         let mut staging: Vec<Option<Allocation<Device>>> = (0..plan.staging_slots()).map(|_| None).collect();
         for (arg, binding) in plan.args().iter().enumerate() {
@@ -246,14 +291,7 @@ impl Runner {
             let is_output = matches!(binding.role, ArgRole::Output { .. } | ArgRole::AliasedOutput { .. });
             let dynamic = binding.shape.iter().any(|d| matches!(d, Dim::Dynamic));
             let largest: Vec<i64> = if !dynamic {
-                binding
-                    .shape
-                    .iter()
-                    .map(|d| match d {
-                        Dim::Static(n) => i64::try_from(*n).unwrap_or(i64::MAX),
-                        Dim::Dynamic => -1,
-                    })
-                    .collect()
+                static_extents(&binding.shape)
             } else if is_output {
                 dynamic_outputs.push((arg, name.clone()));
                 let dims = context_dims(&context, &name);
@@ -262,17 +300,7 @@ impl Runner {
                 dynamic_inputs.iter().find(|d| d.arg == arg).map(|d| d.max.clone()).unwrap_or_default()
             };
             if let ArgRole::Input { staging_slot } | ArgRole::Output { staging_slot } = binding.role {
-                let bytes = tensor_bytes(binding.dtype, &largest).ok_or_else(|| Error::Trt {
-                    call: "getTensorShape",
-                    message: format!("'{}' has no bounded size ({largest:?})", binding.tensor),
-                })?;
-                if bytes > 0 {
-                    let bytes = usize::try_from(bytes).map_err(|_| Error::Trt {
-                        call: "getTensorShape",
-                        message: format!("'{}' needs {bytes} bytes", binding.tensor),
-                    })?;
-                    staging[staging_slot] = Some(Allocation::uninit(&device, bytes)?);
-                }
+                staging[staging_slot] = staging_allocation(&device, binding, &largest)?;
             }
         }
         let scratch = Allocation::uninit(&device, 1)?;
@@ -367,13 +395,32 @@ impl Runner {
         caller: Option<StreamRef<'_>>,
         queued: &mut bool,
     ) -> Result<()> {
-        let stream = caller.unwrap_or_else(|| self.stream.as_ref());
+        self.set_input_shapes(views)?;
+        self.check_output_shapes(views)?;
+        self.stage_inputs(views, caller, queued)?;
+        self.set_tensor_addresses(views)?;
+        self.enqueue_v3(caller, queued)?;
+        self.copy_after(views, caller)
+    }
+
+    /// The caller's stream, or the runner's own.
+    fn stream<'s>(&'s self, caller: Option<StreamRef<'s>>) -> StreamRef<'s> {
+        caller.unwrap_or_else(|| self.stream.as_ref())
+    }
+
+    /// Step 2: `setInputShape` for every dynamic-shape input, checked against the profile first.
+    fn set_input_shapes(&mut self, views: &[ArgView<'_>]) -> Result<()> {
         for input in &self.dynamic_inputs {
             let view = &views[input.arg];
             let name = &self.plan.args()[input.arg].tensor;
             check_profile(input.arg, name, view.shape, &input.min, &input.max)?;
             set_input_shape(&mut self.context, &self.engine, &input.name, view.shape)?;
         }
+        Ok(())
+    }
+
+    /// Every dynamic-shape output's argument has the shape the engine now computes for it.
+    fn check_output_shapes(&self, views: &[ArgView<'_>]) -> Result<()> {
         for (arg, name) in &self.dynamic_outputs {
             let dims = context_dims(&self.context, name);
             let engine_shape = dims_slice(&dims);
@@ -390,6 +437,17 @@ impl Runner {
                 .into());
             }
         }
+        Ok(())
+    }
+
+    /// Step 3: host-resident ordinary inputs copied into their staging buffers.
+    fn stage_inputs(
+        &self,
+        views: &[ArgView<'_>],
+        caller: Option<StreamRef<'_>>,
+        queued: &mut bool,
+    ) -> Result<()> {
+        let stream = self.stream(caller);
         for copy in &self.call.before {
             if let Copy::Stage { arg, slot, bytes } = *copy {
                 let buffer = staging_buffer(&self.staging, slot, bytes)?;
@@ -402,6 +460,11 @@ impl Runner {
                 unsafe { self.device.copy_htod_async(buffer.device_ptr(), source, bytes, stream) }?;
             }
         }
+        Ok(())
+    }
+
+    /// Step 4: `setTensorAddress` for every engine tensor.
+    fn set_tensor_addresses(&mut self, views: &[ArgView<'_>]) -> Result<()> {
         for (binding, name) in self.call.bindings.iter().zip(&self.names) {
             let pointer: *mut c_void = match binding.address {
                 Address::Arg(n) => views[n].address as usize as *mut c_void,
@@ -428,12 +491,18 @@ impl Runner {
                 });
             }
         }
+        Ok(())
+    }
+
+    /// Step 5: `enqueueV3` on the call's stream.
+    fn enqueue_v3(&mut self, caller: Option<StreamRef<'_>>, queued: &mut bool) -> Result<()> {
+        let stream = caller.unwrap_or_else(|| self.stream.as_ref());
         let context = self
             .context
             .as_mut()
             .ok_or(Error::Trt { call: "enqueueV3", message: "null context".to_owned() })?;
         *queued = true;
-        // SAFETY: every I/O tensor has a valid address (set above: the plan binds every engine tensor); the
+        // SAFETY: every I/O tensor has a valid address (set by step 4: the plan binds every engine tensor); the
         // stream is the caller's (valid per `execute`'s contract) or ours, in the bound primary context.
         let ok = unsafe { context.enqueueV3(stream.as_raw().cast()) };
         if !ok {
@@ -442,6 +511,12 @@ impl Runner {
                 message: format!("returned false{}", log_suffix(&self.engine.take_log_errors())),
             });
         }
+        Ok(())
+    }
+
+    /// Step 6: read-backs of host-resident ordinary outputs, and reflects into separate output slots.
+    fn copy_after(&self, views: &[ArgView<'_>], caller: Option<StreamRef<'_>>) -> Result<()> {
+        let stream = self.stream(caller);
         for copy in &self.call.after {
             match *copy {
                 Copy::ReadBack { slot, arg, bytes } => {
@@ -459,23 +534,28 @@ impl Runner {
                     }?;
                 }
                 Copy::Reflect { from_arg, to_arg, bytes } => {
-                    let source: DevicePtr = views[from_arg].address;
-                    let slot = views[to_arg].address;
-                    match ReflectCopy::into_slot(views[to_arg].residency) {
-                        // SAFETY: both are device-visible allocations of `bytes` (the plan checked equal sizes)
-                        // that do not share storage (`same_storage` was false); stream-ordered after the
-                        // engine wrote the source; synchronised before `execute` returns (a reflect forces it).
-                        ReflectCopy::DeviceToDevice => {
-                            // SAFETY: see above.
-                            unsafe { self.device.copy_dtod_async(slot, source, bytes, stream) }?
-                        }
-                        // SAFETY: as above, with the slot host memory valid for writes of `bytes`.
-                        ReflectCopy::DeviceToHost => unsafe {
-                            self.device.copy_dtoh_async(slot as usize as *mut c_void, source, bytes, stream)
-                        }?,
-                    }
+                    self.reflect(views[from_arg].address, &views[to_arg], bytes, stream)?;
                 }
                 Copy::Stage { .. } => {}
+            }
+        }
+        Ok(())
+    }
+
+    /// Copies an aliased input's storage at `source` into its separate output slot `to`.
+    fn reflect(&self, source: DevicePtr, to: &ArgView<'_>, bytes: u64, stream: StreamRef<'_>) -> Result<()> {
+        let slot = to.address;
+        match ReflectCopy::into_slot(to.residency) {
+            ReflectCopy::DeviceToDevice => {
+                // SAFETY: both are device-visible allocations of `bytes` (the plan checked equal sizes) that do
+                // not share storage (`same_storage` was false); stream-ordered after the engine wrote the
+                // source; synchronised before `execute` returns (a reflect forces it).
+                unsafe { self.device.copy_dtod_async(slot, source, bytes, stream) }?;
+            }
+            ReflectCopy::DeviceToHost => {
+                let slot = slot as usize as *mut c_void;
+                // SAFETY: as for device-to-device, with the slot host memory valid for writes of `bytes`.
+                unsafe { self.device.copy_dtoh_async(slot, source, bytes, stream) }?;
             }
         }
         Ok(())

@@ -427,6 +427,28 @@ impl BindingPlan {
         call.staged_bytes = 0;
         call.reflect_bytes = 0;
         call.synchronize = true;
+        self.check_args(args, integrated_gpu)?;
+        let expected_len = self.args.len() + self.unthreaded.len();
+        if call.bindings.len() != expected_len
+            || call.bindings.iter().zip(&self.args).any(|(b, a)| b.tensor != a.tensor)
+        {
+            *call = CallPlan { synchronize: true, ..self.new_call() };
+        }
+        if let Err(err) = self.bind_args(args, integrated_gpu, call) {
+            call.after.clear();
+            call.before.clear();
+            return Err(err);
+        }
+        for (slot, out) in call.bindings[self.args.len()..].iter_mut().zip(&self.unthreaded) {
+            slot.address = Address::Arg(out.input_arg);
+        }
+        call.synchronize = !caller_stream || !call.before.is_empty() || !call.after.is_empty();
+        Ok(())
+    }
+
+    /// The argument count, the residency gate for aliased inputs (before any staging or zero-byte decision),
+    /// then each argument against its binding.
+    fn check_args(&self, args: &[ArgView<'_>], integrated_gpu: bool) -> Result<(), BindingError> {
         if args.len() != self.args.len() {
             return Err(BindingError::ArgCount {
                 expected: self.args.len(),
@@ -434,7 +456,6 @@ impl BindingPlan {
                 names: self.args.iter().map(|a| a.tensor.as_str()).collect::<Vec<_>>().join(", "),
             });
         }
-        // The residency gate: before any staging or zero-byte decision.
         for (binding, arg) in self.args.iter().zip(args) {
             if let ArgRole::AliasedInput { .. } = binding.role {
                 DirectAccess::gpu(integrated_gpu).check(&binding.tensor, arg.residency, arg.nbytes)?;
@@ -443,85 +464,106 @@ impl BindingPlan {
         for (index, (binding, arg)) in self.args.iter().zip(args).enumerate() {
             check_arg(index, binding, arg)?;
         }
-        let expected_len = self.args.len() + self.unthreaded.len();
-        if call.bindings.len() != expected_len
-            || call.bindings.iter().zip(&self.args).any(|(b, a)| b.tensor != a.tensor)
-        {
-            *call = CallPlan { synchronize: true, ..self.new_call() };
-        }
+        Ok(())
+    }
+
+    /// Every threaded argument's address, with the copies it needs; each address bound to an argument is
+    /// checked for alignment.
+    fn bind_args(
+        &self,
+        args: &[ArgView<'_>],
+        integrated_gpu: bool,
+        call: &mut CallPlan,
+    ) -> Result<(), BindingError> {
         let device_visible = |r: Residency| r.is_engine_writable(integrated_gpu);
         for (index, (binding, arg)) in self.args.iter().zip(args).enumerate() {
+            let direct = device_visible(arg.residency);
             let address = match &binding.role {
                 ArgRole::AliasedInput { .. } => Address::Arg(index),
-                ArgRole::Input { staging_slot } => {
-                    if arg.nbytes == 0 {
-                        Address::Scratch
-                    } else if device_visible(arg.residency) {
-                        Address::Arg(index)
-                    } else {
-                        call.before.push(Copy::Stage { arg: index, slot: *staging_slot, bytes: arg.nbytes });
-                        call.staged_bytes += arg.nbytes;
-                        Address::Staging(*staging_slot)
-                    }
-                }
-                ArgRole::Output { staging_slot } => {
-                    if arg.nbytes == 0 {
-                        Address::Scratch
-                    } else if device_visible(arg.residency) {
-                        Address::Arg(index)
-                    } else {
-                        call.after.push(Copy::ReadBack {
-                            slot: *staging_slot,
-                            arg: index,
-                            bytes: arg.nbytes,
-                        });
-                        Address::Staging(*staging_slot)
-                    }
-                }
+                ArgRole::Input { staging_slot } => stage_input(index, arg, *staging_slot, direct, call),
+                ArgRole::Output { staging_slot } => read_back_output(index, arg, *staging_slot, direct, call),
                 ArgRole::AliasedOutput { input, input_arg, .. } => {
-                    let source = &args[*input_arg];
-                    if !arg.same_storage(source) {
-                        if arg.nbytes != source.nbytes {
-                            call.after.clear();
-                            call.before.clear();
-                            return Err(BindingError::ReflectSize {
-                                output: binding.tensor.clone(),
-                                input: input.clone(),
-                                expected: source.nbytes,
-                                got: arg.nbytes,
-                            });
-                        }
-                        call.after.push(Copy::Reflect {
-                            from_arg: *input_arg,
-                            to_arg: index,
-                            bytes: arg.nbytes,
-                        });
-                        call.reflect_bytes += arg.nbytes;
-                    }
-                    Address::Arg(*input_arg)
+                    reflect_aliased_output(index, &binding.tensor, input, (*input_arg, args), call)?
                 }
             };
             if let Address::Arg(bound) = address {
-                let target = &args[bound];
-                if target.address % TENSOR_ALIGNMENT != 0 {
-                    call.after.clear();
-                    call.before.clear();
-                    return Err(BindingError::Misaligned {
-                        index: bound,
-                        name: self.args[bound].tensor.clone(),
-                        address: target.address,
-                        align: TENSOR_ALIGNMENT,
-                    });
-                }
+                self.check_aligned(bound, &args[bound])?;
             }
             call.bindings[index].address = address;
         }
-        for (slot, out) in call.bindings[self.args.len()..].iter_mut().zip(&self.unthreaded) {
-            slot.address = Address::Arg(out.input_arg);
-        }
-        call.synchronize = !caller_stream || !call.before.is_empty() || !call.after.is_empty();
         Ok(())
     }
+
+    /// The engine reads and writes argument `index` at its own address: it must be [`TENSOR_ALIGNMENT`]-aligned.
+    fn check_aligned(&self, index: usize, target: &ArgView<'_>) -> Result<(), BindingError> {
+        if target.address % TENSOR_ALIGNMENT != 0 {
+            return Err(BindingError::Misaligned {
+                index,
+                name: self.args[index].tensor.clone(),
+                address: target.address,
+                align: TENSOR_ALIGNMENT,
+            });
+        }
+        Ok(())
+    }
+}
+
+/// An ordinary input: the scratch when empty, its own storage when the engine can use it (`direct`), else
+/// staged into its buffer before the engine runs.
+fn stage_input(index: usize, arg: &ArgView<'_>, slot: usize, direct: bool, call: &mut CallPlan) -> Address {
+    if arg.nbytes == 0 {
+        Address::Scratch
+    } else if direct {
+        Address::Arg(index)
+    } else {
+        call.before.push(Copy::Stage { arg: index, slot, bytes: arg.nbytes });
+        call.staged_bytes += arg.nbytes;
+        Address::Staging(slot)
+    }
+}
+
+/// An ordinary output: the scratch when empty, its own storage when the engine can use it (`direct`), else
+/// written to its buffer and read back after the engine runs.
+fn read_back_output(
+    index: usize,
+    arg: &ArgView<'_>,
+    slot: usize,
+    direct: bool,
+    call: &mut CallPlan,
+) -> Address {
+    if arg.nbytes == 0 {
+        Address::Scratch
+    } else if direct {
+        Address::Arg(index)
+    } else {
+        call.after.push(Copy::ReadBack { slot, arg: index, bytes: arg.nbytes });
+        Address::Staging(slot)
+    }
+}
+
+/// An aliased output `output` (argument `index`) is bound to its input's storage (`input_arg` of `args`);
+/// a separate slot gets the input's bytes reflected into it after the engine runs, and must be as large.
+fn reflect_aliased_output(
+    index: usize,
+    output: &str,
+    input: &str,
+    (input_arg, args): (usize, &[ArgView<'_>]),
+    call: &mut CallPlan,
+) -> Result<Address, BindingError> {
+    let (arg, source) = (&args[index], &args[input_arg]);
+    if !arg.same_storage(source) {
+        if arg.nbytes != source.nbytes {
+            return Err(BindingError::ReflectSize {
+                output: output.to_owned(),
+                input: input.to_owned(),
+                expected: source.nbytes,
+                got: arg.nbytes,
+            });
+        }
+        call.after.push(Copy::Reflect { from_arg: input_arg, to_arg: index, bytes: arg.nbytes });
+        call.reflect_bytes += arg.nbytes;
+    }
+    Ok(Address::Arg(input_arg))
 }
 
 fn check_arg(index: usize, binding: &ArgBinding, arg: &ArgView<'_>) -> Result<(), BindingError> {
