@@ -82,6 +82,94 @@ impl Graph {
         self.add(name, Op::MatMul { a: a.into(), transpose_a: false, b: b.into(), transpose_b })
     }
 
+    /// Embeddings: token rows plus position rows `input_pos + t`.
+    fn embeddings(&mut self, weights: &Weights, dims: &Dims, tokens: &str, pos: &str) -> String {
+        let tok_emb = self.f32_const("tok_emb", &weights.tok_emb, vec![dims.v, dims.d]);
+        let pos_emb = self.f32_const("pos_emb", &weights.pos_emb, vec![dims.l, dims.d]);
+        let x_tok = self.add("x_tok", Op::Gather { data: tok_emb, indices: tokens.into(), axis: 0 });
+        let iota: Vec<u8> = (0..dims.rows as i64).flat_map(|t| t.to_le_bytes()).collect();
+        let iota = self.add("row_index", Op::Constant { dtype: DType::I64, shape: vec![dims.r], data: iota });
+        let positions = self.ew("positions", pos, &iota, BinaryOp::Add);
+        let x_pos = self.add("x_pos", Op::Gather { data: pos_emb, indices: positions, axis: 0 });
+        self.ew("x_0", &x_tok, &x_pos, BinaryOp::Add)
+    }
+
+    /// The causal mask, shared by every layer: -1e9 where column j > input_pos + t.
+    fn causal_mask(&mut self, dims: &Dims, pos: &str) -> String {
+        let cols: Vec<f32> = (0..dims.max_len).map(|j| j as f32).collect();
+        let row_f: Vec<f32> = (0..dims.rows).map(|t| t as f32).collect();
+        let col_index = self.f32_const("mask.col", &cols, vec![1, 1, 1, dims.l]);
+        let row_offset = self.f32_const("mask.row", &row_f, vec![1, 1, dims.r, 1]);
+        let pos_f = self.add("mask.pos_f", Op::Cast { input: pos.into(), to: DType::F32 });
+        let pos_4d = self.reshape("mask.pos", pos_f, vec![1, 1, 1, 1]);
+        let row_pos = self.ew("mask.row_pos", &row_offset, &pos_4d, BinaryOp::Add);
+        let future = self.ew("mask.future", &col_index, &row_pos, BinaryOp::Greater);
+        let future_f = self.add("mask.future_f", Op::Cast { input: future, to: DType::F32 });
+        let neg_big = self.f32_const("mask.neg", &[-1.0e9], vec![1, 1, 1, 1]);
+        self.ew("mask", &future_f, &neg_big, BinaryOp::Mul)
+    }
+
+    /// `input` reshaped to `dims`, no transposes.
+    fn reshape(&mut self, name: &str, input: String, dims: Vec<i64>) -> String {
+        let op = Op::Shuffle { input, first_transpose: None, reshape: Some(dims), second_transpose: None };
+        self.add(name, op)
+    }
+
+    /// One decoder layer over `x`: attention through the layer's caches, updated in place, plus the residual.
+    fn decoder_layer(
+        &mut self,
+        layer: usize,
+        lw: &kv_example::LayerWeights,
+        (k_in, v_in): &(String, String),
+        shared: &Shared,
+        dims: &Dims,
+        x: &str,
+    ) -> String {
+        let p = format!("layer{layer}");
+        let hn = self.rms_norm(&format!("{p}.h"), x, &lw.norm, dims.d);
+        let q = self.heads(&p, "q", &hn, &lw.wq, dims);
+        let k = self.heads(&p, "k", &hn, &lw.wk, dims);
+        let vv = self.heads(&p, "v", &hn, &lw.wv, dims);
+        let write_indices = shared.write_idx.clone();
+        let k_update =
+            Op::KvCacheUpdate { cache: k_in.clone(), update: k, write_indices: write_indices.clone() };
+        let k_out = self.add(k_cache_out(layer), k_update);
+        let v_out = self
+            .add(v_cache_out(layer), Op::KvCacheUpdate { cache: v_in.clone(), update: vv, write_indices });
+        let raw = self.mm(format!("{p}.scores_raw"), &q, &k_out, true);
+        let scaled = self.ew(format!("{p}.scores"), &raw, &shared.inv_sqrt_hd, BinaryOp::Mul);
+        let masked = self.ew(format!("{p}.scores_masked"), &scaled, &shared.mask, BinaryOp::Add);
+        let probs = self.add(format!("{p}.probs"), Op::Softmax { input: masked, axis: 3 });
+        let attn_h = self.mm(format!("{p}.attn_heads"), &probs, &v_out, false);
+        let attn = self.add(
+            format!("{p}.attn"),
+            Op::Shuffle {
+                input: attn_h,
+                first_transpose: Some(vec![0, 2, 1, 3]),
+                reshape: Some(vec![dims.r, dims.d]),
+                second_transpose: None,
+            },
+        );
+        let wo = self.f32_const(format!("{p}.wo"), &lw.wo, vec![dims.d, dims.d]);
+        let o = self.mm(format!("{p}.o"), &attn, &wo, false);
+        self.ew(format!("x_{}", layer + 1), x, &o, BinaryOp::Add)
+    }
+
+    /// `hn W` split into heads: `[rows, D]` -> `[1, H, rows, hd]`.
+    fn heads(&mut self, p: &str, name: &str, hn: &str, w: &[f32], dims: &Dims) -> String {
+        let wn = self.f32_const(format!("{p}.{name}.w"), w, vec![dims.d, dims.d]);
+        let flat = self.mm(format!("{p}.{name}.flat"), hn, &wn, false);
+        self.add(
+            format!("{p}.{name}"),
+            Op::Shuffle {
+                input: flat,
+                first_transpose: None,
+                reshape: Some(vec![1, dims.r, dims.h, dims.hd]),
+                second_transpose: Some(vec![0, 2, 1, 3]),
+            },
+        )
+    }
+
     /// `x * gain / sqrt(mean(x^2) + eps)` over the last axis of `[rows, D]`.
     fn rms_norm(&mut self, prefix: &str, x: &str, gain: &[f32], d: i64) -> String {
         let sq = self.ew(format!("{prefix}.sq"), x, x, BinaryOp::Mul);
@@ -101,7 +189,46 @@ impl Graph {
 /// [`Error::Network`] when the config is degenerate, `rows` is outside `1..=max_len`, or a weight has the
 /// wrong length.
 pub fn decoder_network(cfg: &Config, weights: &Weights, rows: usize) -> Result<NetworkDesc> {
-    let bad = |node: &str, message: String| Error::Network { node: node.to_owned(), message };
+    check_config(cfg, rows)?;
+    check_weights(cfg, weights)?;
+    let dims = Dims::new(cfg, rows);
+    let mut g = Graph { nodes: Vec::new() };
+    let tokens = g.add("tokens", Op::Input { dtype: DType::I64, shape: vec![dims.r] });
+    let pos = g.add("input_pos", Op::Input { dtype: DType::I64, shape: vec![1] });
+    let cache_shape = vec![1, dims.h, dims.l, dims.hd];
+    let caches: Vec<(String, String)> = (0..cfg.layers)
+        .map(|layer| {
+            let k = g.add(k_cache(layer), Op::Input { dtype: DType::F32, shape: cache_shape.clone() });
+            (k, g.add(v_cache(layer), Op::Input { dtype: DType::F32, shape: cache_shape.clone() }))
+        })
+        .collect();
+    let mut x = g.embeddings(weights, &dims, &tokens, &pos);
+    let shared = Shared {
+        mask: g.causal_mask(&dims, &pos),
+        // TensorRT-RTX 1.7's KV-cache layer takes int32 write indices only ("Write indices must be of type
+        // int32").
+        write_idx: g.add("write_indices", Op::Cast { input: pos.clone(), to: DType::I32 }),
+        inv_sqrt_hd: g.f32_const("inv_sqrt_hd", &[1.0 / (cfg.head_dim as f32).sqrt()], vec![1, 1, 1, 1]),
+    };
+    for (layer, (lw, cache)) in weights.layers.iter().zip(&caches).enumerate() {
+        x = g.decoder_layer(layer, lw, cache, &shared, &dims, &x);
+    }
+    let hf = g.rms_norm("h_final", &x, &weights.final_norm, dims.d);
+    let w_out = g.f32_const("w_out", &weights.w_out, vec![dims.d, dims.v]);
+    g.mm("logits", &hf, &w_out, false);
+    let mut outputs = vec!["logits".to_owned()];
+    for layer in 0..cfg.layers {
+        outputs.extend([k_cache_out(layer), v_cache_out(layer)]);
+    }
+    Ok(NetworkDesc { nodes: g.nodes, outputs })
+}
+
+fn bad(node: &str, message: String) -> Error {
+    Error::Network { node: node.to_owned(), message }
+}
+
+/// Every size at least 1, and `rows` within `1..=max_len`.
+fn check_config(cfg: &Config, rows: usize) -> Result<()> {
     if cfg.vocab == 0 || cfg.heads == 0 || cfg.head_dim == 0 || cfg.max_len == 0 || cfg.layers == 0 {
         return Err(bad(
             "config",
@@ -114,10 +241,15 @@ pub fn decoder_network(cfg: &Config, weights: &Weights, rows: usize) -> Result<N
     if rows == 0 || rows > cfg.max_len {
         return Err(bad("tokens", format!("rows {rows} outside 1..={}", cfg.max_len)));
     }
-    let (dm, vocab, max_len) = (cfg.dim(), cfg.vocab, cfg.max_len);
+    Ok(())
+}
+
+/// Every weight has the length the config needs; the first that does not is named.
+fn check_weights(cfg: &Config, weights: &Weights) -> Result<()> {
+    let (dm, vocab) = (cfg.dim(), cfg.vocab);
     let mut expect = vec![
         ("tok_emb", weights.tok_emb.len(), vocab * dm),
-        ("pos_emb", weights.pos_emb.len(), max_len * dm),
+        ("pos_emb", weights.pos_emb.len(), cfg.max_len * dm),
         ("final_norm", weights.final_norm.len(), dm),
         ("w_out", weights.w_out.len(), dm * vocab),
         ("layers", weights.layers.len(), cfg.layers),
@@ -134,107 +266,46 @@ pub fn decoder_network(cfg: &Config, weights: &Weights, rows: usize) -> Result<N
     if let Some((name, got, want)) = expect.into_iter().find(|(_, got, want)| got != want) {
         return Err(bad(name, format!("has {got} values, the config needs {want}")));
     }
-    let (v, d, h, hd, l, r) =
-        (dim(vocab), dim(dm), dim(cfg.heads), dim(cfg.head_dim), dim(max_len), dim(rows));
-    let mut g = Graph { nodes: Vec::new() };
-    let tokens = g.add("tokens", Op::Input { dtype: DType::I64, shape: vec![r] });
-    let pos = g.add("input_pos", Op::Input { dtype: DType::I64, shape: vec![1] });
-    let caches: Vec<(String, String)> = (0..cfg.layers)
-        .map(|layer| {
-            (
-                g.add(k_cache(layer), Op::Input { dtype: DType::F32, shape: vec![1, h, l, hd] }),
-                g.add(v_cache(layer), Op::Input { dtype: DType::F32, shape: vec![1, h, l, hd] }),
-            )
-        })
-        .collect();
+    Ok(())
+}
 
-    // Embeddings: token rows plus position rows input_pos + t.
-    let tok_emb = g.f32_const("tok_emb", &weights.tok_emb, vec![v, d]);
-    let pos_emb = g.f32_const("pos_emb", &weights.pos_emb, vec![l, d]);
-    let x_tok = g.add("x_tok", Op::Gather { data: tok_emb, indices: tokens, axis: 0 });
-    let iota: Vec<u8> = (0..rows as i64).flat_map(|t| t.to_le_bytes()).collect();
-    let iota = g.add("row_index", Op::Constant { dtype: DType::I64, shape: vec![r], data: iota });
-    let positions = g.ew("positions", &pos, &iota, BinaryOp::Add);
-    let x_pos = g.add("x_pos", Op::Gather { data: pos_emb, indices: positions, axis: 0 });
-    let mut x = g.ew("x_0", &x_tok, &x_pos, BinaryOp::Add);
+/// The network's extents as TensorRT dimensions: vocab, model width, heads, head width, cache length, rows.
+struct Dims {
+    v: i64,
+    d: i64,
+    h: i64,
+    hd: i64,
+    l: i64,
+    r: i64,
+    /// `rows` as a count.
+    rows: usize,
+    /// `max_len` as a count.
+    max_len: usize,
+}
 
-    // The causal mask, shared by every layer: -1e9 where column j > input_pos + t.
-    let cols: Vec<f32> = (0..max_len).map(|j| j as f32).collect();
-    let row_f: Vec<f32> = (0..rows).map(|t| t as f32).collect();
-    let col_index = g.f32_const("mask.col", &cols, vec![1, 1, 1, l]);
-    let row_offset = g.f32_const("mask.row", &row_f, vec![1, 1, r, 1]);
-    let pos_f = g.add("mask.pos_f", Op::Cast { input: pos.clone(), to: DType::F32 });
-    let pos_4d = g.add(
-        "mask.pos",
-        Op::Shuffle {
-            input: pos_f,
-            first_transpose: None,
-            reshape: Some(vec![1, 1, 1, 1]),
-            second_transpose: None,
-        },
-    );
-    let row_pos = g.ew("mask.row_pos", &row_offset, &pos_4d, BinaryOp::Add);
-    let future = g.ew("mask.future", &col_index, &row_pos, BinaryOp::Greater);
-    let future_f = g.add("mask.future_f", Op::Cast { input: future, to: DType::F32 });
-    let neg_big = g.f32_const("mask.neg", &[-1.0e9], vec![1, 1, 1, 1]);
-    let mask = g.ew("mask", &future_f, &neg_big, BinaryOp::Mul);
-    // TensorRT-RTX 1.7's KV-cache layer takes int32 write indices only ("Write indices must be of type int32").
-    let write_idx = g.add("write_indices", Op::Cast { input: pos.clone(), to: DType::I32 });
-    let inv_sqrt_hd = g.f32_const("inv_sqrt_hd", &[1.0 / (cfg.head_dim as f32).sqrt()], vec![1, 1, 1, 1]);
-
-    for (layer, (lw, (k_in, v_in))) in weights.layers.iter().zip(&caches).enumerate() {
-        let p = format!("layer{layer}");
-        let hn = g.rms_norm(&format!("{p}.h"), &x, &lw.norm, d);
-        let heads = |g: &mut Graph, name: &str, w: &[f32]| -> String {
-            let wn = g.f32_const(format!("{p}.{name}.w"), w, vec![d, d]);
-            let flat = g.mm(format!("{p}.{name}.flat"), &hn, &wn, false);
-            g.add(
-                format!("{p}.{name}"),
-                Op::Shuffle {
-                    input: flat,
-                    first_transpose: None,
-                    reshape: Some(vec![1, r, h, hd]),
-                    second_transpose: Some(vec![0, 2, 1, 3]),
-                },
-            )
-        };
-        let q = heads(&mut g, "q", &lw.wq);
-        let k = heads(&mut g, "k", &lw.wk);
-        let vv = heads(&mut g, "v", &lw.wv);
-        let k_out = g.add(
-            k_cache_out(layer),
-            Op::KvCacheUpdate { cache: k_in.clone(), update: k, write_indices: write_idx.clone() },
-        );
-        let v_out = g.add(
-            v_cache_out(layer),
-            Op::KvCacheUpdate { cache: v_in.clone(), update: vv, write_indices: write_idx.clone() },
-        );
-        let raw = g.mm(format!("{p}.scores_raw"), &q, &k_out, true);
-        let scaled = g.ew(format!("{p}.scores"), &raw, &inv_sqrt_hd, BinaryOp::Mul);
-        let masked = g.ew(format!("{p}.scores_masked"), &scaled, &mask, BinaryOp::Add);
-        let probs = g.add(format!("{p}.probs"), Op::Softmax { input: masked, axis: 3 });
-        let attn_h = g.mm(format!("{p}.attn_heads"), &probs, &v_out, false);
-        let attn = g.add(
-            format!("{p}.attn"),
-            Op::Shuffle {
-                input: attn_h,
-                first_transpose: Some(vec![0, 2, 1, 3]),
-                reshape: Some(vec![r, d]),
-                second_transpose: None,
-            },
-        );
-        let wo = g.f32_const(format!("{p}.wo"), &lw.wo, vec![d, d]);
-        let o = g.mm(format!("{p}.o"), &attn, &wo, false);
-        x = g.ew(format!("x_{}", layer + 1), &x, &o, BinaryOp::Add);
+impl Dims {
+    fn new(cfg: &Config, rows: usize) -> Self {
+        Dims {
+            v: dim(cfg.vocab),
+            d: dim(cfg.dim()),
+            h: dim(cfg.heads),
+            hd: dim(cfg.head_dim),
+            l: dim(cfg.max_len),
+            r: dim(rows),
+            rows,
+            max_len: cfg.max_len,
+        }
     }
-    let hf = g.rms_norm("h_final", &x, &weights.final_norm, d);
-    let w_out = g.f32_const("w_out", &weights.w_out, vec![d, v]);
-    g.mm("logits", &hf, &w_out, false);
-    let mut outputs = vec!["logits".to_owned()];
-    for layer in 0..cfg.layers {
-        outputs.extend([k_cache_out(layer), v_cache_out(layer)]);
-    }
-    Ok(NetworkDesc { nodes: g.nodes, outputs })
+}
+
+/// The tensors every layer shares.
+struct Shared {
+    /// The causal mask `[1, 1, rows, max_len]`.
+    mask: String,
+    /// `input_pos` as int32, where the caches are written.
+    write_idx: String,
+    /// `1 / sqrt(head_dim)`.
+    inv_sqrt_hd: String,
 }
 
 /// Builds the decoder for `rows` tokens per call with TensorRT-RTX and wraps the plan in a native blob
