@@ -26,17 +26,15 @@ use delegate_abi::{
 };
 use et_error::{ErrorCode, HasErrorCode};
 use ref_graph::TensorId;
-use reference_delegate::delegate::{
-    blob_compatibility, keeps_sequence_state, read_blob, reference_graph_info, ArgSpec, BindingPlan,
-};
+use ref_graph_contract::{keeps_sequence_state, reference_graph_info, ArgSpec, Executor, Opened};
 
 use crate::engine::Engine;
 use crate::plan::{Plan, Unsupported};
 use crate::BACKEND_ID;
 
-/// The native wire-format versions this delegate reads: the reference delegate's, whose header checks it
-/// shares.
-pub const WIRE_FORMAT_VERSIONS: &str = reference_delegate::delegate::WIRE_FORMAT_VERSIONS;
+/// The native wire-format versions this delegate reads: those of every executor of reference graphs, whose
+/// header checks it shares (`ref-graph-contract`).
+pub const WIRE_FORMAT_VERSIONS: &str = ref_graph_contract::WIRE_FORMAT_VERSIONS;
 
 /// Memory kinds the delegate accepts. Caches must be device or managed memory (the residency gate); host
 /// and pinned inputs and outputs are staged through device buffers.
@@ -53,10 +51,10 @@ pub struct CudaDelegate;
 pub enum Error {
     /// The blob does not parse, is not a native reference-graph blob for `CudaBackend`
     /// (`DelegateInvalidCompatibility`), its payload is not a valid graph (`InvalidProgram`), or its bindings
-    /// or aliases do not fit the graph: the reference delegate's blob reading and binding plan, which every
-    /// executor of reference graphs shares.
+    /// or aliases do not fit the graph: the blob reading and binding plan every executor of reference graphs
+    /// shares (`ref-graph-contract`).
     #[error("{0}")]
-    Plan(#[from] reference_delegate::delegate::Error),
+    Plan(#[from] ref_graph_contract::Error),
     /// A valid graph this delegate cannot run. `NotSupported`.
     #[error("{0}")]
     Unsupported(#[from] Unsupported),
@@ -147,10 +145,12 @@ impl CudaHandle {
 /// How the CUDA delegate names itself in reasons.
 pub(crate) const DELEGATE: &str = "the CUDA delegate";
 
+/// The CUDA delegate as an executor of reference graphs: its backend and how it names itself in reasons.
+const EXECUTOR: Executor = Executor { backend: BACKEND_ID, name: DELEGATE };
+
 impl CudaDelegate {
-    fn init_blob(&self, bytes: &[u8]) -> Result<CudaHandle, Error> {
-        let (blob, graph) = read_blob(bytes, BACKEND_ID, DELEGATE)?;
-        let plan_args = BindingPlan::new(&blob, &graph)?;
+    fn init_blob(&self, ctx: &InitContext<'_>) -> Result<CudaHandle, Error> {
+        let Opened { blob, graph, plan: plan_args } = EXECUTOR.open(ctx)?;
         let specs = plan_args.args().to_vec();
         let plan = Plan::new(&graph)?;
         let ordinal = blob.header.device_id; // 0 or more: both blob readers refuse a negative one
@@ -198,14 +198,11 @@ impl Delegate for CudaDelegate {
     }
 
     fn compatibility(&self, blob: &[u8]) -> Compatibility {
-        blob_compatibility(blob, BACKEND_ID, DELEGATE, |_| None)
+        EXECUTOR.compatibility(blob)
     }
 
     fn init(&self, ctx: InitContext<'_>) -> Result<CudaHandle, DelegateError> {
-        for spec in ctx.compile_specs.iter().chain(ctx.runtime_specs) {
-            tracing::debug!(target: "cuda_delegate", key = spec.key, "ignoring a spec this delegate has no use for");
-        }
-        Ok(self.init_blob(ctx.blob)?)
+        Ok(self.init_blob(&ctx)?)
     }
 
     fn execute(&self, handle: &mut CudaHandle, args: &mut ExecuteArgs<'_>) -> Result<(), DelegateError> {

@@ -7,7 +7,7 @@ use delegate_abi::check::ArgError;
 use delegate_abi::{ExecuteArgs, MemoryKind, TensorArg};
 use ref_graph::{Data, Graph, TensorId};
 
-use reference_delegate::delegate::ArgSpec;
+use ref_graph_contract::ArgSpec;
 
 use crate::delegate::Error;
 use crate::kernels::general::{General, GeneralLaunch};

@@ -56,9 +56,9 @@ mod plan;
 pub mod report;
 
 pub use delegate::{CudaDelegate, CudaHandle, Error, MEMORY_KINDS, WIRE_FORMAT_VERSIONS};
-/// What one argument position carries: the reference delegate's binding plan, shared by every executor of
-/// reference graphs.
-pub use reference_delegate::delegate::ArgSpec;
+/// What one argument position carries: the binding plan every executor of reference graphs shares
+/// (`ref-graph-contract`).
+pub use ref_graph_contract::ArgSpec;
 
 /// The ExecuTorch backend id this delegate serves.
 pub const BACKEND_ID: &str = "CudaBackend";

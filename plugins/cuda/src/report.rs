@@ -14,7 +14,7 @@ mod layers;
 mod reason;
 
 use ref_graph::Graph;
-use reference_delegate::delegate::read_blob;
+use ref_graph_contract::read_blob;
 
 use crate::delegate::DELEGATE;
 use crate::plan::Plan;

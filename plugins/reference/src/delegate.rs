@@ -22,22 +22,31 @@
 //! aligned to its element size (4 bytes for `f32`, 2 for `f16` and `bf16`).
 
 use alias_validate::residency::DirectAccess;
-use alias_validate::{validate_with_engine, ArgLayout, ValidKind};
-use blob_format::model::{Format, PayloadKind, Role};
-use blob_format::Blob;
-use delegate_abi::check::{check_arg, check_count, ArgError, Expected};
+use blob_format::model::Role;
+use delegate_abi::check::ArgError;
 use delegate_abi::{
-    Compatibility, DTypeCode, Delegate, DelegateError, ExecuteArgs, InitContext, MemoryKind, PluginInfo,
-    TensorArg,
+    Compatibility, Delegate, DelegateError, ExecuteArgs, InitContext, MemoryKind, PluginInfo,
 };
 use et_error::{ErrorCode, HasErrorCode};
+use ref_graph::Graph;
+use ref_graph_contract::{Executor, Opened};
 
-use crate::exec::{self, ArgMap, Executor};
+use crate::exec::{self, ArgMap, Executor as GraphExecutor};
 use crate::BACKEND_ID;
-use ref_graph::{Graph, TensorId, PAYLOAD_MAGIC, PAYLOAD_VERSION_MAJOR};
 
-/// The native wire-format versions this delegate reads.
-pub const WIRE_FORMAT_VERSIONS: &str = ">=1.0, <2";
+mod args;
+mod shims;
+
+/// The binding plan and argument specs every executor of reference graphs shares (`ref-graph-contract`).
+pub use ref_graph_contract::{ArgSpec, BindingPlan};
+#[allow(deprecated)]
+pub use shims::{
+    blob_compatibility, header_mismatch, keeps_sequence_state, payload_compatibility, read_blob,
+    reference_graph_info,
+};
+
+/// The native wire-format versions this delegate reads: those of every executor of reference graphs.
+pub const WIRE_FORMAT_VERSIONS: &str = ref_graph_contract::WIRE_FORMAT_VERSIONS;
 
 /// Memory kinds the delegate accepts: all host-visible ones, since it computes on the CPU.
 pub const MEMORY_KINDS: [MemoryKind; 3] = [MemoryKind::Host, MemoryKind::Pinned, MemoryKind::Managed];
@@ -101,6 +110,25 @@ pub enum Error {
     /// The graph failed while running.
     #[error("{0}")]
     Exec(#[from] exec::Error),
+    /// A refusal of the shared reference-graph contract (`ref-graph-contract`) none of the variants above
+    /// names, with its code.
+    #[error("{0}")]
+    Contract(ref_graph_contract::Error),
+}
+
+impl From<ref_graph_contract::Error> for Error {
+    fn from(err: ref_graph_contract::Error) -> Self {
+        use ref_graph_contract::Error as Contract;
+        match err {
+            Contract::Blob(err) => Error::Blob(err),
+            Contract::Incompatible(reason) => Error::Incompatible(reason),
+            Contract::Graph(err) => Error::Graph(err),
+            Contract::Alias(err) => Error::Alias(err),
+            Contract::UserAlias { output, input } => Error::UserAlias { output, input },
+            Contract::Binding { name, problem } => Error::Binding { name, problem },
+            other => Error::Contract(other),
+        }
+    }
 }
 
 impl HasErrorCode for Error {
@@ -115,172 +143,8 @@ impl HasErrorCode for Error {
             Error::Args(err) => err.error_code(),
             Error::Residency { source, .. } => source.error_code(),
             Error::Exec(err) => err.error_code(),
+            Error::Contract(err) => err.error_code(),
         }
-    }
-}
-
-/// What one argument position must carry.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ArgSpec {
-    /// The graph tensor it binds (by name, from the blob's binding).
-    pub tensor: TensorId,
-    /// The tensor's name.
-    pub name: String,
-    /// Input or output of the graph.
-    pub role: Role,
-    /// Element type.
-    pub dtype: DTypeCode,
-    /// Extents.
-    pub shape: Vec<i64>,
-    /// Size in bytes.
-    pub nbytes: u64,
-    /// Whether an output aliases it: the graph updates it in place.
-    pub aliased_input: bool,
-    /// For an aliased output slot, the argument position of the input it aliases.
-    pub aliases_arg: Option<usize>,
-}
-
-impl ArgSpec {
-    /// What a call's argument at this position must be, for delegate-abi's [`check_arg`]: written when it is
-    /// an output or an input the graph updates in place.
-    pub fn expected(&self) -> Expected<'_> {
-        Expected {
-            name: &self.name,
-            dtype: self.dtype,
-            shape: &self.shape,
-            nbytes: self.nbytes,
-            written: self.role == Role::Output || self.aliased_input,
-        }
-    }
-}
-
-/// The binding plan computed once at `init`: every argument position resolved to a graph tensor by name.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct BindingPlan {
-    args: Vec<ArgSpec>,
-}
-
-impl BindingPlan {
-    /// Every argument position, in delegate-argument order.
-    pub fn args(&self) -> &[ArgSpec] {
-        &self.args
-    }
-
-    /// The plan of `blob`'s arguments against `graph`: every position resolved to its graph tensor by the
-    /// binding's name, with its dtype, extents and aliasing (the alias table checked against the graph). For
-    /// every executor of reference graphs; the reference delegate adds its executor's argument map.
-    pub fn new(blob: &Blob<'_>, graph: &Graph) -> Result<BindingPlan, Error> {
-        Self::build(blob, graph).map(|(plan, _)| plan)
-    }
-
-    fn build(blob: &Blob<'_>, graph: &Graph) -> Result<(BindingPlan, ArgMap), Error> {
-        let aliases = validate_with_engine(&blob.header, graph)?;
-        for warning in aliases.warnings() {
-            tracing::warn!(target: "reference_delegate", "{warning}");
-        }
-        if let Some(user) = aliases.aliases().iter().find(|a| a.kind == ValidKind::User) {
-            return Err(Error::UserAlias { output: user.output.clone(), input: user.input.clone() });
-        }
-        // Positions, aliased inputs and in-place slots come from the shared layout; this plan adds what only
-        // the graph knows: the tensor, its type and its extents.
-        let layout = ArgLayout::new(&blob.header, &aliases)?;
-        let mut args = Vec::with_capacity(layout.len());
-        for slot in layout.slots() {
-            let tensor = graph.find(&slot.name).ok_or_else(|| Error::Binding {
-                name: slot.name.clone(),
-                problem: "no graph tensor has this name".to_owned(),
-            })?;
-            let decl = graph.tensor(tensor);
-            let shape = decl
-                .shape
-                .iter()
-                .map(|&d| i64::try_from(d))
-                .collect::<Result<Vec<_>, _>>()
-                .ok()
-                .filter(|s| s.len() <= delegate_abi::MAX_RANK)
-                .ok_or_else(|| Error::Binding {
-                    name: slot.name.clone(),
-                    problem: format!("shape {:?} cannot be passed as a tensor argument", decl.shape),
-                })?;
-            args.push(ArgSpec {
-                tensor,
-                name: slot.name.clone(),
-                role: slot.role,
-                dtype: DTypeCode::try_from(decl.dtype.dtype())
-                    .map_err(|err| Error::Binding { name: slot.name.clone(), problem: err.to_string() })?,
-                shape,
-                nbytes: decl.nbytes() as u64,
-                aliased_input: slot.is_alias_target(),
-                aliases_arg: slot.in_place_of(),
-            });
-        }
-        let map = ArgMap {
-            inputs: args
-                .iter()
-                .enumerate()
-                .filter(|(_, a)| a.role == Role::Input)
-                .map(|(i, a)| (a.tensor, i))
-                .collect(),
-            outputs: args
-                .iter()
-                .enumerate()
-                .filter(|(_, a)| a.role == Role::Output && a.aliases_arg.is_none())
-                .map(|(i, a)| (a.tensor, i))
-                .collect(),
-        };
-        Ok((BindingPlan { args }, map))
-    }
-
-    /// Checks every argument of a call against the plan, before anything runs.
-    fn check(&self, args: &[TensorArg]) -> Result<(), Error> {
-        if args.len() != self.args.len() {
-            // `check_count` collects the names (an allocation), so it runs only to word the refusal: a call
-            // allocates nothing (tests/hf_forms.rs counts).
-            check_count(self.args.iter().map(|a| a.name.as_str()), args.len())?;
-        }
-        for (position, (spec, arg)) in self.args.iter().zip(args).enumerate() {
-            let bad = |problem: String| Error::from(ArgError::arg(position, &spec.name, problem));
-            if spec.aliased_input {
-                // This delegate computes on the CPU: host-visible memory is the storage it updates in place.
-                // The gate also refuses a zero-byte cache, which would make the update land nowhere.
-                DIRECT_ACCESS
-                    .check(&spec.name, arg.memory().into(), arg.nbytes)
-                    .map_err(|source| Error::Residency { position, source })?;
-            }
-            check_arg(position, &spec.expected(), arg)?;
-            if !arg.memory().is_host_visible() {
-                return Err(bad(format!(
-                    "is {} memory; the reference delegate computes on the CPU and reads host, pinned or \
-                     managed memory",
-                    arg.memory()
-                )));
-            }
-            let align = spec.dtype.size_bytes();
-            if spec.aliased_input && (arg.data as usize) % align != 0 {
-                return Err(bad(format!(
-                    "is not {align}-byte aligned, which {} caches updated in place need",
-                    spec.dtype.name()
-                )));
-            }
-            // A written argument may share storage only with the input its slot aliases, and only exactly.
-            if spec.role == Role::Output || spec.aliased_input {
-                for (other, other_arg) in args.iter().enumerate().filter(|&(o, _)| o != position) {
-                    let in_place_pair =
-                        spec.aliases_arg == Some(other) || self.args[other].aliases_arg == Some(position);
-                    if in_place_pair && arg.same_storage(other_arg) {
-                        continue;
-                    }
-                    if arg.overlaps(other_arg) {
-                        return Err(bad(format!(
-                            "shares storage with argument {other} ('{}'); only an aliased output slot may, and \
-                             only as exactly its input's storage",
-                            self.args[other].name
-                        )));
-                    }
-                }
-            }
-        }
-        Ok(())
     }
 }
 
@@ -289,7 +153,7 @@ impl BindingPlan {
 pub struct ReferenceHandle {
     graph: Graph,
     plan: BindingPlan,
-    executor: Executor,
+    executor: GraphExecutor,
 }
 
 impl ReferenceHandle {
@@ -304,133 +168,37 @@ impl ReferenceHandle {
     }
 }
 
-/// Why a blob's header does not fit an executor of reference graphs that serves `backend`, or `None` when it
-/// does; `delegate` names the executor in the reason ("the reference delegate"). Public so that every executor
-/// of this payload (the CUDA delegate runs the same graphs) refuses blobs for the same reasons, in the same words.
-pub fn header_mismatch(blob: &Blob<'_>, backend: &str, delegate: &str) -> Option<String> {
-    if !matches!(blob.format, Format::Native { major: 1, .. }) {
-        return Some(format!(
-            "{delegate} reads native {WIRE_FORMAT_VERSIONS} blobs, this one is {}",
-            blob.format
-        ));
-    }
-    if blob.header.backend_id != backend {
-        return Some(format!("the blob is for backend '{}', not '{backend}'", blob.header.backend_id));
-    }
-    if blob.header.payload_kind != PayloadKind::ReferenceGraph {
-        return Some(format!(
-            "the blob's payload is '{}', not '{}'",
-            blob.header.payload_kind,
-            PayloadKind::ReferenceGraph
-        ));
-    }
-    None
-}
+/// The reference delegate as an executor of reference graphs: its backend and how it names itself in reasons.
+const EXECUTOR: Executor = Executor { backend: BACKEND_ID, name: "the reference delegate" };
 
-/// How the reference delegate names itself in reasons.
-const DELEGATE: &str = "the reference delegate";
-
-/// Reads a blob for an executor of reference graphs that serves `backend` (named `delegate` in reasons): the
-/// blob parsed, its header fit for it ([`header_mismatch`], else [`Error::Incompatible`]), its payload verified
-/// and decoded into a valid graph. Shared with the CUDA delegate, so both refuse a blob at `init` for the same
-/// reasons.
-pub fn read_blob<'a>(bytes: &'a [u8], backend: &str, delegate: &str) -> Result<(Blob<'a>, Graph), Error> {
-    let blob = Blob::parse(bytes)?;
-    if let Some(reason) = header_mismatch(&blob, backend, delegate) {
-        return Err(Error::Incompatible(reason));
-    }
-    blob.verify_payload()?;
-    let graph = Graph::decode(blob.engine)?;
-    Ok((blob, graph))
-}
-
-/// Whether an executor of reference graphs that serves `backend` (named `delegate` in reasons) can take
-/// `blob`: a native blob for that backend ([`header_mismatch`]), then the executor's own `refuse` reason if it
-/// has one, then the payload's major version ([`payload_compatibility`]). Shared with the CUDA delegate, so
-/// both answer `compatibility` by one rule.
-pub fn blob_compatibility(
-    blob: &[u8],
-    backend: &str,
-    delegate: &str,
-    refuse: impl FnOnce(&Blob<'_>) -> Option<String>,
-) -> Compatibility {
-    let parsed = match Blob::parse(blob) {
-        Ok(parsed) => parsed,
-        Err(err) => return Compatibility::Unsupported { reason: err.to_string() },
+/// Where the executor finds each graph input and writes each graph output that is not an in-place slot.
+fn arg_map(plan: &BindingPlan) -> ArgMap {
+    let positions = |keep: fn(&ArgSpec) -> bool| {
+        plan.args().iter().enumerate().filter(|(_, a)| keep(a)).map(|(i, a)| (a.tensor, i)).collect()
     };
-    if let Some(reason) = header_mismatch(&parsed, backend, delegate).or_else(|| refuse(&parsed)) {
-        return Compatibility::Unsupported { reason };
-    }
-    payload_compatibility(parsed.engine)
-}
-
-/// The self-description of an executor of reference graphs: `name` at `version` serving `backend`, native
-/// blobs of [`WIRE_FORMAT_VERSIONS`], arguments in `memory_kinds`, aliased outputs bound in place. Shared with
-/// the CUDA delegate.
-pub fn reference_graph_info(
-    name: &str,
-    version: &str,
-    backend: &str,
-    memory_kinds: &[MemoryKind],
-) -> PluginInfo {
-    PluginInfo::new(name, version)
-        .with_backend(backend)
-        .with_wire_format("native", WIRE_FORMAT_VERSIONS)
-        .with_memory_kinds(memory_kinds.iter().copied())
-        .with_binds_aliases_in_place(true)
-        // Updates the caller's memory in place. Not `rewind_fork_without_reinit`: that is a statement about
-        // every instance, and an instance of a graph with delegate-owned `state` (payload 1.2) keeps its
-        // caches itself; each instance answers for its own graph (`keeps_sequence_state`).
-        .with_capabilities(
-            delegate_abi::Capabilities::default().with_in_place_memory_kinds(memory_kinds.iter().copied()),
-        )
-}
-
-/// Whether an executor of `graph` keeps sequence state of its own: its delegate-owned `state` (payload 1.2),
-/// the caches it holds across calls, which no rewind, restored cache or fork of the caller's caches carries.
-/// The answer of [`Delegate::keeps_sequence_state`] for every executor of reference graphs (shared with the
-/// CUDA delegate).
-pub fn keeps_sequence_state(graph: &Graph) -> bool {
-    !graph.state().is_empty()
-}
-
-/// Whether `payload` is a reference graph of a major version this build reads, from its first six bytes.
-pub fn payload_compatibility(payload: &[u8]) -> Compatibility {
-    match payload.get(..6) {
-        Some([a, b, c, d, lo, hi]) if [*a, *b, *c, *d] == PAYLOAD_MAGIC => {
-            let major = u16::from_le_bytes([*lo, *hi]);
-            if major == PAYLOAD_VERSION_MAJOR {
-                Compatibility::Supported
-            } else {
-                Compatibility::Unsupported {
-                    reason: format!(
-                        "reference-graph payload version {major}.x; this build reads {PAYLOAD_VERSION_MAJOR}.x"
-                    ),
-                }
-            }
-        }
-        _ => Compatibility::Unsupported { reason: "the payload is not a reference graph".to_owned() },
+    ArgMap {
+        inputs: positions(|a| a.role == Role::Input),
+        outputs: positions(|a| a.role == Role::Output && a.aliases_arg.is_none()),
     }
 }
 
 impl ReferenceDelegate {
-    fn init_blob(&self, bytes: &[u8]) -> Result<ReferenceHandle, Error> {
-        let (blob, graph) = read_blob(bytes, BACKEND_ID, DELEGATE)?;
-        let (plan, map) = BindingPlan::build(&blob, &graph)?;
-        let executor = Executor::new(&graph, &map)?;
+    fn init_blob(&self, ctx: &InitContext<'_>) -> Result<ReferenceHandle, Error> {
+        let Opened { graph, plan, .. } = EXECUTOR.open(ctx)?;
+        let executor = GraphExecutor::new(&graph, &arg_map(&plan))?;
         tracing::debug!(
             target: "reference_delegate",
             ops = graph.ops().len(),
-            args = plan.args.len(),
+            args = plan.args().len(),
             "initialised a reference graph"
         );
         Ok(ReferenceHandle { graph, plan, executor })
     }
 
     fn execute_checked(&self, handle: &mut ReferenceHandle, args: &mut ExecuteArgs<'_>) -> Result<(), Error> {
-        handle.plan.check(args.args())?;
+        args::check(&handle.plan, args.args())?;
         handle.executor.run(&handle.graph, args)?;
-        for (position, spec) in handle.plan.args.iter().enumerate() {
+        for (position, spec) in handle.plan.args().iter().enumerate() {
             let Some(input) = spec.aliases_arg else { continue };
             let same = args
                 .arg(input)
@@ -455,18 +223,20 @@ impl Delegate for ReferenceDelegate {
     }
 
     fn info() -> PluginInfo {
-        reference_graph_info("reference-delegate", env!("CARGO_PKG_VERSION"), BACKEND_ID, &MEMORY_KINDS)
+        ref_graph_contract::reference_graph_info(
+            "reference-delegate",
+            env!("CARGO_PKG_VERSION"),
+            BACKEND_ID,
+            &MEMORY_KINDS,
+        )
     }
 
     fn compatibility(&self, blob: &[u8]) -> Compatibility {
-        blob_compatibility(blob, BACKEND_ID, DELEGATE, |_| None)
+        EXECUTOR.compatibility(blob)
     }
 
     fn init(&self, ctx: InitContext<'_>) -> Result<ReferenceHandle, DelegateError> {
-        for spec in ctx.compile_specs.iter().chain(ctx.runtime_specs) {
-            tracing::debug!(target: "reference_delegate", key = spec.key, "ignoring a spec this delegate has no use for");
-        }
-        Ok(self.init_blob(ctx.blob)?)
+        Ok(self.init_blob(&ctx)?)
     }
 
     fn execute(&self, handle: &mut ReferenceHandle, args: &mut ExecuteArgs<'_>) -> Result<(), DelegateError> {
@@ -474,6 +244,6 @@ impl Delegate for ReferenceDelegate {
     }
 
     fn keeps_sequence_state(&self, handle: &ReferenceHandle) -> bool {
-        keeps_sequence_state(&handle.graph)
+        ref_graph_contract::keeps_sequence_state(&handle.graph)
     }
 }

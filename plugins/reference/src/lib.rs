@@ -7,8 +7,9 @@
 //! [`alias_validate::EngineIntrospect`]); this crate is the code that runs it, in two small parts:
 //! - [`exec`]: the executor, which allocates all scratch at init and writes cache updates into the caller's
 //!   own cache arguments;
-//! - [`delegate`]: the [`delegate_abi::Delegate`] implementation: blob checks, alias validation through
-//!   `alias-validate`, a name-based binding plan computed once at init, per-call argument checks, and the
+//! - [`delegate`]: the [`delegate_abi::Delegate`] implementation: the blob read and bound by the contract every
+//!   executor of reference graphs shares ([`ref_graph_contract`]: blob checks, alias validation through
+//!   `alias-validate`, a name-based binding plan computed once at init), per-call argument checks, and the
 //!   in-place / copy-back contract for aliased outputs.
 //!
 //! A blob for this delegate is a native blob (`blob-format`) with backend id [`BACKEND_ID`] and payload kind

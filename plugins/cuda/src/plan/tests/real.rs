@@ -20,12 +20,9 @@ pub(crate) fn fixtures() -> Vec<(String, Graph)> {
             let program = pte_format::Program::parse(&bytes).expect("a program");
             let calls: Vec<_> = program.methods.iter().flat_map(|m| &m.delegates).collect();
             assert_eq!(calls.len(), 1, "{}: one delegate call", path.display());
-            let (_, graph) = reference_delegate::delegate::read_blob(
-                calls[0].processed.data,
-                calls[0].id,
-                "the CUDA delegate",
-            )
-            .expect("a reference graph");
+            let (_, graph) =
+                ref_graph_contract::read_blob(calls[0].processed.data, calls[0].id, "the CUDA delegate")
+                    .expect("a reference graph");
             let stem = path.file_name().expect("a name").to_string_lossy();
             (stem.trim_end_matches(".cuda.pte").to_owned(), graph)
         })
