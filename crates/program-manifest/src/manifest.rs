@@ -11,7 +11,7 @@ use toml::de::{DeTable, DeValue};
 use toml::Spanned;
 
 use crate::file::open_regular;
-use crate::spec::{GenerateSpec, MethodSpec, ProgramSpec};
+use crate::spec::{CallSpec, GenerateSpec, MethodSpec, ProgramSpec, TensorSpec};
 use crate::{BlobSource, Error, Location, MemoryKind, FORMAT};
 
 /// A parsed, checked manifest.
@@ -403,67 +403,75 @@ fn check_method(
     buffers: &BTreeMap<String, TensorDecl>,
 ) -> Result<Method, Error> {
     let method = [Seg::Key("methods"), Seg::Key(name)];
-    let mut inputs: Vec<TensorDecl> = Vec::new();
-    let mut outputs: Vec<TensorDecl> = Vec::new();
-    for (list, key, specs) in
-        [(&mut inputs, "inputs", &spec.inputs), (&mut outputs, "outputs", &spec.outputs)]
-    {
-        for (index, t) in specs.iter().enumerate() {
-            let at = |field: &'static str| {
-                src.value(&[&method[..], &[Seg::Key(key), Seg::Index(index), Seg::Key(field)]].concat())
-            };
-            if list.iter().any(|d| d.name == t.name) {
-                return src.error(at("name"), format!("method '{name}' declares '{}' twice", t.name));
-            }
-            let what = if key == "inputs" { "input" } else { "output" };
-            let (memory, device) = placement(src, &at, what, &t.name, t.memory.as_deref(), t.device)?;
-            let mut decl = tensor_decl(src, &at, &t.name, &t.dtype, &t.shape, memory)?;
-            decl.device = device;
-            list.push(decl);
-        }
-    }
+    let inputs = check_tensors(src, name, "inputs", &spec.inputs)?;
+    let outputs = check_tensors(src, name, "outputs", &spec.outputs)?;
     let calls_at = [method[0], method[1], Seg::Key("calls")];
     if spec.calls.is_empty() {
         return src.error(src.value(&calls_at), format!("method '{name}' makes no delegate call"));
     }
+    let scope = MethodScope { src, name, inputs: &inputs, outputs: &outputs, buffers };
     let mut calls = Vec::new();
     for (index, call) in spec.calls.iter().enumerate() {
         let call_at = [calls_at[0], calls_at[1], calls_at[2], Seg::Index(index)];
-        let location = src.value(&call_at);
+        calls.push(scope.check_call(base, blobs, &call_at, call)?);
+    }
+    Ok(Method { name: name.to_owned(), inputs, outputs, calls })
+}
+
+/// Method `name`'s `inputs` or `outputs` (`key`): names unique within the list, each a checked declaration.
+fn check_tensors(
+    src: &Source<'_>,
+    name: &str,
+    key: &str,
+    specs: &[TensorSpec],
+) -> Result<Vec<TensorDecl>, Error> {
+    let method = [Seg::Key("methods"), Seg::Key(name)];
+    let mut list: Vec<TensorDecl> = Vec::with_capacity(specs.len());
+    for (index, t) in specs.iter().enumerate() {
+        let at = |field: &'static str| {
+            src.value(&[&method[..], &[Seg::Key(key), Seg::Index(index), Seg::Key(field)]].concat())
+        };
+        if list.iter().any(|d| d.name == t.name) {
+            return src.error(at("name"), format!("method '{name}' declares '{}' twice", t.name));
+        }
+        let what = if key == "inputs" { "input" } else { "output" };
+        let (memory, device) = placement(src, &at, what, &t.name, t.memory.as_deref(), t.device)?;
+        let mut decl = tensor_decl(src, &at, &t.name, &t.dtype, &t.shape, memory)?;
+        decl.device = device;
+        list.push(decl);
+    }
+    Ok(list)
+}
+
+/// What a method's calls may name: its own inputs and outputs, and the program's buffers.
+struct MethodScope<'m> {
+    src: &'m Source<'m>,
+    name: &'m str,
+    inputs: &'m [TensorDecl],
+    outputs: &'m [TensorDecl],
+    buffers: &'m BTreeMap<String, TensorDecl>,
+}
+
+impl MethodScope<'_> {
+    /// One delegate call at `call_at`: a backend id, arguments the method can supply, a blob path allowed by
+    /// `blobs`.
+    fn check_call(
+        &self,
+        base: &Path,
+        blobs: BlobPaths,
+        call_at: &[Seg<'_>],
+        call: &CallSpec,
+    ) -> Result<Call, Error> {
+        let src = self.src;
+        let location = src.value(call_at);
         if call.backend.is_empty() {
-            return src
-                .error(src.value(&[&call_at[..], &[Seg::Key("backend")]].concat()), "backend id is empty");
+            return src.error(src.value(&[call_at, &[Seg::Key("backend")]].concat()), "backend id is empty");
         }
         let mut args = Vec::with_capacity(call.args.len());
         let mut arg_locations = Vec::with_capacity(call.args.len());
         for (position, arg) in call.args.iter().enumerate() {
-            let arg_at = src.value(&[&call_at[..], &[Seg::Key("args"), Seg::Index(position)]].concat());
-            let parsed = match arg.split_once(':') {
-                Some(("input", n)) => ArgRef::Input(n.to_owned()),
-                Some(("output", n)) => ArgRef::Output(n.to_owned()),
-                Some(("buffer", n)) => ArgRef::Buffer(n.to_owned()),
-                _ => {
-                    return src.error(
-                        arg_at,
-                        format!("argument '{arg}' must be 'input:NAME', 'output:NAME' or 'buffer:NAME'"),
-                    )
-                }
-            };
-            let known = match &parsed {
-                ArgRef::Input(n) => inputs.iter().any(|d| d.name == *n),
-                ArgRef::Output(n) => outputs.iter().any(|d| d.name == *n),
-                ArgRef::Buffer(n) => buffers.contains_key(n),
-            };
-            if !known {
-                let what = match &parsed {
-                    ArgRef::Input(_) => format!("method '{name}' declares no input"),
-                    ArgRef::Output(_) => format!("method '{name}' declares no output"),
-                    ArgRef::Buffer(_) => "the program declares no buffer".to_owned(),
-                };
-                let n = arg.split_once(':').map_or("", |(_, n)| n);
-                return src.error(arg_at, format!("{what} named '{n}'"));
-            }
-            args.push(parsed);
+            let arg_at = src.value(&[call_at, &[Seg::Key("args"), Seg::Index(position)]].concat());
+            args.push(self.check_arg(arg, arg_at)?);
             arg_locations.push(arg_at);
         }
         let escapes = Path::new(&call.blob)
@@ -471,7 +479,7 @@ fn check_method(
             .any(|c| !matches!(c, std::path::Component::Normal(_) | std::path::Component::CurDir));
         if escapes && blobs == BlobPaths::WithinProgram {
             return src.error(
-                src.value(&[&call_at[..], &[Seg::Key("blob")]].concat()),
+                src.value(&[call_at, &[Seg::Key("blob")]].concat()),
                 format!(
                     "blob '{}' is outside the program's directory (an absolute path or one through '..'); \
                      a host loads it only when told to (delegate-host --allow-outside-blobs)",
@@ -479,18 +487,41 @@ fn check_method(
                 ),
             );
         }
-        calls.push(Call {
-            blob: BlobSource::File {
-                path: base.join(&call.blob),
-                root: (blobs == BlobPaths::WithinProgram).then(|| base.to_owned()),
-            },
-            backend: call.backend.clone(),
-            args,
-            location,
-            arg_locations,
-        });
+        let root = (blobs == BlobPaths::WithinProgram).then(|| base.to_owned());
+        let blob = BlobSource::File { path: base.join(&call.blob), root };
+        Ok(Call { blob, backend: call.backend.clone(), args, location, arg_locations })
     }
-    Ok(Method { name: name.to_owned(), inputs, outputs, calls })
+
+    /// One argument, `input:NAME`, `output:NAME` or `buffer:NAME`, naming something the method has.
+    fn check_arg(&self, arg: &str, arg_at: Location) -> Result<ArgRef, Error> {
+        let name = self.name;
+        let parsed = match arg.split_once(':') {
+            Some(("input", n)) => ArgRef::Input(n.to_owned()),
+            Some(("output", n)) => ArgRef::Output(n.to_owned()),
+            Some(("buffer", n)) => ArgRef::Buffer(n.to_owned()),
+            _ => {
+                return self.src.error(
+                    arg_at,
+                    format!("argument '{arg}' must be 'input:NAME', 'output:NAME' or 'buffer:NAME'"),
+                )
+            }
+        };
+        let known = match &parsed {
+            ArgRef::Input(n) => self.inputs.iter().any(|d| d.name == *n),
+            ArgRef::Output(n) => self.outputs.iter().any(|d| d.name == *n),
+            ArgRef::Buffer(n) => self.buffers.contains_key(n),
+        };
+        if !known {
+            let what = match &parsed {
+                ArgRef::Input(_) => format!("method '{name}' declares no input"),
+                ArgRef::Output(_) => format!("method '{name}' declares no output"),
+                ArgRef::Buffer(_) => "the program declares no buffer".to_owned(),
+            };
+            let n = arg.split_once(':').map_or("", |(_, n)| n);
+            return self.src.error(arg_at, format!("{what} named '{n}'"));
+        }
+        Ok(parsed)
+    }
 }
 
 fn check_generate(

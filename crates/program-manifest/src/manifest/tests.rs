@@ -129,6 +129,10 @@ fn errors_name_line_and_column() {
         (GOOD.replace("blob = \"decode.blob\"", "blob = \"../decode.blob\""), "dir/program.toml:10:8: blob '../decode.blob' is outside the program's directory (an absolute path or one through '..'); a host loads it only when told to (delegate-host --allow-outside-blobs)"),
         (GOOD.replace("blob = \"decode.blob\"", "blob = \"/etc/decode.blob\""), "dir/program.toml:10:8: blob '/etc/decode.blob' is outside the program's directory (an absolute path or one through '..'); a host loads it only when told to (delegate-host --allow-outside-blobs)"),
         (GOOD.replace("blob = ", "blub = "), "dir/program.toml:10:1: unknown field `blub`, expected one of `blob`, `backend`, `args`"),
+        (GOOD.replace("{ name = \"pos\"", "{ name = \"tokens\""), "dir/program.toml:7:69: method 'decode' declares 'tokens' twice"),
+        (GOOD.replace("\"input:pos\"", "\"input:p\""), "dir/program.toml:12:25: method 'decode' declares no input named 'p'"),
+        (GOOD.replace("\"output:logits\"", "\"output:l\""), "dir/program.toml:12:62: method 'decode' declares no output named 'l'"),
+        (GOOD.replace("backend = \"ReferenceBackend\"", "backend = \"\""), "dir/program.toml:11:11: backend id is empty"),
     ];
     for (text, expected) in cases {
         assert_eq!(error(&text), expected);
