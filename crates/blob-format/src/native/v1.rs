@@ -186,63 +186,12 @@ fn build_header<'a>(
     header: &Header,
     location: PayloadLocation,
 ) -> WIPOffset<fb::Header<'a>> {
-    let producer = header.producer.as_ref().map(|p| {
-        let args = fb::ProducerArgs {
-            name: Some(fbb.create_string(&p.name)),
-            version: Some(fbb.create_string(&p.version)),
-        };
-        fb::Producer::create(fbb, &args)
-    });
+    let producer = header.producer.as_ref().map(|p| build_producer(fbb, p));
     let backend_id = fbb.create_string(&header.backend_id);
-    let kind = fbb.create_string(header.payload_kind.as_str());
-    let payload = fb::Payload::create(
-        fbb,
-        &fb::PayloadArgs {
-            kind: Some(kind),
-            offset: location.offset,
-            size: location.size,
-            xxh3: location.xxh3,
-        },
-    );
-    let bindings: Vec<_> = header
-        .bindings
-        .iter()
-        .map(|b| {
-            let name = fbb.create_string(&b.name);
-            let dtype = b.dtype.map(|d| fbb.create_string(d.name()));
-            let shape = b.shape.as_ref().map(|dims| {
-                let dims: Vec<fb::Dim> = dims
-                    .iter()
-                    .map(|d| match d {
-                        Dim::Static(extent) => fb::Dim::new(*extent, false),
-                        Dim::Dynamic => fb::Dim::new(0, true),
-                    })
-                    .collect();
-                fbb.create_vector(&dims)
-            });
-            let role = match b.role {
-                Role::Input => fb::Role::Input,
-                Role::Output => fb::Role::Output,
-            };
-            fb::Binding::create(
-                fbb,
-                &fb::BindingArgs { name: Some(name), role, dtype, shape, threaded: b.threaded },
-            )
-        })
-        .collect();
+    let payload = build_payload(fbb, header, location);
+    let bindings: Vec<_> = header.bindings.iter().map(|b| build_binding(fbb, b)).collect();
     let bindings = fbb.create_vector(&bindings);
-    let aliases: Vec<_> = header
-        .aliases
-        .iter()
-        .map(|a| {
-            let args = fb::AliasArgs {
-                output: Some(fbb.create_string(&a.output)),
-                input: Some(fbb.create_string(&a.input)),
-                kind: Some(fbb.create_string(a.kind.as_str())),
-            };
-            fb::Alias::create(fbb, &args)
-        })
-        .collect();
+    let aliases: Vec<_> = header.aliases.iter().map(|a| build_alias(fbb, a)).collect();
     let aliases = fbb.create_vector(&aliases);
     let hardware_target = header.hardware_target.as_deref().map(|s| fbb.create_string(s));
     let engine_library_version = header.engine_library_version.as_deref().map(|s| fbb.create_string(s));
@@ -262,4 +211,59 @@ fn build_header<'a>(
             engine_metadata,
         },
     )
+}
+
+fn build_producer<'a>(fbb: &mut FlatBufferBuilder<'a>, producer: &Producer) -> WIPOffset<fb::Producer<'a>> {
+    let args = fb::ProducerArgs {
+        name: Some(fbb.create_string(&producer.name)),
+        version: Some(fbb.create_string(&producer.version)),
+    };
+    fb::Producer::create(fbb, &args)
+}
+
+fn build_payload<'a>(
+    fbb: &mut FlatBufferBuilder<'a>,
+    header: &Header,
+    location: PayloadLocation,
+) -> WIPOffset<fb::Payload<'a>> {
+    let kind = fbb.create_string(header.payload_kind.as_str());
+    let args = fb::PayloadArgs {
+        kind: Some(kind),
+        offset: location.offset,
+        size: location.size,
+        xxh3: location.xxh3,
+    };
+    fb::Payload::create(fbb, &args)
+}
+
+fn build_binding<'a>(fbb: &mut FlatBufferBuilder<'a>, binding: &Binding) -> WIPOffset<fb::Binding<'a>> {
+    let name = fbb.create_string(&binding.name);
+    let dtype = binding.dtype.map(|d| fbb.create_string(d.name()));
+    let shape = binding.shape.as_ref().map(|dims| {
+        let dims: Vec<fb::Dim> = dims
+            .iter()
+            .map(|d| match d {
+                Dim::Static(extent) => fb::Dim::new(*extent, false),
+                Dim::Dynamic => fb::Dim::new(0, true),
+            })
+            .collect();
+        fbb.create_vector(&dims)
+    });
+    let role = match binding.role {
+        Role::Input => fb::Role::Input,
+        Role::Output => fb::Role::Output,
+    };
+    fb::Binding::create(
+        fbb,
+        &fb::BindingArgs { name: Some(name), role, dtype, shape, threaded: binding.threaded },
+    )
+}
+
+fn build_alias<'a>(fbb: &mut FlatBufferBuilder<'a>, alias: &Alias) -> WIPOffset<fb::Alias<'a>> {
+    let args = fb::AliasArgs {
+        output: Some(fbb.create_string(&alias.output)),
+        input: Some(fbb.create_string(&alias.input)),
+        kind: Some(fbb.create_string(alias.kind.as_str())),
+    };
+    fb::Alias::create(fbb, &args)
 }
