@@ -6,8 +6,10 @@ use std::time::Instant;
 
 use program_manifest::Generate;
 
-use super::prompt::prompt_calls;
-use super::{i64_bytes, read_token, reserve, Generation, Options, Step, Timing};
+use super::protocol::{prompt_calls, reserve};
+use super::statistics::Timing;
+use super::step::{i64_bytes, read_token};
+use super::{Generation, Options, Step};
 use crate::buffer::{AllocError, Storage};
 use crate::cuda::{Contexts, DevicePtr, FeedbackArgs, FeedbackKernel};
 use crate::program::{Captured, CopyStats, Error, Program, RunStats};

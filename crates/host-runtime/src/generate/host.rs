@@ -3,8 +3,10 @@
 
 use program_manifest::Generate;
 
-use super::prompt::{prompt_calls, run_calls, Call};
-use super::{Generation, Options, Step, Timing};
+use super::protocol::{prompt_calls, Call};
+use super::statistics::Timing;
+use super::step::run_calls;
+use super::{Generation, Options, Step};
 use crate::program::{Error, Program};
 
 /// Runs the host loop, the prompt fed by [`prompt_calls`]: `choose` picks each step's token once the step ran
@@ -18,15 +20,7 @@ pub(super) fn host_loop(
     mut observe: impl FnMut(&Step, &Program) -> Result<bool, Error>,
 ) -> Result<Generation, Error> {
     let timing = Timing::new(program, options)?;
-    let mut generation = Generation {
-        tokens: Vec::new(),
-        steps: Vec::new(),
-        device_loop: false,
-        cuda_graph: false,
-        capture_micros: None,
-        host_syncs: 0,
-        readback_host_syncs: 0,
-    };
+    let mut generation = Generation::on_host_loop();
     let prompt = prompt_calls(program, g)?;
     let mut position = 0i64;
     let mut feed = g.prompt.clone();

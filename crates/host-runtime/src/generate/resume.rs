@@ -4,8 +4,8 @@
 
 use program_manifest::Generate;
 
-use super::prompt::{feed_calls, run_calls};
-use super::{i64_bytes, read_token, reserve};
+use super::protocol::{feed_calls, reserve};
+use super::step::{i64_bytes, read_token, run_calls};
 use crate::program::{Error, Program};
 
 /// Feeds `feed` at positions `position..` as a prompt is fed (the module docs: the tokens at those positions,
