@@ -1,6 +1,7 @@
 //! Running a `.pte` on ExecuTorch's `Module` API with our plugins registered: the pre-flight check
-//! ([`check_program`]), a safe [`Module`], and the run protocol ([`run`]: prefill, then greedy decode steps;
-//! [`run_choosing`]: each token picked by the caller, who may end the run early).
+//! ([`check_program`]), a safe [`Module`], and the run protocol ([`run`]: the prompt fed as host-runtime's
+//! [`generate::protocol`] plans it, then greedy decode steps; [`run_choosing`]: each token picked by the
+//! caller, who may end the run early).
 
 use std::ffi::CString;
 use std::path::Path;
@@ -16,6 +17,7 @@ use crate::planned::{ActiveStream, ManagedPlan, PlannedMemory, SpanError, SyncSt
 use crate::program_file::ProgramFile;
 use crate::{BridgeError, InputProblem};
 use host_runtime::generate;
+use host_runtime::generate::protocol::{Call, Methods};
 
 /// What the pre-flight check learned about a program.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -380,6 +382,24 @@ pub struct Report {
 }
 
 impl Report {
+    /// A report of no step yet, for the program `summary` describes.
+    fn new(
+        summary: &ProgramSummary,
+        served_by: Vec<(String, String)>,
+        planned_memory: PlannedMemory,
+    ) -> Report {
+        Report {
+            methods: summary.methods.clone(),
+            served_by,
+            tokens: vec![],
+            logits: vec![],
+            prefill: CopyStats::default(),
+            decode: vec![],
+            planned_memory,
+            decode_syncs: vec![],
+        }
+    }
+
     /// Records one step's last logits row and the token picked from it.
     fn record(&mut self, row: Vec<f32>, token: i64) {
         self.tokens.push(token);
@@ -452,12 +472,15 @@ fn generation_methods(
 }
 
 /// Runs the protocol on the program at `path` with `registry`'s plugins (the backends it calls are registered
-/// here, see [`crate::register_backends`]). Single-method programs (`forward`, T = 1) are fed the prompt one token per call;
-/// two-method programs run `prefill` once (T = prompt length), then `decode`.
+/// here, see [`crate::register_backends`]). The prompt is fed as host-runtime feeds it
+/// ([`generate::protocol`]): in chunks of the prefill method's token count through `prefill`, the tokens short
+/// of a chunk one a call through `decode` (a one-method program: `forward` for both), so a two-method program
+/// takes a prompt of any length; then `decode` one token a step.
 ///
 /// # Errors
 /// Everything [`check_program`], [`Module`] and [`crate::register`] return; [`BridgeError::Protocol`] when
-/// the program has neither `forward` nor `prefill` + `decode`, or its first output is not f32 logits.
+/// the program has neither `forward` nor `prefill` + `decode`, its first output is not f32, f16 or bf16
+/// logits, or a one-method program of several tokens a call is given a prompt that is not a multiple of them.
 pub fn run(path: &Path, registry: &Registry, protocol: &Protocol) -> Result<Report, BridgeError> {
     run_with_memory(path, registry, protocol, None)
 }
@@ -513,65 +536,16 @@ pub fn run_choosing(
     }
     let (file, summary, served_by) = prepare(path, registry, protocol)?;
     let (prefill, decode) = generation_methods(path, &summary)?;
+    let prompt = prompt_calls(path, file.bytes(), (prefill, decode), &protocol.prompt)?;
     let memory = planned_memory_for(&summary, registry, memory)?;
     let methods: Vec<String> = [prefill, decode].iter().map(|m| (*m).to_owned()).collect();
     // The bytes just checked: ExecuTorch never reads the path again.
-    let mut module = Module::from_program(file, memory, &methods)?;
+    let mut session = Session::new(Module::from_program(file, memory, &methods)?, &summary);
     for method in [prefill, decode] {
-        module.load_method(method)?;
+        session.module.load_method(method)?;
     }
-    let planned_memory = module.planned_memory();
-    let mut buffers: Vec<(String, Vec<Vec<u8>>)> = summary
-        .output_bytes
-        .iter()
-        .map(|(m, sizes)| (m.clone(), sizes.iter().map(|&n| vec![0u8; n as usize]).collect()))
-        .collect();
-    let mut step = |method: &str, tokens: &[i64], pos: i64| -> Result<(Vec<f32>, CopyStats), BridgeError> {
-        let token_bytes: Vec<u8> = tokens.iter().flat_map(|t| t.to_le_bytes()).collect();
-        let pos_bytes = pos.to_le_bytes();
-        let batched = summary.batched_tokens.iter().any(|m| m == method);
-        let batched_shape = [1, tokens.len() as i64];
-        let token_shape = if batched { &batched_shape[..] } else { &batched_shape[1..] };
-        let inputs = [
-            Input { data: &token_bytes, dtype: DTypeCode::I64, shape: token_shape },
-            Input { data: &pos_bytes, dtype: DTypeCode::I64, shape: &[1] },
-        ];
-        let outs = &mut buffers
-            .iter_mut()
-            .find(|(m, _)| m == method)
-            .ok_or_else(|| BridgeError::Protocol(format!("no method '{method}'")))?
-            .1;
-        let mut views: Vec<&mut [u8]> = outs.iter_mut().map(Vec::as_mut_slice).collect();
-        backend::take_stats();
-        crate::planned::take_syncs();
-        let metas = module.execute(method, &inputs, &mut views)?;
-        let stats = backend::take_stats();
-        let (meta, data) = metas.first().zip(outs.first()).ok_or_else(|| {
-            BridgeError::Protocol(format!("method '{method}' returns no output; the protocol reads logits"))
-        })?;
-        Ok((last_logits_row(method, meta, &data[..meta.nbytes])?, stats))
-    };
-    let mut report = Report {
-        methods: summary.methods.clone(),
-        served_by,
-        tokens: vec![],
-        logits: vec![],
-        prefill: CopyStats::default(),
-        decode: vec![],
-        planned_memory,
-        decode_syncs: vec![],
-    };
-    let (row, stats) = if prefill == "prefill" {
-        step(prefill, &protocol.prompt, 0)?
-    } else {
-        let mut last = (vec![], CopyStats::default());
-        for (i, &t) in protocol.prompt.iter().enumerate() {
-            let (row, s) = step(prefill, &[t], i as i64)?;
-            last.0 = row;
-            last.1.add(s);
-        }
-        last
-    };
+    let mut report = Report::new(&summary, served_by, session.module.planned_memory());
+    let (row, stats) = session.feed(&prompt)?;
     let mut token = choose(&row, 0);
     report.record(row, token);
     report.prefill = stats;
@@ -579,17 +553,101 @@ pub fn run_choosing(
         return Ok(report);
     }
     for i in 0..protocol.steps {
-        let (row, stats) = step(decode, &[token], (protocol.prompt.len() + i) as i64)?;
+        let position = (protocol.prompt.len() + i) as i64;
+        let (row, stats) = session.call(&Call { method: decode, tokens: &[token], position })?;
         token = choose(&row, i + 1);
         report.record(row, token);
         report.decode.push(stats);
-        // What `execute` synchronised (the step reset the counts before it).
+        // What `execute` synchronised (the call reset the counts before it).
         report.decode_syncs.push(crate::planned::take_syncs());
         if !go_on(token) {
             break;
         }
     }
     Ok(report)
+}
+
+/// The calls that feed `prompt` through `(prefill, decode)` of the program in `bytes`
+/// ([`generate::protocol::plan`]), each method's token count read from its first input.
+fn prompt_calls<'p>(
+    path: &Path,
+    bytes: &[u8],
+    (prefill, decode): (&'p str, &'p str),
+    prompt: &'p [i64],
+) -> Result<Vec<Call<'p>>, BridgeError> {
+    let program = parse(path, bytes)?;
+    let rows = |name: &str| {
+        let method = program.methods.iter().find(|m| m.name == name)?;
+        let tokens = method.inputs.first().and_then(|&v| method.tensor(v))?;
+        usize::try_from(tokens.numel()?).ok()
+    };
+    let methods = Methods {
+        prefill,
+        prefill_rows: rows(prefill).unwrap_or(prompt.len()),
+        decode,
+        decode_rows: rows(decode).unwrap_or(1),
+    };
+    generate::protocol::plan(methods, prompt, 0)
+        .map_err(|err| BridgeError::Protocol(format!("{}: {err}", path.display())))
+}
+
+/// A loaded [`Module`] and a buffer for each output of each method: the protocol's calls, one at a time.
+struct Session<'s> {
+    module: Module,
+    summary: &'s ProgramSummary,
+    outputs: Vec<(String, Vec<Vec<u8>>)>,
+}
+
+impl<'s> Session<'s> {
+    fn new(module: Module, summary: &'s ProgramSummary) -> Session<'s> {
+        let outputs = summary
+            .output_bytes
+            .iter()
+            .map(|(m, sizes)| (m.clone(), sizes.iter().map(|&n| vec![0u8; n as usize]).collect()))
+            .collect();
+        Session { module, summary, outputs }
+    }
+
+    /// Runs `calls` in order: the last one's logits row, and the copies of them all.
+    fn feed(&mut self, calls: &[Call<'_>]) -> Result<(Vec<f32>, CopyStats), BridgeError> {
+        let mut last = (vec![], CopyStats::default());
+        for call in calls {
+            let (row, stats) = self.call(call)?;
+            last.0 = row;
+            last.1.add(stats);
+        }
+        Ok(last)
+    }
+
+    /// Runs one call (its tokens `[T]`, or `[1, T]` for a batched method, and its position): the last row of
+    /// its logits and the copies it made (the copy and sync counts reset before it).
+    fn call(&mut self, call: &Call<'_>) -> Result<(Vec<f32>, CopyStats), BridgeError> {
+        let Call { method, tokens, position } = *call;
+        let token_bytes: Vec<u8> = tokens.iter().flat_map(|t| t.to_le_bytes()).collect();
+        let pos_bytes = position.to_le_bytes();
+        let batched = self.summary.batched_tokens.iter().any(|m| m == method);
+        let batched_shape = [1, tokens.len() as i64];
+        let token_shape = if batched { &batched_shape[..] } else { &batched_shape[1..] };
+        let inputs = [
+            Input { data: &token_bytes, dtype: DTypeCode::I64, shape: token_shape },
+            Input { data: &pos_bytes, dtype: DTypeCode::I64, shape: &[1] },
+        ];
+        let outs = &mut self
+            .outputs
+            .iter_mut()
+            .find(|(m, _)| m == method)
+            .ok_or_else(|| BridgeError::Protocol(format!("no method '{method}'")))?
+            .1;
+        let mut views: Vec<&mut [u8]> = outs.iter_mut().map(Vec::as_mut_slice).collect();
+        backend::take_stats();
+        crate::planned::take_syncs();
+        let metas = self.module.execute(method, &inputs, &mut views)?;
+        let stats = backend::take_stats();
+        let (meta, data) = metas.first().zip(outs.first()).ok_or_else(|| {
+            BridgeError::Protocol(format!("method '{method}' returns no output; the protocol reads logits"))
+        })?;
+        Ok((last_logits_row(method, meta, &data[..meta.nbytes])?, stats))
+    }
 }
 
 /// The last row of the logits `method` returned first (`meta`, its `bytes`) as f32: the protocol reads f32,
@@ -620,16 +678,13 @@ mod tests {
 
     #[test]
     fn the_token_recorded_is_the_first_largest_and_never_a_nan() {
-        let mut report = Report {
+        let summary = ProgramSummary {
             methods: vec![],
-            served_by: vec![],
-            tokens: vec![],
-            logits: vec![],
-            prefill: CopyStats::default(),
-            decode: vec![],
-            planned_memory: PlannedMemory::Host,
-            decode_syncs: vec![],
+            output_bytes: vec![],
+            backends: vec![],
+            batched_tokens: vec![],
         };
+        let mut report = Report::new(&summary, vec![], PlannedMemory::Host);
         for row in [vec![0.5, 2.0, 2.0, -1.0], vec![f32::NAN, 1.0, 0.5], vec![f32::NAN, f32::NAN], vec![3.0]]
         {
             let token = greedy(&row, 0);
