@@ -556,7 +556,6 @@ fn bench_row(
 }
 
 pub fn bench(path: &Path, runs: usize, dirs: &[PathBuf], args: &RunArgs) -> Result<(), Failure> {
-    let json = args.json;
     let registry = crate::plugins::registry(dirs);
     let mut rows = Vec::new();
     let mut steps = 0;
@@ -584,20 +583,23 @@ pub fn bench(path: &Path, runs: usize, dirs: &[PathBuf], args: &RunArgs) -> Resu
             rows.push(bench_row(&mut program, mode, steps, runs, args, true)?);
         }
     }
-    let gpu = rows.iter().any(|r| !r["gpu_median_us"].is_null());
-    if json {
-        return emit(&format!(
-            "{}\n",
-            json!({
-                "program": path,
-                "steps": steps,
-                "position": args.position,
-                "hold_position": args.hold_position,
-                "runs": runs - 1,
-                "modes": rows,
-            })
-        ));
+    if args.json {
+        let report = json!({
+            "program": path,
+            "steps": steps,
+            "position": args.position,
+            "hold_position": args.hold_position,
+            "runs": runs - 1,
+            "modes": rows,
+        });
+        return emit(&format!("{report}\n"));
     }
+    emit(&bench_table(path, steps, runs, args, &rows))
+}
+
+/// `bench`'s rows as a table: a title line, a header, one line per mode (GPU columns when any row has them).
+fn bench_table(path: &Path, steps: usize, runs: usize, args: &RunArgs, rows: &[Value]) -> String {
+    let gpu = rows.iter().any(|r| !r["gpu_median_us"].is_null());
     let mut out = format!(
         "{}: {} decode steps{} x {} runs per mode (after 1 warm-up run)\n",
         path.display(),
@@ -614,7 +616,7 @@ pub fn bench(path: &Path, runs: usize, dirs: &[PathBuf], args: &RunArgs) -> Resu
         let _ = write!(out, " {:>12} {:>12}", "GPU us", "syncs/step");
     }
     out.push('\n');
-    for r in &rows {
+    for r in rows {
         let name = match (r["mode"].as_str().unwrap_or("?"), r["cuda_graph"].as_bool()) {
             (mode, Some(true)) => format!("{mode}+graph"),
             (mode, _) => mode.to_owned(),
@@ -640,5 +642,5 @@ pub fn bench(path: &Path, runs: usize, dirs: &[PathBuf], args: &RunArgs) -> Resu
         }
         out.push('\n');
     }
-    emit(&out)
+    out
 }
