@@ -10,9 +10,9 @@ use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
 
 use clap::ValueEnum;
-use host_runtime::generate::{device_loop_refusal, generate_with, Generation, Options};
+use host_runtime::generate::{default_steps, device_loop_refusal, generate_with, Generation, Options};
 use host_runtime::manifest::{Manifest, TensorDecl};
-use host_runtime::program::{CopyStats, Mode, Program};
+use host_runtime::program::{CopyStats, Mode, Origin, Program};
 use serde_json::{json, Value};
 
 use crate::{emit, failure, npy, Failure};
@@ -47,17 +47,6 @@ pub fn strict(mode: Mode, require_zero_copy: bool) -> Result<Mode, Failure> {
     }
 }
 
-/// Whether `path` is an ExecuTorch program: `ET12` at byte 4, or the `.pte` extension when it cannot be read
-/// (the loader then names the problem).
-pub fn is_pte(path: &Path) -> bool {
-    // One non-blocking open, checked through its descriptor: a FIFO or device is never read; the loaders name it.
-    let read = host_runtime::blob_file::read_prefix(path, 8);
-    match read {
-        Ok(head) if host_runtime::pte::is_pte(&head) => true,
-        _ => path.extension().is_some_and(|e| e.eq_ignore_ascii_case("pte")),
-    }
-}
-
 /// Loads the program at `path`: a `.pte` (with `--prompt`, as a token generator) or a TOML manifest (whose
 /// `[generate]` prompt `--prompt` replaces).
 pub(crate) fn load(
@@ -66,7 +55,7 @@ pub(crate) fn load(
     mode: Mode,
     args: &RunArgs,
 ) -> Result<Program, Failure> {
-    if is_pte(path) {
+    if Origin::of_file(path) == Origin::Pte {
         return Ok(host_runtime::pte::load(path, registry, mode, args.prompt.as_deref())?);
     }
     let mut manifest = Manifest::load_with(path, blob_paths(args))?;
@@ -84,20 +73,13 @@ pub(crate) fn load(
     Ok(Program::load(manifest, registry, mode)?)
 }
 
-/// `--steps`, or as many decode steps as the program's caches hold (from `--position` when given), or 15.
-///
-/// The caches hold `[generate] max_positions` (a `.pte`'s `max_seq_len` compile spec); a program that does
-/// not say was given, at load, the positions its buffers' shapes tell (`Manifest::positions_from_buffers`:
-/// the second to last dimension every buffer of two or more has), so the default never runs past a cache.
-fn default_steps(manifest: &Manifest, steps: Option<usize>, position: Option<i64>) -> usize {
-    steps
-        .or_else(|| {
-            let g = manifest.generate.as_ref()?;
-            let max = g.max_positions?;
-            let from = position.unwrap_or_else(|| i64::try_from(g.prompt.len()).unwrap_or(i64::MAX));
-            Some(usize::try_from(i64::try_from(max).unwrap_or(i64::MAX).saturating_sub(from)).unwrap_or(0))
-        })
-        .unwrap_or(15)
+/// Why `program` is not a token generator, as the end of a sentence naming it: a `.pte` is one only with
+/// `--prompt`, a manifest one only with a `[generate]` section.
+fn not_a_generator(program: &Program) -> &'static str {
+    match program.origin() {
+        Origin::Pte => " until given --prompt",
+        _ => " (it has no [generate] section)",
+    }
 }
 
 fn blob_paths(args: &RunArgs) -> host_runtime::manifest::BlobPaths {
@@ -165,7 +147,7 @@ pub fn run_program(path: &Path, mode: Mode, dirs: &[PathBuf], args: &RunArgs) ->
         let used = plugins_used(&program, &registry);
         return run_once(&mut program, path, mode, args, &used);
     }
-    let steps = default_steps(program.manifest(), args.steps, args.position);
+    let steps = default_steps(&program, args.steps, args.position);
     if let Some(settings) = args.generation.as_ref().filter(|s| s.wanted(args.tokenizer.is_some())) {
         let used = plugins_used(&program, &registry);
         return crate::text_run::run(&mut program, steps, mode, args, settings, &used);
@@ -223,10 +205,10 @@ fn run_branch(
         return Err(failure(format!(
             "--branch forks a generation, but {} is not a token generator{}",
             path.display(),
-            if is_pte(path) { " until given --prompt" } else { " (it has no [generate] section)" }
+            not_a_generator(program)
         )));
     };
-    let default = default_steps(program.manifest(), None, None);
+    let default = default_steps(program, None, None);
     let steps = crate::branch::steps(default, args.steps, &prompt, branch);
     crate::branch::run(program, branch, steps, mode, args.json)
 }
@@ -565,10 +547,10 @@ pub fn bench(path: &Path, runs: usize, dirs: &[PathBuf], args: &RunArgs) -> Resu
             return Err(failure(format!(
                 "bench measures decode steps, but {} is not a token generator{}",
                 path.display(),
-                if is_pte(path) { " until given --prompt" } else { " (it has no [generate] section)" }
+                not_a_generator(&program)
             )));
         }
-        steps = default_steps(program.manifest(), args.steps, args.position);
+        steps = default_steps(&program, args.steps, args.position);
         if steps == 0 || runs < 2 {
             return Err(failure("bench needs --steps >= 1 and --runs >= 2 (the first run is a warm-up)"));
         }

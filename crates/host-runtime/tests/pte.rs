@@ -9,9 +9,9 @@ use std::path::{Path, PathBuf};
 
 use delegate_abi::host::HostConfig;
 use et_error::{ErrorCode, HasErrorCode};
-use host_runtime::generate::{generate, Generation};
+use host_runtime::generate::{default_steps, generate, Generation};
 use host_runtime::plugins::{Discovery, Registry};
-use host_runtime::program::Mode;
+use host_runtime::program::{Mode, Origin};
 use host_runtime::pte;
 use pte_format::testing::{InstructionSpec, ProgramSpec};
 
@@ -58,6 +58,11 @@ fn the_methods_of_a_two_method_program_share_its_caches() {
     let path = write(dir.path(), "p.pte", &kv_pte::spec(true));
     let prompt = kv_pte::config().prompt;
     let program = pte::load(&path, &registry(), Mode::ZeroCopy, Some(&prompt)).expect("loads");
+    let g = program.manifest().generate.as_ref().expect("a generator");
+    let room = g.max_positions.expect("the caches' positions") as usize - prompt.len();
+    assert_eq!(default_steps(&program, None, None), room, "as many steps as the caches hold");
+    assert_eq!(default_steps(&program, None, Some(5)), room + prompt.len() - 5, "from --position");
+    assert_eq!(default_steps(&program, Some(3), None), 3, "--steps");
     let buffers: Vec<_> = program.manifest().buffers.keys().cloned().collect();
     assert_eq!(buffers, ["k_cache_0", "v_cache_0"]);
     let decode = &program.manifest().methods["decode"];
@@ -105,6 +110,8 @@ fn a_program_run_once_writes_its_output_and_its_buffers() {
     let path = write(dir.path(), "p.pte", &kv_pte::spec(false));
     let mut program = pte::load(&path, &registry(), Mode::ZeroCopy, None).expect("loads");
     assert!(program.manifest().generate.is_none(), "no prompt, no generation");
+    assert_eq!(program.origin(), Origin::Pte, "the program knows its file, no caller sniffs it again");
+    assert_eq!(default_steps(&program, None, None), 15, "not a generator: the fixed default");
     program.write_input("forward", "0", &5i64.to_le_bytes()).expect("token");
     program.write_input("forward", "1", &0i64.to_le_bytes()).expect("position");
     let stats = program.execute("forward").expect("runs");

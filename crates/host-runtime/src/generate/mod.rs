@@ -190,6 +190,23 @@ pub fn generate_choosing(
     Ok(generation)
 }
 
+/// The decode steps to run: `steps` when given, else as many as the program's caches hold from `position`
+/// (right after the prompt when `None`), else (a program that is not a generator) 15.
+///
+/// The caches hold `[generate] max_positions` (a `.pte`'s `max_seq_len` compile spec); a program that does
+/// not say was given, at load, the positions its buffers' shapes tell (`Manifest::positions_from_buffers`:
+/// the second to last dimension every buffer of two or more has), so the default never runs past a cache.
+pub fn default_steps(program: &Program, steps: Option<usize>, position: Option<i64>) -> usize {
+    steps
+        .or_else(|| {
+            let g = program.manifest().generate.as_ref()?;
+            let max = g.max_positions?;
+            let from = position.unwrap_or_else(|| i64::try_from(g.prompt.len()).unwrap_or(i64::MAX));
+            Some(usize::try_from(i64::try_from(max).unwrap_or(i64::MAX).saturating_sub(from)).unwrap_or(0))
+        })
+        .unwrap_or(15)
+}
+
 /// Refuses, as [`generate_with`] would before anything runs, `options` whose decode steps do not fit the
 /// program's caches (`max_positions`) or an `i64` position: for a caller that does other work first (a
 /// restore) and would otherwise find out after it.

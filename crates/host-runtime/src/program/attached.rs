@@ -61,4 +61,6 @@ pub(crate) struct HostCopy {
 pub(crate) struct Attached {
     pub(crate) blobs: BTreeMap<(String, usize), BlobBytes>,
     pub(crate) copies: BTreeMap<String, Vec<HostCopy>>,
+    /// Where the program came from.
+    pub(crate) origin: super::Origin,
 }

@@ -46,6 +46,7 @@ impl Program {
         mut attached: Attached,
     ) -> Result<Program, Error> {
         fill_max_positions(&mut manifest);
+        let origin = attached.origin;
         let device = program_device(&manifest)?;
         let planned = plan_calls(&manifest, registry, mode, &mut attached)?;
         let blob_identity = blob_identity(&manifest, &planned);
@@ -93,6 +94,7 @@ impl Program {
             blob_identity,
             position: Some(0),
             cache_epoch: 0,
+            origin,
         })
     }
 }

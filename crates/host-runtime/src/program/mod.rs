@@ -33,6 +33,7 @@ mod io;
 mod isolated;
 mod lifecycle;
 mod load;
+mod origin;
 mod plan;
 mod run;
 mod torn;
@@ -50,6 +51,7 @@ pub use error::Error;
 pub use fork::{Caches, Fork};
 pub use graph::Captured;
 pub use lifecycle::{CacheFileProblem, SavedCache, CACHE_FORMAT_VERSION};
+pub use origin::Origin;
 pub use plan::CopyReason;
 
 use crate::buffer::Storage;
@@ -288,6 +290,8 @@ pub struct Program {
     /// How many times [`Program::swap_caches`] changed the caches' addresses: ties a [`Captured`] graph to
     /// the caches it was captured with.
     cache_epoch: u64,
+    /// Where the program came from ([`Program::origin`]).
+    origin: Origin,
 }
 
 /// A method of a loaded program, looked up once ([`Program::method_id`]) so a loop does not look it up by name
@@ -296,6 +300,11 @@ pub struct Program {
 pub struct MethodId(usize);
 
 impl Program {
+    /// Where the program came from: a `.pte` ([`crate::pte::load`]) or a manifest ([`Program::load`]).
+    pub fn origin(&self) -> Origin {
+        self.origin
+    }
+
     /// The positions the caches hold, when the program knows: `Some(0)` after load, [`Program::reset`] and
     /// [`Program::reset_buffers`]; the position given to [`Program::rewind`] (the caller's word), restored by
     /// [`Program::restore_cache`] or forked ([`Program::fork`]); the end of a successful

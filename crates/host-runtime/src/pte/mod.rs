@@ -54,7 +54,7 @@ pub use self::error::{At, Error, Problem};
 use self::map::Mapped;
 use crate::blob_file::BlobFile;
 use crate::plugins::Registry;
-use crate::program::{Attached, BlobBytes, Mode, Program};
+use crate::program::{Attached, BlobBytes, Mode, Origin, Program};
 
 /// The operator name of a write-back (any overload).
 pub const COPY: &str = "aten::copy_";
@@ -95,7 +95,7 @@ pub fn load(path: &Path, registry: &Registry, mode: Mode, prompt: Option<&[i64]>
             .map_err(|reason| Error::NotGenerator { path: path.to_owned(), reason })?;
         manifest.generate = Some(generate);
     }
-    let attached = Attached { blobs: payloads(&manifest, &file), copies };
+    let attached = Attached { blobs: payloads(&manifest, &file), copies, origin: Origin::Pte };
     Ok(Program::load_attached(manifest, registry, mode, attached)?)
 }
 
