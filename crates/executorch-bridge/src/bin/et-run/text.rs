@@ -107,39 +107,66 @@ pub fn run(
         Some(Closed::Failed(err)) => return write_failure(&err),
         None => {}
     }
+    // Finishing releases the text held back, into the stream and into `--json`'s `text` alike.
     let rest = match (&mut detokenizer, stop) {
         (Some(d), reason) if reason != StopReason::StopString => d.finish(),
         _ => String::new(),
     };
     let (ttft, rate) = text_gen::speed(&times);
+    let reply = Reply { report: &report, stop, ttft, rate };
     if stream {
-        let written = write_out(&format!("{rest}\n"));
-        eprintln!(
-            "{} tokens (stop: {}), time to first token {:.1} ms, {}",
-            report.tokens.len(),
-            stop.name(),
-            ttft.unwrap_or_default().as_secs_f64() * 1e3,
-            rate.map_or("- tokens/s".to_owned(), |r| format!("{r:.1} tokens/s"))
-        );
-        return match written {
-            Err(Closed::Failed(err)) => write_failure(&err),
-            _ => ExitCode::SUCCESS,
-        };
+        return finish_stream(&rest, &reply);
     }
-    let json = serde_json::json!({
+    let text = detokenizer.as_ref().map(|d| d.text().to_owned());
+    crate::emit(&format!("{}\n", reply_json(args, protocol, settings, text, &reply)))
+}
+
+/// How a generation ended: the runner's report, why it stopped, and its speed.
+struct Reply<'a> {
+    report: &'a runner::Report,
+    stop: StopReason,
+    ttft: Option<std::time::Duration>,
+    rate: Option<f64>,
+}
+
+/// The streamed reply's end: the rest of the text and a newline on stdout, the summary line on stderr.
+fn finish_stream(rest: &str, reply: &Reply<'_>) -> ExitCode {
+    let written = write_out(&format!("{rest}\n"));
+    eprintln!(
+        "{} tokens (stop: {}), time to first token {:.1} ms, {}",
+        reply.report.tokens.len(),
+        reply.stop.name(),
+        reply.ttft.unwrap_or_default().as_secs_f64() * 1e3,
+        reply.rate.map_or("- tokens/s".to_owned(), |r| format!("{r:.1} tokens/s"))
+    );
+    match written {
+        Err(Closed::Failed(err)) => write_failure(&err),
+        _ => ExitCode::SUCCESS,
+    }
+}
+
+/// `--json`'s object (see the module docs).
+fn reply_json(
+    args: &Args,
+    protocol: &Protocol,
+    settings: &Settings,
+    text: Option<String>,
+    reply: &Reply<'_>,
+) -> serde_json::Value {
+    let report = reply.report;
+    serde_json::json!({
         "program": args.program.display().to_string(),
         "runtime": "executorch 1.5.1",
-        "text": detokenizer.as_ref().map(|d| d.text().to_owned()),
+        "text": text,
         "ids": report.tokens,
         "prompt_ids": protocol.prompt,
-        "stop": stop.name(),
-        "time_to_first_token_ms": ttft.map(|t| t.as_secs_f64() * 1e3),
-        "tokens_per_s": rate,
+        "stop": reply.stop.name(),
+        "time_to_first_token_ms": reply.ttft.map(|t| t.as_secs_f64() * 1e3),
+        "tokens_per_s": reply.rate,
         "sampling": params_json(settings.sampler.params()),
         "planned_memory": report.planned_memory,
         "served_by": report.served_by.iter().cloned().collect::<std::collections::BTreeMap<_, _>>(),
-    });
-    crate::emit(&format!("{json}\n"))
+    })
 }
 
 fn write_failure(err: &std::io::Error) -> ExitCode {
