@@ -150,6 +150,19 @@ pub enum Step {
     Counters {
         sums: Vec<CounterSum>,
     },
+    /// RoPE's tables of a step in one launch (the positions, their f32 angles by the inverse frequencies, the
+    /// angles concatenated with themselves, cos, sin and the casts to the model's type, fused): for row
+    /// `t < rows` and column `j < 2 * half`, `cos`/`sin` of `(position + t) * inv_freq[j % half]` in f32,
+    /// stored in `dtype`.
+    RopeTables {
+        position: TensorId,
+        inv_freq: TensorId,
+        cos: TensorId,
+        sin: TensorId,
+        rows: u32,
+        half: u32,
+        dtype: ElemType,
+    },
     Add {
         a: TensorId,
         b: TensorId,
@@ -271,6 +284,7 @@ impl Step {
             Step::Argmax { input, .. } => Some(input),
             Step::Positions { .. }
             | Step::Counters { .. }
+            | Step::RopeTables { .. }
             | Step::Binary { .. }
             | Step::Unary { .. }
             | Step::Mean { .. }

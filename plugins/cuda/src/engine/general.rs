@@ -4,8 +4,8 @@ use cuda_rt::LaunchConfig;
 
 use super::Engine;
 use crate::kernels::general::{
-    dtype_code, BinaryP, CastP, CopyP, CountersP, GeneralLaunch, MeanP, PositionsP, RopeP, UnaryP,
-    COUNTERS_MAX, MAX_RANK,
+    dtype_code, BinaryP, CastP, CopyP, CountersP, GeneralLaunch, MeanP, PositionsP, RopeP, RopeTablesP,
+    UnaryP, COUNTERS_MAX, MAX_RANK,
 };
 use crate::plan::{Step, Walk};
 
@@ -121,6 +121,19 @@ impl Engine {
                 }
                 let config = LaunchConfig { grid: (1, 1, 1), block: (32, 1, 1), shared_mem_bytes: 0 };
                 GeneralLaunch::Counters(config, params)
+            }
+            Step::RopeTables { position, inv_freq, cos, sin, rows, half, dtype } => {
+                let params = RopeTablesP {
+                    pos: p(position),
+                    inv_freq: p(inv_freq),
+                    cos: p(cos),
+                    sin: p(sin),
+                    rows: rows as i32,
+                    half: half as i32,
+                    dt: dtype_code(dtype),
+                    pad: 0,
+                };
+                GeneralLaunch::RopeTables(elementwise(u64::from(rows) * 2 * u64::from(half)), params)
             }
             _ => unreachable!("the plan gives every typed step a float type, so it is lowered as typed"),
         }

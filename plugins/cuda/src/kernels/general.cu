@@ -224,6 +224,31 @@ extern "C" __global__ void counters(CountersP p) {
     if (blockIdx.x == 0 && i < p.n) p.dst[i][0] = p.src[i][0] + p.add[i];
 }
 
+// ---------------------------------------------------------------------------------------------------------
+// RoPE's tables of a step: for row t < rows and column j < 2 * half, the angle (position + t) * inv_freq[j %
+// half] in f32, then its cos and sin stored in `dt`: the positions, their cast, the product by the inverse
+// frequencies, the concat with itself, cos, sin and the casts to the model's type, with the same arithmetic.
+
+struct RopeTablesP {
+    const i64* pos;
+    const float* inv_freq;
+    void* cos;
+    void* sin;
+    int rows, half, dt, pad;
+};
+
+extern "C" __global__ void rope_tables(RopeTablesP p) {
+    pdl_wait();
+    pdl_launch();
+    const i64 width = 2 * (i64)p.half;
+    GRID_LOOP(i, (i64)p.rows * width) {
+        const i64 t = i / width, j = i % width;
+        const float angle = (float)(p.pos[0] + t) * p.inv_freq[j % p.half];
+        stf(p.cos, i, cosf(angle), p.dt);
+        stf(p.sin, i, sinf(angle), p.dt);
+    }
+}
+
 extern "C" __global__ void positions(PositionsP p) {
     pdl_wait();
     pdl_launch();

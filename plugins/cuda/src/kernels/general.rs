@@ -130,6 +130,21 @@ pub struct CountersP {
     pub n: i32,
 }
 
+/// `rope_tables`: RoPE's cos and sin tables of `rows` positions from the position and the f32 inverse
+/// frequencies, in element type `dt`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct RopeTablesP {
+    pub pos: DevicePtr,
+    pub inv_freq: DevicePtr,
+    pub cos: DevicePtr,
+    pub sin: DevicePtr,
+    pub rows: i32,
+    pub half: i32,
+    pub dt: i32,
+    pub pad: i32,
+}
+
 #[derive(Debug, Clone, Copy)]
 pub enum GeneralLaunch {
     Binary(LaunchConfig, BinaryP),
@@ -140,6 +155,7 @@ pub enum GeneralLaunch {
     Positions(LaunchConfig, PositionsP),
     Rope(LaunchConfig, RopeP),
     Counters(LaunchConfig, CountersP),
+    RopeTables(LaunchConfig, RopeTablesP),
 }
 
 /// The functions of the untyped module on one device.
@@ -153,11 +169,12 @@ pub struct General {
     positions: Function,
     rope: Function,
     counters: Function,
+    rope_tables: Function,
 }
 
 /// Every kernel of the source, by the name the module exports.
-pub const KERNELS: [&str; 8] =
-    ["binary", "unary", "mean_rows", "cast", "copy_strided", "positions", "rope", "counters"];
+pub const KERNELS: [&str; 9] =
+    ["binary", "unary", "mean_rows", "cast", "copy_strided", "positions", "rope", "counters", "rope_tables"];
 
 impl General {
     /// Compiles (or takes from the process-wide cache) the untyped kernels on `ctx`'s device.
@@ -172,6 +189,7 @@ impl General {
             positions: module.function(KERNELS[5])?,
             rope: module.function(KERNELS[6])?,
             counters: module.function(KERNELS[7])?,
+            rope_tables: module.function(KERNELS[8])?,
         })
     }
 
@@ -202,6 +220,7 @@ impl General {
                 GeneralLaunch::Positions(c, p) => go(&self.positions, *c, stream, p, overlapped),
                 GeneralLaunch::Rope(c, p) => go(&self.rope, *c, stream, p, overlapped),
                 GeneralLaunch::Counters(c, p) => go(&self.counters, *c, stream, p, overlapped),
+                GeneralLaunch::RopeTables(c, p) => go(&self.rope_tables, *c, stream, p, overlapped),
             }
         }
     }
@@ -239,5 +258,6 @@ mod tests {
         assert_eq!(std::mem::size_of::<RopeP>(), 4 * 8 + 8 + 4 * 4 + 3 * 6 * 8);
         assert_eq!(std::mem::size_of::<UnaryP>(), 2 * 8 + 8 + 2 * 4);
         assert_eq!(std::mem::size_of::<CountersP>(), 3 * COUNTERS_MAX * 8 + 8);
+        assert_eq!(std::mem::size_of::<RopeTablesP>(), 4 * 8 + 4 * 4);
     }
 }

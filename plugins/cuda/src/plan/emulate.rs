@@ -96,6 +96,15 @@ impl<'g> Emulator<'g> {
     fn step(&mut self, step: &Step) -> Result<(), &'static str> {
         match step {
             Step::Gather { .. } => self.gather(step)?,
+            Step::RopeTables { position, inv_freq, cos, sin, rows, half, .. } => {
+                let (pos, inv) = (self.get(*position)[0], self.get(*inv_freq).to_vec());
+                let (half, width) = (*half as usize, 2 * *half as usize);
+                for i in 0..*rows as usize * width {
+                    let angle = (pos as i64 + (i / width) as i64) as f32 * inv[i % width % half] as f32;
+                    self.put(*cos, i as u64, UnaryFn::Cos.apply(angle) as f64);
+                    self.put(*sin, i as u64, UnaryFn::Sin.apply(angle) as f64);
+                }
+            }
             Step::Counters { sums } => {
                 for sum in sums {
                     let v = self.get(sum.src)[0] + sum.add as f64;

@@ -11,6 +11,17 @@ use super::{
 use crate::kernels::general::COUNTERS_MAX;
 use crate::kernels::ATTN_MAX_HEAD;
 
+/// RoPE's table ops after a `Positions` ([`Lowering::rope_tables`]): how many, the inverse frequencies, the
+/// tables they store, half the rotation's width, and the intermediates the fused launch never writes.
+struct RopeTableOps {
+    taken: usize,
+    inv_freq: TensorId,
+    cos: TensorId,
+    sin: TensorId,
+    half: u64,
+    intermediates: Vec<TensorId>,
+}
+
 /// A plan being built: the graph in its canonical form, where each tensor lives, the steps so far and the
 /// scratch they need.
 pub(super) struct Lowering<'g> {
@@ -181,6 +192,9 @@ impl<'g> Lowering<'g> {
         match *op {
             Op::Gather { .. } => self.gather(p),
             Op::Positions { position, count, out } => {
+                if let Some(taken) = self.rope_tables(p, position, count, out)? {
+                    return Ok(taken);
+                }
                 self.steps.push(Step::Positions { position, out, count: u32_of(count, "position count")? });
                 Ok(1)
             }
@@ -246,6 +260,100 @@ impl<'g> Lowering<'g> {
             _ => self.steps.push(Step::Counters { sums: vec![sum] }),
         }
         true
+    }
+
+    /// Positions at `p` (`pos`, `count` rows from `position`) and next the ops that make RoPE's tables of them:
+    /// a cast to f32, the product by a constant f32 vector of inverse frequencies, its concat with itself
+    /// along the last axis, cos and sin of that (either order), and optionally both cast to one float type,
+    /// every intermediate read only there: one launch ([`Step::RopeTables`]). How many ops it took, if it
+    /// matched.
+    fn rope_tables(
+        &mut self,
+        p: usize,
+        position: TensorId,
+        count: u64,
+        pos: TensorId,
+    ) -> Result<Option<usize>, Unsupported> {
+        let Some(RopeTableOps { taken, inv_freq, cos, sin, half, intermediates }) =
+            self.match_rope_tables(p, pos, count)
+        else {
+            return Ok(None);
+        };
+        for id in intermediates {
+            // Never written or read: the kernel computes the tables from the position.
+            self.rehome(id, cos);
+        }
+        let dtype = self.graph.tensor(cos).dtype;
+        let (rows, half) = (u32_of(count, "position count")?, u32_of(half, "rotary half width")?);
+        self.steps.push(Step::RopeTables { position, inv_freq, cos, sin, rows, half, dtype });
+        Ok(Some(taken))
+    }
+
+    /// The ops of [`Lowering::rope_tables`] after positions `pos` at `p`.
+    fn match_rope_tables(&self, p: usize, pos: TensorId, count: u64) -> Option<RopeTableOps> {
+        use ref_graph::ElemType::F32;
+        let f32_of = |id: TensorId| self.graph.tensor(id).dtype == F32;
+        let &Op::Cast { input, dtype: F32, out: angles } = self.ahead(p, 1)? else { return None };
+        let &Op::Mul { a, b, out: freqs } = self.ahead(p, 2)? else { return None };
+        let inv_freq = if self.same(a, angles) { b } else { a };
+        let half = self.graph.tensor(inv_freq).numel() as u64;
+        let is_table = self.graph.constant(inv_freq).is_some() && f32_of(inv_freq) && f32_of(freqs);
+        let freqs_ok = self.shape(freqs).last() == Some(&half)
+            && self.graph.tensor(freqs).numel() as u64 == count * half;
+        if !self.same(input, pos) || !(self.same(a, angles) || self.same(b, angles)) || !is_table || !freqs_ok
+        {
+            return None;
+        }
+        let &Op::Concat { a: x, b: y, axis, out: emb } = self.ahead(p, 3)? else { return None };
+        let last = self.shape(emb).len().checked_sub(1)? as u64;
+        if !self.same(x, freqs)
+            || !self.same(y, freqs)
+            || axis != last
+            || self.graph.tensor(angles).numel() as u64 != count
+        {
+            return None;
+        }
+        let (cos, sin) = self.cos_sin(p + 4, emb)?;
+        let mut intermediates = vec![pos, angles, freqs, emb];
+        let (mut taken, mut tables) = (6, (cos, sin));
+        if let (
+            Some(&Op::Cast { input: c, dtype: t, out: c2 }),
+            Some(&Op::Cast { input: s, dtype: t2, out: s2 }),
+        ) = (self.ahead(p, 6), self.ahead(p, 7))
+        {
+            let (c_in, s_in) = if self.same(c, cos) { (c, s) } else { (s, c) };
+            let (c_out, s_out) = if self.same(c, cos) { (c2, s2) } else { (s2, c2) };
+            if t == t2
+                && self.same(c_in, cos)
+                && self.same(s_in, sin)
+                && [cos, sin].iter().all(|&id| self.private(id))
+            {
+                intermediates.extend([cos, sin]);
+                (taken, tables) = (8, (c_out, s_out));
+            }
+        }
+        let private = intermediates.iter().take(3).all(|&id| self.private(id))
+            && self.uses(emb) == 2
+            && !self.is_output(emb);
+        let (cos, sin) = tables;
+        private.then_some(RopeTableOps { taken, inv_freq, cos, sin, half, intermediates })
+    }
+
+    /// The cos and sin of `emb` at positions `at` and `at + 1` of the schedule, in either order.
+    fn cos_sin(&self, at: usize, emb: TensorId) -> Option<(TensorId, TensorId)> {
+        let (&Op::Unary { func: f1, input: i1, out: o1 }, &Op::Unary { func: f2, input: i2, out: o2 }) =
+            (self.ahead(at, 0)?, self.ahead(at, 1)?)
+        else {
+            return None;
+        };
+        if !self.same(i1, emb) || !self.same(i2, emb) {
+            return None;
+        }
+        match (f1, f2) {
+            (UnaryFn::Cos, UnaryFn::Sin) => Some((o1, o2)),
+            (UnaryFn::Sin, UnaryFn::Cos) => Some((o2, o1)),
+            _ => None,
+        }
     }
 
     /// `op` on the general path, then SwiGLU fused into the GEMV before it if that completed one.

@@ -12,6 +12,7 @@ impl Step {
             Step::Gather { .. } => "gather".to_owned(),
             Step::Positions { .. } => "positions".to_owned(),
             Step::Counters { sums } => format!("counters{}", sums.len()),
+            Step::RopeTables { .. } => "rope_tables".to_owned(),
             Step::Add { .. } => "add".to_owned(),
             Step::RmsNorm { .. } => "rms_norm".to_owned(),
             Step::Binary { op, .. } => format!("b.{op:?}").to_lowercase(),
@@ -49,6 +50,7 @@ impl Step {
             }
             Step::KvUpdate { caches, .. } => caches.iter().map(|&(cache, _)| cache).collect(),
             Step::Counters { sums } => sums.iter().map(|s| s.out).collect(),
+            Step::RopeTables { cos, sin, .. } => vec![*cos, *sin],
             Step::Copy { dst, .. } => vec![*dst],
             Step::Gather { out, .. }
             | Step::Positions { out, .. }
@@ -89,6 +91,7 @@ impl Step {
             Step::Attention { q, k, v, position, .. } => vec![*q, *k, *v, *position],
             Step::Positions { position, .. } => vec![*position],
             Step::Counters { sums } => sums.iter().map(|s| s.src).collect(),
+            Step::RopeTables { position, inv_freq, .. } => vec![*position, *inv_freq],
             Step::Add { a, b, .. } | Step::Binary { a, b, .. } => vec![*a, *b],
             Step::RmsNorm { input, weight, .. } => vec![*input, *weight],
             Step::Argmax { input, .. }

@@ -84,7 +84,8 @@ fn form(ops: &Ops<'_>, plan: &Plan, index: usize) -> Option<String> {
         | Step::Gemv { .. }
         | Step::Attention { .. }
         | Step::Argmax { .. }
-        | Step::Counters { .. } => None,
+        | Step::Counters { .. }
+        | Step::RopeTables { .. } => None,
         Step::Positions { position, out, .. } => Some(format!(
             "positions {} from {}: fused into the embedding only when a gather of a position table by them and \
              the add of both gathers follow it",
