@@ -57,10 +57,12 @@ pub mod blob_file;
 pub mod buffer;
 pub mod cuda;
 pub mod generate;
+/// Isolated plugins (Linux): `plugins`' isolation floor, at its 0.2.0 path.
 #[cfg(target_os = "linux")]
-pub mod isolate;
+pub use plugins::isolate;
 mod lend;
-pub mod plugin_manifest;
+/// The plugin manifest: `plugins`' library floor, at its 0.2.0 path.
+pub use plugins::library::manifest as plugin_manifest;
 pub mod plugins;
 pub mod program;
 pub mod pte;

@@ -34,8 +34,10 @@ pub(super) fn execute(call: &mut Started) -> Result<ExecStats, DelegateError> {
 }
 
 pub(super) fn compatibility(plugin: &Served, blob: &[u8]) -> Result<Compatibility, DelegateError> {
-    let Served::InProcess(plugin) = plugin;
-    plugin.compatibility(blob)
+    match plugin {
+        Served::InProcess(plugin) => plugin.compatibility(blob),
+        Served::Isolated(isolated) => match *isolated {},
+    }
 }
 
 pub(super) fn streamed(plugin: &Served) -> bool {
@@ -61,8 +63,10 @@ pub(super) fn zeroed(
 }
 
 pub(super) fn in_process(plugin: Served, blob: BlobBytes) -> Result<(Arc<Plugin>, BlobBytes), Unstarted> {
-    let Served::InProcess(plugin) = plugin;
-    Ok((plugin, blob))
+    match plugin {
+        Served::InProcess(plugin) => Ok((plugin, blob)),
+        Served::Isolated(isolated) => match isolated {},
+    }
 }
 
 pub(super) fn start(_methods: &mut [LoadedMethod], _buffers: &[Buffer]) -> Result<(), Error> {

@@ -44,8 +44,9 @@
 //! - `host`: the host side. `IsolatedCall` locates a call's arguments in the
 //!   program's shared memory, starts and initialises a worker, rings it for each `execute`, and stops it
 //!   (killing it past its deadline), describing how it ended.
-//! - `worker`: the worker side. [`serve`] maps what the host sent, loads and initialises the plugin, answers
-//!   each ring, and ends itself when its host goes away.
+//! - `worker`: the worker side. [`serve`] maps what the host sent, loads the plugin through the library floor
+//!   below (`plugins::library`: checked against its manifest, never through the registry above), initialises
+//!   it, answers each ring, and ends itself when its host goes away.
 //! - `wire`: what crosses the socket and how: the init request, an answer's encoding and its check,
 //!   length-prefixed frames with descriptors, reads and writes bounded by a deadline.
 //! - `bell`: the doorbell page each `execute` rings.
@@ -137,4 +138,16 @@ pub struct IsolatedPlugin {
     /// What its manifest says it is.
     pub info: PluginInfo,
     pub(crate) isolation: Arc<Isolation>,
+}
+
+impl IsolatedPlugin {
+    /// The plugin library at `library`, described by its manifest as `info`, run as `isolation` says.
+    pub(crate) fn new(library: PathBuf, info: PluginInfo, isolation: Arc<Isolation>) -> IsolatedPlugin {
+        IsolatedPlugin { library, info, isolation }
+    }
+
+    /// What its manifest says it is.
+    pub fn info(&self) -> &PluginInfo {
+        &self.info
+    }
 }

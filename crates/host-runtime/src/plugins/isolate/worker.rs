@@ -263,10 +263,10 @@ fn init(
     request: &InitRequest,
     mappings: &WorkerMappings,
 ) -> Result<(Instance, ArgList<'static>), DelegateError> {
-    let manifest_path = crate::plugin_manifest::PluginManifest::path_for(&request.library);
-    let manifest = crate::plugin_manifest::PluginManifest::read(&manifest_path)
+    let manifest_path = crate::plugins::library::manifest::PluginManifest::path_for(&request.library);
+    let manifest = crate::plugins::library::manifest::PluginManifest::read(&manifest_path)
         .map_err(|err| DelegateError::invalid_program(format!("{}: {err}", manifest_path.display())))?;
-    let plugin = crate::plugins::load_checked(&request.library, Some(&manifest), &HostConfig::new())
+    let plugin = crate::plugins::library::load_checked(&request.library, Some(&manifest), &HostConfig::new())
         .map_err(|reason| {
             DelegateError::invalid_program(format!("{}: {reason}", request.library.display()))
         })?;

@@ -373,7 +373,7 @@ pub fn rustc_version(library: &Path) -> Option<String> {
 /// # Errors
 /// The file cannot be opened or read, or is not a regular file (the reason).
 pub fn sha256_file(path: &Path) -> std::io::Result<String> {
-    crate::plugins::verify::sha256(path).map_err(std::io::Error::other)
+    super::verify::sha256(path).map_err(std::io::Error::other)
 }
 
 #[cfg(test)]

@@ -7,6 +7,7 @@ use delegate_abi::host::Plugin;
 use delegate_abi::PluginInfo;
 
 use super::{Candidate, Registry, Status};
+use crate::plugins::isolate::IsolatedPlugin;
 
 /// How the plugin serving a backend runs: loaded into this process, or in worker processes.
 #[derive(Debug, Clone)]
@@ -14,9 +15,9 @@ use super::{Candidate, Registry, Status};
 pub enum Served {
     /// Loaded here; calls are direct.
     InProcess(Arc<Plugin>),
-    /// Never loaded here: each instance runs in a worker process (see [`crate::isolate`]).
-    #[cfg(target_os = "linux")]
-    Isolated(crate::isolate::IsolatedPlugin),
+    /// Never loaded here: each instance runs in a worker process (see `crate::isolate`, Linux only; elsewhere
+    /// [`IsolatedPlugin`] is uninhabited, so this variant never occurs).
+    Isolated(IsolatedPlugin),
 }
 
 impl Served {
@@ -24,8 +25,7 @@ impl Served {
     pub fn info(&self) -> &PluginInfo {
         match self {
             Served::InProcess(plugin) => plugin.info(),
-            #[cfg(target_os = "linux")]
-            Served::Isolated(plugin) => &plugin.info,
+            Served::Isolated(plugin) => plugin.info(),
         }
     }
 
@@ -33,7 +33,6 @@ impl Served {
     pub fn in_process(&self) -> Option<&Arc<Plugin>> {
         match self {
             Served::InProcess(plugin) => Some(plugin),
-            #[cfg(target_os = "linux")]
             Served::Isolated(_) => None,
         }
     }
@@ -84,31 +83,18 @@ impl Registry {
         }
     }
 
-    #[cfg(target_os = "linux")]
     fn isolated(&self, candidate: &Candidate) -> Option<Served> {
         let (Some(isolation), Some(path), Some(info)) = (&self.isolation, &candidate.path, &candidate.info)
         else {
             return None;
         };
-        Some(Served::Isolated(crate::isolate::IsolatedPlugin {
-            library: path.clone(),
-            info: info.clone(),
-            isolation: isolation.clone(),
-        }))
-    }
-
-    #[cfg(not(target_os = "linux"))]
-    fn isolated(&self, _candidate: &Candidate) -> Option<Served> {
-        None
+        Some(Served::Isolated(IsolatedPlugin::new(path.clone(), info.clone(), isolation.clone())))
     }
 
     /// Where `candidate` runs under this registry's isolation settings.
     fn placement(&self, candidate: &Candidate) -> Placement {
         let asks = candidate.manifest.as_ref().is_some_and(|m| m.isolate);
-        #[cfg(target_os = "linux")]
         let isolation = self.isolation.as_ref().map(|i| i.applies(asks));
-        #[cfg(not(target_os = "linux"))]
-        let isolation: Option<bool> = None;
         match (candidate.is_lazy(), &candidate.path, isolation) {
             // Embedded plugins are our own code: always here.
             (_, None, _) => Placement::InProcess,
