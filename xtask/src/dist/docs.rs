@@ -86,7 +86,7 @@ pub fn host_docs(root: &Path) -> anyhow::Result<Vec<Entry>> {
             "docs/plugin-manifest.md",
             format!(
                 "# Plugin manifests\n\n{}",
-                module_docs(&read("crates/host-runtime/src/plugin_manifest.rs")?)
+                module_docs(&read("crates/host-runtime/src/plugins/library/manifest.rs")?)
             ),
         ),
         Entry::file("docs/STABILITY.md", read("STABILITY.md")?),
