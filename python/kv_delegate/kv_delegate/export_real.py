@@ -40,6 +40,7 @@ from typing import Callable, Dict, List, Optional, Tuple
 import numpy as np
 import torch
 
+from . import generate
 from .llama_style import CONFIG as HAND_CONFIG
 from .llama_style import LlamaStyle
 from .methods import Example, hf_example, method_rows, to_program
@@ -161,19 +162,9 @@ def step_fn(kind: str, m: torch.nn.Module) -> Step:
 
 
 def greedy(step: Step) -> Tuple[List[int], torch.Tensor]:
-    """The run protocol in eager: the prompt one token per call, then :data:`STEPS` greedy steps; the tokens
-    and the f32 logits rows ``[1 + STEPS, vocab]``."""
-    rows: List[torch.Tensor] = []
-    with torch.no_grad():
-        for pos, tok in enumerate(PROMPT):
-            row = step(tok, pos)
-        tokens = [int(row.float().argmax())]
-        rows.append(row.float())
-        for i in range(STEPS):
-            row = step(tokens[-1], len(PROMPT) + i)
-            tokens.append(int(row.float().argmax()))
-            rows.append(row.float())
-    return tokens, torch.stack(rows)
+    """The run protocol in eager (:func:`kv_delegate.generate.greedy`): the prompt one token per call, then
+    :data:`STEPS` greedy steps; the tokens and the f32 logits rows ``[1 + STEPS, vocab]``."""
+    return generate.greedy(generate.one_token(step), PROMPT, STEPS)
 
 
 def oracle(kind: str, dtype: torch.dtype, tokens: List[int]) -> torch.Tensor:

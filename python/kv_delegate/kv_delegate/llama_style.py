@@ -16,6 +16,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from . import generate
+
 CONFIG: Dict[str, int] = {"vocab": 64, "dim": 32, "heads": 4, "kv_heads": 2, "layers": 2, "max_len": 16,
                           "hidden": 48, "seed": 18}
 
@@ -122,16 +124,11 @@ class LlamaStyle(nn.Module):
 
 
 def greedy(model: LlamaStyle, prompt: List[int], steps: int) -> List[int]:
-    """The fixtures' run protocol in eager: prefill ``prompt`` one token at a time, then ``steps`` decode steps."""
+    """The fixtures' run protocol in eager (:func:`kv_delegate.generate.greedy`): ``prompt`` one token at a
+    time, then ``steps`` decode steps."""
     model.reset_caches()
-    tokens: List[int] = []
-    with torch.no_grad():
-        logits = None
-        for pos, tok in enumerate(prompt):
-            logits = model(torch.tensor([tok]), torch.tensor([pos]))
-        tokens.append(int(logits[-1].argmax()))
-        for step in range(steps):
-            logits = model(torch.tensor([tokens[-1]]), torch.tensor([len(prompt) + step]))
-            tokens.append(int(logits[-1].argmax()))
-    model.reset_caches()
-    return tokens
+    call = lambda tokens, pos: model(torch.tensor(tokens), torch.tensor([pos]))[-1]  # noqa: E731
+    try:
+        return generate.greedy(call, prompt, steps)[0]
+    finally:
+        model.reset_caches()

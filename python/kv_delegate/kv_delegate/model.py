@@ -19,6 +19,8 @@ from typing import Any, Dict, List
 import torch
 import torch.nn.functional as F
 
+from . import generate
+
 #: kv-example's ``Config::tiny()``.
 TINY: Dict[str, Any] = {
     "vocab": 64,
@@ -127,23 +129,16 @@ class Decoder(torch.nn.Module):
 
 
 def greedy(model: Decoder, steps: int) -> tuple[List[int], torch.Tensor]:
-    """Torch eager's run protocol of the fixtures: prefill the prompt, then ``steps`` decode steps feeding back
-    the argmax of the last logits row. Returns the ``steps + 1`` tokens and the last logits rows
-    ``[steps + 1, vocab]``."""
+    """Torch eager's run protocol of the fixtures (:func:`kv_delegate.generate.greedy`): the prompt in one
+    call, then ``steps`` decode steps feeding back the argmax of the last logits row. Returns the ``steps + 1``
+    tokens and the last logits rows ``[steps + 1, vocab]``."""
     model.reset_caches()
-    prompt = torch.tensor(model.cfg["prompt"], dtype=torch.int64)
-    rows = []
-    with torch.no_grad():
-        logits = model(prompt, torch.zeros(1, dtype=torch.int64))
-        rows.append(logits[-1].clone())
-        pos = len(prompt)
-        for _ in range(steps):
-            token = rows[-1].argmax().view(1)
-            rows.append(model(token, torch.tensor([pos], dtype=torch.int64))[-1].clone())
-            pos += 1
-    model.reset_caches()
-    stacked = torch.stack(rows)
-    return [int(r.argmax()) for r in rows], stacked
+    prompt = model.cfg["prompt"]
+    call = lambda tokens, pos: model(torch.tensor(tokens, dtype=torch.int64), torch.tensor([pos]))[-1]  # noqa: E731
+    try:
+        return generate.greedy(call, prompt, steps, chunk=len(prompt))
+    finally:
+        model.reset_caches()
 
 
 class GeluDecoder(Decoder):

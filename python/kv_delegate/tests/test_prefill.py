@@ -17,6 +17,7 @@ from typing import Dict, List, Tuple
 import torch
 
 from kv_delegate.export_real import MAX_LEN, step_fn
+from kv_delegate.generate import greedy, one_token
 from kv_delegate.pack import have_packer
 from test_export_hf import delegate_host, export_hf, tiny_llama
 
@@ -32,13 +33,7 @@ def eager(model: torch.nn.Module, prompt: List[int]) -> List[int]:
 
     model.generation_config.cache_implementation = "static"
     step = step_fn("llama", TorchExportableModuleWithStaticCache(model, batch_size=1, max_cache_len=MAX_LEN).eval())
-    with torch.no_grad():
-        for pos, tok in enumerate(prompt):
-            row = step(tok, pos)
-        tokens = [int(row.argmax())]
-        for i in range(STEPS):
-            tokens.append(int(step(tokens[-1], len(prompt) + i).argmax()))
-    return tokens
+    return greedy(one_token(step), prompt, STEPS)[0]
 
 
 def methods(pte: Path) -> Dict[str, Tuple[List[List[int]], int, List[str]]]:

@@ -22,10 +22,11 @@ import importlib.util
 import os
 import re
 import unittest
-from typing import List, Sequence, Tuple
+from typing import Sequence, Tuple
 
 import torch
 
+from kv_delegate.generate import greedy, one_token
 from kv_delegate.lowering import op_name
 from kv_delegate.pack import have_packer
 from support import require_et_run, run_in_executorch, without_rule
@@ -73,14 +74,7 @@ def eager_tokens(kind: str) -> Tuple[int, ...]:
     model = _module(kind)
     step = (lambda tok, pos: model(torch.tensor([tok]), torch.tensor([pos]))[-1]) if kind == "decoder" else \
         step_fn(kind, model)
-    tokens: List[int] = []
-    with torch.no_grad():
-        for pos, tok in enumerate(PROMPT):
-            row = step(tok, pos)
-        tokens.append(int(row.float().argmax()))
-        for i in range(STEPS):
-            tokens.append(int(step(tokens[-1], len(PROMPT) + i).float().argmax()))
-    return tuple(tokens)
+    return tuple(greedy(one_token(step), PROMPT, STEPS)[0])
 
 
 def export(kind: str) -> Tuple[bytes, list]:
