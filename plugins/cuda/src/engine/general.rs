@@ -7,7 +7,7 @@ use crate::kernels::general::{
     dtype_code, BinaryP, CastP, CopyP, CountersP, GeneralLaunch, MeanP, PositionsP, RopeP, RopeTablesP,
     UnaryP, COUNTERS_MAX, MAX_RANK,
 };
-use crate::plan::{Step, Walk};
+use crate::plan::{CounterSum, Step, Walk};
 
 /// Threads of an elementwise block; blocks are capped, each thread looping over the rest.
 const THREADS: u32 = 256;
@@ -108,34 +108,44 @@ impl Engine {
                 LaunchConfig { grid: (1, 1, 1), block: (32, 1, 1), shared_mem_bytes: 0 },
                 PositionsP { pos: p(position), out: p(out), count: count as i32 },
             ),
-            Step::Counters { ref sums } => {
-                let mut params = CountersP {
-                    src: [0; COUNTERS_MAX],
-                    dst: [0; COUNTERS_MAX],
-                    add: [0; COUNTERS_MAX],
-                    n: sums.len() as i32,
-                };
-                // The plan puts at most COUNTERS_MAX sums in a step.
-                for (i, sum) in sums.iter().enumerate() {
-                    (params.src[i], params.dst[i], params.add[i]) = (p(sum.src), p(sum.out), sum.add);
-                }
-                let config = LaunchConfig { grid: (1, 1, 1), block: (32, 1, 1), shared_mem_bytes: 0 };
-                GeneralLaunch::Counters(config, params)
-            }
-            Step::RopeTables { position, inv_freq, cos, sin, rows, half, dtype } => {
-                let params = RopeTablesP {
-                    pos: p(position),
-                    inv_freq: p(inv_freq),
-                    cos: p(cos),
-                    sin: p(sin),
-                    rows: rows as i32,
-                    half: half as i32,
-                    dt: dtype_code(dtype),
-                    pad: 0,
-                };
-                GeneralLaunch::RopeTables(elementwise(u64::from(rows) * 2 * u64::from(half)), params)
-            }
+            Step::Counters { ref sums } => self.counters(sums),
+            Step::RopeTables { .. } => self.rope_tables(step),
             _ => unreachable!("the plan gives every typed step a float type, so it is lowered as typed"),
         }
+    }
+
+    /// A launch of up to [`COUNTERS_MAX`] counters (the plan puts no more in a step).
+    fn counters(&self, sums: &[CounterSum]) -> GeneralLaunch {
+        let mut params = CountersP {
+            src: [0; COUNTERS_MAX],
+            dst: [0; COUNTERS_MAX],
+            add: [0; COUNTERS_MAX],
+            n: sums.len() as i32,
+        };
+        for (i, sum) in sums.iter().enumerate() {
+            (params.src[i], params.dst[i], params.add[i]) =
+                (self.ptrs[sum.src.0], self.ptrs[sum.out.0], sum.add);
+        }
+        let config = LaunchConfig { grid: (1, 1, 1), block: (32, 1, 1), shared_mem_bytes: 0 };
+        GeneralLaunch::Counters(config, params)
+    }
+
+    /// The launch of a [`Step::RopeTables`].
+    fn rope_tables(&self, step: &Step) -> GeneralLaunch {
+        let Step::RopeTables { position, inv_freq, cos, sin, rows, half, dtype } = *step else {
+            unreachable!("called for RoPE's tables")
+        };
+        let p = |id: ref_graph::TensorId| self.ptrs[id.0];
+        let params = RopeTablesP {
+            pos: p(position),
+            inv_freq: p(inv_freq),
+            cos: p(cos),
+            sin: p(sin),
+            rows: rows as i32,
+            half: half as i32,
+            dt: dtype_code(dtype),
+            pad: 0,
+        };
+        GeneralLaunch::RopeTables(elementwise(u64::from(rows) * 2 * u64::from(half)), params)
     }
 }
