@@ -4,6 +4,7 @@ delegate)."""
 
 from __future__ import annotations
 
+import copy
 import logging
 from typing import Dict, List, Optional
 
@@ -13,7 +14,8 @@ from torch.export import ExportedProgram
 
 from .lowering import Lowered, lower
 from .names import ALIASES_META, CUDA_BACKEND, REFERENCE_BACKEND, TENSORRT_BACKEND
-from .pack import TRT_PACKER_ENV, pack, packer
+from .pack import TRT_PACKER_ENV, pack, pack_file, packer
+from .streamed import blob, streaming
 
 log = logging.getLogger("kv_delegate")
 
@@ -28,9 +30,19 @@ def _preprocess(edge_program: ExportedProgram, backend: str, tool: Optional[str]
         f"; state {lowered.description.state}" if lowered.description.state else "",
     )
     return PreprocessResult(
-        processed_bytes=pack(lowered, backend, tool=tool),
+        processed_bytes=(blob(lambda out: pack_file(lowered, backend, out, tool=tool)) if streaming()
+                         else pack(lowered, backend, tool=tool)),
         _delegate_info_meta={ALIASES_META: aliased_outputs(lowered)},
     )
+
+
+def _copy_sharing_weights(cls: type, edge_program: ExportedProgram,
+                          compile_specs: List[CompileSpec]) -> ExportedProgram:
+    """The program ``preprocess`` gets: ExecuTorch's isolated copy (``copy_exported_program_for_preprocess``)
+    without copying its weights and constants. ``preprocess`` only reads them (the lowering streams their bytes
+    to the packer), so sharing them leaves the original as it was while a model's weights are not held twice."""
+    memo = {id(t): t for t in list(edge_program.state_dict.values()) + list(edge_program.constants.values())}
+    return copy.deepcopy(edge_program, memo)
 
 
 class ReferenceBackend(BackendDetails):
@@ -41,6 +53,8 @@ class ReferenceBackend(BackendDetails):
     arranges them), leaving out delegate-owned state (``tag_mutated_buffer``), which becomes ref-graph ``state``.
     """
 
+    copy_exported_program_for_preprocess = classmethod(_copy_sharing_weights)
+
     @staticmethod
     def preprocess(edge_program: ExportedProgram, compile_specs: List[CompileSpec]) -> PreprocessResult:
         """The processed bytes: the native blob ``delegate-pack`` writes."""
@@ -50,6 +64,8 @@ class ReferenceBackend(BackendDetails):
 class CudaBackend(BackendDetails):
     """:class:`ReferenceBackend`'s blob for the CUDA delegate (``plugins/cuda``): the same reference-graph payload,
     bindings and aliases, with backend id ``CudaBackend``."""
+
+    copy_exported_program_for_preprocess = classmethod(_copy_sharing_weights)
 
     @staticmethod
     def preprocess(edge_program: ExportedProgram, compile_specs: List[CompileSpec]) -> PreprocessResult:
@@ -64,6 +80,8 @@ class TensorRTBackend(BackendDetails):
     (``$KV_TRT_PACK``); building needs the TensorRT-RTX library, not a GPU. Caches are engine I/O of shape
     ``[1, H, L, Dh]`` (the bytes of the program's ``[H, L, Dh]`` buffers); delegate-owned state is refused.
     """
+
+    copy_exported_program_for_preprocess = classmethod(_copy_sharing_weights)
 
     @staticmethod
     def preprocess(edge_program: ExportedProgram, compile_specs: List[CompileSpec]) -> PreprocessResult:

@@ -27,6 +27,8 @@ from executorch.exir import ExecutorchBackendConfig, ExecutorchProgramManager, t
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from .planning import KvAliasMemoryPlanningPass
+from .shared_parameters import shared_parameters
+from .streamed import attach, streamed_blobs
 
 #: The methods of a program with a prefill method, as the runtimes' generation convention names them.
 PREFILL, DECODE = "prefill", "decode"
@@ -55,14 +57,18 @@ def to_program(module: torch.nn.Module, rows: Dict[str, int], partitioner: Any, 
                strict: bool = True) -> ExecutorchProgramManager:
     """``module``'s methods (``rows``: tokens a call by method name, :func:`method_rows`) lowered by
     ``partitioner`` into one program, every cache written in place by :class:`KvAliasMemoryPlanningPass` and,
-    with several methods, planned once for all of them (their buffers shared)."""
+    with several methods, planned once for all of them (their buffers shared). The delegates' blobs stay in the
+    files the packer wrote until the program is written (:mod:`kv_delegate.streamed`): ``write_to_file`` copies
+    them from there; ``torch.export`` reads the parameters without cloning them
+    (:mod:`kv_delegate.shared_parameters`)."""
     shared = len(rows) > 1
     attention = sdpa_kernel([SDPBackend.MATH]) if max(rows.values()) > 1 else contextlib.nullcontext()
-    with torch.no_grad(), attention:
-        programs = {name: torch.export.export(module, *example(n), strict=strict) for name, n in rows.items()}
+    with torch.no_grad(), attention, streamed_blobs() as blobs:
+        with shared_parameters():
+            programs = {name: torch.export.export(module, *example(n), strict=strict) for name, n in rows.items()}
         lowered = programs if shared else next(iter(programs.values()))
         edge = to_edge_transform_and_lower(lowered, partitioner=[partitioner])
         del programs, lowered
         planner = KvAliasMemoryPlanningPass(share_mutable_buffers=True) if shared else KvAliasMemoryPlanningPass()
-        return edge.to_executorch(ExecutorchBackendConfig(emit_mutable_buffer_names=True,
-                                                          memory_planning_pass=planner))
+        config = ExecutorchBackendConfig(emit_mutable_buffer_names=True, memory_planning_pass=planner)
+        return attach(edge.to_executorch(config), config, blobs)

@@ -52,14 +52,17 @@ def spec(lowered: Lowered, backend: str, constants_file: str) -> Dict[str, objec
     }
 
 
-def pack(lowered: Lowered, backend: str, keep: Optional[Path] = None, tool: Optional[str] = None) -> bytes:
-    """The native blob of ``lowered`` for ``backend``, written by ``tool`` (default: :func:`packer`).
-    ``keep``: also leave SPEC.json and c.bin there."""
+def pack_file(lowered: Lowered, backend: str, out: Path, keep: Optional[Path] = None,
+              tool: Optional[str] = None) -> None:
+    """Writes the native blob of ``lowered`` for ``backend`` to ``out`` with ``tool`` (default: :func:`packer`).
+    The constants are streamed from the lowering's tensors into the packer's constants file and the blob is
+    left in ``out``: nothing of the weights is copied in this process. ``keep``: also leave SPEC.json and c.bin
+    there."""
     with tempfile.TemporaryDirectory(prefix="kv_delegate_") as tmp:
         work = Path(tmp)
-        (work / "c.bin").write_bytes(bytes(lowered.description.data))
+        with open(work / "c.bin", "wb") as constants:
+            lowered.description.data.write_to(constants)
         (work / "spec.json").write_text(json.dumps(spec(lowered, backend, "c.bin"), indent=1))
-        out = work / "out.blob"
         done = subprocess.run([tool or packer(), str(work / "spec.json"), str(out)], capture_output=True, text=True)
         if keep is not None:
             keep.mkdir(parents=True, exist_ok=True)
@@ -69,4 +72,19 @@ def pack(lowered: Lowered, backend: str, keep: Optional[Path] = None, tool: Opti
             lines = (done.stderr or done.stdout).strip().splitlines()
             message = lines[-1] if lines else "no message"
             raise PackError(f"{tool or 'delegate-pack'} failed ({done.returncode}): {message}")
+
+
+def check(lowered: Lowered, backend: str, tool: Optional[str] = None) -> None:
+    """Has the packer check ``lowered`` as :func:`pack_file` would pack it (raising :class:`PackError` as it
+    does); the blob is not read back."""
+    with tempfile.TemporaryDirectory(prefix="kv_delegate_") as tmp:
+        pack_file(lowered, backend, Path(tmp) / "out.blob", tool=tool)
+
+
+def pack(lowered: Lowered, backend: str, keep: Optional[Path] = None, tool: Optional[str] = None) -> bytes:
+    """The native blob of ``lowered`` for ``backend``, as :func:`pack_file` writes it, read into memory.
+    ``keep``: also leave SPEC.json and c.bin there."""
+    with tempfile.TemporaryDirectory(prefix="kv_delegate_") as tmp:
+        out = Path(tmp) / "out.blob"
+        pack_file(lowered, backend, out, keep, tool)
         return out.read_bytes()

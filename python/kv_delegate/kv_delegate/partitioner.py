@@ -36,7 +36,7 @@ from .keep_whole import KEPT_WHOLE, RMS_NORM, SDPA, edge_program, has_form, sour
 from .lowering import LoweringError, lower, op_name, rule_names
 from .outside import Outside, at_split, is_outside, no_rule, part_of, reason_of, value_of, with_causes
 from .names import BUFFER_META, CACHE_META, CUDA_BACKEND, OUTPUT_NAME_META, REFERENCE_BACKEND, TENSORRT_BACKEND
-from .pack import PackError, pack, packer
+from .pack import PackError, check, packer
 
 log = logging.getLogger("kv_delegate")
 
@@ -252,7 +252,7 @@ class ReferencePartitioner(Partitioner):
                 continue
             try:
                 # The reference packer checks the graph every delegate of this family runs (TensorRT's too).
-                pack(lowered, REFERENCE_BACKEND, tool=tool)
+                check(lowered, REFERENCE_BACKEND, tool=tool)
             except PackError as err:
                 culprit = _culprit(str(err), lowered.description.op_nodes)
                 detail = re.sub(r"^(error: )?(the graph: )?", "", str(err).split(": ", 1)[-1])

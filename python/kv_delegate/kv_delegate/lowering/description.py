@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, BinaryIO, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
 import torch
 from torch._subclasses.fake_tensor import FakeTensor
@@ -14,16 +14,87 @@ from .common import DTYPES, LoweringError
 CONSTANT_ALIGN = 16
 
 
-def constant_bytes(value: torch.Tensor) -> bytes:
-    """``value``'s elements, little-endian (the bytes of a fake tensor do not matter: zeros)."""
-    if isinstance(value, FakeTensor):
-        # The partitioner's dry run sees ExecuTorch's fake copy of the program.
-        return bytes(value.numel() * value.element_size())
-    value = value.detach().contiguous().cpu()
-    if value.dtype == torch.bfloat16:
-        value = value.view(torch.int16)  # numpy has no bf16: the same two bytes
-    array = value.numpy()
-    return array.astype(array.dtype.newbyteorder("<"), copy=False).tobytes()
+#: Elements converted and written at a time by :meth:`TensorBytes.write_to` (bounds the memory a write adds).
+WRITE_CHUNK = 8 << 20
+
+
+class TensorBytes:
+    """A constant's elements, little-endian, not copied: the tensor is held and its bytes made only when
+    written (:meth:`write_to`, a chunk at a time) or asked for (``bytes()``), so a constant section of a model's
+    weights adds no copy of them. The bytes of a fake tensor (the partitioner's dry run sees ExecuTorch's fake
+    copy of the program) do not matter: zeros."""
+
+    def __init__(self, value: torch.Tensor) -> None:
+        self.value = value
+        self.nbytes = value.numel() * value.element_size()
+
+    def __len__(self) -> int:
+        return self.nbytes
+
+    def _arrays(self) -> Iterator[Any]:
+        """The elements as little-endian numpy arrays of at most :data:`WRITE_CHUNK` elements each."""
+        if isinstance(self.value, FakeTensor):
+            for start in range(0, self.nbytes, WRITE_CHUNK):
+                yield bytes(min(WRITE_CHUNK, self.nbytes - start))
+            return
+        flat = self.value.detach().cpu().contiguous().reshape(-1)
+        if flat.dtype == torch.bfloat16:
+            flat = flat.view(torch.int16)  # numpy has no bf16: the same two bytes
+        for start in range(0, flat.numel(), WRITE_CHUNK):
+            array = flat[start:start + WRITE_CHUNK].numpy()
+            yield array.astype(array.dtype.newbyteorder("<"), copy=False)
+
+    def write_to(self, out: BinaryIO) -> None:
+        """Writes the bytes to ``out``, a chunk at a time."""
+        for chunk in self._arrays():
+            out.write(memoryview(chunk).cast("B") if not isinstance(chunk, bytes) else chunk)
+
+    def __bytes__(self) -> bytes:
+        return b"".join(bytes(memoryview(c).cast("B")) if not isinstance(c, bytes) else c for c in self._arrays())
+
+
+def constant_bytes(value: torch.Tensor) -> TensorBytes:
+    """``value``'s elements, little-endian, as :class:`TensorBytes` (made when written)."""
+    return TensorBytes(value)
+
+
+class ConstantSection:
+    """The payload's constant section as it is built: padding and :class:`TensorBytes` pieces at their offsets,
+    none copied. ``len`` is the section's size; a slice gives its bytes (the lowering reads back one-element
+    constants); :meth:`write_to` streams the whole section to a file."""
+
+    def __init__(self) -> None:
+        self.pieces: List[Tuple[int, Union[bytes, TensorBytes]]] = []
+        self.length = 0
+
+    def __len__(self) -> int:
+        return self.length
+
+    def extend(self, raw: Union[bytes, TensorBytes]) -> None:
+        """Appends ``raw`` (padding bytes or a constant's :class:`TensorBytes`)."""
+        if len(raw):
+            self.pieces.append((self.length, raw))
+            self.length += len(raw)
+
+    def __getitem__(self, index: slice) -> bytes:
+        start, stop, _ = index.indices(self.length)
+        out = bytearray()
+        for offset, raw in self.pieces:
+            if offset < stop and start < offset + len(raw):
+                whole = raw if isinstance(raw, bytes) else bytes(raw)
+                out += whole[max(start - offset, 0):stop - offset]
+        return bytes(out)
+
+    def write_to(self, out: BinaryIO) -> None:
+        """Writes the section to ``out``, each constant a chunk at a time."""
+        for _, raw in self.pieces:
+            if isinstance(raw, bytes):
+                out.write(raw)
+            else:
+                raw.write_to(out)
+
+    def __bytes__(self) -> bytes:
+        return self[0:self.length]
 
 
 @dataclass
@@ -36,7 +107,7 @@ class Description:
     state: List[str] = field(default_factory=list)
     constants: List[Dict[str, Any]] = field(default_factory=list)
     ops: List[Dict[str, Any]] = field(default_factory=list)
-    data: bytearray = field(default_factory=bytearray)
+    data: ConstantSection = field(default_factory=ConstantSection)
     shapes: Dict[str, Tuple[str, Tuple[int, ...]]] = field(default_factory=dict)
     #: The fx node each op was lowered from, by op index (to name the node when the packer refuses an op).
     op_nodes: List[Optional[str]] = field(default_factory=list)

@@ -168,7 +168,7 @@ class Walk:
             return None
         try:
             with torch.no_grad():
-                result = node.target(*args, **kwargs)
+                result = folded(node, args, kwargs)
         except Exception:  # noqa: BLE001 - not foldable here: the rule decides
             return None
         if not isinstance(result, torch.Tensor) or (result.dtype not in DTYPES and result.dtype != torch.bool):
@@ -363,3 +363,21 @@ def _constant_value(program: ExportedProgram, spec: Any) -> torch.Tensor:
     if target in program.constants:
         return program.constants[target]
     raise LoweringError(f"constant '{target}' has no value in the program")
+
+
+def folded(node: torch.fx.Node, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Any:
+    """``node``'s op on known values. An edge view-copy op (``aten.permute_copy``, ``aten.view_copy``, ...) is
+    computed as the ATen view it copies where that view exists for these operands, so that a weight permuted or
+    reshaped at export shares the weight's storage instead of holding a second copy of it (the values are the
+    same); any other op, or a view the operands' strides do not allow, is the op itself."""
+    name = op_name(node)
+    if name.startswith("aten.") and "_copy." in name:
+        base, overload = name[len("aten."):].split(".", 1)
+        copy = getattr(getattr(torch.ops.aten, base, None), overload, None)
+        view = getattr(getattr(torch.ops.aten, base[:-len("_copy")], None), overload, None)
+        if view is not None and torch.Tag.view_copy in getattr(copy, "tags", ()):
+            try:
+                return view(*args, **kwargs)
+            except RuntimeError:
+                pass  # e.g. a view of a permuted weight: the copy computes it
+    return node.target(*args, **kwargs)
