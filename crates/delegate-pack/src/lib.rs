@@ -180,19 +180,28 @@ impl HasErrorCode for Error {
 }
 
 /// Reads `spec_path` (and the constants file it names), packs, and writes the blob to `out`.
+///
+/// A model's weights are held as few times as the steps allow: the constants file is let go once the graph
+/// holds its values (before the payload is encoded), and the blob is written from the payload, not assembled
+/// in memory first.
 pub fn pack_file(spec_path: &Path, out: &Path) -> Result<Header, Error> {
     let read =
         |path: &Path| std::fs::read(path).map_err(|source| Error::Io { path: path.to_owned(), source });
     let text = read(spec_path)?;
     let spec: Spec =
         serde_json::from_slice(&text).map_err(|source| Error::Spec { path: spec_path.to_owned(), source })?;
-    let constants = match &spec.constants_file {
-        Some(file) => read(&spec_path.parent().unwrap_or(Path::new(".")).join(file))?,
-        None => Vec::new(),
+    let graph = {
+        let constants = match &spec.constants_file {
+            Some(file) => read(&spec_path.parent().unwrap_or(Path::new(".")).join(file))?,
+            None => Vec::new(),
+        };
+        graph(&spec, &constants)?
     };
-    let (header, payload) = build(&spec, &constants)?;
-    let blob = blob_format::native::to_vec(&header, &payload);
-    std::fs::write(out, blob).map_err(|source| Error::Io { path: out.to_owned(), source })?;
+    let (header, payload) = checked(&spec, graph)?;
+    let io = |source| Error::Io { path: out.to_owned(), source };
+    let mut file = std::io::BufWriter::new(std::fs::File::create(out).map_err(io)?);
+    blob_format::native::write(&header, &payload, &mut file).map_err(io)?;
+    std::io::Write::flush(&mut file).map_err(io)?;
     Ok(header)
 }
 
@@ -204,12 +213,22 @@ pub fn pack(spec: &Spec, constants: &[u8]) -> Result<Vec<u8>, Error> {
 
 /// The header and the encoded payload, checked against each other.
 fn build(spec: &Spec, constants: &[u8]) -> Result<(Header, Vec<u8>), Error> {
+    checked(spec, graph(spec, constants)?)
+}
+
+/// The graph `spec` describes, its constant offsets pointing into `constants`, for a backend this packer
+/// writes.
+fn graph(spec: &Spec, constants: &[u8]) -> Result<Graph, Error> {
     if !BACKENDS.contains(&spec.backend.as_str()) {
         return Err(Error::Backend(spec.backend.clone()));
     }
     let description =
         serde_json::to_vec(&spec.graph).map_err(|source| Error::Spec { path: "(graph)".into(), source })?;
-    let graph = Graph::from_description(&description, constants)?;
+    Ok(Graph::from_description(&description, constants)?)
+}
+
+/// The header of `graph` with `spec`'s bindings and the encoded payload, checked against each other.
+fn checked(spec: &Spec, graph: Graph) -> Result<(Header, Vec<u8>), Error> {
     let bindings = bindings(spec, &graph)?;
     let producer = Producer { name: spec.producer.name.clone(), version: spec.producer.version.clone() };
     let header = header(&graph, &spec.backend, Some(producer), bindings)?;
