@@ -113,12 +113,14 @@ fn a_plugin_from_release_0_1_0_lists_and_loads_with_the_default_capabilities() {
     let status = Command::new("tar").arg("-xzf").arg(&archive).arg("-C").arg(dir.path()).status();
     assert!(status.expect("tar runs").success(), "unpacking {}", archive.display());
     let plugin_dir = dir.path().join(bundle);
-    // Its 0.1.0 manifest has no capabilities: listed with the defaults, without loading it.
+    // Its 0.1.0 manifest has no capabilities: listed with the defaults, without loading it. This host embeds
+    // a newer reference delegate, which serves the backend instead (the highest version wins).
     let listed = only_candidate(&plugin_dir, false);
-    assert_eq!((&listed["status"], &listed["version"]), (&json!("listed"), &json!("0.1.0")), "{listed}");
+    let shadowed = (&json!("shadowed"), &json!("0.1.0"), &json!("(embedded)"));
+    assert_eq!((&listed["status"], &listed["version"], &listed["shadowed_by"]), shadowed, "{listed}");
     assert_eq!(listed["capabilities"], defaults());
     // Loaded, its self-description (without the appended fields) agrees with the manifest: the defaults.
     let loaded = only_candidate(&plugin_dir, true);
-    assert_eq!((&loaded["status"], &loaded["abi_version"]), (&json!("loaded"), &json!(1)), "{loaded}");
+    assert_eq!((&loaded["status"], &loaded["abi_version"]), (&json!("shadowed"), &json!(1)), "{loaded}");
     assert_eq!(loaded["capabilities"], defaults());
 }

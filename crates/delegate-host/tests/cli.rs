@@ -1167,22 +1167,22 @@ fn a_library_that_disagrees_with_its_manifest_is_rejected_naming_the_difference(
 
     // Its hash right but its self-description not: passed over when the program asks for it, naming the
     // difference, and the next candidate (embedded) serves.
+    // (A version above the embedded copy's, so the library ranks first and is loaded.)
     let mut edited = manifest.clone();
-    edited["version"] = Value::from("0.1.1");
+    edited["version"] = Value::from("9.0.0");
     std::fs::write(&manifest_path, edited.to_string()).expect("edit");
     let out = run_it();
     assert_eq!(run_plugins(&stdout_json(&out)), [("ReferenceBackend".to_owned(), Value::Null, false)]);
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(stderr.contains("version: manifest 0.1.1, library 0.1.0") && stderr.contains(&fix), "{stderr}");
+    let differs =
+        format!("version: manifest 9.0.0, library {}", manifest["version"].as_str().expect("a version"));
+    assert!(stderr.contains(&differs) && stderr.contains(&fix), "{stderr}");
     // `--probe` loads it at once and lists the same reason.
     let list =
         stdout_json(&run(host().args(["plugins", "--json", "--probe", "--plugin-dir"]).arg(dir.path())));
     let candidate = list.as_array().and_then(|l| l.first()).expect("the library").clone();
     assert_eq!(candidate["status"], "rejected", "{candidate}");
-    assert!(
-        candidate["reason"].as_str().is_some_and(|r| r.contains("version: manifest 0.1.1, library 0.1.0")),
-        "{candidate}"
-    );
+    assert!(candidate["reason"].as_str().is_some_and(|r| r.contains(&differs)), "{candidate}");
 }
 
 // ---------------------------------------------------------------------------------------------------------
