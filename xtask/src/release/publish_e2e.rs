@@ -90,7 +90,9 @@ fn the_workspace_publishes_in_order_resumes_and_serves_a_consumer() {
                 krate.name,
                 line["registry"]
             );
-            assert_eq!(line["req"], "^0.1.0", "{} -> {dep}", krate.name);
+            // Each requirement is the dependency's version (the workspace requires what it releases).
+            let want = format!("^{}", workspace.crates[dep.as_str()].version);
+            assert_eq!(line["req"], want.as_str(), "{} -> {dep}", krate.name);
         }
         for line in deps.iter().filter(|d| !workspace.crates.contains_key(d["name"].as_str().unwrap_or(""))) {
             assert!(
@@ -193,8 +195,9 @@ fn scratch_copy(root: &Path, to: &Path) {
     }
     std::fs::write(&manifest, doc.to_string()).expect("write Cargo.toml");
     // The scratch repository has a history of its own, in which the recorded release commits do not exist:
-    // it starts as a workspace that never released.
+    // it starts as a workspace that never released, so no break is declared against a release either.
     let _ = std::fs::remove_file(to.join(super::record::FILE));
+    let _ = std::fs::remove_file(to.join(super::declared::FILE));
     git(to, &["init", "-q"]);
     git(to, &["add", "-A"]);
     git(to, &["commit", "-q", "-m", "scratch copy"]);
