@@ -25,8 +25,11 @@
 //! grouped-query attention reads each KV head's rows for its query heads, never a repeated copy; q head- or
 //! token-major; an optional scale) that merges its ranges in the same launch, and argmax of the last row.
 //! Untyped kernels (`src/kernels/general.cu`, the element type a parameter): broadcasting add/sub/mul/div
-//! (i64 add/sub/mul too), the unary functions, mean, cast, strided copies (permute, slice, concat), positions
-//! and rotate-half RoPE. `f32`, `f16` and `bf16` storage, `f32` arithmetic. Positions and token ids are read
+//! (i64 add/sub/mul too), the unary functions, mean, cast, strided copies (permute, slice, concat), positions,
+//! rotate-half RoPE, RoPE's cos/sin tables of a step in one launch and up to eight StaticCache counters in
+//! one launch. Before lowering, the planner puts the graph in one canonical form (views as names, what
+//! depends on the position alone first, sibling products adjacent), so a transformers export reaches the
+//! same fused launches as a hand-built graph. `f32`, `f16` and `bf16` storage, `f32` arithmetic. Positions and token ids are read
 //! from device memory and checked there (a bad one sets an error bit the call reports), so a captured CUDA
 //! graph of a decode step replays without update. On sm_90 and later every kernel after the first of a call
 //! is launched overlapping the one before it (programmatic dependent launch).
