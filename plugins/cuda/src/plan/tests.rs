@@ -223,29 +223,6 @@ fn products_read_weights_ahead_only_when_no_kernel_of_the_call_writes_them() {
     assert_eq!(product(false, true), [false], "a bias a kernel of the call computes");
 }
 
-/// What a step writes (a fused GEMV its outputs and caches).
-fn written(step: &Step) -> Vec<TensorId> {
-    match step {
-        Step::Gather { out, .. }
-        | Step::Positions { out, .. }
-        | Step::Add { out, .. }
-        | Step::RmsNorm { out, .. }
-        | Step::Attention { out, .. }
-        | Step::Argmax { out, .. }
-        | Step::Binary { out, .. }
-        | Step::Unary { out, .. }
-        | Step::Mean { out, .. }
-        | Step::Cast { out, .. }
-        | Step::Rope { out, .. } => vec![*out],
-        Step::Counters { sums } => sums.iter().map(|s| s.out).collect(),
-        Step::RopeTables { cos, sin, .. } => vec![*cos, *sin],
-        Step::Copy { dst, .. } => vec![*dst],
-        Step::Gemv { glu: Some(out), .. } => vec![*out],
-        Step::Gemv { mats, .. } => mats.iter().flat_map(|m| [Some(m.y), m.cache]).flatten().collect(),
-        Step::KvUpdate { caches, .. } => caches.iter().map(|c| c.0).collect(),
-    }
-}
-
 /// The decomposed RMSNorm of Hugging Face (f32 inside, the weight times the cast back).
 const NORM: [&str; 8] = ["cast_f32", "square", "mean", "b.add", "rsqrt", "b.mul", "cast_{dtype}", "b.mul"];
 /// Rotate-half RoPE over head-major q or k (two slices, neg, concat, x*cos, rot*sin, the sum): one launch.
@@ -359,7 +336,7 @@ fn check_hf_caches_and_attention(graph: &ref_graph::Graph, plan: &Plan, cfg: &hf
 }
 
 fn check_reshapes_are_aliases(graph: &ref_graph::Graph, plan: &Plan) {
-    let writes: Vec<TensorId> = plan.steps.iter().flat_map(written).collect();
+    let writes: Vec<TensorId> = plan.steps.iter().flat_map(Step::writes).collect();
     let mut reshapes = 0;
     for op in graph.ops() {
         if let Op::Reshape { input, out, .. } = *op {
