@@ -119,13 +119,16 @@ extern "C" __global__ void add(AddP p) {
         st(p.out, i, ld(p.a, i) + ld(p.b, i));
 }
 
-// RMS norm of each row. Grid: rows; block: 256.
+// RMS norm of each row, or LayerNorm (`centred`: the row's mean subtracted first, `plan::Norm`), times the
+// gains `w`, plus the bias `b` when set. Grid: rows; block: 256.
 struct RmsP {
     const T* x;
     const T* w;
+    const T* b;  // LayerNorm's bias [dim], or null
     T* out;
     int rows, dim;
     float eps;
+    int centred;
 };
 
 extern "C" __global__ void rms_norm(RmsP p) {
@@ -135,15 +138,23 @@ extern "C" __global__ void rms_norm(RmsP p) {
     pdl_launch();
     __shared__ float scratch[32];
     const i64 base = (i64)blockIdx.x * p.dim;
+    float mean = 0.f;
+    if (p.centred) {
+        float s = 0.f;
+        for (int d = threadIdx.x; d < p.dim; d += blockDim.x) s += ld(p.x, base + d);
+        mean = block_sum(s, scratch) / (float)p.dim;
+    }
     float ss = 0.f;
     for (int d = threadIdx.x; d < p.dim; d += blockDim.x) {
-        float v = ld(p.x, base + d);
+        float v = ld(p.x, base + d) - mean;
         ss += v * v;
     }
     ss = block_sum(ss, scratch);
     const float inv = rsqrtf(ss / (float)p.dim + p.eps);
-    for (int d = threadIdx.x; d < p.dim; d += blockDim.x)
-        st(p.out, base + d, ld(p.x, base + d) * inv * ld(p.w, d));
+    for (int d = threadIdx.x; d < p.dim; d += blockDim.x) {
+        const float y = (ld(p.x, base + d) - mean) * inv * ld(p.w, d);
+        st(p.out, base + d, p.b ? y + ld(p.b, d) : y);
+    }
 }
 
 // ---------------------------------------------------------------------------------------------------------

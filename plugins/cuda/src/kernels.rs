@@ -76,10 +76,12 @@ pub struct AddP {
 pub struct RmsP {
     pub x: DevicePtr,
     pub w: DevicePtr,
+    pub b: DevicePtr,
     pub out: DevicePtr,
     pub rows: i32,
     pub dim: i32,
     pub eps: f32,
+    pub centred: i32,
 }
 
 /// `GemvP` (`kernels/linear.cu`).
@@ -93,6 +95,7 @@ pub struct GemvP {
     pub y: [DevicePtr; 3],
     pub cache: [DevicePtr; 3],
     pub norm_w: DevicePtr,
+    pub norm_b: DevicePtr,
     pub pos: DevicePtr,
     pub err: DevicePtr,
     pub n: [i32; 3],
@@ -111,6 +114,14 @@ pub struct GemvP {
     pub rope_mats: i32,
     pub staged: i32,
     pub groups: i32,
+    pub centred: i32,
+    pub activation: i32,
+}
+
+/// `GemvP::activation` for a GEMV's GELU ([`crate::plan::Step::Gemv`]): `ref_graph::UnaryFn`'s index, as
+/// the general path's `unary` numbers its functions (`Gelu` 11, `GeluTanh` 12).
+pub fn activation_code(func: ref_graph::UnaryFn) -> i32 {
+    func as i32
 }
 
 /// `KvP`.

@@ -19,7 +19,8 @@
 //! module per float type a graph uses): embedding gather (indices of any rank), elementwise add, RMS norm over
 //! the last axis, one row-dot GEMV for every product (a warp per output column over `[N, K]` weights:
 //! `nn.Linear`'s as stored, `[K, N]` constants transposed once at upload) that fuses sibling projections with
-//! their own widths and biases, the RMS norm before them, the residual add and the cache update, an in-place
+//! their own widths and biases, the RMS norm or LayerNorm before them, a GELU after a lone product, the
+//! residual add and the cache update, an in-place
 //! KV-cache update (token- or head-major updates, `[H, L, Dh]` or `[1, H, L, Dh]` caches), decode attention
 //! split over the cache (flash-decoding: each valid K and V row read once, rows past the position never read;
 //! grouped-query attention reads each KV head's rows for its query heads, never a repeated copy; q head- or
@@ -54,6 +55,7 @@
 
 mod delegate;
 mod engine;
+
 mod kernels;
 mod plan;
 pub mod report;

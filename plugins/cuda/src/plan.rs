@@ -19,7 +19,10 @@
 //!     one launch (the Q, K and V projections; gate and up), each with its own width and bias;
 //!   - a `MatMul` whose output only feeds the next op, an `Add` of equal shapes with it, becomes a GEMV with a
 //!     residual (the attention output projection and the residual stream);
-//!   - an `RmsNorm` whose output only the next GEMV reads is done inside that GEMV;
+//!   - an `RmsNorm` whose output only the next GEMV reads is done inside that GEMV, and so is LayerNorm,
+//!     which an export spells `rms_norm(x - mean(x))`, optionally plus a constant bias ([`Norm`]);
+//!   - a GELU (erf or tanh form; the tanh form also as the nine ops GPT-2 and Phi spell, [`gelu`]) of the
+//!     lone product before it is that GEMV's epilogue (the up projection of a non-gated MLP);
 //!   - consecutive `KvCacheUpdate`s at the same position with updates of one shape become one launch (K and
 //!     V), and token-major updates the previous GEMV computes are written into the caches by it;
 //!   - every `KvCacheUpdate` writes the caller's cache in place and every `CausalAttention` reads the caches
@@ -47,6 +50,7 @@ mod canon;
 #[cfg(test)]
 mod emulate;
 mod fast;
+mod gelu;
 mod general;
 mod rope;
 #[cfg(test)]
@@ -169,18 +173,18 @@ pub enum Step {
         out: TensorId,
         n: u64,
     },
-    RmsNorm {
+    /// `rows` rows of `dim` values normalised over the last axis (see [`Norm`]).
+    Norm {
         input: TensorId,
-        weight: TensorId,
         out: TensorId,
         rows: u32,
         dim: u32,
-        eps: f32,
+        norm: Norm,
     },
-    /// `y[mat] = a . w[mat]` for each matrix (see [`GemvMat`]), `a` RMS-normalised first with `norm`.
+    /// `y[mat] = a . w[mat]` for each matrix (see [`GemvMat`]), `a` normalised first with `norm`.
     Gemv {
         a: TensorId,
-        norm: Option<(TensorId, f32)>,
+        norm: Option<Norm>,
         mats: Vec<GemvMat>,
         cache_rows: Option<CacheRows>,
         m: u32,
@@ -194,6 +198,10 @@ pub enum Step {
         glu: Option<TensorId>,
         /// The tables of the matrices whose outputs are rotated ([`GemvMat::roped`]).
         rope: Option<RopeTables>,
+        /// An MLP's GELU (`Gelu` or `GeluTanh`) of the one product, without residual or cache, applied
+        /// before it stores: `y = gelu(product)`, the product rounded to its type first, as the separate ops
+        /// round.
+        activation: Option<UnaryFn>,
     },
     KvUpdate {
         caches: Vec<(TensorId, TensorId)>,
@@ -277,7 +285,7 @@ impl Step {
     pub fn typed_by(&self) -> Option<TensorId> {
         match *self {
             Step::Gather { table, .. } => Some(table),
-            Step::Add { out, .. } | Step::RmsNorm { out, .. } => Some(out),
+            Step::Add { out, .. } | Step::Norm { out, .. } => Some(out),
             Step::Gemv { a, .. } => Some(a),
             Step::KvUpdate { ref caches, .. } => Some(caches[0].0),
             Step::Attention { q, .. } => Some(q),
@@ -293,6 +301,17 @@ impl Step {
             | Step::Copy { .. } => None,
         }
     }
+}
+
+/// A normalisation of a row over its last axis, in f32: RMS norm, `x / sqrt(mean(x^2) + eps) * gain`, or
+/// LayerNorm when `centred` (`x` less the row's mean first, as an export spells it: `rms_norm(x - mean(x))`),
+/// then `bias` added (LayerNorm's, broadcast along the row) when there is one.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Norm {
+    pub gain: TensorId,
+    pub eps: f32,
+    pub centred: bool,
+    pub bias: Option<TensorId>,
 }
 
 /// One sum of a [`Step::Counters`]: `out[0] = src[0] + add`.

@@ -49,9 +49,18 @@ impl Engine {
                 cfg((n.div_ceil(256).clamp(1, 1024) as u32, 1, 1), 256, 0),
                 AddP { a: p(a), b: p(b), out: p(out), n: n as i64 },
             ),
-            Step::RmsNorm { input, weight, out, rows, dim, eps } => Launch::RmsNorm(
+            Step::Norm { input, out, rows, dim, norm } => Launch::RmsNorm(
                 cfg((rows, 1, 1), 256, 0),
-                RmsP { x: p(input), w: p(weight), out: p(out), rows: rows as i32, dim: dim as i32, eps },
+                RmsP {
+                    x: p(input),
+                    w: p(norm.gain),
+                    b: norm.bias.map_or(0, p),
+                    out: p(out),
+                    rows: rows as i32,
+                    dim: dim as i32,
+                    eps: norm.eps,
+                    centred: i32::from(norm.centred),
+                },
             ),
             Step::Gemv { .. } => self.gemv(step, float),
             Step::KvUpdate { ref caches, position, layout } => self.kv_update(caches, position, layout),
@@ -74,7 +83,7 @@ impl Engine {
     }
 
     fn gemv(&self, step: &Step, float: Float) -> Launch {
-        let Step::Gemv { a, norm, ref mats, cache_rows, m, k, early, glu, rope } = *step else {
+        let Step::Gemv { a, norm, ref mats, cache_rows, m, k, early, glu, rope, activation } = *step else {
             unreachable!("called for a GEMV")
         };
         let p = |id| self.p(id);
@@ -91,8 +100,9 @@ impl Engine {
         if let Some(out) = glu {
             y[0] = p(out); // the gate and up products are never written, only silu(gate) * up
         }
-        let norm_w = norm.map_or(0, |(w, _)| p(w));
-        let aligned = [p(a), norm_w].iter().chain(&w[..mats.len()]).all(|&ptr| ptr % 16 == 0);
+        let norm_w = norm.map_or(0, |n| p(n.gain));
+        let norm_b = norm.and_then(|n| n.bias).map_or(0, p);
+        let aligned = [p(a), norm_w, norm_b].iter().chain(&w[..mats.len()]).all(|&ptr| ptr % 16 == 0);
         let geometry = cache_rows.map_or((0, 0, 0), |r| (r.heads as i32, r.len as i32, r.head_dim as i32));
         let columns: u32 = mats.iter().map(|mat| mat.n).sum();
         let vec_ok = aligned && k % kernels::vec_width(float) == 0;
@@ -111,6 +121,7 @@ impl Engine {
             y,
             cache,
             norm_w,
+            norm_b,
             pos: cache_rows.map_or(0, |r| p(r.position)),
             err: self.err.device_ptr(),
             n,
@@ -118,7 +129,7 @@ impl Engine {
             k: k as i32,
             nmat: mats.len() as i32,
             vec_ok: i32::from(vec_ok),
-            eps: norm.map_or(0.0, |(_, eps)| eps),
+            eps: norm.map_or(0.0, |n| n.eps),
             h: geometry.0,
             l: geometry.1,
             dh: geometry.2,
@@ -129,6 +140,8 @@ impl Engine {
             rope_mats: mats.iter().enumerate().map(|(i, mat)| i32::from(mat.roped) << i).sum(),
             staged: i32::from(stage.is_some()),
             groups: groups as i32,
+            centred: i32::from(norm.is_some_and(|n| n.centred)),
+            activation: activation.map_or(0, kernels::activation_code),
         };
         match (glu, rope) {
             (Some(_), _) => Launch::GemvGlu(config, params, entry),

@@ -14,7 +14,9 @@
 // that fits beside the kernel it overlaps starts sooner (measured on the H200: 4 early loads and a budget of
 // three blocks an SM took config (c) from 661 to 599 us a step and the Llama-3.2-1B shape from 1397 to
 // 1256 us, against 8 early loads and no budget). With `norm_w` set, `a` is RMS-normalised with that gain on
-// the way (each warp computes the row's norm itself; the whole row passes through its lanes anyway). A matrix
+// the way (each warp computes the row's norm itself; the whole row passes through its lanes anyway); with
+// `centred` too it is LayerNorm's instead (`plan::Norm`: the row's mean subtracted first, then the bias
+// `norm_b`, when set, added after the gain; the mean and the variance each a pass over the row). A matrix
 // with a cache also writes its outputs into the cache row at pos + m (the KV-cache update fused into the
 // projection that computes it).
 // The matrices in `rope_mats` (bit per matrix) are stored rotated by Hugging Face's rotate-half RoPE (one row,
@@ -65,10 +67,11 @@ struct GemvP {
     T* y[3];
     T* cache[3];     // per matrix, a KV cache [H, L, Dh] whose row pos + m also receives y[mat][m, :]
     const T* norm_w;  // RMS-norm gain [K], or null
+    const T* norm_b;  // LayerNorm's bias [K] (with `centred`), or null
     const i64* pos;   // the cache position (with any cache)
     int* err;
     int n[3];         // output columns per matrix
-    int M, K, nmat, vec_ok;  // vec_ok: K % VEC == 0 and `a`, every `w` and `norm_w` 16-byte aligned
+    int M, K, nmat, vec_ok;  // vec_ok: K % VEC == 0 and `a`, every `w`, `norm_w` and `norm_b` 16-byte aligned
     float eps;
     int H, L, Dh;
     int early;  // the weights, gains and biases may be read before `pdl_wait` (each holds one value all call)
@@ -78,6 +81,9 @@ struct GemvP {
     int staged;  // the launch stages `a`'s row in dynamic shared memory (4 * K bytes, `kernels::gemv_stage`)
     int groups;  // groups of GEMV_WARPS columns (`gemv_glu`: GEMV_WARPS / 2 of each matrix): the blocks of a
                  // full grid; the `_waves` entries' blocks take every gridDim.x-th
+    int centred;  // with `norm_w`: LayerNorm (the row's mean subtracted first), not RMS norm
+    int activation;  // 0, or the GELU stored instead of the product (one matrix): `ref_graph::UnaryFn`'s index,
+                     // 11 (erf form) or 12 (tanh form), as `unary` numbers them
 };
 
 // 16 bytes of a weight row: read once a step, so never kept in L1 (measured on the H200: the Llama-3.2-1B
@@ -176,10 +182,18 @@ __device__ __forceinline__ void gemv_put(const GemvP& p, int mat, int m, int col
     }
 }
 
+// GELU of the product `x` as the general path's `unary` computes it: the erf form (`func` 11) or the tanh form.
+__device__ __forceinline__ float gemv_gelu(int func, float x) {
+    if (func == 11) return 0.5f * x * (1.f + erff(x / 1.41421356f));
+    const float c = sqrtf(2.f / 3.14159265f);
+    return 0.5f * x * (1.f + tanhf(c * (x + 0.044715f * x * x * x)));
+}
+
 __device__ __forceinline__ void gemv_store(const GemvP& p, int mat, int m, int col, float s,
                                            const GemvTail& tail) {
     if (pick(p.bias, mat)) s += val(tail.bias);
     if (pick(p.res, mat)) s += val(tail.res);
+    if (p.activation) s = gemv_gelu(p.activation, rnd(s));  // the product as it would have been stored
     gemv_put(p, mat, m, col, s, tail.row);
 }
 
@@ -203,14 +217,28 @@ __device__ __forceinline__ void gemv_rope_store(const GemvP& p, int mat, int m, 
     gemv_put(p, mat, m, col, __fadd_rn(a, b), tail.row);
 }
 
-// VEC values of `a` (`raw`), normalised with the gains `gain` when the product fuses a norm.
-__device__ __forceinline__ void gemv_act(const GemvP& p, uint4 raw, uint4 gain, float inv, float* out) {
+// VEC values of `a` (`raw`, at `k`), normalised with the gains `gain` when the product fuses a norm: LayerNorm's
+// (less `mean`, plus the bias) when `centred`.
+__device__ __forceinline__ void gemv_act(const GemvP& p, uint4 raw, uint4 gain, float inv, float mean, int k,
+                                         float* out) {
     cvt_vec(raw, out);
     if (p.norm_w) {
         float g[VEC];
         cvt_vec(gain, g);
+        if (p.centred) {
+            float b[VEC];
+            if (p.norm_b) {
+                cvt_vec(ld_raw(p.norm_b + k), b);
+            } else {
 #pragma unroll
-        for (int v = 0; v < VEC; v++) out[v] *= inv * g[v];
+                for (int v = 0; v < VEC; v++) b[v] = 0.f;
+            }
+#pragma unroll
+            for (int v = 0; v < VEC; v++) out[v] = (out[v] - mean) * inv * g[v] + b[v];
+        } else {
+#pragma unroll
+            for (int v = 0; v < VEC; v++) out[v] *= inv * g[v];
+        }
     }
 }
 
@@ -253,19 +281,37 @@ __device__ __forceinline__ float gemv_dot(const GemvP& p, int mat, int m, int co
         const int k = (i * 32 + lane) * VEC;
         a_pre[i] = k < p.K ? ld_raw(ar + k) : zero;
     }
-    float inv = 1.f;
+    float inv = 1.f, mean = 0.f;
     if (p.norm_w) {
-        float ss = 0.f, x[VEC];
+        float x[VEC];
+        if (p.centred) {
+            float s = 0.f;
+#pragma unroll
+            for (int i = 0; i < GEMV_PRE; i++) {
+                cvt_vec(a_pre[i], x);  // zeros past the row's end
+#pragma unroll
+                for (int v = 0; v < VEC; v++) s += x[v];
+            }
+            for (int k = (GEMV_PRE * 32 + lane) * VEC; k < p.K; k += 32 * VEC) {
+                ld_vec(ar + k, x);
+#pragma unroll
+                for (int v = 0; v < VEC; v++) s += x[v];
+            }
+            mean = warp_sum(s) / (float)p.K;
+        }
+        float ss = 0.f;
 #pragma unroll
         for (int i = 0; i < GEMV_PRE; i++) {
-            cvt_vec(a_pre[i], x);
+            if ((i * 32 + lane) * VEC < p.K) {
+                cvt_vec(a_pre[i], x);
 #pragma unroll
-            for (int v = 0; v < VEC; v++) ss += x[v] * x[v];
+                for (int v = 0; v < VEC; v++) ss += (x[v] - mean) * (x[v] - mean);
+            }
         }
         for (int k = (GEMV_PRE * 32 + lane) * VEC; k < p.K; k += 32 * VEC) {
             ld_vec(ar + k, x);
 #pragma unroll
-            for (int v = 0; v < VEC; v++) ss += x[v] * x[v];
+            for (int v = 0; v < VEC; v++) ss += (x[v] - mean) * (x[v] - mean);
         }
         inv = rsqrtf(warp_sum(ss) / (float)p.K + p.eps);
     }
@@ -274,7 +320,7 @@ __device__ __forceinline__ float gemv_dot(const GemvP& p, int mat, int m, int co
         const int k = (i * 32 + lane) * VEC;
         if (k < p.K) {
             float x[VEC], wv[VEC];
-            gemv_act(p, a_pre[i], g_pre[i], inv, x);
+            gemv_act(p, a_pre[i], g_pre[i], inv, mean, k, x);
             cvt_vec(w_pre[i], wv);
 #pragma unroll
             for (int v = 0; v < VEC; v++) acc += x[v] * wv[v];
@@ -283,7 +329,7 @@ __device__ __forceinline__ float gemv_dot(const GemvP& p, int mat, int m, int co
 #pragma unroll 4
     for (int k = (GEMV_PRE * 32 + lane) * VEC; k < p.K; k += 32 * VEC) {
         float x[VEC], wv[VEC];
-        gemv_act(p, ld_raw(ar + k), p.norm_w ? ld_raw(p.norm_w + k) : zero, inv, x);
+        gemv_act(p, ld_raw(ar + k), p.norm_w ? ld_raw(p.norm_w + k) : zero, inv, mean, k, x);
         cvt_vec(ld_weight(wr + k, p.early), wv);
 #pragma unroll
         for (int v = 0; v < VEC; v++) acc += x[v] * wv[v];
@@ -310,12 +356,13 @@ __device__ __forceinline__ void gemv_fma(float& acc, const float* x, const float
     }
 }
 
-// A staged block's dynamic shared memory: `a`'s row times the norm's gains, in f32 (`p.staged`: 4 * K bytes).
+// A staged block's dynamic shared memory: `a`'s row times the norm's gains, in f32 (`p.staged`: 4 * K bytes);
+// with a LayerNorm (`centred`), the row as it is, then normalised in place (`gemv_centre_staged`).
 extern __shared__ float gemv_xs[];
 
 // The block's share of staging `a`'s row: this thread's chunks c0, c0 + blockDim, ... into `gemv_xs` (times
-// the gains when the product fuses a norm; `g0` the first chunk's gains, requested earlier), and their sum of
-// squares. GEMV_BATCH chunks are requested at once: a store to shared memory would otherwise order each load
+// the gains when the product fuses an RMS norm; `g0` the first chunk's gains, requested earlier), and their sum
+// of squares (with a LayerNorm: the chunks as they are, and their sum). GEMV_BATCH chunks are requested at once: a store to shared memory would otherwise order each load
 // after the last (`ar` may point anywhere).
 __device__ __forceinline__ float gemv_stage_row(const GemvP& p, const T* ar, uint4 g0) {
     const int chunks = p.K / VEC, c0 = threadIdx.x;
@@ -335,7 +382,10 @@ __device__ __forceinline__ float gemv_stage_row(const GemvP& p, const T* ar, uin
             if (c >= chunks) break;
             float x[VEC];
             cvt_vec(raw[j], x);
-            if (p.norm_w) {
+            if (p.norm_w && p.centred) {
+#pragma unroll
+                for (int v = 0; v < VEC; v++) ss += x[v];
+            } else if (p.norm_w) {
                 float g[VEC];
                 cvt_vec(gain[j], g);
 #pragma unroll
@@ -359,6 +409,57 @@ __device__ __forceinline__ float gemv_norm_scale(const GemvP& p, const float* s_
 #pragma unroll
     for (int i = 0; i < GEMV_WARPS; i++) ss += s_ss[i];
     return rsqrtf(ss / (float)p.K + p.eps);
+}
+
+// A staged LayerNorm: the row is staged as it is and `s_sum` holds the warps' sums of it (published by the
+// staging's barrier). Each thread then takes the chunks it staged: their squared distances from the mean (one
+// more barrier publishes the variance), then each value normalised in place, (x - mean) * inv * gain + bias;
+// a last barrier publishes the row. The products then need no scale: returns 1.
+__device__ __forceinline__ float gemv_centre_staged(const GemvP& p, const float* s_sum) {
+    __shared__ float s_var[GEMV_WARPS];
+    const int chunks = p.K / VEC;
+    float sum = 0.f;
+#pragma unroll
+    for (int i = 0; i < GEMV_WARPS; i++) sum += s_sum[i];
+    const float mean = sum / (float)p.K;
+    float vs = 0.f;
+    for (int c = threadIdx.x; c < chunks; c += blockDim.x) {
+#pragma unroll
+        for (int v = 0; v < VEC; v++) {
+            const float d = gemv_xs[c * VEC + v] - mean;
+            vs += d * d;
+        }
+    }
+    vs = warp_sum(vs);
+    if ((threadIdx.x & 31) == 0) s_var[threadIdx.x >> 5] = vs;
+    __syncthreads();
+    float var = 0.f;
+#pragma unroll
+    for (int i = 0; i < GEMV_WARPS; i++) var += s_var[i];
+    const float inv = rsqrtf(var / (float)p.K + p.eps);
+    for (int c = threadIdx.x; c < chunks; c += blockDim.x) {
+        float g[VEC], b[VEC];
+        cvt_vec(ld_raw(p.norm_w + c * VEC), g);
+        if (p.norm_b) {
+            cvt_vec(ld_raw(p.norm_b + c * VEC), b);
+        } else {
+#pragma unroll
+            for (int v = 0; v < VEC; v++) b[v] = 0.f;
+        }
+#pragma unroll
+        for (int v = 0; v < VEC; v++) {
+            float* x = gemv_xs + c * VEC + v;
+            *x = (*x - mean) * inv * g[v] + b[v];
+        }
+    }
+    __syncthreads();
+    return 1.f;
+}
+
+// The norm's scale of a staged row (`gemv_norm_scale`, or the LayerNorm's in-place pass), 1 without a norm.
+__device__ __forceinline__ float gemv_staged_scale(const GemvP& p, const float* s_ss) {
+    if (!p.norm_w) return 1.f;
+    return p.centred ? gemv_centre_staged(p, s_ss) : gemv_norm_scale(p, s_ss);
 }
 
 // A warp's sum (each lane its part) of its weight row `wr` times the staged row, `w` holding the row's first
@@ -413,8 +514,9 @@ __device__ __forceinline__ float gemv_stream(const GemvP& p, int mat, int m, int
         if (lane == 0) s_ss[threadIdx.x >> 5] = ss;
     }
     __syncthreads();
+    const float scale = gemv_staged_scale(p, s_ss);
     float acc = gemv_ragged<DEPTH>(p, w, wr, live);
-    if (p.norm_w) acc *= gemv_norm_scale(p, s_ss);
+    if (p.norm_w) acc *= scale;
     return acc;
 }
 
@@ -517,7 +619,7 @@ __device__ __forceinline__ float gemv_waves_start(const GemvP& p, const T* wr, b
         if (lane == 0) s_ss[threadIdx.x >> 5] = ss;
     }
     __syncthreads();
-    return p.norm_w ? gemv_norm_scale(p, s_ss) : 1.f;
+    return gemv_staged_scale(p, s_ss);
 }
 
 // A warp's sum over weight row `wr` with the staged row, `w` holding its first ring: over rows of whole rings
@@ -631,15 +733,25 @@ __device__ __forceinline__ void gemv_body(const GemvP& p) {
         TRACE_WAITED();
         pdl_launch();
         gemv_after_wait(p, mat, m, col, stores, tail, KIND == GEMV_ROPE);
-        float inv = 1.f;
+        float inv = 1.f, mean = 0.f;
         if (p.norm_w) {
+            if (p.centred) {
+                float s = 0.f;
+                for (int k = lane; k < p.K; k += 32) s += ld(ar, k);
+                mean = warp_sum(s) / (float)p.K;
+            }
             float ss = 0.f;
-            for (int k = lane; k < p.K; k += 32) ss += ld(ar, k) * ld(ar, k);
+            for (int k = lane; k < p.K; k += 32) ss += (ld(ar, k) - mean) * (ld(ar, k) - mean);
             inv = rsqrtf(warp_sum(ss) / (float)p.K + p.eps);
         }
         if (live) {
             for (int k = lane; k < p.K; k += 32) {
-                const float x = p.norm_w ? ld(ar, k) * inv * ld(p.norm_w, k) : ld(ar, k);
+                float x = ld(ar, k);
+                if (p.norm_w && p.centred) {
+                    x = (x - mean) * inv * ld(p.norm_w, k) + (p.norm_b ? ld(p.norm_b, k) : 0.f);
+                } else if (p.norm_w) {
+                    x = x * inv * ld(p.norm_w, k);
+                }
                 acc += x * ld(wr, k);
             }
         }

@@ -6,7 +6,7 @@
 
 use ref_graph::{half, Data, ElemType, Graph, TensorId, UnaryFn};
 
-use super::{Home, Plan, Step, Walk};
+use super::{Home, Norm, Plan, Step, Walk};
 
 /// Host values of every storage of a plan, by root tensor (a `SameAs` tensor reads and writes its root's).
 pub(super) struct Emulator<'g> {
@@ -119,14 +119,12 @@ impl<'g> Emulator<'g> {
                 let (x, y) = (self.get(*a).to_vec(), self.get(*b).to_vec());
                 (0..*n).for_each(|i| self.put(*out, i, x[i as usize] + y[i as usize]));
             }
-            Step::RmsNorm { input, weight, out, rows, dim, eps } => {
-                let (x, w) = (self.get(*input).to_vec(), self.get(*weight).to_vec());
+            Step::Norm { input, out, rows, dim, norm } => {
+                let x = self.get(*input).to_vec();
                 let dim = *dim as usize;
                 for r in 0..*rows as usize {
-                    let row = &x[r * dim..(r + 1) * dim];
-                    let inv =
-                        1.0 / (row.iter().map(|v| v * v).sum::<f64>() / dim as f64 + *eps as f64).sqrt();
-                    (0..dim).for_each(|d| self.put(*out, (r * dim + d) as u64, row[d] * inv * w[d]));
+                    let row = self.normalised(&x[r * dim..(r + 1) * dim], norm);
+                    (0..dim).for_each(|d| self.put(*out, (r * dim + d) as u64, row[d]));
                 }
             }
             Step::Gemv { .. } => self.gemv(step)?,
@@ -167,15 +165,15 @@ impl Emulator<'_> {
     }
 
     fn gemv(&mut self, step: &Step) -> Result<(), &'static str> {
-        let Step::Gemv { a, norm, ref mats, cache_rows, m, k, glu, rope, .. } = *step else { unreachable!() };
+        let Step::Gemv { a, norm, ref mats, cache_rows, m, k, glu, rope, activation, .. } = *step else {
+            unreachable!()
+        };
         let k = k as usize;
         let x = self.get(a).to_vec();
         for row in 0..m as usize {
             let mut xs = x[row * k..(row + 1) * k].to_vec();
-            if let Some((w, eps)) = norm {
-                let w = self.get(w).to_vec();
-                let inv = 1.0 / (xs.iter().map(|v| v * v).sum::<f64>() / k as f64 + eps as f64).sqrt();
-                xs.iter_mut().enumerate().for_each(|(i, v)| *v = *v * inv * w[i]);
+            if let Some(norm) = norm {
+                xs = self.normalised(&xs, &norm);
             }
             // Each product's row as it would have been stored; a SwiGLU GEMV's gate and up rows.
             let mut glu_rows: Vec<Vec<f64>> = Vec::new();
@@ -193,7 +191,8 @@ impl Emulator<'_> {
                         let s = (0..k).map(|i| xs[i] * weight(i, col)).sum::<f64>()
                             + bias.as_ref().map_or(0.0, |b| b[col])
                             + res.as_ref().map_or(0.0, |r| r[row * n + col]);
-                        round(s, dtype)
+                        let s = round(s, dtype);
+                        activation.map_or(s, |f| round(f.apply(s as f32) as f64, dtype))
                     })
                     .collect();
                 if let (true, Some(t)) = (mat.roped, rope) {
@@ -225,6 +224,16 @@ impl Emulator<'_> {
             }
         }
         Ok(())
+    }
+
+    /// `row` normalised as [`Norm`] says (in f64; the kernels compute in f32 and round once).
+    fn normalised(&self, row: &[f64], norm: &Norm) -> Vec<f64> {
+        let n = row.len() as f64;
+        let mean = if norm.centred { row.iter().sum::<f64>() / n } else { 0.0 };
+        let centred: Vec<f64> = row.iter().map(|v| v - mean).collect();
+        let inv = 1.0 / (centred.iter().map(|v| v * v).sum::<f64>() / n + norm.eps as f64).sqrt();
+        let (gain, bias) = (self.get(norm.gain), norm.bias.map(|b| self.get(b)));
+        (0..row.len()).map(|d| centred[d] * inv * gain[d] + bias.map_or(0.0, |b| b[d])).collect()
     }
 
     /// `ys` (heads of `2 * half`) rotated with one row of tables, each product and the sum rounded to

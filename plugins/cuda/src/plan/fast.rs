@@ -7,8 +7,8 @@ use ref_graph::{Graph, Op, TensorId, UnaryFn};
 
 use super::canon::Canon;
 use super::{
-    attention_splits, general, rope, u32_of, AttnScratch, AttnShape, BinOp, CacheRows, Float, GemvMat, Home,
-    KvLayout, Plan, PositionRows, RopeTables, Step, Unsupported,
+    attention_splits, gelu, general, rope, u32_of, AttnScratch, AttnShape, BinOp, CacheRows, Float, GemvMat,
+    Home, KvLayout, Norm, Plan, PositionRows, RopeTables, Step, Unsupported,
 };
 use crate::kernels::ATTN_MAX_HEAD;
 
@@ -24,6 +24,8 @@ pub(super) struct Lowering<'g> {
     attn_scratch: AttnScratch,
     /// The graph's RoPEs, and which ops they absorb (lowered as nothing).
     ropes: Vec<rope::Rope>,
+    /// The graph's GELUs spelled in their tanh form (the ops before the last absorbed like a RoPE's).
+    gelus: Vec<gelu::Gelu>,
     absorbed: Vec<bool>,
 }
 
@@ -50,6 +52,7 @@ impl<'g> Lowering<'g> {
             steps: Vec::new(),
             attn_scratch: AttnScratch::default(),
             ropes: Vec::new(),
+            gelus: Vec::new(),
             absorbed: vec![false; graph.ops().len()],
         };
         l.ropes = rope::find(&l);
@@ -59,6 +62,15 @@ impl<'g> Lowering<'g> {
                 // Never written or read: no allocation (the storage named is the RoPE's output's).
                 l.rehome(graph.ops()[i].output(), r.out);
             }
+        }
+        l.gelus = gelu::find(&l);
+        for g in l.gelus.clone() {
+            for &i in &g.absorbed {
+                l.absorbed[i] = true;
+                l.rehome(graph.ops()[i].output(), g.out);
+            }
+            // Four reads of `x` (the half, the square, the cube, the sum) are now the GELU's one.
+            l.merged_reads[l.canon.value[g.x.0].0] += 3;
         }
         l
     }
@@ -178,6 +190,13 @@ impl<'g> Lowering<'g> {
             }
             return Ok(1);
         }
+        if let Some(g) = self.gelus.iter().find(|g| g.last == i).cloned() {
+            let t = self.graph.tensor(g.out);
+            let (n, dtype) = (t.numel() as u64, t.dtype);
+            self.steps.push(Step::Unary { func: UnaryFn::GeluTanh, input: g.x, out: g.out, n, dtype });
+            self.fuse_activation();
+            return Ok(1);
+        }
         let op = &self.graph.ops()[i];
         match *op {
             Op::Gather { .. } => self.gather(p),
@@ -195,12 +214,13 @@ impl<'g> Lowering<'g> {
                 Ok(1)
             }
             Op::RmsNorm { input, weight, eps, out } => {
-                let dim = *self.shape(input).last().unwrap_or(&1);
-                let rows = self.graph.tensor(input).numel() as u64 / dim.max(1);
-                let (rows, dim) = (u32_of(rows, "rows")?, u32_of(dim, "width")?);
-                self.steps.push(Step::RmsNorm { input, weight, out, rows, dim, eps });
+                self.norm(input, out, Norm { gain: weight, eps, centred: false, bias: None })?;
                 Ok(1)
             }
+            Op::Mean { input, out } => match self.layer_norm(p, input, out)? {
+                Some(taken) => Ok(taken),
+                None => self.general(op),
+            },
             Op::MatMul { .. } => self.gemv(p),
             Op::KvCacheUpdate { .. } => self.kv_update(p),
             Op::CausalAttention { q, k, v, position, scale, softcap, out } => {
@@ -225,11 +245,43 @@ impl<'g> Lowering<'g> {
         }
     }
 
-    /// `op` on the general path, then SwiGLU fused into the GEMV before it if that completed one.
+    /// `op` on the general path, then SwiGLU or GELU fused into the GEMV before it if that completed one.
     fn general(&mut self, op: &Op<TensorId>) -> Result<usize, Unsupported> {
         general::lower(self, op)?;
         self.fuse_glu();
+        self.fuse_activation();
         Ok(1)
+    }
+
+    /// When the last two steps are a GEMV of one product, without residual, cache, RoPE or SwiGLU, and
+    /// `out = gelu(product)` (either form, of the product's type and size) and nothing else reads the
+    /// product: the GEMV stores the GELU into `out` itself (an MLP's up projection and its activation, one
+    /// launch).
+    fn fuse_activation(&mut self) {
+        let [.., ref gemv, ref unary] = self.steps[..] else { return };
+        let Step::Gemv { ref mats, m, cache_rows: None, glu: None, rope: None, activation: None, .. } = *gemv
+        else {
+            return;
+        };
+        let Step::Unary { func: func @ (UnaryFn::Gelu | UnaryFn::GeluTanh), input, out, n, dtype } = *unary
+        else {
+            return;
+        };
+        let [ref mat] = mats[..] else { return };
+        let plain = mat.residual.is_none() && mat.cache.is_none() && !mat.roped;
+        let alike = self.graph.tensor(mat.y).dtype == dtype && n == u64::from(m) * u64::from(mat.n);
+        if !plain || !alike || !self.same(mat.y, input) || !self.private(input) {
+            return;
+        }
+        let product = mat.y;
+        self.steps.pop();
+        let Some(Step::Gemv { mats, activation, .. }) = self.steps.last_mut() else {
+            unreachable!("matched above")
+        };
+        mats[0].y = out;
+        *activation = Some(func);
+        // Never written or read: no allocation (the storage named is the activation's).
+        self.rehome(product, out);
     }
 
     /// When the last three steps are a GEMV of two matrices writing `gate` and `up` of one width,
@@ -413,8 +465,20 @@ impl Lowering<'_> {
         }
         let (a, norm) = self.fused_norm(a, mats.len());
         let early = mats.iter().all(|mat| self.fixed(mat.w) && mat.bias.is_none_or(|b| self.fixed(b)))
-            && norm.is_none_or(|(gain, _)| self.fixed(gain));
-        self.steps.push(Step::Gemv { a, norm, mats, cache_rows: None, m, k, early, glu: None, rope: None });
+            && norm.is_none_or(|n| self.fixed(n.gain) && n.bias.is_none_or(|b| self.fixed(b)));
+        let step = Step::Gemv {
+            a,
+            norm,
+            mats,
+            cache_rows: None,
+            m,
+            k,
+            early,
+            glu: None,
+            rope: None,
+            activation: None,
+        };
+        self.steps.push(step);
         Ok(taken)
     }
 
@@ -469,13 +533,22 @@ impl Lowering<'_> {
         1
     }
 
-    /// When the last step is an RMS norm whose output only the `readers` products read, it is done inside
-    /// the GEMV: the norm's input and (weight, eps) instead of `a`.
-    fn fused_norm(&mut self, a: TensorId, readers: usize) -> (TensorId, Option<(TensorId, f32)>) {
-        if let Some(&Step::RmsNorm { input, weight, out: h, eps, .. }) = self.steps.last() {
+    /// `input` normalised over its last axis into `out`: one step.
+    pub(super) fn norm(&mut self, input: TensorId, out: TensorId, norm: Norm) -> Result<(), Unsupported> {
+        let dim = *self.shape(input).last().unwrap_or(&1);
+        let rows = self.graph.tensor(input).numel() as u64 / dim.max(1);
+        let (rows, dim) = (u32_of(rows, "rows")?, u32_of(dim, "width")?);
+        self.steps.push(Step::Norm { input, out, rows, dim, norm });
+        Ok(())
+    }
+
+    /// When the last step is a norm (RMS or LayerNorm) whose output only the `readers` products read, it is
+    /// done inside the GEMV: the norm's input and the norm instead of `a`.
+    fn fused_norm(&mut self, a: TensorId, readers: usize) -> (TensorId, Option<Norm>) {
+        if let Some(&Step::Norm { input, out: h, norm, .. }) = self.steps.last() {
             if self.same(h, a) && self.uses(h) == readers && !self.is_output(h) {
                 self.steps.pop();
-                return (input, Some((weight, eps)));
+                return (input, Some(norm));
             }
         }
         (a, None)

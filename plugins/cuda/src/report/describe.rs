@@ -14,22 +14,24 @@ impl Step {
             Step::Counters { sums } => format!("counters{}", sums.len()),
             Step::RopeTables { .. } => "rope_tables".to_owned(),
             Step::Add { .. } => "add".to_owned(),
-            Step::RmsNorm { .. } => "rms_norm".to_owned(),
+            Step::Norm { norm, .. } if norm.centred => "layer_norm".to_owned(),
+            Step::Norm { .. } => "rms_norm".to_owned(),
             Step::Binary { op, .. } => format!("b.{op:?}").to_lowercase(),
             Step::Unary { func, .. } => format!("{func:?}").to_lowercase(),
             Step::Mean { .. } => "mean".to_owned(),
             Step::Cast { to, .. } => format!("cast_{to}"),
             Step::Copy { .. } => "copy".to_owned(),
             Step::Rope { .. } => "rope".to_owned(),
-            Step::Gemv { mats, norm, cache_rows, glu, rope, .. } => format!(
-                "{}gemv{}{}{}{}{}{}",
+            Step::Gemv { mats, norm, cache_rows, glu, rope, activation, .. } => format!(
+                "{}gemv{}{}{}{}{}{}{}",
                 if norm.is_some() { "norm+" } else { "" },
                 mats.len(),
                 if mats.iter().any(|m| m.bias.is_some()) { "+bias" } else { "" },
                 if mats[0].residual.is_some() { "+residual" } else { "" },
                 if cache_rows.is_some() { "+kv_update" } else { "" },
                 if glu.is_some() { "+swiglu" } else { "" },
-                if rope.is_some() { "+rope" } else { "" }
+                if rope.is_some() { "+rope" } else { "" },
+                if activation.is_some() { "+gelu" } else { "" }
             ),
             Step::KvUpdate { caches, .. } => format!("kv_update{}", caches.len()),
             Step::Attention { .. } => "attention".to_owned(),
@@ -55,7 +57,7 @@ impl Step {
             Step::Gather { out, .. }
             | Step::Positions { out, .. }
             | Step::Add { out, .. }
-            | Step::RmsNorm { out, .. }
+            | Step::Norm { out, .. }
             | Step::Attention { out, .. }
             | Step::Argmax { out, .. }
             | Step::Binary { out, .. }
@@ -76,7 +78,7 @@ impl Step {
             }
             Step::Gemv { a, norm, mats, cache_rows, rope, .. } => {
                 let mut ids = vec![*a];
-                ids.extend(norm.map(|(gain, _)| gain));
+                ids.extend(norm.iter().flat_map(|n| std::iter::once(n.gain).chain(n.bias)));
                 for m in mats {
                     ids.push(m.w);
                     ids.extend(m.bias.iter().chain(&m.residual));
@@ -93,7 +95,7 @@ impl Step {
             Step::Counters { sums } => sums.iter().map(|s| s.src).collect(),
             Step::RopeTables { position, inv_freq, .. } => vec![*position, *inv_freq],
             Step::Add { a, b, .. } | Step::Binary { a, b, .. } => vec![*a, *b],
-            Step::RmsNorm { input, weight, .. } => vec![*input, *weight],
+            Step::Norm { input, norm, .. } => [*input, norm.gain].into_iter().chain(norm.bias).collect(),
             Step::Argmax { input, .. }
             | Step::Unary { input, .. }
             | Step::Mean { input, .. }

@@ -93,7 +93,7 @@ fn form(ops: &Ops<'_>, plan: &Plan, index: usize) -> Option<String> {
             ops.t(position)
         )),
         Step::Add { a, b, out, .. } => Some(residual(ops, a, b, out)),
-        Step::RmsNorm { input, out, .. } => Some(norm(ops, input, out)),
+        Step::Norm { input, out, norm: n, .. } => Some(norm(ops, input, out, n.centred)),
         Step::KvUpdate { ref caches, layout, .. } => {
             let names: Vec<String> = caches.iter().map(|&(cache, _)| ops.t(cache)).collect();
             let mut reason = format!(
@@ -112,8 +112,9 @@ fn form(ops: &Ops<'_>, plan: &Plan, index: usize) -> Option<String> {
         Step::Binary { op, a, b, dtype, .. } => Some(binary(ops, op, a, b, dtype)),
         Step::Unary { func, input, .. } => Some(unary(ops, func, input)),
         Step::Mean { input, .. } => Some(format!(
-            "mean over the last axis of {}: a mean has no fused form; a norm fuses into the next GEMV only as \
-             one rms_norm op",
+            "mean over the last axis of {}: a mean has no fused form but inside LayerNorm (rms_norm(x - \
+             mean(x)), optionally plus a constant bias, the mean and x - mean read only there); a norm fuses \
+             into the next GEMV only as one RMS norm or LayerNorm",
             ops.shaped(input)
         )),
         Step::Cast { input, from, to, .. } => Some(format!(
@@ -155,10 +156,11 @@ fn residual(ops: &Ops<'_>, a: TensorId, b: TensorId, out: TensorId) -> String {
     reason
 }
 
-fn norm(ops: &Ops<'_>, input: TensorId, out: TensorId) -> String {
+fn norm(ops: &Ops<'_>, input: TensorId, out: TensorId, centred: bool) -> String {
     let mut reason = format!(
-        "RMS norm of {} into {} in a launch of its own: a norm fuses into the GEMV right after it when that \
+        "{} of {} into {} in a launch of its own: a norm fuses into the GEMV right after it when that \
          GEMV's products are all that read it",
+        if centred { "LayerNorm" } else { "RMS norm" },
         ops.t(input),
         ops.t(out)
     );
@@ -208,7 +210,7 @@ fn unary(ops: &Ops<'_>, func: UnaryFn, input: TensorId) -> String {
              gate of SwiGLU)"
         ),
         UnaryFn::Rsqrt | UnaryFn::Sqrt | UnaryFn::Square | UnaryFn::Reciprocal => format!(
-            "{} of {x}: no fused form; a norm fuses into the next GEMV only as one rms_norm op",
+            "{} of {x}: no fused form; a norm fuses into the next GEMV only as one RMS norm or LayerNorm",
             format!("{func:?}").to_lowercase()
         ),
         UnaryFn::Cos | UnaryFn::Sin => format!(

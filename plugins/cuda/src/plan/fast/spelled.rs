@@ -1,11 +1,12 @@
 //! What an export spells in several ops, read as the op it is: a StaticCache's counters, RoPE's tables of a
-//! step, SiLU as `x * sigmoid(x)` or between casts, and an `Assign` whose value can be computed in place.
+//! step, LayerNorm as `rms_norm(x - mean(x)) (+ bias)`, SiLU as `x * sigmoid(x)` or between casts, and an
+//! `Assign` whose value can be computed in place.
 
 use ref_graph::{Op, TensorId, UnaryFn};
 
 use super::Lowering;
 use crate::kernels::general::COUNTERS_MAX;
-use crate::plan::{u32_of, CounterSum, Float, Home, Step, Unsupported};
+use crate::plan::{u32_of, CounterSum, Float, Home, Norm, Step, Unsupported};
 
 /// RoPE's table ops after a `Positions` ([`Lowering::rope_tables`]): how many, the inverse frequencies, the
 /// tables they store, half the rotation's width, and the intermediates the fused launch never writes.
@@ -138,6 +139,68 @@ impl Lowering<'_> {
             (UnaryFn::Sin, UnaryFn::Cos) => Some((o2, o1)),
             _ => None,
         }
+    }
+
+    /// `mean(x)` at `p` (`mu`), then `c = x - mu` and `s = rms_norm(c, gain)` (LayerNorm as the lowering
+    /// spells it), and optionally `s + bias` with a constant bias along the row: one LayerNorm
+    /// ([`Norm::centred`]), the mean and the centred row read only there and never written. How many ops it
+    /// took, if it matched.
+    pub(super) fn layer_norm(
+        &mut self,
+        p: usize,
+        x: TensorId,
+        mu: TensorId,
+    ) -> Result<Option<usize>, Unsupported> {
+        let Some(&Op::Sub { a, b, out: c }) = self.ahead(p, 1) else { return Ok(None) };
+        let Some(&Op::RmsNorm { input, weight, eps, out: s }) = self.ahead(p, 2) else { return Ok(None) };
+        let dim = *self.shape(x).last().unwrap_or(&1);
+        let rows = self.graph.tensor(x).numel() / dim.max(1) as usize;
+        let dtype = self.graph.tensor(x).dtype;
+        let alike =
+            [c, s].iter().all(|&id| self.shape(id) == self.shape(x) && self.graph.tensor(id).dtype == dtype);
+        let centred = self.same(a, x) && self.same(b, mu) && self.same(input, c);
+        let mean_ok = self.graph.tensor(mu).numel() == rows && self.shape(mu).last() == Some(&1);
+        if !centred
+            || !alike
+            || !mean_ok
+            || !self.private(mu)
+            || !self.private(c)
+            || Float::of(dtype).is_none()
+        {
+            return Ok(None);
+        }
+        let (bias, out, taken) = match self.ahead(p, 3) {
+            Some(&Op::Add { a: y, b: z, out })
+                if self.private(s) && self.graph.tensor(out).dtype == dtype =>
+            {
+                let other = if self.same(y, s) { z } else { y };
+                let row = |id: TensorId| {
+                    self.graph.tensor(id).numel() as u64 == dim && self.shape(id).last() == Some(&dim)
+                };
+                let bias = (self.same(y, s) || self.same(z, s))
+                    && !self.same(other, s)
+                    && self.graph.constant(other).is_some()
+                    && self.graph.tensor(other).dtype == dtype
+                    && row(other)
+                    && self.shape(out) == self.shape(x);
+                if bias {
+                    (Some(other), out, 4)
+                } else {
+                    (None, s, 3)
+                }
+            }
+            _ => (None, s, 3),
+        };
+        // Never written or read: the norm computes the mean and the centred row itself.
+        let mut intermediates = vec![mu, c];
+        if bias.is_some() {
+            intermediates.push(s);
+        }
+        for id in intermediates {
+            self.rehome(id, out);
+        }
+        self.norm(x, out, Norm { gain: weight, eps, centred: true, bias })?;
+        Ok(Some(taken))
     }
 
     /// `sigmoid(x)` at `p` and `x * sigmoid(x)` next (SiLU as the export decomposes it): one SiLU step.
