@@ -1,11 +1,17 @@
 //! cuBLAS: one handle per context, used on the caller's stream (`libcublas` loaded at run time).
+//!
+//! A handle may own a workspace ([`Blas::set_workspace`]): every call then hands it to cuBLAS after binding
+//! the call's stream (`cublasSetStream` resets it to cuBLAS's own pool), so a product allocates nothing and
+//! can be captured into a CUDA graph.
+
+use std::ffi::c_void;
 
 use cudarc::cublas::{result as blas, sys};
 
 use crate::context::Context;
 use crate::driver::{self, guard};
 use crate::error::{Error, Result};
-use crate::memory::DevicePtr;
+use crate::memory::{Allocation, Device, DevicePtr};
 use crate::stream::StreamRef;
 
 /// Whether `libcublas` can be loaded.
@@ -53,10 +59,71 @@ pub struct Sgemm {
     pub ldc: usize,
 }
 
+/// The element type of a [`GemmEx`]'s three matrices; the product accumulates in f32 whatever it is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GemmType {
+    /// `f32`, multiplied in full f32 (no TF32: the handle keeps cuBLAS's default math mode).
+    F32,
+    /// IEEE half, on tensor cores.
+    F16,
+    /// bfloat16, on tensor cores.
+    Bf16,
+}
+
+impl GemmType {
+    fn cuda(self) -> sys::cudaDataType {
+        match self {
+            GemmType::F32 => sys::cudaDataType::CUDA_R_32F,
+            GemmType::F16 => sys::cudaDataType::CUDA_R_16F,
+            GemmType::Bf16 => sys::cudaDataType::CUDA_R_16BF,
+        }
+    }
+}
+
+/// One matrix product `C = alpha * op(A) * op(B) + beta * C` of `dtype` matrices, accumulated in f32
+/// (`cublasGemmEx`, compute type `CUBLAS_COMPUTE_32F`): [`Sgemm`]'s column-major convention and fields, the
+/// addresses holding `dtype` values; `alpha` and `beta` are f32.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct GemmEx {
+    /// The element type of `A`, `B` and `C`.
+    pub dtype: GemmType,
+    /// The product's shape, scales and matrices.
+    pub product: Sgemm,
+}
+
+/// A product's dimensions as cuBLAS takes them.
+struct Dims {
+    ops: (sys::cublasOperation_t, sys::cublasOperation_t),
+    mnk: (i32, i32, i32),
+    lds: (i32, i32, i32),
+}
+
+impl Dims {
+    fn of(gemm: &Sgemm, call: &'static str) -> Result<Dims> {
+        let int = |what: &str, value: usize| {
+            i32::try_from(value).map_err(|_| Error::OutOfRange { call, what: format!("{what} = {value}") })
+        };
+        let op = |t: bool| {
+            if t {
+                sys::cublasOperation_t::CUBLAS_OP_T
+            } else {
+                sys::cublasOperation_t::CUBLAS_OP_N
+            }
+        };
+        Ok(Dims {
+            ops: (op(gemm.transpose_a), op(gemm.transpose_b)),
+            mnk: (int("m", gemm.m)?, int("n", gemm.n)?, int("k", gemm.k)?),
+            lds: (int("lda", gemm.lda)?, int("ldb", gemm.ldb)?, int("ldc", gemm.ldc)?),
+        })
+    }
+}
+
 /// A cuBLAS handle created in one context, destroyed on drop. Each call takes the stream it runs on.
 pub struct Blas {
     handle: sys::cublasHandle_t,
     ctx: Context,
+    /// The workspace every call hands cuBLAS ([`Blas::set_workspace`]), if any.
+    workspace: Option<Allocation<Device>>,
 }
 
 // SAFETY: a cuBLAS handle may be used from any host thread, one at a time (every use takes `&mut self`), with
@@ -96,7 +163,47 @@ impl Blas {
                 })
             },
         )?;
-        Ok(Blas { handle, ctx: ctx.clone() })
+        Ok(Blas { handle, ctx: ctx.clone(), workspace: None })
+    }
+
+    /// Gives the handle `workspace` (device memory of its context) for every later call: cuBLAS then
+    /// allocates nothing while a product runs, which a CUDA graph capture requires. cuBLAS asks for 32 MiB
+    /// on Hopper (less before); a smaller one limits the algorithms it may pick.
+    pub fn set_workspace(&mut self, workspace: Allocation<Device>) {
+        self.workspace = Some(workspace);
+    }
+
+    /// Binds the context and `stream` (and the workspace, which binding a stream resets), then runs
+    /// `call` with the handle, mapping a refusal to [`Error::Blas`] naming `name`.
+    fn on_stream(
+        &mut self,
+        stream: StreamRef<'_>,
+        name: &'static str,
+        call: impl FnOnce(sys::cublasHandle_t) -> std::result::Result<(), blas::CublasError>,
+    ) -> Result<()> {
+        self.ctx.bind()?;
+        let ordinal = self.ctx.ordinal();
+        let failed = |call: &'static str| {
+            move |e: blas::CublasError| Error::Blas { call, ordinal, status: format!("{:?}", e.0) }
+        };
+        let handle = self.handle;
+        let workspace = self.workspace.as_ref().map(|w| (w.device_ptr(), w.len()));
+        guard(
+            |message| unavailable(format!("cuBLAS lacks an entry point: {message}")),
+            || {
+                // SAFETY: `handle` is live (destroyed only on drop); `stream` is valid for its borrow (the same
+                // cuBLAS and driver stream handle).
+                unsafe { blas::set_stream(handle, stream.cu().cast()) }.map_err(failed("cublasSetStream"))?;
+                if let Some((ptr, bytes)) = workspace {
+                    // SAFETY: the workspace is device memory of the handle's context, `bytes` long, owned by
+                    // `self` (so alive while the handle may use it) and used by nothing else.
+                    unsafe { sys::cublasSetWorkspace_v2(handle, ptr as usize as *mut c_void, bytes) }
+                        .result()
+                        .map_err(failed("cublasSetWorkspace"))?;
+                }
+                call(handle).map_err(failed(name))
+            },
+        )
     }
 
     /// Queues `gemm` on `stream` (`cublasSetStream`, then `cublasSgemm`); `alpha` and `beta` are read from
@@ -111,54 +218,75 @@ impl Blas {
     /// [`Error::OutOfRange`] for a dimension over `i32::MAX`; [`Error::Blas`] when cuBLAS refuses (e.g. a
     /// leading dimension smaller than the rows).
     pub unsafe fn sgemm(&mut self, stream: StreamRef<'_>, gemm: &Sgemm) -> Result<()> {
-        let int = |what: &str, value: usize| {
-            i32::try_from(value)
-                .map_err(|_| Error::OutOfRange { call: "cublasSgemm", what: format!("{what} = {value}") })
-        };
-        let (m, n, k) = (int("m", gemm.m)?, int("n", gemm.n)?, int("k", gemm.k)?);
-        let (lda, ldb, ldc) = (int("lda", gemm.lda)?, int("ldb", gemm.ldb)?, int("ldc", gemm.ldc)?);
-        let op = |t: bool| {
-            if t {
-                sys::cublasOperation_t::CUBLAS_OP_T
-            } else {
-                sys::cublasOperation_t::CUBLAS_OP_N
+        let d = Dims::of(gemm, "cublasSgemm")?;
+        self.on_stream(stream, "cublasSgemm", |handle| {
+            // SAFETY: the context is current; `alpha` and `beta` are host values read during the call (the
+            // handle's default host pointer mode); the matrices are valid per this function's contract.
+            unsafe {
+                blas::sgemm(
+                    handle,
+                    d.ops.0,
+                    d.ops.1,
+                    d.mnk.0,
+                    d.mnk.1,
+                    d.mnk.2,
+                    &gemm.alpha,
+                    gemm.a as usize as *const f32,
+                    d.lds.0,
+                    gemm.b as usize as *const f32,
+                    d.lds.1,
+                    &gemm.beta,
+                    gemm.c as usize as *mut f32,
+                    d.lds.2,
+                )
             }
-        };
-        self.ctx.bind()?;
-        let ordinal = self.ctx.ordinal();
-        let failed = |call: &'static str| {
-            move |e: blas::CublasError| Error::Blas { call, ordinal, status: format!("{:?}", e.0) }
-        };
-        guard(
-            |message| unavailable(format!("cuBLAS lacks an entry point: {message}")),
-            || {
-                // SAFETY: `handle` is live (destroyed only on drop); `stream` is valid for its borrow (the same
-                // cuBLAS and driver stream handle).
-                unsafe { blas::set_stream(self.handle, stream.cu().cast()) }
-                    .map_err(failed("cublasSetStream"))?;
-                // SAFETY: the context is current; `alpha` and `beta` are host values read during the call (the
-                // handle's default host pointer mode); the matrices are valid per this function's contract.
-                unsafe {
-                    blas::sgemm(
-                        self.handle,
-                        op(gemm.transpose_a),
-                        op(gemm.transpose_b),
-                        m,
-                        n,
-                        k,
-                        &gemm.alpha,
-                        gemm.a as usize as *const f32,
-                        lda,
-                        gemm.b as usize as *const f32,
-                        ldb,
-                        &gemm.beta,
-                        gemm.c as usize as *mut f32,
-                        ldc,
-                    )
-                }
-                .map_err(failed("cublasSgemm"))
-            },
-        )
+        })
+    }
+
+    /// Queues `gemm` on `stream` (`cublasSetStream`, the workspace, then `cublasGemmEx` with f32
+    /// accumulation and cuBLAS's default algorithm choice); `alpha` and `beta` are read from the host during
+    /// the call. f16 and bf16 products run on tensor cores.
+    ///
+    /// # Safety
+    /// `a`, `b` and `c` are device (or managed) memory of this context holding `gemm.dtype` matrices their
+    /// dimensions and leading dimensions describe; `c` is not used by anything else, and `a` and `b` not
+    /// written, until the stream has executed the product.
+    ///
+    /// # Errors
+    /// [`Error::OutOfRange`] for a dimension over `i32::MAX`; [`Error::Blas`] when cuBLAS refuses (e.g. a
+    /// leading dimension smaller than the rows).
+    pub unsafe fn gemm_ex(&mut self, stream: StreamRef<'_>, gemm: &GemmEx) -> Result<()> {
+        let g = &gemm.product;
+        let d = Dims::of(g, "cublasGemmEx")?;
+        let ty = gemm.dtype.cuda();
+        self.on_stream(stream, "cublasGemmEx", |handle| {
+            // SAFETY: the context is current; `alpha` and `beta` are f32 host values read during the call (the
+            // handle's default host pointer mode; f32 is the scale type of `CUBLAS_COMPUTE_32F`); the matrices
+            // are valid per this function's contract.
+            unsafe {
+                blas::gemm_ex(
+                    handle,
+                    d.ops.0,
+                    d.ops.1,
+                    d.mnk.0,
+                    d.mnk.1,
+                    d.mnk.2,
+                    (&g.alpha as *const f32).cast(),
+                    g.a as usize as *const c_void,
+                    ty,
+                    d.lds.0,
+                    g.b as usize as *const c_void,
+                    ty,
+                    d.lds.1,
+                    (&g.beta as *const f32).cast(),
+                    g.c as usize as *mut c_void,
+                    ty,
+                    d.lds.2,
+                    sys::cublasComputeType_t::CUBLAS_COMPUTE_32F,
+                    sys::cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
+                )
+            }
+        })
     }
 
     /// The context the handle was created in.

@@ -64,7 +64,7 @@ mod pointer;
 pub mod stats;
 mod stream;
 
-pub use blas::{Blas, Sgemm};
+pub use blas::{Blas, GemmEx, GemmType, Sgemm};
 pub use context::{Context, Contexts};
 pub use error::{CompileFailure, Error, Result};
 pub use graph::Graph;

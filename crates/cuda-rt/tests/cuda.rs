@@ -6,8 +6,8 @@ use std::ffi::c_void;
 use std::sync::Arc;
 
 use cuda_rt::{
-    Allocation, Blas, Context, Contexts, Device, Error, Event, LaunchConfig, Managed, MemoryKind, Pinned,
-    PointerKind, Sgemm, Stream, StreamRef,
+    Allocation, Blas, Context, Contexts, Device, Error, Event, GemmEx, GemmType, LaunchConfig, Managed,
+    MemoryKind, Pinned, PointerKind, Sgemm, Stream, StreamRef,
 };
 use et_error::{ErrorCode, HasErrorCode};
 
@@ -347,4 +347,95 @@ fn clusters_are_sized_by_the_driver_and_launch_in_place() {
     stream.synchronize().expect("synchronise");
     let ranks = words(&out, u32::from_le_bytes);
     assert_eq!(ranks, [0, 1, 0, 1, 0, 1, 0, 1], "each block's rank in its cluster of 2");
+}
+
+/// `cublasGemmEx` in each element type (f32, f16, bf16; small integers, exact in all three), with the
+/// handle's own workspace, on the caller's stream: the row-major `A·B` of `cublas_multiplies_on_the_callers_stream`,
+/// then the same product captured into a CUDA graph (the workspace given, cuBLAS allocates nothing) and
+/// replayed into a cleared `C`.
+#[test]
+#[ignore = "needs an NVIDIA GPU and driver: `cargo xtask gpu-test` runs it on one (--include-ignored, KV_REQUIRE_GPU=1)"]
+fn cublas_gemm_ex_multiplies_halves_with_its_workspace_and_is_captured() {
+    let Some(ctx) = open() else { return };
+    let mut blas = Blas::new(&ctx).expect("cuBLAS is installed where the GPU is");
+    blas.set_workspace(Allocation::<Device>::zeroed(&ctx, 32 << 20).expect("workspace"));
+    let stream = Stream::new(&ctx).expect("stream");
+    let a = [1.0f32, 2.0, 3.0, 4.0, 5.0, 6.0];
+    let b = [7.0f32, 8.0, 9.0, 10.0, 11.0, 12.0];
+    for dtype in [GemmType::F32, GemmType::F16, GemmType::Bf16] {
+        let bytes = |v: &[f32]| -> Vec<u8> {
+            v.iter()
+                .flat_map(|&x| match dtype {
+                    GemmType::F32 => x.to_le_bytes().to_vec(),
+                    GemmType::F16 => f16_of_integer(x).to_le_bytes().to_vec(),
+                    GemmType::Bf16 => ((x.to_bits() >> 16) as u16).to_le_bytes().to_vec(),
+                })
+                .collect()
+        };
+        let values = |raw: Vec<u8>| -> Vec<f32> {
+            match dtype {
+                GemmType::F32 => {
+                    raw.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect()
+                }
+                GemmType::F16 => {
+                    raw.chunks_exact(2).map(|c| integer_of_f16(u16::from_le_bytes([c[0], c[1]]))).collect()
+                }
+                GemmType::Bf16 => raw
+                    .chunks_exact(2)
+                    .map(|c| f32::from_bits(u32::from(u16::from_le_bytes([c[0], c[1]])) << 16))
+                    .collect(),
+            }
+        };
+        let (ab, bb) = (bytes(&a), bytes(&b));
+        let mut da = Allocation::<Device>::zeroed(&ctx, ab.len()).expect("a");
+        let mut db = Allocation::<Device>::zeroed(&ctx, bb.len()).expect("b");
+        let mut dc = Allocation::<Device>::zeroed(&ctx, ab.len() / 6 * 4).expect("c");
+        da.write(&ab).expect("write a");
+        db.write(&bb).expect("write b");
+        let gemm = GemmEx {
+            dtype,
+            product: Sgemm {
+                transpose_a: false,
+                transpose_b: false,
+                m: 2,
+                n: 2,
+                k: 3,
+                alpha: 1.0,
+                a: db.device_ptr(),
+                lda: 2,
+                b: da.device_ptr(),
+                ldb: 3,
+                beta: 0.0,
+                c: dc.device_ptr(),
+                ldc: 2,
+            },
+        };
+        // SAFETY: the matrices hold what the dimensions describe; nothing else uses them until the synchronise.
+        unsafe { blas.gemm_ex(stream.as_ref(), &gemm) }.expect("gemm_ex");
+        stream.synchronize().expect("synchronise");
+        assert_eq!(values(dc.read().expect("read")), [58.0, 64.0, 139.0, 154.0], "{dtype:?}: row-major A·B");
+        dc.clear().expect("clear c");
+        stream.begin_capture().expect("capture");
+        // SAFETY: as above; captured, the product runs only when the graph is launched below.
+        let captured = unsafe { blas.gemm_ex(stream.as_ref(), &gemm) };
+        let graph = stream.end_capture().expect("a capturable product");
+        captured.expect("captured gemm_ex");
+        // SAFETY: the graph's matrices live and are untouched until the synchronise.
+        unsafe { graph.launch(stream.as_ref()) }.expect("replay");
+        stream.synchronize().expect("synchronise");
+        assert_eq!(values(dc.read().expect("read")), [58.0, 64.0, 139.0, 154.0], "{dtype:?}: replayed");
+    }
+}
+
+/// The IEEE half of a positive integer below 2048 (exact).
+fn f16_of_integer(x: f32) -> u16 {
+    let v = x as u32;
+    let e = 31 - v.leading_zeros();
+    (((e + 15) << 10) | ((v << (10 - e)) & 0x3ff)) as u16
+}
+
+/// The value of a positive, normal IEEE half that holds an integer.
+fn integer_of_f16(h: u16) -> f32 {
+    let e = i32::from(h >> 10) - 15;
+    (1.0 + f32::from(h & 0x3ff) / 1024.0) * 2f32.powi(e)
 }
