@@ -17,6 +17,11 @@
 #                                         # exported graphs at real sizes (fixtures/bench/SHAPE.rgd: llama-1b,
 #                                         # qwen2.5-0.5b, tiny-26m; default all) beside the hand-built graph of
 #                                         # the same shape, PyTorch compiled and the floor, in one session
+#   bash target/gpu-bundle/run.sh prefill-bench [LENGTHS]
+#                                         # time to first token of prompts of 128, 1024 and 4096 tokens
+#                                         # (default; LENGTHS e.g. 128,1024) at the Llama-3.2-1B shape, bf16,
+#                                         # beside the compute floor (a cuBLAS GEMM's bf16 rate, this run) and
+#                                         # transformers + torch.compile; JSON to $out/prefill-bench.json
 set -uo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 cd "$here"
@@ -292,6 +297,47 @@ run_export_bench() {
   python3 export_bench.py "$out" --shapes "${shapes[@]}" --json "$out/export-bench.json" || status=1
 }
 
+# Issue 45 item 4: time to first token at the Llama-3.2-1B shape (bf16, the hand-built decoder's prefill graph,
+# the whole prompt one call, products on tensor cores; bench_prefill) beside its compute floor, 2 x parameters x
+# tokens FLOPs at the bf16 dense rate a large cuBLAS GEMM reaches in this run, and transformers +
+# torch.compile's prefill of the same prompts (prefill_torch.py); tokens per second per length.
+run_prefill_bench() {
+  local lengths="${1:-128,1024,4096}"
+  echo "== prefill, Llama-3.2-1B shape, bf16, prompts of $lengths tokens (bench_prefill; PyTorch: prefill_torch.py)"
+  ./bench_prefill --preset llama-1b --lengths "$lengths" > "$out/prefill.json" 2> "$out/prefill.err" || { status=1; tail -5 "$out/prefill.err"; return; }
+  if python3 -c "import transformers" 2> /dev/null; then
+    python3 prefill_torch.py --shape "$out/prefill.json" > "$out/prefill-torch.json" 2> "$out/prefill-torch.err" || { status=1; tail -5 "$out/prefill-torch.err"; }
+  else
+    echo "  PyTorch beside it: not run (this machine's Python has no transformers)"
+  fi
+  python3 - "$out/prefill.json" "$out/prefill-torch.json" "$out/prefill-bench.json" <<'PY' || status=1
+import json, os, sys
+ours = json.load(open(sys.argv[1]))
+theirs = json.load(open(sys.argv[2])) if os.path.exists(sys.argv[2]) and os.path.getsize(sys.argv[2]) > 0 else None
+torch_by = {e["tokens"]: e for e in theirs["lengths"]} if theirs else {}
+rate = ours["bf16_dense_flops_per_s"]
+print(f'  bf16 dense rate {rate / 1e12:.0f} TFLOP/s ({ours["rate_probe"]}); chunk: {ours["chunk"]}')
+print(f'  {"tokens":>7} {"floor ms":>9} {"ours ms":>9} {"x floor":>8} {"ours tok/s":>11} {"torch ms":>9} {"x floor":>8} {"torch tok/s":>12} {"speed-up":>9}')
+rows = []
+for e in ours["lengths"]:
+    t = torch_by.get(e["tokens"], {}).get("compiled")
+    row = {"tokens": e["tokens"], "floor_us": e["floor_us"], "ours_us": e["ttft_us"], "ours_x_floor": e["x_floor"],
+           "ours_tokens_per_s": e["tokens_per_s"]}
+    cells = [f'{e["tokens"]:>7}', f'{e["floor_us"] / 1e3:>9.2f}', f'{e["ttft_us"] / 1e3:>9.2f}', f'{e["x_floor"]:>8.2f}',
+             f'{e["tokens_per_s"]:>11.0f}']
+    if t:
+        row.update(torch_compiled_us=t["gpu_us"], torch_x_floor=t["gpu_us"] / e["floor_us"],
+                   torch_tokens_per_s=t["tokens_per_s"], speed_up=t["gpu_us"] / e["ttft_us"])
+        cells += [f'{t["gpu_us"] / 1e3:>9.2f}', f'{row["torch_x_floor"]:>8.2f}', f'{t["tokens_per_s"]:>12.0f}',
+                  f'{row["speed_up"]:>8.2f}x']
+    else:
+        cells.append("  PyTorch not run")
+    print("  " + " ".join(cells))
+    rows.append(row)
+json.dump({"ours": ours, "torch": theirs, "rows": rows}, open(sys.argv[3], "w"), indent=1)
+PY
+}
+
 mode="${1:-test}"
 case "$mode" in
   test) run_tests; run_real ;;
@@ -301,7 +347,8 @@ case "$mode" in
   sweep) shift; run_sweep "${@:-base}" ;;
   trace) shift; run_trace "${1:-}" ;;
   export-bench) shift; run_export_bench "$@" ;;
-  *) echo "usage: run.sh test|real|bench|isolated|sweep [SETTING...]|trace [SETTING]|export-bench [SHAPE...]" >&2; exit 2 ;;
+  prefill-bench) shift; run_prefill_bench "$@" ;;
+  *) echo "usage: run.sh test|real|bench|isolated|sweep [SETTING...]|trace [SETTING]|export-bench [SHAPE...]|prefill-bench [LENGTHS]" >&2; exit 2 ;;
 esac
 if [ -n "${OUT:-}" ]; then
   tar czf "$OUT/results-$mode.tgz" --exclude='program-*' -C "$out" .

@@ -21,9 +21,10 @@ const TUNING: &str = "cuda-delegate/tuning";
 pub const BUNDLE: &str = "target/gpu-bundle";
 
 /// Benchmark executables the bundle carries: (package, bench target, name in the bundle).
-const BENCHES: [(&str, &str, &str); 2] = [
+const BENCHES: [(&str, &str, &str); 3] = [
     ("cuda-delegate", "hf_decode", "bench_hf_decode"),
     ("cuda-delegate", "export_decode", "bench_export_decode"),
+    ("cuda-delegate", "prefill", "bench_prefill"),
 ];
 
 /// Test executables the bundle carries: (package, test target, name in the bundle).

@@ -350,9 +350,9 @@ fn clusters_are_sized_by_the_driver_and_launch_in_place() {
 }
 
 /// `cublasGemmEx` in each element type (f32, f16, bf16; small integers, exact in all three), with the
-/// handle's own workspace, on the caller's stream: the row-major `A·B` of `cublas_multiplies_on_the_callers_stream`,
-/// then the same product captured into a CUDA graph (the workspace given, cuBLAS allocates nothing) and
-/// replayed into a cleared `C`.
+/// handle's own workspace, on the caller's stream: the row-major `A·B` of
+/// `cublas_multiplies_on_the_callers_stream`, then the same product captured into a CUDA graph (the workspace
+/// given, cuBLAS allocates nothing) and replayed into a cleared `C`.
 #[test]
 #[ignore = "needs an NVIDIA GPU and driver: `cargo xtask gpu-test` runs it on one (--include-ignored, KV_REQUIRE_GPU=1)"]
 fn cublas_gemm_ex_multiplies_halves_with_its_workspace_and_is_captured() {
@@ -410,7 +410,8 @@ fn cublas_gemm_ex_multiplies_halves_with_its_workspace_and_is_captured() {
                 ldc: 2,
             },
         };
-        // SAFETY: the matrices hold what the dimensions describe; nothing else uses them until the synchronise.
+        // SAFETY: the matrices hold what the dimensions describe; nothing else uses them until the
+        // synchronise.
         unsafe { blas.gemm_ex(stream.as_ref(), &gemm) }.expect("gemm_ex");
         stream.synchronize().expect("synchronise");
         assert_eq!(values(dc.read().expect("read")), [58.0, 64.0, 139.0, 154.0], "{dtype:?}: row-major A·B");

@@ -10,6 +10,7 @@ use ref_graph::{Data, Graph, TensorId};
 use ref_graph_contract::ArgSpec;
 
 use crate::delegate::Error;
+use crate::gemm::{self, launch::Runner, Part};
 use crate::kernels::general::{General, GeneralLaunch};
 use crate::kernels::{self, Kernels, Launch};
 use crate::plan::{Float, Home, Plan, Step};
@@ -64,6 +65,8 @@ pub struct Engine {
     /// The last address checked with the driver, per argument position (the check runs when it changes).
     checked: Vec<usize>,
     launches: Vec<Queued>,
+    /// The products of steps of many rows on cuBLAS (`gemm`), where any step takes that path.
+    gemm: Option<Runner>,
 }
 
 /// A tuning build writes each module's trace when the engine goes (`kernels::tuning::dump_trace`; nothing
@@ -76,11 +79,13 @@ impl Drop for Engine {
     }
 }
 
-/// One launch of a call: a typed kernel (the index of its module in `Engine::typed`) or an untyped one.
+/// One launch of a call: a typed kernel (the index of its module in `Engine::typed`), an untyped one, or a
+/// product on cuBLAS.
 #[derive(Debug, Clone, Copy)]
 enum Queued {
     Typed(usize, Launch),
     General(GeneralLaunch),
+    Gemm(cuda_rt::GemmEx),
 }
 
 fn alloc(ctx: &Context, bytes: usize, what: &str) -> Result<Allocation<Device>, Error> {
@@ -161,11 +166,13 @@ fn transposed_bytes(data: &Data, rows: usize, cols: usize) -> Vec<u8> {
 
 impl Engine {
     /// Compiles the kernels, uploads the constants and allocates every intermediate and scratch buffer.
-    pub fn new(ctx: Context, graph: &Graph, plan: Plan, io: &[TensorId]) -> Result<Engine, Error> {
+    pub fn new(ctx: Context, graph: &Graph, mut plan: Plan, io: &[TensorId]) -> Result<Engine, Error> {
         let cuda = |action: &str| {
             let action = action.to_owned();
             move |source| Error::Cuda { action: action.clone(), source }
         };
+        // Before the addresses are sized: the GEMM path's scratch tensors follow the graph's.
+        let expansion = gemm::Expansion::new(&mut plan);
         let typed = plan
             .floats
             .iter()
@@ -175,7 +182,7 @@ impl Engine {
         let general = General::load(&ctx).map_err(cuda("compiling the general kernels"))?;
         let own_stream = Stream::new(&ctx).map_err(cuda("creating a stream"))?;
         let tensors = graph.tensors();
-        let mut ptrs = vec![0; tensors.len()];
+        let mut ptrs = vec![0; plan.dtypes.len()];
         let mut transposed = vec![0; tensors.len()];
         let constants = upload_constants(&ctx, graph, &plan, &mut ptrs, &mut transposed)?;
         let mut buffers = Vec::new();
@@ -213,6 +220,8 @@ impl Engine {
             take(blocks, 4, "argmax block indices")?,
             take(usize::from(argmaxes), 4, "the argmax ticket")?,
         );
+        let gemm =
+            Runner::new(&ctx, expansion, &mut ptrs).map_err(cuda("preparing the products on cuBLAS"))?;
         let err = alloc(&ctx, 4, "the error word")?;
         let err_seen = Allocation::<Pinned>::zeroed(&ctx, 4).map_err(cuda("allocating the error mirror"))?;
         let access = DirectAccess::gpu(ctx.is_integrated());
@@ -249,6 +258,7 @@ impl Engine {
             ptrs,
             checked: Vec::new(),
             launches,
+            gemm,
         })
     }
 
@@ -373,8 +383,11 @@ impl Engine {
     fn queue(&mut self, stream: StreamRef<'_>) -> Result<(), Error> {
         let mut launches = std::mem::take(&mut self.launches);
         launches.clear();
-        for step in &self.plan.steps {
-            self.lower(step, &mut launches);
+        for (index, step) in self.plan.steps.iter().enumerate() {
+            match self.gemm.as_ref().and_then(|g| g.parts(index)) {
+                Some(parts) => self.lower_parts(parts, &mut launches),
+                None => self.lower(step, &mut launches),
+            }
         }
         let launched = launches.iter().enumerate().try_for_each(|(index, queued)| {
             let overlapped = self.overlap && index > 0;
@@ -383,17 +396,41 @@ impl Engine {
             // plan from the graph's static shapes; the caller keeps arguments untouched until the stream has
             // run the call (the ABI's rule), and the instance's memory lives as long as the instance, which
             // the host drops only after its streams drained. Only launches after the call's first overlap,
-            // and only on a device that has it (`overlaps_launches`); every kernel waits with `pdl_wait`.
+            // and only on a device that has it (`overlaps_launches`); every kernel waits with `pdl_wait`. A
+            // product on cuBLAS is launched without overlap, its matrices the plan's tensors or the runner's
+            // scratch, each sized for the rows and columns it describes (`gemm::Expansion`).
             unsafe {
                 match queued {
                     Queued::Typed(module, launch) => self.typed[*module].1.launch(launch, stream, overlapped),
                     Queued::General(launch) => self.general.launch(launch, stream, overlapped),
+                    Queued::Gemm(gemm) => match self.gemm.as_mut() {
+                        Some(runner) => runner.launch(stream, gemm),
+                        None => unreachable!("only a runner's parts queue products"),
+                    },
                 }
             }
             .map_err(|source| Error::Cuda { action: "launching a kernel".into(), source })
         });
         self.launches = launches;
         launched
+    }
+
+    /// The launches of a step on the GEMM path: its parts lowered as steps, its products as cuBLAS calls.
+    fn lower_parts(&self, parts: &[Part], into: &mut Vec<Queued>) {
+        for part in parts {
+            match part {
+                Part::Step(step) => self.lower(step, into),
+                Part::Product(product) => {
+                    let w = if product.transposed {
+                        self.transposed[product.w.0]
+                    } else {
+                        self.ptrs[product.w.0]
+                    };
+                    let (a, y) = (self.ptrs[product.a.0], self.ptrs[product.y.0]);
+                    into.push(Queued::Gemm(gemm::launch::call(product, a, w, y)));
+                }
+            }
+        }
     }
 
     /// Reflects aliased outputs bound to separate slots and copies host-memory outputs back.

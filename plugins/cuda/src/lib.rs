@@ -8,6 +8,11 @@
 //!   launch per op otherwise, none for a reshape), the kernels are compiled by NVRTC (once per process,
 //!   device and element type), constants are uploaded and every intermediate and scratch buffer is
 //!   allocated. Nothing is allocated or compiled per call.
+//! - Products of many rows (a prefill's chunk of the prompt: two rows or more, `gemm::GEMM_MIN_ROWS`) run as
+//!   cuBLAS GEMMs on tensor cores (f16 and bf16 with f32 accumulation, f32 without TF32), what their GEMV
+//!   would fuse (the norm, bias, residual, activation, SwiGLU, cache rows) as launches over all the rows; the
+//!   cuBLAS handle, its workspace and the scratch are made at `init`, and the products run on the caller's
+//!   stream (capturable). A decode step of one row keeps its fused GEMVs.
 //! - At `execute`: arguments are checked against the plan, device pointers are checked with the driver when
 //!   they change (the residency gate runs on the real pointer), and the launches are queued on the caller's
 //!   CUDA stream; with device-resident arguments nothing is copied and nothing waits.
@@ -55,7 +60,7 @@
 
 mod delegate;
 mod engine;
-
+mod gemm;
 mod kernels;
 mod plan;
 pub mod report;

@@ -184,6 +184,8 @@ fn cuda_call(
 /// Both delegates, the caches of each, and the methods.
 struct Pair {
     cfg: Hf,
+    /// The prompt the prefill method takes (its rows).
+    prompt: Vec<i64>,
     prefill: Method,
     decode: Method,
     host_caches: Vec<Vec<u8>>,
@@ -235,9 +237,14 @@ impl Pair {
     }
 
     fn new(ctx: &Context, cfg: Hf) -> Pair {
+        Pair::with_prompt(ctx, cfg, PROMPT.to_vec())
+    }
+
+    /// A pair whose prefill method takes `prompt`'s rows.
+    fn with_prompt(ctx: &Context, cfg: Hf, prompt: Vec<i64>) -> Pair {
         let reference = Plugin::embedded(reference_delegate::delegate_root()).expect("reference plugin");
         let cuda = super::plugin();
-        let prefill = Method::new(&cfg, PROMPT.len() as u64, &reference, &cuda);
+        let prefill = Method::new(&cfg, prompt.len() as u64, &reference, &cuda);
         let decode = Method::new(&cfg, 1, &reference, &cuda);
         let n = 2 * cfg.layers;
         let caches =
@@ -249,6 +256,7 @@ impl Pair {
             decode_io: DeviceIo::new(ctx, &decode),
             stream: Stream::new(ctx).expect("stream"),
             cfg,
+            prompt,
             prefill,
             decode,
         }
@@ -256,8 +264,8 @@ impl Pair {
 
     /// The prompt on both: the reference's next token, after checking the GPU's logits and token.
     fn prefill(&mut self) -> i64 {
-        let (expected, token) = reference_call(&mut self.prefill, &mut self.host_caches, &PROMPT, 0);
-        self.prefill_io.set(&PROMPT, 0);
+        let (expected, token) = reference_call(&mut self.prefill, &mut self.host_caches, &self.prompt, 0);
+        self.prefill_io.set(&self.prompt, 0);
         cuda_call(&mut self.prefill, &mut self.prefill_io, &mut self.caches, Some(&self.stream))
             .expect("prefill");
         self.stream.synchronize().expect("stream");
@@ -327,11 +335,16 @@ fn soft_capped_attention_matches_the_cpu_reference_in_every_kernel() {
 /// Prefill and [`STEPS`] decode steps of `cfg` on the GPU against the CPU reference (see
 /// [`hf_decoder_matches_the_cpu_reference_in_every_float_type`]).
 fn decode_against_reference(ctx: &Context, cfg: Hf) {
+    decode_after_prompt(ctx, cfg, PROMPT.to_vec());
+}
+
+/// [`decode_against_reference`] after a prefill of `prompt`.
+fn decode_after_prompt(ctx: &Context, cfg: Hf, prompt: Vec<i64>) {
     let dtype = cfg.dtype;
-    let mut pair = Pair::new(ctx, cfg);
+    let mut pair = Pair::with_prompt(ctx, cfg, prompt);
     let mut token = pair.prefill();
     for step in 0..STEPS {
-        let pos = (PROMPT.len() + step) as i64;
+        let pos = (pair.prompt.len() + step) as i64;
         let (expected, next) = reference_call(&mut pair.decode, &mut pair.host_caches, &[token], pos);
         pair.decode_io.set(&[token], pos);
         let (syncs, stats) =
@@ -458,4 +471,50 @@ fn hf_out_of_range_token_and_position_are_reported() {
     pair.decode_io.set(&[1], 4);
     cuda_call(&mut pair.decode, &mut pair.decode_io, &mut pair.caches, None)
         .expect("a valid call after bad ones");
+}
+
+/// A prompt of `len` distinct tokens below `vocab`.
+fn long_prompt(len: usize, vocab: u64) -> Vec<i64> {
+    (0..len as i64).map(|i| (i * 37 + 11) % vocab as i64).collect()
+}
+
+/// A prefill of 48 tokens, whose products run as cuBLAS GEMMs on tensor cores (`gemm`: f16 and bf16 with f32
+/// accumulation, f32 without TF32) between the norms, SwiGLU, biases, residual adds and cache updates of the
+/// plan's own launches, with causal attention over the prompt and the cache, then [`STEPS`] decode steps,
+/// in every float type and both shapes of [`Pair::wide`] and [`Pair::narrow`]: the prompt's logits (every
+/// row) and each step's within the type's tolerance of the CPU reference's, f32 tokens equal, the caches
+/// equal at the end. Then the prefill captured as a CUDA graph (cuBLAS on the caller's stream with its
+/// workspace given at `init`) and replayed: the same logits again.
+#[test]
+#[ignore = "needs an NVIDIA GPU and driver: `cargo xtask gpu-test` runs it on one (--include-ignored, KV_REQUIRE_GPU=1)"]
+fn long_prefill_on_tensor_cores_matches_the_cpu_reference() {
+    let Some(ctx) = gpu() else { return };
+    cuda_rt::Blas::new(&ctx).expect("cuBLAS where the GPU is: a prefill's products run on it");
+    let len = 48;
+    for dtype in DTYPES {
+        for cfg in [Pair::wide(dtype), Pair::narrow(dtype)] {
+            let cfg = Hf { max_len: 64, ..cfg };
+            decode_after_prompt(&ctx, cfg.clone(), long_prompt(len, cfg.vocab));
+            let mut pair = Pair::with_prompt(&ctx, cfg.clone(), long_prompt(len, cfg.vocab));
+            pair.prefill();
+            let (expected, token) =
+                reference_call(&mut pair.prefill, &mut pair.host_caches, &pair.prompt.clone(), 0);
+            pair.stream.begin_capture().expect("capture");
+            let captured =
+                cuda_call(&mut pair.prefill, &mut pair.prefill_io, &mut pair.caches, Some(&pair.stream));
+            let graph = pair.stream.end_capture().expect("a capturable prefill");
+            assert_eq!(
+                captured.expect("captured call").0,
+                0,
+                "{dtype}: no host synchronisation while capturing"
+            );
+            // SAFETY: the captured call's arguments (`pair`'s allocations) and the instance's own memory are
+            // alive and untouched until the stream is synchronised below; the stream is of the graph's
+            // context.
+            unsafe { graph.launch(pair.stream.as_ref()) }.expect("replay");
+            pair.stream.synchronize().expect("stream");
+            pair.check("prefill", &expected, token);
+            pair.check_caches();
+        }
+    }
 }
