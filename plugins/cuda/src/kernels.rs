@@ -24,6 +24,7 @@ pub const SOURCE: &str = concat!(
     include_str!("kernels/trace.cuh"),
     include_str!("kernels.cu"),
     include_str!("kernels/attention_tc.cu"),
+    include_str!("kernels/prefill_attention.cu"),
     include_str!("kernels/linear.cu")
 );
 
@@ -116,6 +117,9 @@ pub struct GemvP {
     pub groups: i32,
     pub centred: i32,
     pub activation: i32,
+    pub row_off: [i32; 3],
+    pub row_group: [i32; 3],
+    pub row_stride: [i32; 3],
 }
 
 /// `GemvP::activation` for a GEMV's GELU ([`crate::plan::Step::Gemv`]): `ref_graph::UnaryFn`'s index, as

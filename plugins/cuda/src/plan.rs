@@ -16,7 +16,9 @@
 //!     `[N, K]` weights (`transpose_b`) as stored, `[K, N]` constant weights transposed once at upload
 //!     ([`Plan::transposed`]);
 //!   - up to three consecutive `MatMul`s reading the same activation with weights of one inner extent become
-//!     one launch (the Q, K and V projections; gate and up), each with its own width and bias;
+//!     one launch (the Q, K and V projections; gate and up), each with its own width and bias; a product
+//!     that only slices of its columns read is one matrix per slice, each reading its weight rows
+//!     ([`WeightRows`]: GPT-2's Q, K and V cut from one product);
 //!   - a `MatMul` whose output only feeds the next op, an `Add` of equal shapes with it, becomes a GEMV with a
 //!     residual (the attention output projection and the residual stream);
 //!   - an `RmsNorm` whose output only the next GEMV reads is done inside that GEMV, and so is LayerNorm,
@@ -347,6 +349,31 @@ pub struct GemvMat {
     /// Whether `y` is stored rotated by Hugging Face's rotate-half RoPE with the step's [`RopeTables`]: one
     /// row (`m == 1`) whose heads are `2 * half` wide.
     pub roped: bool,
+    /// The weight rows (and bias elements) the output columns read: all of them, or a slice's.
+    pub rows: WeightRows,
+}
+
+/// Which rows of its weight (`[N, K]` as read) a matrix's output columns read, and which bias elements:
+/// column `c` reads row `offset + (c / group) * stride + c % group`. A product whose only readers are slices
+/// of its columns (GPT-2's Q, K and V of one `c_attn` product; a head-interleaved `query_key_value`) is
+/// computed as one matrix per slice, each straight into the slice.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct WeightRows {
+    pub offset: u32,
+    pub group: u32,
+    pub stride: u32,
+}
+
+impl WeightRows {
+    /// Every row, in order, of a weight of `n` rows.
+    pub fn all(n: u32) -> WeightRows {
+        WeightRows { offset: 0, group: n, stride: n }
+    }
+
+    /// The weight row output column `c` reads.
+    pub fn of(&self, c: u32) -> u32 {
+        self.offset + (c / self.group.max(1)) * self.stride + c % self.group.max(1)
+    }
 }
 
 /// A fused RoPE's tables: `cos` and `sin`, `2 * half` values each (one decode row), of the GEMV's type.

@@ -89,6 +89,7 @@ impl Engine {
         let p = |id| self.p(id);
         let (mut w, mut bias, mut res, mut y, mut cache, mut n) =
             ([0; 3], [0; 3], [0; 3], [0; 3], [0; 3], [0; 3]);
+        let (mut row_off, mut row_group, mut row_stride) = ([0; 3], [1; 3], [0; 3]);
         for (i, mat) in mats.iter().enumerate() {
             w[i] = if mat.transposed { self.transposed[mat.w.0] } else { p(mat.w) };
             bias[i] = mat.bias.map_or(0, p);
@@ -96,6 +97,8 @@ impl Engine {
             y[i] = p(mat.y);
             cache[i] = mat.cache.map_or(0, p);
             n[i] = mat.n as i32;
+            (row_off[i], row_group[i], row_stride[i]) =
+                (mat.rows.offset as i32, mat.rows.group.max(1) as i32, mat.rows.stride as i32);
         }
         if let Some(out) = glu {
             y[0] = p(out); // the gate and up products are never written, only silu(gate) * up
@@ -142,6 +145,9 @@ impl Engine {
             groups: groups as i32,
             centred: i32::from(norm.is_some_and(|n| n.centred)),
             activation: activation.map_or(0, kernels::activation_code),
+            row_off,
+            row_group,
+            row_stride,
         };
         match (glu, rope) {
             (Some(_), _) => Launch::GemvGlu(config, params, entry),

@@ -84,6 +84,9 @@ struct GemvP {
     int centred;  // with `norm_w`: LayerNorm (the row's mean subtracted first), not RMS norm
     int activation;  // 0, or the GELU stored instead of the product (one matrix): `ref_graph::UnaryFn`'s index,
                      // 11 (erf form) or 12 (tanh form), as `unary` numbers them
+    // Per matrix, the weight row (and bias element) of output column c: row_off + (c / row_group) * row_stride
+    // + c % row_group (`plan::WeightRows`: every row, or the rows of one slice of a product's columns).
+    int row_off[3], row_group[3], row_stride[3];
 };
 
 // 16 bytes of a weight row: read once a step, so never kept in L1 (measured on the H200: the Llama-3.2-1B
@@ -142,10 +145,16 @@ __device__ __forceinline__ int rope_col(int i, int half) {
     return i - r + (r >> 1) + (r & 1) * half;
 }
 
+// The weight row (and bias element) output column `col` of matrix `mat` reads (`row_off`, ...).
+__device__ __forceinline__ int gemv_wrow(const GemvP& p, int mat, int col) {
+    const int group = pick(p.row_group, mat);
+    return pick(p.row_off, mat) + (col / group) * pick(p.row_stride, mat) + col % group;
+}
+
 __device__ __forceinline__ GemvTail gemv_bias(const GemvP& p, int mat, int col, bool stores) {
     const T* bias = pick(p.bias, mat);
     GemvTail tail;
-    tail.bias = stores && bias ? bias[col] : (T)0;
+    tail.bias = stores && bias ? bias[gemv_wrow(p, mat, col)] : (T)0;
     tail.res = (T)0;
     tail.cos = tail.sin = (T)0;
     tail.row = 0;
@@ -554,7 +563,7 @@ __device__ __forceinline__ GemvCol gemv_col(const GemvP& p, int g) {
         c.mat = (threadIdx.x >> 5) & 1;
     }
     c.live = c.col < pick(p.n, c.mat);
-    c.wr = pick(p.w, c.mat) + (i64)(c.live ? c.col : 0) * p.K;
+    c.wr = pick(p.w, c.mat) + (i64)(c.live ? gemv_wrow(p, c.mat, c.col) : 0) * p.K;
     return c;
 }
 
@@ -672,7 +681,7 @@ __device__ __forceinline__ GemvCol glu_col(const GemvP& p, int mat, int col) {
     c.col = col;
     c.mat = mat;
     c.live = col < p.n[0];
-    c.wr = p.w[mat] + (i64)(c.live ? col : 0) * p.K;
+    c.wr = p.w[mat] + (i64)(c.live ? gemv_wrow(p, mat, col) : 0) * p.K;
     return c;
 }
 
@@ -695,8 +704,8 @@ __device__ __forceinline__ void gemv_glu_waves_body(const GemvP& p) {
     const float inv = gemv_waves_start(p, gate.wr, gate.live, w);
     for (int g = blockIdx.x; g < groups; g += gridDim.x) {
         const bool stores = gate.live && lane == 0;
-        const T bg = stores && p.bias[0] ? p.bias[0][gate.col] : (T)0;
-        const T bu = stores && p.bias[1] ? p.bias[1][gate.col] : (T)0;
+        const T bg = stores && p.bias[0] ? p.bias[0][gemv_wrow(p, 0, gate.col)] : (T)0;
+        const T bu = stores && p.bias[1] ? p.bias[1][gemv_wrow(p, 1, gate.col)] : (T)0;
         const GemvCol up = glu_col(p, 1, gate.col), next = glu_col(p, 0, (g + gridDim.x) * GEMV_WARPS + warp);
         const float sg = warp_sum(gemv_row(p, w, gate.wr, gate.live, up, rings, whole) * inv);
         const float su = warp_sum(gemv_row(p, w, up.wr, up.live, next, rings, whole) * inv);

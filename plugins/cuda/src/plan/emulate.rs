@@ -180,16 +180,24 @@ impl Emulator<'_> {
             for mat in mats {
                 let n = mat.n as usize;
                 let w = self.get(mat.w).to_vec();
+                // The weight row (and bias element) of each column, as the kernel picks it.
+                let w_row = |col: usize| mat.rows.of(col as u32) as usize;
                 // The graph's `[K, N]` constant, which the kernel reads through its transposed upload.
-                let weight =
-                    |i: usize, col: usize| if mat.transposed { w[i * n + col] } else { w[col * k + i] };
+                let rows = w.len() / k;
+                let weight = |i: usize, col: usize| {
+                    if mat.transposed {
+                        w[i * rows + w_row(col)]
+                    } else {
+                        w[w_row(col) * k + i]
+                    }
+                };
                 let bias = mat.bias.map(|b| self.get(b).to_vec());
                 let res = mat.residual.map(|r| self.get(r).to_vec());
                 let dtype = self.graph.tensor(mat.y).dtype;
                 let mut ys: Vec<f64> = (0..n)
                     .map(|col| {
                         let s = (0..k).map(|i| xs[i] * weight(i, col)).sum::<f64>()
-                            + bias.as_ref().map_or(0.0, |b| b[col])
+                            + bias.as_ref().map_or(0.0, |b| b[w_row(col)])
                             + res.as_ref().map_or(0.0, |r| r[row * n + col]);
                         let s = round(s, dtype);
                         activation.map_or(s, |f| round(f.apply(s as f32) as f64, dtype))

@@ -2,13 +2,14 @@
 //! the dispatch of every other op to [`super::general`].
 
 mod spelled;
+mod split;
 
 use ref_graph::{Graph, Op, TensorId, UnaryFn};
 
 use super::canon::Canon;
 use super::{
     attention_splits, gelu, general, rope, u32_of, AttnScratch, AttnShape, BinOp, CacheRows, Float, GemvMat,
-    Home, KvLayout, Norm, Plan, PositionRows, RopeTables, Step, Unsupported,
+    Home, KvLayout, Norm, Plan, PositionRows, RopeTables, Step, Unsupported, WeightRows,
 };
 use crate::kernels::ATTN_MAX_HEAD;
 
@@ -459,11 +460,16 @@ impl Lowering<'_> {
                 _ => break,
             }
         }
-        let mut taken = mats.len();
+        let (mut taken, products) = (mats.len(), mats.len());
         if mats.len() == 1 {
             taken += self.residual(&mut mats[0], self.ahead(p, 1));
         }
-        let (a, norm) = self.fused_norm(a, mats.len());
+        if let [mat] = mats[..] {
+            if let Some(split) = self.split(mat, m) {
+                mats = split;
+            }
+        }
+        let (a, norm) = self.fused_norm(a, products);
         let early = mats.iter().all(|mat| self.fixed(mat.w) && mat.bias.is_none_or(|b| self.fixed(b)))
             && norm.is_none_or(|n| self.fixed(n.gain) && n.bias.is_none_or(|b| self.fixed(b)));
         let step = Step::Gemv {
@@ -505,6 +511,7 @@ impl Lowering<'_> {
             residual: None,
             cache: None,
             roped: false,
+            rows: WeightRows::all(u32_of(n, "columns")?),
         })
     }
 
