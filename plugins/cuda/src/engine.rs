@@ -10,7 +10,7 @@ use ref_graph::{Data, Graph, TensorId};
 use ref_graph_contract::ArgSpec;
 
 use crate::delegate::Error;
-use crate::gemm::{self, launch::Runner, Part};
+use crate::gemm::{self, attention::PrefillAttention, launch::Runner, Part};
 use crate::kernels::general::{General, GeneralLaunch};
 use crate::kernels::{self, Kernels, Launch};
 use crate::plan::{Float, Home, Plan, Step};
@@ -67,6 +67,8 @@ pub struct Engine {
     launches: Vec<Queued>,
     /// The products of steps of many rows on cuBLAS (`gemm`), where any step takes that path.
     gemm: Option<Runner>,
+    /// The attention of a chunk of many rows (`gemm::attention`), in the modules that have it.
+    prefill_attention: PrefillAttention,
 }
 
 /// A tuning build writes each module's trace when the engine goes (`kernels::tuning::dump_trace`; nothing
@@ -86,6 +88,8 @@ enum Queued {
     Typed(usize, Launch),
     General(GeneralLaunch),
     Gemm(cuda_rt::GemmEx),
+    /// The prefill attention of the typed module of that index (`gemm::attention`).
+    PrefillAttention(usize, cuda_rt::LaunchConfig, kernels::AttnP),
 }
 
 fn alloc(ctx: &Context, bytes: usize, what: &str) -> Result<Allocation<Device>, Error> {
@@ -180,6 +184,8 @@ impl Engine {
             .collect::<Result<Vec<_>, _>>()
             .map_err(cuda("compiling the kernels"))?;
         let general = General::load(&ctx).map_err(cuda("compiling the general kernels"))?;
+        let prefill_attention =
+            PrefillAttention::load(&ctx, &typed).map_err(cuda("loading the prefill attention"))?;
         let own_stream = Stream::new(&ctx).map_err(cuda("creating a stream"))?;
         let tensors = graph.tensors();
         let mut ptrs = vec![0; plan.dtypes.len()];
@@ -259,6 +265,7 @@ impl Engine {
             checked: Vec::new(),
             launches,
             gemm,
+            prefill_attention,
         })
     }
 
@@ -386,7 +393,11 @@ impl Engine {
         for (index, step) in self.plan.steps.iter().enumerate() {
             match self.gemm.as_ref().and_then(|g| g.parts(index)) {
                 Some(parts) => self.lower_parts(parts, &mut launches),
-                None => self.lower(step, &mut launches),
+                None => {
+                    let first = launches.len();
+                    self.lower(step, &mut launches);
+                    self.prefill_attention_in(&mut launches[first..]);
+                }
             }
         }
         let launched = launches.iter().enumerate().try_for_each(|(index, queued)| {
@@ -403,6 +414,9 @@ impl Engine {
                 match queued {
                     Queued::Typed(module, launch) => self.typed[*module].1.launch(launch, stream, overlapped),
                     Queued::General(launch) => self.general.launch(launch, stream, overlapped),
+                    Queued::PrefillAttention(module, config, p) => {
+                        self.prefill_attention.launch(*module, *config, p, stream, overlapped)
+                    }
                     Queued::Gemm(gemm) => match self.gemm.as_mut() {
                         Some(runner) => runner.launch(stream, gemm),
                         None => unreachable!("only a runner's parts queue products"),
@@ -413,6 +427,17 @@ impl Engine {
         });
         self.launches = launches;
         launched
+    }
+
+    /// An attention of many rows among `launches` (one step's) as the prefill attention.
+    fn prefill_attention_in(&self, launches: &mut [Queued]) {
+        for queued in launches {
+            if let Queued::Typed(module, launch) = *queued {
+                if let Some((config, p)) = self.prefill_attention.replacing(module, &launch) {
+                    *queued = Queued::PrefillAttention(module, config, p);
+                }
+            }
+        }
     }
 
     /// The launches of a step on the GEMM path: its parts lowered as steps, its products as cuBLAS calls.

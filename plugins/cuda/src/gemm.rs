@@ -15,6 +15,7 @@
 //! scratch, allocated at `init` (nothing is allocated on the execute path, and the products can be captured
 //! into a CUDA graph).
 
+pub(crate) mod attention;
 pub(crate) mod launch;
 #[cfg(test)]
 mod tests;

@@ -478,36 +478,39 @@ fn long_prompt(len: usize, vocab: u64) -> Vec<i64> {
     (0..len as i64).map(|i| (i * 37 + 11) % vocab as i64).collect()
 }
 
-/// A prefill of 48 tokens, whose products run as cuBLAS GEMMs on tensor cores (`gemm`: f16 and bf16 with f32
+/// Long prefills: the products run as cuBLAS GEMMs on tensor cores (`gemm`: f16 and bf16 with f32
 /// accumulation, f32 without TF32) between the norms, SwiGLU, biases, residual adds and cache updates of the
-/// plan's own launches, with causal attention over the prompt and the cache, then [`STEPS`] decode steps,
-/// in every float type and both shapes of [`Pair::wide`] and [`Pair::narrow`]: the prompt's logits (every
-/// row) and each step's within the type's tolerance of the CPU reference's, f32 tokens equal, the caches
-/// equal at the end. Then the prefill captured as a CUDA graph (cuBLAS on the caller's stream with its
-/// workspace given at `init`) and replayed: the same logits again.
+/// plan's own launches, and in f16 and bf16 the attention of heads of 64 and 128 values is the prefill kernel
+/// (`gemm::attention`: blocks of 64 query rows over tiles of 64 cache rows, causal per row). [`Pair::wide`]
+/// (heads of 128) and [`Pair::clustered`] (heads of 64, 4 query heads a KV head) take a prompt of 100 tokens
+/// (two blocks of query rows, the second partial; two cache tiles), [`Pair::narrow`] (heads of 16: the decode
+/// kernels) one of 48; then [`STEPS`] decode steps, in every float type: the prompt's logits (every row) and
+/// each step's within the type's tolerance of the CPU reference's, f32 tokens equal, the caches equal at the
+/// end. Then each prefill captured as a CUDA graph (cuBLAS on the caller's stream with the workspace given at
+/// `init`) and replayed: the same logits again.
 #[test]
 #[ignore = "needs an NVIDIA GPU and driver: `cargo xtask gpu-test` runs it on one (--include-ignored, KV_REQUIRE_GPU=1)"]
 fn long_prefill_on_tensor_cores_matches_the_cpu_reference() {
     let Some(ctx) = gpu() else { return };
     cuda_rt::Blas::new(&ctx).expect("cuBLAS where the GPU is: a prefill's products run on it");
-    let len = 48;
     for dtype in DTYPES {
-        for cfg in [Pair::wide(dtype), Pair::narrow(dtype)] {
-            let cfg = Hf { max_len: 64, ..cfg };
+        let shapes = [
+            (Hf { max_len: 128, ..Pair::wide(dtype) }, 100),
+            (Pair::clustered(dtype), 100),
+            (Hf { max_len: 64, ..Pair::narrow(dtype) }, 48),
+        ];
+        for (cfg, len) in shapes {
             decode_after_prompt(&ctx, cfg.clone(), long_prompt(len, cfg.vocab));
             let mut pair = Pair::with_prompt(&ctx, cfg.clone(), long_prompt(len, cfg.vocab));
             pair.prefill();
-            let (expected, token) =
-                reference_call(&mut pair.prefill, &mut pair.host_caches, &pair.prompt.clone(), 0);
+            let prompt = pair.prompt.clone();
+            let (expected, token) = reference_call(&mut pair.prefill, &mut pair.host_caches, &prompt, 0);
             pair.stream.begin_capture().expect("capture");
             let captured =
                 cuda_call(&mut pair.prefill, &mut pair.prefill_io, &mut pair.caches, Some(&pair.stream));
             let graph = pair.stream.end_capture().expect("a capturable prefill");
-            assert_eq!(
-                captured.expect("captured call").0,
-                0,
-                "{dtype}: no host synchronisation while capturing"
-            );
+            let syncs = captured.expect("captured call").0;
+            assert_eq!(syncs, 0, "{dtype}: no host synchronisation while capturing");
             // SAFETY: the captured call's arguments (`pair`'s allocations) and the instance's own memory are
             // alive and untouched until the stream is synchronised below; the stream is of the graph's
             // context.
