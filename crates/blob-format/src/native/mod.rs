@@ -6,6 +6,7 @@
 //! model, while `v1` keeps reading every 1.x blob ever written). A newer minor of a known major reads, its
 //! unknown header fields ignored; a newer major is refused with [`Error::NewerMajor`].
 
+mod streamed;
 mod v1;
 
 use std::io;
@@ -14,6 +15,8 @@ use xxhash_rust::xxh3::xxh3_64;
 
 use crate::model::{Format, Header};
 use crate::{Blob, Error, WriteError};
+
+pub use streamed::write_streamed;
 
 /// The 8-byte magic that starts every native blob: `\x89DLB\r\n\x1a\n`.
 ///
@@ -204,16 +207,25 @@ pub fn to_vec(header: &Header, engine: &[u8]) -> Vec<u8> {
 }
 
 /// Everything before the payload: prefix, the FlatBuffers header `encode` builds, zero padding.
-///
-/// The header records the payload offset, which depends on the header's own length; `encode` is re-run until
-/// the two agree. Fields are fixed-width and a non-zero offset is always stored, so the second run agrees.
 pub(crate) fn encode_head(
     version: (u16, u16),
     engine: &[u8],
     encode: impl Fn(PayloadLocation) -> Vec<u8>,
 ) -> Vec<u8> {
-    let mut location =
-        PayloadLocation { offset: PAYLOAD_ALIGN, size: engine.len() as u64, xxh3: xxh3_64(engine) };
+    encode_head_for(version, engine.len() as u64, xxh3_64(engine), encode)
+}
+
+/// [`encode_head`] for an engine of `size` bytes whose XXH3-64 is `xxh3`.
+///
+/// The header records the payload offset, which depends on the header's own length; `encode` is re-run until
+/// the two agree. Fields are fixed-width and a non-zero offset is always stored, so the second run agrees.
+pub(crate) fn encode_head_for(
+    version: (u16, u16),
+    size: u64,
+    xxh3: u64,
+    encode: impl Fn(PayloadLocation) -> Vec<u8>,
+) -> Vec<u8> {
+    let mut location = PayloadLocation { offset: PAYLOAD_ALIGN, size, xxh3 };
     for _ in 0..4 {
         let header = encode(location);
         let header_end = (PREFIX_LEN + header.len()) as u64;
