@@ -61,7 +61,11 @@
 //! | 16 + n | | zero padding to a multiple of [`CONSTANT_ALIGN`]: the constant section starts here |
 //!
 //! Constants are little-endian, each at an offset (relative to the constant section) that is a multiple of
-//! [`CONSTANT_ALIGN`]. Decoding checks every extent with checked arithmetic and never panics.
+//! [`CONSTANT_ALIGN`]. Decoding checks every extent with checked arithmetic and never panics. A packer that
+//! should not hold a model's weights reads the description alone with [`Graph::from_description_extents`] (a
+//! `Graph<`[`Extent`]`>`: each constant's place in a constant section held elsewhere, checked as decoding
+//! checks it) and writes the same payload with [`Graph::write_payload`], copying the constants from the
+//! section a chunk at a time.
 //!
 //! Versions, each a superset of the one before:
 //!
@@ -123,9 +127,11 @@
 #![forbid(unsafe_code)]
 
 mod builder;
+mod constant;
 mod error;
 mod ops;
 mod payload;
+mod stream;
 mod typing;
 
 use std::collections::{BTreeMap, HashMap};
@@ -136,6 +142,7 @@ use blob_format::model::{DType, Dim, Role};
 use serde::{Deserialize, Serialize};
 
 pub use builder::{AttentionOptions, GraphBuilder, MatMulOptions};
+pub use constant::{ConstantStorage, Extent};
 pub use error::Error;
 /// The `half` crate, whose [`half::f16`] and [`half::bf16`] are the elements of [`Data::F16`] and
 /// [`Data::Bf16`].
@@ -145,6 +152,7 @@ pub use payload::{
     CONSTANT_ALIGN, PAYLOAD_MAGIC, PAYLOAD_MINOR_DECODER_OPS, PAYLOAD_MINOR_WITHOUT_STATE,
     PAYLOAD_MINOR_WITH_STATE, PAYLOAD_VERSION_MAJOR, PAYLOAD_VERSION_MINOR,
 };
+pub use stream::StreamError;
 pub use typing::broadcast_shape;
 
 /// Largest number of elements one tensor may have (2^31), so that a hostile payload cannot make `init`
@@ -284,17 +292,22 @@ impl Data {
 }
 
 /// A validated op graph. Build one with [`GraphBuilder`] or read one with [`Graph::decode`].
+///
+/// `C` is how the graph holds its constants: their values ([`Data`], the default: every graph built, decoded
+/// or read from a description with its constant section), or where their bytes lie in a constant section
+/// held elsewhere ([`Extent`]: [`Graph::from_description_extents`], which a packer streams from a file without
+/// holding the weights; see [`Graph::write_payload`]). Both are validated by the same rules.
 #[derive(Debug, Clone, PartialEq)]
-pub struct Graph {
+pub struct Graph<C = Data> {
     tensors: Vec<TensorDecl>,
     inputs: Vec<TensorId>,
     outputs: Vec<TensorId>,
-    constants: BTreeMap<TensorId, Data>,
+    constants: BTreeMap<TensorId, C>,
     state: Vec<TensorId>,
     ops: Vec<Op<TensorId>>,
 }
 
-impl Graph {
+impl<C> Graph<C> {
     /// Every declared tensor; [`TensorId`] indexes this list.
     pub fn tensors(&self) -> &[TensorDecl] {
         &self.tensors
@@ -339,13 +352,13 @@ impl Graph {
         self.state.contains(&id)
     }
 
-    /// The values of constant `id`, if it is one.
-    pub fn constant(&self, id: TensorId) -> Option<&Data> {
+    /// The values of constant `id` (its [`Extent`] in a `Graph<Extent>`), if it is one.
+    pub fn constant(&self, id: TensorId) -> Option<&C> {
         self.constants.get(&id)
     }
 
-    /// Every constant with its values.
-    pub fn constants(&self) -> impl Iterator<Item = (TensorId, &Data)> + '_ {
+    /// Every constant with its values (its [`Extent`] in a `Graph<Extent>`), in [`TensorId`] order.
+    pub fn constants(&self) -> impl Iterator<Item = (TensorId, &C)> + '_ {
         self.constants.iter().map(|(id, data)| (*id, data))
     }
 
@@ -372,7 +385,9 @@ impl Graph {
             _ => None,
         })
     }
+}
 
+impl<C: ConstantStorage> Graph<C> {
     /// Checks every rule in the crate docs: names, shapes, definitions, op typing, constants, and the
     /// in-place cache rules. Run by [`GraphBuilder::finish`] and [`Graph::decode`].
     pub fn validate(&self) -> Result<(), Error> {
@@ -406,15 +421,15 @@ impl Graph {
         for (&id, data) in &self.constants {
             define(id, "a constant".to_owned())?;
             let decl = &self.tensors[id.0];
-            if data.dtype() != decl.dtype || data.len() != decl.numel() {
+            if data.elem_type() != decl.dtype || data.numel() != decl.numel() {
                 return Err(Error::BadConstant {
                     name: decl.name.clone(),
                     offset: 0,
-                    nbytes: (data.len() * data.dtype().size_bytes()) as u64,
+                    nbytes: (data.numel() * data.elem_type().size_bytes()) as u64,
                     problem: format!(
                         "holds {} {} values but the tensor is {} {:?}",
-                        data.len(),
-                        data.dtype(),
+                        data.numel(),
+                        data.elem_type(),
                         decl.dtype,
                         decl.shape
                     ),
@@ -520,7 +535,7 @@ impl Graph {
     }
 }
 
-impl Graph {
+impl<C> Graph<C> {
     /// The rules of [`Op::Assign`]: its target is a graph input that no other op reads or writes in place
     /// (`cache_inputs`: the `kv_cache_update` caches), and no op reads its output.
     fn check_assign_rules(&self, cache_inputs: &[TensorId]) -> Result<(), Error> {
@@ -594,7 +609,7 @@ fn check_unique(
 
 /// The graph as an engine: its I/O tensors are the graph inputs and outputs, and it reports the in-place
 /// cache updates exactly as TensorRT's `getAliasedInputTensor` would.
-impl EngineIntrospect for Graph {
+impl<C> EngineIntrospect for Graph<C> {
     fn tensors(&self) -> Vec<EngineTensor> {
         let io = |ids: &[TensorId], role: Role| -> Vec<EngineTensor> {
             ids.iter()

@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 
 use crate::ops::OP_NAMES;
-use crate::{Data, ElemType, Error, Graph, Op, TensorDecl, TensorId};
+use crate::{ConstantStorage, Data, ElemType, Error, Extent, Graph, Op, TensorDecl, TensorId};
 
 /// First four bytes of a reference-graph payload.
 pub const PAYLOAD_MAGIC: [u8; 4] = *b"RGRF";
@@ -27,7 +27,7 @@ pub const PAYLOAD_MINOR_WITH_STATE: u16 = 2;
 pub const PAYLOAD_MINOR_WITHOUT_STATE: u16 = 1;
 /// Alignment of the constant section and of every constant in it.
 pub const CONSTANT_ALIGN: u64 = 16;
-const PREFIX_LEN: usize = 16;
+pub(crate) const PREFIX_LEN: usize = 16;
 
 #[derive(Serialize, Deserialize)]
 struct Description {
@@ -53,7 +53,19 @@ fn align_up(n: usize) -> usize {
     n.div_ceil(a) * a
 }
 
-impl Graph {
+/// One constant's place in an encoded payload's constant section.
+pub(crate) struct Placed<'g, C> {
+    /// The constant's tensor.
+    pub(crate) id: TensorId,
+    /// Its values, or where its bytes lie.
+    pub(crate) values: &'g C,
+    /// Its offset from the start of the constant section, a multiple of [`CONSTANT_ALIGN`].
+    pub(crate) offset: u64,
+    /// Its length in bytes.
+    pub(crate) nbytes: u64,
+}
+
+impl<C> Graph<C> {
     /// The `(major, minor)` payload version [`Graph::encode`] writes for this graph: the oldest that
     /// expresses it.
     pub fn payload_version(&self) -> (u16, u16) {
@@ -107,18 +119,31 @@ impl Graph {
             | Op::Assign { .. } => true,
         }
     }
+}
 
-    /// Encodes the graph as a payload (see the crate docs for the layout).
-    pub fn encode(&self) -> Vec<u8> {
-        let name = |id: TensorId| self.tensor(id).name.clone();
-        let mut data = Vec::new();
-        let mut constants = Vec::with_capacity(self.constants.len());
+impl<C: ConstantStorage> Graph<C> {
+    /// Every constant in the order the constant section holds them ([`TensorId`] order), each at the next
+    /// multiple of [`CONSTANT_ALIGN`] after the one before.
+    pub(crate) fn constant_layout(&self) -> Vec<Placed<'_, C>> {
+        let mut end = 0;
+        let mut placed = Vec::with_capacity(self.constants.len());
         for (&id, values) in &self.constants {
-            data.resize(align_up(data.len()), 0);
-            let offset = data.len() as u64;
-            data.extend_from_slice(&values.to_le_bytes());
-            constants.push(ConstantRef { tensor: name(id), offset, nbytes: data.len() as u64 - offset });
+            let offset = align_up(end) as u64;
+            let nbytes = (values.numel() * values.elem_type().size_bytes()) as u64;
+            end = (offset + nbytes) as usize;
+            placed.push(Placed { id, values, offset, nbytes });
         }
+        placed
+    }
+
+    /// The payload up to its constant section (prefix, JSON description, zero padding to
+    /// [`CONSTANT_ALIGN`]), whose constant table records `layout`.
+    pub(crate) fn payload_head(&self, layout: &[Placed<'_, C>]) -> Vec<u8> {
+        let name = |id: TensorId| self.tensor(id).name.clone();
+        let constants = layout
+            .iter()
+            .map(|c| ConstantRef { tensor: name(c.id), offset: c.offset, nbytes: c.nbytes })
+            .collect();
         let ops = self
             .ops
             .iter()
@@ -144,7 +169,7 @@ impl Graph {
         let json =
             serde_json::to_vec(&description).expect("the description is plain data and always serializes");
         let json_len = u32::try_from(json.len()).expect("a graph description over 4 GiB cannot be built");
-        let mut out = Vec::with_capacity(align_up(PREFIX_LEN + json.len()) + data.len());
+        let mut out = Vec::with_capacity(align_up(PREFIX_LEN + json.len()));
         out.extend_from_slice(&PAYLOAD_MAGIC);
         out.extend_from_slice(&PAYLOAD_VERSION_MAJOR.to_le_bytes());
         out.extend_from_slice(&self.payload_version().1.to_le_bytes());
@@ -152,18 +177,34 @@ impl Graph {
         out.extend_from_slice(&[0; 4]);
         out.extend_from_slice(&json);
         out.resize(align_up(out.len()), 0);
-        out.extend_from_slice(&data);
+        out
+    }
+}
+
+impl Graph {
+    /// Encodes the graph as a payload (see the crate docs for the layout).
+    pub fn encode(&self) -> Vec<u8> {
+        let layout = self.constant_layout();
+        let mut out = self.payload_head(&layout);
+        let section = out.len();
+        let section_len = layout.last().map_or(0, |c| c.offset + c.nbytes) as usize;
+        out.reserve_exact(section_len);
+        for constant in &layout {
+            out.resize(section + constant.offset as usize, 0);
+            out.extend_from_slice(&constant.values.to_le_bytes());
+        }
         out
     }
 
     /// Builds and validates a graph from its two payload sections given apart: the JSON `description` (as
     /// the payload holds it: tensors, inputs, outputs, constants, ops, state) and the `constants` section its
-    /// offsets point into. What an exporter in another language writes, for [`Graph::encode`] to lay out
-    /// (`delegate-pack` does this for the ExecuTorch exporter). The same checks as [`Graph::decode`].
+    /// offsets point into, whose values the graph copies. What an exporter in another language writes, for
+    /// [`Graph::encode`] to lay out. The same checks as [`Graph::decode`]. A packer that should not hold the
+    /// constants reads the description with [`Graph::from_description_extents`] instead.
     pub fn from_description(description: &[u8], constants: &[u8]) -> Result<Graph, Error> {
         let description: Description =
             serde_json::from_slice(description).map_err(|source| Error::Json { source })?;
-        description.into_graph(constants)
+        description.into_graph(|constant, decl| read_constant(constant, decl, constants))
     }
 
     /// Decodes and validates a payload. Every defect is a typed [`Error`]; nothing panics.
@@ -194,12 +235,30 @@ impl Graph {
         let data = &payload[data_start..];
         let description: Description = serde_json::from_slice(&payload[PREFIX_LEN..json_end])
             .map_err(|source| Error::Json { source })?;
-        description.into_graph(data)
+        description.into_graph(|constant, decl| read_constant(constant, decl, data))
+    }
+}
+
+impl Graph<Extent> {
+    /// [`Graph::from_description`] without the constants' bytes: the graph records where each constant lies
+    /// in a constant section of `section_len` bytes held elsewhere (a file), every extent checked as
+    /// [`Graph::from_description`] checks it (aligned, of its tensor's size, inside the section). What a
+    /// packer reads so that the weights are never in its memory: [`Graph::write_payload`] then copies them
+    /// from the section into the payload. The same checks as [`Graph::decode`]; the section's bytes are not
+    /// read.
+    pub fn from_description_extents(description: &[u8], section_len: u64) -> Result<Graph<Extent>, Error> {
+        let description: Description =
+            serde_json::from_slice(description).map_err(|source| Error::Json { source })?;
+        description.into_graph(|constant, decl| extent(constant, decl, section_len))
     }
 }
 
 impl Description {
-    fn into_graph(self, data: &[u8]) -> Result<Graph, Error> {
+    /// The graph described, each constant held as `constant` reads it (after its tensor's shape is checked).
+    fn into_graph<C: ConstantStorage>(
+        self,
+        mut constant: impl FnMut(&ConstantRef, &TensorDecl) -> Result<C, Error>,
+    ) -> Result<Graph<C>, Error> {
         let mut ids = BTreeMap::new();
         for (i, tensor) in self.tensors.iter().enumerate() {
             if ids.insert(tensor.name.clone(), TensorId(i)).is_some() {
@@ -229,10 +288,10 @@ impl Description {
             .collect::<Result<Vec<_>, _>>()?;
 
         let mut constants = BTreeMap::new();
-        for constant in &self.constants {
-            let id = resolve(&|| "the constant table".to_owned(), &constant.tensor)?;
+        for entry in &self.constants {
+            let id = resolve(&|| "the constant table".to_owned(), &entry.tensor)?;
             let decl = &self.tensors[id.0];
-            let values = read_constant(constant, decl, data)?;
+            let values = constant(entry, decl)?;
             if constants.insert(id, values).is_some() {
                 return Err(Error::Duplicate { name: decl.name.clone(), context: "the constant table" });
             }
@@ -261,7 +320,8 @@ impl Description {
     }
 }
 
-fn read_constant(constant: &ConstantRef, decl: &TensorDecl, data: &[u8]) -> Result<Data, Error> {
+/// Where `constant` lies in a constant section of `section_len` bytes: aligned, of `decl`'s size, inside.
+fn extent(constant: &ConstantRef, decl: &TensorDecl, section_len: u64) -> Result<Extent, Error> {
     let bad = |problem: String| Error::BadConstant {
         name: decl.name.clone(),
         offset: constant.offset,
@@ -275,11 +335,18 @@ fn read_constant(constant: &ConstantRef, decl: &TensorDecl, data: &[u8]) -> Resu
     if constant.nbytes != expected {
         return Err(bad(format!("tensor {} {:?} needs {expected} bytes", decl.dtype, decl.shape)));
     }
-    let bytes = usize::try_from(constant.offset)
-        .ok()
-        .zip(usize::try_from(constant.nbytes).ok())
-        .and_then(|(start, len)| data.get(start..start.checked_add(len)?))
-        .ok_or_else(|| bad(format!("the constant section holds only {} bytes", data.len())))?;
+    if constant.offset.checked_add(constant.nbytes).is_none_or(|end| end > section_len) {
+        return Err(bad(format!("the constant section holds only {section_len} bytes")));
+    }
+    Ok(Extent { offset: constant.offset, nbytes: constant.nbytes, dtype: decl.dtype })
+}
+
+/// The values of `constant`, read from the constant section `data`.
+fn read_constant(constant: &ConstantRef, decl: &TensorDecl, data: &[u8]) -> Result<Data, Error> {
+    let at = extent(constant, decl, data.len() as u64)?;
+    let start =
+        usize::try_from(at.offset).expect("an extent lies inside the section, whose length is a usize");
+    let bytes = &data[start..start + decl.nbytes()];
     Ok(match decl.dtype {
         ElemType::F32 => Data::F32(
             bytes

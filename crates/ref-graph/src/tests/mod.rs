@@ -552,6 +552,7 @@ fn a_graph_given_as_description_and_constants_is_the_decoded_graph() {
 }
 
 mod assign;
+mod stream;
 mod typing;
 mod v1_3;
 mod v1_4;
