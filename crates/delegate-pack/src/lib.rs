@@ -5,10 +5,13 @@
 //! the blob it must produce is ours: a native header that names, in the delegate's argument order, which graph
 //! tensor each argument binds, plus the `RGRF` payload. Rather than re-implement both encodings in Python, the
 //! exporter writes a [`Spec`] (JSON) and a constants file and runs `delegate-pack SPEC.json OUT.blob`; this
-//! crate checks the graph ([`ref_graph::Graph::from_description`]), derives the alias table from it (every
+//! crate checks the graph ([`ref_graph::Graph::from_description_extents`]: every constant's extent in the
+//! constants file, its bytes left there), derives the alias table from it (every
 //! `kv_cache_update` or `assign` output that is a delegate output aliases the input it writes in place, declared
 //! with the engine's own in-place kind `kv_cache_update`), checks the header against the
-//! graph exactly as a delegate's `init` will ([`alias_validate::validate_with_engine`]), and writes the blob.
+//! graph exactly as a delegate's `init` will ([`alias_validate::validate_with_engine`]), and writes the blob,
+//! copying the constants from their file into it a chunk at a time ([`pack_file`]): a model's weights are never
+//! in the packer's memory, so that exporting a model takes no more memory than the exporter's own.
 //! A spec that would give a blob some delegate refuses is refused here, naming what is wrong.
 //!
 //! ## The spec
@@ -64,13 +67,17 @@
 #![deny(missing_docs)]
 #![forbid(unsafe_code)]
 
+mod packing;
+
 use std::collections::HashSet;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use blob_format::model::{Alias, AliasKind, Binding, Dim, Header, PayloadKind, Producer, Role};
 use et_error::{ErrorCode, HasErrorCode};
 use ref_graph::{Graph, TensorId};
 use serde::Deserialize;
+
+pub use packing::pack_file;
 
 /// Backends whose payload is a reference graph, the only payload this packer writes.
 pub const BACKENDS: [&str; 2] = ["ReferenceBackend", "CudaBackend"];
@@ -134,6 +141,15 @@ pub enum Error {
         /// The I/O error.
         source: std::io::Error,
     },
+    /// A constant could not be copied from the constants file into the blob: the file is shorter than when
+    /// the spec was checked, or reading it failed.
+    #[error("{path}: {source}")]
+    Constants {
+        /// The constants file.
+        path: PathBuf,
+        /// The constant and the I/O error.
+        source: ref_graph::StreamError,
+    },
     /// The spec is not JSON of the documented shape.
     #[error("spec {path}: {source}")]
     Spec {
@@ -171,6 +187,7 @@ impl HasErrorCode for Error {
     fn error_code(&self) -> ErrorCode {
         match self {
             Error::Io { .. } => ErrorCode::AccessFailed,
+            Error::Constants { source, .. } => source.error_code(),
             Error::Spec { .. } | Error::Binding { .. } | Error::Backend(_) => ErrorCode::InvalidArgument,
             Error::Graph(err) => err.error_code(),
             Error::Write(err) => err.error_code(),
@@ -179,60 +196,27 @@ impl HasErrorCode for Error {
     }
 }
 
-/// Reads `spec_path` (and the constants file it names), packs, and writes the blob to `out`.
-///
-/// A model's weights are held as few times as the steps allow: the constants file is let go once the graph
-/// holds its values (before the payload is encoded), and the blob is written from the payload, not assembled
-/// in memory first.
-pub fn pack_file(spec_path: &Path, out: &Path) -> Result<Header, Error> {
-    let read =
-        |path: &Path| std::fs::read(path).map_err(|source| Error::Io { path: path.to_owned(), source });
-    let text = read(spec_path)?;
-    let spec: Spec =
-        serde_json::from_slice(&text).map_err(|source| Error::Spec { path: spec_path.to_owned(), source })?;
-    let graph = {
-        let constants = match &spec.constants_file {
-            Some(file) => read(&spec_path.parent().unwrap_or(Path::new(".")).join(file))?,
-            None => Vec::new(),
-        };
-        graph(&spec, &constants)?
-    };
-    let (header, payload) = checked(&spec, graph)?;
-    let io = |source| Error::Io { path: out.to_owned(), source };
-    let mut file = std::io::BufWriter::new(std::fs::File::create(out).map_err(io)?);
-    blob_format::native::write(&header, &payload, &mut file).map_err(io)?;
-    std::io::Write::flush(&mut file).map_err(io)?;
-    Ok(header)
-}
-
-/// The native blob for `spec`, whose graph's constant offsets point into `constants`.
+/// The native blob for `spec`, whose graph's constant offsets point into `constants`, built in memory
+/// ([`pack_file`] writes the same bytes without holding the constants).
 pub fn pack(spec: &Spec, constants: &[u8]) -> Result<Vec<u8>, Error> {
-    let (header, payload) = build(spec, constants)?;
-    Ok(blob_format::native::to_vec(&header, &payload))
+    let graph = Graph::from_description(&description(spec)?, constants)?;
+    let header = spec_header(spec, &graph)?;
+    Ok(blob_format::native::to_vec(&header, &graph.encode()))
 }
 
-/// The header and the encoded payload, checked against each other.
-fn build(spec: &Spec, constants: &[u8]) -> Result<(Header, Vec<u8>), Error> {
-    checked(spec, graph(spec, constants)?)
-}
-
-/// The graph `spec` describes, its constant offsets pointing into `constants`, for a backend this packer
-/// writes.
-fn graph(spec: &Spec, constants: &[u8]) -> Result<Graph, Error> {
+/// The graph description of `spec`, for a backend this packer writes.
+fn description(spec: &Spec) -> Result<Vec<u8>, Error> {
     if !BACKENDS.contains(&spec.backend.as_str()) {
         return Err(Error::Backend(spec.backend.clone()));
     }
-    let description =
-        serde_json::to_vec(&spec.graph).map_err(|source| Error::Spec { path: "(graph)".into(), source })?;
-    Ok(Graph::from_description(&description, constants)?)
+    serde_json::to_vec(&spec.graph).map_err(|source| Error::Spec { path: "(graph)".into(), source })
 }
 
-/// The header of `graph` with `spec`'s bindings and the encoded payload, checked against each other.
-fn checked(spec: &Spec, graph: Graph) -> Result<(Header, Vec<u8>), Error> {
-    let bindings = bindings(spec, &graph)?;
+/// The header of `graph` with `spec`'s bindings and producer, checked against the graph.
+fn spec_header<C>(spec: &Spec, graph: &Graph<C>) -> Result<Header, Error> {
+    let bindings = bindings(spec, graph)?;
     let producer = Producer { name: spec.producer.name.clone(), version: spec.producer.version.clone() };
-    let header = header(&graph, &spec.backend, Some(producer), bindings)?;
-    Ok((header, graph.encode()))
+    header(graph, &spec.backend, Some(producer), bindings)
 }
 
 /// The native blob of `graph`, already built, for `backend`: its inputs then its outputs, in the graph's
@@ -254,7 +238,7 @@ pub fn pack_graph(graph: &Graph, backend: &str) -> Result<Vec<u8>, Error> {
 }
 
 /// A threaded binding of graph tensor `id`, typed from the graph.
-fn typed_binding(graph: &Graph, id: TensorId, role: Role) -> Binding {
+fn typed_binding<C>(graph: &Graph<C>, id: TensorId, role: Role) -> Binding {
     let decl = graph.tensor(id);
     Binding {
         name: decl.name.clone(),
@@ -267,8 +251,8 @@ fn typed_binding(graph: &Graph, id: TensorId, role: Role) -> Binding {
 
 /// The header of `graph` with `bindings`: every in-place pair whose output is bound declared as an alias, the
 /// payload version named, checked against the graph by the rules every delegate's `init` applies.
-fn header(
-    graph: &Graph,
+fn header<C>(
+    graph: &Graph<C>,
     backend: &str,
     producer: Option<Producer>,
     bindings: Vec<Binding>,
@@ -302,7 +286,7 @@ fn header(
 }
 
 /// The header's bindings in the spec's order, typed from the graph; every graph input and output bound once.
-fn bindings(spec: &Spec, graph: &Graph) -> Result<Vec<Binding>, Error> {
+fn bindings<C>(spec: &Spec, graph: &Graph<C>) -> Result<Vec<Binding>, Error> {
     let mut seen = HashSet::with_capacity(spec.bindings.len());
     let mut out = Vec::with_capacity(spec.bindings.len());
     for (index, binding) in spec.bindings.iter().enumerate() {

@@ -215,3 +215,47 @@ fn an_assigned_buffer_is_declared_as_an_in_place_alias() {
     );
     assert_eq!(blob.header.engine_library_version.as_deref(), Some("ref-graph payload 1.3"));
 }
+
+/// Constants of every element type, most needing padding to the constant alignment, one larger than the
+/// 1 MiB the packer copies at a time.
+fn every_dtype() -> Graph {
+    let mut b = GraphBuilder::new();
+    let tokens = b.input("tokens", ElemType::I64, &[1]).expect("fresh");
+    let big: Vec<f32> = (0..300_001).map(|i| i as f32 * 0.25 - 3.0).collect();
+    let emb = b.constant_f32("emb", &[300_001, 1], big).expect("sized");
+    let h = b.constant_f16("h", &[3], vec![ref_graph::half::f16::from_f32(1.5); 3]).expect("sized");
+    let bf = b.constant_bf16("bf", &[1], vec![ref_graph::half::bf16::from_f32(-2.25)]).expect("sized");
+    let ids = b.constant_i64("ids", &[1], vec![-3]).expect("sized");
+    let row = b.gather("row", emb, tokens).expect("typed");
+    let h32 = b.cast("h32", h, ElemType::F32).expect("typed");
+    let bf32 = b.cast("bf32", bf, ElemType::F32).expect("typed");
+    let sum = b.add("sum", h32, bf32).expect("typed");
+    let mixed = b.add("mixed", row, sum).expect("broadcasts");
+    let next = b.add("next", tokens, ids).expect("typed");
+    b.output(mixed).expect("declared");
+    b.output(next).expect("declared");
+    b.finish().expect("valid")
+}
+
+/// `delegate-pack` streams the constants from their file into the blob without holding them; the blob is
+/// the very bytes of the one built in memory from the same spec and constants.
+#[test]
+fn the_packed_file_is_the_blob_built_in_memory() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let order = json!([
+        {"name": "next", "role": "output"}, {"name": "tokens", "role": "input"},
+        {"name": "mixed", "role": "output"},
+    ]);
+    let (spec, constants) = spec(&every_dtype(), order);
+    let out = dir.path().join("packed.blob");
+    let (ok, _, stderr) = run_cli(&write(dir.path(), &spec, &constants), &out);
+    assert!(ok, "{stderr}");
+    let packed = std::fs::read(&out).expect("blob written");
+    let spec: delegate_pack::Spec = serde_json::from_value(spec).expect("a spec");
+    let in_memory = delegate_pack::pack(&spec, &constants).expect("packs");
+    assert_eq!(packed.len(), in_memory.len());
+    assert!(packed == in_memory, "the packed file differs from the blob built in memory");
+    let blob = Blob::parse(&packed).expect("valid");
+    blob.verify_payload().expect("checksummed payload");
+    assert!(Graph::decode(blob.engine).expect("decodes") == every_dtype(), "the payload is another graph");
+}
