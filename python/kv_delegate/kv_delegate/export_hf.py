@@ -13,8 +13,9 @@ cache_position [1])`` (the first token's position), which takes a prompt ``T`` t
 one-token method; a runtime decodes the prompt's last tokens short of a chunk. Exported with the project's
 partitioner and :class:`~kv_delegate.planning.KvAliasMemoryPlanningPass`, as ``export_real.py`` exports its
 fixtures. It prints what stayed outside the delegate, copies ``tokenizer.json``, ``tokenizer_config.json`` and
-``generation_config.json`` (those present) beside the program, and ends with the time and the process's peak
-memory next to the weights' size and the memory once they are loaded.
+``generation_config.json`` (those present) beside the program, and ends with the packer's peak memory (a
+process of its own, run while the export holds its memory: the two together peak at most at the sum), then the
+time and this process's peak memory next to the weights' size and the memory once they are loaded.
 """
 
 from __future__ import annotations
@@ -132,8 +133,8 @@ def copy_side_files(folder: Path, dest: Path) -> List[str]:
 
 def peak_rss_mib() -> float:
     """This process's peak resident memory so far (Linux reports ``ru_maxrss`` in KiB). The packer
-    (``delegate-pack``, a child process) is not counted: a child's ``ru_maxrss`` includes its parent's pages at
-    the fork, so it would repeat this figure."""
+    (``delegate-pack``, a child process) is not counted: it is measured on its own
+    (:func:`~kv_delegate.pack.packer_peak_bytes`), as a child's ``ru_maxrss`` would repeat this figure."""
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
@@ -184,6 +185,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not outside:
         print("nothing left outside the delegate")
     print(f"copied beside the program: {', '.join(copied) if copied else 'no tokenizer or generation files'}")
+    from .pack import packer_peak_bytes
+
+    print(f"the packer's peak memory {packer_peak_bytes() / MIB:.0f} MiB")
     print(f"wrote {args.out} ({size} bytes) in {time.monotonic() - start:.1f} s, "
           f"peak memory {peak_rss_mib():.0f} MiB (weights {args.weights_mib:.1f} MiB, "
           f"{args.loaded_mib:.0f} MiB once loaded)")
