@@ -26,6 +26,7 @@ pub mod chat;
 mod detokenizer;
 mod error;
 mod options;
+mod reply;
 mod speed;
 mod stop;
 #[cfg(feature = "testing")]
@@ -36,6 +37,7 @@ pub use chat::{ChatTemplate, Conversation, Message};
 pub use detokenizer::{Detokenizer, Pushed};
 pub use error::TextError;
 pub use options::{GenArgs, Settings};
+pub use reply::{sampling_json, Reply};
 pub use speed::speed;
 pub use stop::{StopChecker, StopReason, StopRules};
 pub use tokenizer::{encode, eos_ids, find_tokenizer, prompt_ids, TextTokenizer};

@@ -9,12 +9,10 @@
 
 use std::io::Write;
 use std::process::ExitCode;
-use std::time::Instant;
 
 use executorch_bridge::runner::{self, Protocol};
 use host_runtime::plugins::Registry;
-use sampling::Params;
-use text_gen::{Detokenizer, Settings, StopChecker, StopReason, StopRules, TextError, TextTokenizer};
+use text_gen::{Reply, Settings, TextError, TextTokenizer};
 
 use crate::{fail, Args};
 
@@ -66,35 +64,23 @@ pub fn run(
     settings: &Settings,
     tokenizer: Option<&TextTokenizer>,
 ) -> ExitCode {
-    let mut detokenizer = tokenizer.map(|t| Detokenizer::new(&t.tokenizer, &settings.stops));
     // The budget is the protocol's steps (`--max-new-tokens` set them).
-    let mut stops = StopChecker::new(StopRules { max_new_tokens: None, ..settings.stop_rules() });
-    let stream = !args.json && detokenizer.is_some();
+    let mut reply = Reply::new(tokenizer.map(|t| &t.tokenizer), settings);
+    let stream = !args.json && reply.has_text();
     let mut history = protocol.prompt.clone();
-    let (mut stop, mut closed) = (StopReason::Length, None);
-    let start = Instant::now();
-    let mut times = Vec::new();
+    let mut closed = None;
     let choose = |row: &[f32], step: usize| {
         let token = settings.sampler.pick(row, &history, step as u64) as i64;
         history.push(token);
         token
     };
     let go_on = |token: i64| {
-        times.push(start.elapsed());
-        if let Some(reason) = stops.push(token, "") {
-            stop = reason;
-            return false;
-        }
-        let Some(d) = detokenizer.as_mut() else { return true };
-        let pushed = d.push(token);
+        let pushed = reply.push(token);
         if stream && !pushed.text.is_empty() {
             if let Err(err) = write_out(&pushed.text) {
                 closed = Some(err);
                 return false;
             }
-        }
-        if pushed.stopped {
-            stop = StopReason::StopString;
         }
         !pushed.stopped
     };
@@ -108,37 +94,17 @@ pub fn run(
         None => {}
     }
     // Finishing releases the text held back, into the stream and into `--json`'s `text` alike.
-    let rest = match (&mut detokenizer, stop) {
-        (Some(d), reason) if reason != StopReason::StopString => d.finish(),
-        _ => String::new(),
-    };
-    let (ttft, rate) = text_gen::speed(&times);
-    let reply = Reply { report: &report, stop, ttft, rate };
+    let rest = reply.finish();
     if stream {
-        return finish_stream(&rest, &reply);
+        return finish_stream(&rest, &reply, &report);
     }
-    let text = detokenizer.as_ref().map(|d| d.text().to_owned());
-    crate::emit(&format!("{}\n", reply_json(args, protocol, settings, text, &reply)))
-}
-
-/// How a generation ended: the runner's report, why it stopped, and its speed.
-struct Reply<'a> {
-    report: &'a runner::Report,
-    stop: StopReason,
-    ttft: Option<std::time::Duration>,
-    rate: Option<f64>,
+    crate::emit(&format!("{}\n", reply_json(args, protocol, settings, &reply, &report)))
 }
 
 /// The streamed reply's end: the rest of the text and a newline on stdout, the summary line on stderr.
-fn finish_stream(rest: &str, reply: &Reply<'_>) -> ExitCode {
+fn finish_stream(rest: &str, reply: &Reply<'_>, report: &runner::Report) -> ExitCode {
     let written = write_out(&format!("{rest}\n"));
-    eprintln!(
-        "{} tokens (stop: {}), time to first token {:.1} ms, {}",
-        reply.report.tokens.len(),
-        reply.stop.name(),
-        reply.ttft.unwrap_or_default().as_secs_f64() * 1e3,
-        reply.rate.map_or("- tokens/s".to_owned(), |r| format!("{r:.1} tokens/s"))
-    );
+    eprintln!("{}", reply.summary(report.tokens.len()));
     match written {
         Err(Closed::Failed(err)) => write_failure(&err),
         _ => ExitCode::SUCCESS,
@@ -150,37 +116,25 @@ fn reply_json(
     args: &Args,
     protocol: &Protocol,
     settings: &Settings,
-    text: Option<String>,
     reply: &Reply<'_>,
+    report: &runner::Report,
 ) -> serde_json::Value {
-    let report = reply.report;
-    serde_json::json!({
-        "program": args.program.display().to_string(),
-        "runtime": "executorch 1.5.1",
-        "text": text,
-        "ids": report.tokens,
-        "prompt_ids": protocol.prompt,
-        "stop": reply.stop.name(),
-        "time_to_first_token_ms": reply.ttft.map(|t| t.as_secs_f64() * 1e3),
-        "tokens_per_s": reply.rate,
-        "sampling": params_json(settings.sampler.params()),
-        "planned_memory": report.planned_memory,
-        "served_by": report.served_by.iter().cloned().collect::<std::collections::BTreeMap<_, _>>(),
-    })
+    let mut fields = reply.json_fields(settings.sampler.params());
+    let served_by: std::collections::BTreeMap<_, _> = report.served_by.iter().cloned().collect();
+    for (key, value) in [
+        ("program", serde_json::json!(args.program.display().to_string())),
+        ("runtime", serde_json::json!("executorch 1.5.1")),
+        ("ids", serde_json::json!(report.tokens)),
+        ("prompt_ids", serde_json::json!(protocol.prompt)),
+        ("planned_memory", serde_json::json!(report.planned_memory)),
+        ("served_by", serde_json::json!(served_by)),
+    ] {
+        fields.insert(key.to_owned(), value);
+    }
+    fields.into()
 }
 
 fn write_failure(err: &std::io::Error) -> ExitCode {
     eprintln!("error: cannot write to stdout: {err} [{}]", et_error::ErrorCode::AccessFailed.name());
     ExitCode::from(2)
-}
-
-fn params_json(p: &Params) -> serde_json::Value {
-    serde_json::json!({
-        "temperature": p.temperature,
-        "top_k": p.top_k,
-        "top_p": p.top_p,
-        "min_p": p.min_p,
-        "repetition_penalty": p.repetition_penalty,
-        "seed": p.seed,
-    })
 }
