@@ -120,6 +120,7 @@ pub struct GemvP {
     pub row_off: [i32; 3],
     pub row_group: [i32; 3],
     pub row_stride: [i32; 3],
+    pub rope_dh: i32,
 }
 
 /// `GemvP::activation` for a GEMV's GELU ([`crate::plan::Step::Gemv`]): `ref_graph::UnaryFn`'s index, as

@@ -33,7 +33,8 @@
 //!     ranges of the cache itself;
 //! - Hugging Face's rotate-half RoPE (seven ops) is one launch ([`rope`]), or none in a decode step: the
 //!   Q/K/V GEMV that computes its input applies it before it stores (warps paired across the half), and then
-//!   also writes the rotated keys and the values into the caches;
+//!   also writes the rotated keys and the values into the caches; so is a partial rotary (the RoPE of a
+//!   slice of each head concatenated with the rest, [`RopeTables::head`]);
 //! - the general path ([`general`]): one launch per op for everything else (broadcasting elementwise ops,
 //!   unary functions, means, casts, permutes, slices and concats as strided copies); a `Reshape` launches
 //!   nothing: its output is its input's storage; an `Assign` is one copy of its value into the caller's
@@ -376,12 +377,15 @@ impl WeightRows {
     }
 }
 
-/// A fused RoPE's tables: `cos` and `sin`, `2 * half` values each (one decode row), of the GEMV's type.
+/// A fused RoPE's tables: `cos` and `sin`, `2 * half` values each (one decode row), of the GEMV's type, and
+/// the rotated products' head width: `2 * half`, or more for a partial rotary (each head rotated in its first
+/// `2 * half` columns, the rest stored as computed).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RopeTables {
     pub cos: TensorId,
     pub sin: TensorId,
     pub half: u32,
+    pub head: u32,
 }
 
 /// Where a GEMV's fused cache updates write: the position tensor and the caches' `[heads, len, head_dim]`.

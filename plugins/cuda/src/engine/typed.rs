@@ -148,6 +148,7 @@ impl Engine {
             row_off,
             row_group,
             row_stride,
+            rope_dh: rope.map_or(1, |t| t.head.max(1) as i32),
         };
         match (glu, rope) {
             (Some(_), _) => Launch::GemvGlu(config, params, entry),

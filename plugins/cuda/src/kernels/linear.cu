@@ -20,8 +20,9 @@
 // with a cache also writes its outputs into the cache row at pos + m (the KV-cache update fused into the
 // projection that computes it).
 // The matrices in `rope_mats` (bit per matrix) are stored rotated by Hugging Face's rotate-half RoPE (one row,
-// heads of `2 * rope_half`; `cos` and `sin` one row of tables): warps 2j and 2j + 1 compute columns d and
-// d + rope_half of one head and meet in shared memory before they store.
+// heads of `rope_dh`, each rotated in its first `2 * rope_half` columns, the rest as computed: a partial
+// rotary; `cos` and `sin` one row of tables): warps 2j and 2j + 1 compute columns d and d + rope_half of one
+// head and meet in shared memory before they store.
 // `gemv_glu` is Hugging Face's SwiGLU: matrices 0 and 1 are the gate and up projections of one width, each pair
 // of warps computes one column of both (in the `_waves` entry, each warp both), and the block writes
 // silu(gate) * up into `y[0]` instead (rounded as the separate ops round).
@@ -87,6 +88,7 @@ struct GemvP {
     // Per matrix, the weight row (and bias element) of output column c: row_off + (c / row_group) * row_stride
     // + c % row_group (`plan::WeightRows`: every row, or the rows of one slice of a product's columns).
     int row_off[3], row_group[3], row_stride[3];
+    int rope_dh;  // a rotated matrix's head width (2 * rope_half, or more: a partial rotary)
 };
 
 // 16 bytes of a weight row: read once a step, so never kept in L1 (measured on the H200: the Llama-3.2-1B
@@ -138,12 +140,15 @@ struct GemvTail {
 
 __device__ __forceinline__ bool roped(const GemvP& p, int mat) { return (p.rope_mats >> mat) & 1; }
 
-// A rotated matrix's column for its warp's index `i`: the pair i = 2j, 2j + 1 takes columns d and d + half of
-// one head.
-__device__ __forceinline__ int rope_col(int i, int half) {
-    const int r = i % (2 * half);
-    return i - r + (r >> 1) + (r & 1) * half;
+// A rotated matrix's column for its warp's index `i`: in the rotated part of a head of `dh`, the pair
+// i = 2j, 2j + 1 takes columns d and d + half; past it, column i.
+__device__ __forceinline__ int rope_col(int i, int half, int dh) {
+    const int r = i % dh;
+    return r < 2 * half ? i - r + (r >> 1) + (r & 1) * half : i;
 }
+
+// Whether column `col` of a rotated matrix is in the rotated part of its head.
+__device__ __forceinline__ bool rope_rotates(const GemvP& p, int col) { return col % p.rope_dh < 2 * p.rope_half; }
 
 // The weight row (and bias element) output column `col` of matrix `mat` reads (`row_off`, ...).
 __device__ __forceinline__ int gemv_wrow(const GemvP& p, int mat, int col) {
@@ -172,9 +177,9 @@ __device__ __forceinline__ void gemv_after_wait(const GemvP& p, int mat, int m, 
     const T* res = pick(p.res, mat);
     if (stores && res) tail.res = res[gemv_at(p, mat, m, col)];
     if (stores && pick(p.cache, mat)) tail.row = p.pos[0] + m;
-    if (rope && stores && roped(p, mat)) {
-        tail.cos = p.cos[col % (2 * p.rope_half)];
-        tail.sin = p.sin[col % (2 * p.rope_half)];
+    if (rope && stores && roped(p, mat) && rope_rotates(p, col)) {
+        tail.cos = p.cos[col % p.rope_dh];
+        tail.sin = p.sin[col % p.rope_dh];
     }
 }
 
@@ -217,7 +222,7 @@ __device__ __forceinline__ void gemv_rope_store(const GemvP& p, int mat, int m, 
     if (stores && roped(p, mat)) xs[warp] = rnd(pick(p.bias, mat) ? s + val(tail.bias) : s);
     __syncthreads();
     if (!stores) return;
-    if (!roped(p, mat)) {
+    if (!roped(p, mat) || !rope_rotates(p, col)) {
         gemv_store(p, mat, m, col, s, tail);
         return;
     }
@@ -556,7 +561,7 @@ __device__ __forceinline__ GemvCol gemv_col(const GemvP& p, int g) {
             c.mat = 2;
         }
     }
-    if (KIND == GEMV_ROPE && roped(p, c.mat)) c.col = rope_col(c.col, p.rope_half);
+    if (KIND == GEMV_ROPE && roped(p, c.mat)) c.col = rope_col(c.col, p.rope_half, p.rope_dh);
     if (KIND == GEMV_GLU) {
         // Warps 2j and 2j + 1: column g * GEMV_WARPS / 2 + j of the gate and of the up matrix.
         c.col = g * (GEMV_WARPS / 2) + (threadIdx.x >> 6);

@@ -6,7 +6,7 @@
 
 use ref_graph::{half, Data, ElemType, Graph, TensorId, UnaryFn};
 
-use super::{Home, Norm, Plan, Step, Walk};
+use super::{Home, Norm, Plan, RopeTables, Step, Walk};
 
 /// Host values of every storage of a plan, by root tensor (a `SameAs` tensor reads and writes its root's).
 pub(super) struct Emulator<'g> {
@@ -204,7 +204,7 @@ impl Emulator<'_> {
                     })
                     .collect();
                 if let (true, Some(t)) = (mat.roped, rope) {
-                    ys = self.rotated(&ys, t.cos, t.sin, t.half as usize, dtype);
+                    ys = self.rotated(&ys, t, dtype);
                 }
                 if glu.is_some() {
                     glu_rows.push(ys);
@@ -244,12 +244,20 @@ impl Emulator<'_> {
         (0..row.len()).map(|d| centred[d] * inv * gain[d] + bias.map_or(0.0, |b| b[d])).collect()
     }
 
-    /// `ys` (heads of `2 * half`) rotated with one row of tables, each product and the sum rounded to
-    /// `dtype`, as the RoPE's ops round.
-    fn rotated(&self, ys: &[f64], cos: TensorId, sin: TensorId, half: usize, dtype: ElemType) -> Vec<f64> {
-        let (c, s) = (self.get(cos), self.get(sin));
+    /// `ys` (heads of `t.head`, each rotated in its first `2 * t.half` columns) rotated with one row of
+    /// tables, each product and the sum rounded to `dtype`, as the RoPE's ops round.
+    fn rotated(&self, ys: &[f64], t: RopeTables, dtype: ElemType) -> Vec<f64> {
+        let (c, s) = (self.get(t.cos), self.get(t.sin));
+        let (half, head) = (t.half as usize, t.head as usize);
         (0..ys.len())
-            .map(|col| rope_at(ys, col, half, c[col % (2 * half)], s[col % (2 * half)], dtype))
+            .map(|col| {
+                let r = col % head;
+                if r >= 2 * half {
+                    return ys[col];
+                }
+                let rot = if r < half { -ys[col + half] } else { ys[col - half] };
+                round(round(ys[col] * c[r], dtype) + round(rot * s[r], dtype), dtype)
+            })
             .collect()
     }
 

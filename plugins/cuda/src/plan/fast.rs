@@ -1,6 +1,7 @@
 //! The lowering state and the fast path: the fused launches of a decode step (see the parent module), and
 //! the dispatch of every other op to [`super::general`].
 
+mod partial;
 mod spelled;
 mod split;
 
@@ -355,7 +356,7 @@ impl<'g> Lowering<'g> {
         let Ok(half) = u32::try_from(r.half) else { return false };
         // The tables by value: every layer's view of them is one table.
         let value = |id: TensorId| self.canon.value[id.0];
-        let tables = RopeTables { cos: value(r.cos), sin: value(r.sin), half };
+        let tables = RopeTables { cos: value(r.cos), sin: value(r.sin), half, head: 2 * half };
         if !one_row(r.cos) || !one_row(r.sin) || self.graph.tensor(x).dtype != dtype || !self.rope_owns(x, r)
         {
             return false;
@@ -469,21 +470,12 @@ impl Lowering<'_> {
                 mats = split;
             }
         }
+        let rope = self.partial_rotary(&mut mats, m);
         let (a, norm) = self.fused_norm(a, products);
         let early = mats.iter().all(|mat| self.fixed(mat.w) && mat.bias.is_none_or(|b| self.fixed(b)))
             && norm.is_none_or(|n| self.fixed(n.gain) && n.bias.is_none_or(|b| self.fixed(b)));
-        let step = Step::Gemv {
-            a,
-            norm,
-            mats,
-            cache_rows: None,
-            m,
-            k,
-            early,
-            glu: None,
-            rope: None,
-            activation: None,
-        };
+        let step =
+            Step::Gemv { a, norm, mats, cache_rows: None, m, k, early, glu: None, rope, activation: None };
         self.steps.push(step);
         Ok(taken)
     }
