@@ -119,9 +119,11 @@ typedef struct kvd_sampler kvd_sampler;
 
 /*
  * A sampler in *out (free it with kvd_sampler_free). temperature 0 is greedy (the first largest logit, a NaN
- * never wins); top_k 0, top_p 1, min_p 0 and repetition_penalty 1 each turn their step off.
+ * never wins); top_k 0 keeps the 1024 most likely ids (the most a draw chooses among); top_p 1, min_p 0 and
+ * repetition_penalty 1 each turn their step off.
  * Returns 0, or InvalidArgument (0x12): out is NULL, or a parameter is out of range (temperature finite and
- * >= 0, top_p in (0, 1], min_p in [0, 1], repetition_penalty finite and > 0); kvd_last_error() names it.
+ * >= 0, top_k at most 1024, top_p in (0, 1], min_p in [0, 1], repetition_penalty finite and > 0);
+ * kvd_last_error() names it.
  */
 kvd_error kvd_sampler_new(float temperature, uint32_t top_k, float top_p, float min_p, float repetition_penalty,
                           uint64_t seed, kvd_sampler** out);

@@ -135,3 +135,42 @@ fn parameters_out_of_range_are_named() {
         bad(Params { repetition_penalty: 0.0, ..Params::default() }).starts_with("--repetition-penalty 0")
     );
 }
+
+/// Step 5: without top-k the candidates are the 1024 most likely, in the contract's order; the rest are
+/// never drawn.
+#[test]
+fn without_top_k_the_candidates_are_the_1024_most_likely() {
+    // 3000 ids; id i has logit -(i / 300) rounded down: ties of 300 ids, broken by the smaller id.
+    let logits: Vec<f32> = (0..3000).map(|i| -((i / 300) as f32) * 0.01).collect();
+    let s = sampler(Params { temperature: 1.0, seed: 11, ..Params::default() });
+    assert_eq!(s.candidate_count(logits.len()), sampling::MAX_CANDIDATES);
+    let ids: Vec<usize> = s.candidates(&logits).iter().map(|c| c.0).collect();
+    assert_eq!(ids, (0..1024).collect::<Vec<_>>());
+    assert!((0..2000).all(|step| s.pick(&logits, &[], step) < 1024));
+    // top-k narrower than the bound, and a vocabulary smaller than it.
+    let s = sampler(Params { temperature: 1.0, top_k: 5, ..Params::default() });
+    assert_eq!(s.candidate_count(3000), 5);
+    assert_eq!(s.candidate_count(3), 3);
+}
+
+#[test]
+fn top_k_above_the_candidate_bound_is_refused() {
+    let err = Sampler::new(Params { top_k: 1025, ..Params::default() }).expect_err("refused");
+    assert_eq!(err.to_string(), "--top-k 1025: must be at most 1024 (0: the 1024 most likely)");
+    assert!(Sampler::new(Params { top_k: 1024, ..Params::default() }).is_ok());
+}
+
+/// Step 6: the weights are the contract's exponential (fixed operations a GPU repeats), not the platform's
+/// `exp`, which may round differently: checked where the two differ.
+#[test]
+fn the_softmax_uses_the_contracts_exponential() {
+    let x = (1..100_000)
+        .map(|i| -(i as f32) * 1e-4)
+        .find(|&x| sampling::exp(x) != x.exp())
+        .expect("the platform's exp and the contract's differ somewhere");
+    let s = sampler(Params { temperature: 1.0, ..Params::default() });
+    let candidates = s.candidates(&[0.0, x]);
+    let w = sampling::exp(x);
+    let total = 1.0 + w;
+    assert_eq!(candidates, [(0, 1.0 / total), (1, w / total)], "x = {x}");
+}

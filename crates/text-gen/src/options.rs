@@ -18,7 +18,7 @@ pub struct GenArgs {
     /// Sampling temperature; 0 picks the most likely token (greedy).
     #[arg(long, default_value_t = 0.0)]
     pub temperature: f32,
-    /// Sample among the K most likely tokens only; 0 keeps all.
+    /// Sample among the K most likely tokens only (at most 1024); 0 keeps the 1024 most likely.
     #[arg(long, default_value_t = 0, value_name = "K")]
     pub top_k: usize,
     /// Sample among the most likely tokens whose probabilities reach P; 1 keeps all.
