@@ -325,6 +325,22 @@ impl Allocation<Pinned> {
         // SAFETY: as in `bytes`, and `&mut self` makes this the only access for the borrow's lifetime.
         unsafe { std::slice::from_raw_parts_mut(self.ptr as usize as *mut u8, self.len) }
     }
+
+    /// The bytes as `len / 8` atomic 64-bit words: a mailbox that a kernel writes through the allocation's
+    /// device address (under unified addressing, pinned memory is mapped into every context at its host
+    /// address) while the host polls it, with no copy and no synchronisation. Whoever queues such a kernel
+    /// (an `unsafe` launch) promises that it writes only whole, aligned words of this allocation and that the
+    /// host reads those words only through this view while the kernel may run.
+    pub fn atomic_words(&self) -> &[std::sync::atomic::AtomicU64] {
+        // SAFETY: `ptr` is a live host allocation of at least `len` bytes, 256-byte aligned (the driver's
+        // alignment, above `AtomicU64`'s 8), zeroed at allocation so every word is initialised, freed only in
+        // `Drop`, which cannot run while the borrow of `self` lives. `AtomicU64` has `u64`'s layout, and atomic
+        // access is what memory written concurrently by another agent (the device, through the mapping) needs;
+        // writers other than such kernels need `&mut self`.
+        unsafe {
+            std::slice::from_raw_parts(self.ptr as usize as *const std::sync::atomic::AtomicU64, self.len / 8)
+        }
+    }
 }
 
 impl<K: DeviceAddressable> Allocation<K> {
