@@ -409,16 +409,19 @@ impl Engine {
             // the host drops only after its streams drained. Only launches after the call's first overlap,
             // and only on a device that has it (`overlaps_launches`); every kernel waits with `pdl_wait`. A
             // product on cuBLAS is launched without overlap, its matrices the plan's tensors or the runner's
-            // scratch, each sized for the rows and columns it describes (`gemm::Expansion`).
+            // scratch, each sized for the rows and columns it describes (`gemm::Expansion`); the prefill
+            // attention takes the very parameters of the tensor-core attention it replaces
+            // (`gemm::attention`) and waits with `pdl_wait` too.
             unsafe {
                 match queued {
                     Queued::Typed(module, launch) => self.typed[*module].1.launch(launch, stream, overlapped),
                     Queued::General(launch) => self.general.launch(launch, stream, overlapped),
-                    Queued::PrefillAttention(module, config, p) => {
-                        self.prefill_attention.launch(*module, *config, p, stream, overlapped)
-                    }
+                    Queued::PrefillAttention(module, config, p) => self
+                        .prefill_attention
+                        .entry(*module, p)
+                        .and_then(|f| kernels::go(f, *config, stream, p, overlapped)),
                     Queued::Gemm(gemm) => match self.gemm.as_mut() {
-                        Some(runner) => runner.launch(stream, gemm),
+                        Some(runner) => runner.blas().gemm_ex(stream, gemm),
                         None => unreachable!("only a runner's parts queue products"),
                     },
                 }

@@ -13,7 +13,9 @@
 //! A decode step (one row) is untouched: its GEMV keeps every fusion and its launches are the plan's. Pure:
 //! [`Expansion`] decides every launch from the plan; `launch` holds the cuBLAS handle, its workspace and the
 //! scratch, allocated at `init` (nothing is allocated on the execute path, and the products can be captured
-//! into a CUDA graph).
+//! into a CUDA graph). No `unsafe` here: the engine queues the products and the prefill attention
+//! ([`attention`]) in its launches, the crate's FFI layer.
+#![forbid(unsafe_code)]
 
 pub(crate) mod attention;
 pub(crate) mod launch;

@@ -5,7 +5,7 @@
 //! this kernel instead, with the same parameters: a block takes [`PREFILL_ROWS`] query rows of one head and
 //! reads each cache tile once for all of them. Decode steps (one row) never do.
 
-use cuda_rt::{Context, Function, LaunchConfig, StreamRef};
+use cuda_rt::{Context, Function, LaunchConfig};
 
 use crate::kernels::{self, AttnP, Kernels, Launch};
 use crate::plan::Float;
@@ -49,28 +49,15 @@ impl PrefillAttention {
         prefill_config(p, has).map(|config| (config, *p))
     }
 
-    /// Queues the prefill kernel of module `module` with `p`.
-    ///
-    /// # Safety
-    /// As [`Kernels::launch`] for the attention `p` describes (a launch [`PrefillAttention::replacing`]
-    /// gave): every address valid for the extents of `p`, `stream` of the module's context.
-    pub(crate) unsafe fn launch(
-        &self,
-        module: usize,
-        config: LaunchConfig,
-        p: &AttnP,
-        stream: StreamRef<'_>,
-        overlapped: bool,
-    ) -> cuda_rt::Result<()> {
+    /// The entry of module `module` for `p`'s heads (a launch [`PrefillAttention::replacing`] gave), which
+    /// the engine's launches queue with `p` (the crate's FFI layer).
+    pub(crate) fn entry(&self, module: usize, p: &AttnP) -> cuda_rt::Result<&Function> {
         let missing = || cuda_rt::Error::OutOfRange {
             call: "launching attention_prefill",
             what: "a module without the prefill attention".into(),
         };
         let entries = self.entries.get(module).and_then(Option::as_ref).ok_or_else(missing)?;
-        let f = &entries[usize::from(p.dh == 128)];
-        // SAFETY: the kernel takes `AttnP` (mirrored `#[repr(C)]`) and reads and writes only the extents it
-        // describes, valid per this function's contract; it waits with `pdl_wait` before touching memory.
-        unsafe { kernels::go(f, config, stream, p, overlapped) }
+        Ok(&entries[usize::from(p.dh == 128)])
     }
 }
 

@@ -2,7 +2,7 @@
 //! nothing and can be captured into a CUDA graph), the scratch of the path's roles, and the products as
 //! cuBLAS calls on the call's stream.
 
-use cuda_rt::{Allocation, Blas, Context, Device, DevicePtr, GemmEx, GemmType, Sgemm, StreamRef};
+use cuda_rt::{Allocation, Blas, Context, Device, DevicePtr, GemmEx, GemmType, Sgemm};
 
 use super::{Expansion, Part, Product};
 use crate::plan::Float;
@@ -56,15 +56,10 @@ impl Runner {
         self.expansion.of(index)
     }
 
-    /// Queues `gemm` on `stream`.
-    ///
-    /// # Safety
-    /// As [`Blas::gemm_ex`]: the addresses are device memory of the runner's context holding the matrices
-    /// `gemm` describes (a [`call`] of a product whose tensors the plan sized), untouched by anything else
-    /// until the stream has run the product.
-    pub(crate) unsafe fn launch(&mut self, stream: StreamRef<'_>, gemm: &GemmEx) -> cuda_rt::Result<()> {
-        // SAFETY: this function's contract is `gemm_ex`'s.
-        unsafe { self.blas.gemm_ex(stream, gemm) }
+    /// The cuBLAS handle the products run on ([`Blas::gemm_ex`] of a [`call`], queued by the engine's
+    /// launches: the crate's FFI layer).
+    pub(crate) fn blas(&mut self) -> &mut Blas {
+        &mut self.blas
     }
 }
 
