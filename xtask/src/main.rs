@@ -1,29 +1,31 @@
 //! `cargo xtask`: the project's maintainer tasks, one module per task.
 //!
 //! Run `cargo xtask --help`. Every task works from a fresh clone: it installs or builds what it needs.
+//!
+//! This binary is thin (clap, anyhow, serde_json, tempfile): `cargo xtask demo` and `cargo xtask test` compile
+//! it before anything else. Tasks with heavy dependencies run in their own packages, built when first asked
+//! for ([`on_demand`]): `release`, `dist`, `compat`, `package-check` and `plot-bench` in `xtask-release`,
+//! `export-example` and the demo's checks in `xtask-example`.
 
-mod acceptance;
 mod codegen;
-mod compat;
 mod demo;
-mod dist;
-mod executorch_setup;
 mod export_hf;
 mod export_pte;
 mod export_venv;
 mod gpu;
 mod leak_check;
 mod nvrtc_setup;
-mod plot;
 mod python_test;
-mod release;
 mod test;
-mod trt_setup;
-mod util;
 
+use std::ffi::OsString;
 use std::path::PathBuf;
+use std::process::ExitCode;
 
-use clap::{Parser, Subcommand, ValueEnum};
+use clap::{Parser, Subcommand};
+// The shared helpers, under the paths the tasks name them by (`crate::util`, ...).
+use xtask::on_demand::{self, Tool};
+use xtask::{executorch_setup, trt_setup, util};
 
 #[derive(Parser)]
 #[command(name = "cargo xtask", about = "Maintainer tasks for the delegate workspace")]
@@ -48,31 +50,6 @@ enum Task {
     /// 1 000 init/execute/destroy cycles of the reference plugin library under valgrind, against a few: the
     /// leak summary must not grow (part of `test`).
     LeakCheck,
-    /// Reproducible release bundles: each plugin library with its manifest, README and SHA256SUMS, and the
-    /// `delegate-host` binary with the docs a plugin author needs, as `.tar.gz` plus `dist-manifest.json`.
-    Dist {
-        /// Output directory (default: `<target>/dist/bundles`).
-        #[arg(long)]
-        out: Option<PathBuf>,
-        /// Leave out the TensorRT plugin (it needs libclang and the TensorRT-RTX wheel to build).
-        #[arg(long)]
-        no_tensorrt: bool,
-        /// Instead of bundling: build a second time in another target directory and compare the binaries
-        /// byte for byte (slow: a second full release build).
-        #[arg(long, conflicts_with = "out")]
-        rebuild_check: bool,
-    },
-    /// The compatibility gate: golden blobs of every wire-format version read to the same model; the previous
-    /// release's plugins (`fixtures/releases/<version>/`) load in the new host and the new plugins in its host;
-    /// one entry symbol per plugin, the root interface unchanged, ABI/wire-format changes in the changelog.
-    Compat {
-        /// This tree's bundles, as `dist --out` wrote them (default: run `dist` first).
-        #[arg(long)]
-        dist: Option<PathBuf>,
-        /// Leave out the TensorRT plugin when building the bundles.
-        #[arg(long)]
-        no_tensorrt: bool,
-    },
     /// Regenerate committed generated code (flatbuffers), or check it is current.
     Codegen {
         /// Fail if the committed code differs from what would be generated.
@@ -85,13 +62,6 @@ enum Task {
     /// Build the GPU bundle and print the command that runs the side-by-side benchmark (ours and PyTorch's)
     /// on a GPU machine.
     BenchGpu,
-    /// Draw the GPU benchmark's `summary.json` (from `run.sh bench`) as an SVG bar chart.
-    PlotBench {
-        /// The summary written by `gpu/summarize.py`.
-        summary: PathBuf,
-        /// The SVG to write.
-        out: PathBuf,
-    },
     /// Export the example decoder as ExecuTorch `.pte` programs for ReferenceBackend (every variant: caches as
     /// mutable buffers or delegate-owned, one or two methods, with and without the KV-alias memory plan), plus
     /// torch eager's tokens and logits, into DIR; sets up torch and executorch 1.5.1 in `.cache/export-venv`.
@@ -111,128 +81,72 @@ enum Task {
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         args: Vec<std::ffi::OsString>,
     },
+    /// Tasks another package runs (see [`on_demand`]).
+    #[command(flatten)]
+    OnDemand(OnDemandTask),
+}
+
+/// The tasks of `xtask-release` and `xtask-example`: their arguments go to the package's binary as they are, so
+/// `cargo xtask release --help` is its help.
+#[derive(Subcommand)]
+enum OnDemandTask {
+    /// Reproducible release bundles: each plugin library with its manifest, README and SHA256SUMS, and the
+    /// `delegate-host` binary with the docs a plugin author needs, as `.tar.gz` plus `dist-manifest.json`
+    /// (`dist --help` for the flags; runs `xtask-release`).
+    #[command(disable_help_flag = true)]
+    Dist(Forwarded),
+    /// The compatibility gate: golden blobs of every wire-format version read to the same model; the previous
+    /// release's plugins (`fixtures/releases/<version>/`) load in the new host and the new plugins in its host;
+    /// one entry symbol per plugin, the root interface unchanged, ABI/wire-format changes in the changelog
+    /// (`compat --help` for the flags; runs `xtask-release`).
+    #[command(disable_help_flag = true)]
+    Compat(Forwarded),
+    /// Draw the GPU benchmark's `summary.json` (from `run.sh bench`) as an SVG bar chart: `plot-bench SUMMARY
+    /// OUT` (runs `xtask-release`).
+    #[command(disable_help_flag = true)]
+    PlotBench(Forwarded),
     /// The release plan of every publishable crate (writes nothing): last release, commits since, semver check,
-    /// STABILITY.md tier, proposed version and why, dependents bumped. `--execute` applies it (versions,
-    /// `[workspace.dependencies]` requirements, changelogs); `--execute --registry NAME`, on the committed
-    /// applied plan, publishes every publishable crate at the version its Cargo.toml carries, in dependency
-    /// order, skipping versions the registry has (a failed run resumes), recording each in releases.toml and
-    /// tagging it `<crate>-v<version>`. Never crates.io. What the tools it runs print goes to stderr, so
-    /// stdout holds the plan (`--json`: as JSON) and the publish report.
-    Release {
-        #[command(flatten)]
-        plan: release::command::PlanArgs,
-        #[command(flatten)]
-        publish: release::publish::PublishArgs,
-    },
+    /// STABILITY.md tier, proposed version and why, dependents bumped. `--execute` applies it; `--execute
+    /// --registry NAME` publishes it (`release --help` for the flags; runs `xtask-release`). stdout holds the plan
+    /// (`--json`: as JSON) and the publish report.
+    #[command(disable_help_flag = true)]
+    Release(Forwarded),
     /// Check what `cargo publish` would upload, for every publishable crate: metadata, packaged files, tests
-    /// that read outside their package, dev-dependency cycles (part of `test`).
-    PackageCheck,
-    /// Write the example decoder's blobs and program manifest into DIR.
-    ExportExample {
-        /// Which delegate the blobs are for.
-        #[arg(long, value_enum, default_value_t = Backend::Reference)]
-        backend: Backend,
-        /// Output directory.
-        dir: PathBuf,
-        /// The bigger configuration (8 layers, 8 heads x 64, max length 1024, f32).
-        #[arg(long, conflicts_with = "config")]
-        big: bool,
-        /// A benchmark configuration of the GPU path: a = upstream's model (1 layer, 2 x 16, max 16, f32),
-        /// b = 8 layers, 8 x 64, max 1024, f16; c = 32 layers, 8 x 128, max 8192, f16. Default: the tiny
-        /// model (= a), or --big.
-        #[arg(long, value_enum)]
-        config: Option<BenchArg>,
-        /// Where buffers and method inputs and outputs live (reference and cuda backends).
-        #[arg(long, value_enum, default_value_t = Memory::Host)]
-        memory: Memory,
-    },
+    /// that read outside their package, dev-dependency cycles (runs `xtask-release`).
+    #[command(disable_help_flag = true)]
+    PackageCheck(Forwarded),
+    /// Write the example decoder's blobs and program manifest into DIR: `export-example [--backend
+    /// reference|cuda|tensorrt] [--big | --config a|b|c] [--memory host|device|managed] DIR` (`export-example
+    /// --help` for the flags; runs `xtask-example`).
+    #[command(disable_help_flag = true)]
+    ExportExample(Forwarded),
 }
 
-#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
-enum Backend {
-    /// The reference delegate (CPU op graph; f32 only).
-    Reference,
-    /// The CUDA delegate: the same reference-graph payload, run on an NVIDIA GPU.
-    Cuda,
-    /// The TensorRT delegate: engines built on this machine with TensorRT-RTX (installed when missing).
-    Tensorrt,
-}
-
-#[derive(Clone, Copy, ValueEnum)]
-enum BenchArg {
-    A,
-    B,
-    C,
-}
-
-impl From<BenchArg> for kv_example::BenchConfig {
-    fn from(arg: BenchArg) -> kv_example::BenchConfig {
-        match arg {
-            BenchArg::A => kv_example::BenchConfig::A,
-            BenchArg::B => kv_example::BenchConfig::B,
-            BenchArg::C => kv_example::BenchConfig::C,
+impl OnDemandTask {
+    /// The package that runs the task, the task's name there, and its arguments.
+    fn split(self) -> (Tool, &'static str, Vec<OsString>) {
+        match self {
+            OnDemandTask::Dist(f) => (Tool::Release, "dist", f.args),
+            OnDemandTask::Compat(f) => (Tool::Release, "compat", f.args),
+            OnDemandTask::PlotBench(f) => (Tool::Release, "plot-bench", f.args),
+            OnDemandTask::Release(f) => (Tool::Release, "release", f.args),
+            OnDemandTask::PackageCheck(f) => (Tool::Release, "package-check", f.args),
+            OnDemandTask::ExportExample(f) => (Tool::Example, "export-example", f.args),
         }
     }
 }
 
-#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
-enum Memory {
-    /// Host memory (the default).
-    Host,
-    /// CUDA device memory.
-    Device,
-    /// CUDA managed memory.
-    Managed,
+/// The arguments of a task another package runs, passed on as they are.
+#[derive(clap::Args)]
+struct Forwarded {
+    #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+    args: Vec<OsString>,
 }
 
-impl From<Memory> for host_runtime::manifest::MemoryKind {
-    fn from(memory: Memory) -> host_runtime::manifest::MemoryKind {
-        use host_runtime::manifest::MemoryKind;
-        match memory {
-            Memory::Host => MemoryKind::Host,
-            Memory::Device => MemoryKind::Device,
-            Memory::Managed => MemoryKind::Managed,
-        }
-    }
-}
-
-/// `export-example` for the reference-graph backends (reference, cuda).
-fn export_reference_graph(
-    backend: kv_example::Backend,
-    dir: &std::path::Path,
-    big: bool,
-    config: Option<BenchArg>,
-    memory: Memory,
-) -> anyhow::Result<()> {
-    let cfg = match (config, big) {
-        (Some(which), _) => kv_example::Config::bench(which.into()),
-        (None, true) => kv_example::Config::big(),
-        (None, false) => kv_example::Config::tiny(),
-    };
-    let target = kv_example::Target { backend, memory: memory.into() };
-    kv_example::export::program(&cfg, dir, &target)?;
-    let cache_bytes = 2 * cfg.layers * cfg.cache_len() * cfg.dtype.size_bytes();
-    println!(
-        "wrote the example program to {} (backend {}, {} memory; {} layers, {} heads x {}, max length {}, \
-         vocab {}, {}, {} MiB of cache)",
-        dir.display(),
-        backend.id(),
-        target.memory.name(),
-        cfg.layers,
-        cfg.heads,
-        cfg.head_dim,
-        cfg.max_len,
-        cfg.vocab,
-        cfg.dtype,
-        cache_bytes >> 20
-    );
-    Ok(())
-}
-
-fn main() -> anyhow::Result<()> {
+fn main() -> anyhow::Result<ExitCode> {
     let cli = Cli::parse();
     let root = util::project_root();
-    match cli.task {
+    let done = match cli.task {
         Task::Demo => demo::run(&root),
         Task::Test => test::run(&root),
         Task::PythonTest => {
@@ -244,62 +158,42 @@ fn main() -> anyhow::Result<()> {
         }
         Task::LeakCheck => leak_check::run(&root),
         Task::Codegen { check } => codegen::run(&root, check),
-        Task::Dist { rebuild_check: true, no_tensorrt, .. } => dist::check_rebuild(&root, !no_tensorrt),
-        Task::Dist { out, no_tensorrt, rebuild_check: false } => {
-            let out = match out {
-                Some(out) => std::path::absolute(out)?,
-                None => dist::dist_target_dir(&root)?.join("bundles"),
-            };
-            dist::run(&root, &dist::Options { out, tensorrt: !no_tensorrt }).map(drop)
-        }
-        Task::Compat { dist, no_tensorrt } => {
-            let dist = dist.map(std::path::absolute).transpose()?;
-            compat::run(&root, dist.as_deref(), !no_tensorrt)
-        }
         Task::ExecutorchSetup => executorch_setup::run(&root),
         Task::GpuTest => gpu::bundle(&root, "test"),
         Task::BenchGpu => gpu::bundle(&root, "bench"),
-        Task::PlotBench { summary, out } => plot::run(&summary, &out),
         Task::ExportPte { dir, tensorrt } => export_pte::run(&root, &dir, tensorrt),
         Task::ExportHf { args } => export_hf::run(&root, &args),
-        Task::PackageCheck => release::package::run(&root),
-        Task::Release { plan, publish } => {
-            let step = |root: &std::path::Path| {
-                if publish.record_only {
-                    release::publish::record_only(root, publish.allow_dirty).map(drop)
-                } else {
-                    release::publish::run(root, &publish.options_for(root)?).map(drop)
-                }
-            };
-            let step: Option<release::command::Publish> =
-                (publish.registry.is_some() || publish.record_only).then_some(&step as _);
-            release::command::run(&root, &plan, publish.execute, step)
+        Task::OnDemand(task) => {
+            let (tool, name, args) = task.split();
+            return on_demand::forward(&root, tool, name, args);
         }
-        Task::ExportExample { backend: Backend::Reference, dir, big, config, memory } => {
-            export_reference_graph(kv_example::Backend::Reference, &dir, big, config, memory)
-        }
-        Task::ExportExample { backend: Backend::Cuda, dir, big, config, memory } => {
-            export_reference_graph(kv_example::Backend::Cuda, &dir, big, config, memory)
-        }
-        Task::ExportExample { backend: Backend::Tensorrt, dir, big, config, memory } => {
-            // The TensorRT example is the tiny or the big f32 model, with device caches.
-            anyhow::ensure!(
-                config.is_none() && memory == Memory::Host,
-                "--config and --memory apply to the reference and cuda backends; the TensorRT example takes \
-                 --big only"
-            );
-            // Building engines needs `trt-build`, whose bindings need libclang at build time, so it runs as its
-            // own program after the set-up rather than inside xtask.
-            let trt = trt_setup::ensure(&root)?;
-            let dir = std::path::absolute(&dir)?;
-            let mut cmd = util::cargo();
-            trt.apply(&mut cmd);
-            cmd.args(["run", "--release", "-p", "kv-example-trt", "--example", "export_example", "--"])
-                .arg(&dir);
-            if big {
-                cmd.arg("--big");
-            }
-            util::run_cmd(&root, &mut cmd)
+    };
+    done.map(|()| ExitCode::SUCCESS)
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+    use xtask::on_demand::{EXAMPLE_TASKS, RELEASE_TASKS};
+
+    use super::*;
+
+    /// `cargo xtask release --json`, `cargo xtask compat --help`, ...: every task of the other packages reaches
+    /// its package under its own name with every argument as the user typed it (`--help` included).
+    #[test]
+    fn every_task_of_the_other_packages_is_forwarded_with_its_arguments_as_given() {
+        let tasks = RELEASE_TASKS
+            .map(|t| (t, Tool::Release))
+            .into_iter()
+            .chain(EXAMPLE_TASKS.map(|t| (t, Tool::Example)));
+        for (task, tool) in tasks {
+            let args = ["--help", "--json", "a b", "-x"];
+            let cli = Cli::try_parse_from(["xtask", task].into_iter().chain(args))
+                .unwrap_or_else(|err| panic!("`cargo xtask {task}` does not parse: {err}"));
+            let Task::OnDemand(on_demand) = cli.task else { panic!("`{task}` is not forwarded") };
+            let (forwarded_to, name, forwarded) = on_demand.split();
+            assert_eq!((forwarded_to, name), (tool, task));
+            assert_eq!(forwarded, args.map(OsString::from));
         }
     }
 }

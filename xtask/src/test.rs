@@ -3,6 +3,7 @@
 use std::path::Path;
 use std::process::Command;
 
+use crate::on_demand::{self, Tool};
 use crate::util::{cargo, run_cmd, target_dir, write_plugin_manifests};
 use crate::{executorch_setup, nvrtc_setup, trt_setup};
 
@@ -75,9 +76,8 @@ pub fn run(root: &Path) -> anyhow::Result<()> {
     crate::python_test::run(root, &with_trt)?;
     tensorrt_smoke(root, &with_trt)?;
     // Release bundles built once, assembled twice and compared byte for byte; then the compatibility gate on
-    // them (golden blobs, the previous release's plugins and host, symbols, changelog rule).
-    let bundles = crate::dist::check_reproducible(root, true)?;
-    crate::compat::run(root, Some(&bundles), true)?;
+    // them (golden blobs, the previous release's plugins and host, symbols, changelog rule): `xtask-release`.
+    on_demand::run_step(root, Tool::Release, &["compat", "--reproducible"])?;
     crate::leak_check::run(root)?;
     demo_in_another_target_dir(root)?;
     eprintln!("xtask test: all checks passed");

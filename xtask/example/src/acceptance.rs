@@ -211,9 +211,9 @@ mod tests {
         if let Some(dir) = std::env::var_os("DELEGATE_TEST_PLUGIN_DIR") {
             return dir.into();
         }
-        let root = crate::util::project_root();
+        let root = xtask::util::project_root();
         let target = root.join("target").join("plugin-tests");
-        let status = crate::util::cargo()
+        let status = xtask::util::cargo()
             .args(["build", "-q", "-p", "reference-delegate-dylib", "-p", "crash-on-load", "--target-dir"])
             .arg(&target)
             .current_dir(&root)

@@ -174,14 +174,21 @@ fn changelog_problems(
 
 /// Every kept release: each `fixtures/releases/<version>/` holding a `dist-manifest.json`, oldest first.
 pub fn kept_releases(root: &Path) -> anyhow::Result<Vec<(semver::Version, PathBuf)>> {
-    let dir = root.join(FIXTURES);
-    let Ok(entries) = std::fs::read_dir(&dir) else { return Ok(Vec::new()) };
+    versioned_dirs(&root.join(FIXTURES), |path| path.join(dist::DIST_MANIFEST).is_file())
+}
+
+/// The entries of `dir` named by a version (`0.2.0`) that `keep` accepts, oldest first; none when `dir` is
+/// missing.
+pub fn versioned_dirs(
+    dir: &Path,
+    keep: impl Fn(&Path) -> bool,
+) -> anyhow::Result<Vec<(semver::Version, PathBuf)>> {
+    let Ok(entries) = std::fs::read_dir(dir) else { return Ok(Vec::new()) };
     let mut found = Vec::new();
     for entry in entries {
         let path = entry?.path();
         let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-        if let (Ok(version), true) = (semver::Version::parse(&name), path.join(dist::DIST_MANIFEST).is_file())
-        {
+        if let (Ok(version), true) = (semver::Version::parse(&name), keep(&path)) {
             found.push((version, path));
         }
     }

@@ -19,18 +19,7 @@ pub const DIR: &str = "xtask/compat-sources";
 
 /// Every `xtask/compat-sources/<version>/` directory, oldest first.
 pub fn eras(root: &Path) -> anyhow::Result<Vec<(semver::Version, PathBuf)>> {
-    let dir = root.join(DIR);
-    let Ok(entries) = std::fs::read_dir(&dir) else { return Ok(Vec::new()) };
-    let mut found = Vec::new();
-    for entry in entries {
-        let path = entry?.path();
-        let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-        if let (Ok(version), true) = (semver::Version::parse(&name), path.is_dir()) {
-            found.push((version, path));
-        }
-    }
-    found.sort();
-    Ok(found)
+    super::versioned_dirs(&root.join(DIR), Path::is_dir)
 }
 
 /// Builds every era's sources against the tree at `root`; fails naming the first era that no longer builds.
