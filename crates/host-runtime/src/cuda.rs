@@ -9,7 +9,8 @@
 //!
 //! It also holds what the program's stream needs: the stream as the ABI carries it (`abi_stream`),
 //! device-to-device copies queued on it (`copy_async`), the generation loop's feedback kernel
-//! ([`FeedbackKernel`]) and graph replays (`replay`). Their soundness rests on the program's stream
+//! ([`FeedbackKernel`]), its sampler kernel (`sample`) and token mailbox (`mailbox`), and graph replays
+//! (`replay`). Their soundness rests on the program's stream
 //! invariant (`crate::program`'s docs): the [`crate::program::Program`] owns every storage it queues work on,
 //! frees none before that work completes (a CUDA allocation synchronises its context before it is freed; the
 //! program synchronises its stream when dropped), and touches none from the host before synchronising.
@@ -29,6 +30,12 @@ pub use cuda_rt::{Context, Contexts, DevicePtr, Error, Event, Graph, Stream, Str
 use cuda_rt::memory::DeviceAddressable;
 use cuda_rt::{Allocation, Function, LaunchConfig};
 use delegate_abi::CudaStream;
+
+mod mailbox;
+mod sample;
+
+pub(crate) use mailbox::Mailbox;
+pub(crate) use sample::{LogitsType, SampleArgs, SampleKernel};
 
 /// Device memory (`cuMemAlloc`): the host cannot dereference it.
 pub type DeviceStorage = cuda_rt::Allocation<cuda_rt::Device>;
@@ -279,11 +286,14 @@ pub(crate) fn replay(graph: &Graph, stream: &Stream) -> Result<(), Error> {
 
 /// The generation loop's feedback kernel: after a method ran, copies its next token into the decode
 /// method's token input, sets the decode method's position input to the position the method ran at plus the
-/// rows it processed, and appends the token to a token history, all on the device.
+/// rows it processed, appends the token to a token history and, when streaming, publishes it in the token
+/// mailbox (`cuda/mailbox.rs`), all on the device. Its module also holds the clock kernel that calibrates the
+/// mailbox's device times against the host's clock.
 ///
 /// Compiled with NVRTC once per process per device (`cuda_rt::Context::compile_module` caches it).
 pub struct FeedbackKernel {
     function: Function,
+    clock: Function,
 }
 
 impl std::fmt::Debug for FeedbackKernel {
@@ -292,13 +302,22 @@ impl std::fmt::Debug for FeedbackKernel {
     }
 }
 
-/// The kernel: one thread. `position_from` and `position_to` may be the same address (decode feeding
-/// itself): it is read before it is written.
+/// The kernels: one thread each. `position_from` and `position_to` may be the same address (decode feeding
+/// itself): it is read before it is written. `mailbox` is 0 when nothing streams; otherwise the token and the
+/// device time are written, fenced for the host, and then the count (the mailbox's layout).
 const FEEDBACK_SOURCE: &str = r#"
+__device__ unsigned long long kv_now()
+{
+    unsigned long long now;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
+    return now;
+}
+
 extern "C" __global__ void kv_feedback(
     const long long* next_token, const long long* position_from, long long rows,
     long long* token_to, long long* position_to,
-    long long* history, unsigned int* length, unsigned int capacity)
+    long long* history, unsigned int* length, unsigned int capacity,
+    unsigned long long* mailbox)
 {
     if (blockIdx.x != 0 || threadIdx.x != 0) { return; }
     long long token = next_token[0];
@@ -308,11 +327,25 @@ extern "C" __global__ void kv_feedback(
     unsigned int n = length[0];
     if (n < capacity) { history[n] = token; }
     length[0] = n + 1;
+    if (mailbox != 0 && n < capacity) {
+        volatile unsigned long long* box = mailbox;
+        box[2 + n] = (unsigned long long)token;
+        box[2 + capacity + n] = kv_now();
+        __threadfence_system();
+        box[0] = n + 1;
+    }
+}
+
+extern "C" __global__ void kv_clock(unsigned long long* mailbox)
+{
+    if (blockIdx.x != 0 || threadIdx.x != 0) { return; }
+    unsigned long long now = kv_now();
+    ((volatile unsigned long long*)mailbox)[1] = now == 0 ? 1 : now;
 }
 "#;
 
 /// The device addresses one feedback launch reads and writes, each of a storage the program owns (`i64 [1]`
-/// each, but for the history), and the history's own.
+/// each, but for the history), the history's own, and the mailbox's (0: none).
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct FeedbackArgs {
     pub next_token: DevicePtr,
@@ -323,16 +356,17 @@ pub(crate) struct FeedbackArgs {
     pub history: DevicePtr,
     pub length: DevicePtr,
     pub capacity: u32,
+    pub mailbox: DevicePtr,
 }
 
 impl FeedbackKernel {
-    /// Compiles (once per process per device) and loads the kernel.
+    /// Compiles (once per process per device) and loads the kernels.
     ///
     /// # Errors
     /// No NVRTC (`NotSupported`), or the driver refuses the module.
     pub fn new(ctx: &Context) -> Result<FeedbackKernel, Error> {
-        let function = ctx.compile_module(FEEDBACK_SOURCE, &[])?.function("kv_feedback")?;
-        Ok(FeedbackKernel { function })
+        let module = ctx.compile_module(FEEDBACK_SOURCE, &[])?;
+        Ok(FeedbackKernel { function: module.function("kv_feedback")?, clock: module.function("kv_clock")? })
     }
 
     /// Queues the kernel on the program's `stream`.
@@ -340,10 +374,12 @@ impl FeedbackKernel {
     /// Only the generation loop calls this (`generate`'s `DeviceLoop::feedback`, through
     /// `Program::queue_on_stream`), on a program's stream, with addresses of that program's own device or
     /// managed storages (eight bytes each at least: the manifest declares the tokens, positions and
-    /// next-token tensors `i64`), resolved once when its `FeedbackLink` was made (a storage keeps its address
-    /// for the program's life; the link's program is checked at every launch), and of the loop's history
-    /// (`capacity` tokens) and length, made on that program's device; the program's stream invariant keeps
-    /// them alive and untouched by the host until the stream has run the kernel.
+    /// next-token tensors `i64`) or of the loop's sampler token, resolved once when its `FeedbackLink` was made
+    /// (a storage keeps its address for the program's life; the link's program is checked at every launch),
+    /// and of the loop's history (`capacity` tokens), length and mailbox (a [`Mailbox`] of `capacity` tokens,
+    /// or 0), made on that program's device; the program's stream invariant keeps them alive and untouched
+    /// by the host until the stream has run the kernel, but for the mailbox, which the host reads only through
+    /// [`Mailbox`]'s atomic words.
     pub(crate) fn launch(&self, stream: &Stream, args: FeedbackArgs) -> Result<(), Error> {
         let FeedbackArgs {
             mut next_token,
@@ -354,8 +390,9 @@ impl FeedbackKernel {
             mut history,
             mut length,
             mut capacity,
+            mut mailbox,
         } = args;
-        let mut params: [*mut c_void; 8] = [
+        let mut params: [*mut c_void; 9] = [
             (&mut next_token as *mut DevicePtr).cast(),
             (&mut position_from as *mut DevicePtr).cast(),
             (&mut rows as *mut i64).cast(),
@@ -364,15 +401,30 @@ impl FeedbackKernel {
             (&mut history as *mut DevicePtr).cast(),
             (&mut length as *mut DevicePtr).cast(),
             (&mut capacity as *mut u32).cast(),
+            (&mut mailbox as *mut DevicePtr).cast(),
         ];
         let config = LaunchConfig { grid: (1, 1, 1), block: (1, 1, 1), shared_mem_bytes: 0 };
-        // SAFETY: `params` points at eight locals of the kernel's parameter types, in order (device pointers
+        // SAFETY: `params` points at nine locals of the kernel's parameter types, in order (device pointers
         // are 64-bit `CUdeviceptr`s, `long long` is `i64`, `unsigned int` is `u32`), read during the call. The
         // kernel reads `next_token` and `position_from` (8 bytes each), writes `token_to` and `position_to`
-        // (8 bytes each), `history` below `capacity` entries and `length` (4 bytes): every one an allocation of
-        // at least that size, alive and untouched by the host until the stream has run the kernel (this
-        // function's callers, above). One thread, within the bounds it was written for.
+        // (8 bytes each), `history` below `capacity` entries, `length` (4 bytes) and, when not 0, whole
+        // aligned words of the mailbox below its `2 + 2 * capacity`: every one an allocation of at least that
+        // size, alive and untouched by the host until the stream has run the kernel, the mailbox read only
+        // atomically (this function's callers, above). One thread, within the bounds it was written for.
         unsafe { self.function.launch(config, stream.as_ref(), &mut params) }
+    }
+
+    /// Queues the clock kernel on the program's `stream`: it writes the device's `%globaltimer` into
+    /// `mailbox`'s clock word.
+    pub(crate) fn launch_clock(&self, stream: &Stream, mailbox: &Mailbox) -> Result<(), Error> {
+        let mut address = mailbox.device_ptr();
+        let mut params: [*mut c_void; 1] = [(&mut address as *mut DevicePtr).cast()];
+        let config = LaunchConfig { grid: (1, 1, 1), block: (1, 1, 1), shared_mem_bytes: 0 };
+        // SAFETY: one 64-bit device pointer, the kernel's one parameter; it writes the mailbox's second word,
+        // inside the pinned allocation `mailbox` owns, which the borrow keeps alive until the call returns and
+        // the device loop (its owner) until the stream has run it (a CUDA allocation synchronises before it
+        // is freed); the host reads that word only atomically ([`Mailbox::clock`]).
+        unsafe { self.clock.launch(config, stream.as_ref(), &mut params) }
     }
 }
 
@@ -380,11 +432,21 @@ impl FeedbackKernel {
 mod tests {
     use super::*;
 
+    /// Needs NVRTC (not a GPU): `cargo xtask test` provides it and sets `KV_REQUIRE_NVRTC`; without NVRTC the
+    /// test checks the typed error instead.
     #[test]
     fn the_feedback_kernel_compiles_where_nvrtc_exists() {
-        match cuda_rt::compile_ptx(FEEDBACK_SOURCE, &[]) {
-            Ok(ptx) => assert!(ptx.contains(".entry kv_feedback"), "{ptx}"),
+        match cuda_rt::compile_ptx(FEEDBACK_SOURCE, &["--gpu-architecture=compute_90"]) {
+            Ok(ptx) => {
+                assert!(ptx.contains(".entry kv_feedback"), "{ptx}");
+                assert!(ptx.contains(".entry kv_clock"), "{ptx}");
+                assert!(
+                    ptx.contains("membar.sys") || ptx.contains("fence.sc.sys"),
+                    "the fence before the count"
+                );
+            }
             Err(err) => {
+                assert!(std::env::var_os("KV_REQUIRE_NVRTC").is_none(), "KV_REQUIRE_NVRTC is set but: {err}");
                 eprintln!(
                     "this test needs NVRTC (a CUDA toolkit); without it it checks the typed error: {err}"
                 );

@@ -1,7 +1,10 @@
 //! The device generation loop, CUDA graphs and the program's stream, end to end on a GPU, with a small
 //! GPU delegate of this test's own (`CountingBackend`): each call writes its tokens into a device cache at
 //! `input_pos` and computes the next token from the whole cache prefix, on the caller's stream, so a lost or
-//! reordered update changes every later token. An independent host model gives the expected tokens.
+//! reordered update changes every later token. An independent host model gives the expected tokens. Its
+//! logits are exact (multiples of 1/4, in f32 or bf16) and depend on the cache too, so the device loop's
+//! sampler kernel and the host's `sampling::Sampler` are compared on the same logits, token for token, with
+//! tokens streamed through the mailbox.
 //!
 //! On a machine without a CUDA driver every test checks the typed `NotSupported` refusal instead and says
 //! that it needs a GPU, so none passes silently. Run on a GPU machine with
@@ -17,10 +20,13 @@ use delegate_abi::{
     Compatibility, Delegate, DelegateError, ExecuteArgs, InitContext, MemoryKind, PluginInfo,
 };
 use et_error::{ErrorCode, HasErrorCode};
-use host_runtime::generate::{continue_from, device_loop_refusal, generate_with, Options};
+use host_runtime::generate::{
+    continue_from, device_loop_refusal, generate_streaming, generate_with, Options, StreamedGeneration,
+};
 use host_runtime::manifest::Manifest;
 use host_runtime::plugins::{Discovery, Registry};
 use host_runtime::program::{Error, Mode, Program};
+use sampling::{Params, Sampler};
 
 const BACKEND: &str = "CountingBackend";
 const PROMPT: [i64; 3] = [3, 1, 4];
@@ -30,7 +36,7 @@ const VOCAB: usize = 7;
 const KERNEL: &str = r#"
 extern "C" __global__ void counting_step(
     const long long* tokens, const long long* pos_in, const long long* cache_in, long long* cache_out,
-    long long* next_out, float* logits, long long rows, long long capacity, long long vocab)
+    long long* next_out, void* logits, long long rows, long long capacity, long long vocab, int bf16)
 {
     if (blockIdx.x != 0 || threadIdx.x != 0) { return; }
     long long pos = pos_in[0];
@@ -41,7 +47,12 @@ extern "C" __global__ void counting_step(
     for (long long k = 0; k < end; ++k) { sum += cache_out[k] * (k + 1); }
     long long next = (sum + pos) % vocab;
     next_out[0] = next;
-    for (long long j = 0; j < vocab; ++j) { logits[j] = (j == next) ? 1.0f : 0.0f; }
+    // Exact logits that follow the sequence: -5 to 5 in steps of 1/4, many ids tied.
+    for (long long j = 0; j < vocab; ++j) {
+        float value = (float)((sum * 7 + j * 13 + pos * 3) % 41) * 0.25f - 5.0f;
+        if (bf16) { ((unsigned short*)logits)[j] = (unsigned short)(__float_as_uint(value) >> 16); }
+        else { ((float*)logits)[j] = value; }
+    }
 }
 "#;
 
@@ -110,11 +121,14 @@ impl Delegate for Counting {
         let (mut tokens, mut pos, mut cache_in, mut cache_out, mut next, mut logits) =
             (address(0)?, address(1)?, address(2)?, address(3)?, address(4)?, address(5)?);
         let mut rows = (args.arg(0)?.nbytes / 8) as i64;
-        let (mut capacity, mut vocab) = (POSITIONS as i64, VOCAB as i64);
+        let capacity_bytes = args.arg(2)?.nbytes;
+        let logits_arg = args.arg(5)?;
+        let (mut capacity, mut vocab) = ((capacity_bytes / 8) as i64, logits_arg.shape[1]);
+        let mut bf16 = i32::from(logits_arg.nbytes == vocab as u64 * 2);
         if cache_in != cache_out {
-            args.record_reflect(POSITIONS as u64 * 8);
+            args.record_reflect(capacity_bytes);
         }
-        let mut params: [*mut c_void; 9] = [
+        let mut params: [*mut c_void; 10] = [
             (&mut tokens as *mut u64).cast(),
             (&mut pos as *mut u64).cast(),
             (&mut cache_in as *mut u64).cast(),
@@ -124,6 +138,7 @@ impl Delegate for Counting {
             (&mut rows as *mut i64).cast(),
             (&mut capacity as *mut i64).cast(),
             (&mut vocab as *mut i64).cast(),
+            (&mut bf16 as *mut i32).cast(),
         ];
         let stream = match args.stream() {
             // SAFETY: the host's stream, valid until the work queued on it completes (the ABI's contract).
@@ -132,7 +147,8 @@ impl Delegate for Counting {
         };
         let config = LaunchConfig { grid: (1, 1, 1), block: (1, 1, 1), shared_mem_bytes: 0 };
         // SAFETY: the parameters match `counting_step`'s, in order; the host passed device or managed memory of
-        // the declared sizes (tokens `rows` i64, position 1, caches `capacity`, next 1, logits `vocab` f32),
+        // the declared sizes (tokens `rows` i64, position 1, caches `capacity`, next 1, logits `vocab` f32 or
+        // bf16, told apart by their bytes),
         // kept for the delegate until the stream passes this work (the ABI's completion rule).
         unsafe { handle.kernel.launch(config, stream, &mut params) }.map_err(failed)?;
         if args.stream().is_none() {
@@ -144,7 +160,18 @@ impl Delegate for Counting {
 
 delegate_abi::export_delegate!(@embedded Counting);
 
-fn blob(rows: u64) -> Vec<u8> {
+/// The shape of a counting program: its vocabulary, cache positions and logits type.
+#[derive(Clone, Copy)]
+struct Shape {
+    vocab: usize,
+    positions: usize,
+    logits: DType,
+}
+
+/// The shape the greedy tests use.
+const SMALL: Shape = Shape { vocab: VOCAB, positions: POSITIONS, logits: DType::F32 };
+
+fn blob(rows: u64, shape: Shape) -> Vec<u8> {
     let binding = |name: &str, role, dtype, shape: &[u64]| Binding {
         name: name.to_owned(),
         role,
@@ -152,7 +179,7 @@ fn blob(rows: u64) -> Vec<u8> {
         shape: Some(shape.iter().map(|&d| Dim::Static(d)).collect()),
         threaded: true,
     };
-    let cache = [POSITIONS as u64];
+    let cache = [shape.positions as u64];
     let header = Header::new(
         BACKEND,
         PayloadKind::Other("counting".to_owned()),
@@ -162,7 +189,7 @@ fn blob(rows: u64) -> Vec<u8> {
             binding("cache", Role::Input, DType::I64, &cache),
             binding("cache_out", Role::Output, DType::I64, &cache),
             binding("next", Role::Output, DType::I64, &[1]),
-            binding("logits", Role::Output, DType::F32, &[1, VOCAB as u64]),
+            binding("logits", Role::Output, shape.logits, &[1, shape.vocab as u64]),
         ],
         vec![Alias {
             output: "cache_out".to_owned(),
@@ -173,30 +200,33 @@ fn blob(rows: u64) -> Vec<u8> {
     blob_format::native::to_vec(&header, b"counting")
 }
 
-/// Writes the program with its cache and every method input and output in `memory`.
-fn write_program(dir: &Path, memory: &str) -> std::path::PathBuf {
-    std::fs::write(dir.join("prefill.blob"), blob(PROMPT.len() as u64)).expect("blob");
-    std::fs::write(dir.join("decode.blob"), blob(1)).expect("blob");
+/// Writes a program of `shape` with its cache and every method input and output in `memory`.
+fn write_shaped(dir: &Path, memory: &str, shape: Shape) -> std::path::PathBuf {
+    let Shape { vocab, positions, logits } = shape;
+    let tag = format!("{memory}-{vocab}-{positions}-{}", logits.name());
+    std::fs::write(dir.join(format!("prefill-{tag}.blob")), blob(PROMPT.len() as u64, shape)).expect("blob");
+    std::fs::write(dir.join(format!("decode-{tag}.blob")), blob(1, shape)).expect("blob");
     let method = |rows: usize, blob: &str| {
         format!(
             "inputs = [{{ name = \"tokens\", dtype = \"i64\", shape = [{rows}], memory = \"{memory}\" }}, \
              {{ name = \"input_pos\", dtype = \"i64\", shape = [1], memory = \"{memory}\" }}]\n\
              outputs = [{{ name = \"next\", dtype = \"i64\", shape = [1], memory = \"{memory}\" }}, \
-             {{ name = \"logits\", dtype = \"f32\", shape = [1, {VOCAB}], memory = \"{memory}\" }}]\n\
+             {{ name = \"logits\", dtype = \"{}\", shape = [1, {vocab}], memory = \"{memory}\" }}]\n\
              calls = [{{ blob = \"{blob}\", backend = \"{BACKEND}\", args = [\"input:tokens\", \"input:input_pos\", \
-             \"buffer:cache\", \"buffer:cache\", \"output:next\", \"output:logits\"] }}]\n"
+             \"buffer:cache\", \"buffer:cache\", \"output:next\", \"output:logits\"] }}]\n",
+            logits.name()
         )
     };
     let text = format!(
-        "format = 1\n\n[buffers.cache]\ndtype = \"i64\"\nshape = [{POSITIONS}]\nmemory = \"{memory}\"\n\n\
+        "format = 1\n\n[buffers.cache]\ndtype = \"i64\"\nshape = [{positions}]\nmemory = \"{memory}\"\n\n\
          [methods.prefill]\n{}\n[methods.decode]\n{}\n\
          [generate]\nprefill = \"prefill\"\ndecode = \"decode\"\nprompt = {PROMPT:?}\ntoken_input = \"tokens\"\n\
          position_input = \"input_pos\"\nlogits_output = \"logits\"\nnext_token_output = \"next\"\n\
-         max_positions = {POSITIONS}\n",
-        method(PROMPT.len(), "prefill.blob"),
-        method(1, "decode.blob"),
+         max_positions = {positions}\n",
+        method(PROMPT.len(), &format!("prefill-{tag}.blob")),
+        method(1, &format!("decode-{tag}.blob")),
     );
-    let path = dir.join(format!("{memory}.toml"));
+    let path = dir.join(format!("{tag}.toml"));
     std::fs::write(&path, text).expect("manifest");
     path
 }
@@ -214,7 +244,13 @@ fn cache(program: &Program) -> Vec<i64> {
 
 /// The program in `memory`, or `None` after checking the typed refusal of a machine without a driver.
 fn program(dir: &Path, memory: &str, mode: Mode) -> Option<Program> {
-    let path = write_program(dir, memory);
+    shaped(dir, memory, mode, SMALL)
+}
+
+/// The program of `shape` in `memory`, or `None` after checking the typed refusal of a machine without a
+/// driver.
+fn shaped(dir: &Path, memory: &str, mode: Mode, shape: Shape) -> Option<Program> {
+    let path = write_shaped(dir, memory, shape);
     match (Context::open(0), load(&path, mode)) {
         (Ok(_), Ok(program)) => Some(program),
         (Err(cuda), Err(err)) => {
@@ -406,5 +442,134 @@ fn forked_device_caches_are_copied_on_the_stream_and_each_branch_decodes_as_the_
             continue_from(&mut program, 8, &[tokens[5]], 0).expect("branch a"),
             expected(6, None).0[6..]
         );
+    }
+}
+
+/// Runs `program`'s generation streamed, checking that the tokens reach the callback in order, once each,
+/// and are the generation's; stops after the token of index `stop_at` when given.
+fn streamed(
+    program: &mut Program,
+    options: &Options,
+    sampler: &Sampler,
+    stop_at: Option<usize>,
+) -> StreamedGeneration {
+    let mut seen: Vec<i64> = Vec::new();
+    let generation = generate_streaming(program, options, sampler, |token| {
+        assert_eq!(token.index, seen.len(), "in order, once each");
+        assert!(token.lag_tokens <= host_runtime::generate::AHEAD as u64, "{token:?}");
+        seen.push(token.token);
+        Ok(Some(token.index) != stop_at)
+    })
+    .expect("streamed generation");
+    assert_eq!(seen, generation.generation.tokens, "every token streamed, and only the generation's");
+    assert_eq!(generation.stream.tokens, seen.len());
+    generation
+}
+
+fn sampler(params: Params) -> Sampler {
+    Sampler::new(params).expect("valid parameters")
+}
+
+/// The parameter sets the device's sampler is compared with the host's on: temperatures, every cut, the
+/// penalty both ways, greedy with a penalty (on the device: the argmax kernel), and a seed with high bits.
+fn parameter_sets() -> Vec<Params> {
+    vec![
+        Params { temperature: 1.0, seed: 1, ..Params::default() },
+        Params { temperature: 0.7, top_k: 50, top_p: 0.9, seed: 7, ..Params::default() },
+        Params { temperature: 1.3, min_p: 0.05, repetition_penalty: 1.3, seed: 42, ..Params::default() },
+        Params { temperature: 0.0, repetition_penalty: 1.5, ..Params::default() },
+        Params {
+            temperature: 2.0,
+            top_k: 1024,
+            top_p: 0.5,
+            repetition_penalty: 0.8,
+            seed: u64::MAX - 5,
+            ..Params::default()
+        },
+        Params { temperature: 0.5, top_k: 3, seed: 3, ..Params::default() },
+    ]
+}
+
+/// For a seed and parameters, the device loop's sampler kernel draws the tokens the host loop's
+/// `sampling::Sampler` draws from the same logits, token for token: over a vocabulary larger than the
+/// candidate bound (the kernel selects 1024 of 3000 ids, many tied), a small one, and bf16 logits; eagerly
+/// and as a CUDA graph; with no host synchronisation during the decode steps.
+#[test]
+#[ignore = "needs an NVIDIA GPU and driver: `cargo xtask gpu-test` runs it on one (--include-ignored, KV_REQUIRE_GPU=1)"]
+fn the_device_sampler_draws_the_host_samplers_tokens_for_every_seed_and_parameter_set() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let shapes = [
+        Shape { vocab: 3000, positions: 40, logits: DType::F32 },
+        Shape { vocab: VOCAB, positions: 40, logits: DType::F32 },
+        Shape { vocab: 3000, positions: 40, logits: DType::BF16 },
+    ];
+    for shape in shapes {
+        let Some(mut program) = shaped(dir.path(), "device", Mode::ZeroCopy, shape) else { return };
+        let steps = shape.positions - PROMPT.len();
+        for (i, params) in parameter_sets().into_iter().enumerate() {
+            let s = sampler(params);
+            let what = format!("vocab {} {:?}, {params:?}", shape.vocab, shape.logits);
+            let mut on_device = options(steps, i % 2 == 1);
+            on_device.gpu_timing = false;
+            program.reset_buffers().expect("reset");
+            let device = streamed(&mut program, &on_device, &s, None);
+            assert!(device.generation.device_loop && device.stream.device_loop, "{what}");
+            assert_eq!(device.stream.sampled_on_device, !s.is_plain_greedy(), "{what}");
+            assert_eq!(device.generation.cuda_graph, i % 2 == 1, "{what}");
+            assert_eq!(device.generation.host_syncs, 0, "{what}: no host synchronisation per decode step");
+            assert_eq!(device.generation.tokens.len(), steps + 1, "{what}");
+
+            let mut on_host = on_device.clone();
+            on_host.host_loop = true;
+            on_host.cuda_graph = false;
+            program.reset_buffers().expect("reset");
+            let host = streamed(&mut program, &on_host, &s, None);
+            assert!(!host.generation.device_loop && !host.stream.device_loop, "{what}");
+            assert_eq!(
+                device.generation.tokens, host.generation.tokens,
+                "{what}: the device draws the host's tokens"
+            );
+            // The tokens are not all one id: the draws are real.
+            if !s.is_plain_greedy() && params.temperature > 0.0 {
+                let first = device.generation.tokens[0];
+                assert!(device.generation.tokens.iter().any(|&t| t != first), "{what}");
+            }
+        }
+    }
+}
+
+/// Streaming on the device loop: every token reaches the caller in order, exactly once; a stop ends the
+/// generation at that token (prefill's included) and leaves the position after the tokens fed; the lag is
+/// measured; greedy streams the program's own tokens.
+#[test]
+#[ignore = "needs an NVIDIA GPU and driver: `cargo xtask gpu-test` runs it on one (--include-ignored, KV_REQUIRE_GPU=1)"]
+fn streaming_hands_on_every_token_once_in_order_and_honours_a_stop() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let Some(mut program) = program(dir.path(), "device", Mode::ZeroCopy) else { return };
+    let steps = POSITIONS - PROMPT.len();
+    // Greedy: the model's tokens, through the mailbox.
+    let greedy = streamed(&mut program, &options(steps, true), &sampler(Params::default()), None);
+    assert_eq!(greedy.generation.tokens, expected(steps, None).0);
+    assert!(greedy.stream.device_loop && !greedy.stream.sampled_on_device);
+    assert_eq!(greedy.generation.host_syncs, 0);
+    assert!(greedy.stream.mean_lag_micros.is_some_and(|us| us >= 0.0), "{:?}", greedy.stream);
+    assert!(greedy.stream.max_lag_tokens <= host_runtime::generate::AHEAD as u64);
+    assert_eq!(program.position(), Some(POSITIONS as u64));
+
+    let sampled = sampler(Params { temperature: 1.0, seed: 9, ..Params::default() });
+    for graph in [false, true] {
+        program.reset_buffers().expect("reset");
+        let all = streamed(&mut program, &options(steps, graph), &sampled, None);
+        for stop in [0, 3] {
+            program.reset_buffers().expect("reset");
+            let cut = streamed(&mut program, &options(steps, graph), &sampled, Some(stop));
+            assert_eq!(
+                cut.generation.tokens,
+                all.generation.tokens[..=stop],
+                "graph {graph}, stop at {stop}"
+            );
+            assert_eq!(cut.generation.steps.len(), stop + 1);
+            assert_eq!(program.position(), Some((PROMPT.len() + stop) as u64), "the tokens fed");
+        }
     }
 }

@@ -1,20 +1,26 @@
 //! The device loop: every method queued on the program's stream, and a one-thread feedback kernel after each
 //! that hands the next token and position to the decode method's inputs and appends the token to a device
-//! history, read back once at the end (see the module docs of [`crate::generate`]).
+//! history, read back once at the end (see the module docs of [`crate::generate`]). With a sampler, the
+//! sampler kernel draws each token from the logits on the device first ([`super::sample`]); when streaming,
+//! the feedback kernel also publishes each token in pinned memory the host polls ([`super::stream`]).
 
 use std::time::Instant;
 
 use program_manifest::Generate;
+use sampling::Sampler;
 
 use super::protocol::{prompt_calls, reserve};
+use super::sample::{DeviceSampler, LogitsRow};
 use super::statistics::Timing;
-use super::step::{i64_bytes, read_token};
+use super::step::{i64_bytes, logits_row, read_token};
+use super::stream::{Pacer, StreamStats};
 use super::{Generation, Options, Step};
 use crate::buffer::{AllocError, Storage};
-use crate::cuda::{Contexts, DevicePtr, FeedbackArgs, FeedbackKernel};
+use crate::cuda::{Contexts, DevicePtr, FeedbackArgs, FeedbackKernel, Mailbox};
 use crate::program::{Captured, CopyStats, Error, Program, RunStats};
 
-/// The device-side state of a generation loop: the feedback kernel and the token history it appends to.
+/// The device-side state of a generation loop: the feedback kernel and the token history it appends to, the
+/// sampler when tokens are drawn, the mailbox when they stream.
 pub(crate) struct DeviceLoop {
     /// The program whose stream and device it was made for ([`Program::id`]).
     program: u64,
@@ -24,16 +30,23 @@ pub(crate) struct DeviceLoop {
     /// The `u32` count of tokens appended (past `capacity` too), and its address.
     length: (Storage, DevicePtr),
     capacity: u32,
+    sampler: Option<DeviceSampler>,
+    mailbox: Option<Mailbox>,
 }
 
 impl DeviceLoop {
-    /// The feedback kernel (compiled once per process) and a token history of `capacity` tokens, zeroed, on
-    /// the program's device.
+    /// The feedback kernel (compiled once per process per device) and a token history of `capacity` tokens,
+    /// zeroed, on the program's device; a mailbox of as many tokens when `streaming`.
     ///
     /// # Errors
     /// [`Error::NoStream`] for a program without CUDA memory, [`Error::Stream`] when the kernel cannot be
-    /// loaded, [`Error::LoopMemory`] when the history cannot be allocated.
-    pub(crate) fn new(program: &Program, capacity: u32) -> Result<DeviceLoop, Error> {
+    /// loaded, [`Error::LoopMemory`] when the history or the mailbox cannot be allocated.
+    pub(crate) fn new(
+        program: &Program,
+        capacity: u32,
+        sampler: Option<DeviceSampler>,
+        streaming: bool,
+    ) -> Result<DeviceLoop, Error> {
         let ctx = program.cuda_context().ok_or(Error::NoStream { what: "generating on the device" })?;
         let kernel = FeedbackKernel::new(ctx)
             .map_err(|source| Error::Stream { action: "preparing the device loop for", source })?;
@@ -47,7 +60,14 @@ impl DeviceLoop {
         };
         let history = zeroed("token history", capacity as usize * 8)?;
         let length = zeroed("token count", 4)?;
-        Ok(DeviceLoop { program: program.id(), kernel, history, length, capacity })
+        let mailbox = match streaming {
+            true => Some(Mailbox::new(ctx, capacity).map_err(|source| Error::LoopMemory {
+                what: "token mailbox",
+                source: AllocError::Cuda(source),
+            })?),
+            false => None,
+        };
+        Ok(DeviceLoop { program: program.id(), kernel, history, length, capacity, sampler, mailbox })
     }
 
     /// The tokens the feedback kernel appended (one synchronous read of each: the loop's only host
@@ -64,17 +84,40 @@ impl DeviceLoop {
             .collect())
     }
 
-    /// Queues the feedback kernel for `link` on the program's stream.
+    /// The mailbox, when the loop streams.
+    pub(super) fn mailbox(&self) -> Option<&Mailbox> {
+        self.mailbox.as_ref()
+    }
+
+    /// Queues the clock kernel (the mailbox's calibration) on the program's stream.
+    pub(super) fn queue_clock(&self, program: &Program, mailbox: &Mailbox) -> Result<(), Error> {
+        program.queue_on_stream("streaming on the device", "launching the clock kernel on", |stream| {
+            self.kernel.launch_clock(stream, mailbox)
+        })
+    }
+
+    /// Queues the hand-over for `link` on the program's stream: the sampler kernel's draw from the link's
+    /// logits when the loop samples, then the feedback kernel.
     ///
     /// # Errors
-    /// [`Error::Usage`] when the link or this loop was made for another program; [`Error::Stream`] when the
-    /// launch fails.
+    /// [`Error::Usage`] when the link or this loop was made for another program, or the loop samples and the
+    /// link has no logits; [`Error::Stream`] when a launch fails.
     pub(crate) fn feedback(&self, program: &Program, link: &FeedbackLink) -> Result<(), Error> {
         if link.program != program.id() || self.program != program.id() {
             return Err(Error::Usage("the device loop was prepared for another program".into()));
         }
+        let next_token = match (&self.sampler, &link.logits) {
+            (Some(sampler), Some(row)) => {
+                sampler.queue(program, row)?;
+                sampler.token_ptr()
+            }
+            (Some(_), None) => {
+                return Err(Error::Usage("the device loop samples, but the link reads no logits".into()))
+            }
+            (None, _) => link.next_token,
+        };
         let args = FeedbackArgs {
-            next_token: link.next_token,
+            next_token,
             position_from: link.position_from,
             rows: link.rows,
             token_to: link.token_to,
@@ -82,6 +125,7 @@ impl DeviceLoop {
             history: self.history.1,
             length: self.length.1,
             capacity: self.capacity,
+            mailbox: self.mailbox.as_ref().map_or(0, Mailbox::device_ptr),
         };
         program.queue_on_stream("generating on the device", "launching the feedback kernel on", |stream| {
             self.kernel.launch(stream, args)
@@ -91,7 +135,7 @@ impl DeviceLoop {
 
 /// The generation loop's device-side feedback between one method's run and the decode method's next one:
 /// the device addresses the token and position come from and go to, resolved once (a program's storages
-/// keep their addresses for its life).
+/// keep their addresses for its life), and the row of logits a sampler draws from.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct FeedbackLink {
     /// The program whose storages the addresses are ([`Program::id`]).
@@ -106,6 +150,8 @@ pub(crate) struct FeedbackLink {
     token_to: DevicePtr,
     /// The `to` method's position input.
     position_to: DevicePtr,
+    /// The last row of the `from` method's logits, when a sampler draws the token.
+    logits: Option<LogitsRow>,
 }
 
 impl FeedbackLink {
@@ -128,7 +174,14 @@ impl FeedbackLink {
             rows,
             token_to: program.input_ptr(to, token_input)?,
             position_to: program.input_ptr(to, position_input)?,
+            logits: None,
         })
+    }
+
+    /// The link, with `from`'s logits read by a sampler ([`LogitsRow::of`]'s errors).
+    fn sampling(mut self, program: &Program, g: &Generate, from: &str) -> Result<FeedbackLink, Error> {
+        self.logits = Some(LogitsRow::of(program, g, from)?);
+        Ok(self)
     }
 }
 
@@ -142,42 +195,72 @@ struct DecodeRun {
     host_syncs: u64,
 }
 
+/// What the device loop does besides feeding back the program's argmax: draw tokens with a sampler (not
+/// plain greedy), stream them to a callback.
+pub(super) struct Extras<'a> {
+    pub sampler: Option<&'a Sampler>,
+    pub pacer: Option<Pacer<'a>>,
+}
+
+/// Runs the device loop: the generation, and what streaming measured when it streamed.
 pub(super) fn device_loop(
     program: &mut Program,
     g: &Generate,
     options: &Options,
-    mut observe: impl FnMut(&Step, &Program) -> Result<(), Error>,
-) -> Result<Generation, Error> {
+    extras: Extras<'_>,
+) -> Result<(Generation, Option<StreamStats>), Error> {
+    let Extras { sampler, mut pacer } = extras;
     let next = g.next_token_output.as_deref().expect("the device loop needs a next-token output");
     let steps = options.steps;
     let capacity = steps
         .checked_add(1)
         .and_then(|tokens| u32::try_from(tokens).ok())
         .ok_or_else(|| Error::Usage(format!("{steps} decode steps are more than the device loop counts")))?;
-    let device = DeviceLoop::new(program, capacity)?;
     let inputs = (g.token_input.as_str(), g.position_input.as_str());
     let rows = i64::from(!options.hold_position);
-    let decode_link = FeedbackLink::new(program, (&g.decode, next), rows, &g.decode, inputs)?;
+    let mut decode_link = FeedbackLink::new(program, (&g.decode, next), rows, &g.decode, inputs)?;
+    let device_sampler = match sampler {
+        Some(sampler) => {
+            decode_link = decode_link.sampling(program, g, &g.decode)?;
+            let vocab = decode_link.logits.map_or(0, |row| row.vocab());
+            Some(DeviceSampler::new(program, sampler, vocab, &g.prompt)?)
+        }
+        None => None,
+    };
+    let mut device = DeviceLoop::new(program, capacity, device_sampler, pacer.is_some())?;
     let timing = Timing::new(program, options)?;
 
-    let prefilled = prefill(program, g, options, &device)?;
-    let decode = decode_steps(program, g, options, (&device, &decode_link), timing.as_ref())?;
+    let prefilled = prefill(program, g, options, &mut device, sampler)?;
+    if let (Some(pacer), Some(mailbox)) = (pacer.as_mut(), device.mailbox()) {
+        pacer.start(program, &device, mailbox, prefilled.token_on_host)?;
+    }
+    let decode = decode_steps(program, g, options, (&device, &decode_link), timing.as_ref(), pacer.as_mut())?;
+    let queued = decode.step_host.len();
+    if let (Some(pacer), Some(mailbox)) = (pacer.as_mut(), device.mailbox()) {
+        pacer.drain(mailbox, queued + 1)?;
+    }
 
     let readback_before = cuda_rt::stats::thread_host_syncs();
     program.synchronize()?;
     let history = device.tokens()?;
     let readback_host_syncs = cuda_rt::stats::thread_host_syncs() - readback_before;
     let gpu_micros = match &timing {
-        Some(timing) => timing.step_micros()?,
+        Some(timing) => timing.step_micros(queued)?,
         None => Vec::new(),
     };
-    let tokens: Vec<i64> = prefilled.token_on_host.into_iter().chain(history).collect();
-    if tokens.len() != steps + 1 {
-        return Err(Error::LostFeedback { tokens: tokens.len(), steps: steps + 1 });
+    let mut tokens: Vec<i64> = prefilled.token_on_host.into_iter().chain(history).collect();
+    if tokens.len() != queued + 1 {
+        return Err(Error::LostFeedback { tokens: tokens.len(), steps: queued + 1 });
     }
+    let stream = pacer.map(|pacer| pacer.finish(sampler.is_some()));
+    if let Some(stream) = &stream {
+        // The tokens past the one that stopped the stream were made but are not the generation's.
+        tokens.truncate(stream.tokens.max(1));
+    }
+    let decoded = tokens.len() - 1;
     let mut generation = Generation {
         tokens: tokens.clone(),
-        steps: Vec::with_capacity(reserve(g, steps) + 1),
+        steps: Vec::with_capacity(reserve(g, decoded) + 1),
         device_loop: true,
         cuda_graph: decode.captured.is_some(),
         capture_micros: decode.capture_micros,
@@ -196,7 +279,7 @@ pub(super) fn device_loop(
         copies: prefilled.stats.copies,
     });
     let first_decode = options.start_position.unwrap_or(g.prompt.len() as i64);
-    for step in 1..=steps {
+    for step in 1..=decoded {
         generation.steps.push(Step {
             index: step,
             method: g.decode.clone(),
@@ -209,10 +292,7 @@ pub(super) fn device_loop(
             copies: decode.step_copies[step - 1],
         });
     }
-    for step in &generation.steps {
-        observe(step, program)?;
-    }
-    Ok(generation)
+    Ok((generation, stream))
 }
 
 /// What prefill left: its token when it went through the host, the runs' cost and host microseconds, the method
@@ -226,13 +306,15 @@ struct Prefilled {
 }
 
 /// Prefill: the prompt's calls ([`prompt_calls`]) with their inputs from the host, then the last call's token
-/// and position handed to decode on the device where its outputs live there, else through the host (once,
-/// before the decode steps). Everything it queued is complete when it returns.
+/// (drawn by the sampler when there is one) and position handed to decode on the device where its outputs
+/// live there, else through the host (once, before the decode steps). Everything it queued is complete when
+/// it returns.
 fn prefill(
     program: &mut Program,
     g: &Generate,
     options: &Options,
-    device: &DeviceLoop,
+    device: &mut DeviceLoop,
+    sampler: Option<&Sampler>,
 ) -> Result<Prefilled, Error> {
     let next = g.next_token_output.as_deref().expect("the device loop needs a next-token output");
     let prompt_len = g.prompt.len() as i64;
@@ -241,8 +323,12 @@ fn prefill(
     let last =
         *calls.last().ok_or_else(|| Error::Generation("the prompt is empty: nothing to feed".into()))?;
     // Decode's position follows the last call's: its position input plus its rows.
-    let link =
-        FeedbackLink::new(program, (last.method, next), last.tokens.len() as i64, &g.decode, inputs).ok();
+    let link = FeedbackLink::new(program, (last.method, next), last.tokens.len() as i64, &g.decode, inputs)
+        .and_then(|link| match sampler {
+            Some(_) => link.sampling(program, g, last.method),
+            None => Ok(link),
+        })
+        .ok();
     let start = Instant::now();
     let mut stats = RunStats::default();
     for (i, call) in calls.iter().enumerate() {
@@ -262,7 +348,14 @@ fn prefill(
             None
         }
         None => {
-            let token = read_token(program, g, last.method)?;
+            let token = match (sampler, device.sampler.as_mut()) {
+                (Some(sampler), Some(state)) => {
+                    let token = sampler.pick(&logits_row(program, g, last.method)?, &g.prompt, 0) as i64;
+                    state.drawn_on_host(token)?;
+                    token
+                }
+                _ => read_token(program, g, last.method)?,
+            };
             program.write_input(&g.decode, &g.token_input, &i64_bytes(&[token]))?;
             program.write_input(&g.decode, &g.position_input, &i64_bytes(&[prompt_len]))?;
             Some(token)
@@ -278,13 +371,16 @@ fn prefill(
 }
 
 /// The decode steps, each queued with its feedback: the first eagerly (delegates finish any lazy set-up
-/// outside the capture); with a graph, the second is captured, and every later one replays it.
+/// outside the capture); with a graph, the second is captured, and every later one replays it. A `pacer`
+/// (streaming) hands on the tokens that have landed before each step and may hold the step back (the GPU
+/// runs at most a window ahead of the host) or end the steps (the caller stopped).
 fn decode_steps(
     program: &mut Program,
     g: &Generate,
     options: &Options,
     (device, link): (&DeviceLoop, &FeedbackLink),
     timing: Option<&Timing>,
+    mut pacer: Option<&mut Pacer<'_>>,
 ) -> Result<DecodeRun, Error> {
     let decode = program.method_id(&g.decode)?;
     let mut run = DecodeRun {
@@ -296,6 +392,11 @@ fn decode_steps(
     };
     let syncs_before = cuda_rt::stats::thread_host_syncs();
     for step in 1..=options.steps {
+        if let (Some(pacer), Some(mailbox)) = (pacer.as_deref_mut(), device.mailbox()) {
+            if !pacer.before_step(mailbox, step)? {
+                break;
+            }
+        }
         if options.cuda_graph && step == 2 && run.captured.is_none() {
             let start = Instant::now();
             let feedback = |program: &Program| device.feedback(program, link);
@@ -318,6 +419,9 @@ fn decode_steps(
         run.step_copies.push(copies);
         if let Some(timing) = timing {
             timing.mark(program, step, true)?;
+        }
+        if let Some(pacer) = pacer.as_deref_mut() {
+            pacer.queued(program)?;
         }
     }
     run.host_syncs = cuda_rt::stats::thread_host_syncs() - syncs_before;

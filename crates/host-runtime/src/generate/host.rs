@@ -71,7 +71,8 @@ pub(super) fn host_loop(
     }
     if let Some(timing) = timing {
         program.synchronize()?;
-        for (step, micros) in generation.steps.iter_mut().skip(1).zip(timing.step_micros()?) {
+        let decoded = generation.steps.len().saturating_sub(1);
+        for (step, micros) in generation.steps.iter_mut().skip(1).zip(timing.step_micros(decoded)?) {
             step.gpu_micros = Some(micros);
         }
     }

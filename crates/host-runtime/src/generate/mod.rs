@@ -18,17 +18,26 @@
 //!   With [`Options::cuda_graph`] the decode step (every delegate call of the method, its device
 //!   write-backs and the feedback kernel) is captured once into a CUDA graph and replayed per step.
 //!
+//! [`generate_streaming`] draws the tokens with a [`sampling::Sampler`] and hands each to the caller as it is
+//! made. On the device loop a sampler kernel draws each token from the logits on the device before the
+//! feedback kernel hands it on (the same arithmetic as the host's sampler, its state in device memory, so a
+//! graph captures it), and the feedback kernel publishes each token in pinned memory the host polls: still
+//! no host synchronisation per step.
+//!
 //! One concern a file: `protocol` the calls that feed a prompt and the positions a generation reaches,
-//! `step` one step's calls run and its token read back, `host`, `device` and `resume` the loops, `statistics`
-//! what a generation measured, `logits` the logits read as f32.
+//! `step` one step's calls run and its token read back, `host`, `device` and `resume` the loops, `sample`
+//! the device loop's sampler state, `stream` streaming and its lag, `statistics` what a generation measured,
+//! `logits` the logits read as f32.
 
 mod device;
 mod host;
 mod logits;
 pub mod protocol;
 mod resume;
+mod sample;
 mod statistics;
 mod step;
+mod stream;
 
 use program_manifest::Generate;
 
@@ -41,6 +50,7 @@ pub use resume::continue_from;
 pub use statistics::Generation;
 pub use step::Step;
 use step::{logits_row, read_token};
+pub use stream::{generate_streaming, StreamStats, StreamedGeneration, StreamedToken, AHEAD};
 
 /// How to generate.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -142,7 +152,8 @@ pub fn generate_with(
             if options.cuda_graph {
                 program.require_capturable(&g.decode)?;
             }
-            device_loop(program, &g, options, observe)
+            device_loop(program, &g, options, device::Extras { sampler: None, pacer: None })
+                .and_then(|(generation, _)| observed(generation, program, observe))
         }
         (refusal, _) => {
             if options.cuda_graph {
@@ -153,6 +164,18 @@ pub fn generate_with(
         }
     }?;
     program.set_position(u64::try_from(end).ok());
+    Ok(generation)
+}
+
+/// Calls `observe` with every step of a device loop's `generation`, once its tokens have been read back.
+fn observed(
+    generation: Generation,
+    program: &Program,
+    mut observe: impl FnMut(&Step, &Program) -> Result<(), Error>,
+) -> Result<Generation, Error> {
+    for step in &generation.steps {
+        observe(step, program)?;
+    }
     Ok(generation)
 }
 

@@ -114,10 +114,12 @@ impl Timing {
         Ok(())
     }
 
-    /// Each step's GPU microseconds, once the stream has passed every mark.
-    pub(super) fn step_micros(&self) -> Result<Vec<f64>, Error> {
+    /// The GPU microseconds of each of the first `steps` steps (those that ran: an early stop leaves later
+    /// events unrecorded), once the stream has passed their marks.
+    pub(super) fn step_micros(&self, steps: usize) -> Result<Vec<f64>, Error> {
         self.events
             .iter()
+            .take(steps)
             .map(|(start, end)| {
                 end.elapsed_ms(start)
                     .map(|ms| f64::from(ms) * 1e3)
