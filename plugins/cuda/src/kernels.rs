@@ -121,6 +121,7 @@ pub struct GemvP {
     pub row_group: [i32; 3],
     pub row_stride: [i32; 3],
     pub rope_dh: i32,
+    pub res2: [DevicePtr; 3],
 }
 
 /// `GemvP::activation` for a GEMV's GELU ([`crate::plan::Step::Gemv`]): `ref_graph::UnaryFn`'s index, as

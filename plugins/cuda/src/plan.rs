@@ -20,7 +20,8 @@
 //!     that only slices of its columns read is one matrix per slice, each reading its weight rows
 //!     ([`WeightRows`]: GPT-2's Q, K and V cut from one product);
 //!   - a `MatMul` whose output only feeds the next op, an `Add` of equal shapes with it, becomes a GEMV with a
-//!     residual (the attention output projection and the residual stream);
+//!     residual (the attention output projection and the residual stream), and with a second one when the
+//!     sum only feeds such an `Add` too (a parallel residual's `x + attn + mlp`);
 //!   - an `RmsNorm` whose output only the next GEMV reads is done inside that GEMV, and so is LayerNorm,
 //!     which an export spells `rms_norm(x - mean(x))`, optionally plus a constant bias ([`Norm`]);
 //!   - a GELU (erf or tanh form; the tanh form also as the nine ops GPT-2 and Phi spell, [`gelu`]) of the
@@ -333,7 +334,7 @@ pub struct PositionRows {
     pub n: u32,
 }
 
-/// One matrix of a fused GEMV: `y[m, n] = a[m, :] . w[n, :] (+ bias[n]) (+ residual[m, n])`.
+/// One matrix of a fused GEMV: `y[m, n] = a[m, :] . w[n, :] (+ bias[n]) (+ residual[m, n]) (+ residual2[m, n])`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct GemvMat {
     /// The weight: `[N, K]` as the graph stores it, or a `[K, N]` constant read through its transposed
@@ -345,6 +346,8 @@ pub struct GemvMat {
     pub y: TensorId,
     pub bias: Option<TensorId>,
     pub residual: Option<TensorId>,
+    /// A second sum after the residual's (a parallel residual's `x + attn + mlp`), only with `residual`.
+    pub residual2: Option<TensorId>,
     /// A KV cache whose row at the step's position also receives `y` (the cache update, fused).
     pub cache: Option<TensorId>,
     /// Whether `y` is stored rotated by Hugging Face's rotate-half RoPE with the step's [`RopeTables`]: one

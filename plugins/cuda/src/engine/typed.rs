@@ -89,11 +89,13 @@ impl Engine {
         let p = |id| self.p(id);
         let (mut w, mut bias, mut res, mut y, mut cache, mut n) =
             ([0; 3], [0; 3], [0; 3], [0; 3], [0; 3], [0; 3]);
+        let mut res2 = [0; 3];
         let (mut row_off, mut row_group, mut row_stride) = ([0; 3], [1; 3], [0; 3]);
         for (i, mat) in mats.iter().enumerate() {
             w[i] = if mat.transposed { self.transposed[mat.w.0] } else { p(mat.w) };
             bias[i] = mat.bias.map_or(0, p);
             res[i] = mat.residual.map_or(0, p);
+            res2[i] = mat.residual2.map_or(0, p);
             y[i] = p(mat.y);
             cache[i] = mat.cache.map_or(0, p);
             n[i] = mat.n as i32;
@@ -149,6 +151,7 @@ impl Engine {
             row_group,
             row_stride,
             rope_dh: rope.map_or(1, |t| t.head.max(1) as i32),
+            res2,
         };
         match (glu, rope) {
             (Some(_), _) => Launch::GemvGlu(config, params, entry),

@@ -1,6 +1,6 @@
 // ---------------------------------------------------------------------------------------------------------
 // Every product of the typed path (appended to `kernels.cu`, so `T`, `VEC` and the loads are that file's):
-// y[mat][m, n] = a[m, :] . w[mat][n, :] (+ bias[mat][n]) (+ res[mat][m, n]) for up to three matrices sharing
+// y[mat][m, n] = a[m, :] . w[mat][n, :] (+ bias[mat][n]) (+ res[mat][m, n]) (+ res2[mat][m, n]) for up to three matrices sharing
 // `a` (the Q, K and V projections, or gate and up, in one launch; each its own width). Weights are stored
 // [N, K]: `torch.nn.Linear`'s layout as the user stores it, and a `[K, N]` weight transposed once at upload.
 //
@@ -89,6 +89,7 @@ struct GemvP {
     // + c % row_group (`plan::WeightRows`: every row, or the rows of one slice of a product's columns).
     int row_off[3], row_group[3], row_stride[3];
     int rope_dh;  // a rotated matrix's head width (2 * rope_half, or more: a partial rotary)
+    const T* res2[3];  // per matrix, a second residual added after `res` (a parallel residual), or null
 };
 
 // 16 bytes of a weight row: read once a step, so never kept in L1 (measured on the H200: the Llama-3.2-1B
@@ -134,7 +135,7 @@ __device__ __forceinline__ P pick(const P (&a)[3], int i) {
 // is ready so no memory round trip follows it: the bias (before `pdl_wait` when the plan allows), the
 // residual and the position (right after the wait, beside the activation).
 struct GemvTail {
-    T bias, res, cos, sin;
+    T bias, res, res2, cos, sin;
     i64 row;
 };
 
@@ -160,7 +161,7 @@ __device__ __forceinline__ GemvTail gemv_bias(const GemvP& p, int mat, int col, 
     const T* bias = pick(p.bias, mat);
     GemvTail tail;
     tail.bias = stores && bias ? bias[gemv_wrow(p, mat, col)] : (T)0;
-    tail.res = (T)0;
+    tail.res = tail.res2 = (T)0;
     tail.cos = tail.sin = (T)0;
     tail.row = 0;
     return tail;
@@ -176,6 +177,8 @@ __device__ __forceinline__ void gemv_after_wait(const GemvP& p, int mat, int m, 
                                                 GemvTail& tail, bool rope) {
     const T* res = pick(p.res, mat);
     if (stores && res) tail.res = res[gemv_at(p, mat, m, col)];
+    const T* res2 = pick(p.res2, mat);
+    if (stores && res2) tail.res2 = res2[gemv_at(p, mat, m, col)];
     if (stores && pick(p.cache, mat)) tail.row = p.pos[0] + m;
     if (rope && stores && roped(p, mat) && rope_rotates(p, col)) {
         tail.cos = p.cos[col % p.rope_dh];
@@ -207,6 +210,7 @@ __device__ __forceinline__ void gemv_store(const GemvP& p, int mat, int m, int c
                                            const GemvTail& tail) {
     if (pick(p.bias, mat)) s += val(tail.bias);
     if (pick(p.res, mat)) s += val(tail.res);
+    if (pick(p.res2, mat)) s += val(tail.res2);
     if (p.activation) s = gemv_gelu(p.activation, rnd(s));  // the product as it would have been stored
     gemv_put(p, mat, m, col, s, tail.row);
 }

@@ -193,12 +193,14 @@ impl Emulator<'_> {
                 };
                 let bias = mat.bias.map(|b| self.get(b).to_vec());
                 let res = mat.residual.map(|r| self.get(r).to_vec());
+                let res2 = mat.residual2.map(|r| self.get(r).to_vec());
                 let dtype = self.graph.tensor(mat.y).dtype;
                 let mut ys: Vec<f64> = (0..n)
                     .map(|col| {
                         let s = (0..k).map(|i| xs[i] * weight(i, col)).sum::<f64>()
                             + bias.as_ref().map_or(0.0, |b| b[w_row(col)])
-                            + res.as_ref().map_or(0.0, |r| r[row * n + col]);
+                            + res.as_ref().map_or(0.0, |r| r[row * n + col])
+                            + res2.as_ref().map_or(0.0, |r| r[row * n + col]);
                         let s = round(s, dtype);
                         activation.map_or(s, |f| round(f.apply(s as f32) as f64, dtype))
                     })

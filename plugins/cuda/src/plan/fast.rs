@@ -464,6 +464,10 @@ impl Lowering<'_> {
         let (mut taken, products) = (mats.len(), mats.len());
         if mats.len() == 1 {
             taken += self.residual(&mut mats[0], self.ahead(p, 1));
+            if taken == 2 {
+                // A parallel residual's second sum (`x + attn + mlp`): the sum adds it too.
+                taken += self.residual(&mut mats[0], self.ahead(p, 2));
+            }
         }
         if let [mat] = mats[..] {
             if let Some(split) = self.split(mat, m) {
@@ -501,6 +505,7 @@ impl Lowering<'_> {
             y: out,
             bias,
             residual: None,
+            residual2: None,
             cache: None,
             roped: false,
             rows: WeightRows::all(u32_of(n, "columns")?),
@@ -528,7 +533,10 @@ impl Lowering<'_> {
         }
         // The product itself is never stored: no allocation for it.
         self.rehome(out, sum);
-        *mat = GemvMat { y: sum, residual: Some(other), ..*mat };
+        *mat = match mat.residual {
+            None => GemvMat { y: sum, residual: Some(other), ..*mat },
+            Some(_) => GemvMat { y: sum, residual2: Some(other), ..*mat },
+        };
         1
     }
 

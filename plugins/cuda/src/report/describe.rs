@@ -27,7 +27,13 @@ impl Step {
                 if norm.is_some() { "norm+" } else { "" },
                 mats.len(),
                 if mats.iter().any(|m| m.bias.is_some()) { "+bias" } else { "" },
-                if mats[0].residual.is_some() { "+residual" } else { "" },
+                if mats[0].residual2.is_some() {
+                    "+residual+residual"
+                } else if mats[0].residual.is_some() {
+                    "+residual"
+                } else {
+                    ""
+                },
                 if cache_rows.is_some() { "+kv_update" } else { "" },
                 if glu.is_some() { "+swiglu" } else { "" },
                 if rope.is_some() { "+rope" } else { "" },
@@ -81,7 +87,7 @@ impl Step {
                 ids.extend(norm.iter().flat_map(|n| std::iter::once(n.gain).chain(n.bias)));
                 for m in mats {
                     ids.push(m.w);
-                    ids.extend(m.bias.iter().chain(&m.residual));
+                    ids.extend(m.bias.iter().chain(&m.residual).chain(&m.residual2));
                 }
                 ids.extend(rope.iter().flat_map(|r| [r.cos, r.sin]));
                 ids.extend(cache_rows.map(|c| c.position));
