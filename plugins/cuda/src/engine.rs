@@ -231,8 +231,8 @@ impl Engine {
         let err = alloc(&ctx, 4, "the error word")?;
         let err_seen = Allocation::<Pinned>::zeroed(&ctx, 4).map_err(cuda("allocating the error mirror"))?;
         let access = DirectAccess::gpu(ctx.is_integrated());
-        // One launch a step at most, so a call never grows it.
-        let launches = Vec::with_capacity(plan.steps.len());
+        // One launch a step at most, or its parts on the GEMM path, so a call never grows it.
+        let launches = Vec::with_capacity(gemm.as_ref().map_or(plan.steps.len(), Runner::launches));
         let overlap = ctx.overlaps_launches();
         let gemv_wave = kernels::gemv_wave(ctx.multiprocessors());
         let gemv_deep_wave = kernels::gemv_deep_wave(ctx.multiprocessors());

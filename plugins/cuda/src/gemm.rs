@@ -96,6 +96,12 @@ impl Expansion {
         self.parts.iter().any(Option::is_some)
     }
 
+    /// The most launches a call of the plan queues: one a step, or its parts for a step on the GEMM path (what
+    /// the engine reserves, so a call never allocates).
+    pub fn launches(&self) -> usize {
+        self.parts.iter().map(|parts| parts.as_ref().map_or(1, Vec::len)).sum()
+    }
+
     /// The launches of step `index` when it takes the GEMM path.
     pub fn of(&self, index: usize) -> Option<&[Part]> {
         self.parts.get(index).and_then(|p| p.as_deref())

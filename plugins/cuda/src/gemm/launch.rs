@@ -51,6 +51,11 @@ impl Runner {
         Ok(Some(Runner { blas, expansion, _scratch: scratch }))
     }
 
+    /// The most launches a call of the plan queues: one a step, or its parts for a step on the GEMM path.
+    pub(crate) fn launches(&self) -> usize {
+        self.expansion.launches()
+    }
+
     /// The launches of step `index` when it takes the GEMM path.
     pub(crate) fn parts(&self, index: usize) -> Option<&[Part]> {
         self.expansion.of(index)

@@ -77,8 +77,10 @@ fn a_prefill_runs_its_products_as_gemms_and_a_decode_step_keeps_its_gemvs() {
     let expected: Vec<(String, Vec<String>)> =
         expected.iter().map(|(s, p)| (s.to_string(), p.iter().map(|k| k.to_string()).collect())).collect();
     assert_eq!(routed, expected);
-    // Every GEMV of the plan took the path.
+    // Every GEMV of the plan took the path; a call queues each other step's launch and the routed ones' parts.
     assert_eq!(plan.steps.iter().filter(|s| routes(s)).count(), routed.len());
+    let parts: usize = expected.iter().map(|(_, p)| p.len()).sum();
+    assert_eq!(e.launches(), plan.steps.len() - routed.len() + parts);
     let find = |name: &str| graph.find(name).expect("tensor");
     // Q, K and V read the normalised rows in scratch and write their own tensors; the caches then receive K
     // and V at the position, over every row.
