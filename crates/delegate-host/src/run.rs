@@ -189,7 +189,7 @@ pub fn run_program(path: &Path, mode: Mode, dirs: &[PathBuf], args: &RunArgs) ->
     if let Some(dir) = &args.output_dir {
         write_outputs(&program, dir, &generation_methods(&program, generation.steps.len() > 1))?;
     }
-    report(&generation, mode, json, &plugins_used(&program, &registry))
+    report(&generation, mode, json, &plugins_used(&program, &registry), None)
 }
 
 /// `run --branch`: refused for a program that is not a token generator; the default steps leave room for
@@ -424,7 +424,15 @@ fn copies_text(copies: &CopyStats) -> String {
     )
 }
 
-pub(crate) fn report(generation: &Generation, mode: Mode, json: bool, used: &[Value]) -> Result<(), Failure> {
+/// Reports a generation; `stream`: what streaming measured, when the tokens streamed (`--json`'s
+/// `stats.stream`).
+pub(crate) fn report(
+    generation: &Generation,
+    mode: Mode,
+    json: bool,
+    used: &[Value],
+    stream: Option<&Value>,
+) -> Result<(), Failure> {
     let time = generation.mean_decode_time();
     let copies = generation.mean_decode_copies();
     let gpu = generation.mean_decode_gpu_micros();
@@ -451,6 +459,10 @@ pub(crate) fn report(generation: &Generation, mode: Mode, json: bool, used: &[Va
             },
             "plugins": used,
         });
+        let mut value = value;
+        if let Some(stream) = stream {
+            value["stats"]["stream"] = stream.clone();
+        }
         return emit(&format!("{value}\n"));
     }
     let mut out = format!(

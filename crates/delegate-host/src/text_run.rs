@@ -1,14 +1,19 @@
-//! `run`'s generation with a sampler, stop conditions and a streamed text reply: the host loop picks each
-//! token from the logits ([`sampling::Sampler`]), ends at an end-of-sequence id of the checkpoint's
-//! `generation_config.json`, at a `--stop` string or after `--max-new-tokens`, and prints the reply as it is
-//! generated (one flush per token); `--json` reports the text, the ids, the time to first token and the
-//! tokens per second instead. The ids are every generated id, the end-of-sequence id or the one that
-//! completed a stop string included; the text stops before either. Without a tokenizer (a sampled run of
-//! token ids) the report is `run`'s usual one.
+//! `run`'s generation with a sampler, stop conditions and a streamed text reply, through
+//! `generate::generate_streaming`: where the device loop runs (a GPU program), the sampler kernel draws each
+//! token on the device and tokens reach the host through pinned memory it polls, with no host
+//! synchronisation per step (`--cuda-graph` replays the step); elsewhere the host loop picks each token from
+//! the logits ([`sampling::Sampler`], the same arithmetic). The generation ends at an end-of-sequence id of the
+//! checkpoint's `generation_config.json`, at a `--stop` string or after `--max-new-tokens`, and the reply is
+//! printed as it is generated (one flush per token); `--json` reports the text, the ids, the time to first
+//! token and the tokens per second instead, and `stats` with the streaming lag (tokens and microseconds
+//! between the device writing a token and the host printing it) and the host synchronisations per decode
+//! step. The ids are every generated id, the end-of-sequence id or the one that completed a stop string
+//! included; the text stops before either. Without a tokenizer (a sampled run of token ids) the report is
+//! `run`'s usual one, with the lag in its stats.
 
 use std::time::{Duration, Instant};
 
-use host_runtime::generate::{generate_choosing, Generation, Options};
+use host_runtime::generate::{generate_streaming, Generation, Options, StreamStats};
 use host_runtime::program::{Mode, Program};
 use sampling::Params;
 use serde_json::{json, Value};
@@ -51,34 +56,27 @@ pub fn run(
     settings: &Settings,
     used: &[Value],
 ) -> Result<(), Failure> {
-    if args.cuda_graph || args.hold_position || args.output_dir.is_some() || args.prompt_cache.is_some() {
+    if args.hold_position || args.output_dir.is_some() || args.prompt_cache.is_some() {
         return Err(failure(
-            "a sampled, stopped or text generation runs on the host loop from the prompt: \
-             it takes no --cuda-graph, --hold-position, --output-dir or --prompt-cache",
+            "a sampled, stopped or text generation runs from the prompt: \
+             it takes no --hold-position, --output-dir or --prompt-cache",
         ));
     }
     let prompt = program.manifest().generate.as_ref().map(|g| g.prompt.clone()).unwrap_or_default();
-    let mut options: Options = crate::run::options(steps, args, program, false);
-    options.host_loop = true;
+    let options: Options = crate::run::options(steps, args, program, args.cuda_graph);
     let mut detokenizer = args.tokenizer.as_ref().map(|t| Detokenizer::new(&t.tokenizer, &settings.stops));
     let stream = !args.json && detokenizer.is_some();
-    let mut history = prompt.clone();
     let (mut stop, mut failed) = (Stop::Length, None);
     let start = Instant::now();
     let mut times = Vec::new();
-    let choose = |row: &[f32], index: usize| {
-        let token = settings.sampler.pick(row, &history, index as u64) as i64;
-        history.push(token);
-        token
-    };
-    let generation = generate_choosing(program, &options, choose, |step, _| {
+    let streamed = generate_streaming(program, &options, &settings.sampler, |streamed| {
         times.push(start.elapsed());
-        if settings.eos.contains(&step.token) {
+        if settings.eos.contains(&streamed.token) {
             stop = Stop::Eos;
             return Ok(false);
         }
         let Some(d) = detokenizer.as_mut() else { return Ok(true) };
-        let pushed = d.push(step.token);
+        let pushed = d.push(streamed.token);
         if pushed.stopped {
             stop = Stop::Text;
         }
@@ -91,16 +89,17 @@ pub fn run(
         }
         Ok(!pushed.stopped)
     })?;
+    let generation = &streamed.generation;
     if let Some(err) = failed {
         return Err(err);
     }
     let Some(mut detokenizer) = detokenizer else {
-        return crate::run::report(&generation, mode, args.json, used);
+        return crate::run::report(generation, mode, args.json, used, Some(&stats_json(&streamed.stream)));
     };
     let rest = if matches!(stop, Stop::Text) { String::new() } else { detokenizer.finish() };
     if stream {
         emit(&format!("{rest}\n"))?;
-        eprintln!("{}", summary(&generation, stop, &times));
+        eprintln!("{}", summary(generation, stop, &times));
         return Ok(());
     }
     let (ttft, rate) = speed(&times);
@@ -113,6 +112,12 @@ pub fn run(
         "time_to_first_token_ms": ttft.map(|t| t.as_secs_f64() * 1e3),
         "tokens_per_s": rate,
         "sampling": params_json(settings.sampler.params()),
+        "stats": {
+            "host_syncs_per_decode_step": generation.host_syncs_per_decode_step(),
+            "device_loop": generation.device_loop,
+            "cuda_graph": generation.cuda_graph,
+            "stream": stats_json(&streamed.stream),
+        },
         "plugins": used,
     });
     emit(&format!("{value}\n"))
@@ -128,6 +133,19 @@ fn summary(generation: &Generation, stop: Stop, times: &[Duration]) -> String {
         ttft.unwrap_or_default().as_secs_f64() * 1e3,
         rate.map_or("- tokens/s".to_owned(), |r| format!("{r:.1} tokens/s"))
     )
+}
+
+/// The streaming lag as `--json` reports it: how many tokens the device had written past each token when it
+/// was printed, and how many microseconds after the device wrote it (`null` where not measured).
+fn stats_json(s: &StreamStats) -> Value {
+    json!({
+        "tokens": s.tokens,
+        "sampled_on_device": s.sampled_on_device,
+        "mean_lag_tokens": s.mean_lag_tokens,
+        "max_lag_tokens": s.max_lag_tokens,
+        "mean_lag_us": s.mean_lag_micros,
+        "max_lag_us": s.max_lag_micros,
+    })
 }
 
 fn params_json(p: &Params) -> Value {

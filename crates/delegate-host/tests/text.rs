@@ -65,6 +65,15 @@ fn a_text_prompt_is_the_tokenizers_ids_and_the_reply_is_their_text() {
     assert!(text["time_to_first_token_ms"].as_f64().is_some_and(|t| t > 0.0), "{text}");
     assert!(text["tokens_per_s"].as_f64().is_some_and(|r| r > 0.0), "{text}");
     assert_eq!(text["stop"], "length");
+    // What streaming measured: every token, on the host loop here (a CPU program), the lag.
+    let stream = &text["stats"]["stream"];
+    assert_eq!(stream["tokens"], 6, "{text}");
+    assert_eq!(
+        (text["stats"]["device_loop"].as_bool(), stream["sampled_on_device"].as_bool()),
+        (Some(false), Some(false))
+    );
+    assert!(stream["mean_lag_us"].as_f64().is_some_and(|us| us >= 0.0), "{text}");
+    assert_eq!(stream["max_lag_tokens"], 0, "the host loop runs no step ahead: {text}");
 
     // Streamed: the same text on stdout, then a newline; the summary on stderr.
     let out = run(&program, &["--prompt", PROMPT, "--max-new-tokens", "6"]);
