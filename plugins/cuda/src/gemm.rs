@@ -127,6 +127,9 @@ impl Expansion {
         };
         let dtype = dtypes[a.0];
         let float = Float::of(dtype)?;
+        if glu.is_some() && mats.len() != 2 {
+            return None; // `fuse_glu` fuses exactly the gate and the up projection
+        }
         let rows = u64::from(m);
         let mut parts = Vec::new();
         let act = match norm {
@@ -150,7 +153,7 @@ impl Expansion {
         };
         if let Some(out) = glu {
             // `fuse_glu` puts the gate first; neither has a residual or a cache.
-            let [gate, up] = &mats[..] else { return None };
+            let [gate, up] = &mats[..] else { unreachable!("two matrices, checked above") };
             let elems = rows * u64::from(gate.n);
             let (g, u) = (
                 self.scratch(Role::Gate, dtype, elems, dtypes),
