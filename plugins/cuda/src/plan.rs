@@ -23,11 +23,13 @@
 //!     residual (the attention output projection and the residual stream), and with a second one when the
 //!     sum only feeds such an `Add` too (a parallel residual's `x + attn + mlp`);
 //!   - an `RmsNorm` whose output only the next GEMV reads is done inside that GEMV, and so is LayerNorm,
-//!     which an export spells `rms_norm(x - mean(x))`, optionally plus a constant bias ([`Norm`]);
-//!   - a GELU (erf or tanh form; the tanh form also as the nine ops GPT-2 and Phi spell, [`gelu`]) of the
-//!     lone product before it is that GEMV's epilogue (the up projection of a non-gated MLP);
+//!     which an export spells `rms_norm(x - mean(x))`, optionally plus a constant bias ([`Norm`]); a norm
+//!     only products of several GEMVs read (a parallel block's attention and MLP) is done inside each;
+//!   - a GELU (erf or tanh form; the tanh form also as the nine ops GPT-2 and Phi spell, [`gelu`]) of a
+//!     lone product only it reads is that GEMV's epilogue (the up projection of a non-gated MLP);
 //!   - consecutive `KvCacheUpdate`s at the same position with updates of one shape become one launch (K and
-//!     V), and token-major updates the previous GEMV computes are written into the caches by it;
+//!     V), and token-major updates a GEMV computes are written into the caches by it (when no launch
+//!     between touches the caches);
 //!   - every `KvCacheUpdate` writes the caller's cache in place and every `CausalAttention` reads the caches
 //!     where they are, head-major or token-major, grouped-query attention included (each query head reads
 //!     its KV head's rows; repeated keys and values are never materialised), in one launch that merges its

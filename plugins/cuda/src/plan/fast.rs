@@ -29,6 +29,9 @@ pub(super) struct Lowering<'g> {
     /// The graph's GELUs spelled in their tanh form (the ops before the last absorbed like a RoPE's).
     gelus: Vec<gelu::Gelu>,
     absorbed: Vec<bool>,
+    /// Norms that only products read, of several GEMVs (a parallel block's attention and MLP): the norm's
+    /// output, its input and the norm, done inside each of those GEMVs.
+    shared_norms: Vec<(TensorId, TensorId, Norm)>,
 }
 
 impl<'g> Lowering<'g> {
@@ -55,6 +58,7 @@ impl<'g> Lowering<'g> {
             attn_scratch: AttnScratch::default(),
             ropes: Vec::new(),
             gelus: Vec::new(),
+            shared_norms: Vec::new(),
             absorbed: vec![false; graph.ops().len()],
         };
         l.ropes = rope::find(&l);
@@ -260,12 +264,20 @@ impl<'g> Lowering<'g> {
     /// product: the GEMV stores the GELU into `out` itself (an MLP's up projection and its activation, one
     /// launch).
     fn fuse_activation(&mut self) {
-        let [.., ref gemv, ref unary] = self.steps[..] else { return };
-        let Step::Gemv { ref mats, m, cache_rows: None, glu: None, rope: None, activation: None, .. } = *gemv
+        let Some(&Step::Unary { func: func @ (UnaryFn::Gelu | UnaryFn::GeluTanh), input, out, n, dtype }) =
+            self.steps.last()
         else {
             return;
         };
-        let Step::Unary { func: func @ (UnaryFn::Gelu | UnaryFn::GeluTanh), input, out, n, dtype } = *unary
+        // The GEMV that computes `input` may be an earlier one (a parallel block's MLP projection, next to
+        // the attention's): nothing between reads its product, which only the GELU reads.
+        let computes = |s: &Step| match s {
+            Step::Gemv { mats, .. } => mats.iter().any(|mat| self.same(mat.y, input)),
+            _ => false,
+        };
+        let Some(at) = self.steps.iter().rposition(computes) else { return };
+        let Step::Gemv { ref mats, m, cache_rows: None, glu: None, rope: None, activation: None, .. } =
+            self.steps[at]
         else {
             return;
         };
@@ -277,7 +289,7 @@ impl<'g> Lowering<'g> {
         }
         let product = mat.y;
         self.steps.pop();
-        let Some(Step::Gemv { mats, activation, .. }) = self.steps.last_mut() else {
+        let Some(Step::Gemv { mats, activation, .. }) = self.steps.get_mut(at) else {
             unreachable!("matched above")
         };
         mats[0].y = out;
@@ -550,15 +562,36 @@ impl Lowering<'_> {
     }
 
     /// When the last step is a norm (RMS or LayerNorm) whose output only the `readers` products read, it is
-    /// done inside the GEMV: the norm's input and the norm instead of `a`.
+    /// done inside the GEMV: the norm's input and the norm instead of `a`. When products of later GEMVs read
+    /// it too (and nothing else does), each of them does it as well.
     fn fused_norm(&mut self, a: TensorId, readers: usize) -> (TensorId, Option<Norm>) {
-        if let Some(&Step::Norm { input, out: h, norm, .. }) = self.steps.last() {
-            if self.same(h, a) && self.uses(h) == readers && !self.is_output(h) {
-                self.steps.pop();
-                return (input, Some(norm));
-            }
+        if let Some(&(_, input, norm)) = self.shared_norms.iter().find(|&&(h, ..)| self.same(h, a)) {
+            return (input, Some(norm));
+        }
+        let Some(&Step::Norm { input, out: h, norm, .. }) = self.steps.last() else { return (a, None) };
+        if !self.same(h, a) || self.is_output(h) {
+            return (a, None);
+        }
+        if self.uses(h) == readers {
+            self.steps.pop();
+            return (input, Some(norm));
+        }
+        if self.only_products_read(h) {
+            self.steps.pop();
+            self.shared_norms.push((h, input, norm));
+            return (input, Some(norm));
         }
         (a, None)
+    }
+
+    /// Whether every op reading `h`'s value multiplies it (as the activation `a` of a product).
+    fn only_products_read(&self, h: TensorId) -> bool {
+        let value = self.canon.value[h.0];
+        let is_h = |x: TensorId| self.canon.value[x.0] == value;
+        self.canon.order.iter().all(|&i| match self.graph.ops()[i] {
+            Op::MatMul { b, bias, .. } => !is_h(b) && !bias.is_some_and(is_h),
+            ref op => !op.operands().into_iter().any(is_h),
+        })
     }
 
     /// A cache update (with the next one at the same position and of the same shapes: K and V in one
@@ -610,11 +643,27 @@ impl Lowering<'_> {
     /// storage) into the caches: whether it did.
     fn fuse_into_gemv(&mut self, caches: &[(TensorId, TensorId)], position: TensorId, l: KvLayout) -> bool {
         let homes = &self.homes;
-        let Some(Step::Gemv { mats, cache_rows: cache_rows @ None, m, .. }) = self.steps.last_mut() else {
-            return false;
-        };
+        // The last GEMV that computes an update (a parallel block's MLP projection may follow it), when no
+        // step after it touches the caches (their rows may then be written earlier).
         let computes =
             |mat: &GemvMat, update: TensorId| Home::root(homes, mat.y) == Home::root(homes, update);
+        let computes_one = |s: &Step| match s {
+            Step::Gemv { mats, .. } => caches.iter().any(|&(_, u)| mats.iter().any(|mat| computes(mat, u))),
+            _ => false,
+        };
+        let Some(at) = self.steps.iter().rposition(computes_one) else { return false };
+        let touches = |s: &Step| {
+            s.reads()
+                .into_iter()
+                .chain(s.writes())
+                .any(|id| caches.iter().any(|&(cache, _)| Home::root(homes, id) == Home::root(homes, cache)))
+        };
+        if self.steps[at + 1..].iter().any(touches) {
+            return false;
+        }
+        let Some(Step::Gemv { mats, cache_rows: cache_rows @ None, m, .. }) = self.steps.get_mut(at) else {
+            return false;
+        };
         if *m != l.rows || !caches.iter().all(|&(_, update)| mats.iter().any(|mat| computes(mat, update))) {
             return false;
         }
