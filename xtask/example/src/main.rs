@@ -11,7 +11,11 @@ use std::path::PathBuf;
 use clap::{Parser, Subcommand};
 
 #[derive(Parser)]
-#[command(name = "cargo xtask", about = "The example decoder's tasks of the delegate workspace")]
+#[command(
+    name = "cargo xtask",
+    bin_name = "cargo xtask",
+    about = "The example decoder's tasks of the delegate workspace"
+)]
 struct Cli {
     #[command(subcommand)]
     task: Task,

@@ -15,7 +15,7 @@ use clap::{Parser, Subcommand};
 use xtask::{executorch_setup, trt_setup, util};
 
 #[derive(Parser)]
-#[command(name = "cargo xtask", about = "Release tasks of the delegate workspace")]
+#[command(name = "cargo xtask", bin_name = "cargo xtask", about = "Release tasks of the delegate workspace")]
 struct Cli {
     #[command(subcommand)]
     task: Task,
