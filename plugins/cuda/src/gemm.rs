@@ -5,10 +5,10 @@
 //! - each product `y = a w^T` (`[N, K]` weights as stored or as their transposed upload), f16 and bf16 on
 //!   tensor cores with f32 accumulation, f32 in full f32 (no TF32: its 10-bit mantissa would put an f32
 //!   export outside the oracle's tolerance);
-//! - a bias as a broadcast add, a residual as an add into the product (so every value is rounded where the
-//!   graph's separate ops round it: the product, then the sum), a GELU over the product in place, SwiGLU as
-//!   `silu(gate)` then `* up` over the two products in scratch, and the fused cache rows as one cache update
-//!   of the rows written.
+//! - a bias as a broadcast add, a GELU over the product in place, a residual (and a parallel residual's second
+//!   one) as an add into the product (so every value is rounded where the graph's separate ops round it: the
+//!   product, then each sum), SwiGLU as `silu(gate)` then `* up` over the two products in scratch, and the
+//!   fused cache rows as one cache update of the rows written.
 //!
 //! A decode step (one row) is untouched: its GEMV keeps every fusion and its launches are the plan's. Pure:
 //! [`Expansion`] decides every launch from the plan; `launch` holds the cuBLAS handle, its workspace and the
@@ -117,12 +117,16 @@ impl Expansion {
         id
     }
 
-    /// The launches of `step` on the GEMM path, or `None` when it keeps its own.
+    /// The launches of `step` on the GEMM path, or `None` when it keeps its own. Every field of the step and of
+    /// its matrices is named here (none is `..`), so a fusion added to the GEMV is a compile error here until
+    /// the GEMM path does it too.
     fn expand(&mut self, step: &Step, dtypes: &mut Vec<ElemType>) -> Option<Vec<Part>> {
         if !routes(step) {
             return None;
         }
-        let Step::Gemv { a, norm, ref mats, cache_rows, m, k, glu, activation, .. } = *step else {
+        // `early` only concerns the GEMV kernel's prologue; `rope` is `None` (`routes`).
+        let Step::Gemv { a, norm, ref mats, cache_rows, m, k, early: _, glu, rope: _, activation } = *step
+        else {
             return None;
         };
         let dtype = dtypes[a.0];
@@ -140,15 +144,41 @@ impl Expansion {
             }
             None => a,
         };
+        // Each matrix's product into `y` (its own output, or a SwiGLU's scratch), then its epilogue in the
+        // GEMV's order: bias, activation, residual, second residual.
         let product = |mat: &GemvMat, y: TensorId, parts: &mut Vec<Part>| {
-            let (w, transposed, w_row, n) = (mat.w, mat.transposed, mat.rows.of(0), mat.n);
-            parts.push(Part::Product(Product { a: act, w, transposed, w_row, y, m, n, k, float }));
-            if let Some(bias) = mat.bias {
+            let GemvMat {
+                w,
+                transposed,
+                n,
+                y: _,
+                bias,
+                residual,
+                residual2,
+                cache: _,
+                roped: _,
+                rows: w_rows,
+            } = *mat;
+            parts.push(Part::Product(Product {
+                a: act,
+                w,
+                transposed,
+                w_row: w_rows.of(0),
+                y,
+                m,
+                n,
+                k,
+                float,
+            }));
+            let elems = rows * u64::from(n);
+            if let Some(bias) = bias {
                 parts.push(Part::Step(bias_add(y, bias, rows, n, dtype)));
             }
             if let Some(func) = activation {
-                let n = rows * u64::from(n);
-                parts.push(Part::Step(Step::Unary { func, input: y, out: y, n, dtype }));
+                parts.push(Part::Step(Step::Unary { func, input: y, out: y, n: elems, dtype }));
+            }
+            for res in [residual, residual2].into_iter().flatten() {
+                parts.push(Part::Step(Step::Add { a: y, b: res, out: y, n: elems }));
             }
         };
         if let Some(out) = glu {
@@ -168,10 +198,6 @@ impl Expansion {
         }
         for mat in mats {
             product(mat, mat.y, &mut parts);
-            if let Some(res) = mat.residual {
-                let n = rows * u64::from(mat.n);
-                parts.push(Part::Step(Step::Add { a: mat.y, b: res, out: mat.y, n }));
-            }
         }
         if let Some(c) = cache_rows {
             let updates: Vec<(TensorId, TensorId)> =

@@ -299,3 +299,35 @@ fn an_activation_follows_its_product() {
     };
     assert_eq!((*input, *out, *n), (p.y, p.y, rows * ffn));
 }
+
+/// A parallel residual's two sums (GPT-NeoX's `x + attn + mlp`) at 4 rows: the GEMV's residual and second
+/// residual become two adds into the product, in the graph's order.
+#[test]
+fn both_residuals_of_a_parallel_residual_follow_their_product() {
+    let (rows, dim, n) = (4u64, 8u64, 16u64);
+    let mut b = ref_graph::GraphBuilder::new();
+    let x = b.input("x", ElemType::F32, &[rows, dim]).expect("x");
+    let attn = b.input("attn", ElemType::F32, &[rows, n]).expect("attn");
+    let resid = b.input("resid", ElemType::F32, &[rows, n]).expect("resid");
+    let w = b.constant_f32("w", &[n, dim], vec![0.01; (n * dim) as usize]).expect("w");
+    let mlp =
+        b.mat_mul_with("mlp", x, w, ref_graph::MatMulOptions { transpose_b: true, bias: None }).expect("mlp");
+    let first = b.add("first", mlp, attn).expect("first");
+    let second = b.add("second", first, resid).expect("second");
+    b.output(second).expect("output");
+    let graph = b.finish().expect("graph");
+    let (plan, e) = expanded(&graph);
+    let Some(Step::Gemv { mats, .. }) = plan.steps.iter().find(|s| routes(s)) else {
+        panic!("{:?}", plan.steps)
+    };
+    assert!(mats[0].residual2.is_some(), "the planner fuses the second sum: {:?}", plan.steps);
+    let Some(
+        [Part::Product(p), Part::Step(Step::Add { a: a1, b: b1, out: o1, .. }), Part::Step(Step::Add { a: a2, b: b2, out: o2, n: elems })],
+    ) = e.of(0)
+    else {
+        panic!("{e:?}")
+    };
+    let second = graph.find("second").expect("second");
+    assert_eq!((p.y, *a1, *o1, *a2, *o2), (second, second, second, second, second));
+    assert_eq!((*b1, *b2, *elems), (attn, resid, rows * n));
+}
