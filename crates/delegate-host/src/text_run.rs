@@ -11,41 +11,14 @@
 //! included; the text stops before either. Without a tokenizer (a sampled run of token ids) the report is
 //! `run`'s usual one, with the lag in its stats.
 
-use std::time::{Duration, Instant};
-
-use host_runtime::generate::{generate_streaming, Generation, Options, StreamStats};
+use host_runtime::generate::{generate_streaming, Options, StreamStats};
 use host_runtime::program::{Mode, Program};
-use sampling::Params;
 use serde_json::{json, Value};
-use text_gen::{speed, Detokenizer};
+use text_gen::Reply;
 pub use text_gen::{GenArgs, Settings};
 
 use crate::run::RunArgs;
 use crate::{emit, failure, Failure};
-
-/// Why the generation ended.
-#[derive(Clone, Copy)]
-enum Stop {
-    /// An end-of-sequence id.
-    Eos,
-    /// A `--stop` string.
-    Text,
-    /// The steps ran out.
-    Length,
-    /// Stdout went away.
-    Closed,
-}
-
-impl Stop {
-    fn name(self) -> &'static str {
-        match self {
-            Stop::Eos => "eos",
-            Stop::Text => "stop_string",
-            Stop::Length => "length",
-            Stop::Closed => "closed",
-        }
-    }
-}
 
 /// Runs the generation of `program` for up to `steps` decode steps (see the module docs).
 pub fn run(
@@ -64,26 +37,14 @@ pub fn run(
     }
     let prompt = program.manifest().generate.as_ref().map(|g| g.prompt.clone()).unwrap_or_default();
     let options: Options = crate::run::options(steps, args, program, args.cuda_graph);
-    let mut detokenizer = args.tokenizer.as_ref().map(|t| Detokenizer::new(&t.tokenizer, &settings.stops));
-    let stream = !args.json && detokenizer.is_some();
-    let (mut stop, mut failed) = (Stop::Length, None);
-    let start = Instant::now();
-    let mut times = Vec::new();
+    let mut reply = Reply::new(args.tokenizer.as_ref().map(|t| &t.tokenizer), settings);
+    let stream = !args.json && reply.has_text();
+    let mut failed = None;
     let streamed = generate_streaming(program, &options, &settings.sampler, |streamed| {
-        times.push(start.elapsed());
-        if settings.eos.contains(&streamed.token) {
-            stop = Stop::Eos;
-            return Ok(false);
-        }
-        let Some(d) = detokenizer.as_mut() else { return Ok(true) };
-        let pushed = d.push(streamed.token);
-        if pushed.stopped {
-            stop = Stop::Text;
-        }
+        let pushed = reply.push(streamed.token);
         if stream && !pushed.text.is_empty() {
             if let Err(err) = emit(&pushed.text) {
                 failed = Some(err);
-                stop = Stop::Closed;
                 return Ok(false);
             }
         }
@@ -93,46 +54,34 @@ pub fn run(
     if let Some(err) = failed {
         return Err(err);
     }
-    let Some(mut detokenizer) = detokenizer else {
+    if !reply.has_text() {
         return crate::run::report(generation, mode, args.json, used, Some(&stats_json(&streamed.stream)));
-    };
-    let rest = if matches!(stop, Stop::Text) { String::new() } else { detokenizer.finish() };
+    }
+    let rest = reply.finish();
     if stream {
         emit(&format!("{rest}\n"))?;
-        eprintln!("{}", summary(generation, stop, &times));
+        eprintln!("{}", reply.summary(generation.tokens.len()));
         return Ok(());
     }
-    let (ttft, rate) = speed(&times);
-    let value = json!({
-        "mode": mode,
-        "text": detokenizer.text(),
-        "ids": generation.tokens,
-        "prompt_ids": prompt,
-        "stop": stop.name(),
-        "time_to_first_token_ms": ttft.map(|t| t.as_secs_f64() * 1e3),
-        "tokens_per_s": rate,
-        "sampling": params_json(settings.sampler.params()),
-        "stats": {
-            "host_syncs_per_decode_step": generation.host_syncs_per_decode_step(),
-            "device_loop": generation.device_loop,
-            "cuda_graph": generation.cuda_graph,
-            "stream": stats_json(&streamed.stream),
-        },
-        "plugins": used,
-    });
-    emit(&format!("{value}\n"))
-}
-
-/// `N tokens (stop: eos), time to first token X ms, Y tokens/s`.
-fn summary(generation: &Generation, stop: Stop, times: &[Duration]) -> String {
-    let (ttft, rate) = speed(times);
-    let reason = stop.name();
-    format!(
-        "{} tokens (stop: {reason}), time to first token {:.1} ms, {}",
-        generation.tokens.len(),
-        ttft.unwrap_or_default().as_secs_f64() * 1e3,
-        rate.map_or("- tokens/s".to_owned(), |r| format!("{r:.1} tokens/s"))
-    )
+    let mut value = reply.json_fields(settings.sampler.params());
+    for (key, field) in [
+        ("mode", json!(mode)),
+        ("ids", json!(generation.tokens)),
+        ("prompt_ids", json!(prompt)),
+        (
+            "stats",
+            json!({
+                "host_syncs_per_decode_step": generation.host_syncs_per_decode_step(),
+                "device_loop": generation.device_loop,
+                "cuda_graph": generation.cuda_graph,
+                "stream": stats_json(&streamed.stream),
+            }),
+        ),
+        ("plugins", json!(used)),
+    ] {
+        value.insert(key.to_owned(), field);
+    }
+    emit(&format!("{}\n", Value::from(value)))
 }
 
 /// The streaming lag as `--json` reports it: how many tokens the device had written past each token when it
@@ -145,16 +94,5 @@ fn stats_json(s: &StreamStats) -> Value {
         "max_lag_tokens": s.max_lag_tokens,
         "mean_lag_us": s.mean_lag_micros,
         "max_lag_us": s.max_lag_micros,
-    })
-}
-
-fn params_json(p: &Params) -> Value {
-    json!({
-        "temperature": p.temperature,
-        "top_k": p.top_k,
-        "top_p": p.top_p,
-        "min_p": p.min_p,
-        "repetition_penalty": p.repetition_penalty,
-        "seed": p.seed,
     })
 }
