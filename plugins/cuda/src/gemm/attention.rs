@@ -63,11 +63,42 @@ impl PrefillAttention {
 
 /// The prefill kernel's launch for an attention `p` (a module that `has` the kernel): blocks of
 /// [`PREFILL_ROWS`] query rows by query heads; `None` for fewer than [`PREFILL_ATTENTION_MIN_ROWS`] rows, a
-/// soft cap, or heads other than 64 or 128 values.
+/// soft cap, or heads other than 64 or 128 values. Every parameter is named (none is `..`): one added to the
+/// attention is a compile error here until the prefill kernel honours it or refuses it.
 fn prefill_config(p: &AttnP, has: bool) -> Option<LaunchConfig> {
-    let rows = u32::try_from(p.tq).ok()?;
-    let fits = has && rows >= PREFILL_ATTENTION_MIN_ROWS && p.softcap == 0.0 && matches!(p.dh, 64 | 128);
-    let grid = (rows.div_ceil(PREFILL_ROWS), u32::try_from(p.h).ok()?, 1);
+    // What the kernel reads: the tensors, the position and error word, the extents, strides, group and scale.
+    // What it needs not: the ranges and their merge (`o_part`, `ml`, `counters`, `splits`, `hpb`), the lanes
+    // of the decode kernel's rows (`lanes`), reading ahead (`early`: it waits first); `vec_ok` is the tensor-core
+    // attention's own condition, which the launch it replaces met.
+    let AttnP {
+        q: _,
+        k: _,
+        v: _,
+        out: _,
+        pos: _,
+        o_part: _,
+        ml: _,
+        counters: _,
+        err: _,
+        tq,
+        h,
+        l: _,
+        dh,
+        splits: _,
+        vec_ok,
+        scale: _,
+        lanes: _,
+        q_ts: _,
+        q_hs: _,
+        group: _,
+        early: _,
+        hpb: _,
+        softcap,
+    } = *p;
+    let rows = u32::try_from(tq).ok()?;
+    let fits =
+        has && vec_ok != 0 && rows >= PREFILL_ATTENTION_MIN_ROWS && softcap == 0.0 && matches!(dh, 64 | 128);
+    let grid = (rows.div_ceil(PREFILL_ROWS), u32::try_from(h).ok()?, 1);
     fits.then_some(LaunchConfig { grid, block: (PREFILL_THREADS, 1, 1), shared_mem_bytes: 0 })
 }
 
