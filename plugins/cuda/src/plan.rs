@@ -23,8 +23,9 @@
 //!     residual (the attention output projection and the residual stream), and with a second one when the
 //!     sum only feeds such an `Add` too (a parallel residual's `x + attn + mlp`);
 //!   - an `RmsNorm` whose output only the next GEMV reads is done inside that GEMV, and so is LayerNorm,
-//!     which an export spells `rms_norm(x - mean(x))`, optionally plus a constant bias ([`Norm`]); a norm
-//!     only products of several GEMVs read (a parallel block's attention and MLP) is done inside each;
+//!     which an export spells `rms_norm(x - mean(x))`, optionally plus a constant bias ([`Norm`]), or in a
+//!     half model in f32 between casts ([`layer_norm`]); a norm only products of several GEMVs read (a
+//!     parallel block's attention and MLP) is done inside each;
 //!   - a GELU (erf or tanh form; the tanh form also as the nine ops GPT-2 and Phi spell, [`gelu`]) of a
 //!     lone product only it reads is that GEMV's epilogue (the up projection of a non-gated MLP);
 //!   - consecutive `KvCacheUpdate`s at the same position with updates of one shape become one launch (K and
@@ -58,6 +59,7 @@ mod emulate;
 mod fast;
 mod gelu;
 mod general;
+mod layer_norm;
 mod rope;
 #[cfg(test)]
 mod tests;

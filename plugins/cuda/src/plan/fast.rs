@@ -9,8 +9,8 @@ use ref_graph::{Graph, Op, TensorId, UnaryFn};
 
 use super::canon::Canon;
 use super::{
-    attention_splits, gelu, general, rope, u32_of, AttnScratch, AttnShape, BinOp, CacheRows, Float, GemvMat,
-    Home, KvLayout, Norm, Plan, PositionRows, RopeTables, Step, Unsupported, WeightRows,
+    attention_splits, gelu, general, layer_norm, rope, u32_of, AttnScratch, AttnShape, BinOp, CacheRows,
+    Float, GemvMat, Home, KvLayout, Norm, Plan, PositionRows, RopeTables, Step, Unsupported, WeightRows,
 };
 use crate::kernels::ATTN_MAX_HEAD;
 
@@ -28,6 +28,8 @@ pub(super) struct Lowering<'g> {
     ropes: Vec<rope::Rope>,
     /// The graph's GELUs spelled in their tanh form (the ops before the last absorbed like a RoPE's).
     gelus: Vec<gelu::Gelu>,
+    /// The graph's LayerNorms spelled in f32 between casts (the ops before the last cast absorbed).
+    layer_norms: Vec<layer_norm::SpelledNorm>,
     absorbed: Vec<bool>,
     /// Norms that only products read, of several GEMVs (a parallel block's attention and MLP): the norm's
     /// output, its input and the norm, done inside each of those GEMVs.
@@ -58,6 +60,7 @@ impl<'g> Lowering<'g> {
             attn_scratch: AttnScratch::default(),
             ropes: Vec::new(),
             gelus: Vec::new(),
+            layer_norms: Vec::new(),
             shared_norms: Vec::new(),
             absorbed: vec![false; graph.ops().len()],
         };
@@ -77,6 +80,13 @@ impl<'g> Lowering<'g> {
             }
             // Four reads of `x` (the half, the square, the cube, the sum) are now the GELU's one.
             l.merged_reads[l.canon.value[g.x.0].0] += 3;
+        }
+        l.layer_norms = layer_norm::find(&l);
+        for n in l.layer_norms.clone() {
+            for &i in &n.absorbed {
+                l.absorbed[i] = true;
+                l.rehome(graph.ops()[i].output(), n.out);
+            }
         }
         l
     }
@@ -126,7 +136,7 @@ impl<'g> Lowering<'g> {
     }
 
     /// How many ops read `id`'s value (under any of its names; views are names, not readers).
-    fn uses(&self, id: TensorId) -> usize {
+    pub(super) fn uses(&self, id: TensorId) -> usize {
         let value = self.canon.value[id.0];
         let reads = |op: &Op<TensorId>| op.operands().iter().any(|&x| self.canon.value[x.0] == value);
         let raw = self.canon.order.iter().filter(|&&i| reads(&self.graph.ops()[i])).count();
@@ -194,6 +204,11 @@ impl<'g> Lowering<'g> {
                 let step = general::rope(self, &r)?;
                 self.steps.push(step);
             }
+            return Ok(1);
+        }
+        if let Some(n) = self.layer_norms.iter().find(|n| n.last == i).cloned() {
+            let norm = Norm { gain: n.gain, eps: n.eps, centred: true, bias: Some(n.bias) };
+            self.norm(n.x, n.out, norm)?;
             return Ok(1);
         }
         if let Some(g) = self.gelus.iter().find(|g| g.last == i).cloned() {
