@@ -8,7 +8,7 @@ mod export;
 
 use std::path::PathBuf;
 
-use clap::{Parser, Subcommand};
+use clap::Parser;
 
 #[derive(Parser)]
 #[command(
@@ -16,12 +16,6 @@ use clap::{Parser, Subcommand};
     bin_name = "cargo xtask",
     about = "The example decoder's tasks of the delegate workspace"
 )]
-struct Cli {
-    #[command(subcommand)]
-    task: Task,
-}
-
-#[derive(Subcommand)]
 enum Task {
     /// The demo's steps after its build (`cargo xtask demo` builds, then runs this): export the example into
     /// OUT, run it through RELEASE's `delegate-host` in both modes, and check every step against the f64 model.
@@ -37,7 +31,7 @@ enum Task {
 }
 
 fn main() -> anyhow::Result<()> {
-    match Cli::parse().task {
+    match Task::parse() {
         Task::Demo { release, out } => demo::run(&release, &out),
         Task::ExportExample(args) => export::run(&xtask::util::project_root(), args),
     }
@@ -53,7 +47,7 @@ mod tests {
     /// `demo` after its build.
     #[test]
     fn the_tasks_cargo_xtask_forwards_are_here() {
-        let cli = Cli::command();
+        let cli = Task::command();
         for task in xtask::on_demand::EXAMPLE_TASKS.into_iter().chain(["demo"]) {
             assert!(cli.find_subcommand(task).is_some(), "xtask-example has no {task}");
         }

@@ -10,18 +10,12 @@ mod release;
 
 use std::path::PathBuf;
 
-use clap::{Parser, Subcommand};
+use clap::Parser;
 // The shared helpers, under the paths the tasks name them by (`crate::util`, ...).
 use xtask::{executorch_setup, trt_setup, util};
 
 #[derive(Parser)]
 #[command(name = "cargo xtask", bin_name = "cargo xtask", about = "Release tasks of the delegate workspace")]
-struct Cli {
-    #[command(subcommand)]
-    task: Task,
-}
-
-#[derive(Subcommand)]
 enum Task {
     /// Reproducible release bundles: each plugin library with its manifest, README and SHA256SUMS, and the
     /// `delegate-host` binary with the docs a plugin author needs, as `.tar.gz` plus `dist-manifest.json`.
@@ -79,7 +73,7 @@ enum Task {
 
 fn main() -> anyhow::Result<()> {
     let root = util::project_root();
-    match Cli::parse().task {
+    match Task::parse() {
         Task::Dist { rebuild_check: true, no_tensorrt, .. } => dist::check_rebuild(&root, !no_tensorrt),
         Task::Dist { out, no_tensorrt, rebuild_check: false } => {
             let out = match out {
@@ -124,7 +118,7 @@ mod tests {
     #[test]
     fn the_tasks_here_are_those_cargo_xtask_forwards() {
         let mut here: Vec<String> =
-            Cli::command().get_subcommands().map(|c| c.get_name().to_owned()).collect();
+            Task::command().get_subcommands().map(|c| c.get_name().to_owned()).collect();
         here.retain(|name| name != "help");
         here.sort();
         let mut forwarded = xtask::on_demand::RELEASE_TASKS.map(str::to_owned).to_vec();
@@ -135,8 +129,8 @@ mod tests {
     /// `cargo xtask test` runs `compat --reproducible`; it cannot be combined with bundles given by hand.
     #[test]
     fn compat_builds_reproducible_bundles_or_takes_given_ones() {
-        let parse = |args: &[&str]| Cli::try_parse_from(["xtask-release", "compat"].iter().chain(args));
-        let Ok(Cli { task: Task::Compat { reproducible: true, dist: None, no_tensorrt: false } }) =
+        let parse = |args: &[&str]| Task::try_parse_from(["xtask-release", "compat"].iter().chain(args));
+        let Ok(Task::Compat { reproducible: true, dist: None, no_tensorrt: false }) =
             parse(&["--reproducible"])
         else {
             panic!("compat --reproducible does not parse");
