@@ -119,7 +119,7 @@ extern "C" __global__ void __launch_bounds__(KV_THREADS) kv_sample(
     __shared__ unsigned int warp_counts[KV_THREADS / 32];
     __shared__ float best_value[KV_THREADS / 32];
     __shared__ unsigned int best_id[KV_THREADS / 32];
-    __shared__ unsigned int s_prefix, s_need, s_taken, s_greater, s_chosen;
+    __shared__ unsigned int s_prefix, s_need, s_equal, s_taken, s_greater, s_chosen;
     __shared__ float s_total;
 
     const unsigned int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -158,21 +158,31 @@ extern "C" __global__ void __launch_bounds__(KV_THREADS) kv_sample(
         unsigned int k = top_k == 0 ? KV_MAX_CANDIDATES : top_k;
         if (k > KV_MAX_CANDIDATES) { k = KV_MAX_CANDIDATES; }
         if (k > vocab) { k = vocab; }
-        for (unsigned int i = tid; i < vocab; i += KV_THREADS) {
-            keys[i] = kv_key(kv_scaled(row, dtype, seen, penalty, temperature, i));
-        }
         if (tid == 0) { s_prefix = 0; s_need = k; s_taken = 0; s_greater = 0; }
-        __syncthreads();
-        // The k-th largest key, a byte at a time from the top (radix select): `s_prefix` ends as that key and
-        // `s_need` as how many ids of exactly that key are candidates (the smallest ids among them).
+        // The k-th largest key, a byte at a time from the top (radix select): `s_prefix` ends as that key,
+        // `s_need` as how many ids of exactly that key are candidates (the smallest ids among them) and
+        // `s_equal` as how many ids have it. The first pass computes the keys; lanes of a warp that count into
+        // the same bucket add once (`__match_any_sync`), as logits crowd into few buckets.
         unsigned int mask = 0;
         for (int shift = 24; shift >= 0; shift -= 8) {
             if (tid < 256) { hist[tid] = 0; }
             __syncthreads();
             const unsigned int prefix = s_prefix;
-            for (unsigned int i = tid; i < vocab; i += KV_THREADS) {
-                unsigned int key = keys[i];
-                if ((key & mask) == prefix) { atomicAdd(&hist[(key >> shift) & 255u], 1u); }
+            for (unsigned int base = 0; base < vocab; base += KV_THREADS) {
+                const unsigned int i = base + tid;
+                unsigned int key = 0;
+                if (i < vocab) {
+                    if (shift == 24) {
+                        key = kv_key(kv_scaled(row, dtype, seen, penalty, temperature, i));
+                        keys[i] = key;
+                    } else {
+                        key = keys[i];
+                    }
+                }
+                const bool counted = i < vocab && (key & mask) == prefix;
+                const unsigned int bucket = counted ? (key >> shift) & 255u : 256u + lane;
+                const unsigned int peers = __match_any_sync(KV_FULL, bucket);
+                if (counted && (__ffs(peers) - 1) == (int)lane) { atomicAdd(&hist[bucket], __popc(peers)); }
             }
             __syncthreads();
             if (tid == 0) {
@@ -181,6 +191,7 @@ extern "C" __global__ void __launch_bounds__(KV_THREADS) kv_sample(
                     if (above + hist[b] >= need) {
                         s_prefix = prefix | ((unsigned int)b << shift);
                         s_need = need - above;
+                        s_equal = hist[b];
                         break;
                     }
                     above += hist[b];
@@ -190,27 +201,35 @@ extern "C" __global__ void __launch_bounds__(KV_THREADS) kv_sample(
             __syncthreads();
         }
         const unsigned int threshold = s_prefix, need = s_need, greater = k - need;
-        // Gather: the ids above the threshold in any order (sorted below), those at it in id order until
-        // `need` are taken (a scan of each chunk's flags by warp ballots).
-        for (unsigned int base = 0; base < vocab; base += KV_THREADS) {
-            unsigned int i = base + tid;
-            unsigned int key = i < vocab ? keys[i] : 0;
-            bool above = i < vocab && key > threshold;
-            bool at = i < vocab && key == threshold;
-            if (above) { cand[atomicAdd(&s_greater, 1u)] = kv_candidate(key, i); }
-            unsigned int ballot = __ballot_sync(KV_FULL, at);
-            if (lane == 0) { warp_counts[warp] = __popc(ballot); }
-            __syncthreads();
-            unsigned int rank = s_taken + __popc(ballot & ((1u << lane) - 1u));
-            for (unsigned int w = 0; w < warp; ++w) { rank += warp_counts[w]; }
-            if (at && rank < need) { cand[greater + rank] = kv_candidate(key, i); }
-            __syncthreads();
-            if (tid == 0) {
-                unsigned int chunk = 0;
-                for (unsigned int w = 0; w < KV_THREADS / 32; ++w) { chunk += warp_counts[w]; }
-                s_taken += chunk;
+        if (need == s_equal) {
+            // Every id at the threshold is a candidate: no order to keep while gathering (sorted below).
+            for (unsigned int i = tid; i < vocab; i += KV_THREADS) {
+                const unsigned int key = keys[i];
+                if (key >= threshold) { cand[atomicAdd(&s_greater, 1u)] = kv_candidate(key, i); }
             }
-            __syncthreads();
+        } else {
+            // The ids above the threshold in any order, those at it in id order until `need` are taken (a
+            // scan of each chunk's flags by warp ballots).
+            for (unsigned int base = 0; base < vocab; base += KV_THREADS) {
+                const unsigned int i = base + tid;
+                const unsigned int key = i < vocab ? keys[i] : 0;
+                const bool above = i < vocab && key > threshold;
+                const bool at = i < vocab && key == threshold;
+                if (above) { cand[atomicAdd(&s_greater, 1u)] = kv_candidate(key, i); }
+                const unsigned int ballot = __ballot_sync(KV_FULL, at);
+                if (lane == 0) { warp_counts[warp] = __popc(ballot); }
+                __syncthreads();
+                unsigned int rank = s_taken + __popc(ballot & ((1u << lane) - 1u));
+                for (unsigned int w = 0; w < warp; ++w) { rank += warp_counts[w]; }
+                if (at && rank < need) { cand[greater + rank] = kv_candidate(key, i); }
+                __syncthreads();
+                if (tid == 0) {
+                    unsigned int chunk = 0;
+                    for (unsigned int w = 0; w < KV_THREADS / 32; ++w) { chunk += warp_counts[w]; }
+                    s_taken += chunk;
+                }
+                __syncthreads();
+            }
         }
         // Step 4 over the candidates: a bitonic sort, largest first, padded with zeros to a power of two.
         unsigned int size = 1;

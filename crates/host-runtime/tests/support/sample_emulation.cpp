@@ -55,7 +55,18 @@ template <typename T> T shuffle_down(T* slots, T value, int offset) {
 }
 inline float __shfl_down_sync(unsigned, float value, int offset) { return shuffle_down(float_slots, value, offset); }
 inline unsigned __shfl_down_sync(unsigned, unsigned value, int offset) { return shuffle_down(uint_slots, value, offset); }
+inline unsigned __match_any_sync(unsigned, unsigned value) {
+    uint_slots[threadIdx.x] = value;
+    warp_sync();
+    unsigned first = threadIdx.x / 32 * 32, peers = 0;
+    for (unsigned lane = 0; lane < 32; ++lane) {
+        if (uint_slots[first + lane] == value) { peers |= 1u << lane; }
+    }
+    warp_sync();
+    return peers;
+}
 inline int __popc(unsigned x) { return __builtin_popcount(x); }
+inline int __ffs(unsigned x) { return __builtin_ffs((int)x); }
 inline unsigned __umulhi(unsigned a, unsigned b) { return (unsigned)(((unsigned long long)a * b) >> 32); }
 inline unsigned atomicAdd(unsigned* p, unsigned v) { return std::atomic_ref<unsigned>(*p).fetch_add(v); }
 inline unsigned atomicOr(unsigned* p, unsigned v) { return std::atomic_ref<unsigned>(*p).fetch_or(v); }
