@@ -18,7 +18,9 @@
 //!   - up to three consecutive `MatMul`s reading the same activation with weights of one inner extent become
 //!     one launch (the Q, K and V projections; gate and up), each with its own width and bias; a product
 //!     that only slices of its columns read is one matrix per slice, each reading its weight rows
-//!     ([`WeightRows`]: GPT-2's Q, K and V cut from one product);
+//!     ([`WeightRows`]: GPT-2's Q, K and V cut from one product; a product cut into more than a launch
+//!     takes computes alone, its siblings next); a constant bias added after a bias-less product is its
+//!     bias;
 //!   - a `MatMul` whose output only feeds the next op, an `Add` of equal shapes with it, becomes a GEMV with a
 //!     residual (the attention output projection and the residual stream), and with a second one when the
 //!     sum only feeds such an `Add` too (a parallel residual's `x + attn + mlp`);

@@ -1,6 +1,7 @@
 //! The lowering state and the fast path: the fused launches of a decode step (see the parent module), and
 //! the dispatch of every other op to [`super::general`].
 
+mod bias;
 mod partial;
 mod spelled;
 mod split;
@@ -152,6 +153,27 @@ impl<'g> Lowering<'g> {
     /// Whether `a` and `b` name one value.
     pub(super) fn same(&self, a: TensorId, b: TensorId) -> bool {
         self.canon.value[a.0] == self.canon.value[b.0]
+    }
+
+    /// The first offset from `k` on of an op after position `p` of the schedule that no fusion took.
+    fn live_after(&self, p: usize, k: usize) -> usize {
+        let mut k = k;
+        while self.canon.order.get(p + k).is_some_and(|&i| self.absorbed[i]) {
+            k += 1;
+        }
+        k
+    }
+
+    /// The ops that read `id`'s value (under any of its names) and that no fusion took, in schedule order.
+    pub(super) fn live_readers(&self, id: TensorId) -> Vec<usize> {
+        let value = self.canon.value[id.0];
+        let reads = |op: &Op<TensorId>| op.operands().iter().any(|&x| self.canon.value[x.0] == value);
+        self.canon
+            .order
+            .iter()
+            .copied()
+            .filter(|&i| !self.absorbed[i] && reads(&self.graph.ops()[i]))
+            .collect()
     }
 
     /// The op `k` places after position `p` of the schedule.
@@ -366,7 +388,7 @@ impl<'g> Lowering<'g> {
         }
     }
 
-    /// A decode step's RoPE of a product of the last step's GEMV, applied by that GEMV before it stores: when
+    /// A decode step's RoPE of a product of the last GEMV computing it, applied by that GEMV before it stores: when
     /// `x` is the product (or a view sharing its storage) and nothing but views and the RoPE's own ops reads
     /// it, the GEMV computes one row, the product has no residual, cache or SwiGLU and whole heads of the
     /// rotation's width, and the tables are one row of its type (the same as any other rotated product's).
@@ -388,8 +410,12 @@ impl<'g> Lowering<'g> {
         {
             return false;
         }
-        let Some(Step::Gemv { mats, m: 1, glu: None, cache_rows: None, rope, .. }) = self.steps.last_mut()
-        else {
+        // The GEMV computing `x` may be an earlier one (a parallel block's MLP projection after it): nothing
+        // between reads `x`, which the RoPE owns.
+        let computes = |s: &Step| matches!(s, Step::Gemv { mats, .. } if mats.iter().any(|mat| mat.y == x));
+        let Some(at) = self.steps.iter().rposition(computes) else { return false };
+        // Its cache writes may be fused already (Falcon's keys rotate first): the product itself has none.
+        let Some(Step::Gemv { mats, m: 1, glu: None, rope, .. }) = self.steps.get_mut(at) else {
             return false;
         };
         let Some(at) = mats.iter().position(|mat| mat.y == x) else { return false };
@@ -418,7 +444,11 @@ impl<'g> Lowering<'g> {
     fn rope_owns(&self, x: TensorId, r: &rope::Rope) -> bool {
         let shares = |id: TensorId| Home::root(&self.homes, id) == x;
         let readers_ok = self.graph.ops().iter().enumerate().all(|(i, op)| {
-            !op.operands().into_iter().any(shares) || shares(op.output()) || r.absorbed.contains(&i)
+            // An op another fusion took (a slice a GEMV computes itself) reads nothing when the call runs.
+            !op.operands().into_iter().any(shares)
+                || shares(op.output())
+                || r.absorbed.contains(&i)
+                || self.absorbed[i]
         });
         readers_ok && !self.graph.outputs().iter().any(|&id| shares(id))
     }
@@ -488,12 +518,27 @@ impl Lowering<'_> {
                 _ => break,
             }
         }
+        // A product that slices cut into more matrices than a launch takes is computed alone (its siblings
+        // next, in a launch of their own).
+        if mats.len() > 1 && !self.has_partial_rotary(&mats[0]) {
+            let cut = self.slices_of(self.with_bias(mats[0]), m).map_or(1, |(split, _)| split.len());
+            if cut + mats.len() - 1 > 3 {
+                mats.truncate(1);
+            }
+        }
+        for mat in &mut mats {
+            self.absorb_bias(mat);
+        }
         let (mut taken, products) = (mats.len(), mats.len());
         if mats.len() == 1 {
-            taken += self.residual(&mut mats[0], self.ahead(p, 1));
-            if taken == 2 {
-                // A parallel residual's second sum (`x + attn + mlp`): the sum adds it too.
-                taken += self.residual(&mut mats[0], self.ahead(p, 2));
+            // The residual's sum, then a parallel residual's second one (`x + attn + mlp`), each the next op
+            // not already taken by a fusion (a bias add).
+            for _ in 0..2 {
+                let next = self.live_after(p, taken);
+                if self.residual(&mut mats[0], self.ahead(p, next)) == 0 {
+                    break;
+                }
+                taken = next + 1;
             }
         }
         if let [mat] = mats[..] {

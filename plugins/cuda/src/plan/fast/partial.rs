@@ -47,6 +47,11 @@ impl Lowering<'_> {
         tables
     }
 
+    /// Whether a partial rotary reads `mat`'s product ([`Lowering::partial_rotary`] would store it rotated).
+    pub(super) fn has_partial_rotary(&self, mat: &GemvMat) -> bool {
+        self.partial_of(mat).is_some()
+    }
+
     /// The ops of a partial rotary of `mat`'s product, when they are all that read it and its parts.
     fn partial_of(&self, mat: &GemvMat) -> Option<Partial> {
         let graph = self.graph;

@@ -12,6 +12,17 @@ impl Lowering<'_> {
     /// three, and the product has no residual, cache or rotation and is no graph output: one matrix per slice,
     /// writing the slice (the slices are then lowered as nothing, the product never stored).
     pub(super) fn split(&mut self, mat: GemvMat, m: u32) -> Option<Vec<GemvMat>> {
+        let (mats, readers) = self.slices_of(mat, m)?;
+        for &i in &readers {
+            self.absorbed[i] = true;
+        }
+        // Never written or read: no allocation (the storage named is the first slice's).
+        self.rehome(mat.y, mats[0].y);
+        Some(mats)
+    }
+
+    /// The matrices [`Lowering::split`] would make of `mat`, and the slices they take, changing nothing.
+    pub(super) fn slices_of(&self, mat: GemvMat, m: u32) -> Option<(Vec<GemvMat>, Vec<usize>)> {
         if mat.residual.is_some() || mat.cache.is_some() || mat.roped || self.is_output(mat.y) {
             return None;
         }
@@ -48,11 +59,6 @@ impl Lowering<'_> {
             let cols = u32_of(n / (extent * inner) * width * inner, "columns").ok()?;
             mats.push(GemvMat { y: out, n: cols, rows, ..mat });
         }
-        for &i in &readers {
-            self.absorbed[i] = true;
-        }
-        // Never written or read: no allocation (the storage named is the first slice's).
-        self.rehome(mat.y, mats[0].y);
-        Some(mats)
+        Some((mats, readers))
     }
 }
