@@ -28,11 +28,7 @@ use xtask::on_demand::{self, Tool};
 use xtask::{executorch_setup, trt_setup, util};
 
 #[derive(Parser)]
-#[command(
-    name = "cargo xtask",
-    bin_name = "cargo xtask",
-    about = "Maintainer tasks for the delegate workspace"
-)]
+#[command(bin_name = "cargo xtask", about = "Maintainer tasks for the delegate workspace")]
 struct Cli {
     #[command(subcommand)]
     task: Task,

@@ -11,11 +11,7 @@ use std::path::PathBuf;
 use clap::Parser;
 
 #[derive(Parser)]
-#[command(
-    name = "cargo xtask",
-    bin_name = "cargo xtask",
-    about = "The example decoder's tasks of the delegate workspace"
-)]
+#[command(bin_name = "cargo xtask", about = "The example decoder's tasks of the delegate workspace")]
 enum Task {
     /// The demo's steps after its build (`cargo xtask demo` builds, then runs this): export the example into
     /// OUT, run it through RELEASE's `delegate-host` in both modes, and check every step against the f64 model.

@@ -15,7 +15,7 @@ use clap::Parser;
 use xtask::{executorch_setup, trt_setup, util};
 
 #[derive(Parser)]
-#[command(name = "cargo xtask", bin_name = "cargo xtask", about = "Release tasks of the delegate workspace")]
+#[command(bin_name = "cargo xtask", about = "Release tasks of the delegate workspace")]
 enum Task {
     /// Reproducible release bundles: each plugin library with its manifest, README and SHA256SUMS, and the
     /// `delegate-host` binary with the docs a plugin author needs, as `.tar.gz` plus `dist-manifest.json`.
