@@ -571,5 +571,13 @@ fn streaming_hands_on_every_token_once_in_order_and_honours_a_stop() {
             assert_eq!(cut.generation.steps.len(), stop + 1);
             assert_eq!(program.position(), Some((PROMPT.len() + stop) as u64), "the tokens fed");
         }
+        // The host loop stopped early with GPU timing: only the steps that ran are timed (the events of the
+        // others were never recorded).
+        let mut host = options(steps, false);
+        host.host_loop = true;
+        program.reset_buffers().expect("reset");
+        let cut = streamed(&mut program, &host, &sampled, Some(2));
+        assert_eq!(cut.generation.tokens, all.generation.tokens[..=2], "graph {graph}: the host's draws");
+        assert!(cut.generation.steps.iter().skip(1).all(|s| s.gpu_micros.is_some()));
     }
 }
