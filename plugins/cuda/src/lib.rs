@@ -19,13 +19,15 @@
 //! - [`report`]: the launches `init` would plan for a payload, fused or not and why, computed on the CPU
 //!   (`delegate-host inspect X.pte --plan`).
 //!
-//! Every op and form of reference-graph payload 1.3 runs, so Hugging Face Llama/Qwen2-style decoders exported
-//! by the Python lowering run on the GPU. Typed kernels (`src/kernels.cu`, `src/kernels/linear.cu`, one
+//! Every op and form of reference-graph payload 1.3 runs, so Hugging Face decoders exported by the Python
+//! lowering run on the GPU (Llama/Qwen2-style, and GPT-2, GPT-NeoX, Phi, StableLM, StarCoder2 and Falcon in
+//! the same fused launches: LayerNorm, GELU, Q/K/V cut from one product, partial rotaries and parallel
+//! blocks read as what they spell). Typed kernels (`src/kernels.cu`, `src/kernels/linear.cu`, one
 //! module per float type a graph uses): embedding gather (indices of any rank), elementwise add, RMS norm over
 //! the last axis, one row-dot GEMV for every product (a warp per output column over `[N, K]` weights:
 //! `nn.Linear`'s as stored, `[K, N]` constants transposed once at upload) that fuses sibling projections with
-//! their own widths and biases, the RMS norm or LayerNorm before them, a GELU after a lone product, the
-//! residual add and the cache update, an in-place
+//! their own widths, biases and weight rows, the RMS norm or LayerNorm before them, a GELU after a lone
+//! product, a (partial) rotate-half RoPE, the residual adds and the cache update, an in-place
 //! KV-cache update (token- or head-major updates, `[H, L, Dh]` or `[1, H, L, Dh]` caches), decode attention
 //! split over the cache (flash-decoding: each valid K and V row read once, rows past the position never read;
 //! grouped-query attention reads each KV head's rows for its query heads, never a repeated copy; q head- or

@@ -182,14 +182,18 @@ fn binary(ops: &Ops<'_>, op: BinOp, a: TensorId, b: TensorId, dtype: ElemType) -
             format!("{what}: index arithmetic (i64) has no fused form")
         }
         BinOp::Add => format!(
-            "{what}: an add of operands of different shapes (broadcast) has no fused form; a residual add of \
+            "{what}: an add of operands of different shapes (broadcast) has no fused form but a constant bias \
+             along the row, after a bias-less product only it reads, or after LayerNorm; a residual add of \
              one shape fuses into the GEMV before it, and a RoPE's add into the RoPE"
         ),
         BinOp::Mul => format!(
             "{what}: a product fuses only inside SwiGLU (silu(gate) * up, right after the one GEMV of gate and \
-             up) or inside a rotate-half RoPE (x * cos + rotate_half(x) * sin)"
+             up), inside a rotate-half RoPE (x * cos + rotate_half(x) * sin) or inside GELU's tanh form"
         ),
-        BinOp::Sub => format!("{what}: a subtraction has no fused form"),
+        BinOp::Sub => format!(
+            "{what}: a subtraction has no fused form but inside LayerNorm (x - mean(x), read only by an \
+             rms_norm, or in f32 between casts)"
+        ),
         BinOp::Div => format!("{what}: a division has no fused form"),
     }
 }
@@ -221,7 +225,10 @@ fn unary(ops: &Ops<'_>, func: UnaryFn, input: TensorId) -> String {
             format!("{} of {x}: no fused form", format!("{func:?}").to_lowercase())
         }
         UnaryFn::Gelu | UnaryFn::GeluTanh => {
-            format!("GELU of {x}: no fused form (the MLP activation the GEMV fuses is SwiGLU's)")
+            format!(
+                "GELU of {x}: fuses into the GEMV that computes {x} when it is that GEMV's one product, \
+                 without residual, cache or RoPE, and nothing else reads it"
+            )
         }
     }
 }
@@ -252,12 +259,14 @@ fn copy(ops: &Ops<'_>, src: TensorId, dst: TensorId, moves: bool) -> String {
             ops.shaped(input)
         ),
         Some(&Op::Slice { input, axis, start, end, .. }) => format!(
-            "slice {start}..{end} of axis {axis} of {}: copied (a slice is fused only inside a rotate-half RoPE)",
+            "slice {start}..{end} of axis {axis} of {}: copied (a slice is fused only inside a rotate-half \
+             RoPE, when slices alone read a product (at most three matrices a launch), or in a partial rotary)",
             ops.shaped(input)
         ),
         Some(&Op::Concat { a, b, axis, .. }) => format!(
             "concat of {} and {} along axis {axis}, one copy per operand (this one: {}): a concat is fused \
-             only inside a rotate-half RoPE",
+             only inside a rotate-half RoPE or a partial rotary (a RoPE of a product's first columns \
+             concatenated with the rest)",
             ops.t(a),
             ops.t(b),
             ops.t(src)
