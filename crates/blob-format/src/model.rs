@@ -72,80 +72,8 @@ impl fmt::Display for Role {
     }
 }
 
-/// Element type of a tensor.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-#[non_exhaustive]
-pub enum DType {
-    /// 32-bit float.
-    F32,
-    /// 16-bit IEEE float.
-    F16,
-    /// bfloat16.
-    BF16,
-    /// 64-bit float.
-    F64,
-    /// Signed 8-bit integer.
-    I8,
-    /// Unsigned 8-bit integer.
-    U8,
-    /// Signed 32-bit integer.
-    I32,
-    /// Signed 64-bit integer.
-    I64,
-    /// Boolean, one byte.
-    Bool,
-}
-
-impl DType {
-    /// Every dtype this build knows.
-    pub const ALL: [DType; 9] = [
-        DType::F32,
-        DType::F16,
-        DType::BF16,
-        DType::F64,
-        DType::I8,
-        DType::U8,
-        DType::I32,
-        DType::I64,
-        DType::Bool,
-    ];
-
-    /// Size of one element in bytes.
-    pub const fn size_bytes(self) -> usize {
-        match self {
-            DType::F32 | DType::I32 => 4,
-            DType::F16 | DType::BF16 => 2,
-            DType::F64 | DType::I64 => 8,
-            DType::I8 | DType::U8 | DType::Bool => 1,
-        }
-    }
-
-    /// The lowercase name used in text formats and messages (`"f32"`, `"i64"`, ...).
-    pub const fn name(self) -> &'static str {
-        match self {
-            DType::F32 => "f32",
-            DType::F16 => "f16",
-            DType::BF16 => "bf16",
-            DType::F64 => "f64",
-            DType::I8 => "i8",
-            DType::U8 => "u8",
-            DType::I32 => "i32",
-            DType::I64 => "i64",
-            DType::Bool => "bool",
-        }
-    }
-
-    /// Parses a [`DType::name`]; `None` for anything else.
-    pub fn from_name(name: &str) -> Option<DType> {
-        Self::ALL.into_iter().find(|dtype| dtype.name() == name)
-    }
-}
-
-impl fmt::Display for DType {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.name())
-    }
-}
+/// Element type of a tensor: the workspace's one dtype vocabulary, [`et_error::DType`].
+pub use et_error::DType;
 
 /// One dimension of a declared shape.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
