@@ -11,8 +11,8 @@
 //!   of every call and argument is kept so that a host can point at the line its later checks refuse.
 //!
 //! Every error names the file and the line and column of the offending value, and maps to an ExecuTorch code
-//! ([`Error`]). This crate knows nothing of plugins: memory kinds are its own [`MemoryKind`], which a host
-//! converts to the kind its ABI speaks.
+//! ([`Error`]). This crate knows nothing of plugins: memory kinds are the workspace's one vocabulary,
+//! [`MemoryKind`] (et-error's), the very type a plugin's arguments carry.
 //!
 //! ## Examples
 //!
@@ -238,45 +238,9 @@ pub use spec::{BufferSpec, CallSpec, GenerateSpec, MethodSpec, ProgramSpec, Tens
 /// The manifest format version this build reads and writes.
 pub const FORMAT: u32 = 1;
 
-/// Where a buffer lives (a buffer's `memory` key).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum MemoryKind {
-    /// Ordinary host memory (`"host"`, the default).
-    Host,
-    /// CUDA device memory (`"device"`).
-    Device,
-    /// CUDA managed (unified) memory, visible to host and device (`"managed"`).
-    Managed,
-    /// Pinned (page-locked) host memory the device can read by DMA (`"pinned"`).
-    Pinned,
-}
-
-impl MemoryKind {
-    /// Every kind.
-    pub const ALL: [MemoryKind; 4] =
-        [MemoryKind::Host, MemoryKind::Device, MemoryKind::Managed, MemoryKind::Pinned];
-
-    /// `"host"`, `"device"`, `"managed"` or `"pinned"`, as written in the manifest.
-    pub const fn name(self) -> &'static str {
-        match self {
-            MemoryKind::Host => "host",
-            MemoryKind::Device => "device",
-            MemoryKind::Managed => "managed",
-            MemoryKind::Pinned => "pinned",
-        }
-    }
-
-    /// Parses a [`MemoryKind::name`].
-    pub fn from_name(name: &str) -> Option<MemoryKind> {
-        Self::ALL.into_iter().find(|kind| kind.name() == name)
-    }
-}
-
-impl fmt::Display for MemoryKind {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.name())
-    }
-}
+/// Where a buffer lives (a buffer's `memory` key): the workspace's one memory-kind vocabulary,
+/// [`et_error::MemoryKind`].
+pub use et_error::MemoryKind;
 
 /// A line and column (1-based) in the manifest.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
