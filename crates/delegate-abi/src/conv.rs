@@ -1,9 +1,10 @@
-//! Conversions between the ABI's element-type codes and the wire format's element types, in one place.
+//! The one conversion pair between the workspace's element types ([`et_error::DType`], what blob-format,
+//! program-manifest and ref-graph name) and the ABI's element-type codes, in one place.
 //!
-//! The two enums are numbered independently (the ABI's codes are stable numbers on the boundary; the wire
-//! format has its own encodings), so they convert by variant, never by name or number.
+//! The ABI's codes are stable numbers on the boundary, numbered independently of the vocabulary (which may
+//! learn a type before the ABI carries it), so they convert by variant, never by name or number.
 
-use blob_format::model::DType;
+use et_error::DType;
 
 use crate::tensor::DTypeCode;
 

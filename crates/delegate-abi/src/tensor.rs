@@ -2,7 +2,7 @@
 //!
 //! # Codes on the wire
 //!
-//! [`DTypeCode`] and [`MemoryKind`] are Rust enums: a byte outside their variants, read as one of them, is
+//! [`DTypeCode`] and [`MemoryKind`] (the workspace's vocabulary, et-error's) are Rust enums: a byte outside their variants, read as one of them, is
 //! undefined behaviour. So they cross as one-byte integer newtypes, [`RawDType`] and [`RawMemoryKind`], that
 //! any byte may occupy, and are decoded with `TryFrom` (an unknown byte is an [`UnknownCode`]).
 //!
@@ -21,51 +21,9 @@ use abi_stable::StableAbi;
 /// Largest rank a [`TensorArg`] carries inline.
 pub const MAX_RANK: usize = 8;
 
-/// Where a tensor's bytes live. Crosses the ABI as a [`RawMemoryKind`].
-#[repr(u8)]
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum MemoryKind {
-    /// Ordinary host memory.
-    Host = 0,
-    /// CUDA device memory (`cudaMalloc`).
-    Device = 1,
-    /// CUDA managed (unified) memory, visible to host and device.
-    Managed = 2,
-    /// Pinned host memory (`cudaMallocHost`), host memory the device can read by DMA.
-    Pinned = 3,
-}
-
-impl MemoryKind {
-    /// Every kind.
-    pub const ALL: [MemoryKind; 4] =
-        [MemoryKind::Host, MemoryKind::Device, MemoryKind::Managed, MemoryKind::Pinned];
-
-    /// Whether the host may dereference it.
-    pub const fn is_host_visible(self) -> bool {
-        matches!(self, MemoryKind::Host | MemoryKind::Managed | MemoryKind::Pinned)
-    }
-
-    /// `"host"`, `"device"`, `"managed"` or `"pinned"`.
-    pub const fn name(self) -> &'static str {
-        match self {
-            MemoryKind::Host => "host",
-            MemoryKind::Device => "device",
-            MemoryKind::Managed => "managed",
-            MemoryKind::Pinned => "pinned",
-        }
-    }
-
-    /// Parses a [`MemoryKind::name`].
-    pub fn from_name(name: &str) -> Option<MemoryKind> {
-        Self::ALL.into_iter().find(|kind| kind.name() == name)
-    }
-}
-
-impl fmt::Display for MemoryKind {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.name())
-    }
-}
+/// Where a tensor's bytes live: the workspace's one memory-kind vocabulary, [`et_error::MemoryKind`]. Crosses
+/// the ABI as a [`RawMemoryKind`], its `repr(C)` mirror.
+pub use et_error::MemoryKind;
 
 /// Element types, with stable numbers on the wire of the ABI (independent of `blob-format`'s enum order).
 /// Crosses the ABI as a [`RawDType`].
@@ -215,19 +173,11 @@ macro_rules! raw_code {
             }
         }
 
-        impl TryFrom<u8> for $code {
-            type Error = UnknownCode;
-
-            fn try_from(byte: u8) -> Result<$code, UnknownCode> {
-                $code::ALL.get(usize::from(byte)).copied().ok_or(UnknownCode { kind: $kind, byte })
-            }
-        }
-
         impl TryFrom<$raw> for $code {
             type Error = UnknownCode;
 
             fn try_from(raw: $raw) -> Result<$code, UnknownCode> {
-                $code::try_from(raw.0)
+                $code::ALL.get(usize::from(raw.0)).copied().ok_or(UnknownCode { kind: $kind, byte: raw.0 })
             }
         }
 
@@ -243,7 +193,17 @@ macro_rules! raw_code {
 }
 
 raw_code!(RawDType, DTypeCode, CodeKind::DType, "dtype");
+// The one conversion pair between the vocabulary's memory kinds and their mirror on the wire: a kind's byte is
+// its stable number (`et_error::MemoryKind`'s discriminant, `ALL` in that order).
 raw_code!(RawMemoryKind, MemoryKind, CodeKind::Memory, "memory kind");
+
+impl TryFrom<u8> for DTypeCode {
+    type Error = UnknownCode;
+
+    fn try_from(byte: u8) -> Result<DTypeCode, UnknownCode> {
+        DTypeCode::try_from(RawDType(byte))
+    }
+}
 
 /// [`TensorArg::flags`] bit: the delegate may write the bytes (outputs, and inputs that an output aliases).
 pub const ARG_WRITABLE: u32 = 1 << 0;
@@ -405,6 +365,8 @@ mod tests {
             assert_eq!(usize::from(RawDType::from(code).get()), index, "{code}");
             assert_eq!(DTypeCode::try_from(RawDType::from(code)), Ok(code));
         }
+        // The vocabulary's numbers are the wire's: host 0, device 1, managed 2, pinned 3.
+        assert_eq!(MemoryKind::ALL.map(|kind| RawMemoryKind::from(kind).get()), [0, 1, 2, 3]);
         for (index, kind) in MemoryKind::ALL.into_iter().enumerate() {
             assert_eq!(usize::from(RawMemoryKind::from(kind).get()), index, "{kind}");
             assert_eq!(MemoryKind::try_from(RawMemoryKind::from(kind)), Ok(kind));
@@ -416,7 +378,7 @@ mod tests {
         let err = DTypeCode::try_from(9u8).expect_err("unknown");
         assert_eq!(err, UnknownCode { kind: CodeKind::DType, byte: 9 });
         assert_eq!(err.to_string(), "dtype code 9 is not one this build knows (0..=8)");
-        let err = MemoryKind::try_from(200u8).expect_err("unknown");
+        let err = MemoryKind::try_from(RawMemoryKind(200)).expect_err("unknown");
         assert_eq!(err.to_string(), "memory kind code 200 is not one this build knows (0..=3)");
         assert_eq!(et_error::HasErrorCode::error_code(&err), et_error::ErrorCode::InvalidArgument);
     }
