@@ -20,36 +20,77 @@ use crate::error::{Error, Result};
 /// address.
 pub type DevicePtr = u64;
 
-/// The kind of memory an [`Allocation`] holds.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum MemoryKind {
-    /// Device memory: the host cannot dereference it.
-    Device,
-    /// Managed (unified) memory: one address valid on host and device.
-    Managed,
-    /// Page-locked host memory.
-    Pinned,
-}
-
-impl MemoryKind {
-    /// `"device"`, `"managed"` or `"pinned"`.
-    pub fn name(self) -> &'static str {
-        match self {
-            MemoryKind::Device => "device",
-            MemoryKind::Managed => "managed",
-            MemoryKind::Pinned => "pinned",
-        }
-    }
-}
-
-impl std::fmt::Display for MemoryKind {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.name())
-    }
-}
+/// The kind of memory an [`Allocation`] holds: the workspace's one memory-kind vocabulary,
+/// [`et_error::MemoryKind`] ([`MemoryKind::Host`] is never an allocation's: pageable memory is not the
+/// driver's).
+pub use et_error::MemoryKind;
 
 mod sealed {
-    pub trait Sealed {}
+    use cudarc::driver::{result, sys, DriverError};
+
+    use super::DevicePtr;
+
+    /// How a kind is allocated and freed, so that no code matches on a kind that cannot be allocated.
+    pub trait Sealed {
+        /// The driver call that frees it, for messages.
+        const FREE: &'static str;
+
+        /// Allocates `bytes` bytes.
+        ///
+        /// # Safety
+        /// A context is current and `bytes >= 1`; the result is freed once, with [`Sealed::free`].
+        unsafe fn malloc(bytes: usize) -> Result<DevicePtr, DriverError>;
+
+        /// Frees what [`Sealed::malloc`] returned.
+        ///
+        /// # Safety
+        /// `ptr` came from [`Sealed::malloc`] of this kind, its context retired every queued work that used
+        /// it, and nothing uses it again.
+        unsafe fn free(ptr: DevicePtr) -> Result<(), DriverError>;
+    }
+
+    impl Sealed for super::Device {
+        const FREE: &'static str = "cuMemFree";
+
+        unsafe fn malloc(bytes: usize) -> Result<DevicePtr, DriverError> {
+            // SAFETY: the caller makes a context current and asks for at least one byte.
+            unsafe { result::malloc_sync(bytes) }
+        }
+
+        unsafe fn free(ptr: DevicePtr) -> Result<(), DriverError> {
+            // SAFETY: `ptr` came from `cuMemAlloc` and is freed once, after its work retired (the contract).
+            unsafe { result::free_sync(ptr) }
+        }
+    }
+
+    impl Sealed for super::Managed {
+        const FREE: &'static str = "cuMemFree";
+
+        unsafe fn malloc(bytes: usize) -> Result<DevicePtr, DriverError> {
+            // SAFETY: as for device memory.
+            unsafe { result::malloc_managed(bytes, sys::CUmemAttach_flags::CU_MEM_ATTACH_GLOBAL) }
+        }
+
+        unsafe fn free(ptr: DevicePtr) -> Result<(), DriverError> {
+            // SAFETY: `ptr` came from `cuMemAllocManaged` and is freed once, after its work retired.
+            unsafe { result::free_sync(ptr) }
+        }
+    }
+
+    impl Sealed for super::Pinned {
+        const FREE: &'static str = "cuMemFreeHost";
+
+        unsafe fn malloc(bytes: usize) -> Result<DevicePtr, DriverError> {
+            // SAFETY: as for device memory.
+            unsafe { result::malloc_host(bytes, sys::CU_MEMHOSTALLOC_PORTABLE) }
+                .map(|p| p as usize as DevicePtr)
+        }
+
+        unsafe fn free(ptr: DevicePtr) -> Result<(), DriverError> {
+            // SAFETY: `ptr` is the host address `cuMemHostAlloc` returned, freed once, after its work retired.
+            unsafe { result::free_host(ptr as usize as *mut std::ffi::c_void) }
+        }
+    }
 }
 
 /// A kind of memory, as an [`Allocation`]'s type parameter: [`Device`], [`Managed`] or [`Pinned`].
@@ -71,9 +112,6 @@ pub enum Managed {}
 #[derive(Debug)]
 pub enum Pinned {}
 
-impl sealed::Sealed for Device {}
-impl sealed::Sealed for Managed {}
-impl sealed::Sealed for Pinned {}
 impl Kind for Device {
     const KIND: MemoryKind = MemoryKind::Device;
 }
@@ -122,18 +160,9 @@ impl<K: Kind> Allocation<K> {
             |reason: String| Error::Allocation { ordinal: ctx.ordinal(), kind: K::KIND, bytes: len, reason };
         let unusable = |message: String| Error::DriverUnusable { reason: format!("allocating: {message}") };
         let ptr = driver::guard(unusable, || {
-            let allocated = match K::KIND {
-                // SAFETY: the context is current (bound above); at least one byte is requested; the
-                // allocation is freed once, in `Drop`.
-                MemoryKind::Device => unsafe { result::malloc_sync(bytes) },
-                // SAFETY: as above.
-                MemoryKind::Managed => unsafe {
-                    result::malloc_managed(bytes, sys::CUmemAttach_flags::CU_MEM_ATTACH_GLOBAL)
-                },
-                // SAFETY: as above.
-                MemoryKind::Pinned => unsafe { result::malloc_host(bytes, sys::CU_MEMHOSTALLOC_PORTABLE) }
-                    .map(|p| p as usize as DevicePtr),
-            };
+            // SAFETY: the context is current (bound above); at least one byte is requested; the allocation is
+            // freed once, in `Drop`.
+            let allocated = unsafe { K::malloc(bytes) };
             allocated.map_err(|e| failed(driver::describe(e)))
         })?;
         Ok(Allocation { ptr, len, ctx: ctx.clone(), kind: PhantomData })
@@ -391,17 +420,12 @@ impl<K: Kind> Drop for Allocation<K> {
     fn drop(&mut self) {
         // Work queued on the memory may still use it: wait for it before freeing.
         let ordinal = self.ctx.ordinal();
-        let freed = self.ctx.synchronize().and_then(|()| match K::KIND {
-            MemoryKind::Pinned => driver::call("cuMemFreeHost", ordinal, || {
-                // SAFETY: `ptr` came from `cuMemHostAlloc` and is freed once, here, by its only owner, after
-                // the context retired any queued work that used it.
-                unsafe { result::free_host(self.ptr as usize as *mut c_void) }
-            }),
-            MemoryKind::Device | MemoryKind::Managed => driver::call("cuMemFree", ordinal, || {
-                // SAFETY: `ptr` came from `cuMemAlloc`/`cuMemAllocManaged` in this context and is freed once,
-                // here, by its only owner, after the context retired any queued work that used it.
-                unsafe { result::free_sync(self.ptr) }
-            }),
+        let freed = self.ctx.synchronize().and_then(|()| {
+            driver::call(K::FREE, ordinal, || {
+                // SAFETY: `ptr` came from `K::malloc` in this context and is freed once, here, by its only
+                // owner, after the context retired any queued work that used it.
+                unsafe { K::free(self.ptr) }
+            })
         });
         if let Err(err) = freed {
             tracing::warn!(
