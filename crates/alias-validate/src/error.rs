@@ -3,7 +3,7 @@
 use blob_format::model::{DType, Dim, DisplayShape, Role};
 use et_error::{ErrorCode, HasErrorCode};
 
-use crate::residency::{DirectAccess, Residency};
+use crate::residency::{DirectAccess, MemoryKind};
 
 /// Why a blob's aliasing (or one call's aliased input) was refused.
 ///
@@ -332,7 +332,7 @@ pub enum Error {
         /// The input's name.
         name: String,
         /// Where its storage is.
-        residency: Residency,
+        residency: MemoryKind,
     },
 
     /// An aliased input's storage is memory the delegate does not write directly (e.g. device memory for a
@@ -345,7 +345,7 @@ pub enum Error {
         /// The input's name.
         name: String,
         /// Where its storage is.
-        residency: Residency,
+        residency: MemoryKind,
         /// The memory the delegate writes directly.
         direct: DirectAccess,
     },

@@ -23,7 +23,7 @@
 //! ## Examples
 //!
 //! ```
-//! use alias_validate::residency::{self, Residency};
+//! use alias_validate::residency::{self, MemoryKind};
 //! use alias_validate::{validate_format, ArgLayout, ValidKind};
 //! use blob_format::model::{Alias, AliasKind, Binding, Header, PayloadKind, Role};
 //! use et_error::{ErrorCode, HasErrorCode};
@@ -71,8 +71,8 @@
 //!
 //! // On every call, for every aliased input: the caller's storage must be where the engine writes.
 //! let gpu = residency::DirectAccess::DISCRETE_GPU;
-//! gpu.check("k_cache", Residency::Device, 4096)?;
-//! let err = gpu.check("k_cache", Residency::Host, 4096).unwrap_err();
+//! gpu.check("k_cache", MemoryKind::Device, 4096)?;
+//! let err = gpu.check("k_cache", MemoryKind::Host, 4096).unwrap_err();
 //! assert_eq!(err.error_code(), ErrorCode::InvalidArgument);
 //! assert!(err.to_string().starts_with("aliased input 'k_cache' must be on GPU or unified memory"));
 //! # Ok::<(), alias_validate::Error>(())

@@ -3,7 +3,7 @@
 
 use std::collections::HashSet;
 
-use alias_validate::residency::{DirectAccess, Residency};
+use alias_validate::residency::{DirectAccess, MemoryKind};
 use alias_validate::{
     validate_format, validate_with_engine, AliasPlan, AliasSource, EngineIntrospect, EngineTensor, ValidKind,
 };
@@ -276,9 +276,9 @@ proptest! {
 
     #[test]
     fn residency_gate_is_total(name in ".{0,8}", nbytes in any::<u64>(), integrated in any::<bool>(),
-                               residency in proptest::sample::select(Residency::ALL.as_slice())) {
+                               residency in proptest::sample::select(MemoryKind::ALL.as_slice())) {
         let accepted = DirectAccess::gpu(integrated).check(&name, residency, nbytes).is_ok();
-        let writable = matches!(residency, Residency::Device | Residency::Managed) || integrated;
+        let writable = matches!(residency, MemoryKind::Device | MemoryKind::Managed) || integrated;
         prop_assert_eq!(accepted, writable && nbytes > 0);
     }
 }

@@ -2,7 +2,7 @@
 //! [`check`] renders what validation decides — the plan, or the error with its ExecuTorch code — for an insta
 //! snapshot. The snapshots are the expected messages users read.
 
-use alias_validate::residency::{DirectAccess, Residency};
+use alias_validate::residency::{DirectAccess, MemoryKind};
 use alias_validate::{
     validate_format, validate_with_engine, AliasPlan, AliasSource, EngineIntrospect, EngineTensor, Error,
     ValidKind, Warning,
@@ -585,7 +585,7 @@ fn unknown_kind_differing_in_case() {
 fn residency_gate() {
     let mut out = String::new();
     for integrated in [false, true] {
-        for residency in Residency::ALL {
+        for residency in MemoryKind::ALL {
             for nbytes in [4096, 0] {
                 let verdict = match DirectAccess::gpu(integrated).check("k_cache", residency, nbytes) {
                     Ok(()) => "ok".to_owned(),
@@ -600,7 +600,7 @@ fn residency_gate() {
 
 #[test]
 fn host_resident_aliased_input_refused() {
-    for residency in [Residency::Host, Residency::PinnedHost] {
+    for residency in [MemoryKind::Host, MemoryKind::Pinned] {
         let error =
             DirectAccess::gpu(false).check("k_cache", residency, 4096).expect_err("host on discrete GPU");
         assert_eq!(error.error_code(), ErrorCode::InvalidArgument);
@@ -610,7 +610,7 @@ fn host_resident_aliased_input_refused() {
 
 #[test]
 fn zero_byte_aliased_input_refused() {
-    for residency in [Residency::Device, Residency::Managed] {
+    for residency in [MemoryKind::Device, MemoryKind::Managed] {
         for integrated in [false, true] {
             let error = DirectAccess::gpu(integrated).check("v_cache", residency, 0).expect_err("zero bytes");
             assert_eq!(error, Error::AliasedInputEmpty { name: "v_cache".to_owned() });
@@ -622,14 +622,14 @@ fn zero_byte_aliased_input_refused() {
 
 #[test]
 fn integrated_gpu_host_memory_accepted() {
-    for residency in Residency::ALL {
+    for residency in MemoryKind::ALL {
         assert_eq!(DirectAccess::gpu(true).check("k_cache", residency, 1), Ok(()), "{residency}");
     }
 }
 
 #[test]
 fn device_and_managed_accepted_on_discrete_gpu() {
-    for residency in [Residency::Device, Residency::Managed] {
+    for residency in [MemoryKind::Device, MemoryKind::Managed] {
         assert_eq!(DirectAccess::gpu(false).check("k_cache", residency, 1), Ok(()), "{residency}");
     }
 }
