@@ -23,10 +23,10 @@
 
 use std::ffi::{c_void, CString};
 
-use alias_validate::residency::Residency;
 use blob_format::model::{DType, Dim};
 use cuda_rt::{Allocation, Context, Device, DevicePtr, Stream, StreamRef};
 use cxx::UniquePtr;
+use et_error::MemoryKind;
 use smallvec::SmallVec;
 use trtx_sys::nvinfer1::IExecutionContext;
 
@@ -49,10 +49,10 @@ pub enum ReflectCopy {
 
 impl ReflectCopy {
     /// The copy into a slot of residency `slot` (the source, an aliased input, is always device-visible).
-    pub fn into_slot(slot: Residency) -> ReflectCopy {
+    pub fn into_slot(slot: MemoryKind) -> ReflectCopy {
         match slot {
-            Residency::Device | Residency::Managed => ReflectCopy::DeviceToDevice,
-            Residency::Host | Residency::PinnedHost => ReflectCopy::DeviceToHost,
+            MemoryKind::Device | MemoryKind::Managed => ReflectCopy::DeviceToDevice,
+            MemoryKind::Host | MemoryKind::Pinned => ReflectCopy::DeviceToHost,
         }
     }
 }
@@ -101,13 +101,13 @@ pub fn host_memory_engine_visible(integrated: bool, pageable_memory_access: bool
 /// [`Runner::execute`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct IoArg<'a> {
-    /// Address of the first byte: host memory for [`Residency::Host`] / [`Residency::PinnedHost`], a device
-    /// address for [`Residency::Device`] / [`Residency::Managed`].
+    /// Address of the first byte: host memory for [`MemoryKind::Host`] / [`MemoryKind::Pinned`], a device
+    /// address for [`MemoryKind::Device`] / [`MemoryKind::Managed`].
     pub ptr: *mut c_void,
     /// Size in bytes.
     pub nbytes: u64,
     /// Where the storage lives.
-    pub residency: Residency,
+    pub residency: MemoryKind,
     /// The CUDA device of device and managed memory (ignored for host memory).
     pub device: i32,
     /// Element type.
@@ -122,7 +122,7 @@ impl IoArg<'_> {
     /// # Errors
     /// [`BindingError::WrongDevice`] for device or managed memory (with bytes) of another device.
     pub fn view(&self, index: usize, device: i32) -> Result<ArgView<'_>, BindingError> {
-        let on_device = matches!(self.residency, Residency::Device | Residency::Managed);
+        let on_device = matches!(self.residency, MemoryKind::Device | MemoryKind::Managed);
         if on_device && self.nbytes > 0 && self.device != device {
             return Err(BindingError::WrongDevice { index, device: self.device, expected: device });
         }

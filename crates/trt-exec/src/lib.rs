@@ -25,7 +25,7 @@
 //! Binding plans are pure data, so they are decided and checked without TensorRT:
 //!
 //! ```
-//! use alias_validate::residency::Residency;
+//! use et_error::MemoryKind;
 //! use blob_format::model::{Alias, AliasKind, Binding, DType, Header, PayloadKind, Role};
 //! use trt_exec::{ArgView, BindingPlan, EngineIo};
 //!
@@ -42,7 +42,7 @@
 //! };
 //! let aliases = alias_validate::validate_with_engine(&header, &io).unwrap();
 //! let plan = BindingPlan::new(&header, &io, &aliases).unwrap();
-//! let cache = ArgView { address: 0x1000, nbytes: 16, residency: Residency::Device, dtype: DType::F32, shape: &[4] };
+//! let cache = ArgView { address: 0x1000, nbytes: 16, residency: MemoryKind::Device, dtype: DType::F32, shape: &[4] };
 //! // The caller passes one storage for the cache and its aliased output: no copy, no sync on its stream.
 //! let call = plan.prepare(&[cache, cache], false, true).unwrap();
 //! assert!(call.after.is_empty() && !call.synchronize);

@@ -14,9 +14,10 @@
 //! - The stream is synchronised before `execute` returns when anything was staged, read back or reflected,
 //!   or when the caller gave no stream; with a caller stream and all I/O device-resident, nothing blocks.
 
-use alias_validate::residency::{DirectAccess, Residency};
+use alias_validate::residency::DirectAccess;
 use alias_validate::{AliasPlan, ArgAlias, ArgLayout, ValidKind};
 use blob_format::model::{DType, Dim, DisplayShape, Header, Role};
+use et_error::MemoryKind;
 use et_error::{ErrorCode, HasErrorCode};
 
 use crate::introspect::EngineIo;
@@ -475,7 +476,7 @@ impl BindingPlan {
         integrated_gpu: bool,
         call: &mut CallPlan,
     ) -> Result<(), BindingError> {
-        let device_visible = |r: Residency| r.is_engine_writable(integrated_gpu);
+        let device_visible = |memory: MemoryKind| DirectAccess::gpu(integrated_gpu).includes(memory);
         for (index, (binding, arg)) in self.args.iter().zip(args).enumerate() {
             let direct = device_visible(arg.residency);
             let address = match &binding.role {
@@ -613,7 +614,7 @@ pub struct ArgView<'a> {
     /// Size in bytes.
     pub nbytes: u64,
     /// Where the storage lives.
-    pub residency: Residency,
+    pub residency: MemoryKind,
     /// Element type.
     pub dtype: DType,
     /// Extents.

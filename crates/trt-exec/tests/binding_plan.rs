@@ -1,9 +1,9 @@
 //! The binding plan against engine introspection captured from real TensorRT-RTX builds
 //! (`tests/fixtures/*.json`, refreshed by `fixtures_match_real_builds`). No TensorRT needed.
 
-use alias_validate::residency::Residency;
 use alias_validate::{validate_with_engine, ValidKind};
 use blob_format::model::{Alias, AliasKind, Binding, DType, Header, PayloadKind, Role};
+use et_error::MemoryKind;
 use et_error::{ErrorCode, HasErrorCode};
 use trt_exec::{Address, ArgRole, ArgView, BindingError, BindingPlan, CallPlan, Copy, EngineIo};
 
@@ -41,7 +41,7 @@ fn plan(io: &EngineIo, header: &Header) -> BindingPlan {
 /// `tweak` changes one.
 struct Args {
     shapes: Vec<Vec<i64>>,
-    views: Vec<(u64, u64, Residency, DType)>,
+    views: Vec<(u64, u64, MemoryKind, DType)>,
 }
 
 impl Args {
@@ -52,7 +52,7 @@ impl Args {
             let t = io.tensor(&arg.tensor).expect("tensor");
             let bytes = t.shape.iter().product::<i64>() as u64 * arg.dtype.size_bytes() as u64;
             shapes.push(t.shape.clone());
-            views.push((0x10_0000 * (i as u64 + 1), bytes, Residency::Device, arg.dtype));
+            views.push((0x10_0000 * (i as u64 + 1), bytes, MemoryKind::Device, arg.dtype));
         }
         Args { shapes, views }
     }
@@ -67,7 +67,7 @@ impl Args {
         self.views[o] = self.views[i];
     }
 
-    fn set(&mut self, plan: &BindingPlan, name: &str, residency: Residency, nbytes: Option<u64>) {
+    fn set(&mut self, plan: &BindingPlan, name: &str, residency: MemoryKind, nbytes: Option<u64>) {
         let i = Self::index(plan, name);
         self.views[i].2 = residency;
         if let Some(n) = nbytes {
@@ -187,7 +187,7 @@ fn a_user_alias_binds_the_output_onto_the_inputs_storage() {
     let call = args.prepare(&plan, true).expect("fits");
     assert_eq!(*address_of(&call, "state_out"), Address::Arg(0));
     // The gate applies to user-aliased inputs too.
-    args.set(&plan, "state", Residency::Host, None);
+    args.set(&plan, "state", MemoryKind::Host, None);
     args.share(&plan, "state_out", "state");
     let err = args.prepare(&plan, true).expect_err("host state refused");
     assert!(err.to_string().starts_with("aliased input 'state' must be on GPU or unified memory"), "{err}");
@@ -202,9 +202,9 @@ fn a_host_resident_aliased_input_is_refused_before_any_staging() {
     args.share(&plan, "k_cache_out_0", "k_cache_0");
     args.share(&plan, "v_cache_out_0", "v_cache_0");
     // tokens on the host would be staged; the cache on the host must be refused first, whatever else is wrong.
-    args.set(&plan, "tokens", Residency::Host, None);
-    args.set(&plan, "k_cache_0", Residency::Host, None);
-    args.set(&plan, "logits", Residency::Device, Some(3)); // also a size error, reported only after the gate
+    args.set(&plan, "tokens", MemoryKind::Host, None);
+    args.set(&plan, "k_cache_0", MemoryKind::Host, None);
+    args.set(&plan, "logits", MemoryKind::Device, Some(3)); // also a size error, reported only after the gate
     let err = args.prepare(&plan, true).expect_err("refused");
     assert!(
         matches!(err, BindingError::Residency(alias_validate::Error::AliasedInputNotOnDevice { ref name, .. }) if name == "k_cache_0"),
@@ -216,13 +216,13 @@ fn a_host_resident_aliased_input_is_refused_before_any_staging() {
         "{err}"
     );
     // Pinned host memory is still host memory on a discrete GPU.
-    args.set(&plan, "k_cache_0", Residency::PinnedHost, None);
+    args.set(&plan, "k_cache_0", MemoryKind::Pinned, None);
     args.share(&plan, "k_cache_out_0", "k_cache_0");
     assert!(args.prepare(&plan, true).is_err());
     // Managed memory passes; the host tokens are then staged and force a sync.
-    args.set(&plan, "k_cache_0", Residency::Managed, None);
+    args.set(&plan, "k_cache_0", MemoryKind::Managed, None);
     args.share(&plan, "k_cache_out_0", "k_cache_0");
-    args.set(&plan, "logits", Residency::Device, Some(64 * 4));
+    args.set(&plan, "logits", MemoryKind::Device, Some(64 * 4));
     let call = args.prepare(&plan, true).expect("fits");
     assert_eq!(call.before, [Copy::Stage { arg: 0, slot: 0, bytes: 8 }]); // one i64 token
     assert_eq!(*address_of(&call, "tokens"), Address::Staging(0));
@@ -239,7 +239,7 @@ fn a_zero_byte_aliased_input_is_refused() {
     );
     let plan = plan(&io, &h);
     let mut args = Args::device(&plan, &io);
-    args.set(&plan, "k_cache", Residency::Device, Some(0));
+    args.set(&plan, "k_cache", MemoryKind::Device, Some(0));
     args.share(&plan, "k_cache_out", "k_cache");
     let err = args.prepare(&plan, true).expect_err("refused");
     assert!(
@@ -306,7 +306,7 @@ fn a_host_output_is_read_back_and_synchronised() {
     let plan = plan(&io, &header(&io, &order, &[("k_cache_out", "k_cache", AliasKind::KvCacheUpdate)]));
     let mut args = Args::device(&plan, &io);
     args.share(&plan, "k_cache_out", "k_cache");
-    args.set(&plan, "logits", Residency::Host, None);
+    args.set(&plan, "logits", MemoryKind::Host, None);
     let call = args.prepare(&plan, true).expect("fits");
     assert_eq!(call.after, [Copy::ReadBack { slot: 2, arg: 4, bytes: 64 }]);
     assert!(call.synchronize);

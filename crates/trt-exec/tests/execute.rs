@@ -3,9 +3,9 @@
 //! argument views with their device check. The path itself (TensorRT-RTX `enqueueV3`) cannot run on any GPU
 //! of this workplace; a missing CUDA driver's clean `NotSupported` is `cuda-rt`'s test.
 
-use alias_validate::residency::Residency;
 use alias_validate::validate_with_engine;
 use blob_format::model::{Alias, AliasKind, Binding, DType, Header, PayloadKind};
+use et_error::MemoryKind;
 use et_error::{ErrorCode, HasErrorCode};
 use trt_exec::{
     check_profile, host_memory_engine_visible, tensor_bytes, Address, ArgView, BindingError, BindingPlan,
@@ -45,7 +45,7 @@ fn views<'a>(io: &EngineIo, plan: &BindingPlan, shapes: &'a [Vec<i64>]) -> Vec<A
             let t = io.tensor(&arg.tensor).expect("tensor");
             let nbytes = tensor_bytes(arg.dtype, &t.shape).expect("static");
             let address = if arg.tensor == "k_cache_out" { 0x10_0000 } else { 0x10_0000 * (i as u64 + 1) };
-            ArgView { address, nbytes, residency: Residency::Device, dtype: arg.dtype, shape }
+            ArgView { address, nbytes, residency: MemoryKind::Device, dtype: arg.dtype, shape }
         })
         .collect()
 }
@@ -70,8 +70,8 @@ fn a_reused_call_plan_never_reallocates_and_matches_a_fresh_one() {
     assert!(!call.synchronize && call.before.is_empty() && call.after.is_empty());
 
     // Host update (staged), host logits (read back), separate cache output slot (reflected).
-    args[1].residency = Residency::Host;
-    args[4].residency = Residency::Host;
+    args[1].residency = MemoryKind::Host;
+    args[4].residency = MemoryKind::Host;
     args[3].address = 0x90_0000;
     plan.prepare_into(&args, false, true, &mut call).expect("fits");
     assert_eq!(call, plan.prepare(&args, false, true).expect("fits"));
@@ -116,7 +116,7 @@ fn addresses_tensorrt_would_refuse_are_refused_before_anything_runs() {
     assert_eq!(err.error_code(), ErrorCode::InvalidArgument);
     assert_eq!(TENSOR_ALIGNMENT, 256);
     // A host input is staged into an aligned buffer: its own alignment does not matter.
-    args[1].residency = Residency::Host;
+    args[1].residency = MemoryKind::Host;
     assert!(plan.prepare(&args, false, true).is_ok());
 
     let mut args = views(&io, &plan, &shapes);
@@ -128,10 +128,10 @@ fn addresses_tensorrt_would_refuse_are_refused_before_anything_runs() {
 
 #[test]
 fn reflects_copy_device_to_device_or_into_host_slots() {
-    assert_eq!(ReflectCopy::into_slot(Residency::Device), ReflectCopy::DeviceToDevice);
-    assert_eq!(ReflectCopy::into_slot(Residency::Managed), ReflectCopy::DeviceToDevice);
-    assert_eq!(ReflectCopy::into_slot(Residency::Host), ReflectCopy::DeviceToHost);
-    assert_eq!(ReflectCopy::into_slot(Residency::PinnedHost), ReflectCopy::DeviceToHost);
+    assert_eq!(ReflectCopy::into_slot(MemoryKind::Device), ReflectCopy::DeviceToDevice);
+    assert_eq!(ReflectCopy::into_slot(MemoryKind::Managed), ReflectCopy::DeviceToDevice);
+    assert_eq!(ReflectCopy::into_slot(MemoryKind::Host), ReflectCopy::DeviceToHost);
+    assert_eq!(ReflectCopy::into_slot(MemoryKind::Pinned), ReflectCopy::DeviceToHost);
 }
 
 #[test]
@@ -168,7 +168,7 @@ fn tensor_sizes_refuse_negative_extents_and_overflow() {
 
 #[test]
 fn runner_arguments_become_plan_views_on_the_engines_device_only() {
-    for residency in [Residency::Host, Residency::PinnedHost, Residency::Device, Residency::Managed] {
+    for residency in [MemoryKind::Host, MemoryKind::Pinned, MemoryKind::Device, MemoryKind::Managed] {
         let arg = IoArg {
             ptr: 0x7000_0000 as *mut std::ffi::c_void,
             nbytes: 1024,
@@ -193,7 +193,7 @@ fn runner_arguments_become_plan_views_on_the_engines_device_only() {
     let other = IoArg {
         ptr: 0x7000_0000 as *mut std::ffi::c_void,
         nbytes: 16,
-        residency: Residency::Device,
+        residency: MemoryKind::Device,
         device: 1,
         dtype: DType::F32,
         shape: &[4],
@@ -202,7 +202,7 @@ fn runner_arguments_become_plan_views_on_the_engines_device_only() {
     assert_eq!(err.to_string(), "argument 2 is memory of CUDA device 1, but the engine runs on device 0");
     assert_eq!(err.error_code(), ErrorCode::InvalidArgument);
     assert!(other.view(2, 1).is_ok());
-    assert!(IoArg { residency: Residency::Managed, ..other }.view(2, 0).is_err(), "managed memory too");
-    assert!(IoArg { residency: Residency::Host, ..other }.view(2, 0).is_ok(), "host memory has no device");
+    assert!(IoArg { residency: MemoryKind::Managed, ..other }.view(2, 0).is_err(), "managed memory too");
+    assert!(IoArg { residency: MemoryKind::Host, ..other }.view(2, 0).is_ok(), "host memory has no device");
     assert!(IoArg { nbytes: 0, ..other }.view(2, 0).is_ok(), "an empty tensor binds the scratch");
 }
