@@ -4,56 +4,39 @@
 //! `execute` is `unsafe`, and this module is the one place the delegate vouches for the caller's memory.
 #![allow(unsafe_code)]
 
-use alias_validate::residency::Residency;
 use blob_format::model::DType;
 use cuda_rt::StreamRef;
-use delegate_abi::{ExecuteArgs, MemoryKind, TensorArg};
+use delegate_abi::{ExecuteArgs, TensorArg};
 use smallvec::SmallVec;
-use trt_exec::{BindingError, CallStats, IoArg, Runner};
+use trt_exec::{CallStats, IoArg, Runner};
 
 /// Arguments held inline per call before spilling to the heap (the tiny decoder has 7, `big` 35).
 const INLINE_ARGS: usize = 64;
 
-/// The residency of a delegate argument's memory kind.
-pub(crate) fn residency(kind: MemoryKind) -> Residency {
-    match kind {
-        MemoryKind::Host => Residency::Host,
-        MemoryKind::Pinned => Residency::PinnedHost,
-        MemoryKind::Device => Residency::Device,
-        MemoryKind::Managed => Residency::Managed,
-    }
-}
-
-/// One delegate argument as the runner takes it.
-///
-/// # Errors
-/// [`BindingError::UnknownArgDType`] for an element type this build has no [`DType`] for.
-pub(crate) fn io_arg(index: usize, arg: &TensorArg) -> Result<IoArg<'_>, BindingError> {
-    let dtype = DType::from_name(arg.dtype().name())
-        .ok_or_else(|| BindingError::UnknownArgDType { index, dtype: arg.dtype().name().to_owned() })?;
-    Ok(IoArg {
+/// One delegate argument as the runner takes it: its memory kind is the runner's residency as it is (one
+/// vocabulary), its ABI dtype code the element type through the ABI's one conversion.
+pub(crate) fn io_arg(arg: &TensorArg) -> IoArg<'_> {
+    IoArg {
         ptr: arg.data,
         nbytes: arg.nbytes,
-        residency: residency(arg.memory()),
+        residency: arg.memory(),
         device: arg.device_id,
-        dtype,
+        dtype: DType::from(arg.dtype()),
         shape: arg.dims(),
-    })
+    }
 }
 
 /// Runs one call of `runner` over the ABI's arguments and records the staged and reflected bytes in `args`.
 /// Allocates nothing for up to 64 arguments.
 ///
 /// # Errors
-/// As [`Runner::execute`], plus [`BindingError::UnknownArgDType`].
+/// As [`Runner::execute`].
 pub(crate) fn execute(runner: &mut Runner, args: &mut ExecuteArgs<'_>) -> Result<CallStats, trt_exec::Error> {
     // The one place this crate reads the ABI's stream representation.
     let stream = args.stream().map(|stream| stream.as_raw());
     let stats = {
         let mut io: SmallVec<[IoArg<'_>; INLINE_ARGS]> = SmallVec::new();
-        for (index, arg) in args.args().iter().enumerate() {
-            io.push(io_arg(index, arg)?);
-        }
+        io.extend(args.args().iter().map(io_arg));
         // SAFETY: `ExecuteArgs::new`'s contract vouches for every argument: host-visible memory holds
         // `nbytes` bytes valid for reads (and writes when writable) with nothing else touching writable bytes
         // during the call, and device memory is a valid allocation of `nbytes` on `device_id`; the runner
@@ -71,30 +54,25 @@ pub(crate) fn execute(runner: &mut Runner, args: &mut ExecuteArgs<'_>) -> Result
 
 #[cfg(test)]
 mod tests {
-    use delegate_abi::DTypeCode;
+    use delegate_abi::{DTypeCode, MemoryKind};
     use et_error::{ErrorCode, HasErrorCode};
 
     use super::*;
 
     #[test]
-    fn abi_arguments_become_runner_arguments_with_their_residency() {
-        for (memory, residency) in [
-            (MemoryKind::Host, Residency::Host),
-            (MemoryKind::Pinned, Residency::PinnedHost),
-            (MemoryKind::Device, Residency::Device),
-            (MemoryKind::Managed, Residency::Managed),
-        ] {
+    fn abi_arguments_become_runner_arguments_with_their_memory_kind() {
+        for memory in MemoryKind::ALL {
             let mut arg = TensorArg::describe(DTypeCode::F32, &[1, 2, 16, 8], memory).expect("rank 4");
             arg.data = 0x7000_0000 as *mut std::ffi::c_void;
             arg.nbytes = 1024;
             arg.device_id = 1;
-            let io = io_arg(3, &arg).expect("known dtype");
+            let io = io_arg(&arg);
             assert_eq!(
                 io,
                 IoArg {
                     ptr: 0x7000_0000 as *mut std::ffi::c_void,
                     nbytes: 1024,
-                    residency,
+                    residency: memory,
                     device: 1,
                     dtype: DType::F32,
                     shape: &[1, 2, 16, 8]
@@ -102,13 +80,13 @@ mod tests {
             );
         }
         let i64_arg = TensorArg::describe(DTypeCode::I64, &[1], MemoryKind::Host).expect("rank 1");
-        assert_eq!(io_arg(0, &i64_arg).expect("i64").dtype, DType::I64);
+        assert_eq!(io_arg(&i64_arg).dtype, DType::I64);
         // Device memory of another GPU than the engine's is refused by the runner's view of it.
         let mut other = TensorArg::describe(DTypeCode::F32, &[4], MemoryKind::Device).expect("rank 1");
         other.data = 0x7000_0000 as *mut std::ffi::c_void;
         other.nbytes = 16;
         other.device_id = 1;
-        let err = io_arg(2, &other).expect("converts").view(2, 0).expect_err("wrong device");
+        let err = io_arg(&other).view(2, 0).expect_err("wrong device");
         assert_eq!(err.to_string(), "argument 2 is memory of CUDA device 1, but the engine runs on device 0");
         assert_eq!(err.error_code(), ErrorCode::InvalidArgument);
     }
