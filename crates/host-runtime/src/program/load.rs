@@ -12,8 +12,7 @@ use program_manifest::{Manifest, Method, TensorDecl};
 use super::attached::{Attached, CopySlot};
 use super::plan::{plan_call, PlannedCall};
 use super::{
-    abi_memory, isolated, Buffer, CallInstance, CopyReason, Error, Gpu, IoRole, LoadedCall, LoadedMethod,
-    Mode, Program,
+    isolated, Buffer, CallInstance, CopyReason, Error, Gpu, IoRole, LoadedCall, LoadedMethod, Mode, Program,
 };
 use crate::buffer::{AllocError, Storage};
 use crate::cuda::{self, Contexts};
@@ -200,7 +199,7 @@ pub(super) fn lend_arguments(methods: &mut [LoadedMethod], buffers: &mut [Buffer
 }
 
 fn allocate(decl: &TensorDecl, contexts: &mut Contexts, shared: bool) -> Result<Storage, Error> {
-    let memory = abi_memory(decl.memory);
+    let memory = decl.memory;
     isolated::zeroed(memory, decl.device, host_size(decl.nbytes()), contexts, shared)
         .map_err(|source| Error::BufferMemory { buffer: decl.name.clone(), memory, source })
 }
@@ -215,7 +214,7 @@ fn allocate_io(
     decls
         .iter()
         .map(|d| {
-            let memory = abi_memory(d.memory);
+            let memory = d.memory;
             isolated::zeroed(memory, d.device, host_size(d.nbytes()), contexts, shared).map_err(
                 |source: AllocError| Error::TensorMemory {
                     method: method.name.clone(),

@@ -43,7 +43,6 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use delegate_abi::host::{ArgList, Instance};
-use delegate_abi::MemoryKind;
 use program_manifest::{Manifest, Method, TensorDecl};
 
 pub(crate) use attached::{Attached, BlobBytes, CopySlot, HostCopy};
@@ -250,16 +249,6 @@ impl Gpu {
 
     fn queued(&self) {
         self.pending.store(true, Ordering::Release);
-    }
-}
-
-/// The ABI's memory kind for a manifest's: the one place where the manifest's vocabulary meets the ABI's.
-fn abi_memory(kind: program_manifest::MemoryKind) -> MemoryKind {
-    match kind {
-        program_manifest::MemoryKind::Host => MemoryKind::Host,
-        program_manifest::MemoryKind::Device => MemoryKind::Device,
-        program_manifest::MemoryKind::Managed => MemoryKind::Managed,
-        program_manifest::MemoryKind::Pinned => MemoryKind::Pinned,
     }
 }
 

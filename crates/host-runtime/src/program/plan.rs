@@ -14,7 +14,7 @@ use program_manifest::{ArgRef, BlobSource, Call, Location, Manifest, Method, Ten
 use sha2::{Digest, Sha256};
 
 use super::attached::BlobBytes;
-use super::{abi_memory, isolated, Error, Mode};
+use super::{isolated, Error, Mode};
 use crate::blob_file::BlobFile;
 use crate::lend::{ArgPlan, ArgSource};
 use crate::plugins::{Registry, Served};
@@ -387,7 +387,7 @@ pub(super) fn step_copy(source: ArgSource, decl: &TensorDecl, info: &PluginInfo)
         ArgSource::Input(_) | ArgSource::Output(_) => None,
         ArgSource::BufferScratch(_) => Some(CopyReason::WriteBack { plugin: plugin() }),
         ArgSource::BufferRead(_) | ArgSource::BufferInOut(_) | ArgSource::BufferInPlace(_) => {
-            let memory = abi_memory(decl.memory);
+            let memory = decl.memory;
             (!info.updates_in_place(memory)).then(|| CopyReason::Staging { memory, plugin: plugin() })
         }
     }
@@ -430,7 +430,7 @@ fn check_fits(arg_at: &ArgAt<'_>, decl: &TensorDecl, plugin: &Served) -> Result<
             decl.shape
         ));
     }
-    let memory = abi_memory(decl.memory);
+    let memory = decl.memory;
     let accepted = &plugin.info().memory_kinds;
     if !accepted.contains(&memory) {
         let what = if *name == decl.name {
@@ -477,10 +477,5 @@ mod tests {
         };
         assert_eq!(in_place(&stated(vec![MemoryKind::Device])), [false, false, false, true]);
         assert_eq!(in_place(&stated(vec![])), [false; 4], "a plugin may state that it stages every kind");
-    }
-
-    #[test]
-    fn memory_kinds_map_one_to_one() {
-        assert_eq!(abi_memory(program_manifest::MemoryKind::Pinned), delegate_abi::MemoryKind::Pinned);
     }
 }

@@ -3,7 +3,6 @@
 //! memory; a program whose calls run on the GPU gets them in device memory instead (as kv-example's CUDA
 //! programs declare them), which is also what the device loop and its CUDA graph need.
 
-use delegate_abi::MemoryKind as AbiMemory;
 use program_manifest::{Manifest, MemoryKind};
 
 use crate::plugins::Registry;
@@ -18,15 +17,10 @@ pub fn buffer_memory(manifest: &Manifest, registry: &Registry) -> MemoryKind {
         .filter_map(|call| registry.served(&call.backend))
         .map(|served| served.info().clone())
         .collect();
-    let all = |kind: AbiMemory| infos.iter().all(|info| info.updates_in_place(kind));
-    [
-        (AbiMemory::Host, MemoryKind::Host),
-        (AbiMemory::Device, MemoryKind::Device),
-        (AbiMemory::Managed, MemoryKind::Managed),
-    ]
-    .into_iter()
-    .find(|&(abi, _)| all(abi))
-    .map_or(MemoryKind::Host, |(_, kind)| kind)
+    [MemoryKind::Host, MemoryKind::Device, MemoryKind::Managed]
+        .into_iter()
+        .find(|&kind| infos.iter().all(|info| info.updates_in_place(kind)))
+        .unwrap_or(MemoryKind::Host)
 }
 
 /// Puts every buffer of `manifest`, and every input and output of its methods, in `memory`.
