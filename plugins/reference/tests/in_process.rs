@@ -394,9 +394,9 @@ fn a_cache_in_device_memory_fails_the_residency_gate() {
     // only the message proves the gate ran, and ran first).
     assert_eq!(
         err.message,
-        "argument 2: aliased input 'k_cache' must be in memory this delegate updates in place (host, pinned \
-         host or managed); it is in device memory, so the update would not reach the caller: allocate it as \
-         host, pinned host or managed memory"
+        "argument 2: aliased input 'k_cache' must be in memory this delegate updates in place (host, managed \
+         or pinned); it is in device memory, so the update would not reach the caller: allocate it as host, \
+         managed or pinned memory"
     );
 }
 

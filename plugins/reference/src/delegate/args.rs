@@ -21,7 +21,7 @@ pub(super) fn check(plan: &BindingPlan, args: &[TensorArg]) -> Result<(), Error>
             // This delegate computes on the CPU: host-visible memory is the storage it updates in place.
             // The gate also refuses a zero-byte cache, which would make the update land nowhere.
             DIRECT_ACCESS
-                .check(&spec.name, arg.memory().into(), arg.nbytes)
+                .check(&spec.name, arg.memory(), arg.nbytes)
                 .map_err(|source| Error::Residency { position, source })?;
         }
         check_arg(position, &spec.expected(), arg)?;
