@@ -37,6 +37,7 @@ use crate::Error;
 /// Where a tensor's storage lives, as the delegate learns it per call: the workspace's one memory-kind
 /// vocabulary, [`MemoryKind`]. The former name, kept one release so that sources naming it keep building;
 /// name [`MemoryKind`] (and [`MemoryKind::Pinned`] for the former `Residency::PinnedHost`).
+#[deprecated(note = "name `MemoryKind` (et-error's, re-exported here)")]
 pub type Residency = MemoryKind;
 
 /// The memory an engine reads and writes directly, so that an in-place update there lands in the caller's
@@ -155,6 +156,7 @@ mod tests {
     }
 
     #[test]
+    #[allow(deprecated)]
     fn the_former_residency_names_still_build() {
         let pinned: Residency = Residency::PinnedHost;
         assert_eq!(pinned, MemoryKind::Pinned);

@@ -30,6 +30,7 @@ impl MemoryKind {
     /// that sources naming it keep building; use [`MemoryKind::Pinned`].
     #[doc(hidden)]
     #[allow(non_upper_case_globals)]
+    #[deprecated(note = "name `MemoryKind::Pinned`")]
     pub const PinnedHost: MemoryKind = MemoryKind::Pinned;
 
     /// Whether the host may dereference it (every kind but [`MemoryKind::Device`]).
@@ -73,6 +74,8 @@ mod tests {
             assert_eq!(kind.to_string(), kind.name());
         }
         assert_eq!(MemoryKind::from_name("pinned host"), None);
-        assert_eq!(MemoryKind::PinnedHost, MemoryKind::Pinned);
+        #[allow(deprecated)]
+        let former = MemoryKind::PinnedHost;
+        assert_eq!(former, MemoryKind::Pinned);
     }
 }

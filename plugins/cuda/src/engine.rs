@@ -1,7 +1,7 @@
 //! One initialised graph on one device: its kernels, uploaded constants and scratch, and the per-call work
 //! (bind arguments, queue the launches on the caller's stream, reflect aliased outputs for copy-back hosts).
 
-use alias_validate::residency::{DirectAccess, Residency};
+use alias_validate::residency::DirectAccess;
 use cuda_rt::{Allocation, Context, Device, DevicePtr, Pinned, PointerKind, Stream, StreamRef};
 use delegate_abi::check::ArgError;
 use delegate_abi::{ExecuteArgs, MemoryKind, TensorArg};
@@ -296,10 +296,10 @@ impl Engine {
             source,
         })?;
         let residency = match info.kind {
-            PointerKind::Device => Residency::Device,
-            PointerKind::Managed => Residency::Managed,
-            PointerKind::Host => Residency::PinnedHost,
-            _ => Residency::Host,
+            PointerKind::Device => MemoryKind::Device,
+            PointerKind::Managed => MemoryKind::Managed,
+            PointerKind::Host => MemoryKind::Pinned,
+            _ => MemoryKind::Host,
         };
         let bad = |problem: String| Error::from(ArgError::arg(position, &spec.name, problem));
         if spec.aliased_input {
@@ -307,13 +307,13 @@ impl Engine {
                 .check(&spec.name, residency, arg.nbytes)
                 .map_err(|source| Error::Residency { position, source })?;
         }
-        if Residency::from(claimed) != residency {
+        if claimed != residency {
             return Err(bad(format!(
                 "is passed as {claimed} memory, but the driver says it is {}",
                 residency.name()
             )));
         }
-        if let Some(device) = info.device.filter(|_| residency != Residency::PinnedHost) {
+        if let Some(device) = info.device.filter(|_| residency != MemoryKind::Pinned) {
             if device != self.ctx.ordinal() {
                 return Err(bad(format!(
                     "lives on CUDA device {device}, but this blob runs on device {}",
