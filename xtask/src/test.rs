@@ -148,11 +148,15 @@ fn tensorrt_smoke(root: &Path, with_trt: &dyn Fn(Command) -> Command) -> anyhow:
 }
 
 /// `cargo xtask demo` as a user with a shared target directory runs it: `CARGO_TARGET_DIR` points elsewhere,
-/// and the demo must find what cargo built there (it asks `cargo metadata`, never assumes `target/`).
+/// and the demo must find what cargo built there (it asks `cargo metadata`, never assumes `target/`). Run
+/// through cargo, as the alias does, never as this process's own file: the workspace builds before this
+/// step may have replaced it (features unified across the workspace rebuild the thin xtask).
 fn demo_in_another_target_dir(root: &Path) -> anyhow::Result<()> {
     let elsewhere = target_dir(root)?.join("xtask-test").join("shared-target");
-    let xtask = std::env::current_exe()?;
-    run_cmd(root, Command::new(xtask).arg("demo").env("CARGO_TARGET_DIR", &elsewhere))?;
+    run_cmd(
+        root,
+        cargo().args(["run", "-q", "-p", "xtask", "--", "demo"]).env("CARGO_TARGET_DIR", &elsewhere),
+    )?;
     anyhow::ensure!(
         elsewhere.join("release").join(format!("delegate-host{}", std::env::consts::EXE_SUFFIX)).is_file(),
         "the demo did not build into CARGO_TARGET_DIR ({})",
