@@ -132,6 +132,15 @@ impl<'g> Lowering<'g> {
         weights.into_iter().map(|w| (w, as_stored(w))).collect()
     }
 
+    /// The op producing each tensor of the graph (indexed by tensor id; `None` for inputs and constants).
+    pub(super) fn producers(&self) -> Vec<Option<usize>> {
+        let mut producer = vec![None; self.graph.tensors().len()];
+        for (i, op) in self.graph.ops().iter().enumerate() {
+            producer[op.output().0] = Some(i);
+        }
+        producer
+    }
+
     pub(super) fn shape(&self, id: TensorId) -> &'g [u64] {
         &self.graph.tensor(id).shape
     }

@@ -59,11 +59,7 @@ impl<'g> Parts<'_, 'g> {
 
 /// Every spelled GELU of the graph `l` lowers.
 pub(super) fn find(l: &Lowering<'_>) -> Vec<Gelu> {
-    let mut producer = vec![None; l.graph.tensors().len()];
-    for (i, op) in l.graph.ops().iter().enumerate() {
-        producer[op.output().0] = Some(i);
-    }
-    let parts = Parts { l, producer };
+    let parts = Parts { l, producer: l.producers() };
     l.graph
         .ops()
         .iter()

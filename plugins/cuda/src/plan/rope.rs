@@ -37,11 +37,7 @@ impl<'g> Parts<'_, 'g> {
 
 /// Every RoPE of the graph `l` lowers.
 pub(super) fn find(l: &Lowering<'_>) -> Vec<Rope> {
-    let mut producer = vec![None; l.graph.tensors().len()];
-    for (i, op) in l.graph.ops().iter().enumerate() {
-        producer[op.output().0] = Some(i);
-    }
-    let parts = Parts { l, producer };
+    let parts = Parts { l, producer: l.producers() };
     l.graph
         .ops()
         .iter()
