@@ -51,13 +51,7 @@ impl DeviceLoop {
         let kernel = FeedbackKernel::new(ctx)
             .map_err(|source| Error::Stream { action: "preparing the device loop for", source })?;
         let mut contexts = Contexts::new();
-        let mut zeroed = |what, bytes: usize| {
-            let storage =
-                Storage::zeroed(delegate_abi::MemoryKind::Device, ctx.ordinal(), bytes, &mut contexts)
-                    .map_err(|source: AllocError| Error::LoopMemory { what, source })?;
-            let address = storage.device_ptr().ok_or(Error::FeedbackAddress { what })?;
-            Ok::<_, Error>((storage, address))
-        };
+        let mut zeroed = |what, bytes| device_zeroed(ctx.ordinal(), &mut contexts, what, bytes);
         let history = zeroed("token history", capacity as usize * 8)?;
         let length = zeroed("token count", 4)?;
         let mailbox = match streaming {
@@ -426,4 +420,20 @@ fn decode_steps(
     }
     run.host_syncs = cuda_rt::stats::thread_host_syncs() - syncs_before;
     Ok(run)
+}
+
+/// `bytes` of zeroed device memory on device `ordinal` for the loop's state `what`, and its address.
+///
+/// # Errors
+/// [`Error::LoopMemory`] when it cannot be allocated, [`Error::FeedbackAddress`] when it has no device address.
+pub(super) fn device_zeroed(
+    ordinal: i32,
+    contexts: &mut Contexts,
+    what: &'static str,
+    bytes: usize,
+) -> Result<(Storage, DevicePtr), Error> {
+    let storage = Storage::zeroed(delegate_abi::MemoryKind::Device, ordinal, bytes, contexts)
+        .map_err(|source: AllocError| Error::LoopMemory { what, source })?;
+    let address = storage.device_ptr().ok_or(Error::FeedbackAddress { what })?;
+    Ok((storage, address))
 }

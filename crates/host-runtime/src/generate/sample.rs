@@ -7,7 +7,8 @@ use blob_format::model::DType;
 use program_manifest::Generate;
 use sampling::Sampler;
 
-use crate::buffer::{AllocError, Storage};
+use super::device::device_zeroed;
+use crate::buffer::Storage;
 use crate::cuda::{Contexts, DevicePtr, LogitsType, SampleArgs, SampleKernel};
 use crate::program::{Error, Program};
 
@@ -93,13 +94,7 @@ impl DeviceSampler {
         let kernel = SampleKernel::new(ctx)
             .map_err(|source| Error::Stream { action: "preparing the device sampler for", source })?;
         let mut contexts = Contexts::new();
-        let mut zeroed = |what, bytes: usize| {
-            let storage =
-                Storage::zeroed(delegate_abi::MemoryKind::Device, ctx.ordinal(), bytes, &mut contexts)
-                    .map_err(|source: AllocError| Error::LoopMemory { what, source })?;
-            let address = storage.device_ptr().ok_or(Error::FeedbackAddress { what })?;
-            Ok::<_, Error>((storage, address))
-        };
+        let mut zeroed = |what, bytes| device_zeroed(ctx.ordinal(), &mut contexts, what, bytes);
         let words = (vocab as usize).div_ceil(32);
         let mut sampler = DeviceSampler {
             kernel,
