@@ -85,14 +85,5 @@ fn run(args: Args) -> Result<String, String> {
 }
 
 fn main() -> ExitCode {
-    match parse().and_then(run) {
-        Ok(line) => {
-            println!("{line}");
-            ExitCode::SUCCESS
-        }
-        Err(err) => {
-            eprintln!("export_decode: {err}");
-            ExitCode::FAILURE
-        }
-    }
+    support::report::finish("export_decode", parse().and_then(run))
 }

@@ -92,14 +92,5 @@ fn run(args: Args) -> Result<String, String> {
 }
 
 fn main() -> ExitCode {
-    match parse().and_then(run) {
-        Ok(line) => {
-            println!("{line}");
-            ExitCode::SUCCESS
-        }
-        Err(err) => {
-            eprintln!("hf_decode: {err}");
-            ExitCode::FAILURE
-        }
-    }
+    support::report::finish("hf_decode", parse().and_then(run))
 }

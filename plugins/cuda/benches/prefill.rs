@@ -174,14 +174,5 @@ fn run(args: Args) -> Result<String, String> {
 }
 
 fn main() -> ExitCode {
-    match parse().and_then(run) {
-        Ok(line) => {
-            println!("{line}");
-            ExitCode::SUCCESS
-        }
-        Err(err) => {
-            eprintln!("prefill: {err}");
-            ExitCode::FAILURE
-        }
-    }
+    support::report::finish("prefill", parse().and_then(run))
 }

@@ -1,6 +1,8 @@
 //! The JSON line a decode bench prints: the model's sizes, the timing and the bytes a step must read (the keys
 //! `gpu/run.sh`, `gpu/llama_torch.py` and `gpu/export_bench.py` read).
 
+use std::process::ExitCode;
+
 use ref_graph::Graph;
 
 /// A model's sizes, as both benches describe the graph they time.
@@ -44,4 +46,18 @@ pub fn json(
         object.extend(more);
     }
     value.to_string()
+}
+
+/// A bench's exit: its JSON line on stdout, or its error on stderr named after the bench `name`.
+pub fn finish(name: &str, result: Result<String, String>) -> ExitCode {
+    match result {
+        Ok(line) => {
+            println!("{line}");
+            ExitCode::SUCCESS
+        }
+        Err(err) => {
+            eprintln!("{name}: {err}");
+            ExitCode::FAILURE
+        }
+    }
 }
