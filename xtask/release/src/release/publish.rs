@@ -353,7 +353,6 @@ fn git_output(root: &Path, options: &Options, args: &[&str]) -> anyhow::Result<O
     bail!("`git {}` failed ({}): {}", args.join(" "), out.status, String::from_utf8_lossy(&out.stderr).trim())
 }
 
-/// Today's date in UTC, `YYYY-MM-DD`.
 #[cfg(test)]
 mod tests {
     use super::*;
