@@ -5,7 +5,7 @@ use alias_validate::residency::DirectAccess;
 use cuda_rt::{Allocation, Context, Device, DevicePtr, Pinned, PointerKind, Stream, StreamRef};
 use delegate_abi::check::ArgError;
 use delegate_abi::{ExecuteArgs, MemoryKind, TensorArg};
-use ref_graph::{Data, Graph, TensorId};
+use ref_graph::{half, Data, ElemType, Graph, TensorId};
 
 use ref_graph_contract::ArgSpec;
 
@@ -139,7 +139,8 @@ fn upload_constants(
         let name = &tensors[id.0].name;
         let plan_entry = plan.transposed.iter().find(|(w, _)| *w == id);
         if plan_entry.is_none_or(|&(_, as_stored)| as_stored) {
-            let a = upload(data_bytes(data), name)?;
+            let converted = converted_bytes(data, plan.dtypes[id.0]);
+            let a = upload(converted.as_deref().unwrap_or(data_bytes(data)), name)?;
             ptrs[id.0] = a.device_ptr();
             constants.push(a);
         }
@@ -151,6 +152,17 @@ fn upload_constants(
         }
     }
     Ok(constants)
+}
+
+/// The bytes of an f32 constant the plan reads as `dtype` (a half model's norm gain, [`Plan::dtypes`]),
+/// converted; `None` when the plan reads it as stored.
+fn converted_bytes(data: &Data, dtype: ElemType) -> Option<Vec<u8>> {
+    let Data::F32(v) = data else { return None };
+    match dtype {
+        ElemType::F16 => Some(v.iter().flat_map(|&x| half::f16::from_f32(x).to_le_bytes()).collect()),
+        ElemType::Bf16 => Some(v.iter().flat_map(|&x| half::bf16::from_f32(x).to_le_bytes()).collect()),
+        ElemType::F32 | ElemType::I64 => None,
+    }
 }
 
 /// The bytes of a `[rows, cols]` matrix stored `[cols, rows]`.

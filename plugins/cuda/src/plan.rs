@@ -26,8 +26,9 @@
 //!     sum only feeds such an `Add` too (a parallel residual's `x + attn + mlp`);
 //!   - an `RmsNorm` whose output only the next GEMV reads is done inside that GEMV, and so is LayerNorm,
 //!     which an export spells `rms_norm(x - mean(x))`, optionally plus a constant bias ([`Norm`]), or in a
-//!     half model in f32 between casts ([`layer_norm`]); a norm only products of several GEMVs read (a
-//!     parallel block's attention and MLP) is done inside each;
+//!     half model in f32 between casts ([`layer_norm`]), and an RMS norm spelled in f32 ops, between casts
+//!     in a half model (Gemma 2's, [`rms_norm`]); a norm only products of several GEMVs read (a parallel
+//!     block's attention and MLP) is done inside each;
 //!   - a GELU (erf or tanh form; the tanh form also as the nine ops GPT-2 and Phi spell, [`gelu`]) of a
 //!     lone product only it reads is that GEMV's epilogue (the up projection of a non-gated MLP);
 //!   - consecutive `KvCacheUpdate`s at the same position with updates of one shape become one launch (K and
@@ -62,6 +63,7 @@ mod fast;
 mod gelu;
 mod general;
 mod layer_norm;
+mod rms_norm;
 mod rope;
 #[cfg(test)]
 mod tests;
@@ -466,7 +468,8 @@ impl AttnShape {
 pub struct Plan {
     /// The float types the typed steps use, each once, in order: one compiled module each.
     pub floats: Vec<Float>,
-    /// Every tensor's element type, by [`TensorId`] index.
+    /// Every tensor's element type, by [`TensorId`] index: the graph's, but for a constant the kernels read
+    /// in another type (a half model's f32 norm gain, read in the model's type): uploaded converted at `init`.
     pub dtypes: Vec<ElemType>,
     /// Where each tensor lives, by [`TensorId`] index.
     pub homes: Vec<Home>,

@@ -50,8 +50,10 @@ impl<'g> Emulator<'g> {
     pub(super) fn new(graph: &'g Graph, plan: Plan) -> Emulator<'g> {
         let mut bufs: Vec<Vec<f64>> = graph.tensors().iter().map(|t| vec![0.0; t.numel()]).collect();
         for (id, data) in graph.constants() {
+            // As the kernels read it: in the plan's type (a half model's f32 norm gain, converted at init).
+            let dtype = plan.dtypes[id.0];
             bufs[id.0] = match data {
-                Data::F32(v) => v.iter().map(|&x| x as f64).collect(),
+                Data::F32(v) => v.iter().map(|&x| round(x as f64, dtype)).collect(),
                 Data::F16(v) => v.iter().map(|x| x.to_f64()).collect(),
                 Data::Bf16(v) => v.iter().map(|x| x.to_f64()).collect(),
                 Data::I64(v) => v.iter().map(|&x| x as f64).collect(),

@@ -12,8 +12,9 @@ use ref_graph::{Graph, Op, TensorId, UnaryFn};
 
 use super::canon::Canon;
 use super::{
-    attention_splits, gelu, general, layer_norm, rope, u32_of, AttnScratch, AttnShape, BinOp, CacheRows,
-    Float, GemvMat, Home, KvLayout, Norm, Plan, PositionRows, RopeTables, Step, Unsupported, WeightRows,
+    attention_splits, gelu, general, layer_norm, rms_norm, rope, u32_of, AttnScratch, AttnShape, BinOp,
+    CacheRows, Float, GemvMat, Home, KvLayout, Norm, Plan, PositionRows, RopeTables, Step, Unsupported,
+    WeightRows,
 };
 use crate::kernels::ATTN_MAX_HEAD;
 
@@ -33,6 +34,8 @@ pub(super) struct Lowering<'g> {
     gelus: Vec<gelu::Gelu>,
     /// The graph's LayerNorms spelled in f32 between casts (the ops before the last cast absorbed).
     layer_norms: Vec<layer_norm::SpelledNorm>,
+    /// The graph's RMS norms spelled in f32 (the ops before the last absorbed).
+    rms_norms: Vec<rms_norm::SpelledRms>,
     absorbed: Vec<bool>,
     /// Norms that only products read, of several GEMVs (a parallel block's attention and MLP): the norm's
     /// output, its input and the norm, done inside each of those GEMVs.
@@ -64,6 +67,7 @@ impl<'g> Lowering<'g> {
             ropes: Vec::new(),
             gelus: Vec::new(),
             layer_norms: Vec::new(),
+            rms_norms: Vec::new(),
             shared_norms: Vec::new(),
             absorbed: vec![false; graph.ops().len()],
         };
@@ -91,11 +95,28 @@ impl<'g> Lowering<'g> {
                 l.rehome(graph.ops()[i].output(), n.out);
             }
         }
+        l.rms_norms = rms_norm::find(&l);
+        for n in l.rms_norms.clone() {
+            for &i in &n.absorbed {
+                l.absorbed[i] = true;
+                l.rehome(graph.ops()[i].output(), n.out);
+            }
+            if n.reads_twice {
+                // The square's and the product's reads of the row are now the norm's one.
+                l.merged_reads[l.canon.value[n.x.0].0] += 1;
+            }
+        }
         l
     }
 
     pub(super) fn finish(self) -> Plan {
-        let dtypes: Vec<_> = self.graph.tensors().iter().map(|t| t.dtype).collect();
+        let mut dtypes: Vec<_> = self.graph.tensors().iter().map(|t| t.dtype).collect();
+        // A half model's f32 norm gains, read by the kernels in the model's type (see `rms_norm`).
+        for n in &self.rms_norms {
+            if let Some(dtype) = n.retyped {
+                dtypes[n.gain.0] = dtype;
+            }
+        }
         let mut floats: Vec<Float> =
             self.steps.iter().filter_map(|s| s.typed_by()).filter_map(|id| Float::of(dtypes[id.0])).collect();
         floats.sort();
@@ -242,6 +263,10 @@ impl<'g> Lowering<'g> {
         if let Some(n) = self.layer_norms.iter().find(|n| n.last == i).cloned() {
             let norm = Norm { gain: n.gain, eps: n.eps, centred: true, bias: Some(n.bias) };
             self.norm(n.x, n.out, norm)?;
+            return Ok(1);
+        }
+        if let Some(n) = self.rms_norms.iter().find(|n| n.last == i).cloned() {
+            self.norm(n.x, n.out, Norm { gain: n.gain, eps: n.eps, centred: false, bias: None })?;
             return Ok(1);
         }
         if let Some(g) = self.gelus.iter().find(|g| g.last == i).cloned() {

@@ -22,14 +22,15 @@ pub(super) struct SpelledNorm {
     pub eps: f32,
 }
 
-struct Parts<'l, 'g> {
-    l: &'l Lowering<'g>,
-    producer: Vec<Option<usize>>,
+/// The producer of each tensor, with the rules the spelled norms ([`super::rms_norm`] too) match by.
+pub(super) struct Parts<'l, 'g> {
+    pub l: &'l Lowering<'g>,
+    pub producer: Vec<Option<usize>>,
 }
 
 impl<'g> Parts<'_, 'g> {
     /// The op producing `id`, an f32 tensor read `readers` times and no output.
-    fn made(&self, id: TensorId, readers: usize) -> Option<(usize, &'g Op<TensorId>)> {
+    pub(super) fn made(&self, id: TensorId, readers: usize) -> Option<(usize, &'g Op<TensorId>)> {
         let f32_of = self.l.graph.tensor(id).dtype == ElemType::F32;
         let read = self.l.uses(id) == readers && !self.l.is_output(id);
         let i = self.producer[id.0].filter(|_| f32_of && read)?;
@@ -37,7 +38,11 @@ impl<'g> Parts<'_, 'g> {
     }
 
     /// `a op b` where one operand satisfies `pick`: (that operand, the other).
-    fn either(a: TensorId, b: TensorId, pick: impl Fn(TensorId) -> bool) -> Option<(TensorId, TensorId)> {
+    pub(super) fn either(
+        a: TensorId,
+        b: TensorId,
+        pick: impl Fn(TensorId) -> bool,
+    ) -> Option<(TensorId, TensorId)> {
         if pick(a) {
             Some((a, b))
         } else if pick(b) {
@@ -48,7 +53,7 @@ impl<'g> Parts<'_, 'g> {
     }
 
     /// `id = cast(c, f32)` of a constant `c` of `dtype` holding `n` values, read only here: (c, the cast).
-    fn cast_constant(&self, id: TensorId, dtype: ElemType, n: usize) -> Option<(TensorId, usize)> {
+    pub(super) fn cast_constant(&self, id: TensorId, dtype: ElemType, n: usize) -> Option<(TensorId, usize)> {
         let (i, &Op::Cast { input, .. }) = self.made(id, 1)? else { return None };
         let t = self.l.graph.tensor(input);
         let fits = t.dtype == dtype && t.numel() == n && t.shape.last() == Some(&(n as u64));
@@ -56,7 +61,7 @@ impl<'g> Parts<'_, 'g> {
     }
 
     /// The value of a scalar f32 constant.
-    fn scalar(&self, id: TensorId) -> Option<f32> {
+    pub(super) fn scalar(&self, id: TensorId) -> Option<f32> {
         match self.l.graph.constant(id) {
             Some(Data::F32(v)) if v.len() == 1 => Some(v[0]),
             _ => None,

@@ -607,8 +607,9 @@ fn real_exports_reach_the_fused_launches() {
         ]
     };
     // (fixture, launches of each layer) of the family whose layers still run ops on the general path:
-    // Gemma 2's (1 + w) norms, post-norms and scalings.
-    let others = [("gemma2_f16", [41, 30]), ("gemma2_f32", [21, 19])];
+    // Gemma 2's (its norms, spelled in f32 ops, are read as norms: the post-norms and their residual adds
+    // run alone, and the gated GELU on the general path).
+    let others = [("gemma2_f16", [11, 9]), ("gemma2_f32", [11, 9])];
     for (name, graph) in real::fixtures() {
         let plan = Plan::new(&graph).expect("lowered");
         let all = kinds(&plan);
@@ -690,4 +691,39 @@ fn counters_run_eight_to_a_launch_into_their_buffers() {
     for layer in 0..10 {
         assert_eq!(emu.read(&format!("counter_{layer}")), [42.0 + layer as f64], "layer {layer}");
     }
+}
+
+/// Gemma 2's RMS norms, spelled in f32 ops (between casts in its f16 export, their `(1 + w)` folded by the
+/// exporter into f32 gains), are each one norm: none of their ops runs on its own, and the kernels read every
+/// gain in the model's type (a half model's f32 gains converted once, at init).
+#[test]
+fn spelled_rms_norms_are_norms_with_gains_in_the_models_type() {
+    let mut checked = 0;
+    for (name, graph) in real::fixtures().into_iter().filter(|(name, _)| name.starts_with("gemma2")) {
+        let plan = Plan::new(&graph).expect("lowered");
+        let all = kinds(&plan);
+        let spelled = ["square", "mean", "rsqrt", "cast_f32", "cast_f16"];
+        assert!(!all.iter().any(|k| spelled.contains(&k.as_str())), "{name}: {all:?}");
+        let dtype = graph.tensor(graph.find(&real::Roles::of(&graph).logits).expect("logits")).dtype;
+        let gains: Vec<TensorId> = plan
+            .steps
+            .iter()
+            .filter_map(|s| match *s {
+                Step::Norm { norm, .. } | Step::Gemv { norm: Some(norm), .. } => Some(norm.gain),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(gains.len(), 9, "{name}: four norms a layer and the final one: {all:?}");
+        for gain in gains {
+            assert_eq!(graph.tensor(gain).dtype, ElemType::F32, "{name}: Gemma 2's gains are f32 constants");
+            assert_eq!(
+                plan.dtypes[gain.0],
+                dtype,
+                "{name}: '{}' read as the model's type",
+                graph.tensor(gain).name
+            );
+        }
+        checked += 1;
+    }
+    assert_eq!(checked, 2, "gemma2_f16 and gemma2_f32");
 }
