@@ -118,6 +118,25 @@ impl Dims {
     }
 }
 
+/// Which cuBLAS entry point queues a product.
+#[derive(Clone, Copy)]
+enum Entry {
+    /// `cublasSgemm`: f32 matrices.
+    Sgemm,
+    /// `cublasGemmEx` with f32 accumulation and cuBLAS's default algorithm, matrices of this type.
+    GemmEx(sys::cudaDataType),
+}
+
+impl Entry {
+    /// The cuBLAS call's name, for errors.
+    fn call(self) -> &'static str {
+        match self {
+            Entry::Sgemm => "cublasSgemm",
+            Entry::GemmEx(_) => "cublasGemmEx",
+        }
+    }
+}
+
 /// A cuBLAS handle created in one context, destroyed on drop. Each call takes the stream it runs on.
 pub struct Blas {
     handle: sys::cublasHandle_t,
@@ -218,29 +237,8 @@ impl Blas {
     /// [`Error::OutOfRange`] for a dimension over `i32::MAX`; [`Error::Blas`] when cuBLAS refuses (e.g. a
     /// leading dimension smaller than the rows).
     pub unsafe fn sgemm(&mut self, stream: StreamRef<'_>, gemm: &Sgemm) -> Result<()> {
-        let d = Dims::of(gemm, "cublasSgemm")?;
-        self.on_stream(stream, "cublasSgemm", |handle| {
-            // SAFETY: the context is current; `alpha` and `beta` are host values read during the call (the
-            // handle's default host pointer mode); the matrices are valid per this function's contract.
-            unsafe {
-                blas::sgemm(
-                    handle,
-                    d.ops.0,
-                    d.ops.1,
-                    d.mnk.0,
-                    d.mnk.1,
-                    d.mnk.2,
-                    &gemm.alpha,
-                    gemm.a as usize as *const f32,
-                    d.lds.0,
-                    gemm.b as usize as *const f32,
-                    d.lds.1,
-                    &gemm.beta,
-                    gemm.c as usize as *mut f32,
-                    d.lds.2,
-                )
-            }
-        })
+        // SAFETY: forwarded from this function's contract (f32 matrices).
+        unsafe { self.product(stream, gemm, Entry::Sgemm) }
     }
 
     /// Queues `gemm` on `stream` (`cublasSetStream`, the workspace, then `cublasGemmEx` with f32
@@ -256,36 +254,67 @@ impl Blas {
     /// [`Error::OutOfRange`] for a dimension over `i32::MAX`; [`Error::Blas`] when cuBLAS refuses (e.g. a
     /// leading dimension smaller than the rows).
     pub unsafe fn gemm_ex(&mut self, stream: StreamRef<'_>, gemm: &GemmEx) -> Result<()> {
-        let g = &gemm.product;
-        let d = Dims::of(g, "cublasGemmEx")?;
-        let ty = gemm.dtype.cuda();
-        self.on_stream(stream, "cublasGemmEx", |handle| {
-            // SAFETY: the context is current; `alpha` and `beta` are f32 host values read during the call (the
-            // handle's default host pointer mode; f32 is the scale type of `CUBLAS_COMPUTE_32F`); the matrices
-            // are valid per this function's contract.
-            unsafe {
+        // SAFETY: forwarded from this function's contract (`gemm.dtype` matrices).
+        unsafe { self.product(stream, &gemm.product, Entry::GemmEx(gemm.dtype.cuda())) }
+    }
+
+    /// The one path of [`Blas::sgemm`] and [`Blas::gemm_ex`]: checks the dimensions fit cuBLAS's `i32`,
+    /// binds the stream (and workspace) and queues the product through `entry`.
+    ///
+    /// # Safety
+    /// `g`'s matrices are device (or managed) memory of this context holding values of `entry`'s type, as
+    /// the callers' contracts state.
+    unsafe fn product(&mut self, stream: StreamRef<'_>, g: &Sgemm, entry: Entry) -> Result<()> {
+        let call = entry.call();
+        let Dims { ops: (ta, tb), mnk: (m, n, k), lds: (lda, ldb, ldc) } = Dims::of(g, call)?;
+        let (a, b) = (g.a as usize as *const c_void, g.b as usize as *const c_void);
+        let c = g.c as usize as *mut c_void;
+        self.on_stream(stream, call, |handle| match entry {
+            // SAFETY: the context is current; `alpha` and `beta` are host values read during the call (the
+            // handle's default host pointer mode); the f32 matrices are valid per the caller's contract.
+            Entry::Sgemm => unsafe {
+                blas::sgemm(
+                    handle,
+                    ta,
+                    tb,
+                    m,
+                    n,
+                    k,
+                    &g.alpha,
+                    a.cast(),
+                    lda,
+                    b.cast(),
+                    ldb,
+                    &g.beta,
+                    c.cast(),
+                    ldc,
+                )
+            },
+            // SAFETY: as above; `alpha` and `beta` are f32 (the scale type of `CUBLAS_COMPUTE_32F`) and the
+            // `ty` matrices are valid per the caller's contract.
+            Entry::GemmEx(ty) => unsafe {
                 blas::gemm_ex(
                     handle,
-                    d.ops.0,
-                    d.ops.1,
-                    d.mnk.0,
-                    d.mnk.1,
-                    d.mnk.2,
+                    ta,
+                    tb,
+                    m,
+                    n,
+                    k,
                     (&g.alpha as *const f32).cast(),
-                    g.a as usize as *const c_void,
+                    a,
                     ty,
-                    d.lds.0,
-                    g.b as usize as *const c_void,
+                    lda,
+                    b,
                     ty,
-                    d.lds.1,
+                    ldb,
                     (&g.beta as *const f32).cast(),
-                    g.c as usize as *mut c_void,
+                    c,
                     ty,
-                    d.lds.2,
+                    ldc,
                     sys::cublasComputeType_t::CUBLAS_COMPUTE_32F,
                     sys::cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
                 )
-            }
+            },
         })
     }
 
