@@ -6,8 +6,8 @@ use std::ffi::c_void;
 use std::sync::Arc;
 
 use cuda_rt::{
-    Allocation, Blas, Context, Contexts, Device, Error, Event, GemmEx, GemmType, LaunchConfig, Managed,
-    MemoryKind, Pinned, PointerKind, Sgemm, Stream, StreamRef,
+    Allocation, Blas, Context, Contexts, Device, DevicePtr, Error, Event, GemmEx, GemmType, LaunchConfig,
+    Managed, MemoryKind, Pinned, PointerKind, Sgemm, Stream, StreamRef,
 };
 use et_error::{ErrorCode, HasErrorCode};
 
@@ -262,12 +262,31 @@ fn a_module_variable_reads_back_after_its_kernels() {
     assert!(err.to_string().contains("cuModuleGetGlobal"), "{err}");
 }
 
+/// The row-major product `C = A·B` of a 2×3 `a` and a 3×2 `b` into a 2×2 `c`, in cuBLAS's column-major
+/// convention `Cᵀ = Bᵀ·Aᵀ`: cuBLAS gets `b` as its A and `a` as its B.
+fn row_major_2x3_by_3x2(a: DevicePtr, b: DevicePtr, c: DevicePtr) -> Sgemm {
+    Sgemm {
+        transpose_a: false,
+        transpose_b: false,
+        m: 2,
+        n: 2,
+        k: 3,
+        alpha: 1.0,
+        a: b,
+        lda: 2,
+        b: a,
+        ldb: 3,
+        beta: 0.0,
+        c,
+        ldc: 2,
+    }
+}
+
 #[test]
 #[ignore = "needs an NVIDIA GPU and driver: `cargo xtask gpu-test` runs it on one (--include-ignored, KV_REQUIRE_GPU=1)"]
 fn cublas_multiplies_on_the_callers_stream() {
     let Some(ctx) = open() else { return };
     let mut blas = Blas::new(&ctx).expect("cuBLAS is installed where the GPU is");
-    // Row-major C = A·B (A 2×3, B 3×2) is column-major Cᵀ = Bᵀ·Aᵀ: cuBLAS gets B as its A and A as its B.
     let a = [1.0f32, 2.0, 3.0, 4.0, 5.0, 6.0];
     let b = [7.0f32, 8.0, 9.0, 10.0, 11.0, 12.0];
     let bytes = |v: &[f32]| v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>();
@@ -277,21 +296,7 @@ fn cublas_multiplies_on_the_callers_stream() {
     da.write(&bytes(&a)).expect("write a");
     db.write(&bytes(&b)).expect("write b");
     let stream = Stream::new(&ctx).expect("stream");
-    let gemm = Sgemm {
-        transpose_a: false,
-        transpose_b: false,
-        m: 2,
-        n: 2,
-        k: 3,
-        alpha: 1.0,
-        a: db.device_ptr(),
-        lda: 2,
-        b: da.device_ptr(),
-        ldb: 3,
-        beta: 0.0,
-        c: dc.device_ptr(),
-        ldc: 2,
-    };
+    let gemm = row_major_2x3_by_3x2(da.device_ptr(), db.device_ptr(), dc.device_ptr());
     // SAFETY: the matrices hold what the dimensions describe; nothing else uses them until the synchronise.
     unsafe { blas.sgemm(stream.as_ref(), &gemm) }.expect("sgemm");
     stream.synchronize().expect("synchronise");
@@ -394,21 +399,7 @@ fn cublas_gemm_ex_multiplies_halves_with_its_workspace_and_is_captured() {
         db.write(&bb).expect("write b");
         let gemm = GemmEx {
             dtype,
-            product: Sgemm {
-                transpose_a: false,
-                transpose_b: false,
-                m: 2,
-                n: 2,
-                k: 3,
-                alpha: 1.0,
-                a: db.device_ptr(),
-                lda: 2,
-                b: da.device_ptr(),
-                ldb: 3,
-                beta: 0.0,
-                c: dc.device_ptr(),
-                ldc: 2,
-            },
+            product: row_major_2x3_by_3x2(da.device_ptr(), db.device_ptr(), dc.device_ptr()),
         };
         // SAFETY: the matrices hold what the dimensions describe; nothing else uses them until the
         // synchronise.
