@@ -145,7 +145,8 @@ impl Expansion {
             None => a,
         };
         // Each matrix's product into `y` (its own output, or a SwiGLU's scratch), then its epilogue in the
-        // GEMV's order: bias, activation, residual, second residual.
+        // GEMV's order: bias, activation (a gated GEMV's is the gate's, below), residual, second residual.
+        let own_activation = activation.filter(|_| glu.is_none());
         let product = |mat: &GemvMat, y: TensorId, parts: &mut Vec<Part>| {
             let GemvMat {
                 w,
@@ -174,7 +175,7 @@ impl Expansion {
             if let Some(bias) = bias {
                 parts.push(Part::Step(bias_add(y, bias, rows, n, dtype)));
             }
-            if let Some(func) = activation {
+            if let Some(func) = own_activation {
                 parts.push(Part::Step(Step::Unary { func, input: y, out: y, n: elems, dtype }));
             }
             for res in [residual, residual2].into_iter().flatten() {
@@ -191,7 +192,9 @@ impl Expansion {
             );
             product(gate, g, &mut parts);
             product(up, u, &mut parts);
-            parts.push(Part::Step(Step::Unary { func: UnaryFn::Silu, input: g, out: g, n: elems, dtype }));
+            // SiLU, or a gated GELU's GELU.
+            let func = activation.unwrap_or(UnaryFn::Silu);
+            parts.push(Part::Step(Step::Unary { func, input: g, out: g, n: elems, dtype }));
             let walk = Walk { dims: vec![elems], a: vec![1], b: vec![1] };
             parts.push(Part::Step(Step::Binary { op: BinOp::Mul, a: g, b: u, out, dtype, walk }));
             return Some(parts);

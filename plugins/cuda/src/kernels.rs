@@ -247,7 +247,7 @@ pub enum Launch {
     Add(LaunchConfig, AddP),
     RmsNorm(LaunchConfig, RmsP),
     Gemv(LaunchConfig, GemvP, GemvEntry),
-    /// A gate and up GEMV that writes silu(gate) * up (`gemv_glu`).
+    /// A gate and up GEMV that writes silu(gate) * up, or gelu(gate) * up (`gemv_glu`).
     GemvGlu(LaunchConfig, GemvP, GemvEntry),
     /// A GEMV that stores some of its products rotated by RoPE (`gemv_rope`).
     GemvRope(LaunchConfig, GemvP, GemvEntry),

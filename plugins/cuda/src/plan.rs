@@ -30,7 +30,8 @@
 //!     in a half model (Gemma 2's, [`rms_norm`]); a norm only products of several GEMVs read (a parallel
 //!     block's attention and MLP) is done inside each;
 //!   - a GELU (erf or tanh form; the tanh form also as the nine ops GPT-2 and Phi spell, [`gelu`]) of a
-//!     lone product only it reads is that GEMV's epilogue (the up projection of a non-gated MLP);
+//!     lone product only it reads is that GEMV's epilogue (the up projection of a non-gated MLP), and a
+//!     gated GELU (`gelu(gate) * up`, Gemma's MLP) the gate and up GEMV's, as SwiGLU is;
 //!   - consecutive `KvCacheUpdate`s at the same position with updates of one shape become one launch (K and
 //!     V), and token-major updates a GEMV computes are written into the caches by it (when no launch
 //!     between touches the caches);
@@ -212,7 +213,8 @@ pub enum Step {
         rope: Option<RopeTables>,
         /// An MLP's GELU (`Gelu` or `GeluTanh`) of the one product, without residual or cache, applied
         /// before it stores: `y = gelu(product)`, the product rounded to its type first, as the separate ops
-        /// round.
+        /// round. With `glu`: the gate's activation instead of SiLU, a gated GELU (`gelu(gate) * up`, Gemma's
+        /// MLP).
         activation: Option<UnaryFn>,
     },
     KvUpdate {

@@ -103,7 +103,7 @@ impl Engine {
                 (mat.rows.offset as i32, mat.rows.group.max(1) as i32, mat.rows.stride as i32);
         }
         if let Some(out) = glu {
-            y[0] = p(out); // the gate and up products are never written, only silu(gate) * up
+            y[0] = p(out); // the gate and up products are never written, only silu(gate) * up (or gelu)
         }
         let norm_w = norm.map_or(0, |n| p(n.gain));
         let norm_b = norm.and_then(|n| n.bias).map_or(0, p);

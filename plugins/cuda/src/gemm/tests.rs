@@ -300,6 +300,37 @@ fn an_activation_follows_its_product() {
     assert_eq!((*input, *out, *n), (p.y, p.y, rows * ffn));
 }
 
+/// A gated GELU MLP (Gemma's `gelu_tanh(x wg^T) * (x wu^T)`) at 4 rows: the gate and up GEMV's GELU is the
+/// gate's alone, after both GEMMs, then the product with the up projection.
+#[test]
+fn a_gated_gelu_is_the_gates_activation() {
+    let (rows, dim, ffn) = (4u64, 8u64, 16u64);
+    let mut b = ref_graph::GraphBuilder::new();
+    let x = b.input("x", ElemType::F32, &[rows, dim]).expect("x");
+    let wg = b.constant_f32("wg", &[ffn, dim], vec![0.01; (ffn * dim) as usize]).expect("wg");
+    let wu = b.constant_f32("wu", &[ffn, dim], vec![0.03; (ffn * dim) as usize]).expect("wu");
+    let linear = ref_graph::MatMulOptions { transpose_b: true, bias: None };
+    let gate = b.mat_mul_with("gate", x, wg, linear).expect("gate");
+    let up = b.mat_mul_with("up", x, wu, linear).expect("up");
+    let g = b.unary("g", UnaryFn::GeluTanh, gate).expect("gelu");
+    let y = b.mul("y", g, up).expect("y");
+    b.output(y).expect("output");
+    let graph = b.finish().expect("graph");
+    let (plan, e) = expanded(&graph);
+    let fused = plan
+        .steps
+        .iter()
+        .any(|s| matches!(s, Step::Gemv { glu: Some(_), activation: Some(UnaryFn::GeluTanh), .. }));
+    assert!(fused, "the planner fuses the gated GELU into the gate and up GEMV: {:?}", plan.steps);
+    let parts: Vec<Vec<String>> = e.parts.iter().flatten().map(|p| kinds(p)).collect();
+    assert_eq!(parts, [vec!["gemm", "gemm", "gelutanh", "b.mul"]], "{:?}", plan.steps);
+    let Some([Part::Product(g), Part::Product(_), Part::Step(Step::Unary { input, out, .. }), _]) = e.of(0)
+    else {
+        panic!("{e:?}")
+    };
+    assert_eq!((*input, *out), (g.y, g.y), "the GELU of the gate's product, in place");
+}
+
 /// A parallel residual's two sums (GPT-NeoX's `x + attn + mlp`) at 4 rows: the GEMV's residual and second
 /// residual become two adds into the product, in the graph's order.
 #[test]

@@ -25,7 +25,8 @@
 // head and meet in shared memory before they store.
 // `gemv_glu` is Hugging Face's SwiGLU: matrices 0 and 1 are the gate and up projections of one width, each pair
 // of warps computes one column of both (in the `_waves` entry, each warp both), and the block writes
-// silu(gate) * up into `y[0]` instead (rounded as the separate ops round).
+// silu(gate) * up into `y[0]` instead (rounded as the separate ops round); with `activation`, gelu(gate) * up
+// (a gated GELU: Gemma's MLP).
 // A launch that fuses the norm, or of two blocks an SM or more (`p.staged`, decided by `kernels::gemv_stage`),
 // takes `gemv_stream` instead: each block stages its row of `a` once, times the norm's gains, in f32 in shared
 // memory, and its warps then only stream weights. There the row's conversion and normalisation, done by every
@@ -83,7 +84,7 @@ struct GemvP {
     int groups;  // groups of GEMV_WARPS columns (`gemv_glu`: GEMV_WARPS / 2 of each matrix): the blocks of a
                  // full grid; the `_waves` entries' blocks take every gridDim.x-th
     int centred;  // with `norm_w`: LayerNorm (the row's mean subtracted first), not RMS norm
-    int activation;  // 0, or the GELU stored instead of the product (one matrix): `ref_graph::UnaryFn`'s index,
+    int activation;  // 0, or the GELU stored instead of the product (one matrix; `gemv_glu`: the gate's): its index,
                      // 11 (erf form) or 12 (tanh form), as `unary` numbers them
     // Per matrix, the weight row (and bias element) of output column c: row_off + (c / row_group) * row_stride
     // + c % row_group (`plan::WeightRows`: every row, or the rows of one slice of a product's columns).
@@ -263,8 +264,14 @@ __device__ __forceinline__ void gemv_act(const GemvP& p, uint4 raw, uint4 gain, 
 // silu(x) as the general path's unary computes it, rounded to T as its output holds it.
 __device__ __forceinline__ float silu_t(float x) { return rnd(x / (1.f + expf(-x))); }
 
+// The gate's activation of `gemv_glu`, rounded to T as its output holds it: SiLU, or the GELU `p.activation`
+// names (a gated GELU: Gemma's MLP).
+__device__ __forceinline__ float glu_act(const GemvP& p, float x) {
+    return p.activation ? rnd(gemv_gelu(p.activation, x)) : silu_t(x);
+}
+
 // `gemv_glu`'s store: the gate warp of each pair leaves its column's value (as the gate product would have
-// stored it) in shared memory; the up warp writes silu(gate) * up there (as the two ops would have).
+// stored it) in shared memory; the up warp writes silu(gate) * up there (as the two ops would have; `glu_act`).
 __device__ __forceinline__ void gemv_glu_store(const GemvP& p, int mat, int m, int col, float s,
                                                const GemvTail& tail, bool stores) {
     __shared__ float gates[GEMV_WARPS / 2];
@@ -272,7 +279,7 @@ __device__ __forceinline__ void gemv_glu_store(const GemvP& p, int mat, int m, i
     if (stores && pick(p.bias, mat)) s += val(tail.bias);  // no residual: the plan pairs none
     if (stores && mat == 0) gates[pair] = rnd(s);
     __syncthreads();
-    if (stores && mat == 1) st(p.y[0], gemv_at(p, 0, m, col), silu_t(gates[pair]) * rnd(s));
+    if (stores && mat == 1) st(p.y[0], gemv_at(p, 0, m, col), glu_act(p, gates[pair]) * rnd(s));
 }
 
 // The warp's dot product (each lane its part) of its weight row with `a`'s row, normalised when the product
@@ -720,7 +727,7 @@ __device__ __forceinline__ void gemv_glu_waves_body(const GemvP& p) {
         const float su = warp_sum(gemv_row(p, w, up.wr, up.live, next, rings, whole) * inv);
         if (stores) {
             const float xg = p.bias[0] ? sg + val(bg) : sg, xu = p.bias[1] ? su + val(bu) : su;
-            st(p.y[0], gemv_at(p, 0, m, gate.col), silu_t(rnd(xg)) * rnd(xu));
+            st(p.y[0], gemv_at(p, 0, m, gate.col), glu_act(p, rnd(xg)) * rnd(xu));
         }
         gate = next;
     }

@@ -204,7 +204,9 @@ impl Emulator<'_> {
                             + res.as_ref().map_or(0.0, |r| r[row * n + col])
                             + res2.as_ref().map_or(0.0, |r| r[row * n + col]);
                         let s = round(s, dtype);
-                        activation.map_or(s, |f| round(f.apply(s as f32) as f64, dtype))
+                        // A gated GEMV's activation is the gate's, applied below.
+                        let own = activation.filter(|_| glu.is_none());
+                        own.map_or(s, |f| round(f.apply(s as f32) as f64, dtype))
                     })
                     .collect();
                 if let (true, Some(t)) = (mat.roped, rope) {
@@ -227,11 +229,13 @@ impl Emulator<'_> {
                 }
             }
             if let (Some(out), [gate, up]) = (glu, &glu_rows[..]) {
-                // silu(gate) rounded to the type, times up, rounded: the two ops as they would have run.
+                // silu(gate) (or the gated GELU's gelu) rounded to the type, times up, rounded: the two ops as
+                // they would have run.
                 let dtype = self.graph.tensor(out).dtype;
+                let func = activation.unwrap_or(UnaryFn::Silu);
                 for (col, (&g, &u)) in gate.iter().zip(up).enumerate() {
-                    let silu = round(UnaryFn::Silu.apply(g as f32) as f64, dtype);
-                    self.put(out, (row * gate.len() + col) as u64, silu * u);
+                    let act = round(func.apply(g as f32) as f64, dtype);
+                    self.put(out, (row * gate.len() + col) as u64, act * u);
                 }
             }
         }

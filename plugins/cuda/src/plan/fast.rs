@@ -373,11 +373,23 @@ impl<'g> Lowering<'g> {
 
     /// When the last three steps are a GEMV of two matrices writing `gate` and `up` of one width,
     /// `s = silu(gate)` and `out = s * up` (Hugging Face's SwiGLU: contiguous, one float type) and nothing else
-    /// reads `gate`, `up` or `s`: the GEMV writes `out` itself (two launches fewer a layer).
+    /// reads `gate`, `up` or `s`: the GEMV writes `out` itself (two launches fewer a layer). So does a gated
+    /// GELU (`s = gelu(gate)`, either form: Gemma's MLP), the GELU the GEMV's `activation`.
     fn fuse_glu(&mut self) {
         let [.., ref gemv, ref unary, ref binary] = self.steps[..] else { return };
-        let Step::Gemv { ref mats, m, cache_rows: None, glu: None, .. } = *gemv else { return };
-        let Step::Unary { func: UnaryFn::Silu, input: gate, out: s, n, dtype } = *unary else { return };
+        let Step::Gemv { ref mats, m, cache_rows: None, glu: None, activation: None, .. } = *gemv else {
+            return;
+        };
+        let Step::Unary {
+            func: func @ (UnaryFn::Silu | UnaryFn::Gelu | UnaryFn::GeluTanh),
+            input: gate,
+            out: s,
+            n,
+            dtype,
+        } = *unary
+        else {
+            return;
+        };
         let Step::Binary { op: BinOp::Mul, a: x, b: y, out, dtype: dtype2, ref walk } = *binary else {
             return;
         };
@@ -413,11 +425,14 @@ impl<'g> Lowering<'g> {
             return;
         }
         self.steps.truncate(self.steps.len() - 2);
-        let Some(Step::Gemv { mats, glu, .. }) = self.steps.last_mut() else { unreachable!("matched above") };
+        let Some(Step::Gemv { mats, glu, activation, .. }) = self.steps.last_mut() else {
+            unreachable!("matched above")
+        };
         if !gate_first {
             mats.swap(0, 1);
         }
         *glu = Some(out);
+        *activation = (func != UnaryFn::Silu).then_some(func);
         // Never written or read: no allocation (the storage named is the product's).
         for id in [gate, up, s] {
             self.rehome(id, out);

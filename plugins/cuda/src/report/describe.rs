@@ -35,9 +35,13 @@ impl Step {
                     ""
                 },
                 if cache_rows.is_some() { "+kv_update" } else { "" },
-                if glu.is_some() { "+swiglu" } else { "" },
+                match (glu, activation) {
+                    (Some(_), Some(_)) => "+geglu",
+                    (Some(_), None) => "+swiglu",
+                    _ => "",
+                },
                 if rope.is_some() { "+rope" } else { "" },
-                if activation.is_some() { "+gelu" } else { "" }
+                if activation.is_some() && glu.is_none() { "+gelu" } else { "" }
             ),
             Step::KvUpdate { caches, .. } => format!("kv_update{}", caches.len()),
             Step::Attention { .. } => "attention".to_owned(),
