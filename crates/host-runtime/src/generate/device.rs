@@ -16,7 +16,7 @@ use super::step::{i64_bytes, logits_row, read_token};
 use super::stream::{Pacer, StreamStats};
 use super::{Generation, Options, Step};
 use crate::buffer::{AllocError, Storage};
-use crate::cuda::{Contexts, DevicePtr, FeedbackArgs, FeedbackKernel, Mailbox};
+use crate::cuda::{Context, Contexts, DevicePtr, Error as CudaError, FeedbackArgs, FeedbackKernel, Mailbox};
 use crate::program::{Captured, CopyStats, Error, Program, RunStats};
 
 /// The device-side state of a generation loop: the feedback kernel and the token history it appends to, the
@@ -47,15 +47,16 @@ impl DeviceLoop {
         sampler: Option<DeviceSampler>,
         streaming: bool,
     ) -> Result<DeviceLoop, Error> {
-        let ctx = program.cuda_context().ok_or(Error::NoStream { what: "generating on the device" })?;
-        let kernel = FeedbackKernel::new(ctx)
-            .map_err(|source| Error::Stream { action: "preparing the device loop for", source })?;
-        let mut contexts = Contexts::new();
-        let mut zeroed = |what, bytes| device_zeroed(ctx.ordinal(), &mut contexts, what, bytes);
-        let history = zeroed("token history", capacity as usize * 8)?;
-        let length = zeroed("token count", 4)?;
+        let (mut device, kernel) = OnDevice::with_kernel(
+            program,
+            "generating on the device",
+            "preparing the device loop for",
+            FeedbackKernel::new,
+        )?;
+        let history = device.zeroed("token history", capacity as usize * 8)?;
+        let length = device.zeroed("token count", 4)?;
         let mailbox = match streaming {
-            true => Some(Mailbox::new(ctx, capacity).map_err(|source| Error::LoopMemory {
+            true => Some(Mailbox::new(device.ctx, capacity).map_err(|source| Error::LoopMemory {
                 what: "token mailbox",
                 source: AllocError::Cuda(source),
             })?),
@@ -422,18 +423,41 @@ fn decode_steps(
     Ok(run)
 }
 
-/// `bytes` of zeroed device memory on device `ordinal` for the loop's state `what`, and its address.
-///
-/// # Errors
-/// [`Error::LoopMemory`] when it cannot be allocated, [`Error::FeedbackAddress`] when it has no device address.
-pub(super) fn device_zeroed(
-    ordinal: i32,
-    contexts: &mut Contexts,
-    what: &'static str,
-    bytes: usize,
-) -> Result<(Storage, DevicePtr), Error> {
-    let storage = Storage::zeroed(delegate_abi::MemoryKind::Device, ordinal, bytes, contexts)
-        .map_err(|source: AllocError| Error::LoopMemory { what, source })?;
-    let address = storage.device_ptr().ok_or(Error::FeedbackAddress { what })?;
-    Ok((storage, address))
+/// Where a device-side state is made: the program's CUDA context, and the contexts its zeroed buffers are
+/// allocated through.
+pub(super) struct OnDevice<'p> {
+    /// The program's CUDA context.
+    pub(super) ctx: &'p Context,
+    contexts: Contexts,
+}
+
+impl<'p> OnDevice<'p> {
+    /// The program's CUDA context and the kernel `load` prepares in it; `what` names the work for
+    /// [`Error::NoStream`], `action` the preparation for [`Error::Stream`].
+    ///
+    /// # Errors
+    /// [`Error::NoStream`] for a program without CUDA memory, [`Error::Stream`] when `load` fails.
+    pub(super) fn with_kernel<K>(
+        program: &'p Program,
+        what: &'static str,
+        action: &'static str,
+        load: impl FnOnce(&Context) -> Result<K, CudaError>,
+    ) -> Result<(OnDevice<'p>, K), Error> {
+        let ctx = program.cuda_context().ok_or(Error::NoStream { what })?;
+        let kernel = load(ctx).map_err(|source| Error::Stream { action, source })?;
+        Ok((OnDevice { ctx, contexts: Contexts::new() }, kernel))
+    }
+
+    /// `bytes` of zeroed device memory for the state `what`, and its address.
+    ///
+    /// # Errors
+    /// [`Error::LoopMemory`] when it cannot be allocated, [`Error::FeedbackAddress`] when it has no device
+    /// address.
+    pub(super) fn zeroed(&mut self, what: &'static str, bytes: usize) -> Result<(Storage, DevicePtr), Error> {
+        let storage =
+            Storage::zeroed(delegate_abi::MemoryKind::Device, self.ctx.ordinal(), bytes, &mut self.contexts)
+                .map_err(|source: AllocError| Error::LoopMemory { what, source })?;
+        let address = storage.device_ptr().ok_or(Error::FeedbackAddress { what })?;
+        Ok((storage, address))
+    }
 }

@@ -7,9 +7,9 @@ use blob_format::model::DType;
 use program_manifest::Generate;
 use sampling::Sampler;
 
-use super::device::device_zeroed;
+use super::device::OnDevice;
 use crate::buffer::Storage;
-use crate::cuda::{Contexts, DevicePtr, LogitsType, SampleArgs, SampleKernel};
+use crate::cuda::{DevicePtr, LogitsType, SampleArgs, SampleKernel};
 use crate::program::{Error, Program};
 
 /// The last row of a method's logits output in device or managed memory, as the sampler kernel reads it.
@@ -90,21 +90,22 @@ impl DeviceSampler {
         vocab: u32,
         prompt: &[i64],
     ) -> Result<DeviceSampler, Error> {
-        let ctx = program.cuda_context().ok_or(Error::NoStream { what: "sampling on the device" })?;
-        let kernel = SampleKernel::new(ctx)
-            .map_err(|source| Error::Stream { action: "preparing the device sampler for", source })?;
-        let mut contexts = Contexts::new();
-        let mut zeroed = |what, bytes| device_zeroed(ctx.ordinal(), &mut contexts, what, bytes);
+        let (mut device, kernel) = OnDevice::with_kernel(
+            program,
+            "sampling on the device",
+            "preparing the device sampler for",
+            SampleKernel::new,
+        )?;
         let words = (vocab as usize).div_ceil(32);
         let mut sampler = DeviceSampler {
             kernel,
             params: *sampler.params(),
             vocab,
-            seen: zeroed("sampler's history", words * 4)?,
+            seen: device.zeroed("sampler's history", words * 4)?,
             seen_host: vec![0; words],
-            draws: zeroed("sampler's draw count", 4)?,
-            keys: zeroed("sampler's scratch", vocab as usize * 4)?,
-            token: zeroed("sampled token", 8)?,
+            draws: device.zeroed("sampler's draw count", 4)?,
+            keys: device.zeroed("sampler's scratch", vocab as usize * 4)?,
+            token: device.zeroed("sampled token", 8)?,
         };
         for &id in prompt {
             sampler.mark(id);
