@@ -28,6 +28,10 @@ use host_runtime::plugins::{Discovery, Registry};
 use host_runtime::program::{Error, Mode, Program};
 use sampling::{Params, Sampler};
 
+#[path = "support/sampler_params.rs"]
+mod sampler_params;
+use sampler_params::parameter_sets;
+
 const BACKEND: &str = "CountingBackend";
 const PROMPT: [i64; 3] = [3, 1, 4];
 const POSITIONS: usize = 12;
@@ -468,26 +472,6 @@ fn streamed(
 
 fn sampler(params: Params) -> Sampler {
     Sampler::new(params).expect("valid parameters")
-}
-
-/// The parameter sets the device's sampler is compared with the host's on: temperatures, every cut, the
-/// penalty both ways, greedy with a penalty (on the device: the argmax kernel), and a seed with high bits.
-fn parameter_sets() -> Vec<Params> {
-    vec![
-        Params { temperature: 1.0, seed: 1, ..Params::default() },
-        Params { temperature: 0.7, top_k: 50, top_p: 0.9, seed: 7, ..Params::default() },
-        Params { temperature: 1.3, min_p: 0.05, repetition_penalty: 1.3, seed: 42, ..Params::default() },
-        Params { temperature: 0.0, repetition_penalty: 1.5, ..Params::default() },
-        Params {
-            temperature: 2.0,
-            top_k: 1024,
-            top_p: 0.5,
-            repetition_penalty: 0.8,
-            seed: u64::MAX - 5,
-            ..Params::default()
-        },
-        Params { temperature: 0.5, top_k: 3, seed: 3, ..Params::default() },
-    ]
 }
 
 /// For a seed and parameters, the device loop's sampler kernel draws the tokens the host loop's

@@ -13,6 +13,9 @@ use std::process::Command;
 
 use sampling::{Params, Sampler};
 
+#[path = "support/sampler_params.rs"]
+mod sampler_params;
+
 /// One draw: the row, the parameters, the history and the step.
 struct Case {
     logits: Vec<f32>,
@@ -31,24 +34,15 @@ fn next(state: &mut u64) -> u64 {
     *state
 }
 
-fn parameter_sets() -> [Params; 8] {
-    [
-        Params { temperature: 1.0, seed: 1, ..Params::default() },
-        Params { temperature: 0.7, top_k: 50, top_p: 0.9, seed: 7, ..Params::default() },
-        Params { temperature: 1.3, min_p: 0.05, repetition_penalty: 1.3, seed: 42, ..Params::default() },
-        Params { temperature: 0.0, repetition_penalty: 1.5, ..Params::default() },
-        Params {
-            temperature: 2.0,
-            top_k: 1024,
-            top_p: 0.5,
-            repetition_penalty: 0.8,
-            seed: u64::MAX - 5,
-            ..Params::default()
-        },
-        Params { temperature: 0.5, top_k: 3, seed: 3, ..Params::default() },
+/// The device loop's parameter sets, and two more cuts: a single candidate, and a wide nucleus under a
+/// high floor.
+fn parameter_sets() -> Vec<Params> {
+    let mut sets = sampler_params::parameter_sets();
+    sets.extend([
         Params { temperature: 1.0, top_k: 1, seed: 5, ..Params::default() },
         Params { temperature: 3.0, top_p: 0.99, min_p: 0.2, seed: 99, ..Params::default() },
-    ]
+    ]);
+    sets
 }
 
 /// A row of `vocab` logits of `kind`: 0 ties (41 levels), 1 distinct, 2 NaNs and negative infinities among
