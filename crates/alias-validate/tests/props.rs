@@ -11,6 +11,10 @@ use blob_format::model::{Alias, AliasKind, Binding, DType, Dim, Header, PayloadK
 use proptest::prelude::*;
 use proptest::sample::Index;
 
+#[path = "support/data_engine.rs"]
+mod data_engine;
+use data_engine::DataEngine;
+
 /// A small name pool, so that collisions (duplicates, aliases that resolve, engine/blob overlap) are common.
 const NAMES: [&str; 6] = ["a", "b", "c", "k", "k_out", "v"];
 
@@ -99,26 +103,6 @@ fn header() -> impl Strategy<Value = Header> {
 fn names_by_role(bindings: &[Binding]) -> (Vec<String>, Vec<String>) {
     let of = |role| bindings.iter().filter(|b| b.role == role).map(|b| b.name.clone()).collect::<Vec<_>>();
     (of(Role::Output), of(Role::Input))
-}
-
-/// An engine described by data (arbitrary, possibly inconsistent: a buggy engine library must not panic us).
-#[derive(Debug, Clone)]
-struct DataEngine {
-    tensors: Vec<EngineTensor>,
-    aliases: Vec<(String, String)>,
-    reports_aliases: bool,
-}
-
-impl EngineIntrospect for DataEngine {
-    fn tensors(&self) -> Vec<EngineTensor> {
-        self.tensors.clone()
-    }
-    fn reports_aliases(&self) -> bool {
-        self.reports_aliases
-    }
-    fn aliased_input(&self, output: &str) -> Option<String> {
-        self.aliases.iter().find(|(o, _)| o == output).map(|(_, input)| input.clone())
-    }
 }
 
 fn engine() -> impl Strategy<Value = DataEngine> {

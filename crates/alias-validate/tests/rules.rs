@@ -4,11 +4,14 @@
 
 use alias_validate::residency::{DirectAccess, MemoryKind};
 use alias_validate::{
-    validate_format, validate_with_engine, AliasPlan, AliasSource, EngineIntrospect, EngineTensor, Error,
-    ValidKind, Warning,
+    validate_format, validate_with_engine, AliasPlan, AliasSource, EngineTensor, Error, ValidKind, Warning,
 };
 use blob_format::model::{Alias, AliasKind, Binding, DType, Dim, Header, PayloadKind, Role};
 use et_error::{ErrorCode, HasErrorCode};
+
+#[path = "support/data_engine.rs"]
+mod data_engine;
+use data_engine::DataEngine;
 
 // ----- test data: headers and engines from text -----
 
@@ -85,13 +88,6 @@ fn header(bindings: &str, aliases: &str) -> Header {
     )
 }
 
-/// An engine described by data, as `trt-exec` or the reference delegate would report a real one.
-struct DataEngine {
-    tensors: Vec<EngineTensor>,
-    aliases: Vec<(String, String)>,
-    reports_aliases: bool,
-}
-
 /// Tensor lines (`out NAME ... aliases INPUT` marks the engine's own alias); a first line `no-alias-report`
 /// makes an engine library that cannot report aliases. A missing shape is a scalar (`[]`).
 fn engine(text: &str) -> DataEngine {
@@ -113,20 +109,6 @@ fn engine(text: &str) -> DataEngine {
         });
     }
     engine
-}
-
-impl EngineIntrospect for DataEngine {
-    fn tensors(&self) -> Vec<EngineTensor> {
-        self.tensors.clone()
-    }
-
-    fn reports_aliases(&self) -> bool {
-        self.reports_aliases
-    }
-
-    fn aliased_input(&self, output: &str) -> Option<String> {
-        self.aliases.iter().find(|(o, _)| o == output).map(|(_, input)| input.clone())
-    }
 }
 
 // ----- rendering -----
