@@ -293,7 +293,7 @@ impl GraphBuilder {
         v: TensorId,
         position: TensorId,
     ) -> Result<TensorId, Error> {
-        self.op(name, |out| Op::CausalAttention { q, k, v, position, scale: None, softcap: None, out })
+        self.causal_attention_with(name, [q, k, v, position], AttentionOptions::default())
     }
 
     /// Causal attention with an explicit score `scale` (payload 1.3), see [`Op::CausalAttention`].
@@ -306,7 +306,11 @@ impl GraphBuilder {
         position: TensorId,
         scale: f32,
     ) -> Result<TensorId, Error> {
-        self.op(name, |out| Op::CausalAttention { q, k, v, position, scale: Some(scale), softcap: None, out })
+        self.causal_attention_with(
+            name,
+            [q, k, v, position],
+            AttentionOptions { scale: Some(scale), softcap: None },
+        )
     }
 
     /// Causal attention with explicit `options` (a score scale, logit soft-capping: payload 1.3 and 1.4),
