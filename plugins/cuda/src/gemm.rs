@@ -139,7 +139,7 @@ impl Expansion {
         let act = match norm {
             Some(norm) => {
                 let out = self.scratch(Role::Normed, dtype, rows * u64::from(k), dtypes);
-                parts.push(Part::Step(Step::Norm { input: a, out, rows: m, dim: k, norm }));
+                parts.push(Part::Step(Step::Norm { input: a, out, rows: m, dim: k, norm, residual: None }));
                 out
             }
             None => a,

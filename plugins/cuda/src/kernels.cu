@@ -120,7 +120,8 @@ extern "C" __global__ void add(AddP p) {
 }
 
 // RMS norm of each row, or LayerNorm (`centred`: the row's mean subtracted first, `plan::Norm`), times the
-// gains `w`, plus the bias `b` when set. Grid: rows; block: 256.
+// gains `w`, plus the bias `b` when set, then plus the residual `res` when set (the norm rounded to T first, as
+// the separate ops round: Gemma 2's post-norms). Grid: rows; block: 256.
 struct RmsP {
     const T* x;
     const T* w;
@@ -129,6 +130,7 @@ struct RmsP {
     int rows, dim;
     float eps;
     int centred;
+    const T* res;  // [rows, dim] added after the norm, or null
 };
 
 extern "C" __global__ void rms_norm(RmsP p) {
@@ -153,7 +155,8 @@ extern "C" __global__ void rms_norm(RmsP p) {
     const float inv = rsqrtf(ss / (float)p.dim + p.eps);
     for (int d = threadIdx.x; d < p.dim; d += blockDim.x) {
         const float y = (ld(p.x, base + d) - mean) * inv * ld(p.w, d);
-        st(p.out, base + d, p.b ? y + ld(p.b, d) : y);
+        const float z = p.b ? y + ld(p.b, d) : y;
+        st(p.out, base + d, p.res ? rnd(z) + ld(p.res, base + d) : z);
     }
 }
 

@@ -83,6 +83,7 @@ pub struct RmsP {
     pub dim: i32,
     pub eps: f32,
     pub centred: i32,
+    pub res: DevicePtr,
 }
 
 /// `GemvP` (`kernels/linear.cu`).

@@ -24,7 +24,8 @@
 //!   - a `MatMul` whose output only feeds the next op, an `Add` of equal shapes with it, becomes a GEMV with a
 //!     residual (the attention output projection and the residual stream), and with a second one when the
 //!     sum only feeds such an `Add` too (a parallel residual's `x + attn + mlp`);
-//!   - an `RmsNorm` whose output only the next GEMV reads is done inside that GEMV, and so is LayerNorm,
+//!   - an `RmsNorm` whose output only the next GEMV reads is done inside that GEMV (one that only a residual
+//!     add of its shape reads adds the residual itself: Gemma 2's post-norms), and so is LayerNorm,
 //!     which an export spells `rms_norm(x - mean(x))`, optionally plus a constant bias ([`Norm`]), or in a
 //!     half model in f32 between casts ([`layer_norm`]), and an RMS norm spelled in f32 ops, between casts
 //!     in a half model (Gemma 2's, [`rms_norm`]); a norm only products of several GEMVs read (a parallel
@@ -186,13 +187,16 @@ pub enum Step {
         out: TensorId,
         n: u64,
     },
-    /// `rows` rows of `dim` values normalised over the last axis (see [`Norm`]).
+    /// `rows` rows of `dim` values normalised over the last axis (see [`Norm`]), then `residual` added when
+    /// there is one (Gemma 2's post-norms, `x + norm(y)`: the norm rounded to its type first, as the separate
+    /// ops round).
     Norm {
         input: TensorId,
         out: TensorId,
         rows: u32,
         dim: u32,
         norm: Norm,
+        residual: Option<TensorId>,
     },
     /// `y[mat] = a . w[mat]` for each matrix (see [`GemvMat`]), `a` normalised first with `norm`.
     Gemv {

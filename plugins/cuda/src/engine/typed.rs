@@ -49,7 +49,7 @@ impl Engine {
                 cfg((n.div_ceil(256).clamp(1, 1024) as u32, 1, 1), 256, 0),
                 AddP { a: p(a), b: p(b), out: p(out), n: n as i64 },
             ),
-            Step::Norm { input, out, rows, dim, norm } => Launch::RmsNorm(
+            Step::Norm { input, out, rows, dim, norm, residual } => Launch::RmsNorm(
                 cfg((rows, 1, 1), 256, 0),
                 RmsP {
                     x: p(input),
@@ -60,6 +60,7 @@ impl Engine {
                     dim: dim as i32,
                     eps: norm.eps,
                     centred: i32::from(norm.centred),
+                    res: residual.map_or(0, p),
                 },
             ),
             Step::Gemv { .. } => self.gemv(step, float),

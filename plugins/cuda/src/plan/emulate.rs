@@ -121,12 +121,18 @@ impl<'g> Emulator<'g> {
                 let (x, y) = (self.get(*a).to_vec(), self.get(*b).to_vec());
                 (0..*n).for_each(|i| self.put(*out, i, x[i as usize] + y[i as usize]));
             }
-            Step::Norm { input, out, rows, dim, norm } => {
+            Step::Norm { input, out, rows, dim, norm, residual } => {
                 let x = self.get(*input).to_vec();
+                let res = residual.map(|r| self.get(r).to_vec());
+                let dtype = self.graph.tensor(*out).dtype;
                 let dim = *dim as usize;
                 for r in 0..*rows as usize {
                     let row = self.normalised(&x[r * dim..(r + 1) * dim], norm);
-                    (0..dim).for_each(|d| self.put(*out, (r * dim + d) as u64, row[d]));
+                    for (d, v) in row.into_iter().enumerate() {
+                        // The norm rounded to its type, then the residual's sum, as the two ops round.
+                        let v = res.as_ref().map_or(v, |res| round(v, dtype) + res[r * dim + d]);
+                        self.put(*out, (r * dim + d) as u64, v);
+                    }
                 }
             }
             Step::Gemv { .. } => self.gemv(step)?,

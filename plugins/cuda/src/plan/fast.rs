@@ -289,7 +289,9 @@ impl<'g> Lowering<'g> {
             Op::Add { a, b, out }
                 if self.shape(a) == self.shape(b) && Float::of(self.graph.tensor(out).dtype).is_some() =>
             {
-                self.steps.push(Step::Add { a, b, out, n: self.graph.tensor(out).numel() as u64 });
+                if !self.norm_residual(a, b, out) {
+                    self.steps.push(Step::Add { a, b, out, n: self.graph.tensor(out).numel() as u64 });
+                }
                 Ok(1)
             }
             Op::RmsNorm { input, weight, eps, out } => {

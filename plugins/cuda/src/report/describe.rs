@@ -14,8 +14,11 @@ impl Step {
             Step::Counters { sums } => format!("counters{}", sums.len()),
             Step::RopeTables { .. } => "rope_tables".to_owned(),
             Step::Add { .. } => "add".to_owned(),
-            Step::Norm { norm, .. } if norm.centred => "layer_norm".to_owned(),
-            Step::Norm { .. } => "rms_norm".to_owned(),
+            Step::Norm { norm, residual, .. } => format!(
+                "{}{}",
+                if norm.centred { "layer_norm" } else { "rms_norm" },
+                if residual.is_some() { "+residual" } else { "" }
+            ),
             Step::Binary { op, .. } => format!("b.{op:?}").to_lowercase(),
             Step::Unary { func, .. } => format!("{func:?}").to_lowercase(),
             Step::Mean { .. } => "mean".to_owned(),
@@ -105,7 +108,9 @@ impl Step {
             Step::Counters { sums } => sums.iter().map(|s| s.src).collect(),
             Step::RopeTables { position, inv_freq, .. } => vec![*position, *inv_freq],
             Step::Add { a, b, .. } | Step::Binary { a, b, .. } => vec![*a, *b],
-            Step::Norm { input, norm, .. } => [*input, norm.gain].into_iter().chain(norm.bias).collect(),
+            Step::Norm { input, norm, residual, .. } => {
+                [*input, norm.gain].into_iter().chain(norm.bias).chain(*residual).collect()
+            }
             Step::Argmax { input, .. }
             | Step::Unary { input, .. }
             | Step::Mean { input, .. }

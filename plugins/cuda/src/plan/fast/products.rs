@@ -127,8 +127,37 @@ impl Lowering<'_> {
         let dim = *self.shape(input).last().unwrap_or(&1);
         let rows = self.graph.tensor(input).numel() as u64 / dim.max(1);
         let (rows, dim) = (u32_of(rows, "rows")?, u32_of(dim, "width")?);
-        self.steps.push(Step::Norm { input, out, rows, dim, norm });
+        self.steps.push(Step::Norm { input, out, rows, dim, norm, residual: None });
         Ok(())
+    }
+
+    /// When the last step is a norm without a residual whose output `t` only `out = t + x` reads (one shape
+    /// and type, `x` another value): the norm adds `x` itself and writes `out` (Gemma 2's post-norms, one
+    /// launch fewer each). Whether it did.
+    pub(super) fn norm_residual(&mut self, a: TensorId, b: TensorId, out: TensorId) -> bool {
+        let Some(&Step::Norm { out: t, residual: None, .. }) = self.steps.last() else { return false };
+        let x = if self.same(a, t) {
+            b
+        } else if self.same(b, t) {
+            a
+        } else {
+            return false;
+        };
+        let alike = |id: TensorId| {
+            let (u, v) = (self.graph.tensor(id), self.graph.tensor(t));
+            u.shape == v.shape && u.dtype == v.dtype
+        };
+        if self.same(x, t) || !alike(x) || !alike(out) || !self.private(t) {
+            return false;
+        }
+        let Some(Step::Norm { out: o, residual, .. }) = self.steps.last_mut() else {
+            unreachable!("matched above")
+        };
+        *o = out;
+        *residual = Some(x);
+        // Never written or read: the norm stores the sum.
+        self.rehome(t, out);
+        true
     }
 
     /// When the last step is a norm (RMS or LayerNorm) whose output only the `readers` products read, it is
@@ -138,7 +167,9 @@ impl Lowering<'_> {
         if let Some(&(_, input, norm)) = self.shared_norms.iter().find(|&&(h, ..)| self.same(h, a)) {
             return (input, Some(norm));
         }
-        let Some(&Step::Norm { input, out: h, norm, .. }) = self.steps.last() else { return (a, None) };
+        let Some(&Step::Norm { input, out: h, norm, residual: None, .. }) = self.steps.last() else {
+            return (a, None);
+        };
         if !self.same(h, a) || self.is_output(h) {
             return (a, None);
         }
