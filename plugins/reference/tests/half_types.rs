@@ -1,68 +1,14 @@
 //! f16 and bf16 graphs on this delegate (issue 18): supported from the header, computed in f32 with each
 //! op's result rounded to the graph's type, caches updated in place with their type's alignment.
 
-use blob_format::model::{Binding, Dim, Header, PayloadKind, Role};
 use delegate_abi::host::ArgList;
-use delegate_abi::{
-    Compatibility, DTypeCode, Delegate, DelegateError, ErrorCode, ExecStats, ExecuteArgs, InitContext,
-    MemoryKind,
-};
-use ref_graph::{ElemType, Graph, GraphBuilder};
-use reference_delegate::{ReferenceDelegate, ReferenceHandle, BACKEND_ID};
+use delegate_abi::{Compatibility, DTypeCode, Delegate, ErrorCode, MemoryKind};
+use ref_graph::{ElemType, GraphBuilder};
+use reference_delegate::ReferenceDelegate;
 
-/// A blob of `graph` whose bindings are `inputs` then `outputs`, each with the graph's own dtype and shape.
-fn plain_blob(graph: &Graph, inputs: &[&str], outputs: &[&str]) -> Vec<u8> {
-    let bind = |name: &&str, role| {
-        let decl = graph.tensor(graph.find(name).expect("declared"));
-        let shape = decl.shape.iter().map(|&d| Dim::Static(d)).collect();
-        Binding {
-            name: name.to_string(),
-            role,
-            dtype: Some(decl.dtype.dtype()),
-            shape: Some(shape),
-            threaded: true,
-        }
-    };
-    let mut bindings: Vec<Binding> = inputs.iter().map(|n| bind(n, Role::Input)).collect();
-    bindings.extend(outputs.iter().map(|n| bind(n, Role::Output)));
-    let header = Header {
-        producer: None,
-        backend_id: BACKEND_ID.to_owned(),
-        payload_kind: PayloadKind::ReferenceGraph,
-        bindings,
-        aliases: vec![],
-        device_id: 0,
-        hardware_compatible: false,
-        hardware_target: None,
-        engine_library_version: None,
-        engine_metadata: None,
-    };
-    blob_format::native::to_vec(&header, &graph.encode())
-}
-
-fn init(delegate: &ReferenceDelegate, blob: &[u8]) -> Result<ReferenceHandle, DelegateError> {
-    delegate.init(InitContext { blob, compile_specs: &[], runtime_specs: &[] })
-}
-
-fn run_list(
-    delegate: &ReferenceDelegate,
-    handle: &mut ReferenceHandle,
-    list: &ArgList<'_>,
-) -> Result<ExecStats, DelegateError> {
-    let mut stats = ExecStats::default();
-    // SAFETY: `ArgList` built every argument from live Rust borrows (shared for inputs, exclusive for inouts
-    // and outputs) that outlive this call, and shares storage only between an inout and its in-place output,
-    // at the same address and size: exactly `ExecuteArgs::new`'s contract.
-    let mut args = unsafe { ExecuteArgs::new(list.as_slice(), None, &mut stats) };
-    delegate.execute(handle, &mut args)?;
-    Ok(stats)
-}
-
-fn expect_code(result: Result<impl std::fmt::Debug, DelegateError>, code: ErrorCode, fragment: &str) {
-    let err = result.expect_err("the call is wrong");
-    assert_eq!(err.code, code, "{err}");
-    assert!(err.message.contains(fragment), "'{}' does not contain '{fragment}'", err.message);
-}
+#[path = "support/calls.rs"]
+mod calls;
+use calls::{expect_code, init, plain_blob, run_list};
 
 /// f16 and bf16 blobs are this delegate's too (issue 18): supported from the header, and run in f32 with each
 /// op's result rounded to the graph's type. `y = x * w + x` with an f16 (bf16) constant `w`: each product and

@@ -13,12 +13,16 @@
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
 
-use blob_format::model::{Alias, AliasKind, Binding, Dim, Header, PayloadKind, Role};
+use blob_format::model::{Alias, AliasKind, Role};
 use delegate_abi::host::ArgList;
 use delegate_abi::{Compatibility, DTypeCode, Delegate, ExecStats, ExecuteArgs, InitContext, MemoryKind};
 use ref_graph::half::{bf16, f16};
 use ref_graph::{ElemType, Graph, GraphBuilder, MatMulOptions, TensorId, UnaryFn};
-use reference_delegate::{ReferenceDelegate, ReferenceHandle, BACKEND_ID};
+use reference_delegate::{ReferenceDelegate, ReferenceHandle};
+
+#[path = "support/calls.rs"]
+mod calls;
+use calls::{graph_binding, graph_blob};
 
 const D: usize = 8;
 const HQ: usize = 4;
@@ -255,17 +259,7 @@ fn graph<E: Elt>(w: &Weights, rows: usize) -> Graph {
 }
 
 fn blob(graph: &Graph) -> Vec<u8> {
-    let binding = |name: &str, role| {
-        let decl = graph.tensor(graph.find(name).expect("declared"));
-        let shape = decl.shape.iter().map(|&d| Dim::Static(d)).collect();
-        Binding {
-            name: name.to_owned(),
-            role,
-            dtype: Some(decl.dtype.dtype()),
-            shape: Some(shape),
-            threaded: true,
-        }
-    };
+    let binding = |name, role| graph_binding(graph, name, role);
     let inputs = ["input_ids", "input_pos", "k_cache", "v_cache"].map(|n| binding(n, Role::Input));
     let outputs = ["k_cache_out", "v_cache_out", "logits", "next"].map(|n| binding(n, Role::Output));
     let alias = |kv: &str| Alias {
@@ -273,19 +267,7 @@ fn blob(graph: &Graph) -> Vec<u8> {
         input: format!("{kv}_cache"),
         kind: AliasKind::KvCacheUpdate,
     };
-    let header = Header {
-        producer: None,
-        backend_id: BACKEND_ID.to_owned(),
-        payload_kind: PayloadKind::ReferenceGraph,
-        bindings: inputs.into_iter().chain(outputs).collect(),
-        aliases: vec![alias("k"), alias("v")],
-        device_id: 0,
-        hardware_compatible: false,
-        hardware_target: None,
-        engine_library_version: None,
-        engine_metadata: None,
-    };
-    blob_format::native::to_vec(&header, &graph.encode())
+    graph_blob(graph, inputs.into_iter().chain(outputs).collect(), vec![alias("k"), alias("v")])
 }
 
 /// Counts the calling thread's allocations while its `COUNTING` flag is set: a call must make none.

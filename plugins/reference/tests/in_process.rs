@@ -4,11 +4,14 @@
 use blob_format::model::{Alias, AliasKind, Binding, DType, Dim, Header, PayloadKind, Producer, Role};
 use delegate_abi::host::ArgList;
 use delegate_abi::{
-    Compatibility, DTypeCode, Delegate, DelegateError, ErrorCode, ExecStats, ExecuteArgs, InitContext,
-    MemoryKind,
+    Compatibility, DTypeCode, Delegate, DelegateError, ErrorCode, ExecStats, InitContext, MemoryKind,
 };
 use ref_graph::{ElemType, Graph, GraphBuilder};
 use reference_delegate::{ReferenceDelegate, ReferenceHandle, BACKEND_ID};
+
+#[path = "support/calls.rs"]
+mod calls;
+use calls::{expect_code, init, plain_blob, run_list};
 
 const VOCAB: u64 = 5;
 const HEADS: u64 = 1;
@@ -104,10 +107,6 @@ fn blob_with(header: &Header, rows: u64) -> Vec<u8> {
     blob_format::native::to_vec(header, &graph(rows).encode())
 }
 
-fn init(delegate: &ReferenceDelegate, blob: &[u8]) -> Result<ReferenceHandle, DelegateError> {
-    delegate.init(InitContext { blob, compile_specs: &[], runtime_specs: &[] })
-}
-
 /// Caller-owned state: the two caches, separate output slots (used in copy-back mode) and the logits.
 struct State {
     k: Vec<f32>,
@@ -165,20 +164,6 @@ fn step(
     list.push_output(bytemuck::cast_slice_mut(&mut state.logits), f32, &[rows, VOCAB as i64], host)
         .expect("sized");
     run_list(delegate, handle, &list)
-}
-
-fn run_list(
-    delegate: &ReferenceDelegate,
-    handle: &mut ReferenceHandle,
-    list: &ArgList<'_>,
-) -> Result<ExecStats, DelegateError> {
-    let mut stats = ExecStats::default();
-    // SAFETY: `ArgList` built every argument from live Rust borrows (shared for inputs, exclusive for inouts
-    // and outputs) that outlive this call, and shares storage only between an inout and its in-place output,
-    // at the same address and size: exactly `ExecuteArgs::new`'s contract.
-    let mut args = unsafe { ExecuteArgs::new(list.as_slice(), None, &mut stats) };
-    delegate.execute(handle, &mut args)?;
-    Ok(stats)
 }
 
 /// Pushes the one-row graph's two inputs: `tokens` and `input_pos`, each `i64 [1]` in host memory.
@@ -290,12 +275,6 @@ fn prefill_and_decode_instances_share_the_callers_cache() {
     step(&delegate, &mut decode, &mut shared, &[4], 3, Slots::InPlace).expect("decode after prefill");
     assert!(row(&shared.k, 3).iter().all(|&x| x != 0.0));
     assert!(close(&shared.k[..3 * HEAD_DIM as usize], &one_by_one.k[..3 * HEAD_DIM as usize]));
-}
-
-fn expect_code(result: Result<impl std::fmt::Debug, DelegateError>, code: ErrorCode, fragment: &str) {
-    let err = result.expect_err("the call is wrong");
-    assert_eq!(err.code, code, "{err}");
-    assert!(err.message.contains(fragment), "'{}' does not contain '{fragment}'", err.message);
 }
 
 #[test]
@@ -512,18 +491,6 @@ fn the_exported_plugin_gives_the_same_results_through_the_abi() {
     assert_eq!(err.code, ErrorCode::InvalidArgument);
     assert!(err.message.contains("the call has 1 arguments, but this blob binds 7"), "{err}");
     assert!(plugin.poisoned().is_none());
-}
-
-/// A blob of `graph` whose bindings are `inputs` then `outputs`, each with the graph's own dtype and shape.
-fn plain_blob(graph: &Graph, inputs: &[&str], outputs: &[&str]) -> Vec<u8> {
-    let bind = |name: &&str, role| {
-        let decl = graph.tensor(graph.find(name).expect("declared"));
-        binding(name, role, decl.dtype.dtype(), &decl.shape)
-    };
-    let mut bindings: Vec<Binding> = inputs.iter().map(|n| bind(n, Role::Input)).collect();
-    bindings.extend(outputs.iter().map(|n| bind(n, Role::Output)));
-    let header = Header { bindings, aliases: vec![], ..header(1) };
-    blob_format::native::to_vec(&header, &graph.encode())
 }
 
 #[test]
