@@ -141,14 +141,7 @@ fn a_manifest_without_max_positions_holds_what_its_caches_hold() {
 #[test]
 fn a_pte_without_max_seq_len_is_held_to_its_caches_rows() {
     let dir = tempfile::tempdir().expect("temp dir");
-    let mut spec = kv_pte::spec(false);
-    for method in &mut spec.methods {
-        for delegate in &mut method.delegates {
-            delegate.compile_specs.clear();
-        }
-    }
-    let path = dir.path().join("no_max_seq_len.pte");
-    std::fs::write(&path, spec.to_bytes()).expect("write");
+    let path = common::without_compile_specs(kv_pte::spec(false), &dir.path().join("no_max_seq_len.pte"));
     let cfg = kv_pte::config();
     let most = cfg.max_len - cfg.prompt_len();
     let line = run_error(&path, &["--prompt", "1,7,3,12", "--steps", &(most + 1).to_string()]);

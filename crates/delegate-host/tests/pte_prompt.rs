@@ -73,14 +73,7 @@ fn every_committed_fixture_runs_with_a_prompt_and_no_steps_until_its_caches_are_
 #[test]
 fn a_pte_without_max_seq_len_takes_the_default_from_its_caches_rows() {
     let dir = tempfile::tempdir().expect("temp dir");
-    let mut spec = kv_pte::spec(false);
-    for method in &mut spec.methods {
-        for delegate in &mut method.delegates {
-            delegate.compile_specs.clear();
-        }
-    }
-    let path = dir.path().join("no_max_seq_len.pte");
-    std::fs::write(&path, spec.to_bytes()).expect("write");
+    let path = common::without_compile_specs(kv_pte::spec(false), &dir.path().join("no_max_seq_len.pte"));
     let report = run_default(&path);
     let cfg = kv_pte::config();
     let steps = cfg.max_len - cfg.prompt_len();

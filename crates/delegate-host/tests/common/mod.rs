@@ -5,6 +5,7 @@
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
+use pte_format::testing::ProgramSpec;
 use serde_json::Value;
 
 /// `delegate-host` as built for these tests.
@@ -74,4 +75,16 @@ pub fn test_plugin_dir() -> PathBuf {
 /// `libstem.so` (the platform's library file name).
 pub fn dylib(stem: &str) -> String {
     format!("{}{stem}{}", std::env::consts::DLL_PREFIX, std::env::consts::DLL_SUFFIX)
+}
+
+/// `spec` with every delegate's compile specs cleared (a .pte without `max_seq_len`, so the host falls back
+/// on its caches' rows), written to `path`; returns `path`.
+pub fn without_compile_specs(mut spec: ProgramSpec, path: &Path) -> PathBuf {
+    for method in &mut spec.methods {
+        for delegate in &mut method.delegates {
+            delegate.compile_specs.clear();
+        }
+    }
+    std::fs::write(path, spec.to_bytes()).expect("write the .pte");
+    path.to_owned()
 }
