@@ -15,6 +15,14 @@ fn refusal(result: Result<TensorId, Error>) -> String {
     message.split_once("): ").map_or(message.clone(), |(_, detail)| detail.to_owned())
 }
 
+/// Asserts each refused op's message, without the `op N (name): ` prefix: one row a refusal, in order.
+#[track_caller]
+fn assert_refusals<const N: usize>(cases: [(Result<TensorId, Error>, &str); N]) {
+    for (row, (result, expected)) in cases.into_iter().enumerate() {
+        assert_eq!(refusal(result), expected, "refusal {row}");
+    }
+}
+
 /// The dtype and shape the builder inferred for the output of `b.op(..)`.
 macro_rules! typed {
     ($b:ident . $($call:tt)*) => {{
@@ -49,18 +57,14 @@ fn gather_takes_indices_of_any_rank() {
     ]);
     assert_eq!(typed!(b.gather("x", t, ids)), (F32, vec![1, 4, 3]));
     assert_eq!(typed!(b.gather("x16", t16, ids)), (Bf16, vec![1, 4, 3]));
-    assert_eq!(
-        refusal(b.gather("y", t, s)),
-        "operand 'indices' ('s') is i64 [], expected i64 of rank at least 1"
-    );
-    assert_eq!(
-        refusal(b.gather("y", t, f)),
-        "operand 'indices' ('f') is f32 [2], expected i64 of rank at least 1"
-    );
-    assert_eq!(
-        refusal(b.gather("y", ids, ids)),
-        "operand 'table' ('ids') is i64 [1, 4], expected f32, f16 or bf16 of rank 2"
-    );
+    assert_refusals([
+        (b.gather("y", t, s), "operand 'indices' ('s') is i64 [], expected i64 of rank at least 1"),
+        (b.gather("y", t, f), "operand 'indices' ('f') is f32 [2], expected i64 of rank at least 1"),
+        (
+            b.gather("y", ids, ids),
+            "operand 'table' ('ids') is i64 [1, 4], expected f32, f16 or bf16 of rank 2",
+        ),
+    ]);
 }
 
 #[test]
@@ -77,27 +81,23 @@ fn mat_mul_takes_leading_rows_a_transposed_weight_and_a_bias() {
     assert_eq!(typed!(b.mat_mul("y", a, w)), (F32, vec![2, 3, 5]));
     let linear = MatMulOptions { transpose_b: true, bias: Some(bias) };
     assert_eq!(typed!(b.mat_mul_with("z", a, wt, linear)), (F32, vec![2, 3, 5]));
-    assert_eq!(
-        refusal(b.mat_mul_with("e", a, w, MatMulOptions { transpose_b: true, bias: None })),
-        "inner extents differ: 'a' is [2, 3, 4] and 'w' is [4, 5] (transposed: [N, K])"
-    );
-    assert_eq!(
-        refusal(b.mat_mul_with("e", a, wt, MatMulOptions { transpose_b: true, bias: Some(bias4) })),
-        "operand 'bias' ('bias4') is f32 [4], expected [5] (the output columns of 'wt' [5, 4])"
-    );
-    assert_eq!(
-        refusal(b.mat_mul_with("e", a, w, MatMulOptions { transpose_b: false, bias: Some(b16) })),
-        "operand 'bias' ('b16') is f16, but operand 'a' ('a') is f32: the float operands of one op share one \
-         float type"
-    );
-    assert_eq!(
-        refusal(b.mat_mul("e", v, w)),
-        "operand 'a' ('v') is f32 [4], expected f32, f16 or bf16 of rank at least 2"
-    );
-    assert_eq!(
-        refusal(b.mat_mul("e", a, a)),
-        "operand 'b' ('a') is f32 [2, 3, 4], expected f32, f16 or bf16 of rank 2"
-    );
+    assert_refusals([
+        (
+            b.mat_mul_with("e", a, w, MatMulOptions { transpose_b: true, bias: None }),
+            "inner extents differ: 'a' is [2, 3, 4] and 'w' is [4, 5] (transposed: [N, K])",
+        ),
+        (
+            b.mat_mul_with("e", a, wt, MatMulOptions { transpose_b: true, bias: Some(bias4) }),
+            "operand 'bias' ('bias4') is f32 [4], expected [5] (the output columns of 'wt' [5, 4])",
+        ),
+        (
+            b.mat_mul_with("e", a, w, MatMulOptions { transpose_b: false, bias: Some(b16) }),
+            "operand 'bias' ('b16') is f16, but operand 'a' ('a') is f32: the float operands of one op share \
+             one float type",
+        ),
+        (b.mat_mul("e", v, w), "operand 'a' ('v') is f32 [4], expected f32, f16 or bf16 of rank at least 2"),
+        (b.mat_mul("e", a, a), "operand 'b' ('a') is f32 [2, 3, 4], expected f32, f16 or bf16 of rank 2"),
+    ]);
 }
 
 #[test]
@@ -119,17 +119,20 @@ fn elementwise_ops_broadcast_and_take_one_element_type() {
     assert_eq!(typed!(b.div("d", z, eps)), (F32, vec![3, 4]));
     assert_eq!(refusal(b.add("e", x, q)), "shapes do not broadcast: 'x' is [2, 1, 4] and 'q' is [5]");
     assert_eq!(typed!(b.div("d2", y, q)), (F32, vec![3, 5]), "[3, 1] / [5]: both stretch");
-    assert_eq!(
-        refusal(b.sub("e", i, x)),
-        "operand 'b' ('x') is f32 [2, 1, 4], but operand 'a' ('i') is i64: both operands have one element type"
-    );
-    assert_eq!(refusal(b.add("e", x, i)), "operand 'b' ('i') is i64 [1], expected f32, f16 or bf16");
-    assert_eq!(refusal(b.div("e", i, j)), "operand 'a' ('i') is i64 [1], expected f32, f16 or bf16");
-    assert_eq!(
-        refusal(b.mul("e", x, h)),
-        "operand 'b' ('h') is bf16, but operand 'a' ('x') is f32: the float operands of one op share one float \
-         type"
-    );
+    assert_refusals([
+        (
+            b.sub("e", i, x),
+            "operand 'b' ('x') is f32 [2, 1, 4], but operand 'a' ('i') is i64: both operands have one \
+             element type",
+        ),
+        (b.add("e", x, i), "operand 'b' ('i') is i64 [1], expected f32, f16 or bf16"),
+        (b.div("e", i, j), "operand 'a' ('i') is i64 [1], expected f32, f16 or bf16"),
+        (
+            b.mul("e", x, h),
+            "operand 'b' ('h') is bf16, but operand 'a' ('x') is f32: the float operands of one op share one \
+             float type",
+        ),
+    ]);
 }
 
 #[test]
@@ -183,15 +186,11 @@ fn slice_cuts_a_non_empty_range_of_one_axis() {
     let (mut b, [x]) = with_inputs([("x", I64, &[2, 6])]);
     assert_eq!(typed!(b.slice("s", x, 1, 2, 5)), (I64, vec![2, 3]));
     assert_eq!(typed!(b.slice("s0", x, 0, 1, 2)), (I64, vec![1, 6]));
-    assert_eq!(refusal(b.slice("e", x, 2, 0, 1)), "attribute 'axis' is 2, but 'x' [2, 6] has rank 2");
-    assert_eq!(
-        refusal(b.slice("e", x, 1, 3, 3)),
-        "slice 3..3 of axis 1 of 'x' [2, 6] is not within 0..6 and non-empty"
-    );
-    assert_eq!(
-        refusal(b.slice("e", x, 1, 4, 7)),
-        "slice 4..7 of axis 1 of 'x' [2, 6] is not within 0..6 and non-empty"
-    );
+    assert_refusals([
+        (b.slice("e", x, 2, 0, 1), "attribute 'axis' is 2, but 'x' [2, 6] has rank 2"),
+        (b.slice("e", x, 1, 3, 3), "slice 3..3 of axis 1 of 'x' [2, 6] is not within 0..6 and non-empty"),
+        (b.slice("e", x, 1, 4, 7), "slice 4..7 of axis 1 of 'x' [2, 6] is not within 0..6 and non-empty"),
+    ]);
 }
 
 #[test]
@@ -205,19 +204,21 @@ fn concat_joins_along_one_axis() {
     ]);
     assert_eq!(typed!(b.concat("c", x, y, 1)), (F32, vec![2, 7]));
     assert_eq!(typed!(b.concat("c0", y, z, 0)), (F32, vec![5, 4]));
-    assert_eq!(
-        refusal(b.concat("e", x, h, 1)),
-        "operand 'b' ('h') is f16, but operand 'a' ('x') is f32: concat joins one element type"
-    );
-    assert_eq!(
-        refusal(b.concat("e", x, z, 1)),
-        "'x' [2, 3] and 'z' [3, 4] differ in rank or in an extent other than axis 1"
-    );
-    assert_eq!(
-        refusal(b.concat("e", x, w, 1)),
-        "'x' [2, 3] and 'w' [2, 3, 1] differ in rank or in an extent other than axis 1"
-    );
-    assert_eq!(refusal(b.concat("e", x, y, 2)), "attribute 'axis' is 2, but 'x' [2, 3] has rank 2");
+    assert_refusals([
+        (
+            b.concat("e", x, h, 1),
+            "operand 'b' ('h') is f16, but operand 'a' ('x') is f32: concat joins one element type",
+        ),
+        (
+            b.concat("e", x, z, 1),
+            "'x' [2, 3] and 'z' [3, 4] differ in rank or in an extent other than axis 1",
+        ),
+        (
+            b.concat("e", x, w, 1),
+            "'x' [2, 3] and 'w' [2, 3, 1] differ in rank or in an extent other than axis 1",
+        ),
+        (b.concat("e", x, y, 2), "attribute 'axis' is 2, but 'x' [2, 3] has rank 2"),
+    ]);
 }
 
 #[test]
@@ -226,11 +227,10 @@ fn rms_norm_and_argmax_take_any_leading_axes() {
         with_inputs([("x", F32, &[1, 3, 4]), ("v", F32, &[4]), ("g", F32, &[4]), ("g3", F32, &[3])]);
     assert_eq!(typed!(b.rms_norm("n", x, g, 1e-6)), (F32, vec![1, 3, 4]));
     assert_eq!(typed!(b.rms_norm("n1", v, g, 1e-6)), (F32, vec![4]));
-    assert_eq!(refusal(b.rms_norm("e", x, g3, 1e-6)), "weight 'g3' has 3 columns, input 'x' has 4");
-    assert_eq!(
-        refusal(b.rms_norm("e", x, g, 0.0)),
-        "attribute 'eps' is 0, expected a finite positive number"
-    );
+    assert_refusals([
+        (b.rms_norm("e", x, g3, 1e-6), "weight 'g3' has 3 columns, input 'x' has 4"),
+        (b.rms_norm("e", x, g, 0.0), "attribute 'eps' is 0, expected a finite positive number"),
+    ]);
     assert_eq!(typed!(b.argmax("a", x)), (I64, vec![1]));
 }
 
@@ -250,28 +250,30 @@ fn kv_cache_update_takes_rank_4_caches_and_head_major_rows() {
     assert_eq!(typed!(b.kv_cache_update("u1", c4, tok, pos)), (F32, vec![1, 2, 8, 4]));
     assert_eq!(typed!(b.kv_cache_update("u2", c4, hm4, pos)), (F32, vec![1, 2, 8, 4]));
     assert_eq!(typed!(b.kv_cache_update("u3", c3, hm3, pos)), (F32, vec![2, 8, 4]));
-    assert_eq!(
-        refusal(b.kv_cache_update("e", c4, hm3, pos)),
-        "update 'hm3' is [2, 3, 4], but cache 'c4' [1, 2, 8, 4] takes token-major [T, 8] or head-major \
-         [1, 2, T, 4] rows with T <= 8"
-    );
-    assert_eq!(
-        refusal(b.kv_cache_update("e", c3, long, pos)),
-        "update 'long' is [9, 8], but cache 'c3' [2, 8, 4] takes token-major [T, 8] or head-major [2, T, 4] rows \
-         with T <= 8"
-    );
-    assert_eq!(
-        refusal(b.kv_cache_update("e", c4x2, tok, pos)),
-        "operand 'cache' ('c4x2') is f32 [2, 2, 8, 4], expected a cache [H, L, Dh] or [1, H, L, Dh]"
-    );
-    assert_eq!(
-        refusal(b.kv_cache_update("e", c2, tok, pos)),
-        "operand 'cache' ('c2') is f32 [8, 4], expected f32, f16 or bf16 of rank at least 3"
-    );
-    assert_eq!(
-        refusal(b.kv_cache_update("e", c3, hm3, tok)),
-        "operand 'position' ('tok') is f32 [3, 8], expected i64 of rank 1"
-    );
+    assert_refusals([
+        (
+            b.kv_cache_update("e", c4, hm3, pos),
+            "update 'hm3' is [2, 3, 4], but cache 'c4' [1, 2, 8, 4] takes token-major [T, 8] or head-major \
+             [1, 2, T, 4] rows with T <= 8",
+        ),
+        (
+            b.kv_cache_update("e", c3, long, pos),
+            "update 'long' is [9, 8], but cache 'c3' [2, 8, 4] takes token-major [T, 8] or head-major [2, T, \
+             4] rows with T <= 8",
+        ),
+        (
+            b.kv_cache_update("e", c4x2, tok, pos),
+            "operand 'cache' ('c4x2') is f32 [2, 2, 8, 4], expected a cache [H, L, Dh] or [1, H, L, Dh]",
+        ),
+        (
+            b.kv_cache_update("e", c2, tok, pos),
+            "operand 'cache' ('c2') is f32 [8, 4], expected f32, f16 or bf16 of rank at least 3",
+        ),
+        (
+            b.kv_cache_update("e", c3, hm3, tok),
+            "operand 'position' ('tok') is f32 [3, 8], expected i64 of rank 1",
+        ),
+    ]);
 }
 
 #[test]
@@ -302,22 +304,15 @@ fn causal_attention_takes_grouped_queries_head_major_layouts_and_a_scale() {
              queries with T <= 8"
         )
     };
-    assert_eq!(
-        refusal(b.causal_attention("e", q_cols, k3, k3, pos)),
-        layouts("q_cols", "[3, 10]", "[2, 8, 4]", "")
-    );
-    assert_eq!(
-        refusal(b.causal_attention("e", q_long, k3, k3, pos)),
-        layouts("q_long", "[9, 16]", "[2, 8, 4]", "")
-    );
-    assert_eq!(
-        refusal(b.causal_attention("e", q_hm3, k4, k4, pos)),
-        layouts("q_hm3", "[4, 3, 4]", "[1, 2, 8, 4]", "1, ")
-    );
-    assert_eq!(
-        refusal(b.causal_attention("e", q_tok, k3, v3x, pos)),
-        "caches differ: 'k3' is [2, 8, 4] and 'v3x' is [2, 7, 4]"
-    );
+    assert_refusals([
+        (b.causal_attention("e", q_cols, k3, k3, pos), &layouts("q_cols", "[3, 10]", "[2, 8, 4]", "")),
+        (b.causal_attention("e", q_long, k3, k3, pos), &layouts("q_long", "[9, 16]", "[2, 8, 4]", "")),
+        (b.causal_attention("e", q_hm3, k4, k4, pos), &layouts("q_hm3", "[4, 3, 4]", "[1, 2, 8, 4]", "1, ")),
+        (
+            b.causal_attention("e", q_tok, k3, v3x, pos),
+            "caches differ: 'k3' is [2, 8, 4] and 'v3x' is [2, 7, 4]",
+        ),
+    ]);
     for scale in [0.0, -1.0, f32::NAN, f32::INFINITY] {
         assert_eq!(
             refusal(b.causal_attention_scaled("e", q_tok, k3, k3, pos, scale)),
