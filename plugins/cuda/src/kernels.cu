@@ -63,7 +63,8 @@ __device__ __forceinline__ void ld_vec(const T* p, float* out) { cvt_vec(ld_raw(
 
 // ---------------------------------------------------------------------------------------------------------
 // Embedding: out[r, :] = table[idx[r], :] (+ table2[idx2[r], :] when `table2` is set: token plus position
-// embedding in one launch). Grid: rows. Ids outside the table zero the row and set ERR_TOKEN.
+// embedding in one launch; * scale[0] when `scale` is set: Gemma's `embed_scale`). Grid: rows. Ids outside the
+// table zero the row and set ERR_TOKEN.
 
 struct GatherP {
     const T* table;
@@ -73,6 +74,7 @@ struct GatherP {
     T* out;
     int* err;
     int rows, n, n2, dim;
+    const T* scale;  // one value, or null
 };
 
 extern "C" __global__ void gather(GatherP p) {
@@ -97,6 +99,7 @@ extern "C" __global__ void gather(GatherP p) {
         if (ok) {
             v = ld(p.table, id * p.dim + d);
             if (p.table2) v += ld(p.table2, id2 * p.dim + d);
+            if (p.scale) v *= ld(p.scale, 0);
         }
         st(p.out, (i64)r * p.dim + d, v);
     }

@@ -59,6 +59,7 @@ pub struct GatherP {
     pub n: i32,
     pub n2: i32,
     pub dim: i32,
+    pub scale: DevicePtr,
 }
 
 /// `AddP`.

@@ -157,6 +157,9 @@ pub enum Step {
         n: u32,
         dim: u32,
         plus: Option<PositionRows>,
+        /// A one-value constant of the table's type each row is multiplied by (Gemma's `embed_scale`), the
+        /// product rounded as the separate op rounds; never with `plus`.
+        scale: Option<TensorId>,
     },
     Positions {
         position: TensorId,

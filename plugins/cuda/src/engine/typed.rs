@@ -30,7 +30,7 @@ impl Engine {
         let err = self.err.device_ptr();
         let p = |id| self.p(id);
         let launch = match *step {
-            Step::Gather { table, indices, out, rows, n, dim, plus } => Launch::Gather(
+            Step::Gather { table, indices, out, rows, n, dim, plus, scale } => Launch::Gather(
                 cfg((rows, 1, 1), 256, 0),
                 GatherP {
                     table: p(table),
@@ -43,6 +43,7 @@ impl Engine {
                     n: n as i32,
                     n2: plus.map_or(0, |plus| plus.n as i32),
                     dim: dim as i32,
+                    scale: scale.map_or(0, p),
                 },
             ),
             Step::Add { a, b, out, n } => Launch::Add(

@@ -151,7 +151,7 @@ impl<'g> Emulator<'g> {
 
 impl Emulator<'_> {
     fn gather(&mut self, step: &Step) -> Result<(), &'static str> {
-        let Step::Gather { table, indices, out, rows, n, dim, plus } = *step else { unreachable!() };
+        let Step::Gather { table, indices, out, rows, n, dim, plus, scale } = *step else { unreachable!() };
         let (t, idx) = (self.get(table).to_vec(), self.get(indices).to_vec());
         let dim = dim as usize;
         for (r, &id) in idx.iter().enumerate().take(rows as usize) {
@@ -166,6 +166,10 @@ impl Emulator<'_> {
                 }
                 let t2 = self.get(plus.table);
                 row.iter_mut().enumerate().for_each(|(d, v)| *v += t2[id2 as usize * dim + d]);
+            }
+            if let Some(scale) = scale {
+                let factor = self.get(scale)[0];
+                row.iter_mut().for_each(|v| *v *= factor);
             }
             row.into_iter().enumerate().for_each(|(d, v)| self.put(out, (r * dim + d) as u64, v));
         }

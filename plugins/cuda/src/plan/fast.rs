@@ -507,7 +507,8 @@ impl<'g> Lowering<'g> {
     }
 
     /// A gather; with the next three ops `positions`, a second gather of them and the sum of both, one
-    /// embedding launch (token rows plus the positions' rows).
+    /// embedding launch (token rows plus the positions' rows); else with a product by a scalar constant next
+    /// (Gemma's `embed_scale`), one launch of the scaled rows.
     fn gather(&mut self, p: usize) -> Result<usize, Unsupported> {
         let Some(&Op::Gather { table, indices, out }) = self.ahead(p, 0) else { unreachable!("a gather") };
         let t = self.shape(table);
@@ -534,6 +535,12 @@ impl<'g> Lowering<'g> {
                 taken = 4;
             }
         }
+        let mut scale = None;
+        if let (None, Some((factor, scaled))) = (plus, self.embedding_scale(p, out)) {
+            // Never written or read: the launch stores the scaled rows.
+            self.rehome(out, scaled);
+            (out, scale, taken) = (scaled, Some(factor), 2);
+        }
         self.steps.push(Step::Gather {
             table,
             indices,
@@ -542,6 +549,7 @@ impl<'g> Lowering<'g> {
             n: u32_of(t[0], "table rows")?,
             dim: u32_of(dim, "table width")?,
             plus,
+            scale,
         });
         Ok(taken)
     }

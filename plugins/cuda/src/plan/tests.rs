@@ -620,6 +620,9 @@ fn real_exports_reach_the_fused_launches() {
             let report = crate::report::PlanReport::of_graph(&graph).expect("a report");
             let layer = |i| report.launches.iter().filter(|l| l.layer == Some(i)).count();
             assert_eq!([layer(0), layer(1)], launches, "{name}: {all:?}");
+            // The embedding scaled in its gather, once before the first layer.
+            assert_eq!(parts.prologue, ["rope_tables", "counters2"], "{name}: {all:?}");
+            assert_eq!(all[2], "gather+scale", "{name}: {all:?}");
             continue;
         }
         let layers: Vec<String> = if name.starts_with("starcoder2") {

@@ -9,6 +9,7 @@ impl Step {
     pub(crate) fn label(&self) -> String {
         match self {
             Step::Gather { plus: Some(_), .. } => "embedding".to_owned(),
+            Step::Gather { scale: Some(_), .. } => "gather+scale".to_owned(),
             Step::Gather { .. } => "gather".to_owned(),
             Step::Positions { .. } => "positions".to_owned(),
             Step::Counters { sums } => format!("counters{}", sums.len()),
@@ -84,9 +85,10 @@ impl Step {
     /// The tensors the launch reads (weights, gains and biases included).
     pub(crate) fn reads(&self) -> Vec<TensorId> {
         match self {
-            Step::Gather { table, indices, plus, .. } => {
+            Step::Gather { table, indices, plus, scale, .. } => {
                 let mut ids = vec![*table, *indices];
                 ids.extend(plus.iter().flat_map(|p| [p.table, p.position]));
+                ids.extend(*scale);
                 ids
             }
             Step::Gemv { a, norm, mats, cache_rows, rope, .. } => {

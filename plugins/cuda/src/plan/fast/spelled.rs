@@ -203,6 +203,21 @@ impl Lowering<'_> {
         Ok(Some(taken))
     }
 
+    /// When the op after the gather at `p` is `scaled = rows * c`, `rows` the gather's output (read only
+    /// there) and `c` a one-value constant of its type (Gemma's `embed_scale`, applied once before the first
+    /// layer): the constant and `scaled`.
+    pub(super) fn embedding_scale(&self, p: usize, rows: TensorId) -> Option<(TensorId, TensorId)> {
+        let at = *self.canon.order.get(p + 1)?;
+        let Op::Mul { a, b, out: scaled } = self.graph.ops()[at] else { return None };
+        let factor = if self.same(a, rows) { b } else { a };
+        let t = self.graph.tensor(factor);
+        let alike = |id: TensorId| self.graph.tensor(id).dtype == self.graph.tensor(rows).dtype;
+        let one_value = t.numel() == 1 && self.graph.constant(factor).is_some() && alike(factor);
+        let fits = self.shape(scaled) == self.shape(rows) && alike(scaled);
+        let operand = self.same(a, rows) || self.same(b, rows);
+        (!self.absorbed[at] && operand && one_value && fits && self.private(rows)).then_some((factor, scaled))
+    }
+
     /// `sigmoid(x)` at `p` and `x * sigmoid(x)` next (SiLU as the export decomposes it): one SiLU step.
     pub(super) fn silu_of_product(
         &mut self,

@@ -71,7 +71,8 @@ pub(crate) struct Parts {
 
 impl Parts {
     pub(crate) fn of(kinds: Vec<String>) -> Parts {
-        let embedding = kinds.iter().position(|k| k == "gather" || k == "embedding").expect("an embedding");
+        let embedding =
+            kinds.iter().position(|k| k.starts_with("gather") || k == "embedding").expect("an embedding");
         let logits = kinds.iter().rposition(|k| k.contains("gemv")).expect("the logits' product");
         let count = kinds.iter().filter(|k| *k == "attention").count();
         Parts {
