@@ -1,18 +1,20 @@
 //! Sources keep building: the plugin and embedder sources an out-of-tree author wrote from a release's docs,
 //! built against today's crates.
 //!
-//! Each `xtask/compat-sources/<version>/` holds crates written from that release's guides (a delegate library,
-//! its thin `cdylib`, an application embedding host-runtime), each its own package depending on this repository
-//! as the guide says, through `../kv-delegate/crates/...` paths. The gate copies them into a scratch directory
-//! beside a link named `kv-delegate` to this tree, gives each this tree's `Cargo.lock` (the same dependency
-//! versions), and builds each (`<target>/compat-sources`, kept between runs). The sources are never edited: a public change that
-//! breaks them fails the gate, and is kept compatible instead (a constructor for a growing struct, a replaced
+//! Each `xtask/compat-sources/<version>/` holds crates written from that release's guides (a delegate library, its
+//! thin `cdylib`, an application embedding host-runtime), each its own package depending on this repository as the
+//! guide says, through `../kv-delegate/crates/...` paths. The gate copies them into a scratch directory beside a
+//! link named `kv-delegate` to this tree, gives each this tree's `Cargo.lock` (the same dependency versions), and
+//! checks each (`cargo check`: the sources compile against today's public items, which is what the gate is about;
+//! nothing is linked, so the gate costs no binaries on disk) into `<target>/compat-sources`, kept between runs. A
+//! failure names the era and package and quotes the compiler's errors. The sources are never edited: a public change
+//! that breaks them fails the gate, and is kept compatible instead (a constructor for a growing struct, a replaced
 //! function kept one release as a `#[deprecated]` shim). Only a breaking release that declares the change
 //! (`declared-breaks.toml` or a `!` commit) retires a directory, and its CHANGELOG says how to migrate.
 
 use std::path::{Path, PathBuf};
 
-use anyhow::Context;
+use anyhow::{bail, Context};
 
 /// Where the sources are kept, relative to the workspace root.
 pub const DIR: &str = "xtask/compat-sources";
@@ -22,27 +24,45 @@ pub fn eras(root: &Path) -> anyhow::Result<Vec<(semver::Version, PathBuf)>> {
     super::versioned_dirs(&root.join(DIR), Path::is_dir)
 }
 
-/// Builds every era's sources against the tree at `root`; fails naming the first era that no longer builds.
+/// Checks every era's sources against the tree at `root`; fails naming the first era that no longer compiles,
+/// with the compiler's errors.
 pub fn check(root: &Path) -> anyhow::Result<()> {
     let target = crate::util::target_dir(root)?.join("compat-sources");
     for (version, dir) in eras(root)? {
+        // Outside the tree: inside it, cargo would take the copied packages for members of this workspace.
         let scratch = tempfile::Builder::new().prefix("compat-sources").tempdir()?;
         for package in lay_out(root, &dir, scratch.path())? {
-            let mut cmd = crate::util::cargo();
-            cmd.args(["build", "--manifest-path"])
-                .arg(package.join("Cargo.toml"))
-                .arg("--target-dir")
-                .arg(&target);
-            crate::util::run_cmd(&package, &mut cmd).with_context(|| {
+            let name = dir.join(package.file_name().unwrap_or_default());
+            let name = name.strip_prefix(root).unwrap_or(&name).display().to_string();
+            check_package(&package, &target).with_context(|| {
                 format!(
-                    "compat: {}, written from release {version}'s docs, no longer builds against this tree: keep \
-                     the public items it uses (a replaced function stays one release as a #[deprecated] shim), \
-                     or declare the break",
-                    dir.join(package.file_name().unwrap_or_default()).strip_prefix(root).unwrap_or(&dir).display()
+                    "compat: {name}, written from release {version}'s docs, no longer compiles against this \
+                     tree: keep the public items it uses (a replaced function stays one release as a \
+                     #[deprecated] shim), or declare the break"
                 )
             })?;
         }
-        eprintln!("compat: the sources written from release {version}'s docs build against this tree");
+        eprintln!("compat: the sources written from release {version}'s docs compile against this tree");
+    }
+    Ok(())
+}
+
+/// `cargo check` of one copied package into `target`; the compiler's error lines in the error when it fails
+/// (a log's tail then shows them, not only cargo's summary).
+fn check_package(package: &Path, target: &Path) -> anyhow::Result<()> {
+    let mut cmd = crate::util::cargo();
+    cmd.args(["check", "--message-format=short", "--manifest-path"])
+        .arg(package.join("Cargo.toml"))
+        .arg("--target-dir")
+        .arg(target)
+        .current_dir(package);
+    eprintln!("$ cargo check --manifest-path {}", package.join("Cargo.toml").display());
+    let output = cmd.output().context("cannot start cargo")?;
+    let log = String::from_utf8_lossy(&output.stderr);
+    eprint!("{log}");
+    if !output.status.success() {
+        let errors: Vec<&str> = log.lines().filter(|l| l.contains("error")).collect();
+        bail!("cargo check failed ({}):\n  {}", output.status, errors.join("\n  "));
     }
     Ok(())
 }
