@@ -12,6 +12,7 @@ use crate::{executorch_setup, nvrtc_setup, trt_setup};
 /// with the real plugin dylibs built first, then the Python tests (`python_test`: torch, executorch and
 /// transformers installed into `.cache/export-venv` on first use).
 pub fn run(root: &Path) -> anyhow::Result<()> {
+    let progress = Progress::new(root);
     run_cmd(root, cargo().args(["fmt", "--all", "--check"]))?;
     crate::codegen::run(root, true)?;
     let trt = trt_setup::ensure(root)?;
@@ -62,6 +63,7 @@ pub fn run(root: &Path) -> anyhow::Result<()> {
         root,
         with_trt(cargo()).args(["clippy", "--workspace", "--all-targets", "--", "-D", "warnings"]),
     )?;
+    progress.done("clippy");
     run_cmd(
         root,
         with_trt(cargo())
@@ -71,15 +73,19 @@ pub fn run(root: &Path) -> anyhow::Result<()> {
             // costs minutes on a loaded machine and says nothing a failing assertion does not.
             .env("RUST_BACKTRACE", "0"),
     )?;
+    progress.done("the workspace's tests");
     // The ExecuTorch side's tests (torch, executorch and transformers in .cache/export-venv; the packer and
     // et-run just built): the lowering checked against torch eager's tokens in ExecuTorch's runtime.
     crate::python_test::run(root, &with_trt)?;
     tensorrt_smoke(root, &with_trt)?;
+    progress.done("the Python tests and the TensorRT smoke test");
     // Release bundles built once, assembled twice and compared byte for byte; then the compatibility gate on
     // them (golden blobs, the previous release's plugins and host, symbols, changelog rule): `xtask-release`.
     on_demand::run_step(root, Tool::Release, &["compat", "--reproducible"])?;
+    progress.done("the release bundles and the compatibility gate");
     crate::leak_check::run(root)?;
     demo_in_another_target_dir(root)?;
+    progress.done("the leak check and the demo in another target directory");
     eprintln!("xtask test: all checks passed");
     Ok(())
 }
@@ -163,4 +169,48 @@ fn demo_in_another_target_dir(root: &Path) -> anyhow::Result<()> {
         elsewhere.display()
     );
     Ok(())
+}
+
+/// What a long run prints between its steps: the time so far and the space left on the target directory's
+/// disk (a clean run writes several target directories, and CI's disk is finite: a full disk shows here
+/// first, not as a linker's error in the middle of a step).
+struct Progress {
+    started: std::time::Instant,
+    target: Option<std::path::PathBuf>,
+}
+
+impl Progress {
+    fn new(root: &Path) -> Progress {
+        Progress { started: std::time::Instant::now(), target: target_dir(root).ok() }
+    }
+
+    fn done(&self, step: &str) {
+        let free = self.target.as_deref().and_then(free_gib);
+        let free = free.map_or_else(|| "unknown".to_owned(), |gib| format!("{gib:.1} GiB"));
+        eprintln!(
+            "xtask test: {step} passed ({:.0?} in all; free disk beside the target directory: {free})",
+            self.started.elapsed()
+        );
+    }
+}
+
+/// Free space on the file system holding `path`, from `df -Pk` (POSIX output, 1 KiB blocks); `None` where
+/// `df` is missing or prints something else.
+fn free_gib(path: &Path) -> Option<f64> {
+    let out = Command::new("df").arg("-Pk").arg(path).output().ok()?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    let available: f64 = text.lines().nth(1)?.split_whitespace().nth(3)?.parse().ok()?;
+    Some(available / (1024.0 * 1024.0))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn free_space_is_read_from_df() {
+        let free = free_gib(Path::new(".")).expect("df -Pk prints the free space of the current directory");
+        assert!(free > 0.0, "{free} GiB free");
+        assert_eq!(free_gib(Path::new("/no/such/dir/anywhere")), None);
+    }
 }
