@@ -51,8 +51,8 @@ fn run(args: Args) -> Result<String, String> {
     let started = std::time::Instant::now();
     let hollow = Hollow::read(&args.graph).map_err(|e| e.to_string())?;
     let shape = &hollow.shape;
-    if args.position >= shape.max_len {
-        return Err(format!("--position {} is outside the {}-row cache", args.position, shape.max_len));
+    if args.position >= shape.sizes.max_len {
+        return Err(format!("--position {} is outside the {}-row cache", args.position, shape.sizes.max_len));
     }
     let graph = hollow.fill(args.seed).map_err(|e| e.to_string())?;
     let build_s = started.elapsed().as_secs_f64();
@@ -67,21 +67,7 @@ fn run(args: Args) -> Result<String, String> {
     } else {
         support::decode::time_decode(&graph, args.position as i64, args.steps)?
     };
-    let sizes = support::report::Sizes {
-        name: shape.name.clone(),
-        layers: shape.layers,
-        dim: shape.dim,
-        heads: shape.heads,
-        kv_heads: shape.kv_heads,
-        head_dim: shape.head_dim,
-        ffn: shape.ffn,
-        vocab: shape.vocab,
-        max_len: shape.max_len,
-        dtype: shape.dtype.clone(),
-        tied: shape.tied,
-        bias: shape.bias,
-    };
-    Ok(support::report::json(&sizes, &graph, args.position, args.steps, &timed, build_s, extra))
+    Ok(support::report::json(&shape.sizes, &graph, args.position, args.steps, &timed, build_s, extra))
 }
 
 fn main() -> ExitCode {

@@ -59,8 +59,20 @@ impl HasErrorCode for Error {
 /// The model's sizes as the exporter wrote them (`bench_hf_decode`'s JSON keys).
 #[derive(Debug, Clone, Deserialize, serde::Serialize)]
 pub struct Shape {
-    pub name: String,
+    /// The sizes both decode benches report (`support::report::json`).
+    #[serde(flatten)]
+    pub sizes: Sizes,
+    /// The checkpoint it was exported from.
     pub model: String,
+    /// Its parameter count, as the exporter counted it.
+    pub parameters: u64,
+}
+
+/// A model's sizes: what a hollow graph's `shape` holds and what both decode benches describe the graph they
+/// time by (`support::report::Sizes`).
+#[derive(Debug, Clone, Deserialize, serde::Serialize)]
+pub struct Sizes {
+    pub name: String,
     pub layers: u64,
     pub dim: u64,
     pub heads: u64,
@@ -71,8 +83,8 @@ pub struct Shape {
     pub max_len: u64,
     pub dtype: String,
     pub tied: bool,
+    /// Q, K and V projections with biases (Qwen2).
     pub bias: bool,
-    pub parameters: u64,
 }
 
 #[derive(Deserialize)]

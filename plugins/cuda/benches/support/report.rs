@@ -5,22 +5,8 @@ use std::process::ExitCode;
 
 use ref_graph::Graph;
 
-/// A model's sizes, as both benches describe the graph they time.
-pub struct Sizes {
-    pub name: String,
-    pub layers: u64,
-    pub dim: u64,
-    pub heads: u64,
-    pub kv_heads: u64,
-    pub head_dim: u64,
-    pub ffn: u64,
-    pub vocab: u64,
-    pub max_len: u64,
-    pub dtype: String,
-    pub tied: bool,
-    /// Q, K and V projections with biases (Qwen2).
-    pub bias: bool,
-}
+/// A model's sizes, as both benches describe the graph they time (a hollow graph's file holds them too).
+pub use super::hollow::Sizes;
 
 /// The bench's JSON object for `graph` timed at `position`; `extra` adds keys of the bench's own.
 pub fn json(
