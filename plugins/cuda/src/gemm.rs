@@ -24,7 +24,7 @@ mod tests;
 
 use ref_graph::{ElemType, TensorId, UnaryFn};
 
-use crate::plan::{BinOp, Float, GemvMat, KvLayout, Plan, Step, Walk};
+use crate::plan::{BinOp, Float, GemvMat, KvLayout, Plan, Softcap, Step, Walk};
 
 /// Fewest rows a GEMV step computes for its products to run as GEMMs. Every step of more than one row: the
 /// GEMV kernel reads each weight row once per activation row (its blocks of one row run before the next
@@ -125,7 +125,8 @@ impl Expansion {
             return None;
         }
         // `early` only concerns the GEMV kernel's prologue; `rope` is `None` (`routes`).
-        let Step::Gemv { a, norm, ref mats, cache_rows, m, k, early: _, glu, rope: _, activation } = *step
+        let Step::Gemv { a, norm, ref mats, cache_rows, m, k, early: _, glu, rope: _, activation, softcap } =
+            *step
         else {
             return None;
         };
@@ -181,6 +182,9 @@ impl Expansion {
             for res in [residual, residual2].into_iter().flatten() {
                 parts.push(Part::Step(Step::Add { a: y, b: res, out: y, n: elems }));
             }
+            if let Some(cap) = softcap {
+                parts.extend(softcap_steps(y, cap, elems, dtype).map(Part::Step));
+            }
         };
         if let Some(out) = glu {
             // `fuse_glu` puts the gate first; neither has a residual or a cache.
@@ -217,6 +221,18 @@ impl Expansion {
         }
         Some(parts)
     }
+}
+
+/// A product's soft-capping in place as its three ops: `y / divisor`, `tanh`, `* factor` (the constants
+/// broadcast along `y`'s `elems` values).
+fn softcap_steps(y: TensorId, cap: Softcap, elems: u64, dtype: ElemType) -> [Step; 3] {
+    let scalar = || Walk { dims: vec![elems], a: vec![1], b: vec![0] };
+    let binary = |op, b| Step::Binary { op, a: y, b, out: y, dtype, walk: scalar() };
+    [
+        binary(BinOp::Div, cap.divisor),
+        Step::Unary { func: UnaryFn::Tanh, input: y, out: y, n: elems, dtype },
+        binary(BinOp::Mul, cap.factor),
+    ]
 }
 
 /// Whether `step` takes the GEMM path: a GEMV of [`GEMM_MIN_ROWS`] rows or more that stores nothing rotated

@@ -124,6 +124,8 @@ pub struct GemvP {
     pub row_stride: [i32; 3],
     pub rope_dh: i32,
     pub res2: [DevicePtr; 3],
+    pub cap_div: DevicePtr,
+    pub cap_mul: DevicePtr,
 }
 
 /// `GemvP::activation` for a GEMV's GELU ([`crate::plan::Step::Gemv`]): `ref_graph::UnaryFn`'s index, as

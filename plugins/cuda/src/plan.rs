@@ -32,7 +32,8 @@
 //!     block's attention and MLP) is done inside each;
 //!   - a GELU (erf or tanh form; the tanh form also as the nine ops GPT-2 and Phi spell, [`gelu`]) of a
 //!     lone product only it reads is that GEMV's epilogue (the up projection of a non-gated MLP), and a
-//!     gated GELU (`gelu(gate) * up`, Gemma's MLP) the gate and up GEMV's, as SwiGLU is;
+//!     gated GELU (`gelu(gate) * up`, Gemma's MLP) the gate and up GEMV's, as SwiGLU is; so is a lone
+//!     product's soft-capping, `tanh(y / c) * c` (Gemma 2's final logits, [`Softcap`]);
 //!   - consecutive `KvCacheUpdate`s at the same position with updates of one shape become one launch (K and
 //!     V), and token-major updates a GEMV computes are written into the caches by it (when no launch
 //!     between touches the caches);
@@ -223,6 +224,8 @@ pub enum Step {
         /// round. With `glu`: the gate's activation instead of SiLU, a gated GELU (`gelu(gate) * up`, Gemma's
         /// MLP).
         activation: Option<UnaryFn>,
+        /// Final-logit soft-capping of the one product, after everything else (Gemma 2's logits).
+        softcap: Option<Softcap>,
     },
     KvUpdate {
         caches: Vec<(TensorId, TensorId)>,
@@ -333,6 +336,14 @@ pub struct Norm {
     pub eps: f32,
     pub centred: bool,
     pub bias: Option<TensorId>,
+}
+
+/// Soft-capping as an export spells it, `tanh(y / divisor) * factor` (Gemma 2's final logits: both its cap),
+/// each a one-value constant of `y`'s type and each op's result rounded to it, as the separate ops round.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Softcap {
+    pub divisor: TensorId,
+    pub factor: TensorId,
 }
 
 /// One sum of a [`Step::Counters`]: `out[0] = src[0] + add`.

@@ -85,7 +85,8 @@ impl Engine {
     }
 
     fn gemv(&self, step: &Step, float: Float) -> Launch {
-        let Step::Gemv { a, norm, ref mats, cache_rows, m, k, early, glu, rope, activation } = *step else {
+        let Step::Gemv { a, norm, ref mats, cache_rows, m, k, early, glu, rope, activation, softcap } = *step
+        else {
             unreachable!("called for a GEMV")
         };
         let p = |id| self.p(id);
@@ -154,6 +155,8 @@ impl Engine {
             row_stride,
             rope_dh: rope.map_or(1, |t| t.head.max(1) as i32),
             res2,
+            cap_div: softcap.map_or(0, |c| p(c.divisor)),
+            cap_mul: softcap.map_or(0, |c| p(c.factor)),
         };
         match (glu, rope) {
             (Some(_), _) => Launch::GemvGlu(config, params, entry),

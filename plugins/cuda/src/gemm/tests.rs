@@ -331,6 +331,33 @@ fn a_gated_gelu_is_the_gates_activation() {
     assert_eq!((*input, *out), (g.y, g.y), "the GELU of the gate's product, in place");
 }
 
+/// Soft-capped logits (Gemma 2's `tanh(y / c) * c`) at 4 rows: the GEMV's soft-capping as its three ops,
+/// in place after the GEMM.
+#[test]
+fn a_softcap_follows_its_product() {
+    let (rows, dim, vocab) = (4u64, 8u64, 16u64);
+    let mut b = ref_graph::GraphBuilder::new();
+    let x = b.input("x", ElemType::F32, &[rows, dim]).expect("x");
+    let w = b.constant_f32("w", &[vocab, dim], vec![0.01; (vocab * dim) as usize]).expect("w");
+    let c1 = b.constant_f32("c1", &[], vec![3.0]).expect("c1");
+    let c2 = b.constant_f32("c2", &[], vec![3.0]).expect("c2");
+    let linear = ref_graph::MatMulOptions { transpose_b: true, bias: None };
+    let y = b.mat_mul_with("y", x, w, linear).expect("y");
+    let d = b.div("d", y, c1).expect("d");
+    let t = b.unary("t", UnaryFn::Tanh, d).expect("t");
+    let out = b.mul("out", t, c2).expect("out");
+    b.output(out).expect("output");
+    let graph = b.finish().expect("graph");
+    let (plan, e) = expanded(&graph);
+    assert!(plan.steps.iter().any(|s| matches!(s, Step::Gemv { softcap: Some(_), .. })), "{:?}", plan.steps);
+    let parts: Vec<Vec<String>> = e.parts.iter().flatten().map(|p| kinds(p)).collect();
+    assert_eq!(parts, [vec!["gemm", "b.div", "tanh", "b.mul"]], "{:?}", plan.steps);
+    let Some([Part::Product(p), Part::Step(Step::Binary { a, b, out, .. }), ..]) = e.of(0) else {
+        panic!("{e:?}")
+    };
+    assert_eq!((*a, *b, *out), (p.y, c1, p.y), "y / c1 in place");
+}
+
 /// A parallel residual's two sums (GPT-NeoX's `x + attn + mlp`) at 4 rows: the GEMV's residual and second
 /// residual become two adds into the product, in the graph's order.
 #[test]

@@ -91,6 +91,8 @@ struct GemvP {
     int row_off[3], row_group[3], row_stride[3];
     int rope_dh;  // a rotated matrix's head width (2 * rope_half, or more: a partial rotary)
     const T* res2[3];  // per matrix, a second residual added after `res` (a parallel residual), or null
+    const T* cap_div;  // soft-capping `tanh(y / cap_div[0]) * cap_mul[0]` of the one product last, or null
+    const T* cap_mul;
 };
 
 // 16 bytes of a weight row: read once a step, so never kept in L1 (measured on the H200: the Llama-3.2-1B
@@ -207,12 +209,19 @@ __device__ __forceinline__ float gemv_gelu(int func, float x) {
     return 0.5f * x * (1.f + tanhf(c * (x + 0.044715f * x * x * x)));
 }
 
+// Soft-capping of the product `s` as its three ops compute it (`plan::Softcap`): tanh(s / c1) * c2, each
+// result rounded to T as the op's output holds it.
+__device__ __forceinline__ float gemv_softcap(const GemvP& p, float s) {
+    return rnd(tanhf(rnd(rnd(s) / ld(p.cap_div, 0)))) * ld(p.cap_mul, 0);
+}
+
 __device__ __forceinline__ void gemv_store(const GemvP& p, int mat, int m, int col, float s,
                                            const GemvTail& tail) {
     if (pick(p.bias, mat)) s += val(tail.bias);
     if (pick(p.res, mat)) s += val(tail.res);
     if (pick(p.res2, mat)) s += val(tail.res2);
     if (p.activation) s = gemv_gelu(p.activation, rnd(s));  // the product as it would have been stored
+    if (p.cap_div) s = gemv_softcap(p, s);
     gemv_put(p, mat, m, col, s, tail.row);
 }
 

@@ -6,7 +6,7 @@
 
 use ref_graph::{half, Data, ElemType, Graph, TensorId, UnaryFn};
 
-use super::{Home, Norm, Plan, RopeTables, Step, Walk};
+use super::{Home, Norm, Plan, RopeTables, Softcap, Step, Walk};
 
 /// Host values of every storage of a plan, by root tensor (a `SameAs` tensor reads and writes its root's).
 pub(super) struct Emulator<'g> {
@@ -177,7 +177,8 @@ impl Emulator<'_> {
     }
 
     fn gemv(&mut self, step: &Step) -> Result<(), &'static str> {
-        let Step::Gemv { a, norm, ref mats, cache_rows, m, k, glu, rope, activation, .. } = *step else {
+        let Step::Gemv { a, norm, ref mats, cache_rows, m, k, glu, rope, activation, softcap, .. } = *step
+        else {
             unreachable!()
         };
         let k = k as usize;
@@ -216,7 +217,8 @@ impl Emulator<'_> {
                         let s = round(s, dtype);
                         // A gated GEMV's activation is the gate's, applied below.
                         let own = activation.filter(|_| glu.is_none());
-                        own.map_or(s, |f| round(f.apply(s as f32) as f64, dtype))
+                        let s = own.map_or(s, |f| round(f.apply(s as f32) as f64, dtype));
+                        softcap.map_or(s, |c| self.capped(s, c, dtype))
                     })
                     .collect();
                 if let (true, Some(t)) = (mat.roped, rope) {
@@ -250,6 +252,13 @@ impl Emulator<'_> {
             }
         }
         Ok(())
+    }
+
+    /// `s` soft-capped as [`Softcap`] says, each op's result rounded to `dtype`.
+    fn capped(&self, s: f64, c: Softcap, dtype: ElemType) -> f64 {
+        let (divisor, factor) = (self.get(c.divisor)[0], self.get(c.factor)[0]);
+        let t = round(UnaryFn::Tanh.apply(round(s / divisor, dtype) as f32) as f64, dtype);
+        round(t * factor, dtype)
     }
 
     /// `row` normalised as [`Norm`] says (in f64; the kernels compute in f32 and round once).

@@ -5,6 +5,7 @@ mod bias;
 mod cache;
 mod partial;
 mod products;
+mod softcap;
 mod spelled;
 mod split;
 
@@ -331,6 +332,7 @@ impl<'g> Lowering<'g> {
         general::lower(self, op)?;
         self.fuse_glu();
         self.fuse_activation();
+        self.fuse_softcap();
         Ok(1)
     }
 
@@ -351,8 +353,16 @@ impl<'g> Lowering<'g> {
             _ => false,
         };
         let Some(at) = self.steps.iter().rposition(computes) else { return };
-        let Step::Gemv { ref mats, m, cache_rows: None, glu: None, rope: None, activation: None, .. } =
-            self.steps[at]
+        let Step::Gemv {
+            ref mats,
+            m,
+            cache_rows: None,
+            glu: None,
+            rope: None,
+            activation: None,
+            softcap: None,
+            ..
+        } = self.steps[at]
         else {
             return;
         };
@@ -379,7 +389,9 @@ impl<'g> Lowering<'g> {
     /// GELU (`s = gelu(gate)`, either form: Gemma's MLP), the GELU the GEMV's `activation`.
     fn fuse_glu(&mut self) {
         let [.., ref gemv, ref unary, ref binary] = self.steps[..] else { return };
-        let Step::Gemv { ref mats, m, cache_rows: None, glu: None, activation: None, .. } = *gemv else {
+        let Step::Gemv { ref mats, m, cache_rows: None, glu: None, activation: None, softcap: None, .. } =
+            *gemv
+        else {
             return;
         };
         let Step::Unary {
@@ -468,7 +480,8 @@ impl<'g> Lowering<'g> {
         let computes = |s: &Step| matches!(s, Step::Gemv { mats, .. } if mats.iter().any(|mat| mat.y == x));
         let Some(at) = self.steps.iter().rposition(computes) else { return false };
         // Its cache writes may be fused already (Falcon's keys rotate first): the product itself has none.
-        let Some(Step::Gemv { mats, m: 1, glu: None, rope, .. }) = self.steps.get_mut(at) else {
+        let Some(Step::Gemv { mats, m: 1, glu: None, rope, softcap: None, .. }) = self.steps.get_mut(at)
+        else {
             return false;
         };
         let Some(at) = mats.iter().position(|mat| mat.y == x) else { return false };

@@ -623,6 +623,8 @@ fn real_exports_reach_the_fused_launches() {
             // The embedding scaled in its gather, once before the first layer.
             assert_eq!(parts.prologue, ["rope_tables", "counters2"], "{name}: {all:?}");
             assert_eq!(all[2], "gather+scale", "{name}: {all:?}");
+            // The final-logit soft-capping in the logits' GEMV.
+            assert_eq!(parts.epilogue, ["norm+gemv1+softcap", "argmax"], "{name}: {all:?}");
             continue;
         }
         let layers: Vec<String> = if name.starts_with("starcoder2") {

@@ -26,8 +26,8 @@ impl Step {
             Step::Cast { to, .. } => format!("cast_{to}"),
             Step::Copy { .. } => "copy".to_owned(),
             Step::Rope { .. } => "rope".to_owned(),
-            Step::Gemv { mats, norm, cache_rows, glu, rope, activation, .. } => format!(
-                "{}gemv{}{}{}{}{}{}{}",
+            Step::Gemv { mats, norm, cache_rows, glu, rope, activation, softcap, .. } => format!(
+                "{}gemv{}{}{}{}{}{}{}{}",
                 if norm.is_some() { "norm+" } else { "" },
                 mats.len(),
                 if mats.iter().any(|m| m.bias.is_some()) { "+bias" } else { "" },
@@ -45,7 +45,8 @@ impl Step {
                     _ => "",
                 },
                 if rope.is_some() { "+rope" } else { "" },
-                if activation.is_some() && glu.is_none() { "+gelu" } else { "" }
+                if activation.is_some() && glu.is_none() { "+gelu" } else { "" },
+                if softcap.is_some() { "+softcap" } else { "" }
             ),
             Step::KvUpdate { caches, .. } => format!("kv_update{}", caches.len()),
             Step::Attention { .. } => "attention".to_owned(),
@@ -91,8 +92,9 @@ impl Step {
                 ids.extend(*scale);
                 ids
             }
-            Step::Gemv { a, norm, mats, cache_rows, rope, .. } => {
+            Step::Gemv { a, norm, mats, cache_rows, rope, softcap, .. } => {
                 let mut ids = vec![*a];
+                ids.extend(softcap.iter().flat_map(|c| [c.divisor, c.factor]));
                 ids.extend(norm.iter().flat_map(|n| std::iter::once(n.gain).chain(n.bias)));
                 for m in mats {
                     ids.push(m.w);

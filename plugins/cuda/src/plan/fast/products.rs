@@ -60,8 +60,9 @@ impl Lowering<'_> {
         let (a, norm) = self.fused_norm(a, products);
         let early = mats.iter().all(|mat| self.fixed(mat.w) && mat.bias.is_none_or(|b| self.fixed(b)))
             && norm.is_none_or(|n| self.fixed(n.gain) && n.bias.is_none_or(|b| self.fixed(b)));
+        let (glu, activation, softcap) = (None, None, None);
         let step =
-            Step::Gemv { a, norm, mats, cache_rows: None, m, k, early, glu: None, rope, activation: None };
+            Step::Gemv { a, norm, mats, cache_rows: None, m, k, early, glu, rope, activation, softcap };
         self.steps.push(step);
         Ok(taken)
     }
