@@ -47,12 +47,7 @@ impl DeviceLoop {
         sampler: Option<DeviceSampler>,
         streaming: bool,
     ) -> Result<DeviceLoop, Error> {
-        let (mut device, kernel) = OnDevice::with_kernel(
-            program,
-            "generating on the device",
-            "preparing the device loop for",
-            FeedbackKernel::new,
-        )?;
+        let (mut device, kernel) = OnDevice::with_kernel(program, Purpose::Loop, FeedbackKernel::new)?;
         let history = device.zeroed("token history", capacity as usize * 8)?;
         let length = device.zeroed("token count", 4)?;
         let mailbox = match streaming {
@@ -423,6 +418,33 @@ fn decode_steps(
     Ok(run)
 }
 
+/// Which device-side state an [`OnDevice`] makes: what its errors call the work and its preparation.
+#[derive(Debug, Clone, Copy)]
+pub(super) enum Purpose {
+    /// The device loop ([`DeviceLoop`]).
+    Loop,
+    /// The device sampler ([`DeviceSampler`]).
+    Sampler,
+}
+
+impl Purpose {
+    /// The work, for [`Error::NoStream`].
+    fn work(self) -> &'static str {
+        match self {
+            Purpose::Loop => "generating on the device",
+            Purpose::Sampler => "sampling on the device",
+        }
+    }
+
+    /// The kernel's preparation, for [`Error::Stream`].
+    fn preparing(self) -> &'static str {
+        match self {
+            Purpose::Loop => "preparing the device loop for",
+            Purpose::Sampler => "preparing the device sampler for",
+        }
+    }
+}
+
 /// Where a device-side state is made: the program's CUDA context, and the contexts its zeroed buffers are
 /// allocated through.
 pub(super) struct OnDevice<'p> {
@@ -432,19 +454,17 @@ pub(super) struct OnDevice<'p> {
 }
 
 impl<'p> OnDevice<'p> {
-    /// The program's CUDA context and the kernel `load` prepares in it; `what` names the work for
-    /// [`Error::NoStream`], `action` the preparation for [`Error::Stream`].
+    /// The program's CUDA context and the kernel `load` prepares in it for `purpose`.
     ///
     /// # Errors
     /// [`Error::NoStream`] for a program without CUDA memory, [`Error::Stream`] when `load` fails.
     pub(super) fn with_kernel<K>(
         program: &'p Program,
-        what: &'static str,
-        action: &'static str,
+        purpose: Purpose,
         load: impl FnOnce(&Context) -> Result<K, CudaError>,
     ) -> Result<(OnDevice<'p>, K), Error> {
-        let ctx = program.cuda_context().ok_or(Error::NoStream { what })?;
-        let kernel = load(ctx).map_err(|source| Error::Stream { action, source })?;
+        let ctx = program.cuda_context().ok_or(Error::NoStream { what: purpose.work() })?;
+        let kernel = load(ctx).map_err(|source| Error::Stream { action: purpose.preparing(), source })?;
         Ok((OnDevice { ctx, contexts: Contexts::new() }, kernel))
     }
 

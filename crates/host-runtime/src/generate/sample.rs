@@ -7,7 +7,7 @@ use blob_format::model::DType;
 use program_manifest::Generate;
 use sampling::Sampler;
 
-use super::device::OnDevice;
+use super::device::{OnDevice, Purpose};
 use crate::buffer::Storage;
 use crate::cuda::{DevicePtr, LogitsType, SampleArgs, SampleKernel};
 use crate::program::{Error, Program};
@@ -90,12 +90,7 @@ impl DeviceSampler {
         vocab: u32,
         prompt: &[i64],
     ) -> Result<DeviceSampler, Error> {
-        let (mut device, kernel) = OnDevice::with_kernel(
-            program,
-            "sampling on the device",
-            "preparing the device sampler for",
-            SampleKernel::new,
-        )?;
+        let (mut device, kernel) = OnDevice::with_kernel(program, Purpose::Sampler, SampleKernel::new)?;
         let words = (vocab as usize).div_ceil(32);
         let mut sampler = DeviceSampler {
             kernel,
