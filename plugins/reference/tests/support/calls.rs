@@ -23,18 +23,7 @@ pub fn graph_binding(graph: &Graph, name: &str, role: Role) -> Binding {
 
 /// A blob of `graph` for this backend with `bindings` and `aliases` (no producer, device 0, no engine facts).
 pub fn graph_blob(graph: &Graph, bindings: Vec<Binding>, aliases: Vec<Alias>) -> Vec<u8> {
-    let header = Header {
-        producer: None,
-        backend_id: BACKEND_ID.to_owned(),
-        payload_kind: PayloadKind::ReferenceGraph,
-        bindings,
-        aliases,
-        device_id: 0,
-        hardware_compatible: false,
-        hardware_target: None,
-        engine_library_version: None,
-        engine_metadata: None,
-    };
+    let header = Header::new(BACKEND_ID, PayloadKind::ReferenceGraph, bindings, aliases);
     blob_format::native::to_vec(&header, &graph.encode())
 }
 
