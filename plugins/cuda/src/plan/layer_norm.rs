@@ -67,6 +67,34 @@ impl<'g> Parts<'_, 'g> {
             _ => None,
         }
     }
+
+    /// `normed = row * rsqrt(mean(row^2) + eps)` (either order of each operand pair), every intermediate f32
+    /// and read once, `eps` a scalar constant: the five ops (the product first), `row` and `eps`. The caller
+    /// checks what reads `row`.
+    pub(super) fn rms(&self, normed: TensorId) -> Option<Rms> {
+        let (i_norm, &Op::Mul { a, b, .. }) = self.made(normed, 1)? else { return None };
+        let rstd_of =
+            |id: TensorId| matches!(self.made(id, 1), Some((_, Op::Unary { func: UnaryFn::Rsqrt, .. })));
+        let (rstd, row) = Parts::either(a, b, rstd_of)?;
+        let (i_rstd, &Op::Unary { input: var_eps, .. }) = self.made(rstd, 1)? else { return None };
+        let (i_eps, &Op::Add { a, b, .. }) = self.made(var_eps, 1)? else { return None };
+        let (eps_id, var) = Parts::either(a, b, |id| self.scalar(id).is_some())?;
+        let eps = self.scalar(eps_id)?;
+        let (i_var, &Op::Mean { input: squared, .. }) = self.made(var, 1)? else { return None };
+        let (i_sq, &Op::Unary { func: UnaryFn::Square, input, .. }) = self.made(squared, 1)? else {
+            return None;
+        };
+        let one_row = self.l.same(input, row);
+        one_row.then_some(Rms { ops: [i_norm, i_rstd, i_eps, i_var, i_sq], row, var, eps })
+    }
+}
+
+/// A row's RMS normalisation as ops spell it ([`Parts::rms`]): its ops, the row, its mean square and `eps`.
+pub(super) struct Rms {
+    pub ops: [usize; 5],
+    pub row: TensorId,
+    pub var: TensorId,
+    pub eps: f32,
 }
 
 /// Every spelled LayerNorm of the graph `l` lowers.
@@ -101,18 +129,7 @@ fn matched(
     let (i_scale, &Op::Mul { a, b, .. }) = parts.made(scaled, 1)? else { return None };
     let (wf, normed) = Parts::either(a, b, |id| parts.cast_constant(id, dtype, dim).is_some())?;
     let (gain, i_wcast) = parts.cast_constant(wf, dtype, dim)?;
-    let (i_norm, &Op::Mul { a, b, .. }) = parts.made(normed, 1)? else { return None };
-    let rstd_of =
-        |id: TensorId| matches!(parts.made(id, 1), Some((_, Op::Unary { func: UnaryFn::Rsqrt, .. })));
-    let (rstd, centred) = Parts::either(a, b, rstd_of)?;
-    let (i_rstd, &Op::Unary { input: var_eps, .. }) = parts.made(rstd, 1)? else { return None };
-    let (i_eps, &Op::Add { a, b, .. }) = parts.made(var_eps, 1)? else { return None };
-    let (eps_id, var) = Parts::either(a, b, |id| parts.scalar(id).is_some())?;
-    let eps = parts.scalar(eps_id)?;
-    let (i_var, &Op::Mean { input: squared, .. }) = parts.made(var, 1)? else { return None };
-    let (i_sq, &Op::Unary { func: UnaryFn::Square, input: c2, .. }) = parts.made(squared, 1)? else {
-        return None;
-    };
+    let Rms { ops, row: centred, eps, .. } = parts.rms(normed)?;
     // The centred row: read by its square and by the product with the reciprocal deviation.
     let (i_sub, &Op::Sub { a: xf, b: mu, .. }) = parts.made(centred, 2)? else { return None };
     let (i_mean, &Op::Mean { input: xf2, .. }) = parts.made(mu, 1)? else { return None };
@@ -120,10 +137,10 @@ fn matched(
     let (i_cast, &Op::Cast { input: x, .. }) = parts.made(xf, 2)? else { return None };
     let tx = l.graph.tensor(x);
     let row_ok = tx.dtype == dtype && tx.shape == l.graph.tensor(out).shape;
-    if !l.same(c2, centred) || !l.same(xf2, xf) || !row_ok {
+    if !l.same(xf2, xf) || !row_ok {
         return None;
     }
-    let absorbed =
-        vec![i_bias, i_bcast, i_scale, i_wcast, i_norm, i_rstd, i_eps, i_var, i_sq, i_sub, i_mean, i_cast];
+    let mut absorbed = vec![i_bias, i_bcast, i_scale, i_wcast, i_sub, i_mean, i_cast];
+    absorbed.extend(ops);
     Some(SpelledNorm { last, absorbed, x, out, gain, bias, eps })
 }

@@ -8,10 +8,10 @@
 //! back: every intermediate read only there (the row in f32 by its square and its product), `eps` a scalar
 //! constant, the mean over the row.
 
-use ref_graph::{Data, ElemType, Op, TensorId, UnaryFn};
+use ref_graph::{Data, ElemType, Op, TensorId};
 
 use super::fast::Lowering;
-use super::layer_norm::Parts;
+use super::layer_norm::{Parts, Rms};
 
 /// One spelled RMS norm: the op it replaces (lowered as the norm: the final cast, or in f32 the product by the
 /// gain), the ops before it that it absorbs, its input, output, gain and epsilon, and the type the kernels
@@ -106,27 +106,15 @@ fn body(parts: &Parts<'_, '_>, i_scale: usize, dtype: ElemType) -> Option<Body> 
     let dim = *shape.last()? as usize;
     let (gf, normed) = Parts::either(a, b, |id| gain_of(parts, id, dtype, dim).is_some())?;
     let (gain, retyped, i_gcast) = gain_of(parts, gf, dtype, dim)?;
-    let (i_norm, &Op::Mul { a, b, .. }) = parts.made(normed, 1)? else { return None };
-    let rstd_of =
-        |id: TensorId| matches!(parts.made(id, 1), Some((_, Op::Unary { func: UnaryFn::Rsqrt, .. })));
-    let (rstd, xf) = Parts::either(a, b, rstd_of)?;
-    let (i_rstd, &Op::Unary { input: var_eps, .. }) = parts.made(rstd, 1)? else { return None };
-    let (i_eps, &Op::Add { a, b, .. }) = parts.made(var_eps, 1)? else { return None };
-    let (eps_id, var) = Parts::either(a, b, |id| parts.scalar(id).is_some())?;
-    let eps = parts.scalar(eps_id)?;
-    let (i_var, &Op::Mean { input: squared, .. }) = parts.made(var, 1)? else { return None };
-    let (i_sq, &Op::Unary { func: UnaryFn::Square, input: x2, .. }) = parts.made(squared, 1)? else {
-        return None;
-    };
+    let Rms { ops, row: xf, var, eps } = parts.rms(normed)?;
     let txf = l.graph.tensor(xf);
-    // One mean a row: the row's shape with a last extent of 1, as the reciprocal deviation's.
+    // One mean a row: the row's shape with a last extent of 1.
     let mut row_mean = shape.clone();
     *row_mean.last_mut()? = 1;
-    let means_ok = [var, rstd].iter().all(|&id| l.graph.tensor(id).shape == row_mean);
-    if !l.same(x2, xf) || txf.dtype != ElemType::F32 || &txf.shape != shape || !means_ok {
+    if txf.dtype != ElemType::F32 || &txf.shape != shape || l.graph.tensor(var).shape != row_mean {
         return None;
     }
-    let mut absorbed = vec![i_norm, i_rstd, i_eps, i_var, i_sq];
+    let mut absorbed = ops.to_vec();
     absorbed.extend(i_gcast);
     Some(Body { absorbed, xf, gain, retyped, eps })
 }
