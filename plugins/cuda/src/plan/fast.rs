@@ -74,40 +74,50 @@ impl<'g> Lowering<'g> {
         };
         l.ropes = rope::find(&l);
         for r in l.ropes.clone() {
-            for &i in &r.absorbed {
-                l.absorbed[i] = true;
-                // Never written or read: no allocation (the storage named is the RoPE's output's).
-                l.rehome(graph.ops()[i].output(), r.out);
-            }
+            l.absorb(&r.absorbed, r.out);
         }
         l.gelus = gelu::find(&l);
         for g in l.gelus.clone() {
-            for &i in &g.absorbed {
-                l.absorbed[i] = true;
-                l.rehome(graph.ops()[i].output(), g.out);
-            }
+            l.absorb(&g.absorbed, g.out);
             // Four reads of `x` (the half, the square, the cube, the sum) are now the GELU's one.
             l.merged_reads[l.canon.value[g.x.0].0] += 3;
         }
         l.layer_norms = layer_norm::find(&l);
         for n in l.layer_norms.clone() {
-            for &i in &n.absorbed {
-                l.absorbed[i] = true;
-                l.rehome(graph.ops()[i].output(), n.out);
-            }
+            l.absorb(&n.absorbed, n.out);
         }
         l.rms_norms = rms_norm::find(&l);
         for n in l.rms_norms.clone() {
-            for &i in &n.absorbed {
-                l.absorbed[i] = true;
-                l.rehome(graph.ops()[i].output(), n.out);
-            }
+            l.absorb(&n.absorbed, n.out);
             if n.reads_twice {
                 // The square's and the product's reads of the row are now the norm's one.
                 l.merged_reads[l.canon.value[n.x.0].0] += 1;
             }
         }
         l
+    }
+
+    /// `ops`, which a spelled form (a RoPE, a GELU, a norm) reads as the one op writing `out`, are lowered as
+    /// nothing: their outputs are never written or read (no allocation; the storage named is `out`'s).
+    fn absorb(&mut self, ops: &[usize], out: TensorId) {
+        for &i in ops {
+            self.absorbed[i] = true;
+            self.rehome(self.graph.ops()[i].output(), out);
+        }
+    }
+
+    /// For every op of the graph whose operands `pair` picks (a commutative op's two operands and its output),
+    /// what `matched` reads there with the operands in either order: the spelled forms ending in such an op.
+    pub(super) fn either_order<T>(
+        &self,
+        pair: impl Fn(&Op<TensorId>) -> Option<(TensorId, TensorId, TensorId)>,
+        matched: impl Fn(usize, TensorId, TensorId, TensorId) -> Option<T>,
+    ) -> Vec<T> {
+        let each = |(i, op)| {
+            let (a, b, out) = pair(op)?;
+            matched(i, a, b, out).or_else(|| matched(i, b, a, out))
+        };
+        self.graph.ops().iter().enumerate().filter_map(each).collect()
     }
 
     pub(super) fn finish(self) -> Plan {

@@ -60,15 +60,8 @@ impl<'g> Parts<'_, 'g> {
 /// Every spelled GELU of the graph `l` lowers.
 pub(super) fn find(l: &Lowering<'_>) -> Vec<Gelu> {
     let parts = Parts { l, producer: l.producers() };
-    l.graph
-        .ops()
-        .iter()
-        .enumerate()
-        .filter_map(|(i, op)| {
-            let Op::Mul { a, b, out } = *op else { return None };
-            matched(&parts, i, a, b, out).or_else(|| matched(&parts, i, b, a, out))
-        })
-        .collect()
+    let product = |op: &Op<TensorId>| if let Op::Mul { a, b, out } = *op { Some((a, b, out)) } else { None };
+    l.either_order(product, |i, a, b, out| matched(&parts, i, a, b, out))
 }
 
 /// `out = half * shifted` at op `last`, `half = x * 0.5`, `shifted = tanh(..) + 1`.

@@ -38,15 +38,8 @@ impl<'g> Parts<'_, 'g> {
 /// Every RoPE of the graph `l` lowers.
 pub(super) fn find(l: &Lowering<'_>) -> Vec<Rope> {
     let parts = Parts { l, producer: l.producers() };
-    l.graph
-        .ops()
-        .iter()
-        .enumerate()
-        .filter_map(|(i, op)| {
-            let Op::Add { a, b, out } = *op else { return None };
-            matched(&parts, i, a, b, out).or_else(|| matched(&parts, i, b, a, out))
-        })
-        .collect()
+    let sum = |op: &Op<TensorId>| if let Op::Add { a, b, out } = *op { Some((a, b, out)) } else { None };
+    l.either_order(sum, |i, a, b, out| matched(&parts, i, a, b, out))
 }
 
 /// `out = plain + rotated` at op `add`, `plain = x * cos`, `rotated = rotate_half(x) * sin`.

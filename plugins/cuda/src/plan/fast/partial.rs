@@ -55,16 +55,7 @@ impl Lowering<'_> {
     /// The ops of a partial rotary of `mat`'s product, when they are all that read it and its parts.
     fn partial_of(&self, mat: &GemvMat) -> Option<Partial> {
         let graph = self.graph;
-        let readers = |id: TensorId| -> Vec<usize> {
-            let value = self.canon.value[id.0];
-            let reads = |op: &Op<TensorId>| op.operands().iter().any(|&x| self.canon.value[x.0] == value);
-            self.canon
-                .order
-                .iter()
-                .copied()
-                .filter(|&i| !self.absorbed[i] && reads(&graph.ops()[i]))
-                .collect()
-        };
+        let readers = |id: TensorId| self.live_readers(id);
         let slices = readers(mat.y);
         let [s1, s2] = slices[..] else { return None };
         let slice = |i: usize| match graph.ops()[i] {
