@@ -49,6 +49,8 @@
 mod exp;
 mod philox;
 
+use std::borrow::Cow;
+
 pub use exp::{exp, EXP_FLOOR};
 pub use philox::{philox4x32_10, uniform};
 
@@ -195,13 +197,13 @@ impl Sampler {
         order.into_iter().zip(probs).take(keep).filter(|&(_, p)| p >= floor).collect()
     }
 
-    /// Step 1 of the contract.
-    fn penalised(&self, logits: &[f32], history: &[i64]) -> Vec<f32> {
-        let mut out = logits.to_vec();
+    /// Step 1 of the contract; the row itself, uncopied, when the penalty is off.
+    fn penalised<'l>(&self, logits: &'l [f32], history: &[i64]) -> Cow<'l, [f32]> {
         let r = self.params.repetition_penalty;
         if r == 1.0 {
-            return out;
+            return Cow::Borrowed(logits);
         }
+        let mut out = logits.to_vec();
         let mut seen = vec![false; out.len()];
         for id in history.iter().filter_map(|&id| usize::try_from(id).ok()) {
             if let (Some(l), Some(false)) = (out.get_mut(id), seen.get(id).copied()) {
@@ -209,7 +211,7 @@ impl Sampler {
                 seen[id] = true;
             }
         }
-        out
+        Cow::Owned(out)
     }
 }
 
