@@ -766,3 +766,45 @@ fn a_norm_read_only_by_a_residual_add_adds_the_residual_itself() {
     assert!(h.iter().zip(want).all(|(h, w)| (h - w).abs() < 1e-4), "{h:?}, not {want:?}");
     assert_eq!(kinds(&Plan::new(&build(true)).expect("lowered")), ["rms_norm", "add"]);
 }
+
+/// Final-logit soft-capping after a lone product (Gemma 2's `tanh(y / c) * c`) is the GEMV's last epilogue,
+/// its intermediates never stored, and the emulated plan gives the three ops' values; with an intermediate
+/// read by anything else too, the ops keep their launches.
+#[test]
+fn a_softcap_of_a_lone_product_is_its_gemvs_epilogue() {
+    let build = |tanh_is_output: bool| {
+        let mut b = ref_graph::GraphBuilder::new();
+        let x = b.input("x", ElemType::F32, &[1, 4]).expect("x");
+        let w = b.constant_f32("w", &[2, 4], vec![1.0, 2.0, 3.0, 4.0, -1.0, -2.0, -3.0, -4.0]).expect("w");
+        let (c1, c2) = (b.constant_f32("c1", &[], vec![3.0]), b.constant_f32("c2", &[], vec![3.0]));
+        let linear = ref_graph::MatMulOptions { transpose_b: true, bias: None };
+        let y = b.mat_mul_with("y", x, w, linear).expect("y");
+        let d = b.div("d", y, c1.expect("c1")).expect("d");
+        let t = b.unary("t", UnaryFn::Tanh, d).expect("t");
+        let capped = b.mul("capped", t, c2.expect("c2")).expect("capped");
+        b.output(capped).expect("output");
+        if tanh_is_output {
+            b.output(t).expect("output");
+        }
+        b.finish().expect("graph")
+    };
+    let graph = build(false);
+    let plan = Plan::new(&graph).expect("lowered");
+    assert_eq!(kinds(&plan), ["gemv1+softcap"]);
+    let capped = graph.find("capped").expect("capped");
+    for part in ["y", "d", "t"] {
+        assert_eq!(
+            plan.homes[graph.find(part).expect("part").0],
+            Home::SameAs(capped),
+            "'{part}' never stored"
+        );
+    }
+    let mut emu = emulate::Emulator::new(&graph, plan);
+    emu.set("x", &[0.5, 0.25, 0.0, 0.25]);
+    emu.run().expect("runs");
+    // y = [2, -2]: 3 * tanh(2 / 3) and its negation, in f32.
+    let want = 3.0 * (2.0f32 / 3.0).tanh();
+    let got = emu.read("capped");
+    assert!((got[0] - f64::from(want)).abs() < 1e-6 && (got[1] + f64::from(want)).abs() < 1e-6, "{got:?}");
+    assert_eq!(kinds(&Plan::new(&build(true)).expect("lowered")), ["gemv1", "b.div", "tanh", "b.mul"]);
+}
