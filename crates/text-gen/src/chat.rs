@@ -1,6 +1,7 @@
 //! Chat: the conversation rendered with the checkpoint's own chat template, as Hugging Face's
-//! `apply_chat_template` and text-generation servers render it: `tokenizer_config.json`'s `chat_template` (a
-//! Jinja template; a list of named templates picks `default`) over `messages` (`{role, content}`: an optional
+//! `apply_chat_template` and text-generation servers render it: the checkpoint's template (`chat_template.jinja`
+//! beside `tokenizer_config.json`, where transformers 4.48 and later save it, else the config's `chat_template`:
+//! a Jinja template, or a list of named templates of which `default` is picked) over `messages` (`{role, content}`: an optional
 //! `system` turn, then the `user` turn), with `add_generation_prompt` true and the config's `bos_token` /
 //! `eos_token`. Rendered by minijinja with Python's string methods (`.strip()`, `.startswith()`, ...), and
 //! `raise_exception(msg)` failing the render with the template's own message.
@@ -15,8 +16,13 @@ use serde_json::Value;
 
 use crate::TextError;
 
-/// The file a Hugging Face checkpoint keeps its chat template in.
+/// The file a Hugging Face checkpoint keeps its tokenizer's settings in: the special tokens, and the chat template
+/// in checkpoints saved before transformers 4.48.
 pub const TOKENIZER_CONFIG_FILE: &str = "tokenizer_config.json";
+
+/// The file beside [`TOKENIZER_CONFIG_FILE`] that transformers 4.48 and later save the chat template in; where
+/// it exists it is the template (as transformers itself reads a checkpoint), whatever the config holds.
+pub const CHAT_TEMPLATE_FILE: &str = "chat_template.jinja";
 
 /// One turn of the conversation.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -43,15 +49,24 @@ pub struct ChatTemplate {
 }
 
 impl ChatTemplate {
-    /// The template in `tokenizer_config.json` at `path`.
+    /// The template of the checkpoint whose `tokenizer_config.json` is at `path`: the [`CHAT_TEMPLATE_FILE`]
+    /// beside it where there is one, else the config's `chat_template`; the special tokens from the config.
     ///
     /// # Errors
-    /// A file that cannot be read, is not JSON or holds no template.
+    /// A file that cannot be read, a config that is not JSON, a template file that is not UTF-8, or no
+    /// template in either place.
     pub fn load(path: &Path) -> Result<ChatTemplate, TextError> {
         let bytes = crate::tokenizer::read(path, "--chat:")?;
         let config: Value = serde_json::from_slice(bytes.bytes())
             .map_err(|err| invalid(path, &format!("not JSON: {err}")))?;
-        ChatTemplate::from_config(&config, path)
+        let file = path.with_file_name(CHAT_TEMPLATE_FILE);
+        if !file.is_file() {
+            return ChatTemplate::from_config(&config, path);
+        }
+        let bytes = crate::tokenizer::read(&file, "--chat:")?;
+        let source = String::from_utf8(bytes.bytes().to_vec())
+            .map_err(|err| invalid(&file, &format!("not UTF-8: {err}")))?;
+        Ok(ChatTemplate::with_source(source, &config, &file))
     }
 
     /// The template in the `tokenizer_config.json` beside the tokenizer `t`.
@@ -68,14 +83,25 @@ impl ChatTemplate {
     /// A config without a `chat_template`.
     pub fn from_config(config: &Value, path: &Path) -> Result<ChatTemplate, TextError> {
         let source = template_source(config.get("chat_template")).ok_or_else(|| {
-            invalid(path, "it has no chat_template (a string, or a list with one named default)")
+            invalid(
+                path,
+                &format!(
+                    "it has no chat_template (a string, or a list with one named default), and there is no \
+                     {CHAT_TEMPLATE_FILE} beside it"
+                ),
+            )
         })?;
-        Ok(ChatTemplate {
+        Ok(ChatTemplate::with_source(source, config, path))
+    }
+
+    /// `source` with the special tokens of `config`; `path` (where the template came from) names it in errors.
+    fn with_source(source: String, config: &Value, path: &Path) -> ChatTemplate {
+        ChatTemplate {
             source,
             bos_token: token_text(config.get("bos_token")),
             eos_token: token_text(config.get("eos_token")),
             path: path.to_owned(),
-        })
+        }
     }
 
     /// The conversation as the model was trained to see it, ending where the assistant's reply begins.
@@ -229,6 +255,34 @@ mod tests {
             panic!("no template")
         };
         assert!(err.message.contains("c.json: it has no chat_template"), "{}", err.message);
+    }
+
+    /// A checkpoint saved by transformers 4.48 or later: the template in chat_template.jinja, the config without
+    /// one (or with an older one, which the file overrides, as transformers reads it).
+    #[test]
+    fn the_template_file_beside_the_config_is_the_template() {
+        let dir = tempfile::tempdir().expect("a temp dir");
+        let config = dir.path().join(TOKENIZER_CONFIG_FILE);
+        std::fs::write(&config, r#"{"bos_token": "<s>", "eos_token": "</s>", "chat_template": "stale"}"#)
+            .expect("writes");
+        std::fs::write(dir.path().join(CHAT_TEMPLATE_FILE), RAISES).expect("writes");
+        let text = ChatTemplate::load(&config).and_then(|t| t.render(&messages(None, "Hi".into()))).ok();
+        assert_eq!(text.as_deref(), Some("<s>[INST] Hi [/INST]"), "the file's template, the config's tokens");
+        let Err(err) =
+            ChatTemplate::load(&config).and_then(|t| t.render(&messages(Some("s".into()), "Hi".into())))
+        else {
+            panic!("the template raises for a system turn first")
+        };
+        assert!(err.message.contains(CHAT_TEMPLATE_FILE), "errors name the file: {}", err.message);
+
+        std::fs::write(dir.path().join(CHAT_TEMPLATE_FILE), [0xff, 0xfe]).expect("writes");
+        let Err(err) = ChatTemplate::load(&config) else { panic!("a template that is not UTF-8") };
+        assert!(err.message.contains("not UTF-8"), "{}", err.message);
+
+        std::fs::remove_file(dir.path().join(CHAT_TEMPLATE_FILE)).expect("removes");
+        std::fs::write(&config, r#"{"bos_token": "<s>"}"#).expect("writes");
+        let Err(err) = ChatTemplate::load(&config) else { panic!("no template anywhere") };
+        assert!(err.message.contains("and there is no chat_template.jinja beside it"), "{}", err.message);
     }
 
     #[test]

@@ -12,8 +12,9 @@ the program has two methods over the same caches (:mod:`kv_delegate.methods`): `
 cache_position [1])`` (the first token's position), which takes a prompt ``T`` tokens a call, and ``decode``, the
 one-token method; a runtime decodes the prompt's last tokens short of a chunk. Exported with the project's
 partitioner and :class:`~kv_delegate.planning.KvAliasMemoryPlanningPass`, as ``export_real.py`` exports its
-fixtures. It prints what stayed outside the delegate, copies ``tokenizer.json``, ``tokenizer_config.json`` and
-``generation_config.json`` (those present) beside the program, and ends with the packer's peak memory (a
+fixtures. It prints what stayed outside the delegate, copies ``tokenizer.json``, ``tokenizer_config.json``,
+``chat_template.jinja`` (where transformers 4.48 and later save the chat template) and ``generation_config.json``
+(those present) beside the program, and ends with the packer's peak memory (a
 process of its own, run while the export holds its memory: the two together peak at most at the sum), then the
 time and this process's peak memory next to the weights' size and the memory once they are loaded.
 """
@@ -37,7 +38,7 @@ if TYPE_CHECKING:  # imported where used, so that the command's clock includes i
 #: ``--dtype`` names (as ``export_real.DTYPES``; repeated so that ``--help`` needs no executorch import).
 DTYPE_NAMES = ("f32", "f16", "bf16")
 #: The files copied from the checkpoint beside the program, when present.
-SIDE_FILES = ("tokenizer.json", "tokenizer_config.json", "generation_config.json")
+SIDE_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "generation_config.json")
 MIB = 1 << 20
 
 

@@ -26,6 +26,10 @@ REPO = Path(__file__).resolve().parents[3]
 STEPS = 8
 CORPUS = ["the cat sat on the mat", "a dog ran to the park", "the sun is warm and the sky is blue",
           "café, naïve, 東京 and ünïcödé"] * 4
+#: A chat template in the tokenizer's own special tokens; transformers 4.48 and later save it as
+#: ``chat_template.jinja`` beside ``tokenizer_config.json``.
+CHAT_TEMPLATE = ("{% for m in messages %}{{ bos_token }}{{ m['role'] }} {{ m['content'] }}{{ eos_token }}{% endfor %}"
+                 "{% if add_generation_prompt %}{{ bos_token }}assistant {% endif %}")
 
 
 def have_tokenizers() -> bool:
@@ -60,8 +64,8 @@ def save_tokenizer(folder: Path) -> None:
     tok.train_from_iterator(CORPUS, trainers.BpeTrainer(vocab_size=HF_SIZES["vocab_size"],
                                                         special_tokens=["<unk>", "<s>", "</s>"]))
     assert tok.get_vocab_size() <= HF_SIZES["vocab_size"]
-    PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", bos_token="<s>",
-                            eos_token="</s>").save_pretrained(folder)
+    PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", bos_token="<s>", eos_token="</s>",
+                            chat_template=CHAT_TEMPLATE).save_pretrained(folder)
 
 
 def eager_tokens(model: torch.nn.Module) -> List[int]:
@@ -118,7 +122,13 @@ class ExportHfTest(unittest.TestCase):
         if not have_tokenizers():
             self.skipTest("the tokenizers package is not installed: no tokenizer.json to copy")
         self.exported()
-        for name in ("tokenizer.json", "tokenizer_config.json", "generation_config.json"):
+        names = ["tokenizer.json", "tokenizer_config.json", "generation_config.json"]
+        # Where the chat template is saved depends on the transformers version: a file of its own, or the config.
+        if (self.checkpoint / "chat_template.jinja").is_file():
+            names.append("chat_template.jinja")
+        else:
+            self.assertIn("chat_template", json.loads((self.checkpoint / "tokenizer_config.json").read_text()))
+        for name in names:
             with self.subTest(name):
                 self.assertEqual((self.out.parent / name).read_bytes(), (self.checkpoint / name).read_bytes())
         self.assertEqual(json.loads((self.out.parent / "generation_config.json").read_text())["eos_token_id"], 2)
@@ -136,6 +146,26 @@ class ExportHfTest(unittest.TestCase):
         report = json.loads(done.stdout)
         # "ids" where delegate-host reads the tokenizer beside the program (issue 47 item 2), else "tokens".
         self.assertEqual(report.get("ids", report.get("tokens")), self.eager)
+
+    def test_delegate_host_chats_with_the_checkpoints_template_as_transformers_renders_it(self) -> None:
+        host = delegate_host()
+        if host is None:
+            self.skipTest("delegate-host not built (cargo build -p delegate-host, or set KV_DELEGATE_HOST)")
+        if not have_tokenizers():
+            self.skipTest("the tokenizers package is not installed: no tokenizer.json to chat with")
+        self.exported()
+        from transformers import AutoTokenizer
+
+        user = "the cat sat on the mat"
+        expected = AutoTokenizer.from_pretrained(self.checkpoint).apply_chat_template(
+            [{"role": "user", "content": user}], add_generation_prompt=True, tokenize=True)
+        expected = expected["input_ids"] if isinstance(expected, dict) or hasattr(expected, "keys") else expected
+        done = subprocess.run([str(host), "run", str(self.out), "--chat", "--user", user, "--max-new-tokens", "3",
+                               "--json"], capture_output=True, text=True)
+        self.assertEqual(done.returncode, 0, done.stderr)
+        report = json.loads(done.stdout)
+        self.assertEqual(report["prompt_ids"], list(expected), "the prompt as transformers' apply_chat_template")
+        self.assertLessEqual(len(report["ids"]), 3)
 
     def test_a_folder_without_config_json_is_refused_in_one_line_and_writes_nothing(self) -> None:
         with tempfile.TemporaryDirectory() as tmp:
