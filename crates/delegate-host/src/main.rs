@@ -181,7 +181,8 @@ struct ProgramArgs {
     #[arg(long, value_name = "PATH")]
     tokenizer: Option<PathBuf>,
     /// Talk to the model: the prompt is --system (if any) and --user rendered with the checkpoint's chat template
-    /// (the tokenizer_config.json beside the tokenizer), ending where the assistant's reply begins.
+    /// (chat_template.jinja, else tokenizer_config.json's, beside the tokenizer), ending where the assistant's reply
+    /// begins.
     #[arg(long, requires = "turn", conflicts_with_all = ["prompt", "prompt_ids"])]
     chat: bool,
     /// The system turn of --chat.
