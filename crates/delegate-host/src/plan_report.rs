@@ -157,7 +157,9 @@ fn report_text(out: &mut String, at: &str, report: &PlanReport) {
         let layer = launch.layer.map_or("-".to_owned(), |l| format!("L{l}"));
         let path = if launch.fused { "fused" } else { "alone" };
         let writes: Vec<_> = launch.writes.iter().map(|w| printable(w).into_owned()).collect();
-        let _ = writeln!(out, "  {i:>4}  {layer:<4} {path}  {:<28} -> {}", launch.kind, writes.join(", "));
+        // A launch of the GEMM path may write only its own scratch, which has no name in the graph.
+        let writes = if writes.is_empty() { "(scratch)".to_owned() } else { writes.join(", ") };
+        let _ = writeln!(out, "  {i:>4}  {layer:<4} {path}  {:<28} -> {writes}", launch.kind);
         if let Some(reason) = &launch.reason {
             let _ = writeln!(out, "              why: {}", printable(reason));
         }

@@ -7,16 +7,22 @@
 //! be made of: a GEMV (with whatever it fuses), attention, an embedding gather, argmax. Every other launch is
 //! one op that a fused form could have taken (the general path's elementwise ops, means, casts, copies and
 //! standalone RoPE, and an add, RMS norm, cache update or positions of its own) and carries a `reason`.
+//!
+//! A call of several rows (a prefill's chunk) runs its GEMV steps on the GEMM path ([`crate::gemm`]): the
+//! report lists the launches each such step becomes, as the engine queues them (`gemm` for a product on
+//! cuBLAS, the norm, adds and cache update around it by their own names), each `fused` (the path meant for
+//! those rows), and the layers count them.
 #![forbid(unsafe_code)]
 
 mod describe;
 mod layers;
 mod reason;
 
-use ref_graph::Graph;
+use ref_graph::{Graph, TensorId};
 use ref_graph_contract::read_blob;
 
 use crate::delegate::DELEGATE;
+use crate::gemm::{Expansion, Part};
 use crate::plan::Plan;
 use crate::{Error, BACKEND_ID};
 
@@ -40,8 +46,9 @@ pub struct PlanReport {
 pub struct Launch {
     /// What it runs: a fused GEMV as `norm+gemv3+bias+residual+kv_update+swiglu+rope` (the RMS norm it does
     /// first, how many sibling products, then what it fuses after them), `attention`, `embedding` (token and
-    /// position rows in one), `gather`, `argmax`, `kv_update2` (K and V caches in one launch), or a
-    /// general-path op (`b.mul`, `silu`, `mean`, `cast_f32`, `copy`, `rope`, ...).
+    /// position rows in one), `gather`, `argmax`, `kv_update2` (K and V caches in one launch), `gemm` (a
+    /// product of several rows on cuBLAS), or a general-path op (`b.mul`, `silu`, `mean`, `cast_f32`, `copy`,
+    /// `rope`, ...).
     pub kind: String,
     /// A launch of the fast path (see the module docs); `false` for one op on its own.
     pub fused: bool,
@@ -60,26 +67,36 @@ impl PlanReport {
     ///
     /// [`Error::Unsupported`] for a graph the CUDA delegate cannot run.
     pub fn of_graph(graph: &Graph) -> Result<PlanReport, Error> {
-        let plan = Plan::new(graph)?;
+        let mut plan = Plan::new(graph)?;
         let ops = reason::Ops::new(graph);
         let tags: Vec<_> = plan.steps.iter().map(|step| layers::tag(graph, &ops, step)).collect();
-        let layers = Layers::find(graph, &plan.steps, &tags);
-        let launches = plan
-            .steps
-            .iter()
-            .enumerate()
-            .map(|(i, step)| {
-                let name = |id: ref_graph::TensorId| graph.tensor(id).name.clone();
+        let by_step = Layers::find(graph, &plan.steps, &tags);
+        // As the engine expands the plan at `init`: a step of several rows' products on cuBLAS.
+        let expansion = Expansion::new(&mut plan);
+        let names = |ids: Vec<TensorId>| -> Vec<String> {
+            // A scratch tensor of the GEMM path (an id past the graph's) has no name in the graph.
+            ids.into_iter().filter_map(|id| graph.tensors().get(id.0)).map(|t| t.name.clone()).collect()
+        };
+        let mut launches = Vec::new();
+        for (i, step) in plan.steps.iter().enumerate() {
+            let layer = by_step.as_ref().and_then(|l| l.of(i));
+            let Some(parts) = expansion.of(i) else {
                 let reason = reason::why(&ops, &plan, i);
-                Launch {
-                    kind: step.label(),
-                    fused: reason.is_none(),
-                    writes: step.writes().into_iter().map(name).collect(),
-                    reason,
-                    layer: layers.as_ref().and_then(|l| l.of(i)),
-                }
-            })
-            .collect();
+                let (kind, writes) = (step.label(), names(step.writes()));
+                launches.push(Launch { kind, fused: reason.is_none(), writes, reason, layer });
+                continue;
+            };
+            launches.extend(parts.iter().map(|part| {
+                let (kind, writes) = match part {
+                    Part::Step(step) => (step.label(), names(step.writes())),
+                    Part::Product(product) => ("gemm".to_owned(), names(vec![product.y])),
+                };
+                Launch { kind, fused: true, writes, reason: None, layer }
+            }));
+        }
+        let weights: Vec<usize> =
+            (0..plan.steps.len()).map(|i| expansion.of(i).map_or(1, <[_]>::len)).collect();
+        let layers = by_step.map(|l| l.weighted(&weights));
         Ok(PlanReport { ops: graph.ops().len(), launches, layers })
     }
 

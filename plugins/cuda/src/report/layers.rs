@@ -115,6 +115,16 @@ impl Layers {
         Layers { rule, launches, before: starts[0], after: total - end }
     }
 
+    /// The same layers over launches where step `i` is `weights[i]` launches (a step on the GEMM path is
+    /// several): each count the sum of its steps' weights.
+    pub(super) fn weighted(&self, weights: &[usize]) -> Layers {
+        let mut rest = weights.iter();
+        let mut take = |n: usize| rest.by_ref().take(n).sum::<usize>();
+        let before = take(self.before);
+        let launches = self.launches.iter().map(|&n| take(n)).collect();
+        Layers { rule: self.rule, launches, before, after: take(self.after) }
+    }
+
     /// The layer launch `index` falls in; `None` before the first and after the last.
     pub fn of(&self, index: usize) -> Option<usize> {
         let mut start = self.before;

@@ -51,8 +51,8 @@ fn general_graph() -> Graph {
 fn every_general_launch_says_what_form_it_is_in_the_graphs_names() {
     let report = PlanReport::of_graph(&general_graph()).expect("planned");
     let product = writing(&report, "proj");
-    assert!(product.fused && product.reason.is_none(), "a GEMV is the fast path: {product:?}");
-    assert_eq!(product.kind, "gemv1");
+    assert!(product.fused && product.reason.is_none(), "a product is the fast path: {product:?}");
+    assert_eq!(product.kind, "gemm", "two rows: the product runs on cuBLAS");
     let sigmoid = reason(&report, "proj_sigmoid");
     assert!(sigmoid.starts_with("sigmoid of 'proj': a sigmoid has no fused form"), "{sigmoid}");
     let mul = reason(&report, "gated");
@@ -105,6 +105,38 @@ fn a_fully_fused_decoder_has_no_reasons_and_its_layers_by_attention() {
     assert_eq!(layers.before + layers.launches.iter().sum::<usize>() + layers.after, report.launches.len());
     let attention = report.launches.iter().filter(|l| l.kind == "attention");
     assert!(attention.enumerate().all(|(i, l)| l.layer == Some(i)), "{report:#?}");
+}
+
+/// A call of several rows (a prefill's chunk) lists the launches the engine queues for it: each GEMV step
+/// on the GEMM path becomes its products on cuBLAS (`gemm`) and the launches around them, all fused, and the
+/// layers count those launches; the same decoder of one row keeps its GEMVs.
+#[test]
+fn a_chunk_of_rows_lists_its_products_as_gemm_launches_counted_in_its_layers() {
+    let cfg = Config { layers: 2, ..Config::tiny() };
+    let weights = Weights::generate(&cfg);
+    let decode =
+        PlanReport::of_graph(&model::build_graph(&cfg, &weights, 1).expect("graph")).expect("planned");
+    assert!(decode.launches.iter().all(|l| l.kind != "gemm"), "one row keeps its GEMVs: {decode:#?}");
+    let graph = model::build_graph(&cfg, &weights, 4).expect("graph");
+    let mut plan = Plan::new(&graph).expect("planned");
+    let expansion = Expansion::new(&mut plan);
+    let report = PlanReport::of_graph(&graph).expect("planned");
+    assert_eq!(report.launches.len(), expansion.launches(), "one launch a part: {report:#?}");
+    assert!(report.launches.iter().all(|l| l.fused && l.reason.is_none()), "{report:#?}");
+    let gemms = report.launches.iter().filter(|l| l.kind == "gemm").count();
+    let products: usize = (0..plan.steps.len())
+        .filter_map(|i| expansion.of(i))
+        .map(|parts| parts.iter().filter(|p| matches!(p, Part::Product(_))).count())
+        .sum();
+    assert!(gemms > 0 && gemms == products, "{gemms} gemm launches, {products} products: {report:#?}");
+    assert!(report.launches.iter().all(|l| !l.kind.contains("gemv")), "no GEMV left: {report:#?}");
+    let layers = report.layers.clone().expect("layers");
+    assert_eq!(layers.launches.len(), cfg.layers);
+    assert_eq!(layers.before + layers.launches.iter().sum::<usize>() + layers.after, report.launches.len());
+    for (layer, &count) in layers.launches.iter().enumerate() {
+        let tagged = report.launches.iter().filter(|l| l.layer == Some(layer)).count();
+        assert_eq!(tagged, count, "layer {layer}: {report:#?}");
+    }
 }
 
 /// Layers by the index in weight names: each from its first named launch to the next's; the last until a
