@@ -6,6 +6,8 @@
 #   bash target/gpu-bundle/run.sh bench   # the side-by-side benchmark, ours and PyTorch's, then the
 #                                         # Llama-3.2-1B-shaped decoder, ours and (with transformers)
 #                                         # PyTorch's; JSON to $OUT
+#   bash target/gpu-bundle/run.sh quick   # in one short call: every test executable at once, the real
+#                                         # models, then prefill and the 1B and 26M exports (ours, floors)
 #   bash target/gpu-bundle/run.sh real    # every committed real model on the CUDA delegate (part of test)
 #   bash target/gpu-bundle/run.sh isolated  # only the isolated-plugin runs and benches, then again under
 #                                           # the CUDA Multi-Process Service when the machine has it
@@ -338,9 +340,40 @@ json.dump({"ours": ours, "torch": theirs, "rows": rows}, open(sys.argv[3], "w"),
 PY
 }
 
+# Everything new in one short call, for a lease with minutes left: every test executable at once (correctness
+# only: they share the GPU, so nothing timed), then the real models, then the two benches that carry the goals
+# (ours only, no PyTorch: prefill at 128/1024/4096 tokens and the 1B and 26M exports beside their floors), each
+# step under its own time limit so one hang costs only its share.
+run_quick() {
+  local t0=$SECONDS pids=()
+  for t in test_*; do
+    [ -x "$t" ] || continue
+    ( timeout 120 ./"$t" --test-threads=4 --include-ignored > "$out/$t.log" 2>&1; echo "exit $?" >> "$out/$t.log" ) &
+    pids+=($!)
+  done
+  wait "${pids[@]}"
+  for t in test_*; do
+    [ -f "$out/$t.log" ] || continue
+    echo "== $t: $(grep -E '^test result' "$out/$t.log" | tail -1) $(tail -1 "$out/$t.log")"
+    grep -E "FAILED|panicked" "$out/$t.log" | head -5
+    tail -1 "$out/$t.log" | grep -q "exit 0" || status=1
+  done
+  echo "== tests took $((SECONDS - t0)) s"
+  run_real
+  timeout 60 ./bench_prefill --preset llama-1b --lengths 128,1024,4096 > "$out/prefill.json" 2> "$out/prefill.err" || { status=1; tail -3 "$out/prefill.err"; }
+  for shape in llama-1b tiny-26m; do
+    timeout 45 ./bench_export_decode --graph "$here/../../fixtures/bench/$shape.rgd" --position 1024 --steps 100 > "$out/export-$shape.json" 2> "$out/export-$shape.err" || { status=1; tail -3 "$out/export-$shape.err"; }
+  done
+  for f in "$out"/prefill.json "$out"/export-*.json; do
+    [ -s "$f" ] && { echo "== $(basename "$f")"; head -c 1500 "$f"; echo; }
+  done
+  echo "== quick took $((SECONDS - t0)) s"
+}
+
 mode="${1:-test}"
 case "$mode" in
   test) run_tests; run_real ;;
+  quick) run_quick ;;
   real) run_real ;;
   bench) run_bench ;;
   isolated) run_isolated_only ;;
@@ -348,7 +381,7 @@ case "$mode" in
   trace) shift; run_trace "${1:-}" ;;
   export-bench) shift; run_export_bench "$@" ;;
   prefill-bench) shift; run_prefill_bench "$@" ;;
-  *) echo "usage: run.sh test|real|bench|isolated|sweep [SETTING...]|trace [SETTING]|export-bench [SHAPE...]|prefill-bench [LENGTHS]" >&2; exit 2 ;;
+  *) echo "usage: run.sh test|quick|real|bench|isolated|sweep [SETTING...]|trace [SETTING]|export-bench [SHAPE...]|prefill-bench [LENGTHS]" >&2; exit 2 ;;
 esac
 if [ -n "${OUT:-}" ]; then
   tar czf "$OUT/results-$mode.tgz" --exclude='program-*' -C "$out" .
