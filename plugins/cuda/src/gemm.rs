@@ -24,7 +24,7 @@ mod tests;
 
 use ref_graph::{ElemType, TensorId, UnaryFn};
 
-use crate::plan::{BinOp, Float, GemvMat, KvLayout, Plan, Softcap, Step, Walk};
+use crate::plan::{BinOp, CacheRows, Float, GemvMat, KvLayout, Plan, Softcap, Step, Walk};
 
 /// Fewest rows a GEMV step computes for its products to run as GEMMs. Every step of more than one row: the
 /// GEMV kernel reads each weight row once per activation row (its blocks of one row run before the next
@@ -207,17 +207,7 @@ impl Expansion {
             product(mat, mat.y, &mut parts);
         }
         if let Some(c) = cache_rows {
-            let updates: Vec<(TensorId, TensorId)> =
-                mats.iter().filter_map(|mat| mat.cache.map(|cache| (cache, mat.y))).collect();
-            let layout =
-                KvLayout { rows: m, heads: c.heads, len: c.len, head_dim: c.head_dim, head_major: false };
-            for caches in updates.chunks(2) {
-                parts.push(Part::Step(Step::KvUpdate {
-                    caches: caches.to_vec(),
-                    position: c.position,
-                    layout,
-                }));
-            }
+            parts.extend(cache_updates(mats, c, m));
         }
         Some(parts)
     }
@@ -233,6 +223,18 @@ fn softcap_steps(y: TensorId, cap: Softcap, elems: u64, dtype: ElemType) -> [Ste
         Step::Unary { func: UnaryFn::Tanh, input: y, out: y, n: elems, dtype },
         binary(BinOp::Mul, cap.factor),
     ]
+}
+
+/// The cache rows a GEMV step of `m` rows writes itself (`c`), as cache updates of the products it stored:
+/// the K and V caches two to a launch, token-major.
+fn cache_updates(mats: &[GemvMat], c: CacheRows, m: u32) -> Vec<Part> {
+    let updates: Vec<(TensorId, TensorId)> =
+        mats.iter().filter_map(|mat| mat.cache.map(|cache| (cache, mat.y))).collect();
+    let layout = KvLayout { rows: m, heads: c.heads, len: c.len, head_dim: c.head_dim, head_major: false };
+    updates
+        .chunks(2)
+        .map(|caches| Part::Step(Step::KvUpdate { caches: caches.to_vec(), position: c.position, layout }))
+        .collect()
 }
 
 /// Whether `step` takes the GEMM path: a GEMV of [`GEMM_MIN_ROWS`] rows or more that stores nothing rotated
