@@ -120,7 +120,10 @@ def hf_model(kind: str, dtype: torch.dtype) -> torch.nn.Module:
 
 
 def with_static_cache(model: torch.nn.Module, max_len: int) -> torch.nn.Module:
-    """``model`` set up for transformers' StaticCache export recipe: batch 1, ``max_len`` positions, on the CPU."""
+    """``model`` set up for transformers' StaticCache export recipe: batch 1, ``max_len`` positions, on the CPU.
+    The recipe refuses a model whose generation config does not say ``use_cache``; a checkpoint's
+    ``generation_config.json`` usually leaves it unset (Llama-3.2's does), and the export always caches."""
+    model.generation_config.use_cache = True
     model.generation_config.cache_implementation = "static"
     model.generation_config.cache_config = {"batch_size": 1, "max_cache_len": max_len, "device": "cpu"}
     return model

@@ -94,6 +94,9 @@ class ExportHfTest(unittest.TestCase):
         cls.checkpoint = Path(cls.tmp.name) / "checkpoint"
         model = tiny_llama()
         model.save_pretrained(cls.checkpoint)
+        # As a checkpoint from the hub has it (Llama-3.2's): the generation config names the special tokens and
+        # leaves `use_cache` unset, where `save_pretrained` of a model writes the model config's `true`.
+        (cls.checkpoint / "generation_config.json").write_text(json.dumps({"bos_token_id": 1, "eos_token_id": 2}))
         if have_tokenizers():
             save_tokenizer(cls.checkpoint)
         cls.eager = eager_tokens(model)
