@@ -7,7 +7,7 @@ step over the read bandwidth measured here, in the same run (`torch_baseline.mea
     python3 export_bench.py OUT_DIR --shapes llama-1b qwen2.5-0.5b tiny-26m [--json FILE]
 
 Reads `OUT_DIR/export-SHAPE.json`, `hand-SHAPE.json` and `torch-SHAPE.json` (a missing or empty one is shown as
-not run); prints the table and writes every figure, with the bandwidth and the device, to `--json`. Exits 1 when
+not run); prints the table (and each exported step's launches beside an empty chain of as many) and writes every figure, with the bandwidth and the device, to `--json`. Exits 1 when
 an exported graph did not run."""
 import argparse
 import json
@@ -76,6 +76,9 @@ def main():
                  f"{r['floor_us']:.1f}", cell("exported"), cell("hand_built"), cell("torch_compiled"),
                  cell("torch_eager"), ratio]
         print("  ".join(f"{c:>14}" for c in cells))
+        if "launches_per_step" in e:
+            print(f"{'':>14}  exported: {e['launches_per_step']} launches a step; an empty chain of as many "
+                  f"overlapped launches takes {e['empty_chain_us_per_step']:.1f} us (the step's launch floor)")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"device": torch.cuda.get_device_name(0), "measured_bytes_per_s": bandwidth,

@@ -21,6 +21,11 @@ pub struct Timed {
     pub gpu_us_per_step: f64,
     /// Seconds spent packing the blob and initialising the delegate (upload and kernel compilation included).
     pub init_s: f64,
+    /// Launches a step's CUDA graph holds (its nodes).
+    pub launches: usize,
+    /// GPU microseconds of an empty chain of as many launches, timed alike (`chain.rs`): the step's launch
+    /// floor.
+    pub empty_chain_us: f64,
 }
 
 fn text(err: impl std::fmt::Display) -> String {
@@ -62,7 +67,9 @@ pub fn time_decode(graph: &Graph, position: i64, steps: usize) -> Result<Timed, 
     end.record(stream.as_ref()).map_err(text)?;
     end.synchronize().map_err(text)?;
     let gpu_us_per_step = f64::from(end.elapsed_ms(&start).map_err(text)?) * 1e3 / steps as f64;
-    Ok(Timed { gpu_us_per_step, init_s })
+    let launches = step.nodes();
+    let empty_chain_us = super::chain::time_empty_chain(&ctx, launches, steps)?;
+    Ok(Timed { gpu_us_per_step, init_s, launches, empty_chain_us })
 }
 
 /// The call's device memory: one allocation per graph input, and per output not written in place.

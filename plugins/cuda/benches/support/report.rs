@@ -26,6 +26,8 @@ pub fn json(
         "parameters": parameters, "ops": graph.ops().len(), "position": position, "steps": steps,
         "gpu_us_per_step": (timed.gpu_us_per_step * 10.0).round() / 10.0,
         "bytes_per_step": super::traffic::bytes_per_step(graph, position),
+        "launches_per_step": timed.launches,
+        "empty_chain_us_per_step": (timed.empty_chain_us * 10.0).round() / 10.0,
         "build_and_init_s": ((build_s + timed.init_s) * 10.0).round() / 10.0,
     });
     if let (Some(object), serde_json::Value::Object(more)) = (value.as_object_mut(), extra) {
