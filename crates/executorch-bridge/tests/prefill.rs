@@ -1,6 +1,7 @@
 //! A chunked prefill in ExecuTorch's own runtime (issue 48 item 4): `et-run` feeds the prompt as host-runtime's
-//! generation protocol plans it, chunks of the prefill method's token count through `prefill`, the tokens short
-//! of a chunk one a call through `decode`, so a two-method program takes a prompt of any length.
+//! generation protocol plans it, chunks of the prefill method's token count through `prefill`, a tail short of
+//! a chunk as the prompt's last chunk again (a prompt shorter than a chunk one token a call through `decode`),
+//! so a two-method program takes a prompt of any length.
 //! `fixtures/executorch/prefill/llama_f32.pte` is the Hugging Face Llama of the real-model fixtures with a
 //! `prefill` of 3 tokens a call; its tokens are torch eager's, and, for other prompts, those of the one-method
 //! program of the same weights (`real/llama_f32.pte`, fed one token a call).
@@ -50,7 +51,8 @@ fn prompts_of_any_length_give_the_tokens_of_token_by_token_prefill() {
     let chunked = fixtures().join("prefill/llama_f32.pte");
     let one_by_one = fixtures().join("real/llama_f32.pte");
     let long: Vec<i64> = (0..11).map(|i| (i * 37 + 5) % 128).collect();
-    // Shorter than a chunk (decode alone), exactly one, two chunks, and chunks with a tail of two.
+    // Shorter than a chunk (decode alone), exactly one, two chunks, and chunks with a tail of two (the last
+    // chunk again).
     for len in [2, 3, 6, 11] {
         let prompt = &long[..len];
         let want = tokens(&et_run(&one_by_one, prompt, 5));

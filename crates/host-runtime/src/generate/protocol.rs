@@ -3,11 +3,18 @@
 //! loops, a continued sequence, and ExecuTorch's own runtime through the bridge (`et-run`), which plans with
 //! [`plan`].
 //!
-//! The prefill method takes the prompt in chunks of its token count (`T`, a chunked prefill); the tokens left
-//! short of a chunk (all of them for a prompt shorter than `T`) go one token a call through the decode method,
-//! which leaves the caches exactly as a longer prefill would (each call writes its rows and attends causally
-//! over the cache), so no call pads and nothing is masked by hand. A program whose prefill and decode are one
-//! method (`forward`) of several tokens has no method for the tail: its prompt must be a multiple of `T`.
+//! The prefill method takes the prompt in chunks of its token count (`T`, a chunked prefill). The tokens left
+//! short of a chunk (the tail) go one token a call through the decode method, which leaves the caches exactly
+//! as a longer prefill would (each call writes its rows and attends causally over the cache), so no call pads
+//! and nothing is masked by hand; all of them for a prompt shorter than `T`. A tail of at least a quarter of a
+//! chunk after at least one whole chunk is instead taken in one more prefill call over the feed's last `T`
+//! tokens: it rewrites the rows the chunk before it wrote, from the same tokens at the same positions (so
+//! with the same values: each row depends only on the tokens up to it), and ends on the feed's last token.
+//! One chunk costs about as much as a quarter of its tokens taken one a call on the reference delegate (its
+//! products take four rows a pass) and as a few decode steps on the GPU, so from a quarter on it is the cheaper
+//! way on both. A program whose prefill and decode are one method (`forward`) of several tokens has no method
+//! for a tail: it takes the last chunk so whatever the tail, and refuses a feed shorter than a chunk that
+//! leaves one.
 
 use program_manifest::Generate;
 
@@ -42,31 +49,35 @@ pub struct Methods<'m> {
 /// outputs hold the next token. Pure: nothing runs.
 ///
 /// # Errors
-/// [`Error::Generation`] when `feed` leaves a tail and the decode method does not take one token a call (a
-/// one-method program whose method takes several), naming both methods and the counts.
+/// [`Error::Generation`] when `feed` is shorter than a chunk and the decode method does not take one token a
+/// call (a one-method program whose method takes several), naming both methods and the counts.
 pub fn plan<'f>(methods: Methods<'f>, feed: &'f [i64], start: i64) -> Result<Vec<Call<'f>>, Error> {
     let Methods { prefill, decode, decode_rows, .. } = methods;
     let rows = methods.prefill_rows.max(1);
     let (head, tail) = feed.split_at(feed.len() / rows * rows);
-    if !tail.is_empty() && decode_rows != 1 {
+    let no_singles = decode_rows != 1;
+    if !tail.is_empty() && head.is_empty() && no_singles {
         return Err(Error::Generation(format!(
-            "method '{prefill}' takes {rows} tokens per call, which does not divide the {} tokens fed, and method \
-             '{decode}' takes {decode_rows}, not one, so it cannot feed the last {}",
-            feed.len(),
-            tail.len()
+            "method '{prefill}' takes {rows} tokens per call, more than the {} tokens fed, and method \
+             '{decode}' takes {decode_rows}, not one, so it cannot feed them",
+            feed.len()
         )));
     }
-    let chunks = head.chunks(rows).map(|chunk| (prefill, chunk));
-    let singles = tail.chunks(1).map(|token| (decode, token));
-    let mut position = start;
-    Ok(chunks
-        .chain(singles)
-        .map(|(method, tokens)| {
-            let call = Call { method, tokens, position };
-            position += tokens.len() as i64;
-            call
-        })
-        .collect())
+    let call =
+        |method, tokens: &'f [i64], offset: usize| Call { method, tokens, position: start + offset as i64 };
+    let chunks = head.chunks(rows).enumerate().map(|(i, chunk)| call(prefill, chunk, i * rows));
+    let mut calls: Vec<Call<'f>> = chunks.collect();
+    if !tail.is_empty() && !head.is_empty() && (no_singles || tail.len() * 4 >= rows) {
+        let last = feed.len() - rows;
+        calls.push(call(prefill, &feed[last..], last));
+    } else {
+        calls.extend(
+            tail.iter()
+                .enumerate()
+                .map(|(i, token)| call(decode, std::slice::from_ref(token), head.len() + i)),
+        );
+    }
+    Ok(calls)
 }
 
 /// The calls that feed `g.prompt` from position 0, in order (module docs); the last one's outputs hold the next
@@ -177,10 +188,10 @@ mod tests {
 
     #[test]
     fn a_chunked_prefill_takes_whole_chunks_and_decode_the_tokens_short_of_one() {
-        let g = generate("prefill", "decode", &[1, 7, 3, 12, 5, 9, 2], None);
-        let expected =
-            [("prefill", vec![1, 7, 3], 0), ("prefill", vec![12, 5, 9], 3), ("decode", vec![2], 6)];
-        assert_eq!(calls(&g, 3, 1), expected);
+        let prompt: Vec<i64> = (1..=9).collect();
+        let g = generate("prefill", "decode", &prompt, None);
+        let expected = [("prefill", (1..=8).collect(), 0), ("decode", vec![9], 8)];
+        assert_eq!(calls(&g, 8, 1), expected, "a tail under a quarter of a chunk");
         let exact = generate("prefill", "decode", &[1, 7, 3, 12], None);
         assert_eq!(calls(&exact, 4, 1), [("prefill", vec![1, 7, 3, 12], 0)], "no tail");
         let short = generate("prefill", "decode", &[1, 7], None);
@@ -189,22 +200,39 @@ mod tests {
             [("decode", vec![1], 0), ("decode", vec![7], 1)],
             "shorter than a chunk"
         );
-        let later = plan(methods(&g, 3, 1), &g.prompt[..4], 10).expect("a plan");
-        assert_eq!(later.iter().map(|c| c.position).collect::<Vec<_>>(), [10, 13], "from a later position");
+        let later = plan(methods(&g, 8, 1), &g.prompt, 10).expect("a plan");
+        assert_eq!(later.iter().map(|c| c.position).collect::<Vec<_>>(), [10, 18], "from a later position");
     }
 
     #[test]
-    fn one_method_of_several_tokens_needs_a_prompt_it_divides() {
+    fn a_tail_of_a_quarter_of_a_chunk_or_more_is_the_feeds_last_chunk_again() {
+        let prompt: Vec<i64> = (1..=10).collect();
+        let g = generate("prefill", "decode", &prompt, None);
+        // 8 tokens a chunk: a tail of 2 is a quarter; the last call rewrites positions 2..8 from the same tokens.
+        let expected = [("prefill", (1..=8).collect::<Vec<i64>>(), 0), ("prefill", (3..=10).collect(), 2)];
+        assert_eq!(calls(&g, 8, 1), expected);
+        assert_eq!(
+            calls(&g, 9, 1).len(),
+            2,
+            "a tail of 1 in chunks of 9 is under a quarter: one decode call"
+        );
+        assert_eq!(calls(&g, 9, 1)[1], ("decode", vec![10], 9));
+        let later = plan(methods(&g, 8, 1), &g.prompt, 100).expect("a plan");
+        assert_eq!(later.iter().map(|c| c.position).collect::<Vec<_>>(), [100, 102], "from a later position");
+        let last = later.last().expect("calls");
+        assert_eq!(last.position + last.tokens.len() as i64, 110, "the feed ends where it would have");
+    }
+
+    #[test]
+    fn one_method_of_several_tokens_takes_the_last_chunk_again_and_refuses_a_shorter_feed() {
         let g = generate("forward", "forward", &[1, 7, 3, 12], None);
         assert_eq!(calls(&g, 2, 2), [("forward", vec![1, 7], 0), ("forward", vec![3, 12], 2)]);
         assert_eq!(calls(&g, 1, 1).len(), 4, "one token a call");
         assert_eq!(calls(&g, 0, 1).len(), 4, "a count of 0 is read as one");
-        let message = plan(methods(&g, 3, 3), &g.prompt, 0)
-            .expect_err("a tail of one token and no method for it")
-            .to_string();
-        assert!(message
-            .contains("method 'forward' takes 3 tokens per call, which does not divide the 4 tokens fed"));
-        assert!(message.ends_with("cannot feed the last 1"), "{message}");
+        assert_eq!(calls(&g, 3, 3), [("forward", vec![1, 7, 3], 0), ("forward", vec![7, 3, 12], 1)]);
+        let message = plan(methods(&g, 5, 5), &g.prompt, 0).expect_err("no method for 4 tokens").to_string();
+        assert!(message.contains("method 'forward' takes 5 tokens per call, more than the 4 tokens fed"));
+        assert!(message.ends_with("so it cannot feed them"), "{message}");
     }
 
     fn options(steps: usize, start: Option<i64>, hold: bool) -> Options {
