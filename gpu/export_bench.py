@@ -78,7 +78,8 @@ def main():
         print("  ".join(f"{c:>14}" for c in cells))
         if "launches_per_step" in e:
             print(f"{'':>14}  exported: {e['launches_per_step']} launches a step; an empty chain of as many "
-                  f"overlapped launches takes {e['empty_chain_us_per_step']:.1f} us (the step's launch floor)")
+                  f"overlapped launches takes {e['empty_chain_us_per_step']:.1f} us (the step's launch floor), "
+                  f"a relay chain (each launch reading the last one's output) {e.get('relay_chain_us_per_step', 0):.1f} us")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"device": torch.cuda.get_device_name(0), "measured_bytes_per_s": bandwidth,

@@ -2,9 +2,13 @@
 //! launched overlapping the one before it (programmatic dependent launch, as the delegate launches its
 //! kernels), a block per multiprocessor, captured and replayed as a graph and timed like the step. A step
 //! cannot take less than this chain: it is the floor a launch-bound model (a small one) meets before any byte
-//! is read.
+//! is read. A relay chain adds the least dependent work a launch of a step does: each block reads what the
+//! launch before it wrote and writes what the next one reads (a row of a float a thread), which puts one
+//! round trip through memory after each wait: the floor of a chain of launches that each depend on the last.
 
-use cuda_rt::{Context, Event, LaunchConfig, Stream};
+use std::ffi::c_void;
+
+use cuda_rt::{Allocation, Context, Device, Event, LaunchConfig, Stream};
 
 /// The chain's kernel: it waits for the kernel before it and lets the next one start, and does nothing else.
 const LINK: &str = r#"
@@ -12,29 +16,52 @@ extern "C" __global__ void link() {
     asm volatile("griddepcontrol.wait;" ::: "memory");
     asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 }
+
+extern "C" __global__ void relay(const float* in, float* out) {
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+    unsigned i = blockIdx.x * blockDim.x + threadIdx.x;
+    out[i] = in[i] + 1.0f;
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+}
 "#;
+
+/// Threads a block of either chain.
+const THREADS: u32 = 128;
 
 fn text(err: impl std::fmt::Display) -> String {
     err.to_string()
 }
 
-/// GPU microseconds one replay of a graph of `launches` empty overlapped launches takes, the mean of `replays`
-/// after 10 untimed ones.
-pub fn time_empty_chain(ctx: &Context, launches: usize, replays: usize) -> Result<f64, String> {
-    let link = ctx.compile_module(LINK, &[]).and_then(|m| m.function("link")).map_err(text)?;
-    let config =
-        LaunchConfig { grid: (ctx.multiprocessors(), 1, 1), block: (128, 1, 1), shared_mem_bytes: 0 };
+/// GPU microseconds one replay of a graph of `launches` overlapped launches takes, the mean of `replays` after
+/// 10 untimed ones: empty links, or (`relay`) links that each read the last one's output and write their own.
+pub fn time_chain(ctx: &Context, launches: usize, replays: usize, relay: bool) -> Result<f64, String> {
+    let module = ctx.compile_module(LINK, &[]).map_err(text)?;
+    let kernel = module.function(if relay { "relay" } else { "link" }).map_err(text)?;
+    let blocks = ctx.multiprocessors();
+    let config = LaunchConfig { grid: (blocks, 1, 1), block: (THREADS, 1, 1), shared_mem_bytes: 0 };
+    let bytes = (blocks * THREADS) as usize * std::mem::size_of::<f32>();
+    let rows = [Allocation::<Device>::zeroed(ctx, bytes), Allocation::<Device>::zeroed(ctx, bytes)];
+    let [a, b] = rows.map(|row| row.map_err(text));
+    let (a, b) = (a?, b?);
     let stream = Stream::new(ctx).map_err(text)?;
     stream.begin_capture().map_err(text)?;
-    let queued = (0..launches).try_for_each(|_| {
-        // SAFETY: `link` takes no parameters and touches no memory; it waits (`griddepcontrol.wait`) before
-        // finishing, as an overlapped launch requires; the stream is live and of the kernel's context.
-        unsafe { link.launch_overlapped(config, stream.as_ref(), &mut []) }
+    let queued = (0..launches).try_for_each(|i| {
+        let (mut from, mut to) =
+            if i % 2 == 0 { (a.device_ptr(), b.device_ptr()) } else { (b.device_ptr(), a.device_ptr()) };
+        let mut params = [(&mut from as *mut u64).cast::<c_void>(), (&mut to as *mut u64).cast::<c_void>()];
+        let params = if relay { &mut params[..] } else { &mut [][..] };
+        // SAFETY: `link` takes no parameters and touches no memory; `relay` takes two pointers (`params` points
+        // at them, read during the call) to rows of a float a thread of the grid, both alive until the stream is
+        // synchronised below, read and written only by the chain, in stream order; both kernels wait
+        // (`griddepcontrol.wait`) before touching memory, as an overlapped launch requires; the stream is live
+        // and of the kernels' context.
+        unsafe { kernel.launch_overlapped(config, stream.as_ref(), params) }
     });
     let chain = stream.end_capture().map_err(text)?;
     queued.map_err(text)?;
     let (start, end) = (Event::timed(ctx).map_err(text)?, Event::timed(ctx).map_err(text)?);
-    // SAFETY: the graph's kernels touch no memory; the stream is of the graph's context.
+    // SAFETY: the graph touches only `a` and `b`, alive until the synchronisation below; the stream is of the
+    // graph's context.
     let replay = || unsafe { chain.launch(stream.as_ref()) }.map_err(text);
     for _ in 0..10 {
         replay()?;

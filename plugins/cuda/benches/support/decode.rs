@@ -26,6 +26,9 @@ pub struct Timed {
     /// GPU microseconds of an empty chain of as many launches, timed alike (`chain.rs`): the step's launch
     /// floor.
     pub empty_chain_us: f64,
+    /// GPU microseconds of a relay chain of as many launches (each reads the last one's output): the floor of
+    /// as many launches that depend on each other.
+    pub relay_chain_us: f64,
 }
 
 fn text(err: impl std::fmt::Display) -> String {
@@ -68,8 +71,9 @@ pub fn time_decode(graph: &Graph, position: i64, steps: usize) -> Result<Timed, 
     end.synchronize().map_err(text)?;
     let gpu_us_per_step = f64::from(end.elapsed_ms(&start).map_err(text)?) * 1e3 / steps as f64;
     let launches = step.nodes();
-    let empty_chain_us = super::chain::time_empty_chain(&ctx, launches, steps)?;
-    Ok(Timed { gpu_us_per_step, init_s, launches, empty_chain_us })
+    let empty_chain_us = super::chain::time_chain(&ctx, launches, steps, false)?;
+    let relay_chain_us = super::chain::time_chain(&ctx, launches, steps, true)?;
+    Ok(Timed { gpu_us_per_step, init_s, launches, empty_chain_us, relay_chain_us })
 }
 
 /// The call's device memory: one allocation per graph input, and per output not written in place.

@@ -28,6 +28,7 @@ pub fn json(
         "bytes_per_step": super::traffic::bytes_per_step(graph, position),
         "launches_per_step": timed.launches,
         "empty_chain_us_per_step": (timed.empty_chain_us * 10.0).round() / 10.0,
+        "relay_chain_us_per_step": (timed.relay_chain_us * 10.0).round() / 10.0,
         "build_and_init_s": ((build_s + timed.init_s) * 10.0).round() / 10.0,
     });
     if let (Some(object), serde_json::Value::Object(more)) = (value.as_object_mut(), extra) {
