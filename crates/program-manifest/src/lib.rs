@@ -191,8 +191,8 @@
 //! - `token_input` (string): the `i64` input of both methods that takes token ids.
 //! - `position_input` (string): the `i64` input of both methods that takes the position of the first token
 //!   (0 for prefill, then the prompt length, and so on).
-//! - `logits_output` (string): the `f32` output of both methods with the logits, `[T, vocab]`; the last row
-//!   decides the next token.
+//! - `logits_output` (string): the `f32`, `f16` or `bf16` output of both methods with the logits, `[T, vocab]`;
+//!   the last row decides the next token.
 //! - `max_positions` (integer, optional): how many positions the caches hold (prompt plus decode steps). At
 //!   least the prompt's length; a host refuses to run more decode steps than
 //!   [`Generate::max_decode_steps`] allows before it starts, instead of overflowing a cache mid-run. When it

@@ -540,14 +540,24 @@ fn check_generate(
         for (field, value, want, dtype, list) in [
             ("token_input", &g.token_input, "input", &[DType::I64][..], &m.inputs),
             ("position_input", &g.position_input, "input", &[DType::I64][..], &m.inputs),
-            ("logits_output", &g.logits_output, "output", &[DType::F32, DType::F16][..], &m.outputs),
+            (
+                "logits_output",
+                &g.logits_output,
+                "output",
+                &[DType::F32, DType::F16, DType::BF16][..],
+                &m.outputs,
+            ),
         ] {
             match list.iter().find(|d| d.name == *value) {
                 None => {
                     return src.error(at(field), format!("method '{}' has no {want} named '{value}'", m.name))
                 }
                 Some(decl) if !dtype.contains(&decl.dtype) => {
-                    let want = dtype.iter().map(|d| d.name()).collect::<Vec<_>>().join(" or ");
+                    let names: Vec<&str> = dtype.iter().map(|d| d.name()).collect();
+                    let want = match names.split_last() {
+                        Some((last, rest)) if !rest.is_empty() => format!("{} or {last}", rest.join(", ")),
+                        _ => names.concat(),
+                    };
                     return src.error(
                         at(field),
                         format!("'{}' of method '{}' must be {want}, not {}", decl.name, m.name, decl.dtype),

@@ -107,6 +107,18 @@ fn blobs_outside_the_program_load_only_when_allowed() {
 }
 
 #[test]
+fn logits_of_every_float_type_a_host_reads_are_accepted() {
+    for dtype in ["f32", "f16", "bf16"] {
+        let text = GOOD.replace(
+            "name = \"logits\", dtype = \"f32\"",
+            &format!("name = \"logits\", dtype = \"{dtype}\""),
+        );
+        let m = parse(&text).unwrap_or_else(|e| panic!("{dtype} logits: {e}"));
+        assert_eq!(m.methods["decode"].outputs[0].dtype.name(), dtype);
+    }
+}
+
+#[test]
 fn errors_name_line_and_column() {
     let cases = [
         (GOOD.replace("format = 1", "format = 2"), "dir/program.toml:1:10: manifest format 2 is not supported; this build reads format 1"),
@@ -115,6 +127,7 @@ fn errors_name_line_and_column() {
         (GOOD.replace("dtype = \"f32\"\nshape", "dtype = \"f33\"\nshape"), "dir/program.toml:3:9: unknown dtype 'f33' for 'k' (expected one of: f32, f16, bf16, f64, i8, u8, i32, i64, bool)"),
         (GOOD.replace("prompt = [3]", "prompt = [3, 4]"), "dir/program.toml:17:10: prompt has 2 tokens but 'tokens' of method 'decode' takes 1"),
         (GOOD.replace("logits_output = \"logits\"", "logits_output = \"tokens\""), "dir/program.toml:20:17: method 'decode' has no output named 'tokens'"),
+        (GOOD.replace("name = \"logits\", dtype = \"f32\"", "name = \"logits\", dtype = \"i32\""), "dir/program.toml:20:17: 'logits' of method 'decode' must be f32, f16 or bf16, not i32"),
         (
             GOOD.replace("prompt = [3]", "prompt = [3]\nmax_positions = 0"),
             "dir/program.toml:18:17: max_positions is 0 but the prompt alone has 1 tokens",
