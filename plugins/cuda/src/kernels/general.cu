@@ -40,18 +40,6 @@ __device__ __forceinline__ void stf(void* p, i64 i, float v, int dt) {
 }
 
 
-// Element i of `dims` (row-major, `rank` axes) walked along two stride lists: adds its offsets along `sa` to
-// `a` and along `sb` to `b`.
-__device__ __forceinline__ void walk2(i64 i, int rank, const i64* dims, const i64* sa, const i64* sb, i64& a,
-                                      i64& b) {
-    for (int d = rank - 1; d >= 0; d--) {
-        const i64 c = i % dims[d];
-        i /= dims[d];
-        a += c * sa[d];
-        b += c * sb[d];
-    }
-}
-
 #define GRID_LOOP(i, n) \
     for (i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x; i < (n); i += (i64)gridDim.x * blockDim.x)
 
@@ -73,9 +61,14 @@ struct BinaryP {
 extern "C" __global__ void binary(BinaryP p) {
     pdl_wait();
     pdl_launch();
+    // Operands of out's own shape, contiguous (a residual add, SwiGLU's product): element i of each is at i.
+    const bool flat = contiguous(p.rank, p.dims, p.sa) && contiguous(p.rank, p.dims, p.sb);
     GRID_LOOP(i, p.n) {
-        i64 ia = 0, ib = 0;
-        walk2(i, p.rank, p.dims, p.sa, p.sb, ia, ib);
+        i64 ia = i, ib = i;
+        if (!flat) {
+            ia = ib = 0;
+            walk2(i, p.n, p.rank, p.dims, p.sa, p.sb, ia, ib);
+        }
         if (p.dt == DT_I64) {
             const unsigned long long x = ((const i64*)p.a)[ia], y = ((const i64*)p.b)[ib];
             // Two's-complement wrapping, as the reference's `wrapping_*`.
@@ -186,7 +179,7 @@ extern "C" __global__ void copy_strided(CopyP p) {
     pdl_launch();
     GRID_LOOP(i, p.n) {
         i64 is = p.src_off, id = p.dst_off;
-        walk2(i, p.rank, p.dims, p.ss, p.ds, is, id);
+        walk2(i, p.n, p.rank, p.dims, p.ss, p.ds, is, id);
         switch (p.elem) {
             case 2: ((unsigned short*)p.dst)[id] = ((const unsigned short*)p.src)[is]; break;
             case 8: ((unsigned long long*)p.dst)[id] = ((const unsigned long long*)p.src)[is]; break;
@@ -286,7 +279,7 @@ extern "C" __global__ void rope(RopeP p) {
     pdl_launch();
     GRID_LOOP(i, p.n) {
         i64 ic = 0, is = 0;
-        walk2(i, p.rank, p.dims, p.sc, p.ss, ic, is);
+        walk2(i, p.n, p.rank, p.dims, p.sc, p.ss, ic, is);
         const float rot = i % (2 * p.half) < p.half ? -ldf(p.x, i + p.half, p.dt) : ldf(p.x, i - p.half, p.dt);
         const float a = round_to(ldf(p.x, i, p.dt) * ldf(p.cos, ic, p.dt), p.dt);
         const float b = round_to(rot * ldf(p.sin, is, p.dt), p.dt);

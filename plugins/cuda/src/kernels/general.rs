@@ -9,7 +9,8 @@ use cuda_rt::{Context, DevicePtr, Function, LaunchConfig, Module, StreamRef};
 use ref_graph::ElemType;
 
 /// The CUDA C source, compiled by NVRTC at `init`.
-pub const SOURCE: &str = concat!(include_str!("common.cuh"), include_str!("general.cu"));
+pub const SOURCE: &str =
+    concat!(include_str!("common.cuh"), include_str!("walk.cuh"), include_str!("general.cu"));
 
 /// Most axes a broadcast or a strided copy handles (`MAX_RANK` in the source).
 pub const MAX_RANK: usize = 6;
