@@ -65,7 +65,7 @@ pub struct Product {
 pub enum Role {
     /// The normalised activation rows.
     Normed = 0,
-    /// The gate product of a SwiGLU, then `silu` of it.
+    /// The gate product of a SwiGLU.
     Gate = 1,
     /// The up product of a SwiGLU.
     Up = 2,
@@ -196,11 +196,9 @@ impl Expansion {
             );
             product(gate, g, &mut parts);
             product(up, u, &mut parts);
-            // SiLU, or a gated GELU's GELU.
+            // SiLU, or a gated GELU's GELU, and the product with up in one launch.
             let func = activation.unwrap_or(UnaryFn::Silu);
-            parts.push(Part::Step(Step::Unary { func, input: g, out: g, n: elems, dtype }));
-            let walk = Walk { dims: vec![elems], a: vec![1], b: vec![1] };
-            parts.push(Part::Step(Step::Binary { op: BinOp::Mul, a: g, b: u, out, dtype, walk }));
+            parts.push(Part::Step(Step::Glu { func, gate: g, up: u, out, n: elems, dtype }));
             return Some(parts);
         }
         for mat in mats {

@@ -267,6 +267,17 @@ pub enum Step {
         n: u64,
         dtype: ElemType,
     },
+    /// A gated unit over a GEMM-path step's two products in one launch: `out = func(gate) * up` over `n`
+    /// values, `func(gate)` rounded to `dtype` before the product, as a separate op would store it (SwiGLU,
+    /// Gemma's gated GELU).
+    Glu {
+        func: UnaryFn,
+        gate: TensorId,
+        up: TensorId,
+        out: TensorId,
+        n: u64,
+        dtype: ElemType,
+    },
     Mean {
         input: TensorId,
         out: TensorId,
@@ -319,6 +330,7 @@ impl Step {
             | Step::RopeTables { .. }
             | Step::Binary { .. }
             | Step::Unary { .. }
+            | Step::Glu { .. }
             | Step::Mean { .. }
             | Step::Cast { .. }
             | Step::Rope { .. }

@@ -4,7 +4,7 @@ use cuda_rt::LaunchConfig;
 
 use super::Engine;
 use crate::kernels::general::{
-    dtype_code, BinaryP, CastP, CopyP, CountersP, GeneralLaunch, MeanP, PositionsP, RopeP, RopeTablesP,
+    dtype_code, BinaryP, CastP, CopyP, CountersP, GeneralLaunch, GluP, MeanP, PositionsP, RopeP, RopeTablesP,
     UnaryP, COUNTERS_MAX, MAX_RANK,
 };
 use crate::plan::{CounterSum, Step, Walk};
@@ -59,6 +59,17 @@ impl Engine {
             Step::Unary { func, input, out, n, dtype } => GeneralLaunch::Unary(
                 elementwise(n),
                 UnaryP { x: p(input), out: p(out), n: n as i64, dt: dtype_code(dtype), func: func as i32 },
+            ),
+            Step::Glu { func, gate, up, out, n, dtype } => GeneralLaunch::Glu(
+                elementwise(n),
+                GluP {
+                    gate: p(gate),
+                    up: p(up),
+                    out: p(out),
+                    n: n as i64,
+                    dt: dtype_code(dtype),
+                    func: func as i32,
+                },
             ),
             Step::Mean { input, out, rows, dim, dtype } => GeneralLaunch::Mean(
                 LaunchConfig { grid: (rows, 1, 1), block: (THREADS, 1, 1), shared_mem_bytes: 0 },

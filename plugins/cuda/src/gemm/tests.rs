@@ -142,14 +142,16 @@ fn hugging_face_prefill_products_and_swiglu_take_the_gemm_path() {
         for (out, parts) in glu {
             let parts = parts.as_deref().expect("routed");
             let n = 16 * cfg.ffn;
-            let [.., Part::Product(gate), Part::Product(up), Part::Step(silu), Part::Step(mul)] = parts
-            else {
+            let [.., Part::Product(gate), Part::Product(up), Part::Step(glu)] = parts else {
                 panic!("{parts:?}")
             };
             assert_eq!((gate.n as u64, up.n as u64), (cfg.ffn, cfg.ffn));
-            assert_eq!(*silu, Step::Unary { func: UnaryFn::Silu, input: gate.y, out: gate.y, n, dtype });
-            let walk = Walk { dims: vec![n], a: vec![1], b: vec![1] };
-            assert_eq!(*mul, Step::Binary { op: BinOp::Mul, a: gate.y, b: up.y, out, dtype, walk });
+            let (func, gate, up) = (UnaryFn::Silu, gate.y, up.y);
+            assert_eq!(
+                *glu,
+                Step::Glu { func, gate, up, out, n, dtype },
+                "SiLU and the product in one launch"
+            );
         }
         // Qwen2's Q/K/V biases: each added to its product's rows, broadcast down them.
         let biases: Vec<&Step> = e
@@ -301,7 +303,7 @@ fn an_activation_follows_its_product() {
 }
 
 /// A gated GELU MLP (Gemma's `gelu_tanh(x wg^T) * (x wu^T)`) at 4 rows: the gate and up GEMV's GELU is the
-/// gate's alone, after both GEMMs, then the product with the up projection.
+/// gate's alone, after both GEMMs, in one launch with the product with the up projection.
 #[test]
 fn a_gated_gelu_is_the_gates_activation() {
     let (rows, dim, ffn) = (4u64, 8u64, 16u64);
@@ -323,12 +325,13 @@ fn a_gated_gelu_is_the_gates_activation() {
         .any(|s| matches!(s, Step::Gemv { glu: Some(_), activation: Some(UnaryFn::GeluTanh), .. }));
     assert!(fused, "the planner fuses the gated GELU into the gate and up GEMV: {:?}", plan.steps);
     let parts: Vec<Vec<String>> = e.parts.iter().flatten().map(|p| kinds(p)).collect();
-    assert_eq!(parts, [vec!["gemm", "gemm", "gelutanh", "b.mul"]], "{:?}", plan.steps);
-    let Some([Part::Product(g), Part::Product(_), Part::Step(Step::Unary { input, out, .. }), _]) = e.of(0)
+    assert_eq!(parts, [vec!["gemm", "gemm", "geglu"]], "{:?}", plan.steps);
+    let Some([Part::Product(g), Part::Product(u), Part::Step(Step::Glu { func, gate, up, out, .. })]) =
+        e.of(0)
     else {
         panic!("{e:?}")
     };
-    assert_eq!((*input, *out), (g.y, g.y), "the GELU of the gate's product, in place");
+    assert_eq!((*func, *gate, *up, *out), (UnaryFn::GeluTanh, g.y, u.y, y), "the GELU of the gate's product");
 }
 
 /// Soft-capped logits (Gemma 2's `tanh(y / c) * c`) at 4 rows: the GEMV's soft-capping as its three ops,

@@ -39,6 +39,14 @@ __device__ __forceinline__ void stf(void* p, i64 i, float v, int dt) {
     }
 }
 
+// `v` rounded to element type `dt` (as storing it and reading it back would).
+__device__ __forceinline__ float round_to(float v, int dt) {
+    switch (dt) {
+        case DT_F16: return f16_to_f32(f32_to_f16(v));
+        case DT_BF16: return bf16_to_f32(f32_to_bf16(v));
+        default: return v;
+    }
+}
 
 #define GRID_LOOP(i, n) \
     for (i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x; i < (n); i += (i64)gridDim.x * blockDim.x)
@@ -115,6 +123,27 @@ extern "C" __global__ void unary(UnaryP p) {
     pdl_wait();
     pdl_launch();
     GRID_LOOP(i, p.n) stf(p.out, i, apply(p.func, ldf(p.x, i, p.dt)), p.dt);
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// A gated unit, out = func(gate) * up, elementwise (a prefill's SwiGLU or gated GELU over its two products):
+// func(gate) rounded to the element type before the product, as `unary` would store it for `binary`.
+
+struct GluP {
+    const void* gate;
+    const void* up;
+    void* out;
+    i64 n;
+    int dt, func;
+};
+
+extern "C" __global__ void glu(GluP p) {
+    pdl_wait();
+    pdl_launch();
+    GRID_LOOP(i, p.n) {
+        const float g = round_to(apply(p.func, ldf(p.gate, i, p.dt)), p.dt);
+        stf(p.out, i, g * ldf(p.up, i, p.dt), p.dt);
+    }
 }
 
 // ---------------------------------------------------------------------------------------------------------
@@ -265,14 +294,6 @@ struct RopeP {
     i64 sc[MAX_RANK];
     i64 ss[MAX_RANK];
 };
-
-__device__ __forceinline__ float round_to(float v, int dt) {
-    switch (dt) {
-        case DT_F16: return f16_to_f32(f32_to_f16(v));
-        case DT_BF16: return bf16_to_f32(f32_to_bf16(v));
-        default: return v;
-    }
-}
 
 extern "C" __global__ void rope(RopeP p) {
     pdl_wait();

@@ -53,6 +53,18 @@ pub struct UnaryP {
     pub func: i32,
 }
 
+/// `GluP`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct GluP {
+    pub gate: DevicePtr,
+    pub up: DevicePtr,
+    pub out: DevicePtr,
+    pub n: i64,
+    pub dt: i32,
+    pub func: i32,
+}
+
 /// `MeanP`.
 #[repr(C)]
 #[derive(Debug, Clone, Copy)]
@@ -150,6 +162,7 @@ pub struct RopeTablesP {
 pub enum GeneralLaunch {
     Binary(LaunchConfig, BinaryP),
     Unary(LaunchConfig, UnaryP),
+    Glu(LaunchConfig, GluP),
     Mean(LaunchConfig, MeanP),
     Cast(LaunchConfig, CastP),
     Copy(LaunchConfig, CopyP),
@@ -171,11 +184,22 @@ pub struct General {
     rope: Function,
     counters: Function,
     rope_tables: Function,
+    glu: Function,
 }
 
 /// Every kernel of the source, by the name the module exports.
-pub const KERNELS: [&str; 9] =
-    ["binary", "unary", "mean_rows", "cast", "copy_strided", "positions", "rope", "counters", "rope_tables"];
+pub const KERNELS: [&str; 10] = [
+    "binary",
+    "unary",
+    "mean_rows",
+    "cast",
+    "copy_strided",
+    "positions",
+    "rope",
+    "counters",
+    "rope_tables",
+    "glu",
+];
 
 impl General {
     /// Compiles (or takes from the process-wide cache) the untyped kernels on `ctx`'s device.
@@ -191,6 +215,7 @@ impl General {
             rope: module.function(KERNELS[6])?,
             counters: module.function(KERNELS[7])?,
             rope_tables: module.function(KERNELS[8])?,
+            glu: module.function(KERNELS[9])?,
         })
     }
 
@@ -215,6 +240,7 @@ impl General {
             match launch {
                 GeneralLaunch::Binary(c, p) => go(&self.binary, *c, stream, p, overlapped),
                 GeneralLaunch::Unary(c, p) => go(&self.unary, *c, stream, p, overlapped),
+                GeneralLaunch::Glu(c, p) => go(&self.glu, *c, stream, p, overlapped),
                 GeneralLaunch::Mean(c, p) => go(&self.mean, *c, stream, p, overlapped),
                 GeneralLaunch::Cast(c, p) => go(&self.cast, *c, stream, p, overlapped),
                 GeneralLaunch::Copy(c, p) => go(&self.copy, *c, stream, p, overlapped),
@@ -258,6 +284,7 @@ mod tests {
         assert_eq!(std::mem::size_of::<CopyP>(), 2 * 8 + 3 * 8 + 2 * 4 + 3 * 6 * 8);
         assert_eq!(std::mem::size_of::<RopeP>(), 4 * 8 + 8 + 4 * 4 + 3 * 6 * 8);
         assert_eq!(std::mem::size_of::<UnaryP>(), 2 * 8 + 8 + 2 * 4);
+        assert_eq!(std::mem::size_of::<GluP>(), 3 * 8 + 8 + 2 * 4);
         assert_eq!(std::mem::size_of::<CountersP>(), 3 * COUNTERS_MAX * 8 + 8);
         assert_eq!(std::mem::size_of::<RopeTablesP>(), 4 * 8 + 4 * 4);
     }

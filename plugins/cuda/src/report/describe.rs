@@ -1,6 +1,6 @@
 //! A step in words: its label, and the graph tensors it reads and writes.
 
-use ref_graph::TensorId;
+use ref_graph::{TensorId, UnaryFn};
 
 use crate::plan::Step;
 
@@ -22,6 +22,8 @@ impl Step {
             ),
             Step::Binary { op, .. } => format!("b.{op:?}").to_lowercase(),
             Step::Unary { func, .. } => format!("{func:?}").to_lowercase(),
+            Step::Glu { func: UnaryFn::Silu, .. } => "swiglu".to_owned(),
+            Step::Glu { .. } => "geglu".to_owned(),
             Step::Mean { .. } => "mean".to_owned(),
             Step::Cast { to, .. } => format!("cast_{to}"),
             Step::Copy { .. } => "copy".to_owned(),
@@ -77,6 +79,7 @@ impl Step {
             | Step::Argmax { out, .. }
             | Step::Binary { out, .. }
             | Step::Unary { out, .. }
+            | Step::Glu { out, .. }
             | Step::Mean { out, .. }
             | Step::Cast { out, .. }
             | Step::Rope { out, .. } => vec![*out],
@@ -112,6 +115,7 @@ impl Step {
             Step::Counters { sums } => sums.iter().map(|s| s.src).collect(),
             Step::RopeTables { position, inv_freq, .. } => vec![*position, *inv_freq],
             Step::Add { a, b, .. } | Step::Binary { a, b, .. } => vec![*a, *b],
+            Step::Glu { gate, up, .. } => vec![*gate, *up],
             Step::Norm { input, norm, residual, .. } => {
                 [*input, norm.gain].into_iter().chain(norm.bias).chain(*residual).collect()
             }

@@ -85,7 +85,8 @@ fn form(ops: &Ops<'_>, plan: &Plan, index: usize) -> Option<String> {
         | Step::Attention { .. }
         | Step::Argmax { .. }
         | Step::Counters { .. }
-        | Step::RopeTables { .. } => None,
+        | Step::RopeTables { .. }
+        | Step::Glu { .. } => None,
         Step::Positions { position, out, .. } => Some(format!(
             "positions {} from {}: fused into the embedding only when a gather of a position table by them and \
              the add of both gathers follow it",
