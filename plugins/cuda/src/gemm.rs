@@ -7,8 +7,9 @@
 //!   export outside the oracle's tolerance);
 //! - a bias as a broadcast add, a GELU over the product in place, a residual (and a parallel residual's second
 //!   one) as an add into the product (so every value is rounded where the graph's separate ops round it: the
-//!   product, then each sum), SwiGLU as `silu(gate)` then `* up` over the two products in scratch, and the
-//!   fused cache rows as one cache update of the rows written.
+//!   product, then each sum), SwiGLU (or a gated GELU) as one launch over the two products in scratch,
+//!   `func(gate) * up` rounded as the two ops round (`Step::Glu`), and the fused cache rows as one cache update
+//!   of the rows written.
 //!
 //! A decode step (one row) is untouched: its GEMV keeps every fusion and its launches are the plan's. Pure:
 //! [`Expansion`] decides every launch from the plan; `launch` holds the cuBLAS handle, its workspace and the
