@@ -8,7 +8,7 @@
 
 use std::ffi::c_void;
 
-use cuda_rt::{Allocation, Context, Device, Event, LaunchConfig, Stream};
+use cuda_rt::{Allocation, Context, Device, LaunchConfig, Stream};
 
 /// The chain's kernel: it waits for the kernel before it and lets the next one start, and does nothing else.
 const LINK: &str = r#"
@@ -59,18 +59,7 @@ pub fn time_chain(ctx: &Context, launches: usize, replays: usize, relay: bool) -
     });
     let chain = stream.end_capture().map_err(text)?;
     queued.map_err(text)?;
-    let (start, end) = (Event::timed(ctx).map_err(text)?, Event::timed(ctx).map_err(text)?);
-    // SAFETY: the graph touches only `a` and `b`, alive until the synchronisation below; the stream is of the
+    // SAFETY: the graph touches only `a` and `b`, alive until `time_replays` returns; the stream is of the
     // graph's context.
-    let replay = || unsafe { chain.launch(stream.as_ref()) }.map_err(text);
-    for _ in 0..10 {
-        replay()?;
-    }
-    start.record(stream.as_ref()).map_err(text)?;
-    for _ in 0..replays {
-        replay()?;
-    }
-    end.record(stream.as_ref()).map_err(text)?;
-    end.synchronize().map_err(text)?;
-    Ok(f64::from(end.elapsed_ms(&start).map_err(text)?) * 1e3 / replays as f64)
+    unsafe { super::decode::time_replays(ctx, &stream, &chain, replays) }
 }

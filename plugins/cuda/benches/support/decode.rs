@@ -9,7 +9,7 @@
 
 use std::collections::HashMap;
 
-use cuda_rt::{Allocation, Context, Device, Event, Stream};
+use cuda_rt::{Allocation, Context, Device, Event, Graph as CudaGraph, Stream};
 use delegate_abi::host::{ArgList, Instance, Plugin, Slot};
 use delegate_abi::{CudaStream, DTypeCode, InitContext};
 use host_runtime::cuda::{push_raw, push_raw_input, Access, RawInput, RawMemory};
@@ -54,26 +54,41 @@ pub fn time_decode(graph: &Graph, position: i64, steps: usize) -> Result<Timed, 
     let captured = call(&mut instance, graph, &mut io, &stream);
     let step = stream.end_capture().map_err(text)?;
     captured?;
-    let (start, end) = (Event::timed(&ctx).map_err(text)?, Event::timed(&ctx).map_err(text)?);
-    let replay = || {
-        // SAFETY: the captured call's memory (`io`, the instance's own) lives and is touched by nothing else
-        // until the stream is synchronised below; the stream is of the graph's context.
-        unsafe { step.launch(stream.as_ref()) }.map_err(text)
-    };
-    for _ in 0..10 {
-        replay()?;
-    }
-    start.record(stream.as_ref()).map_err(text)?;
-    for _ in 0..steps {
-        replay()?;
-    }
-    end.record(stream.as_ref()).map_err(text)?;
-    end.synchronize().map_err(text)?;
-    let gpu_us_per_step = f64::from(end.elapsed_ms(&start).map_err(text)?) * 1e3 / steps as f64;
+    // SAFETY: the captured call's memory (`io`, the instance's own) lives and is touched by nothing else until
+    // `time_replays` returns, having synchronised the stream; the stream is of the graph's context.
+    let gpu_us_per_step = unsafe { time_replays(&ctx, &stream, &step, steps) }?;
     let launches = step.nodes();
     let empty_chain_us = super::chain::time_chain(&ctx, launches, steps, false)?;
     let relay_chain_us = super::chain::time_chain(&ctx, launches, steps, true)?;
     Ok(Timed { gpu_us_per_step, init_s, launches, empty_chain_us, relay_chain_us })
+}
+
+/// GPU microseconds one replay of `graph` on `stream` takes: the mean of `replays` timed replays after 10
+/// untimed ones, the stream synchronised before it returns.
+///
+/// # Safety
+/// Every memory the graph's kernels touch is alive and used by nothing else until this returns; `stream` is of
+/// the graph's context.
+pub unsafe fn time_replays(
+    ctx: &Context,
+    stream: &Stream,
+    graph: &CudaGraph,
+    replays: usize,
+) -> Result<f64, String> {
+    let (start, end) = (Event::timed(ctx).map_err(text)?, Event::timed(ctx).map_err(text)?);
+    // SAFETY: the memory the graph touches is valid until this function returns, per its contract, which
+    // synchronises the stream first; the stream is of the graph's context.
+    let replay = || unsafe { graph.launch(stream.as_ref()) }.map_err(text);
+    for _ in 0..10 {
+        replay()?;
+    }
+    start.record(stream.as_ref()).map_err(text)?;
+    for _ in 0..replays {
+        replay()?;
+    }
+    end.record(stream.as_ref()).map_err(text)?;
+    end.synchronize().map_err(text)?;
+    Ok(f64::from(end.elapsed_ms(&start).map_err(text)?) * 1e3 / replays as f64)
 }
 
 /// The call's device memory: one allocation per graph input, and per output not written in place.
