@@ -107,9 +107,12 @@ fn pack(root: &Path) -> anyhow::Result<u64> {
     let dir = root.join(PACK_DIR);
     std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
     let archive = root.join(PACK);
-    let bundle_dir = Path::new(BUNDLE).file_name().expect("the bundle is a named folder");
+    let bundle = root.join(BUNDLE);
+    let (Some(parent), Some(name)) = (bundle.parent(), bundle.file_name()) else {
+        bail!("{BUNDLE} names no folder inside another");
+    };
     let mut tar = Command::new("tar");
-    tar.arg("-C").arg(root.join("target")).arg("-cJf").arg(&archive).arg(bundle_dir);
+    tar.arg("-C").arg(parent).arg("-cJf").arg(&archive).arg(name);
     util::run_cmd(root, &mut tar)?;
     let packed = std::fs::metadata(&archive)?.len();
     if packed > PACK_LIMIT {

@@ -63,13 +63,7 @@ fn run(args: Args) -> Result<String, String> {
         "constants_filled": filled, "seed": args.seed,
     });
     let timed = if args.check {
-        support::decode::Timed {
-            gpu_us_per_step: 0.0,
-            init_s: 0.0,
-            launches: 0,
-            empty_chain_us: 0.0,
-            relay_chain_us: 0.0,
-        }
+        support::decode::Timed::default()
     } else {
         support::decode::time_decode(&graph, args.position as i64, args.steps)?
     };

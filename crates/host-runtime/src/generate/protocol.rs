@@ -8,8 +8,9 @@
 //! as a longer prefill would (each call writes its rows and attends causally over the cache), so no call pads
 //! and nothing is masked by hand; all of them for a prompt shorter than `T`. A tail of at least a quarter of a
 //! chunk after at least one whole chunk is instead taken in one more prefill call over the feed's last `T`
-//! tokens: it rewrites the rows the chunk before it wrote, from the same tokens at the same positions (so
-//! with the same values: each row depends only on the tokens up to it), and ends on the feed's last token.
+//! tokens: it rewrites the rows the chunk before it wrote, from the same tokens at the same positions (each
+//! row depends only on the tokens up to it: the same values, bit for bit on the reference delegate, whose rows
+//! sum alike wherever they sit in a chunk), and ends on the feed's last token.
 //! One chunk costs about as much as a quarter of its tokens taken one a call on the reference delegate (its
 //! products take four rows a pass) and as a few decode steps on the GPU, so from a quarter on it is the cheaper
 //! way on both. A program whose prefill and decode are one method (`forward`) of several tokens has no method
@@ -20,6 +21,9 @@ use program_manifest::Generate;
 
 use super::Options;
 use crate::program::{Error, Program};
+
+/// A tail of at least `1 / LAST_CHUNK_FROM` of a chunk is taken as the feed's last chunk again (module docs).
+const LAST_CHUNK_FROM: usize = 4;
 
 /// One method call over part of the prompt.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -67,7 +71,8 @@ pub fn plan<'f>(methods: Methods<'f>, feed: &'f [i64], start: i64) -> Result<Vec
         |method, tokens: &'f [i64], offset: usize| Call { method, tokens, position: start + offset as i64 };
     let chunks = head.chunks(rows).enumerate().map(|(i, chunk)| call(prefill, chunk, i * rows));
     let mut calls: Vec<Call<'f>> = chunks.collect();
-    if !tail.is_empty() && !head.is_empty() && (no_singles || tail.len() * 4 >= rows) {
+    let last_chunk_again = !head.is_empty() && (no_singles || tail.len() * LAST_CHUNK_FROM >= rows);
+    if !tail.is_empty() && last_chunk_again {
         let last = feed.len() - rows;
         calls.push(call(prefill, &feed[last..], last));
     } else {

@@ -28,21 +28,28 @@ extern "C" __global__ void relay(const float* in, float* out) {
 /// Threads a block of either chain.
 const THREADS: u32 = 128;
 
+/// Which chain: empty links, or links that each read the last one's output and write their own.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum Chain {
+    Empty,
+    Relay,
+}
+
 fn text(err: impl std::fmt::Display) -> String {
     err.to_string()
 }
 
-/// GPU microseconds one replay of a graph of `launches` overlapped launches takes, the mean of `replays` after
-/// 10 untimed ones: empty links, or (`relay`) links that each read the last one's output and write their own.
-pub fn time_chain(ctx: &Context, launches: usize, replays: usize, relay: bool) -> Result<f64, String> {
+/// GPU microseconds one replay of a graph of `launches` overlapped launches of `chain` takes, the mean of
+/// `replays` after 10 untimed ones.
+pub fn time_chain(ctx: &Context, launches: usize, replays: usize, chain: Chain) -> Result<f64, String> {
+    let relay = chain == Chain::Relay;
     let module = ctx.compile_module(LINK, &[]).map_err(text)?;
     let kernel = module.function(if relay { "relay" } else { "link" }).map_err(text)?;
     let blocks = ctx.multiprocessors();
     let config = LaunchConfig { grid: (blocks, 1, 1), block: (THREADS, 1, 1), shared_mem_bytes: 0 };
     let bytes = (blocks * THREADS) as usize * std::mem::size_of::<f32>();
-    let rows = [Allocation::<Device>::zeroed(ctx, bytes), Allocation::<Device>::zeroed(ctx, bytes)];
-    let [a, b] = rows.map(|row| row.map_err(text));
-    let (a, b) = (a?, b?);
+    let row = || Allocation::<Device>::zeroed(ctx, bytes).map_err(text);
+    let (a, b) = (row()?, row()?);
     let stream = Stream::new(ctx).map_err(text)?;
     stream.begin_capture().map_err(text)?;
     let queued = (0..launches).try_for_each(|i| {
@@ -57,9 +64,9 @@ pub fn time_chain(ctx: &Context, launches: usize, replays: usize, relay: bool) -
         // and of the kernels' context.
         unsafe { kernel.launch_overlapped(config, stream.as_ref(), params) }
     });
-    let chain = stream.end_capture().map_err(text)?;
+    let graph = stream.end_capture().map_err(text)?;
     queued.map_err(text)?;
     // SAFETY: the graph touches only `a` and `b`, alive until `time_replays` returns; the stream is of the
     // graph's context.
-    unsafe { super::decode::time_replays(ctx, &stream, &chain, replays) }
+    unsafe { super::decode::time_replays(ctx, &stream, &graph, replays) }
 }

@@ -15,7 +15,10 @@ use delegate_abi::{CudaStream, DTypeCode, InitContext};
 use host_runtime::cuda::{push_raw, push_raw_input, Access, RawInput, RawMemory};
 use ref_graph::{ElemType, Graph, TensorId};
 
-/// What a timed decode step gives.
+use super::chain::Chain;
+
+/// What a timed decode step gives (all zero where nothing was timed).
+#[derive(Default)]
 pub struct Timed {
     /// GPU microseconds a step, the mean of the timed replays.
     pub gpu_us_per_step: f64,
@@ -58,8 +61,8 @@ pub fn time_decode(graph: &Graph, position: i64, steps: usize) -> Result<Timed, 
     // `time_replays` returns, having synchronised the stream; the stream is of the graph's context.
     let gpu_us_per_step = unsafe { time_replays(&ctx, &stream, &step, steps) }?;
     let launches = step.nodes();
-    let empty_chain_us = super::chain::time_chain(&ctx, launches, steps, false)?;
-    let relay_chain_us = super::chain::time_chain(&ctx, launches, steps, true)?;
+    let empty_chain_us = super::chain::time_chain(&ctx, launches, steps, Chain::Empty)?;
+    let relay_chain_us = super::chain::time_chain(&ctx, launches, steps, Chain::Relay)?;
     Ok(Timed { gpu_us_per_step, init_s, launches, empty_chain_us, relay_chain_us })
 }
 

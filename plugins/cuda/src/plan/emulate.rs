@@ -353,13 +353,6 @@ impl Emulator<'_> {
                 let x = self.get(*input).to_vec();
                 (0..*n).for_each(|i| self.put(*out, i, func.apply(x[i as usize] as f32) as f64));
             }
-            Step::Glu { func, gate, up, out, n, dtype } => {
-                let (g, u) = (self.get(*gate).to_vec(), self.get(*up).to_vec());
-                for i in 0..*n as usize {
-                    let act = round(func.apply(g[i] as f32) as f64, *dtype);
-                    self.put(*out, i as u64, act * u[i]);
-                }
-            }
             Step::Mean { input, out, rows, dim, .. } => {
                 let (x, dim) = (self.get(*input).to_vec(), *dim as usize);
                 for r in 0..*rows as usize {
@@ -384,7 +377,8 @@ impl Emulator<'_> {
                     self.put(*dst, dst_off + id, x[(src_off + is) as usize]);
                 }
             }
-            other => unreachable!("a typed step: {other:?}"),
+            // A plan's steps never hold the GEMM path's `Glu`: only its expansion of a GEMV step does.
+            other => unreachable!("a typed step or a GEMM-path launch: {other:?}"),
         }
     }
 }
