@@ -61,6 +61,23 @@ __device__ __forceinline__ void cvt_vec(uint4 u, float* out) {
 __device__ __forceinline__ uint4 ld_raw(const T* p) { return *reinterpret_cast<const uint4*>(p); }
 __device__ __forceinline__ void ld_vec(const T* p, float* out) { cvt_vec(ld_raw(p), out); }
 
+// VEC values stored as 16 aligned bytes, each rounded as `st` rounds it.
+__device__ __forceinline__ void st_vec(T* p, const float* v) {
+    T t[VEC];
+#pragma unroll
+    for (int i = 0; i < VEC; i++) {
+#if defined(KV_F16) || defined(KV_BF16)
+        t[i] = f2h(v[i]);
+#else
+        t[i] = v[i];
+#endif
+    }
+    *reinterpret_cast<uint4*>(p) = *reinterpret_cast<const uint4*>(t);
+}
+
+// Whether `p` (null counts) is 16-byte aligned: where whole runs of VEC values load as one.
+__device__ __forceinline__ bool aligned16(const void* p) { return ((u64)p & 15ull) == 0; }
+
 // ---------------------------------------------------------------------------------------------------------
 // Embedding: out[r, :] = table[idx[r], :] (+ table2[idx2[r], :] when `table2` is set: token plus position
 // embedding in one launch; * scale[0] when `scale` is set: Gemma's `embed_scale`). Grid: rows. Ids outside the
@@ -118,7 +135,21 @@ extern "C" __global__ void add(AddP p) {
     pdl_wait();
     TRACE_WAITED();
     pdl_launch();
-    for (i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x; i < p.n; i += (i64)gridDim.x * blockDim.x)
+    // Runs of VEC values a thread where every operand is aligned (the same sums, value by value).
+    const bool runs = p.n % VEC == 0 && aligned16(p.a) && aligned16(p.b) && aligned16(p.out);
+    const i64 stride = (i64)gridDim.x * blockDim.x;
+    if (runs) {
+        for (i64 c = (i64)blockIdx.x * blockDim.x + threadIdx.x; c < p.n / VEC; c += stride) {
+            float a[VEC], b[VEC];
+            ld_vec(p.a + c * VEC, a);
+            ld_vec(p.b + c * VEC, b);
+#pragma unroll
+            for (int k = 0; k < VEC; k++) a[k] += b[k];
+            st_vec(p.out + c * VEC, a);
+        }
+        return;
+    }
+    for (i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x; i < p.n; i += stride)
         st(p.out, i, ld(p.a, i) + ld(p.b, i));
 }
 
@@ -136,6 +167,47 @@ struct RmsP {
     const T* res;  // [rows, dim] added after the norm, or null
 };
 
+// `rms_norm` over runs of VEC values a thread (rows of whole runs, every operand aligned): the same sums in
+// the same per-thread order of values, so the same bits as a value a thread would give up to the order of
+// the block's f32 sums (each thread's partial sum covers other values).
+__device__ __forceinline__ void rms_norm_runs(const RmsP& p, i64 base, float* scratch) {
+    const int runs = p.dim / VEC;
+    float mean = 0.f;
+    if (p.centred) {
+        float s = 0.f;
+        for (int c = threadIdx.x; c < runs; c += blockDim.x) {
+            float v[VEC];
+            ld_vec(p.x + base + c * VEC, v);
+#pragma unroll
+            for (int k = 0; k < VEC; k++) s += v[k];
+        }
+        mean = block_sum(s, scratch) / (float)p.dim;
+    }
+    float ss = 0.f;
+    for (int c = threadIdx.x; c < runs; c += blockDim.x) {
+        float v[VEC];
+        ld_vec(p.x + base + c * VEC, v);
+#pragma unroll
+        for (int k = 0; k < VEC; k++) ss += (v[k] - mean) * (v[k] - mean);
+    }
+    ss = block_sum(ss, scratch);
+    const float inv = rsqrtf(ss / (float)p.dim + p.eps);
+    for (int c = threadIdx.x; c < runs; c += blockDim.x) {
+        float v[VEC], w[VEC], b[VEC], r[VEC];
+        ld_vec(p.x + base + c * VEC, v);
+        ld_vec(p.w + c * VEC, w);
+        if (p.b) ld_vec(p.b + c * VEC, b);
+        if (p.res) ld_vec(p.res + base + c * VEC, r);
+#pragma unroll
+        for (int k = 0; k < VEC; k++) {
+            const float y = (v[k] - mean) * inv * w[k];
+            const float z = p.b ? y + b[k] : y;
+            v[k] = p.res ? rnd(z) + r[k] : z;
+        }
+        st_vec(p.out + base + c * VEC, v);
+    }
+}
+
 extern "C" __global__ void rms_norm(RmsP p) {
     TRACE_BEGIN(TRACE_RMS);
     pdl_wait();
@@ -143,6 +215,11 @@ extern "C" __global__ void rms_norm(RmsP p) {
     pdl_launch();
     __shared__ float scratch[32];
     const i64 base = (i64)blockIdx.x * p.dim;
+    if (p.dim % VEC == 0 && aligned16(p.x + base) && aligned16(p.w) && aligned16(p.b) && aligned16(p.out + base) &&
+        aligned16(p.res ? p.res + base : nullptr)) {
+        rms_norm_runs(p, base, scratch);
+        return;
+    }
     float mean = 0.f;
     if (p.centred) {
         float s = 0.f;
@@ -165,7 +242,9 @@ extern "C" __global__ void rms_norm(RmsP p) {
 
 // ---------------------------------------------------------------------------------------------------------
 // KV-cache update, in place: cache[i][h, pos + t, :] = upd[i][t, h * Dh : (h + 1) * Dh] (token-major) or
-// upd[i][h, t, :] (head-major) for up to two caches (K and V in one launch). Grid: (Tq, H, n).
+// upd[i][h, t, :] (head-major) for up to two caches (K and V in one launch). Grid: (Tq, n); a block's threads
+// take a row's heads in runs of VEC values (16 bytes) where the heads are whole runs and both buffers aligned,
+// else a value each.
 
 struct KvP {
     T* cache[2];
@@ -181,15 +260,24 @@ extern "C" __global__ void kv_update(KvP p) {
     pdl_wait();
     TRACE_WAITED();
     pdl_launch();
-    const int t = blockIdx.x, h = blockIdx.y, i = blockIdx.z;
+    const int t = blockIdx.x, i = blockIdx.y;
     const i64 row = p.pos[0] + t;
     if (row < 0 || row >= p.L) {
         if (threadIdx.x == 0) atomicOr(p.err, ERR_POSITION);
         return;
     }
-    T* dst = p.cache[i] + ((i64)h * p.L + row) * p.Dh;
-    const T* src = p.upd[i] + (i64)t * p.u_ts + (i64)h * p.u_hs;
-    for (int d = threadIdx.x; d < p.Dh; d += blockDim.x) dst[d] = src[d];
+    const bool runs = p.Dh % VEC == 0 && aligned16(p.cache[i]) && aligned16(p.upd[i]);
+    const int width = runs ? VEC : 1, per_head = p.Dh / width;
+    for (int u = threadIdx.x; u < p.H * per_head; u += blockDim.x) {
+        const int h = u / per_head, d = (u % per_head) * width;
+        T* dst = p.cache[i] + ((i64)h * p.L + row) * p.Dh + d;
+        const T* src = p.upd[i] + (i64)t * p.u_ts + (i64)h * p.u_hs + d;
+        if (runs) {
+            *reinterpret_cast<uint4*>(dst) = ld_raw(src);
+        } else {
+            *dst = *src;
+        }
+    }
 }
 
 // ---------------------------------------------------------------------------------------------------------

@@ -7,6 +7,8 @@ use crate::kernels::general::{
     dtype_code, BinaryP, CastP, CopyP, CountersP, GeneralLaunch, GluP, MeanP, PositionsP, RopeP, RopeTablesP,
     UnaryP, COUNTERS_MAX, MAX_RANK,
 };
+use ref_graph::ElemType;
+
 use crate::plan::{CounterSum, Step, Walk};
 
 /// Threads of an elementwise block; blocks are capped, each thread looping over the rest.
@@ -19,6 +21,64 @@ fn elementwise(n: u64) -> LaunchConfig {
         block: (THREADS, 1, 1),
         shared_mem_bytes: 0,
     }
+}
+
+/// Elements of `dtype` in 16 bytes, the run a thread of a flat elementwise kernel takes when every operand is
+/// aligned (`lanes16` in the source); 1 for i64, which never takes runs.
+fn lanes16(dtype: ElemType) -> u64 {
+    match dtype {
+        ElemType::F32 => 4,
+        ElemType::F16 | ElemType::Bf16 => 8,
+        ElemType::I64 => 1,
+    }
+}
+
+/// The launch of a flat elementwise kernel over `n` values of `dtype`: a thread a run of 16 bytes where the
+/// count allows it (the kernel falls back to a value a thread, looping, for operands that are not aligned).
+fn elementwise_runs(n: u64, dtype: ElemType) -> LaunchConfig {
+    let lanes = lanes16(dtype);
+    elementwise(if n % lanes == 0 { n / lanes } else { n })
+}
+
+/// A strided copy of `elem`-byte elements as one of 16-byte runs, when its last axis is contiguous on both
+/// sides and every extent, stride and offset along it falls on 16 bytes (a permute of whole heads, a slice of
+/// whole rows): (the walk, the offsets) in runs. The same bytes move; a thread moves 16 of them at once.
+pub(crate) fn by_runs(walk: &Walk, elem: u32, src_off: u64, dst_off: u64) -> Option<(Walk, u64, u64)> {
+    let per = 16 / u64::from(elem.max(1));
+    let last = walk.dims.len().checked_sub(1)?;
+    let whole = |v: u64| v % per == 0;
+    let fits = 16 % elem.max(1) == 0
+        && per > 1
+        && walk.a[last] == 1
+        && walk.b[last] == 1
+        && whole(walk.dims[last])
+        && walk.a[..last].iter().chain(&walk.b[..last]).all(|&s| whole(s))
+        && whole(src_off)
+        && whole(dst_off);
+    if !fits {
+        return None;
+    }
+    let runs = |strides: &[u64]| {
+        let mut s: Vec<u64> = strides[..last].iter().map(|&s| s / per).collect();
+        s.push(1);
+        s
+    };
+    let mut dims = walk.dims.clone();
+    dims[last] /= per;
+    Some((Walk { dims, a: runs(&walk.a), b: runs(&walk.b) }, src_off / per, dst_off / per))
+}
+
+/// Whether strides `s` walk `dims` as one contiguous run (`contiguous` in `kernels/walk.cuh`: an axis of
+/// extent 1 takes any stride).
+fn contiguous(dims: &[u64], s: &[u64]) -> bool {
+    let mut run = 1;
+    for (&d, &st) in dims.iter().zip(s).rev() {
+        if d != 1 && st != run {
+            return false;
+        }
+        run *= d;
+    }
+    true
 }
 
 /// A walk's extents and two stride lists, in the kernels' fixed-size arrays (the plan kept the rank within
@@ -54,14 +114,15 @@ impl Engine {
                     sa,
                     sb,
                 };
-                GeneralLaunch::Binary(elementwise(n), params)
+                let flat = contiguous(&walk.dims, &walk.a) && contiguous(&walk.dims, &walk.b);
+                GeneralLaunch::Binary(if flat { elementwise_runs(n, dtype) } else { elementwise(n) }, params)
             }
             Step::Unary { func, input, out, n, dtype } => GeneralLaunch::Unary(
-                elementwise(n),
+                elementwise_runs(n, dtype),
                 UnaryP { x: p(input), out: p(out), n: n as i64, dt: dtype_code(dtype), func: func as i32 },
             ),
             Step::Glu { func, gate, up, out, n, dtype } => GeneralLaunch::Glu(
-                elementwise(n),
+                elementwise_runs(n, dtype),
                 GluP {
                     gate: p(gate),
                     up: p(up),
@@ -80,6 +141,11 @@ impl Engine {
                 CastP { x: p(input), out: p(out), n: n as i64, from: dtype_code(from), to: dtype_code(to) },
             ),
             Step::Copy { src, dst, elem, ref walk, src_off, dst_off } => {
+                let runs = by_runs(walk, elem, src_off, dst_off);
+                let (walk, elem, src_off, dst_off) = match runs {
+                    Some((ref runs, src_off, dst_off)) => (runs, 16, src_off, dst_off),
+                    None => (walk, elem, src_off, dst_off),
+                };
                 let (rank, dims, ss, ds) = arrays(walk);
                 let n = walk.dims.iter().product::<u64>();
                 let params = CopyP {
@@ -113,7 +179,12 @@ impl Engine {
                     sc,
                     ss,
                 };
-                GeneralLaunch::Rope(elementwise(n), params)
+                // The kernel's runs (`rope` in the source): whole runs a half, the tables' last axis contiguous.
+                let last = walk.dims.len().saturating_sub(1);
+                let runs = u64::from(half) % lanes16(dtype) == 0
+                    && walk.a.get(last) == Some(&1)
+                    && walk.b.get(last) == Some(&1);
+                GeneralLaunch::Rope(if runs { elementwise_runs(n, dtype) } else { elementwise(n) }, params)
             }
             Step::Positions { position, out, count } => GeneralLaunch::Positions(
                 LaunchConfig { grid: (1, 1, 1), block: (32, 1, 1), shared_mem_bytes: 0 },
@@ -158,5 +229,53 @@ impl Engine {
             pad: 0,
         };
         GeneralLaunch::RopeTables(elementwise(u64::from(rows) * 2 * u64::from(half)), params)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every byte a walk of `elem`-byte elements moves: (source byte, destination byte), in order.
+    fn bytes_moved(walk: &Walk, elem: u64, src_off: u64, dst_off: u64) -> Vec<(u64, u64)> {
+        let n: u64 = walk.dims.iter().product();
+        let mut moved = Vec::new();
+        for i in 0..n {
+            let (mut rest, mut s, mut d) = (i, src_off, dst_off);
+            for axis in (0..walk.dims.len()).rev() {
+                let c = rest % walk.dims[axis];
+                rest /= walk.dims[axis];
+                s += c * walk.a[axis];
+                d += c * walk.b[axis];
+            }
+            moved.extend((0..elem).map(|k| (s * elem + k, d * elem + k)));
+        }
+        moved.sort_unstable();
+        moved
+    }
+
+    /// A permute of whole heads (`[T, H, D]` to `[H, T, D]`, bf16) and a slice of whole rows move as 16-byte
+    /// runs, the same bytes to the same places; a last axis that is strided or not whole runs, or an offset
+    /// off 16 bytes, keeps its elements.
+    #[test]
+    fn copies_of_whole_16_byte_runs_move_the_same_bytes_in_runs() {
+        let (t, h, d) = (5, 3, 64);
+        let permute = Walk { dims: vec![h, t, d], a: vec![d, h * d, 1], b: vec![t * d, d, 1] };
+        let slice = Walk { dims: vec![4, 24], a: vec![40, 1], b: vec![24, 1] };
+        for (walk, elem, src_off, dst_off) in [(&permute, 2, 0, 0), (&slice, 2, 16, 8), (&slice, 4, 8, 0)] {
+            let (runs, s, d) = by_runs(walk, elem, src_off, dst_off).expect("whole runs");
+            assert_eq!(runs.dims.last().map(|d| d * 16), walk.dims.last().map(|d| d * u64::from(elem)));
+            assert_eq!(
+                bytes_moved(&runs, 16, s, d),
+                bytes_moved(walk, u64::from(elem), src_off, dst_off),
+                "{walk:?}"
+            );
+        }
+        let strided = Walk { dims: vec![8, 16], a: vec![1, 8], b: vec![16, 1] };
+        let short = Walk { dims: vec![4, 12], a: vec![12, 1], b: vec![12, 1] };
+        assert_eq!(by_runs(&strided, 2, 0, 0), None, "a strided last axis");
+        assert_eq!(by_runs(&short, 2, 0, 0), None, "rows of 24 bytes");
+        assert_eq!(by_runs(&slice, 2, 4, 0), None, "an offset of 8 bytes");
+        assert_eq!(by_runs(&permute, 8, 0, 0).map(|r| r.0.dims), Some(vec![h, t, d / 2]), "i64 in pairs");
     }
 }

@@ -11,6 +11,14 @@ fn cfg(grid: (u32, u32, u32), block: u32, shared: u32) -> LaunchConfig {
     LaunchConfig { grid, block: (block, 1, 1), shared_mem_bytes: shared }
 }
 
+/// Threads of a cache update's block, which takes one new row of every head of a cache: one a 16-byte run of
+/// the row (`VEC` values of `float`), or one a value where a head is not whole runs; at most 256, looping.
+fn kv_update_threads(l: KvLayout, float: Float) -> u32 {
+    let vec = if float == Float::F32 { 4 } else { 8 };
+    let per_head = if l.head_dim % vec == 0 { l.head_dim / vec } else { l.head_dim };
+    l.heads.saturating_mul(per_head).next_multiple_of(32).clamp(32, 256)
+}
+
 impl Engine {
     fn p(&self, id: TensorId) -> DevicePtr {
         self.ptrs[id.0]
@@ -47,7 +55,15 @@ impl Engine {
                 },
             ),
             Step::Add { a, b, out, n } => Launch::Add(
-                cfg((n.div_ceil(256).clamp(1, 1024) as u32, 1, 1), 256, 0),
+                cfg(
+                    (
+                        n.div_ceil(if float == Float::F32 { 4 * 256 } else { 8 * 256 }).clamp(1, 1024) as u32,
+                        1,
+                        1,
+                    ),
+                    256,
+                    0,
+                ),
                 AddP { a: p(a), b: p(b), out: p(out), n: n as i64 },
             ),
             Step::Norm { input, out, rows, dim, norm, residual } => Launch::RmsNorm(
@@ -65,7 +81,9 @@ impl Engine {
                 },
             ),
             Step::Gemv { .. } => self.gemv(step, float),
-            Step::KvUpdate { ref caches, position, layout } => self.kv_update(caches, position, layout),
+            Step::KvUpdate { ref caches, position, layout } => {
+                self.kv_update(caches, position, layout, float)
+            }
             Step::Attention { q, k, v, position, out, shape, splits, early } => {
                 let kernels = &self.typed[module].1;
                 self.attention([q, k, v, position, out], shape, (splits, early), float, kernels)
@@ -165,7 +183,13 @@ impl Engine {
         }
     }
 
-    fn kv_update(&self, caches: &[(TensorId, TensorId)], position: TensorId, l: KvLayout) -> Launch {
+    fn kv_update(
+        &self,
+        caches: &[(TensorId, TensorId)],
+        position: TensorId,
+        l: KvLayout,
+        float: Float,
+    ) -> Launch {
         let (mut cache, mut upd) = ([0; 2], [0; 2]);
         for (i, &(c, u)) in caches.iter().enumerate() {
             cache[i] = self.p(c);
@@ -173,7 +197,7 @@ impl Engine {
         }
         let (u_ts, u_hs) = l.update_strides();
         Launch::KvUpdate(
-            cfg((l.rows, l.heads, caches.len() as u32), l.head_dim.next_multiple_of(32).min(256), 0),
+            cfg((l.rows, caches.len() as u32, 1), kv_update_threads(l, float), 0),
             KvP {
                 cache,
                 upd,

@@ -52,6 +52,54 @@ __device__ __forceinline__ float round_to(float v, int dt) {
     for (i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x; i < (n); i += (i64)gridDim.x * blockDim.x)
 
 // ---------------------------------------------------------------------------------------------------------
+// Sixteen bytes at a time: the flat elementwise kernels and RoPE move a run of `lanes16(dt)` consecutive
+// elements a thread (one 16-byte load per operand) where every operand is 16-byte aligned and the count a
+// multiple of the run; element for element the arithmetic is the scalar path's. i64 never takes it.
+
+// Elements of type `dt` in 16 bytes; 0 for i64.
+__device__ __forceinline__ int lanes16(int dt) { return dt == DT_F32 ? 4 : dt == DT_I64 ? 0 : 8; }
+
+__device__ __forceinline__ bool al16(const void* p) { return ((unsigned long long)p & 15ull) == 0; }
+
+// Run `c` of 16 bytes of `p` (elements [c, c + 1) * lanes16(dt)), as f32.
+__device__ __forceinline__ void ld16(const void* p, i64 c, int dt, float* v) {
+    const uint4 u = ((const uint4*)p)[c];
+    const unsigned int w[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+    for (int k = 0; k < 4; k++) {
+        if (dt == DT_F32) {
+            v[k] = __uint_as_float(w[k]);
+        } else {
+            const unsigned short lo = (unsigned short)(w[k] & 0xffffu), hi = (unsigned short)(w[k] >> 16);
+            v[2 * k] = dt == DT_F16 ? f16_to_f32(lo) : bf16_to_f32(lo);
+            v[2 * k + 1] = dt == DT_F16 ? f16_to_f32(hi) : bf16_to_f32(hi);
+        }
+    }
+}
+
+// Stores `v` (lanes16(dt) values) as run `c` of 16 bytes of `p`, each rounded as `stf` rounds.
+__device__ __forceinline__ void st16(void* p, i64 c, const float* v, int dt) {
+    unsigned int w[4];
+#pragma unroll
+    for (int k = 0; k < 4; k++) {
+        if (dt == DT_F32) {
+            w[k] = __float_as_uint(v[k]);
+        } else {
+            const unsigned int lo = dt == DT_F16 ? f32_to_f16(v[2 * k]) : f32_to_bf16(v[2 * k]);
+            const unsigned int hi = dt == DT_F16 ? f32_to_f16(v[2 * k + 1]) : f32_to_bf16(v[2 * k + 1]);
+            w[k] = lo | (hi << 16);
+        }
+    }
+    ((uint4*)p)[c] = make_uint4(w[0], w[1], w[2], w[3]);
+}
+
+// Whether a flat launch of `n` elements of `dt` over these operands (null: absent) takes runs of 16 bytes.
+__device__ __forceinline__ bool by16(i64 n, int dt, const void* a, const void* b, const void* c) {
+    const int l = lanes16(dt);
+    return l != 0 && n % l == 0 && al16(a) && al16(b) && al16(c);
+}
+
+// ---------------------------------------------------------------------------------------------------------
 // out = a OP b with NumPy broadcasting: `dims` are out's extents, `sa` and `sb` each operand's stride (in
 // elements) along each of out's axes, 0 where the operand is broadcast. OP: 0 add, 1 sub, 2 mul, 3 div.
 
@@ -71,6 +119,20 @@ extern "C" __global__ void binary(BinaryP p) {
     pdl_launch();
     // Operands of out's own shape, contiguous (a residual add, SwiGLU's product): element i of each is at i.
     const bool flat = contiguous(p.rank, p.dims, p.sa) && contiguous(p.rank, p.dims, p.sb);
+    if (flat && by16(p.n, p.dt, p.a, p.b, p.out)) {
+        const int l = lanes16(p.dt);
+        const i64 runs = p.n / l;
+        GRID_LOOP(c, runs) {
+            float x[8], y[8];
+            ld16(p.a, c, p.dt, x);
+            ld16(p.b, c, p.dt, y);
+#pragma unroll
+            for (int k = 0; k < 8; k++)
+                if (k < l) x[k] = p.op == 0 ? x[k] + y[k] : p.op == 1 ? x[k] - y[k] : p.op == 2 ? x[k] * y[k] : x[k] / y[k];
+            st16(p.out, c, x, p.dt);
+        }
+        return;
+    }
     GRID_LOOP(i, p.n) {
         i64 ia = i, ib = i;
         if (!flat) {
@@ -122,6 +184,19 @@ __device__ __forceinline__ float apply(int func, float x) {
 extern "C" __global__ void unary(UnaryP p) {
     pdl_wait();
     pdl_launch();
+    if (by16(p.n, p.dt, p.x, p.out, nullptr)) {
+        const int l = lanes16(p.dt);
+        const i64 runs = p.n / l;
+        GRID_LOOP(c, runs) {
+            float x[8];
+            ld16(p.x, c, p.dt, x);
+#pragma unroll
+            for (int k = 0; k < 8; k++)
+                if (k < l) x[k] = apply(p.func, x[k]);
+            st16(p.out, c, x, p.dt);
+        }
+        return;
+    }
     GRID_LOOP(i, p.n) stf(p.out, i, apply(p.func, ldf(p.x, i, p.dt)), p.dt);
 }
 
@@ -140,6 +215,20 @@ struct GluP {
 extern "C" __global__ void glu(GluP p) {
     pdl_wait();
     pdl_launch();
+    if (by16(p.n, p.dt, p.gate, p.up, p.out)) {
+        const int l = lanes16(p.dt);
+        const i64 runs = p.n / l;
+        GRID_LOOP(c, runs) {
+            float g[8], u[8];
+            ld16(p.gate, c, p.dt, g);
+            ld16(p.up, c, p.dt, u);
+#pragma unroll
+            for (int k = 0; k < 8; k++)
+                if (k < l) g[k] = round_to(apply(p.func, g[k]), p.dt) * u[k];
+            st16(p.out, c, g, p.dt);
+        }
+        return;
+    }
     GRID_LOOP(i, p.n) {
         const float g = round_to(apply(p.func, ldf(p.gate, i, p.dt)), p.dt);
         stf(p.out, i, g * ldf(p.up, i, p.dt), p.dt);
@@ -192,6 +281,8 @@ extern "C" __global__ void cast(CastP p) {
 // ---------------------------------------------------------------------------------------------------------
 // A strided copy of `elem`-byte elements (permute, slice, one part of a concat, a reshape into an output):
 // for every index of `dims`, dst[dst_off + sum idx * ds] = src[src_off + sum idx * ss] (strides in elements).
+// `elem` 16: runs of 16 bytes, what the engine makes of a copy whose last axis is contiguous on both sides
+// (`engine::general::by_runs`).
 
 struct CopyP {
     const void* src;
@@ -210,6 +301,14 @@ extern "C" __global__ void copy_strided(CopyP p) {
         i64 is = p.src_off, id = p.dst_off;
         walk2(i, p.n, p.rank, p.dims, p.ss, p.ds, is, id);
         switch (p.elem) {
+            case 16:
+                if (al16(p.src) && al16(p.dst)) {
+                    ((uint4*)p.dst)[id] = ((const uint4*)p.src)[is];
+                } else {
+                    // Runs of 16 bytes between unaligned buffers (a caller's): byte by byte, the same bytes.
+                    for (int k = 0; k < 16; k++) ((unsigned char*)p.dst)[id * 16 + k] = ((const unsigned char*)p.src)[is * 16 + k];
+                }
+                break;
             case 2: ((unsigned short*)p.dst)[id] = ((const unsigned short*)p.src)[is]; break;
             case 8: ((unsigned long long*)p.dst)[id] = ((const unsigned long long*)p.src)[is]; break;
             default: ((unsigned int*)p.dst)[id] = ((const unsigned int*)p.src)[is];
@@ -298,6 +397,43 @@ struct RopeP {
 extern "C" __global__ void rope(RopeP p) {
     pdl_wait();
     pdl_launch();
+    // Runs of 16 bytes of x, its rotation and out when a half holds whole runs; the tables' elements of a run
+    // are consecutive when their last axis is (a run of 16 bytes too where it falls on 16 bytes).
+    const int l = lanes16(p.dt);
+    if (by16(p.n, p.dt, p.x, p.out, nullptr) && p.half % l == 0 && p.sc[p.rank - 1] == 1 && p.ss[p.rank - 1] == 1) {
+        // Runs a head (32-bit: a launch of runs under 2^32, as every launch is, divides in 32 bits).
+        const int head_runs = 2 * p.half / l, half_runs = p.half / l;
+        const i64 runs = p.n / l;
+        GRID_LOOP(c, runs) {
+            const i64 i = c * l;
+            i64 ic = 0, is = 0;
+            walk2(i, p.n, p.rank, p.dims, p.sc, p.ss, ic, is);
+            const bool first = (runs <= 0xffffffffLL ? (unsigned)c % (unsigned)head_runs : c % head_runs) < half_runs;
+            float x[8], r[8], co[8], si[8];
+            ld16(p.x, c, p.dt, x);
+            ld16(p.x, first ? c + half_runs : c - half_runs, p.dt, r);
+            if (((ic | is) & (l - 1)) == 0 && al16(p.cos) && al16(p.sin)) {
+                const int shift = l == 8 ? 3 : 2;
+                ld16(p.cos, ic >> shift, p.dt, co);
+                ld16(p.sin, is >> shift, p.dt, si);
+            } else {
+#pragma unroll
+                for (int k = 0; k < 8; k++) {
+                    co[k] = k < l ? ldf(p.cos, ic + k, p.dt) : 0.f;
+                    si[k] = k < l ? ldf(p.sin, is + k, p.dt) : 0.f;
+                }
+            }
+#pragma unroll
+            for (int k = 0; k < 8; k++) {
+                if (k >= l) continue;
+                const float a = round_to(x[k] * co[k], p.dt);
+                const float b = round_to((first ? -r[k] : r[k]) * si[k], p.dt);
+                x[k] = a + b;
+            }
+            st16(p.out, c, x, p.dt);
+        }
+        return;
+    }
     GRID_LOOP(i, p.n) {
         i64 ic = 0, is = 0;
         walk2(i, p.n, p.rank, p.dims, p.sc, p.ss, ic, is);
