@@ -8,7 +8,8 @@
 #                                         # PyTorch's; JSON to $OUT
 #   bash target/gpu-bundle/run.sh quick   # in one short call: every test executable at once, the real
 #                                         # models, then prefill and the 1B and 26M exports (ours, floors)
-#   bash target/gpu-bundle/run.sh real    # every committed real model on the CUDA delegate (part of test)
+#   bash target/gpu-bundle/run.sh real    # every committed real model on the CUDA delegate, and the chunked
+#                                         # prefill export against the reference delegate (part of test)
 #   bash target/gpu-bundle/run.sh isolated  # only the isolated-plugin runs and benches, then again under
 #                                           # the CUDA Multi-Process Service when the machine has it
 #   bash target/gpu-bundle/run.sh sweep base "-DGEMV_PRE=2" "-DGEMV_PRE=2 -DATTN_U=2"
@@ -269,6 +270,30 @@ for name, meta in expected["programs"].items():
             print(f"    first difference at token {n}: {report['tokens'][n:n+4]} against eager's {meta['tokens'][n:n+4]}")
         failed += (not clean) or (not same and meta["dtype"] == "f32")
 (out / "real.txt").write_text(f"failed {failed}\n")
+sys.exit(1 if failed else 0)
+PY
+  echo "== a chunked prefill export on the CUDA delegate against the reference delegate"
+  python3 - "$here/../../fixtures/executorch/prefill" <<'PY' || status=1
+import json, subprocess, sys
+from pathlib import Path
+root = Path(sys.argv[1])
+long = [(i * 37 + 5) % 128 for i in range(11)]
+failed = 0
+for n in [2, 4, 9, 11]:
+    prompt = ",".join(map(str, long[:n]))
+    def run(program, *extra):
+        done = subprocess.run(["./delegate-host", "run", str(root / program), "--prompt", prompt, "--steps", "16",
+                               "--json", *extra], capture_output=True, text=True)
+        if done.returncode != 0:
+            raise SystemExit(f"{program} {extra}: {done.stderr.strip()[-400:]}")
+        return json.loads(done.stdout)
+    want = run("llama_f32.pte")["tokens"]
+    for extra in [(), ("--cuda-graph",)]:
+        got = run("llama_f32.cuda.pte", *extra)
+        s = got["stats"]
+        ok = got["tokens"] == want and s.get("mean_decode_bytes_copied_total") == 0 and s.get("host_syncs_per_decode_step") == 0
+        failed += not ok
+        print(f"prompt of {n}{' graph' if extra else ''}: {'tokens equal the reference' if ok else 'DIFFER ' + str(got['tokens']) + ' vs ' + str(want)}")
 sys.exit(1 if failed else 0)
 PY
 }

@@ -3,6 +3,7 @@
 
 mod bias;
 mod cache;
+mod heads;
 mod partial;
 mod products;
 mod softcap;
@@ -120,7 +121,8 @@ impl<'g> Lowering<'g> {
         self.graph.ops().iter().enumerate().filter_map(each).collect()
     }
 
-    pub(super) fn finish(self) -> Plan {
+    pub(super) fn finish(mut self) -> Plan {
+        self.token_major_heads();
         let mut dtypes: Vec<_> = self.graph.tensors().iter().map(|t| t.dtype).collect();
         // A half model's f32 norm gains, read by the kernels in the model's type (see `rms_norm`).
         for n in &self.rms_norms {

@@ -230,8 +230,8 @@ const NORM: [&str; 8] = ["cast_f32", "square", "mean", "b.add", "rsqrt", "b.mul"
 const ROPE: [&str; 1] = ["rope"];
 
 fn hf_expected(dtype: ElemType, layers: usize, rows: u64) -> Vec<String> {
-    // Head views: copies for a prefill, aliases of a decode step's one row (no step).
-    let views = |n: usize| vec!["copy"; if rows > 1 { n } else { 0 }];
+    // Head views are no step: aliases of a decode step's one row, and a prefill's RoPE, cache update and
+    // attention read (and write) its rows token-major instead of the permutes (`plan/fast/heads.rs`).
     // RoPE's tables (positions, angles, cos, sin and their casts) in one launch.
     let mut e: Vec<&str> = vec!["rope_tables", "gather"];
     for _ in 0..layers {
@@ -241,12 +241,10 @@ fn hf_expected(dtype: ElemType, layers: usize, rows: u64) -> Vec<String> {
             e.extend(["gemv3+bias+kv_update+rope", "attention"]);
         } else {
             e.extend(["gemv3+bias"]);
-            e.extend(views(3));
             e.extend(ROPE);
             e.extend(ROPE);
             e.extend(["kv_update2", "attention"]);
         }
-        e.extend(views(1));
         e.extend(["gemv1+residual"]);
         e.extend(NORM);
         e.extend(["gemv2+swiglu", "gemv1+residual"]);
@@ -292,8 +290,9 @@ fn check_hf_caches_and_attention(graph: &ref_graph::Graph, plan: &Plan, cfg: &hf
                 let names = [hf::k_cache(layer), hf::v_cache(layer)];
                 assert_eq!(caches.iter().map(|c| c.0).collect::<Vec<_>>(), names.clone().map(|n| find(&n)));
                 assert_eq!(position, find(hf::POS));
+                // The updates read token-major (the head permutes dropped).
                 let expected =
-                    KvLayout { rows: rows as u32, heads: 2, len: 40, head_dim: 16, head_major: true };
+                    KvLayout { rows: rows as u32, heads: 2, len: 40, head_dim: 16, head_major: false };
                 assert_eq!(layout, expected);
                 for (out, cache) in [(hf::k_cache_out(layer), &names[0]), (hf::v_cache_out(layer), &names[1])]
                 {
@@ -323,7 +322,8 @@ fn check_hf_caches_and_attention(graph: &ref_graph::Graph, plan: &Plan, cfg: &hf
                     kv_heads: 2,
                     len: 40,
                     head_dim: 16,
-                    head_major: true,
+                    // A decode row's head-major views are its one row; a prefill's permutes are dropped.
+                    head_major: rows == 1,
                     scale,
                     softcap: cfg.softcap,
                 };
