@@ -83,3 +83,41 @@ impl Parts {
         }
     }
 }
+
+/// The chunked prefill export (transformers' recipe with a prefill method of 3 rows,
+/// `fixtures/executorch/prefill`) lowers with no head permute: each layer's RoPEs, cache update and attention
+/// take the chunk's rows token-major (`plan/fast/heads.rs`), where the export spells a transpose to
+/// head-major before them and one back after the attention.
+#[test]
+fn a_chunked_prefill_export_keeps_its_heads_token_major() {
+    use crate::plan::{Plan, Step};
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../fixtures/executorch/prefill/llama_f32.cuda.pte");
+    let bytes = std::fs::read(&path).expect("the prefill fixture");
+    let program = pte_format::Program::parse(&bytes).expect("a program");
+    let method = program.methods.iter().find(|m| m.name == "prefill").expect("a prefill method");
+    let call = &method.delegates[0];
+    let (_, graph) = ref_graph_contract::read_blob(call.processed.data, call.id, "the CUDA delegate")
+        .expect("a reference graph");
+    let permutes = graph.ops().iter().filter(|op| matches!(op, Op::Permute { .. })).count();
+    assert!(permutes >= 4, "the export spells its head permutes: {permutes}");
+    let plan = Plan::new(&graph).expect("lowered");
+    // The one copy left is the last row's logits, which the argmax reads (128 values of the vocabulary).
+    let copies: Vec<_> = plan.steps.iter().filter(|s| matches!(s, Step::Copy { .. })).collect();
+    assert!(
+        matches!(copies[..], [Step::Copy { walk, .. }] if walk.dims == [1, 128]),
+        "no head permute is a copy: {copies:?}"
+    );
+    let mut attentions = 0;
+    for step in &plan.steps {
+        match step {
+            Step::Attention { shape, .. } => {
+                attentions += 1;
+                assert_eq!((shape.rows, shape.head_major), (3, false), "{shape:?}");
+            }
+            Step::KvUpdate { layout, .. } => assert_eq!((layout.rows, layout.head_major), (3, false)),
+            _ => {}
+        }
+    }
+    assert_eq!(attentions, 2, "one attention a layer");
+}
