@@ -54,43 +54,64 @@ __device__ __forceinline__ float round_to(float v, int dt) {
 // ---------------------------------------------------------------------------------------------------------
 // Sixteen bytes at a time: the flat elementwise kernels and RoPE move a run of `lanes16(dt)` consecutive
 // elements a thread (one 16-byte load per operand) where every operand is 16-byte aligned and the count a
-// multiple of the run; element for element the arithmetic is the scalar path's. i64 never takes it.
+// multiple of the run; element for element the arithmetic is the scalar path's. i64 never takes it. A run's
+// loop is a template of the element type (`RUNS_BY_TYPE` picks it once a launch), so it holds no branch on
+// the type: the value-a-thread loops test the type code for every value, which costs more than the bytes.
 
 // Elements of type `dt` in 16 bytes; 0 for i64.
 __device__ __forceinline__ int lanes16(int dt) { return dt == DT_F32 ? 4 : dt == DT_I64 ? 0 : 8; }
 
 __device__ __forceinline__ bool al16(const void* p) { return ((unsigned long long)p & 15ull) == 0; }
 
-// Run `c` of 16 bytes of `p` (elements [c, c + 1) * lanes16(dt)), as f32.
-__device__ __forceinline__ void ld16(const void* p, i64 c, int dt, float* v) {
+// Runs `fn<DT>(p)` for the launch's float type `dt`.
+#define RUNS_BY_TYPE(dt, fn, p)       \
+    do {                              \
+        if ((dt) == DT_F32)           \
+            fn<DT_F32>(p);            \
+        else if ((dt) == DT_F16)      \
+            fn<DT_F16>(p);            \
+        else                          \
+            fn<DT_BF16>(p);           \
+    } while (0)
+
+// Run `c` of 16 bytes of `p` (elements [c, c + 1) * L of type DT), as f32.
+template <int DT>
+__device__ __forceinline__ void ld_run(const void* p, i64 c, float (&v)[8]) {
     const uint4 u = ((const uint4*)p)[c];
     const unsigned int w[4] = {u.x, u.y, u.z, u.w};
 #pragma unroll
     for (int k = 0; k < 4; k++) {
-        if (dt == DT_F32) {
+        if (DT == DT_F32) {
             v[k] = __uint_as_float(w[k]);
         } else {
             const unsigned short lo = (unsigned short)(w[k] & 0xffffu), hi = (unsigned short)(w[k] >> 16);
-            v[2 * k] = dt == DT_F16 ? f16_to_f32(lo) : bf16_to_f32(lo);
-            v[2 * k + 1] = dt == DT_F16 ? f16_to_f32(hi) : bf16_to_f32(hi);
+            v[2 * k] = DT == DT_F16 ? f16_to_f32(lo) : bf16_to_f32(lo);
+            v[2 * k + 1] = DT == DT_F16 ? f16_to_f32(hi) : bf16_to_f32(hi);
         }
     }
 }
 
-// Stores `v` (lanes16(dt) values) as run `c` of 16 bytes of `p`, each rounded as `stf` rounds.
-__device__ __forceinline__ void st16(void* p, i64 c, const float* v, int dt) {
+// Stores the run's values as run `c` of 16 bytes of `p`, each rounded to DT as `stf` rounds it.
+template <int DT>
+__device__ __forceinline__ void st_run(void* p, i64 c, const float (&v)[8]) {
     unsigned int w[4];
 #pragma unroll
     for (int k = 0; k < 4; k++) {
-        if (dt == DT_F32) {
+        if (DT == DT_F32) {
             w[k] = __float_as_uint(v[k]);
         } else {
-            const unsigned int lo = dt == DT_F16 ? f32_to_f16(v[2 * k]) : f32_to_bf16(v[2 * k]);
-            const unsigned int hi = dt == DT_F16 ? f32_to_f16(v[2 * k + 1]) : f32_to_bf16(v[2 * k + 1]);
+            const unsigned int lo = DT == DT_F16 ? f32_to_f16(v[2 * k]) : f32_to_bf16(v[2 * k]);
+            const unsigned int hi = DT == DT_F16 ? f32_to_f16(v[2 * k + 1]) : f32_to_bf16(v[2 * k + 1]);
             w[k] = lo | (hi << 16);
         }
     }
     ((uint4*)p)[c] = make_uint4(w[0], w[1], w[2], w[3]);
+}
+
+// `v` rounded to DT (`round_to`).
+template <int DT>
+__device__ __forceinline__ float rounded(float v) {
+    return DT == DT_F16 ? f16_to_f32(f32_to_f16(v)) : DT == DT_BF16 ? bf16_to_f32(f32_to_bf16(v)) : v;
 }
 
 // Whether a flat launch of `n` elements of `dt` over these operands (null: absent) takes runs of 16 bytes.
@@ -114,23 +135,27 @@ struct BinaryP {
     i64 sb[MAX_RANK];
 };
 
+template <int DT>
+__device__ __forceinline__ void binary_runs(const BinaryP& p) {
+    constexpr int L = DT == DT_F32 ? 4 : 8;
+    const i64 runs = p.n / L;
+    GRID_LOOP(c, runs) {
+        float x[8], y[8];
+        ld_run<DT>(p.a, c, x);
+        ld_run<DT>(p.b, c, y);
+#pragma unroll
+        for (int k = 0; k < L; k++) x[k] = p.op == 0 ? x[k] + y[k] : p.op == 1 ? x[k] - y[k] : p.op == 2 ? x[k] * y[k] : x[k] / y[k];
+        st_run<DT>(p.out, c, x);
+    }
+}
+
 extern "C" __global__ void binary(BinaryP p) {
     pdl_wait();
     pdl_launch();
     // Operands of out's own shape, contiguous (a residual add, SwiGLU's product): element i of each is at i.
     const bool flat = contiguous(p.rank, p.dims, p.sa) && contiguous(p.rank, p.dims, p.sb);
     if (flat && by16(p.n, p.dt, p.a, p.b, p.out)) {
-        const int l = lanes16(p.dt);
-        const i64 runs = p.n / l;
-        GRID_LOOP(c, runs) {
-            float x[8], y[8];
-            ld16(p.a, c, p.dt, x);
-            ld16(p.b, c, p.dt, y);
-#pragma unroll
-            for (int k = 0; k < 8; k++)
-                if (k < l) x[k] = p.op == 0 ? x[k] + y[k] : p.op == 1 ? x[k] - y[k] : p.op == 2 ? x[k] * y[k] : x[k] / y[k];
-            st16(p.out, c, x, p.dt);
-        }
+        RUNS_BY_TYPE(p.dt, binary_runs, p);
         return;
     }
     GRID_LOOP(i, p.n) {
@@ -181,20 +206,33 @@ __device__ __forceinline__ float apply(int func, float x) {
     }
 }
 
+// `apply` as a call, for the loops over a 16-byte run: inlined eight times its thirteen functions make a body
+// the compiler will not unroll, and a run's values indexed in a loop that is not unrolled live in local memory
+// (a round trip to L1 or L2 a value). The call keeps the loop small, unrolled and the run in registers; a
+// SiLU (SwiGLU's) is computed inline.
+__device__ __noinline__ float apply_call(int func, float x) { return apply(func, x); }
+__device__ __forceinline__ float apply_run(int func, float x) {
+    return func == 10 ? x / (1.f + expf(-x)) : apply_call(func, x);
+}
+
+template <int DT>
+__device__ __forceinline__ void unary_runs(const UnaryP& p) {
+    constexpr int L = DT == DT_F32 ? 4 : 8;
+    const i64 runs = p.n / L;
+    GRID_LOOP(c, runs) {
+        float x[8];
+        ld_run<DT>(p.x, c, x);
+#pragma unroll
+        for (int k = 0; k < L; k++) x[k] = apply_run(p.func, x[k]);
+        st_run<DT>(p.out, c, x);
+    }
+}
+
 extern "C" __global__ void unary(UnaryP p) {
     pdl_wait();
     pdl_launch();
     if (by16(p.n, p.dt, p.x, p.out, nullptr)) {
-        const int l = lanes16(p.dt);
-        const i64 runs = p.n / l;
-        GRID_LOOP(c, runs) {
-            float x[8];
-            ld16(p.x, c, p.dt, x);
-#pragma unroll
-            for (int k = 0; k < 8; k++)
-                if (k < l) x[k] = apply(p.func, x[k]);
-            st16(p.out, c, x, p.dt);
-        }
+        RUNS_BY_TYPE(p.dt, unary_runs, p);
         return;
     }
     GRID_LOOP(i, p.n) stf(p.out, i, apply(p.func, ldf(p.x, i, p.dt)), p.dt);
@@ -212,21 +250,25 @@ struct GluP {
     int dt, func;
 };
 
+template <int DT>
+__device__ __forceinline__ void glu_runs(const GluP& p) {
+    constexpr int L = DT == DT_F32 ? 4 : 8;
+    const i64 runs = p.n / L;
+    GRID_LOOP(c, runs) {
+        float g[8], u[8];
+        ld_run<DT>(p.gate, c, g);
+        ld_run<DT>(p.up, c, u);
+#pragma unroll
+        for (int k = 0; k < L; k++) g[k] = rounded<DT>(apply_run(p.func, g[k])) * u[k];
+        st_run<DT>(p.out, c, g);
+    }
+}
+
 extern "C" __global__ void glu(GluP p) {
     pdl_wait();
     pdl_launch();
     if (by16(p.n, p.dt, p.gate, p.up, p.out)) {
-        const int l = lanes16(p.dt);
-        const i64 runs = p.n / l;
-        GRID_LOOP(c, runs) {
-            float g[8], u[8];
-            ld16(p.gate, c, p.dt, g);
-            ld16(p.up, c, p.dt, u);
-#pragma unroll
-            for (int k = 0; k < 8; k++)
-                if (k < l) g[k] = round_to(apply(p.func, g[k]), p.dt) * u[k];
-            st16(p.out, c, g, p.dt);
-        }
+        RUNS_BY_TYPE(p.dt, glu_runs, p);
         return;
     }
     GRID_LOOP(i, p.n) {
@@ -394,6 +436,40 @@ struct RopeP {
     i64 ss[MAX_RANK];
 };
 
+template <int DT>
+__device__ __forceinline__ void rope_runs(const RopeP& p) {
+    constexpr int L = DT == DT_F32 ? 4 : 8, SHIFT = DT == DT_F32 ? 2 : 3;
+    // Runs a head (32-bit: a launch of runs under 2^32, as every launch is, divides in 32 bits).
+    const int head_runs = 2 * p.half / L, half_runs = p.half / L;
+    const i64 runs = p.n / L;
+    const bool tables16 = al16(p.cos) && al16(p.sin);
+    GRID_LOOP(c, runs) {
+        i64 ic = 0, is = 0;
+        walk2(c * L, p.n, p.rank, p.dims, p.sc, p.ss, ic, is);
+        const bool first = (runs <= 0xffffffffLL ? (unsigned)c % (unsigned)head_runs : c % head_runs) < half_runs;
+        float x[8], r[8], co[8], si[8];
+        ld_run<DT>(p.x, c, x);
+        ld_run<DT>(p.x, first ? c + half_runs : c - half_runs, r);
+        if (tables16 && ((ic | is) & (L - 1)) == 0) {
+            ld_run<DT>(p.cos, ic >> SHIFT, co);
+            ld_run<DT>(p.sin, is >> SHIFT, si);
+        } else {
+#pragma unroll
+            for (int k = 0; k < L; k++) {
+                co[k] = ldf(p.cos, ic + k, DT);
+                si[k] = ldf(p.sin, is + k, DT);
+            }
+        }
+#pragma unroll
+        for (int k = 0; k < L; k++) {
+            const float a = rounded<DT>(x[k] * co[k]);
+            const float b = rounded<DT>((first ? -r[k] : r[k]) * si[k]);
+            x[k] = a + b;
+        }
+        st_run<DT>(p.out, c, x);
+    }
+}
+
 extern "C" __global__ void rope(RopeP p) {
     pdl_wait();
     pdl_launch();
@@ -401,37 +477,7 @@ extern "C" __global__ void rope(RopeP p) {
     // are consecutive when their last axis is (a run of 16 bytes too where it falls on 16 bytes).
     const int l = lanes16(p.dt);
     if (by16(p.n, p.dt, p.x, p.out, nullptr) && p.half % l == 0 && p.sc[p.rank - 1] == 1 && p.ss[p.rank - 1] == 1) {
-        // Runs a head (32-bit: a launch of runs under 2^32, as every launch is, divides in 32 bits).
-        const int head_runs = 2 * p.half / l, half_runs = p.half / l;
-        const i64 runs = p.n / l;
-        GRID_LOOP(c, runs) {
-            const i64 i = c * l;
-            i64 ic = 0, is = 0;
-            walk2(i, p.n, p.rank, p.dims, p.sc, p.ss, ic, is);
-            const bool first = (runs <= 0xffffffffLL ? (unsigned)c % (unsigned)head_runs : c % head_runs) < half_runs;
-            float x[8], r[8], co[8], si[8];
-            ld16(p.x, c, p.dt, x);
-            ld16(p.x, first ? c + half_runs : c - half_runs, p.dt, r);
-            if (((ic | is) & (l - 1)) == 0 && al16(p.cos) && al16(p.sin)) {
-                const int shift = l == 8 ? 3 : 2;
-                ld16(p.cos, ic >> shift, p.dt, co);
-                ld16(p.sin, is >> shift, p.dt, si);
-            } else {
-#pragma unroll
-                for (int k = 0; k < 8; k++) {
-                    co[k] = k < l ? ldf(p.cos, ic + k, p.dt) : 0.f;
-                    si[k] = k < l ? ldf(p.sin, is + k, p.dt) : 0.f;
-                }
-            }
-#pragma unroll
-            for (int k = 0; k < 8; k++) {
-                if (k >= l) continue;
-                const float a = round_to(x[k] * co[k], p.dt);
-                const float b = round_to((first ? -r[k] : r[k]) * si[k], p.dt);
-                x[k] = a + b;
-            }
-            st16(p.out, c, x, p.dt);
-        }
+        RUNS_BY_TYPE(p.dt, rope_runs, p);
         return;
     }
     GRID_LOOP(i, p.n) {
