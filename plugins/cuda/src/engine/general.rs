@@ -3,13 +3,15 @@
 use cuda_rt::LaunchConfig;
 
 use super::Engine;
-use crate::kernels::general::{
-    dtype_code, BinaryP, CastP, CopyP, CountersP, GeneralLaunch, GluP, MeanP, PositionsP, RopeP, RopeTablesP,
-    UnaryP, COUNTERS_MAX, MAX_RANK,
+use crate::kernels::{
+    self,
+    general::{
+        dtype_code, BinaryP, CastP, CopyP, CountersP, GeneralLaunch, GluP, MeanP, PositionsP, RopeP,
+        RopeTablesP, UnaryP, COUNTERS_MAX, MAX_RANK,
+    },
 };
+use crate::plan::{CounterSum, Float, Step, Walk};
 use ref_graph::ElemType;
-
-use crate::plan::{CounterSum, Step, Walk};
 
 /// Threads of an elementwise block; blocks are capped, each thread looping over the rest.
 const THREADS: u32 = 256;
@@ -23,14 +25,10 @@ fn elementwise(n: u64) -> LaunchConfig {
     }
 }
 
-/// Elements of `dtype` in 16 bytes, the run a thread of a flat elementwise kernel takes when every operand is
-/// aligned (`lanes16` in the source); 1 for i64, which never takes runs.
+/// Elements of `dtype` a thread of a flat elementwise kernel takes when every operand is aligned
+/// ([`kernels::run_values`]); 1 for i64, which never takes runs.
 fn lanes16(dtype: ElemType) -> u64 {
-    match dtype {
-        ElemType::F32 => 4,
-        ElemType::F16 | ElemType::Bf16 => 8,
-        ElemType::I64 => 1,
-    }
+    Float::of(dtype).map_or(1, |float| u64::from(kernels::run_values(float)))
 }
 
 /// The launch of a flat elementwise kernel over `n` values of `dtype`: a thread a run of 16 bytes where the

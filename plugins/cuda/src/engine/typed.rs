@@ -14,9 +14,15 @@ fn cfg(grid: (u32, u32, u32), block: u32, shared: u32) -> LaunchConfig {
 /// Threads of a cache update's block, which takes one new row of every head of a cache: one a 16-byte run of
 /// the row (`VEC` values of `float`), or one a value where a head is not whole runs; at most 256, looping.
 fn kv_update_threads(l: KvLayout, float: Float) -> u32 {
-    let vec = if float == Float::F32 { 4 } else { 8 };
+    let vec = kernels::run_values(float);
     let per_head = if l.head_dim % vec == 0 { l.head_dim / vec } else { l.head_dim };
     l.heads.saturating_mul(per_head).next_multiple_of(32).clamp(32, 256)
+}
+
+/// Blocks of 256 threads of an add of `n` values, each thread a run ([`kernels::run_values`]), at most 1 024
+/// (the threads loop over the rest).
+fn add_blocks(n: u64, float: Float) -> u32 {
+    n.div_ceil(256 * u64::from(kernels::run_values(float))).clamp(1, 1024) as u32
 }
 
 impl Engine {
@@ -55,15 +61,8 @@ impl Engine {
                 },
             ),
             Step::Add { a, b, out, n } => Launch::Add(
-                cfg(
-                    (
-                        n.div_ceil(if float == Float::F32 { 4 * 256 } else { 8 * 256 }).clamp(1, 1024) as u32,
-                        1,
-                        1,
-                    ),
-                    256,
-                    0,
-                ),
+                // A thread a 16-byte run of each operand.
+                cfg((add_blocks(n, float), 1, 1), 256, 0),
                 AddP { a: p(a), b: p(b), out: p(out), n: n as i64 },
             ),
             Step::Norm { input, out, rows, dim, norm, residual } => Launch::RmsNorm(

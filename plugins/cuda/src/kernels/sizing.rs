@@ -5,6 +5,16 @@
 use super::tuning;
 use crate::plan::Float;
 
+/// Values of `float` a thread takes at once where a kernel moves 16-byte runs (`VEC` of the typed source,
+/// `lanes16` of the general one): what their launches are sized by.
+pub fn run_values(float: Float) -> u32 {
+    if float == Float::F32 {
+        4
+    } else {
+        8
+    }
+}
+
 /// Threads of an attention block (`ATTN_WARPS` warps in the source).
 pub const ATTN_THREADS: u32 = 128;
 /// Largest head an attention block handles (a lane holds at most 8 elements of a row, 32 lanes a row).
