@@ -134,44 +134,34 @@ impl Lowering<'_> {
     /// The permute back to token-major that is the only reader of `out` (step `writer`'s output), whose
     /// destination no step between touches (the attention writes it there instead).
     fn permuted_back(&self, out: TensorId, writer: usize, heads: Heads, dropped: &[bool]) -> Option<usize> {
-        let root = |id| Home::root(&self.homes, id);
-        let back = (writer + 1..self.steps.len())
-            .find(|&i| !dropped[i] && self.steps[i].reads().into_iter().any(|id| root(id) == root(out)))?;
+        let back = (writer + 1..self.steps.len()).find(|&i| self.live(i, dropped, out, Step::reads))?;
         let Step::Copy { dst, ref walk, src_off: 0, dst_off: 0, .. } = self.steps[back] else { return None };
-        let touched = (writer + 1..back).any(|i| {
-            !dropped[i]
-                && self.steps[i]
-                    .reads()
-                    .into_iter()
-                    .chain(self.steps[i].writes())
-                    .any(|id| root(id) == root(dst))
-        });
+        let touched = (writer + 1..back)
+            .any(|i| self.live(i, dropped, dst, Step::reads) || self.live(i, dropped, dst, Step::writes));
         let kept = heads.permuted_by(walk, false) && self.only_reader(out, back, dropped) && !touched;
         kept.then_some(back)
     }
 
     /// The last step before `reader` writing `x`'s storage.
     fn writer_of(&self, x: TensorId, reader: usize, dropped: &[bool]) -> Option<usize> {
-        let root = Home::root(&self.homes, x);
-        (0..reader).rev().find(|&i| {
-            !dropped[i] && self.steps[i].writes().into_iter().any(|id| Home::root(&self.homes, id) == root)
-        })
+        (0..reader).rev().find(|&i| self.live(i, dropped, x, Step::writes))
     }
 
     /// Whether `reader` is the only step reading `x`'s storage, and `x` is no graph output.
     fn only_reader(&self, x: TensorId, reader: usize, dropped: &[bool]) -> bool {
-        let root = Home::root(&self.homes, x);
-        let reads =
-            |i: usize| self.steps[i].reads().into_iter().any(|id| Home::root(&self.homes, id) == root);
-        !self.is_output(x) && (0..self.steps.len()).all(|i| i == reader || dropped[i] || !reads(i))
+        !self.is_output(x)
+            && (0..self.steps.len()).all(|i| i == reader || !self.live(i, dropped, x, Step::reads))
     }
 
     /// Whether a step after `from` and before `to` writes `x`'s storage.
     fn written_between(&self, x: TensorId, from: usize, to: usize, dropped: &[bool]) -> bool {
+        (from + 1..to).any(|i| self.live(i, dropped, x, Step::writes))
+    }
+
+    /// Whether step `i`, not dropped, has `x`'s storage among its `tensors` (its reads or its writes).
+    fn live(&self, i: usize, dropped: &[bool], x: TensorId, tensors: fn(&Step) -> Vec<TensorId>) -> bool {
         let root = Home::root(&self.homes, x);
-        (from + 1..to).any(|i| {
-            !dropped[i] && self.steps[i].writes().into_iter().any(|id| Home::root(&self.homes, id) == root)
-        })
+        !dropped[i] && tensors(&self.steps[i]).into_iter().any(|id| Home::root(&self.homes, id) == root)
     }
 
     /// Drops the source's permute: the tensor its reader now reads (the permute's source, or the RoPE's
