@@ -7,8 +7,8 @@ step over the read bandwidth measured here, in the same run (`torch_baseline.mea
     python3 export_bench.py OUT_DIR --shapes llama-1b qwen2.5-0.5b tiny-26m [--json FILE]
 
 Reads `OUT_DIR/export-SHAPE.json`, `hand-SHAPE.json` and `torch-SHAPE.json` (a missing or empty one is shown as
-not run); prints the table (and each exported step's launches beside an empty chain of as many) and writes every figure, with the bandwidth and the device, to `--json`. Exits 1 when
-an exported graph did not run."""
+not run); prints the table (and each exported step's launches beside chains of as many) and writes every
+figure, with the bandwidth and the device, to `--json`. Exits 1 when an exported graph did not run."""
 import argparse
 import json
 import os

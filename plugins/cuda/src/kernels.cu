@@ -167,9 +167,8 @@ struct RmsP {
     const T* res;  // [rows, dim] added after the norm, or null
 };
 
-// `rms_norm` over runs of VEC values a thread (rows of whole runs, every operand aligned): the same sums in
-// the same per-thread order of values, so the same bits as a value a thread would give up to the order of
-// the block's f32 sums (each thread's partial sum covers other values).
+// `rms_norm` over runs of VEC values a thread (rows of whole runs, every operand aligned): the value-a-thread
+// loop's arithmetic; only which values each thread's partial sums take differs (the f32 sums' order).
 __device__ __forceinline__ void rms_norm_runs(const RmsP& p, i64 base, float* scratch) {
     const int runs = p.dim / VEC;
     float mean = 0.f;
