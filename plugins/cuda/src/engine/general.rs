@@ -38,32 +38,35 @@ fn elementwise_runs(n: u64, dtype: ElemType) -> LaunchConfig {
     elementwise(if n % lanes == 0 { n / lanes } else { n })
 }
 
-/// A strided copy of `elem`-byte elements as one of 16-byte runs, when its last axis is contiguous on both
-/// sides and every extent, stride and offset along it falls on 16 bytes (a permute of whole heads, a slice of
-/// whole rows): (the walk, the offsets) in runs. The same bytes move; a thread moves 16 of them at once.
-pub(crate) fn by_runs(walk: &Walk, elem: u32, src_off: u64, dst_off: u64) -> Option<(Walk, u64, u64)> {
-    let per = 16 / u64::from(elem.max(1));
-    let last = walk.dims.len().checked_sub(1)?;
-    let whole = |v: u64| v % per == 0;
-    let fits = 16 % elem.max(1) == 0
-        && per > 1
-        && walk.a[last] == 1
-        && walk.b[last] == 1
-        && whole(walk.dims[last])
-        && walk.a[..last].iter().chain(&walk.b[..last]).all(|&s| whole(s))
-        && whole(src_off)
-        && whole(dst_off);
-    if !fits {
-        return None;
+/// A strided copy's launch parameters made, in place, a copy of 16-byte runs when its last axis is contiguous
+/// on both sides and every extent, stride and offset along it falls on 16 bytes (a permute of whole heads, a
+/// slice of whole rows): whether they were. The same bytes move; a thread moves 16 of them at once. No
+/// allocation: it runs as each call's launches are made.
+pub(crate) fn in_runs(p: &mut CopyP) -> bool {
+    if p.elem <= 0 || p.elem >= 16 || 16 % p.elem != 0 || p.rank < 1 {
+        return false;
     }
-    let runs = |strides: &[u64]| {
-        let mut s: Vec<u64> = strides[..last].iter().map(|&s| s / per).collect();
-        s.push(1);
-        s
-    };
-    let mut dims = walk.dims.clone();
-    dims[last] /= per;
-    Some((Walk { dims, a: runs(&walk.a), b: runs(&walk.b) }, src_off / per, dst_off / per))
+    let per = i64::from(16 / p.elem);
+    let last = (p.rank - 1) as usize;
+    let whole = |v: i64| v % per == 0;
+    let fits = p.ss[last] == 1
+        && p.ds[last] == 1
+        && whole(p.dims[last])
+        && p.ss[..last].iter().chain(&p.ds[..last]).all(|&s| whole(s))
+        && whole(p.src_off)
+        && whole(p.dst_off);
+    if !fits {
+        return false;
+    }
+    for s in p.ss[..last].iter_mut().chain(p.ds[..last].iter_mut()) {
+        *s /= per;
+    }
+    p.dims[last] /= per;
+    p.n /= per;
+    p.src_off /= per;
+    p.dst_off /= per;
+    p.elem = 16;
+    true
 }
 
 /// Whether strides `s` walk `dims` as one contiguous run (`contiguous` in `kernels/walk.cuh`: an axis of
@@ -77,6 +80,24 @@ fn contiguous(dims: &[u64], s: &[u64]) -> bool {
         run *= d;
     }
     true
+}
+
+/// A strided copy's parameters but its addresses (null).
+fn copy_params(walk: &Walk, elem: u32, src_off: u64, dst_off: u64) -> CopyP {
+    let (rank, dims, ss, ds) = arrays(walk);
+    let n = walk.dims.iter().product::<u64>();
+    CopyP {
+        src: 0,
+        dst: 0,
+        n: n as i64,
+        src_off: src_off as i64,
+        dst_off: dst_off as i64,
+        rank,
+        elem: elem as i32,
+        dims,
+        ss,
+        ds,
+    }
 }
 
 /// A walk's extents and two stride lists, in the kernels' fixed-size arrays (the plan kept the rank within
@@ -139,26 +160,10 @@ impl Engine {
                 CastP { x: p(input), out: p(out), n: n as i64, from: dtype_code(from), to: dtype_code(to) },
             ),
             Step::Copy { src, dst, elem, ref walk, src_off, dst_off } => {
-                let runs = by_runs(walk, elem, src_off, dst_off);
-                let (walk, elem, src_off, dst_off) = match runs {
-                    Some((ref runs, src_off, dst_off)) => (runs, 16, src_off, dst_off),
-                    None => (walk, elem, src_off, dst_off),
-                };
-                let (rank, dims, ss, ds) = arrays(walk);
-                let n = walk.dims.iter().product::<u64>();
-                let params = CopyP {
-                    src: p(src),
-                    dst: p(dst),
-                    n: n as i64,
-                    src_off: src_off as i64,
-                    dst_off: dst_off as i64,
-                    rank,
-                    elem: elem as i32,
-                    dims,
-                    ss,
-                    ds,
-                };
-                GeneralLaunch::Copy(elementwise(n), params)
+                let mut params = copy_params(walk, elem, src_off, dst_off);
+                (params.src, params.dst) = (p(src), p(dst));
+                in_runs(&mut params);
+                GeneralLaunch::Copy(elementwise(params.n as u64), params)
             }
             Step::Rope { x, cos, sin, out, dtype, half, ref walk } => {
                 let (rank, dims, sc, ss) = arrays(walk);
@@ -234,17 +239,17 @@ impl Engine {
 mod tests {
     use super::*;
 
-    /// Every byte a walk of `elem`-byte elements moves: (source byte, destination byte), in order.
-    fn bytes_moved(walk: &Walk, elem: u64, src_off: u64, dst_off: u64) -> Vec<(u64, u64)> {
-        let n: u64 = walk.dims.iter().product();
+    /// Every byte a copy's parameters move: (source byte, destination byte), in order.
+    fn bytes_moved(p: &CopyP) -> Vec<(i64, i64)> {
+        let (rank, elem) = (p.rank as usize, i64::from(p.elem));
         let mut moved = Vec::new();
-        for i in 0..n {
-            let (mut rest, mut s, mut d) = (i, src_off, dst_off);
-            for axis in (0..walk.dims.len()).rev() {
-                let c = rest % walk.dims[axis];
-                rest /= walk.dims[axis];
-                s += c * walk.a[axis];
-                d += c * walk.b[axis];
+        for i in 0..p.n {
+            let (mut rest, mut s, mut d) = (i, p.src_off, p.dst_off);
+            for axis in (0..rank).rev() {
+                let c = rest % p.dims[axis];
+                rest /= p.dims[axis];
+                s += c * p.ss[axis];
+                d += c * p.ds[axis];
             }
             moved.extend((0..elem).map(|k| (s * elem + k, d * elem + k)));
         }
@@ -261,19 +266,25 @@ mod tests {
         let permute = Walk { dims: vec![h, t, d], a: vec![d, h * d, 1], b: vec![t * d, d, 1] };
         let slice = Walk { dims: vec![4, 24], a: vec![40, 1], b: vec![24, 1] };
         for (walk, elem, src_off, dst_off) in [(&permute, 2, 0, 0), (&slice, 2, 16, 8), (&slice, 4, 8, 0)] {
-            let (runs, s, d) = by_runs(walk, elem, src_off, dst_off).expect("whole runs");
-            assert_eq!(runs.dims.last().map(|d| d * 16), walk.dims.last().map(|d| d * u64::from(elem)));
-            assert_eq!(
-                bytes_moved(&runs, 16, s, d),
-                bytes_moved(walk, u64::from(elem), src_off, dst_off),
-                "{walk:?}"
-            );
+            let copy = copy_params(walk, elem, src_off, dst_off);
+            let mut runs = copy;
+            assert!(in_runs(&mut runs), "{walk:?}");
+            assert_eq!((runs.elem, runs.n * 16), (16, copy.n * i64::from(elem)));
+            assert_eq!(bytes_moved(&runs), bytes_moved(&copy), "{walk:?}");
         }
         let strided = Walk { dims: vec![8, 16], a: vec![1, 8], b: vec![16, 1] };
         let short = Walk { dims: vec![4, 12], a: vec![12, 1], b: vec![12, 1] };
-        assert_eq!(by_runs(&strided, 2, 0, 0), None, "a strided last axis");
-        assert_eq!(by_runs(&short, 2, 0, 0), None, "rows of 24 bytes");
-        assert_eq!(by_runs(&slice, 2, 4, 0), None, "an offset of 8 bytes");
-        assert_eq!(by_runs(&permute, 8, 0, 0).map(|r| r.0.dims), Some(vec![h, t, d / 2]), "i64 in pairs");
+        for (walk, elem, src_off, what) in [
+            (&strided, 2, 0, "a strided last axis"),
+            (&short, 2, 0, "rows of 24 bytes"),
+            (&slice, 2, 4, "an offset of 8 bytes"),
+        ] {
+            let mut p = copy_params(walk, elem, src_off, 0);
+            assert!(!in_runs(&mut p), "{what}");
+            assert_eq!(p.elem, elem as i32, "{what}: unchanged");
+        }
+        let mut pairs = copy_params(&permute, 8, 0, 0);
+        assert!(in_runs(&mut pairs));
+        assert_eq!(pairs.dims[..3], [h as i64, t as i64, d as i64 / 2], "i64 in pairs");
     }
 }

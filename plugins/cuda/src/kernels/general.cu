@@ -324,7 +324,7 @@ extern "C" __global__ void cast(CastP p) {
 // A strided copy of `elem`-byte elements (permute, slice, one part of a concat, a reshape into an output):
 // for every index of `dims`, dst[dst_off + sum idx * ds] = src[src_off + sum idx * ss] (strides in elements).
 // `elem` 16: runs of 16 bytes, what the engine makes of a copy whose last axis is contiguous on both sides
-// (`engine::general::by_runs`).
+// (`engine::general::in_runs`).
 
 struct CopyP {
     const void* src;
